@@ -1,0 +1,54 @@
+# dpo-train: `make demo` and `make test` install what is missing (idempotently), build, then run.
+#
+# DPO_TRAIN_VENV  where torch 2.9.0 (and, for the reference scripts, trl/transformers/peft) live;
+#                 default .venv in the checkout. CI points it outside the clone to reuse it.
+
+DPO_TRAIN_VENV ?= $(CURDIR)/.venv
+VENV := $(DPO_TRAIN_VENV)
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.9.0
+# The reference implementations, used only by the generator scripts under tests/gen and by bench-trl.
+REF_PKGS := trl==1.16.0 transformers==5.2.0 peft==0.18.1
+CUDA_HDR_PKGS := nvidia-cuda-nvcc-cu12==12.8.* nvidia-cuda-cccl-cu12==12.8.*
+
+# torch-sys finds libtorch through the venv's python (LIBTORCH_USE_PYTORCH); build.rs adds the rpath.
+export LIBTORCH_USE_PYTORCH := 1
+export VIRTUAL_ENV := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
+
+CARGO ?= cargo
+
+.PHONY: demo test build venv ref-venv gloo bench bench-trl check-gpu clean-venv
+
+demo: build
+	./target/release/dpo-train
+
+test: build
+	$(CARGO) test --release --workspace
+	$(CARGO) build --release --workspace --benches
+
+build: venv gloo
+	$(CARGO) build --release --workspace
+
+check-gpu:
+	$(CARGO) build --release -p check-gpu
+
+# torch into the venv, skipped when the right version is already importable.
+venv: $(VENV)/.torch-$(TORCH_VERSION)
+$(VENV)/.torch-$(TORCH_VERSION):
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
+		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
+	touch $@
+
+# TRL / transformers / peft: only the committed generator scripts and `make bench-trl` need them.
+ref-venv: venv
+	$(PY) -c "import trl, transformers, peft" 2>/dev/null \
+		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(REF_PKGS)
+
+# Gloo's headers for the c10d shim (the torch wheel ships the symbols, not the headers).
+gloo:
+	@test -f /usr/include/gloo/config.h || (apt-get update -q && apt-get install -y -q libgloo-dev)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+//! dpo-train: Direct Preference Optimization on burn + libtorch.
