@@ -1,1 +1,4 @@
-//! dpo-train: Direct Preference Optimization on burn + libtorch.
+//! dpo-train (being assembled).
+pub mod data;
+pub mod model;
+pub mod tokenizer;

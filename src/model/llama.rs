@@ -1,0 +1,479 @@
+//! Decoder-only transformers of the Llama family: Llama 2/3 (TinyLlama, SmolLM), Mistral, Qwen2 and
+//! Qwen3, following `transformers/models/{llama,mistral,qwen2,qwen3}/modeling_*.py`.
+//!
+//! The four differ only in a few switches, so they share one module tree: q/k/v biases (qwen2,
+//! llama's `attention_bias`), per-head q/k RMSNorm (qwen3), an explicit `head_dim` (qwen3, newer
+//! llama/mistral configs), tied or untied `lm_head`. Field paths equal safetensors keys
+//! (`model.layers.{i}.self_attn.q_proj.weight`); HF stores linear weights `[out, in]` and burn
+//! multiplies by `[in, out]`, so [`Weights`] is read through one transposing loader here.
+
+use std::path::Path;
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, Linear};
+use burn::tensor::activation::silu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Device, Int, Tensor};
+use serde::Deserialize;
+
+use super::rope::{Rope, RopeScaling};
+use super::weights::{Weights, WeightsError};
+
+/// The `model_type` values this module implements.
+pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+
+/// Errors raised while reading `config.json` or building the model from its weights.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights")]
+    NoConfig { path: std::path::PathBuf },
+    #[error("cannot read `{path}`")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`: {message}")]
+    BadConfig { path: std::path::PathBuf, message: String },
+    #[error("`{path}`: unsupported `model_type` `{found}`; supported: {}", SUPPORTED_MODEL_TYPES.join(", "))]
+    UnsupportedModelType { path: std::path::PathBuf, found: String },
+    #[error("`{path}`: unsupported `{key}` = {found}; supported: {supported}")]
+    Unsupported { path: std::path::PathBuf, key: &'static str, found: String, supported: &'static str },
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+}
+
+/// `config.json` as Hugging Face writes it (key names kept); resolved once by [`HfConfig::resolve`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfConfig {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// Grouped-query attention; equal to `num_attention_heads` when absent.
+    pub num_key_value_heads: Option<usize>,
+    /// Width of one head; `hidden_size / num_attention_heads` when absent.
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_rms_norm_eps")]
+    pub rms_norm_eps: f64,
+    /// Older configs keep `rope_theta` at the top level; transformers 5 moves it into `rope_parameters`.
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<serde_json::Value>,
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Llama/Qwen3: biases on q, k, v and o.
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// Llama: biases on the MLP projections.
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+}
+
+fn default_rms_norm_eps() -> f64 {
+    1e-6
+}
+fn default_max_positions() -> usize {
+    2048
+}
+fn default_act() -> String {
+    "silu".to_owned()
+}
+
+/// Which of the supported families a checkpoint belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+/// A resolved configuration: no optional values left, every family switch explicit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Bias on q/k/v projections (qwen2 always; llama/qwen3 with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (llama/qwen3 with `attention_bias`; never qwen2).
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm on queries and keys before RoPE (qwen3).
+    pub qk_norm: bool,
+    /// Tokens each query may look back; longer sequences are refused rather than silently wrong.
+    pub sliding_window: Option<usize>,
+}
+
+impl HfConfig {
+    /// Reads `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        if !path.is_file() {
+            return Err(ModelError::NoConfig { path });
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        serde_json::from_str(&text).map_err(|e| ModelError::BadConfig { path, message: e.to_string() })
+    }
+
+    /// Checks every value against what the model implements and fills in the defaults.
+    /// `path` only names the file in errors.
+    pub fn resolve(&self, path: &Path) -> Result<LlamaConfig, ModelError> {
+        let path = path.to_owned();
+        let family = match self.model_type.as_str() {
+            "llama" => Family::Llama,
+            "mistral" => Family::Mistral,
+            "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
+            other => return Err(ModelError::UnsupportedModelType { path, found: other.to_owned() }),
+        };
+        if self.hidden_act != "silu" {
+            return Err(ModelError::Unsupported {
+                path,
+                key: "hidden_act",
+                found: format!("`{}`", self.hidden_act),
+                supported: "`silu`",
+            });
+        }
+        let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
+        if self.num_attention_heads == 0 || num_kv_heads == 0 || self.num_attention_heads % num_kv_heads != 0 {
+            return Err(ModelError::BadConfig {
+                path,
+                message: format!(
+                    "`num_attention_heads` ({}) must be a positive multiple of `num_key_value_heads` ({num_kv_heads})",
+                    self.num_attention_heads
+                ),
+            });
+        }
+        let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads);
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ModelError::BadConfig { path, message: format!("`head_dim` must be even and positive, got {head_dim}") });
+        }
+        let (rope_theta, rope_scaling) = self.rope(&path)?;
+        // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window`.
+        let sliding_window = match family {
+            Family::Mistral => self.sliding_window,
+            Family::Qwen2 | Family::Qwen3 if self.use_sliding_window => self.sliding_window,
+            _ => None,
+        };
+        Ok(LlamaConfig {
+            family,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_layers: self.num_hidden_layers,
+            num_heads: self.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: self.max_position_embeddings,
+            tie_word_embeddings: self.tie_word_embeddings,
+            qkv_bias: family == Family::Qwen2 || self.attention_bias,
+            o_bias: family != Family::Qwen2 && self.attention_bias,
+            mlp_bias: self.mlp_bias,
+            qk_norm: family == Family::Qwen3,
+            sliding_window,
+        })
+    }
+
+    /// `rope_theta` and the scaling type, from either the old (`rope_theta` + `rope_scaling`) or
+    /// the transformers 5 (`rope_parameters`) layout.
+    fn rope(&self, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
+        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref()).filter(|v| !v.is_null());
+        let get = |key: &str| params.and_then(|p| p.get(key)).and_then(|v| v.as_f64());
+        let theta = self.rope_theta.or_else(|| get("rope_theta")).unwrap_or(10_000.0);
+        let rope_type = params
+            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let scaling = match rope_type {
+            "default" => RopeScaling::Default,
+            "llama3" => {
+                let need = |key: &'static str| {
+                    get(key).ok_or_else(|| ModelError::BadConfig {
+                        path: path.to_owned(),
+                        message: format!("`llama3` rope scaling needs `{key}`"),
+                    })
+                };
+                RopeScaling::Llama3 {
+                    factor: need("factor")?,
+                    low_freq_factor: need("low_freq_factor")?,
+                    high_freq_factor: need("high_freq_factor")?,
+                    original_max_position_embeddings: get("original_max_position_embeddings")
+                        .map(|v| v as usize)
+                        .unwrap_or(self.max_position_embeddings),
+                }
+            }
+            other => {
+                return Err(ModelError::Unsupported {
+                    path: path.to_owned(),
+                    key: "rope_type",
+                    found: format!("`{other}`"),
+                    supported: "`default`, `llama3`",
+                });
+            }
+        };
+        Ok((theta, scaling))
+    }
+}
+
+/// Root-mean-square layer norm, computed in f32 (`LlamaRMSNorm`).
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    pub weight: Param<Tensor<1>>,
+    #[module(skip)]
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(w: &Weights, prefix: &str, size: usize, eps: f64, device: &Device) -> Result<Self, ModelError> {
+        Ok(Self { weight: Param::from_tensor(w.tensor(&format!("{prefix}.weight"), [size], device)?), eps })
+    }
+
+    /// # Shapes
+    /// - x: `[..., N]` → `[..., N]`
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let variance = x.clone().square().mean_dim(D - 1); // [..., 1]
+        let normed = x * (variance + self.eps).sqrt().recip();
+        normed * self.weight.val().unsqueeze::<D>()
+    }
+}
+
+/// A linear layer from an HF `[out, in]` weight (and optional bias) under `prefix`.
+fn load_linear(w: &Weights, prefix: &str, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Result<Linear, ModelError> {
+    let weight = w.tensor(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose(); // [in, out]
+    let bias = if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
+    Ok(Linear { weight: Param::from_tensor(weight), bias })
+}
+
+/// Multi-head self-attention with grouped-query key/value heads.
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    #[module(skip)]
+    num_heads: usize,
+    #[module(skip)]
+    num_kv_heads: usize,
+    #[module(skip)]
+    head_dim: usize,
+}
+
+impl Attention {
+    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+        let (h, d, q, kv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+        let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), d, cfg.rms_norm_eps, device);
+        Ok(Self {
+            q_proj: load_linear(w, &format!("{prefix}.q_proj"), h, q, cfg.qkv_bias, device)?,
+            k_proj: load_linear(w, &format!("{prefix}.k_proj"), h, kv, cfg.qkv_bias, device)?,
+            v_proj: load_linear(w, &format!("{prefix}.v_proj"), h, kv, cfg.qkv_bias, device)?,
+            o_proj: load_linear(w, &format!("{prefix}.o_proj"), q, h, cfg.o_bias, device)?,
+            q_norm: if cfg.qk_norm { Some(norm("q_norm")?) } else { None },
+            k_norm: if cfg.qk_norm { Some(norm("k_norm")?) } else { None },
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: d,
+        })
+    }
+
+    /// Causal self-attention over right-padded rows: a real token only ever sees earlier real
+    /// tokens, so the padding needs no mask of its own (padded positions are never read).
+    ///
+    /// # Shapes
+    /// - x: `[B, S, H*D]` → `[B, S, hidden]`
+    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
+        let [b, s, _] = x.dims();
+        let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = self.q_proj.forward(x.clone()).reshape([b, s, h, d]); // [B, S, H, D]
+        let k = self.k_proj.forward(x.clone()).reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        let v = self.v_proj.forward(x).reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
+            _ => (q, k),
+        };
+        let q = rope.apply(q.swap_dims(1, 2), 0); // [B, H, S, D]
+        let k = rope.apply(k.swap_dims(1, 2), 0); // [B, Hkv, S, D]
+        let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
+        let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, S, D]
+        let options = AttentionModuleOptions { is_causal: true, ..Default::default() };
+        let y = attention(q, k, v, None, None, options); // [B, H, S, D]
+        let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
+        self.o_proj.forward(y)
+    }
+}
+
+/// Shares each key/value head with `n_rep` query heads (`repeat_kv` in transformers).
+///
+/// # Shapes
+/// - x: `[B, Hkv, S, D]` → `[B, Hkv*n_rep, S, D]`
+fn repeat_kv(x: Tensor<4>, n_rep: usize) -> Tensor<4> {
+    if n_rep == 1 {
+        return x;
+    }
+    let [b, hkv, s, d] = x.dims();
+    x.unsqueeze_dim::<5>(2).expand([b, hkv, n_rep, s, d]).reshape([b, hkv * n_rep, s, d]) // [B, H, S, D]
+}
+
+/// The SiLU-gated feed-forward block: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+        let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Ok(Self {
+            gate_proj: load_linear(w, &format!("{prefix}.gate_proj"), h, i, bias, device)?,
+            up_proj: load_linear(w, &format!("{prefix}.up_proj"), h, i, bias, device)?,
+            down_proj: load_linear(w, &format!("{prefix}.down_proj"), i, h, bias, device)?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[B, S, hidden]` → `[B, S, hidden]`
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = silu(self.gate_proj.forward(x.clone())); // [B, S, I]
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+        let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), cfg.hidden_size, cfg.rms_norm_eps, device);
+        Ok(Self {
+            self_attn: Attention::load(w, &format!("{prefix}.self_attn"), cfg, device)?,
+            mlp: Mlp::load(w, &format!("{prefix}.mlp"), cfg, device)?,
+            input_layernorm: norm("input_layernorm")?,
+            post_attention_layernorm: norm("post_attention_layernorm")?,
+        })
+    }
+
+    /// # Shapes
+    /// - x: `[B, S, hidden]` → `[B, S, hidden]`
+    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
+        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope);
+        x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
+    }
+}
+
+/// The transformer body (HF's `model.` prefix).
+#[derive(Module, Debug)]
+pub struct Body {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+}
+
+/// A causal language model: body plus `lm_head` (absent when tied to the embeddings).
+#[derive(Module, Debug)]
+pub struct Llama {
+    pub model: Body,
+    pub lm_head: Option<Linear>,
+    #[module(skip)]
+    rope: Rope,
+    #[module(skip)]
+    sliding_window: Option<usize>,
+}
+
+impl Llama {
+    /// Builds the model from a checkpoint's tensors.
+    pub fn load(w: &Weights, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let embed = w.tensor("model.embed_tokens.weight", [v, h], device)?;
+        let layers = (0..cfg.num_layers)
+            .map(|i| DecoderLayer::load(w, &format!("model.layers.{i}"), cfg, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Some tied checkpoints still store `lm_head.weight`; the embedding is the one that counts.
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_linear(w, "lm_head", h, v, false, device)?) };
+        Ok(Self {
+            model: Body {
+                embed_tokens: Embedding { weight: Param::from_tensor(embed) },
+                layers,
+                norm: RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps, device)?,
+            },
+            lm_head,
+            rope: Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.max_position_embeddings, device),
+            sliding_window: cfg.sliding_window,
+        })
+    }
+
+    /// Final hidden states, after the last norm.
+    ///
+    /// # Shapes
+    /// - input_ids: `[B, S]` → `[B, S, hidden]`
+    ///
+    /// # Panics
+    /// If `S` exceeds `max_position_embeddings` or the sliding window; callers check
+    /// [`Llama::max_sequence_length`] first.
+    pub fn hidden_states(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
+        let mut x = self.model.embed_tokens.forward(input_ids); // [B, S, hidden]
+        for layer in &self.model.layers {
+            x = layer.forward(x, &self.rope);
+        }
+        self.model.norm.forward(x)
+    }
+
+    /// Projects hidden states onto the vocabulary.
+    ///
+    /// # Shapes
+    /// - hidden: `[B, S, hidden]` → `[B, S, V]`
+    pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => hidden.matmul(self.model.embed_tokens.weight.val().transpose().unsqueeze::<3>()), // [B, S, V]
+        }
+    }
+
+    /// Next-token logits for every position.
+    ///
+    /// # Shapes
+    /// - input_ids: `[B, S]` → `[B, S, V]`
+    pub fn forward(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
+        self.lm_head(self.hidden_states(input_ids))
+    }
+
+    /// The longest sequence a forward pass accepts.
+    pub fn max_sequence_length(&self) -> usize {
+        let positions = self.rope.max_positions();
+        self.sliding_window.map_or(positions, |w| w.min(positions))
+    }
+}

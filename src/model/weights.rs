@@ -1,0 +1,138 @@
+//! Reading Hugging Face safetensors checkpoints: `model.safetensors`, or the shards listed in
+//! `model.safetensors.index.json` (transformers' `save_pretrained(max_shard_size=..)` layout), with
+//! weights stored as f32, bf16 or f16. Every tensor reaches burn as f32; the cast is written out here.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+/// What can go wrong while reading a checkpoint; every message names the file or tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("`{dir}` has no `model.safetensors` and no `model.safetensors.index.json`")]
+    NoWeights { dir: PathBuf },
+    #[error("cannot read `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}` is not a valid safetensors index: {message}")]
+    BadIndex { path: PathBuf, message: String },
+    #[error("`{path}` is not a valid safetensors file")]
+    BadFile {
+        path: PathBuf,
+        #[source]
+        source: safetensors::SafeTensorError,
+    },
+    #[error("tensor `{name}` is missing from the checkpoint in `{dir}`")]
+    Missing { name: String, dir: PathBuf },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
+    #[error("tensor `{name}` is stored as {dtype:?}; supported: F32, BF16, F16")]
+    Dtype { name: String, dtype: Dtype },
+}
+
+/// The memory-mapped safetensors files of one model directory.
+pub struct Weights {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    /// Tensor name → index into `files`.
+    index: HashMap<String, usize>,
+}
+
+impl Weights {
+    /// Maps `model.safetensors`, or every shard named by `model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self, WeightsError> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if single.is_file() {
+            vec!["model.safetensors".to_owned()]
+        } else if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|source| WeightsError::Io { path: index_path.clone(), source })?;
+            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| {
+                WeightsError::BadIndex { path: index_path.clone(), message: e.to_string() }
+            })?;
+            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            return Err(WeightsError::NoWeights { dir: dir.to_owned() });
+        };
+
+        let mut files = Vec::with_capacity(shard_names.len());
+        let mut index = HashMap::new();
+        for name in shard_names {
+            let path = dir.join(&name);
+            let file =
+                File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            // SAFETY: the map is read-only and lives as long as `Weights`; a checkpoint modified
+            // by another process while we read it is outside what any loader can guard against.
+            let mmap = unsafe { Mmap::map(&file) }
+                .map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            let tensors = SafeTensors::deserialize(&mmap)
+                .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+            for tensor_name in tensors.names() {
+                index.insert(tensor_name.to_owned(), files.len());
+            }
+            files.push((path, mmap));
+        }
+        Ok(Self { dir: dir.to_owned(), files, index })
+    }
+
+    /// Whether the checkpoint holds a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Reads tensor `name`, checks its shape and returns it as f32 on `device`.
+    pub fn tensor<const D: usize>(
+        &self,
+        name: &str,
+        expected: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D>, WeightsError> {
+        let missing = || WeightsError::Missing { name: name.to_owned(), dir: self.dir.clone() };
+        let &file = self.index.get(name).ok_or_else(missing)?;
+        let (path, mmap) = &self.files[file];
+        let tensors = SafeTensors::deserialize(mmap)
+            .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+        let view = tensors.tensor(name).map_err(|_| missing())?;
+        if view.shape() != expected {
+            return Err(WeightsError::Shape {
+                name: name.to_owned(),
+                found: view.shape().to_vec(),
+                expected: expected.to_vec(),
+            });
+        }
+        let values = to_f32(name, view.dtype(), view.data())?;
+        Ok(Tensor::from_data(TensorData::new(values, expected), device))
+    }
+}
+
+/// Decodes little-endian f32/bf16/f16 bytes into f32 (exact for all three).
+fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightsError> {
+    Ok(match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        dtype => return Err(WeightsError::Dtype { name: name.to_owned(), dtype }),
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
