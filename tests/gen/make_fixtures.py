@@ -16,7 +16,9 @@ It (re)generates everything under tests/fixtures/ deterministically (fixed seeds
                                        plus a legacy special_tokens_map.json written by this script (transformers 5 no
                                        longer writes that file).
   tests/fixtures/models/<name>/        tiny random causal LMs + tokenizer files:
-                                       llama (tied, llama3 rope scaling), llama-ref (same config, other seed),
+                                       llama (tied, llama3 rope scaling), llama-ref (same config, other seed);
+                                       these two are briefly trained (80 / 50 deterministic AdamW steps on the corpus)
+                                       so token accuracy is non-zero; the others are purely random:
                                        mistral (untied, sharded safetensors + index), qwen2 (qkv bias, tied, bf16
                                        weights), qwen3 (head_dim 32, q/k norm, untied, fp16 weights).
   tests/fixtures/expected/logits_<name>.json
@@ -29,7 +31,8 @@ It (re)generates everything under tests/fixtures/ deterministically (fixed seeds
   tests/fixtures/expected/tokenized_<dataset>.json
                                        TRL 1.16 DPOTrainer-preprocessed ids per row (prompt/chosen/rejected) and the
                                        collated batch (input_ids / attention_mask / completion_mask) for the default
-                                       max_length and for the max_length=24 truncation case.
+                                       max_length and for the max_length=24 truncation case, plus per-pair summed
+                                       completion log-probs of policy and reference (TRL's fused LM head).
   tests/fixtures/expected/trl_eval.json
                                        DPOTrainer(policy=llama, ref=llama-ref).evaluate() metrics for every case
                                        (all loss types, f-divergences, ld_alpha, WPO weighting, truncation, datasets).
@@ -217,8 +220,10 @@ def model_specs(vocab_size, special_ids):
         },
     )
     return [
-        dict(name="llama", cls=LlamaConfig, cfg=llama_cfg, seed=1234, dtype=torch.float32, shard=None),
-        dict(name="llama-ref", cls=LlamaConfig, cfg=llama_cfg, seed=4321, dtype=torch.float32, shard=None),
+        # The DPO policy/reference pair is briefly trained on the corpus (different seeds and step counts) so that
+        # token accuracy is non-zero and the log-ratios are moderate; the other models stay purely random.
+        dict(name="llama", cls=LlamaConfig, cfg=llama_cfg, seed=1234, dtype=torch.float32, shard=None, train=80),
+        dict(name="llama-ref", cls=LlamaConfig, cfg=llama_cfg, seed=4321, dtype=torch.float32, shard=None, train=50),
         dict(
             name="mistral",
             cls=MistralConfig,
@@ -285,6 +290,8 @@ def build_model(spec, tok_dir: Path, out_dir: Path):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name.endswith(".bias"):  # qwen2 q/k/v biases (zero-initialised by default)
                 p.copy_(0.1 * torch.randn_like(p))
+    if spec.get("train"):
+        pretrain(model, spec["train"], spec["seed"])
     model.eval()
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -297,6 +304,30 @@ def build_model(spec, tok_dir: Path, out_dir: Path):
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tok_dir / f, out_dir / f)
     return out_dir
+
+
+def pretrain(model, steps, seed, seq_len=32, batch=8, lr=3e-3):
+    """A few deterministic AdamW steps of next-token prediction on the in-script corpus (CPU, float32)."""
+    tok = load_tokenizer(TOK_DIR)
+    texts = list(CORPUS)
+    for r in PREFS:
+        texts.append(r["prompt"] + r["chosen"])
+    stream = []
+    for t in texts:
+        stream += tok(t, add_special_tokens=False).input_ids + [tok.eos_token_id]
+    data = torch.tensor(stream)
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=g)
+        x = torch.stack([data[i : i + seq_len] for i in starts.tolist()])
+        loss = model(input_ids=x, labels=x, use_cache=False).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"  pretrain seed={seed} steps={steps} final loss {loss.item():.4f}", flush=True)
+    model.eval()
 
 
 def f32list(t):
@@ -380,6 +411,9 @@ PREFS = [
         "rejected": "Never learn anything new.",
     },
     {"prompt": "Multiply three by three.", "chosen": " Nine.", "rejected": " Six"},
+    # prompt ending in a space: " time" merges across the boundary, so TRL's common-prefix split drops the prompt's
+    # trailing " " token and the completion starts with the merged token
+    {"prompt": "Complete the phrase: once upon a ", "chosen": "time.", "rejected": "banana."},
 ]
 
 PREFS_CONV = [
@@ -450,6 +484,8 @@ PREFS_IMPLICIT = [
         "chosen": "Finish the sentence: The cat sat on the mat.",
         "rejected": "Finish the sentence: The cat sat on the moon.",
     },
+    # one text is a prefix of the other: TRL's extract_prompt loop ends without a break (idx = min_len - 1)
+    {"chosen": "Count to three: 1 2 3", "rejected": "Count to three: 1 2 3 4"},
 ]
 
 
@@ -736,6 +772,24 @@ def dump_tokenized(trainer, raw_rows, ds_key, args):
     # The collated eval batch exactly as DataCollatorForPreference builds it (includes max_length truncation).
     feats = [{k: r[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for r in ds]
     batch = trainer.data_collator(feats)
+    # Per-sequence summed completion log-probs of policy and reference, computed through TRL's own fused LM head on
+    # exactly this batch (same path as DPOTrainer._compute_loss with ld_alpha=None), for debugging the Rust side.
+    per_seq = {}
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    with torch.no_grad():
+        for tag, m in (("policy", trainer.model), ("ref", trainer.ref_model)):
+            m.eval()
+            out = m(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=labels,
+                fused_lm_head=True,
+                use_cache=False,
+            )
+            logps = out.log_probs.sum(dim=1)
+            n = logps.shape[0] // 2
+            per_seq[f"{tag}_chosen_logps"] = f32list(logps[:n])
+            per_seq[f"{tag}_rejected_logps"] = f32list(logps[n:])
     return {
         "dataset": DATASETS[ds_key],
         "max_length": args.max_length,
@@ -753,6 +807,7 @@ def dump_tokenized(trainer, raw_rows, ds_key, args):
             "attention_mask": batch["attention_mask"].tolist(),
             "completion_mask": batch["completion_mask"].tolist(),
         },
+        "per_pair_logps": per_seq,
     }
 
 
