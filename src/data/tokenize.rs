@@ -1,0 +1,287 @@
+//! Tokenisation of preference rows exactly as TRL 1.16's `DPOTrainer._prepare_dataset` does it
+//! (`trl/trainer/dpo_trainer.py` lines 1036-1142, with `_tokenize` and `common_prefix_length` from
+//! `trl/data_utils.py` lines 367-425).
+//!
+//! Per row:
+//! 1. Non-conversational data: the eos token text is appended to `chosen` and `rejected` unless
+//!    they already end with it (`add_eos`, lines 1058-1069). Conversational data gets no eos: the
+//!    chat template closes the assistant turn itself.
+//! 2. The prompt is tokenised alone, and prompt+chosen and prompt+rejected are tokenised whole
+//!    (`tokenize_fn`, lines 1075-1101): plain text as `tokenizer(text)` (special tokens of the
+//!    post-processor included), conversations as `apply_chat_template(tokenize=True)` with
+//!    `add_generation_prompt=True` for the prompt alone and without special tokens.
+//! 3. `prompt_len` is the shorter common prefix of the prompt ids with either full sequence
+//!    (lines 1106-1109); when it is shorter than the prompt ids TRL warns (lines 1110-1121) and we
+//!    count the row in [`TokenizeReport::prefix_mismatch`]. The pair is then
+//!    `prompt_ids[:prompt_len]`, `chosen_full[prompt_len:]`, `rejected_full[prompt_len:]`
+//!    (lines 1123-1125).
+//! 4. With `max_length` (keep_start, TRL's only supported mode), rows whose prompt ids alone have
+//!    `max_length` tokens or more are dropped (lines 1137-1140) and counted.
+//!
+//! Truncation itself happens in the collator (`DataCollatorForPreference.torch_call`, lines
+//! 152-166, see [`super::batch::collate`]); the pairs returned here are untruncated, like TRL's
+//! dataset, and [`TokenizeReport::truncated`] counts the sequences the collator will cut.
+
+use super::error::DataError;
+use super::load::{PreferenceRow, Text};
+use crate::tokenizer::{Message, Tokenizer};
+
+/// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizedPair {
+    /// Line of the source row.
+    pub line: usize,
+    /// Prompt ids (the common prefix, see the module doc).
+    pub prompt_ids: Vec<u32>,
+    /// Chosen completion ids (what follows the prompt ids).
+    pub chosen_ids: Vec<u32>,
+    /// Rejected completion ids.
+    pub rejected_ids: Vec<u32>,
+}
+
+/// What tokenisation changed or dropped; nothing is dropped without being listed here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenizeReport {
+    /// Rows kept.
+    pub kept: usize,
+    /// Lines of rows dropped because the prompt alone has at least `max_length` tokens.
+    pub dropped_prompt_too_long: Vec<usize>,
+    /// Lines of rows whose tokenised prompt is not a prefix of the tokenised prompt+completion
+    /// (TRL's "The tokenized prompt is not a prefix ..." warning); their completion starts where
+    /// the two diverge.
+    pub prefix_mismatch: Vec<usize>,
+    /// Number of sequences (a chosen or a rejected one, prompt included) longer than `max_length`,
+    /// which collation truncates (keep_start).
+    pub truncated: usize,
+}
+
+/// Tokenises `rows` as TRL's `DPOTrainer` does (see the module doc).
+///
+/// Errors: [`DataError::NoRows`] for no rows, [`DataError::Tokenize`] when the tokenizer fails
+/// (a conversational row without a chat template, for example), and [`DataError::AllDropped`] when
+/// `max_length` drops every row.
+pub fn tokenize(
+    rows: &[PreferenceRow],
+    tok: &Tokenizer,
+    max_length: Option<usize>,
+) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
+    if rows.is_empty() {
+        return Err(DataError::NoRows);
+    }
+    let mut pairs = Vec::with_capacity(rows.len());
+    let mut report = TokenizeReport::default();
+    for row in rows {
+        let pair = tokenize_row(row, tok, &mut report)?;
+        if let Some(max) = max_length {
+            // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
+            if pair.prompt_ids.len() >= max {
+                report.dropped_prompt_too_long.push(row.line);
+                continue;
+            }
+            let p = pair.prompt_ids.len();
+            report.truncated += usize::from(p + pair.chosen_ids.len() > max)
+                + usize::from(p + pair.rejected_ids.len() > max);
+        }
+        pairs.push(pair);
+    }
+    if pairs.is_empty() {
+        return Err(DataError::AllDropped {
+            dropped: report.dropped_prompt_too_long.len(),
+            // `pairs` can only be empty with `max_length` set, as `rows` is not empty.
+            max_length: max_length.unwrap_or(0),
+        });
+    }
+    report.kept = pairs.len();
+    Ok((pairs, report))
+}
+
+/// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here).
+fn tokenize_row(
+    row: &PreferenceRow,
+    tok: &Tokenizer,
+    report: &mut TokenizeReport,
+) -> Result<TokenizedPair, DataError> {
+    let err = |field: &'static str| {
+        move |source| DataError::Tokenize {
+            line: row.line,
+            field,
+            source,
+        }
+    };
+    let (prompt_ids, chosen_full, rejected_full) = match (&row.prompt, &row.chosen, &row.rejected) {
+        (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
+            let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
+            (
+                tok.encode_chat(p, true).map_err(err("prompt"))?,
+                tok.encode_chat(&joined(c), false).map_err(err("chosen"))?,
+                tok.encode_chat(&joined(r), false)
+                    .map_err(err("rejected"))?,
+            )
+        }
+        (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => {
+            let eos = tok.eos_token();
+            let with_eos = |s: &str| {
+                if s.ends_with(eos) {
+                    s.to_string()
+                } else {
+                    format!("{s}{eos}")
+                }
+            };
+            (
+                tok.encode_with_special_tokens(p).map_err(err("prompt"))?,
+                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(c)))
+                    .map_err(err("chosen"))?,
+                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(r)))
+                    .map_err(err("rejected"))?,
+            )
+        }
+        // The loader never mixes kinds within a row; render such a row as text would be a guess.
+        _ => {
+            return Err(DataError::Tokenize {
+                line: row.line,
+                field: "prompt",
+                source: crate::tokenizer::TokenizerError::EmptyConversation,
+            });
+        }
+    };
+    let prompt_len = common_prefix_length(&prompt_ids, &chosen_full)
+        .min(common_prefix_length(&prompt_ids, &rejected_full));
+    if prompt_len < prompt_ids.len() {
+        report.prefix_mismatch.push(row.line);
+    }
+    Ok(TokenizedPair {
+        line: row.line,
+        prompt_ids: prompt_ids[..prompt_len].to_vec(),
+        chosen_ids: chosen_full[prompt_len..].to_vec(),
+        rejected_ids: rejected_full[prompt_len..].to_vec(),
+    })
+}
+
+/// Number of leading ids `a` and `b` share (`trl/data_utils.py` `common_prefix_length`).
+pub fn common_prefix_length(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::test_support::{CHATML, write_test_tokenizer};
+    use std::path::PathBuf;
+
+    fn tokenizer(name: &str) -> Tokenizer {
+        let dir = std::env::temp_dir().join(format!("dpo-tokz-{}-{name}", std::process::id()));
+        let cfg = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": CHATML});
+        write_test_tokenizer(&dir, &cfg.to_string());
+        Tokenizer::from_dir(&dir).unwrap()
+    }
+
+    fn plain_row(line: usize, p: &str, c: &str, r: &str) -> PreferenceRow {
+        PreferenceRow {
+            line,
+            prompt: Text::Plain(p.into()),
+            chosen: Text::Plain(c.into()),
+            rejected: Text::Plain(r.into()),
+        }
+    }
+
+    fn m(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn plain_rows_get_eos_once() {
+        let tok = tokenizer("plain");
+        let rows = [
+            plain_row(1, "the sky is", " blue", " green"),
+            plain_row(2, "hello", " world <|im_end|>", " hi"),
+        ];
+        let (pairs, report) = tokenize(&rows, &tok, None).unwrap();
+        assert_eq!(pairs[0].prompt_ids, vec![11, 10, 12]);
+        assert_eq!(pairs[0].chosen_ids, vec![8, 2]);
+        assert_eq!(pairs[0].rejected_ids, vec![9, 2]);
+        // Already ends with the eos text: not appended twice.
+        assert_eq!(pairs[1].chosen_ids, vec![4, 2]);
+        assert_eq!(report.kept, 2);
+        assert!(report.prefix_mismatch.is_empty());
+        assert_eq!(report.truncated, 0);
+    }
+
+    #[test]
+    fn conversational_rows_use_the_template_without_eos() {
+        let tok = tokenizer("conv");
+        let rows = [PreferenceRow {
+            line: 4,
+            prompt: Text::Messages(vec![m("user", "hi")]),
+            chosen: Text::Messages(vec![m("assistant", "blue")]),
+            rejected: Text::Messages(vec![m("assistant", "green")]),
+        }];
+        let (pairs, _) = tokenize(&rows, &tok, None).unwrap();
+        // "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" -> WhitespaceSplit words.
+        assert_eq!(
+            pairs[0].prompt_ids,
+            tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+                .unwrap()
+        );
+        assert_eq!(pairs[0].chosen_ids, tok.encode("blue<|im_end|>").unwrap());
+        assert_eq!(pairs[0].line, 4);
+    }
+
+    #[test]
+    fn prefix_mismatch_uses_common_prefix() {
+        let tok = tokenizer("mismatch");
+        // WordLevel on whitespace: "hello" + "world" merges into the unknown word "helloworld".
+        let rows = [plain_row(7, "the hello", "world", " sky")];
+        let (pairs, report) = tokenize(&rows, &tok, None).unwrap();
+        assert_eq!(report.prefix_mismatch, vec![7]);
+        assert_eq!(pairs[0].prompt_ids, vec![11]);
+        assert_eq!(pairs[0].chosen_ids, vec![0, 2]);
+        assert_eq!(pairs[0].rejected_ids, vec![3, 10, 2]);
+    }
+
+    #[test]
+    fn max_length_drops_and_counts() {
+        let tok = tokenizer("maxlen");
+        let rows = [
+            plain_row(1, "the sky is blue", " hi", " hello world"),
+            plain_row(2, "hi", " the sky is blue", " green"),
+        ];
+        let (pairs, report) = tokenize(&rows, &tok, Some(4)).unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].line, 2);
+        assert_eq!(report.dropped_prompt_too_long, vec![1]);
+        // Row 2: 1 + 5 > 4 (chosen) is cut, 1 + 2 (rejected) is not.
+        assert_eq!(report.truncated, 1);
+        let err = tokenize(&rows[..1], &tok, Some(4)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "All 1 examples were dropped: each prompt alone has at least `max_length` = 4 tokens"
+        );
+    }
+
+    #[test]
+    fn missing_template_names_the_line() {
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("dpo-tokz-{}-notpl", std::process::id()));
+        write_test_tokenizer(&dir, "{\"eos_token\": \"<|im_end|>\"}");
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let rows = [PreferenceRow {
+            line: 3,
+            prompt: Text::Messages(vec![m("user", "hi")]),
+            chosen: Text::Messages(vec![m("assistant", "blue")]),
+            rejected: Text::Messages(vec![m("assistant", "green")]),
+        }];
+        let err = tokenize(&rows, &tok, None).unwrap_err();
+        assert_eq!(err.to_string(), "Line 3: cannot tokenise field `prompt`");
+        assert!(matches!(tokenize(&[], &tok, None), Err(DataError::NoRows)));
+    }
+
+    #[test]
+    fn common_prefix() {
+        assert_eq!(common_prefix_length(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix_length(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(common_prefix_length(&[], &[1]), 0);
+    }
+}

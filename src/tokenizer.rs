@@ -1,0 +1,1084 @@
+//! Hugging Face tokenizers: `tokenizer.json`, special tokens and chat templates.
+//!
+//! Follows transformers 5's `TokenizersBackend` (`tokenization_utils_tokenizers.py`: special tokens
+//! from `tokenizer_config.json`, missing ones added as special tokens, the post-processor rebuilt when
+//! `add_bos_token`/`add_eos_token` are given or `tokenizer.json` has none) and its chat templates
+//! (`utils/chat_template_utils.py`, `_cached_compile_jinja_template` and `render_jinja_template`:
+//! `trim_blocks` and `lstrip_blocks`, `raise_exception`, `strftime_now`, a `tojson` that is Python's
+//! `json.dumps(ensure_ascii=False)`, the special tokens as template variables; the rendered text is
+//! tokenised without special tokens, as `apply_chat_template(tokenize=True)` does).
+//! The pad token falls back to the eos token as TRL's `DPOTrainer.__init__` does
+//! (`trl/trainer/dpo_trainer.py`, `if self._tokenizer.pad_token is None`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
+use minijinja::{Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
+use tokenizers::AddedToken;
+use tokenizers::processors::template::TemplateProcessing;
+
+/// Errors from loading a tokenizer directory, encoding, decoding or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A file could not be read.
+    #[error("Cannot read `{path}`")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `tokenizer.json` could not be parsed by the `tokenizers` crate.
+    #[error("`{path}`: not a valid Hugging Face tokenizer")]
+    Load {
+        path: PathBuf,
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// `tokenizer_config.json` is not valid JSON.
+    #[error("`{path}`: invalid JSON")]
+    ConfigJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A field of `tokenizer_config.json` has the wrong type.
+    #[error("`{path}`: field `{field}` {expected}")]
+    ConfigField {
+        path: PathBuf,
+        field: String,
+        expected: &'static str,
+    },
+    /// No eos token is configured; DPO needs one (appended to completions, and the pad fallback).
+    #[error("`{path}`: no `eos_token` is set")]
+    NoEos { path: PathBuf },
+    /// The tokenizer has no chat template, but conversational data needs one.
+    #[error("`{path}`: no `chat_template` is set, so conversational data cannot be rendered")]
+    NoChatTemplate { path: PathBuf },
+    /// `chat_template` is a list of named templates without one named `default`.
+    #[error("`{path}`: `chat_template` lists named templates but none is named `default`")]
+    NoDefaultTemplate { path: PathBuf },
+    /// The chat template does not compile.
+    #[error("`{path}`: the chat template does not compile")]
+    TemplateSyntax {
+        path: PathBuf,
+        #[source]
+        source: minijinja::Error,
+    },
+    /// Rendering the chat template failed (this includes `raise_exception` calls).
+    #[error("`{path}`: rendering the chat template failed")]
+    TemplateRender {
+        path: PathBuf,
+        #[source]
+        source: minijinja::Error,
+    },
+    /// `apply_chat_template` was called without messages (transformers refuses too).
+    #[error("Cannot apply the chat template to an empty conversation")]
+    EmptyConversation,
+    /// The `tokenizers` crate failed to encode a text.
+    #[error("Encoding failed")]
+    Encode {
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The `tokenizers` crate failed to decode ids.
+    #[error("Decoding failed")]
+    Decode {
+        #[source]
+        source: tokenizers::Error,
+    },
+}
+
+/// One chat message, as in a conversational dataset (`{"role": .., "content": ..}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// A Hugging Face tokenizer with its special tokens and chat template resolved.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The directory it was loaded from (named in errors).
+    dir: PathBuf,
+    eos_token: String,
+    eos_id: u32,
+    bos_token: Option<String>,
+    bos_id: Option<u32>,
+    pad_token: String,
+    pad_id: u32,
+    /// Other named special tokens (`unk_token`, ...), passed to the chat template like transformers'
+    /// `special_tokens_map`.
+    other_special: Vec<(String, String)>,
+    chat_template: ChatTemplate,
+    clean_up_tokenization_spaces: bool,
+}
+
+/// Where the chat template came from and what it is.
+#[derive(Debug, Clone)]
+enum ChatTemplate {
+    None,
+    NoDefault,
+    Source { path: PathBuf, source: String },
+}
+
+/// The keys of `tokenizer_config.json` that name special tokens, as in transformers'
+/// `SPECIAL_TOKENS_ATTRIBUTES`.
+const SPECIAL_TOKEN_KEYS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`, plus `dir/tokenizer_config.json` (special tokens, chat template)
+    /// and `dir/chat_template.jinja` (which takes precedence, as in transformers 5) when present.
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let tok_path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&tok_path).map_err(|source| TokenizerError::Read {
+            path: tok_path.clone(),
+            source,
+        })?;
+        let mut inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|source| TokenizerError::Load {
+                path: tok_path.clone(),
+                source,
+            })?;
+
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = if cfg_path.exists() {
+            let text =
+                std::fs::read_to_string(&cfg_path).map_err(|source| TokenizerError::Read {
+                    path: cfg_path.clone(),
+                    source,
+                })?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| TokenizerError::ConfigJson {
+                    path: cfg_path.clone(),
+                    source,
+                })?;
+            match value {
+                serde_json::Value::Object(map) => map,
+                _ => {
+                    return Err(TokenizerError::ConfigField {
+                        path: cfg_path,
+                        field: "(top level)".into(),
+                        expected: "must be a JSON object",
+                    });
+                }
+            }
+        } else {
+            serde_json::Map::new()
+        };
+
+        // Named special tokens: strings or AddedToken objects `{"content": ..}`.
+        let mut named: Vec<(String, String)> = Vec::new();
+        for key in SPECIAL_TOKEN_KEYS {
+            if let Some(content) = special_token(&cfg, key, &cfg_path)? {
+                named.push((key.to_string(), content));
+            }
+        }
+        // transformers adds configured special tokens missing from the vocabulary as special tokens.
+        for (_, content) in &named {
+            if inner.token_to_id(content).is_none() {
+                inner.add_special_tokens(&[AddedToken::from(content.clone(), true)]);
+            }
+        }
+        let lookup = |name: &str| {
+            named
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let id_of = |inner: &tokenizers::Tokenizer, content: &str| {
+            // Present: every named token was added above when missing.
+            inner.token_to_id(content)
+        };
+
+        let Some(eos_token) = lookup("eos_token") else {
+            return Err(TokenizerError::NoEos {
+                path: if cfg_path.exists() {
+                    cfg_path
+                } else {
+                    dir.to_path_buf()
+                },
+            });
+        };
+        let eos_id = id_of(&inner, &eos_token).ok_or_else(|| TokenizerError::NoEos {
+            path: cfg_path.clone(),
+        })?;
+        let bos_token = lookup("bos_token");
+        let bos_id = bos_token.as_deref().and_then(|t| id_of(&inner, t));
+        let pad_token = lookup("pad_token").unwrap_or_else(|| eos_token.clone());
+        let pad_id = id_of(&inner, &pad_token).unwrap_or(eos_id);
+
+        // transformers 5 (`TokenizersBackend.__init__`/`update_post_processor`) rebuilds the
+        // post-processor as `[bos] $A [eos]` when `add_bos_token`/`add_eos_token` are given or when
+        // `tokenizer.json` has no post-processor.
+        let add_bos = bool_field(&cfg, "add_bos_token", &cfg_path)?;
+        let add_eos = bool_field(&cfg, "add_eos_token", &cfg_path)?;
+        if add_bos.is_some() || add_eos.is_some() || inner.get_post_processor().is_none() {
+            let add_bos = add_bos.unwrap_or(false) && bos_id.is_some();
+            let add_eos = add_eos.unwrap_or(false);
+            let processor = post_processor(
+                add_bos.then(|| (bos_token.clone().unwrap_or_default(), bos_id.unwrap_or(0))),
+                add_eos.then(|| (eos_token.clone(), eos_id)),
+            )
+            .map_err(|source| TokenizerError::Load {
+                path: tok_path.clone(),
+                source,
+            })?;
+            inner.with_post_processor(Some(processor));
+        }
+
+        let chat_template = chat_template(dir, &cfg, &cfg_path)?;
+        let clean_up_tokenization_spaces =
+            bool_field(&cfg, "clean_up_tokenization_spaces", &cfg_path)?.unwrap_or(false);
+        let other_special = named
+            .iter()
+            .filter(|(k, _)| k != "bos_token" && k != "eos_token" && k != "pad_token")
+            .cloned()
+            .collect();
+
+        Ok(Self {
+            inner,
+            dir: dir.to_path_buf(),
+            eos_token,
+            eos_id,
+            bos_token,
+            bos_id,
+            pad_token,
+            pad_id,
+            other_special,
+            chat_template,
+            clean_up_tokenization_spaces,
+        })
+    }
+
+    /// Token ids of `text` without special tokens (`add_special_tokens=False`); added tokens such as
+    /// `<|im_end|>` written in the text are still matched.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_inner(text, false)
+    }
+
+    /// Token ids of `text` with the post-processor's special tokens (a Llama bos, for example), as
+    /// `tokenizer(text)` gives them; TRL tokenises non-conversational text this way
+    /// (`trl/data_utils.py`, `_tokenize`: `processing_class(text=input)`).
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_inner(text, true)
+    }
+
+    fn encode_inner(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, special)
+            .map_err(|source| TokenizerError::Encode { source })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; with `clean_up_tokenization_spaces` set in `tokenizer_config.json` the spaces
+    /// before punctuation are removed as transformers does.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        let text = self
+            .inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|source| TokenizerError::Decode { source })?;
+        Ok(if self.clean_up_tokenization_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
+    }
+
+    /// Renders `messages` with the chat template (`add_generation_prompt` appends the assistant
+    /// header, for a prompt), like transformers' `apply_chat_template(tokenize=False)`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let (path, source) = match &self.chat_template {
+            ChatTemplate::Source { path, source } => (path, source),
+            ChatTemplate::None => {
+                return Err(TokenizerError::NoChatTemplate {
+                    path: self.dir.join("tokenizer_config.json"),
+                });
+            }
+            ChatTemplate::NoDefault => {
+                return Err(TokenizerError::NoDefaultTemplate {
+                    path: self.dir.join("tokenizer_config.json"),
+                });
+            }
+        };
+        if messages.is_empty() {
+            return Err(TokenizerError::EmptyConversation);
+        }
+        let env = template_env();
+        let template =
+            env.template_from_str(source)
+                .map_err(|source| TokenizerError::TemplateSyntax {
+                    path: path.clone(),
+                    source,
+                })?;
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| Value::from_object(MessageValue(m.clone())))
+            .collect();
+        let mut ctx: Vec<(&str, Value)> = vec![
+            ("messages", Value::from(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
+            ("eos_token", Value::from(self.eos_token.clone())),
+            ("pad_token", Value::from(self.pad_token.clone())),
+        ];
+        if let Some(bos) = &self.bos_token {
+            ctx.push(("bos_token", Value::from(bos.clone())));
+        }
+        for (k, v) in &self.other_special {
+            ctx.push((k.as_str(), Value::from(v.clone())));
+        }
+        let ctx: Value = ctx.into_iter().collect();
+        template
+            .render(ctx)
+            .map_err(|source| TokenizerError::TemplateRender {
+                path: path.clone(),
+                source,
+            })
+    }
+
+    /// Token ids of the rendered chat, without special tokens, as
+    /// `apply_chat_template(messages, tokenize=True)` gives them.
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode(&text)
+    }
+
+    /// Whether a chat template is configured.
+    pub fn has_chat_template(&self) -> bool {
+        matches!(self.chat_template, ChatTemplate::Source { .. })
+    }
+
+    /// The eos token's text (TRL appends it to non-conversational completions).
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
+    /// The eos token id.
+    pub fn eos_id(&self) -> u32 {
+        self.eos_id
+    }
+
+    /// The bos token id, if the tokenizer has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// The pad token id: `pad_token`, or the eos token when none is set.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// Vocabulary size including added tokens (largest id + 1).
+    pub fn vocab_size(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1)
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// Reads a special token given as a string or as an AddedToken object `{"content": ..}`.
+fn special_token(
+    cfg: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<String>, TokenizerError> {
+    match cfg.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Object(obj)) => match obj.get("content") {
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            _ => Err(TokenizerError::ConfigField {
+                path: path.to_path_buf(),
+                field: format!("{key}.content"),
+                expected: "must be a string",
+            }),
+        },
+        Some(_) => Err(TokenizerError::ConfigField {
+            path: path.to_path_buf(),
+            field: key.to_string(),
+            expected: "must be a string or an object with a `content` string",
+        }),
+    }
+}
+
+fn bool_field(
+    cfg: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<bool>, TokenizerError> {
+    match cfg.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(TokenizerError::ConfigField {
+            path: path.to_path_buf(),
+            field: key.to_string(),
+            expected: "must be true or false",
+        }),
+    }
+}
+
+/// `[bos:0] $A:0 [eos:0]`, as transformers' `update_post_processor` builds it.
+fn post_processor(
+    bos: Option<(String, u32)>,
+    eos: Option<(String, u32)>,
+) -> Result<TemplateProcessing, tokenizers::Error> {
+    let mut single = String::new();
+    let mut specials = Vec::new();
+    if let Some((t, id)) = &bos {
+        single.push_str(&format!("{t}:0 "));
+        specials.push((t.clone(), *id));
+    }
+    single.push_str("$A:0");
+    if let Some((t, id)) = &eos {
+        single.push_str(&format!(" {t}:0"));
+        specials.push((t.clone(), *id));
+    }
+    let mut pair = single.clone();
+    if let Some((t, _)) = &bos {
+        pair.push_str(&format!(" {t}:1"));
+    }
+    pair.push_str(" $B:1");
+    if let Some((t, _)) = &eos {
+        pair.push_str(&format!(" {t}:1"));
+    }
+    Ok(TemplateProcessing::builder()
+        .try_single(single)?
+        .try_pair(pair)?
+        .special_tokens(specials)
+        .build()?)
+}
+
+/// `chat_template.jinja` if present, else `chat_template` of `tokenizer_config.json` (a string, or
+/// a list of `{name, template}` from which `default` is used).
+fn chat_template(
+    dir: &Path,
+    cfg: &serde_json::Map<String, serde_json::Value>,
+    cfg_path: &Path,
+) -> Result<ChatTemplate, TokenizerError> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        let source = std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Read {
+            path: jinja.clone(),
+            source,
+        })?;
+        return Ok(ChatTemplate::Source {
+            path: jinja,
+            source,
+        });
+    }
+    let bad = |expected| TokenizerError::ConfigField {
+        path: cfg_path.to_path_buf(),
+        field: "chat_template".into(),
+        expected,
+    };
+    match cfg.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(ChatTemplate::None),
+        Some(serde_json::Value::String(s)) => Ok(ChatTemplate::Source {
+            path: cfg_path.to_path_buf(),
+            source: s.clone(),
+        }),
+        Some(serde_json::Value::Array(items)) => {
+            for item in items {
+                let name = item.get("name").and_then(|v| v.as_str());
+                let template = item.get("template").and_then(|v| v.as_str());
+                match (name, template) {
+                    (Some("default"), Some(t)) => {
+                        return Ok(ChatTemplate::Source {
+                            path: cfg_path.to_path_buf(),
+                            source: t.to_string(),
+                        });
+                    }
+                    (Some(_), Some(_)) => {}
+                    _ => {
+                        return Err(bad(
+                            "entries must be `{\"name\": .., \"template\": ..}` strings",
+                        ));
+                    }
+                }
+            }
+            Ok(ChatTemplate::NoDefault)
+        }
+        Some(_) => Err(bad(
+            "must be a string or a list of `{name, template}` objects",
+        )),
+    }
+}
+
+/// The Jinja environment transformers compiles chat templates in.
+fn template_env() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        },
+    );
+    env.add_function("strftime_now", |format: String| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        strftime(&format, secs)
+    });
+    env.add_filter("tojson", tojson);
+    env
+}
+
+/// A message as the template sees it: a map whose keys iterate as `role`, `content` (Python dict
+/// order), which `tojson` and `items()` rely on.
+#[derive(Debug)]
+struct MessageValue(Message);
+
+impl Object for MessageValue {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "role" => Some(Value::from(self.0.role.clone())),
+            "content" => Some(Value::from(self.0.content.clone())),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["role", "content"])
+    }
+}
+
+/// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+/// sort_keys=False)`, without Jinja's HTML escaping.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match (v.as_i64(), v.as_str()) {
+            (Some(n), _) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
+            (None, Some(s)) => Some(s.to_string()),
+            _ => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: `indent` must be an integer or a string",
+                ));
+            }
+        },
+    };
+    // Python's defaults: (", ", ": ") without indent, (",", ": ") with one.
+    let (item_sep, key_sep) = match separators.as_deref() {
+        Some([a, b]) => (a.clone(), b.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: `separators` must be a pair of strings",
+            ));
+        }
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+    };
+    let opts = JsonOpts {
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+    };
+    let mut out = String::new();
+    py_json(value, &opts, 0, &mut out)?;
+    Ok(out)
+}
+
+struct JsonOpts {
+    ensure_ascii: bool,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+}
+
+fn py_json(
+    value: &Value,
+    opts: &JsonOpts,
+    level: usize,
+    out: &mut String,
+) -> Result<(), minijinja::Error> {
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Some(i) = value.as_i64() {
+                let _ = write!(out, "{i}");
+            } else {
+                let f = f64::try_from(value.clone())?;
+                if f.is_nan() {
+                    out.push_str("NaN");
+                } else if f.is_infinite() {
+                    out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
+                } else if f.fract() == 0.0 && f.abs() < 1e16 {
+                    let _ = write!(out, "{f:.1}");
+                } else {
+                    let _ = write!(out, "{f}");
+                }
+            }
+        }
+        ValueKind::String => py_json_str(value.as_str().unwrap_or_default(), opts, out),
+        ValueKind::Map => {
+            let mut items = Vec::new();
+            for key in value.try_iter()? {
+                let item = value.get_item(&key)?;
+                let key = match key.as_str() {
+                    Some(s) => s.to_string(),
+                    None => key.to_string(),
+                };
+                items.push((key, item));
+            }
+            if opts.sort_keys {
+                items.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            if items.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, (k, v)) in items.iter().enumerate() {
+                py_json_sep(opts, level + 1, i == 0, out);
+                py_json_str(k, opts, out);
+                out.push_str(&opts.key_sep);
+                py_json(v, opts, level + 1, out)?;
+            }
+            py_json_close(opts, level, out);
+            out.push('}');
+        }
+        _ => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                py_json_sep(opts, level + 1, i == 0, out);
+                py_json(v, opts, level + 1, out)?;
+            }
+            py_json_close(opts, level, out);
+            out.push(']');
+        }
+    }
+    Ok(())
+}
+
+fn py_json_sep(opts: &JsonOpts, level: usize, first: bool, out: &mut String) {
+    match &opts.indent {
+        Some(ind) => {
+            if !first {
+                out.push_str(&opts.item_sep);
+            }
+            out.push('\n');
+            out.push_str(&ind.repeat(level));
+        }
+        None => {
+            if !first {
+                out.push_str(&opts.item_sep);
+            }
+        }
+    }
+}
+
+fn py_json_close(opts: &JsonOpts, level: usize, out: &mut String) {
+    if let Some(ind) = &opts.indent {
+        out.push('\n');
+        out.push_str(&ind.repeat(level));
+    }
+}
+
+fn py_json_str(s: &str, opts: &JsonOpts, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c if opts.ensure_ascii && (c as u32) > 0x7e => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Python's `datetime.now().strftime(format)` for the common directives, in UTC (the time zone of
+/// training hosts as a rule); unknown directives are kept as written, as glibc does.
+fn strftime(format: &str, unix_secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = (unix_secs / 86_400) as i64;
+    let secs = unix_secs % 86_400;
+    let (hour, minute, second) = (secs / 3600, (secs % 3600) / 60, secs % 60);
+    let (year, month, day) = civil_from_days(days);
+    // 1970-01-01 was a Thursday (index 3 with Monday = 0).
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
+    let month_name = MONTHS[(month - 1) as usize];
+    let day_name = DAYS[weekday];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(d) = chars.next() else {
+            out.push('%');
+            break;
+        };
+        let _ = match d {
+            'Y' => write!(out, "{year}"),
+            'y' => write!(out, "{:02}", year.rem_euclid(100)),
+            'm' => write!(out, "{month:02}"),
+            'd' => write!(out, "{day:02}"),
+            'e' => write!(out, "{day:2}"),
+            'B' => write!(out, "{month_name}"),
+            'b' | 'h' => write!(out, "{}", &month_name[..3]),
+            'A' => write!(out, "{day_name}"),
+            'a' => write!(out, "{}", &day_name[..3]),
+            'H' => write!(out, "{hour:02}"),
+            'I' => write!(out, "{:02}", if hour % 12 == 0 { 12 } else { hour % 12 }),
+            'p' => write!(out, "{}", if hour < 12 { "AM" } else { "PM" }),
+            'M' => write!(out, "{minute:02}"),
+            'S' => write!(out, "{second:02}"),
+            'j' => write!(out, "{day_of_year:03}"),
+            'F' => write!(out, "{year}-{month:02}-{day:02}"),
+            'T' => write!(out, "{hour:02}:{minute:02}:{second:02}"),
+            '%' => write!(out, "%"),
+            other => write!(out, "%{other}"),
+        };
+    }
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day), H. Hinnant's `civil_from_days`.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// (year, month, day) to days since 1970-01-01, H. Hinnant's `days_from_civil`.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// transformers' `clean_up_tokenization`: removes spaces before punctuation and contractions.
+fn clean_up_tokenization(text: &str) -> String {
+    text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}
+
+/// Test helpers shared with the data module's tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    /// A tiny word-level tokenizer with ChatML tokens, written to a temporary directory.
+    pub fn write_test_tokenizer(dir: &Path, config: &str) {
+        let tokenizer_json = r#"{
+          "version": "1.0",
+          "truncation": null,
+          "padding": null,
+          "added_tokens": [
+            {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 1, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 2, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+          ],
+          "normalizer": null,
+          "pre_tokenizer": {"type": "WhitespaceSplit"},
+          "post_processor": null,
+          "decoder": null,
+          "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2,
+             "hello": 3, "world": 4, "user": 5, "assistant": 6, "hi": 7, "blue": 8, "green": 9, "sky": 10,
+             "the": 11, "is": 12, "system": 13}, "unk_token": "<unk>"}
+        }"#;
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), tokenizer_json).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), config).unwrap();
+    }
+
+    pub const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{CHATML, write_test_tokenizer};
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("dpo-tok-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn chatml_config() -> String {
+        serde_json::json!({"eos_token": "<|im_end|>", "chat_template": CHATML}).to_string()
+    }
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
+        pairs
+            .iter()
+            .map(|(r, c)| Message {
+                role: r.to_string(),
+                content: c.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn special_tokens_and_pad_fallback() {
+        let dir = temp_dir("special");
+        write_test_tokenizer(&dir, &chatml_config());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(tok.eos_id(), 2);
+        assert_eq!(tok.pad_id(), 2, "no pad token: pads with eos");
+        assert_eq!(tok.bos_id(), None);
+        assert_eq!(tok.vocab_size(), 14);
+        assert_eq!(tok.encode("hello <|im_end|> world").unwrap(), vec![3, 2, 4]);
+        assert_eq!(tok.decode(&[3, 2, 4], true).unwrap(), "hello world");
+    }
+
+    #[test]
+    fn added_token_objects_and_add_bos() {
+        let dir = temp_dir("objects");
+        let cfg = serde_json::json!({
+            "eos_token": {"content": "<|im_end|>", "__type": "AddedToken"},
+            "bos_token": {"content": "<|im_start|>"},
+            "pad_token": "<unk>",
+            "add_bos_token": true,
+        });
+        write_test_tokenizer(&dir, &cfg.to_string());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(tok.bos_id(), Some(1));
+        assert_eq!(tok.pad_id(), 0);
+        assert_eq!(tok.encode("hello").unwrap(), vec![3]);
+        assert_eq!(tok.encode_with_special_tokens("hello").unwrap(), vec![1, 3]);
+    }
+
+    #[test]
+    fn missing_special_token_is_added() {
+        let dir = temp_dir("added");
+        let cfg = serde_json::json!({"eos_token": "</s>"});
+        write_test_tokenizer(&dir, &cfg.to_string());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(tok.eos_id(), 14);
+        assert_eq!(tok.vocab_size(), 15);
+    }
+
+    #[test]
+    fn chatml_render() {
+        let dir = temp_dir("chatml");
+        write_test_tokenizer(&dir, &chatml_config());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let m = msgs(&[("user", "hi")]);
+        assert_eq!(
+            tok.apply_chat_template(&m, true).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            tok.apply_chat_template(&m, false).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n"
+        );
+        assert!(matches!(
+            tok.apply_chat_template(&[], false),
+            Err(TokenizerError::EmptyConversation)
+        ));
+    }
+
+    #[test]
+    fn template_list_uses_default_and_helpers_work() {
+        let dir = temp_dir("list");
+        let template = "{{ bos_token }}{% for m in messages %}{{ m.role.upper() }}={{ m | tojson }}{% endfor %}{% if messages|length > 5 %}{{ raise_exception('too long') }}{% endif %}";
+        let cfg = serde_json::json!({
+            "eos_token": "<|im_end|>",
+            "bos_token": "<|im_start|>",
+            "chat_template": [
+                {"name": "tool_use", "template": "x"},
+                {"name": "default", "template": template},
+            ],
+        });
+        write_test_tokenizer(&dir, &cfg.to_string());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let m = msgs(&[("user", "a \"q\" <b> é")]);
+        assert_eq!(
+            tok.apply_chat_template(&m, false).unwrap(),
+            "<|im_start|>USER={\"role\": \"user\", \"content\": \"a \\\"q\\\" <b> é\"}"
+        );
+        let many = msgs(&[("user", "x"); 6]);
+        let err = tok.apply_chat_template(&many, false).unwrap_err();
+        let source = std::error::Error::source(&err).unwrap().to_string();
+        assert!(source.contains("too long"), "{source}");
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks() {
+        let dir = temp_dir("trim");
+        let template = "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}";
+        let cfg = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template});
+        write_test_tokenizer(&dir, &cfg.to_string());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let m = msgs(&[("user", "a"), ("user", "b")]);
+        assert_eq!(tok.apply_chat_template(&m, false).unwrap(), "U:a\nU:b\n");
+    }
+
+    #[test]
+    fn tojson_options() {
+        let env = template_env();
+        let out = env
+            .render_str(
+                "{{ x | tojson(indent=2) }}|{{ y | tojson(sort_keys=true) }}|{{ 'é' | tojson(ensure_ascii=true) }}",
+                minijinja::context! { x => vec![1, 2], y => minijinja::context!{ b => 1.5, a => true } },
+            )
+            .unwrap();
+        assert_eq!(out, "[\n  1,\n  2\n]|{\"a\": true, \"b\": 1.5}|\"\\u00e9\"");
+    }
+
+    #[test]
+    fn strftime_known_date() {
+        // 2024-02-29 13:05:09 UTC, a Thursday.
+        let secs = 1_709_211_909;
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %A %b %j %%", secs),
+            "2024-02-29 13:05:09 Thursday Feb 060 %"
+        );
+        assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = temp_dir("errors");
+        let err = Tokenizer::from_dir(&dir).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("Cannot read `{}`", dir.join("tokenizer.json").display())
+        );
+        write_test_tokenizer(&dir, "{\"eos_token\": 3}");
+        let err = Tokenizer::from_dir(&dir).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`{}`: field `eos_token` must be a string or an object with a `content` string",
+                dir.join("tokenizer_config.json").display()
+            )
+        );
+        write_test_tokenizer(&dir, "{}");
+        let err = Tokenizer::from_dir(&dir).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`{}`: no `eos_token` is set",
+                dir.join("tokenizer_config.json").display()
+            )
+        );
+        write_test_tokenizer(&dir, "{\"eos_token\": \"<|im_end|>\"}");
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let err = tok
+            .apply_chat_template(&msgs(&[("user", "hi")]), false)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`{}`: no `chat_template` is set, so conversational data cannot be rendered",
+                dir.join("tokenizer_config.json").display()
+            )
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
