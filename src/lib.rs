@@ -1,4 +1,26 @@
-//! dpo-train (being assembled).
+//! dpo-train: Direct Preference Optimization for Hugging Face Llama-family models, on burn with the
+//! libtorch backend.
+//!
+//! Data flows one way: [`data`] (with [`tokenizer`]) → [`model`] → [`dpo`] (log-probs, losses,
+//! metrics) → [`eval`]; [`cli`] parses flags into those modules' options.
+
+pub mod cli;
 pub mod data;
+pub mod dpo;
+pub mod eval;
 pub mod model;
 pub mod tokenizer;
+
+/// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,
+/// model files), 2 for failures of the run itself.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let user_input = err.chain().any(|e| {
+        e.is::<data::DataError>()
+            || e.is::<tokenizer::TokenizerError>()
+            || e.is::<model::ModelError>()
+            || e.is::<model::weights::WeightsError>()
+            || e.is::<dpo::loss::LossConfigError>()
+            || e.is::<eval::EvalError>()
+    });
+    if user_input { 1 } else { 2 }
+}

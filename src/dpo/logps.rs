@@ -1,0 +1,146 @@
+//! Per-sequence completion log-probabilities from one forward pass over the concatenated
+//! [chosen; rejected] batch (TRL `DPOTrainer._compute_loss` and its fused LM head).
+//!
+//! Position `t` predicts token `t + 1`, so the completion mask is shifted by one: the first
+//! completion token is scored from the last prompt position. Only the gathered label log-probs
+//! are kept: `log p(y) = z_y - logsumexp(z)`, never a full log-softmax tensor.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::data::Batch;
+use crate::model::Llama;
+
+/// A collated batch on the device, with the per-token weights of the summed log-probs.
+pub struct DeviceBatch {
+    /// Pairs in the batch (the tensors hold 2B rows: chosen rows first).
+    pub pairs: usize,
+    /// `[2B, S]` token ids, right-padded.
+    pub input_ids: Tensor<2, Int>,
+    /// `[2B, S-1]` 1.0 where position `t` predicts a completion token.
+    pub scored: Tensor<2>,
+    /// `[2B, S-1]` weight of each scored token in the sequence log-prob: 1 on the tokens both
+    /// completions of a pair share in length, `ld_alpha` on the longer one's tail (LD-DPO,
+    /// Liu et al. 2024); equal to `scored` without `ld_alpha`.
+    pub weights: Tensor<2>,
+    /// Completion tokens per row before the shift (`completion_mask.sum(1)`), as IPO normalises.
+    pub completion_lengths: Vec<f32>,
+}
+
+impl DeviceBatch {
+    /// Uploads a host batch, deriving the shifted masks and LD-DPO weights on the host.
+    pub fn new(batch: &Batch, ld_alpha: Option<f64>, device: &Device) -> Self {
+        let (rows, s) = (2 * batch.batch_size, batch.seq_len);
+        let b = batch.batch_size;
+        // Row r, position t (0..S-1) scores label t+1.
+        let scored: Vec<f32> = (0..rows)
+            .flat_map(|r| (1..s).map(move |t| batch.completion_mask[r * s + t] as f32))
+            .collect();
+        let scored_counts: Vec<usize> =
+            scored.chunks(s.saturating_sub(1).max(1)).map(|row| row.iter().filter(|&&m| m > 0.0).count()).collect();
+        let weights = match ld_alpha {
+            None => scored.clone(),
+            Some(alpha) => {
+                let mut w = scored.clone();
+                for r in 0..rows {
+                    // The pair's shared length: the shorter of its two (shifted, truncated) completions.
+                    let pair = r % b;
+                    let shared = scored_counts[pair].min(scored_counts[pair + b]);
+                    let mut position = 0;
+                    for t in 0..s - 1 {
+                        let i = r * (s - 1) + t;
+                        if scored[i] > 0.0 {
+                            position += 1;
+                            if position > shared {
+                                w[i] = alpha as f32;
+                            }
+                        }
+                    }
+                }
+                w
+            }
+        };
+        let completion_lengths = batch
+            .completion_mask
+            .chunks(s)
+            .map(|row| row.iter().filter(|&&m| m != 0).count() as f32)
+            .collect();
+        let shifted = [rows, s - 1];
+        Self {
+            pairs: b,
+            input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [rows, s]), device),
+            scored: Tensor::from_data(TensorData::new(scored, shifted), device),
+            weights: Tensor::from_data(TensorData::new(weights, shifted), device),
+            completion_lengths,
+        }
+    }
+}
+
+/// Per-row results of one forward pass, each `[2B]`.
+#[derive(Debug, Clone)]
+pub struct SequenceScores {
+    /// `Σ_t w_t · log p(y_t)`: the sequence log-prob DPO compares (differentiable).
+    pub logps: Tensor<1>,
+    /// `Σ_t log p(y_t)` over scored tokens, unweighted (the `sft` term; differentiable).
+    pub token_logps: Tensor<1>,
+    /// Token statistics for the metrics; only computed for the policy.
+    pub stats: Option<TokenStats>,
+}
+
+/// Per-row sums over scored tokens, detached from the graph, each `[2B]`.
+#[derive(Debug, Clone)]
+pub struct TokenStats {
+    /// `Σ_t H(p_t)`, the predictive entropy at each scored position.
+    pub entropy: Tensor<1>,
+    /// `Σ_t mean_v z_{t,v}`: the mean logit over the whole vocabulary at each scored position.
+    pub mean_logits: Tensor<1>,
+    /// Number of scored tokens.
+    pub tokens: Tensor<1>,
+    /// WPO's per-row weight exponent (Zhou et al. 2024, eq. 2):
+    /// `mean_t (log p(y_t) - log Σ_v p_v²)` over scored tokens.
+    pub wpo: Tensor<1>,
+}
+
+/// Runs `model` over the batch and scores every completion token.
+///
+/// # Shapes
+/// - batch.input_ids: `[2B, S]`; every output: `[2B]`
+pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
+    let [rows, s] = batch.input_ids.dims();
+    let hidden = model.hidden_states(batch.input_ids.clone()); // [2B, S, hidden]
+    let [_, _, h] = hidden.dims();
+    // The last position predicts nothing that is scored.
+    let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]
+    let logits = model.lm_head(hidden); // [2B, S-1, V]
+    let labels = batch.input_ids.clone().slice([0..rows, 1..s]); // [2B, S-1]
+
+    let max = logits.clone().detach().max_dim(2); // [2B, S-1, 1]
+    let shifted = logits.clone() - max.clone(); // [2B, S-1, V]
+    let lse = shifted.clone().exp().sum_dim(2).log() + max; // [2B, S-1, 1]
+    let label_logits = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2)); // [2B, S-1, 1]
+    let token_logps = (label_logits - lse.clone()).squeeze_dim::<2>(2); // [2B, S-1]
+
+    let stats = with_stats.then(|| {
+        let z = logits.detach(); // [2B, S-1, V]
+        let [_, _, v] = z.dims();
+        let lse = lse.detach();
+        let p = (z.clone() - lse.clone()).exp(); // [2B, S-1, V]
+        // H = logsumexp(z) - Σ_v p_v z_v
+        let entropy = (lse - (p.clone() * z.clone()).sum_dim(2)).squeeze_dim::<2>(2); // [2B, S-1]
+        let log_sum_sq = p.square().sum_dim(2).log().squeeze_dim::<2>(2); // [2B, S-1]
+        let mean_logits = z.sum_dim(2).squeeze_dim::<2>(2) / v as f64; // [2B, S-1]
+        let row_sum = |t: Tensor<2>| (t * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1); // [2B]
+        let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
+        TokenStats {
+            entropy: row_sum(entropy),
+            mean_logits: row_sum(mean_logits),
+            wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
+            tokens,
+        }
+    });
+
+    SequenceScores {
+        logps: (token_logps.clone() * batch.weights.clone()).sum_dim(1).squeeze_dim::<1>(1),
+        token_logps: (token_logps * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1),
+        stats,
+    }
+}

@@ -1,0 +1,258 @@
+//! TRL's logged metrics (`DPOTrainer._compute_loss`, "metrics" block), kept as sums and counts so
+//! that a mean is always over every pair (or token) seen, whatever the batch size, and so that
+//! ranks can add their sums before dividing.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use serde::Serialize;
+
+use super::logps::{DeviceBatch, SequenceScores};
+use super::loss::PairScores;
+
+/// Per-row values of one side (chosen or rejected), copied to the host.
+#[derive(Debug, Clone, Default)]
+pub struct SideRows {
+    /// Weighted summed log-probs under the policy and the reference.
+    pub logps: Vec<f32>,
+    pub ref_logps: Vec<f32>,
+    /// Unweighted summed log-probs (sft).
+    pub token_logps: Vec<f32>,
+    /// Completion tokens before the shift (IPO's normaliser).
+    pub lengths: Vec<f32>,
+    /// Scored tokens, and the per-row sums of entropy and mean logit over them.
+    pub tokens: Vec<f32>,
+    pub entropy: Vec<f32>,
+    pub mean_logits: Vec<f32>,
+    /// WPO weight exponents.
+    pub wpo: Vec<f32>,
+}
+
+/// Scored pairs on the host, appendable across batches (the evaluation keeps the whole set).
+#[derive(Debug, Clone, Default)]
+pub struct ScoredPairs {
+    pub chosen: SideRows,
+    pub rejected: SideRows,
+}
+
+impl ScoredPairs {
+    /// Copies one batch's scores to the host. `reference` is `None` when reference-free.
+    ///
+    /// # Panics
+    /// If `policy` was scored without statistics.
+    pub fn from_batch(batch: &DeviceBatch, policy: &SequenceScores, reference: Option<&SequenceScores>) -> Self {
+        let b = batch.pairs;
+        let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
+        let host = |t: &Tensor<1>| -> Vec<f32> {
+            // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
+            t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
+        };
+        let logps = host(&policy.logps);
+        let ref_logps = reference.map_or_else(|| vec![0.0; 2 * b], |r| host(&r.logps));
+        let token_logps = host(&policy.token_logps);
+        let tokens = host(&stats.tokens);
+        let entropy = host(&stats.entropy);
+        let mean_logits = host(&stats.mean_logits);
+        let wpo = host(&stats.wpo);
+        let side = |range: std::ops::Range<usize>| SideRows {
+            logps: logps[range.clone()].to_vec(),
+            ref_logps: ref_logps[range.clone()].to_vec(),
+            token_logps: token_logps[range.clone()].to_vec(),
+            lengths: batch.completion_lengths[range.clone()].to_vec(),
+            tokens: tokens[range.clone()].to_vec(),
+            entropy: entropy[range.clone()].to_vec(),
+            mean_logits: mean_logits[range.clone()].to_vec(),
+            wpo: wpo[range].to_vec(),
+        };
+        Self { chosen: side(0..b), rejected: side(b..2 * b) }
+    }
+
+    /// Appends another batch's pairs.
+    pub fn extend(&mut self, other: Self) {
+        for (mine, theirs) in [(&mut self.chosen, other.chosen), (&mut self.rejected, other.rejected)] {
+            mine.logps.extend(theirs.logps);
+            mine.ref_logps.extend(theirs.ref_logps);
+            mine.token_logps.extend(theirs.token_logps);
+            mine.lengths.extend(theirs.lengths);
+            mine.tokens.extend(theirs.tokens);
+            mine.entropy.extend(theirs.entropy);
+            mine.mean_logits.extend(theirs.mean_logits);
+            mine.wpo.extend(theirs.wpo);
+        }
+    }
+
+    /// Number of pairs held.
+    pub fn len(&self) -> usize {
+        self.chosen.logps.len()
+    }
+
+    /// Whether no pair is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The loss inputs as tensors on `device` (no gradient: for evaluation).
+    pub fn to_pair_scores(&self, device: &Device) -> PairScores {
+        let t = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device);
+        PairScores {
+            chosen_logps: t(&self.chosen.logps),
+            rejected_logps: t(&self.rejected.logps),
+            ref_chosen_logps: t(&self.chosen.ref_logps),
+            ref_rejected_logps: t(&self.rejected.ref_logps),
+            chosen_lengths: t(&self.chosen.lengths),
+            rejected_lengths: t(&self.rejected.lengths),
+            chosen_token_logps: t(&self.chosen.token_logps),
+            chosen_tokens: t(&self.chosen.tokens),
+            chosen_wpo: t(&self.chosen.wpo),
+            rejected_wpo: t(&self.rejected.wpo),
+        }
+    }
+}
+
+/// Running sums behind every metric. Sums are f64 so long runs do not lose precision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricSums {
+    /// Σ over optimisation steps (or evaluations) of `loss · pairs`, and the pairs.
+    pub loss: f64,
+    pub pairs: f64,
+    pub rewards_chosen: f64,
+    pub rewards_rejected: f64,
+    pub accuracies: f64,
+    pub logps_chosen: f64,
+    pub logps_rejected: f64,
+    pub logits_chosen: f64,
+    pub logits_rejected: f64,
+    pub chosen_tokens: f64,
+    pub rejected_tokens: f64,
+    pub entropy: f64,
+    /// Input tokens of the training batches seen so far (TRL's `num_tokens`; 0 in a pure evaluation).
+    pub num_tokens: f64,
+}
+
+impl MetricSums {
+    /// Adds the pairs of `scored`, whose mean loss was `loss`.
+    pub fn add(&mut self, scored: &ScoredPairs, loss: f64, beta: f64) {
+        let n = scored.len() as f64;
+        self.loss += loss * n;
+        self.pairs += n;
+        let (c, r) = (&scored.chosen, &scored.rejected);
+        for i in 0..scored.len() {
+            // Rewards are β·log-ratio, always with reverse KL (TRL logs them before any f-divergence).
+            let reward_chosen = beta * (c.logps[i] as f64 - c.ref_logps[i] as f64);
+            let reward_rejected = beta * (r.logps[i] as f64 - r.ref_logps[i] as f64);
+            self.rewards_chosen += reward_chosen;
+            self.rewards_rejected += reward_rejected;
+            self.accuracies += f64::from(u8::from(reward_chosen > reward_rejected));
+            self.logps_chosen += c.logps[i] as f64;
+            self.logps_rejected += r.logps[i] as f64;
+            self.logits_chosen += c.mean_logits[i] as f64;
+            self.logits_rejected += r.mean_logits[i] as f64;
+            self.chosen_tokens += c.tokens[i] as f64;
+            self.rejected_tokens += r.tokens[i] as f64;
+            self.entropy += c.entropy[i] as f64 + r.entropy[i] as f64;
+        }
+    }
+
+    /// Adds another set of sums (another rank's, or another logging window's).
+    pub fn merge(&mut self, o: &Self) {
+        for (a, b) in self.fields_mut().into_iter().zip(o.fields()) {
+            *a += b;
+        }
+    }
+
+    /// Every sum in a fixed order, for collectives.
+    pub fn fields(&self) -> [f64; 13] {
+        [
+            self.loss,
+            self.pairs,
+            self.rewards_chosen,
+            self.rewards_rejected,
+            self.accuracies,
+            self.logps_chosen,
+            self.logps_rejected,
+            self.logits_chosen,
+            self.logits_rejected,
+            self.chosen_tokens,
+            self.rejected_tokens,
+            self.entropy,
+            self.num_tokens,
+        ]
+    }
+
+    fn fields_mut(&mut self) -> [&mut f64; 13] {
+        [
+            &mut self.loss,
+            &mut self.pairs,
+            &mut self.rewards_chosen,
+            &mut self.rewards_rejected,
+            &mut self.accuracies,
+            &mut self.logps_chosen,
+            &mut self.logps_rejected,
+            &mut self.logits_chosen,
+            &mut self.logits_rejected,
+            &mut self.chosen_tokens,
+            &mut self.rejected_tokens,
+            &mut self.entropy,
+            &mut self.num_tokens,
+        ]
+    }
+
+    /// The means TRL reports.
+    pub fn finish(&self) -> Metrics {
+        let per = |sum: f64, count: f64| if count > 0.0 { sum / count } else { 0.0 };
+        Metrics {
+            loss: per(self.loss, self.pairs),
+            rewards_chosen: per(self.rewards_chosen, self.pairs),
+            rewards_rejected: per(self.rewards_rejected, self.pairs),
+            rewards_accuracies: per(self.accuracies, self.pairs),
+            rewards_margins: per(self.rewards_chosen - self.rewards_rejected, self.pairs),
+            logps_chosen: per(self.logps_chosen, self.pairs),
+            logps_rejected: per(self.logps_rejected, self.pairs),
+            logits_chosen: per(self.logits_chosen, self.chosen_tokens),
+            logits_rejected: per(self.logits_rejected, self.rejected_tokens),
+            entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
+            num_tokens: self.num_tokens,
+        }
+    }
+}
+
+/// The metrics under TRL's names, in TRL's order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Metrics {
+    pub loss: f64,
+    #[serde(rename = "rewards/chosen")]
+    pub rewards_chosen: f64,
+    #[serde(rename = "rewards/rejected")]
+    pub rewards_rejected: f64,
+    #[serde(rename = "rewards/accuracies")]
+    pub rewards_accuracies: f64,
+    #[serde(rename = "rewards/margins")]
+    pub rewards_margins: f64,
+    #[serde(rename = "logps/chosen")]
+    pub logps_chosen: f64,
+    #[serde(rename = "logps/rejected")]
+    pub logps_rejected: f64,
+    #[serde(rename = "logits/chosen")]
+    pub logits_chosen: f64,
+    #[serde(rename = "logits/rejected")]
+    pub logits_rejected: f64,
+    pub entropy: f64,
+    pub num_tokens: f64,
+}
+
+impl Metrics {
+    /// `(TRL name, value)` in order, for tables and CSV headers.
+    pub fn named(&self) -> [(&'static str, f64); 11] {
+        [
+            ("loss", self.loss),
+            ("rewards/chosen", self.rewards_chosen),
+            ("rewards/rejected", self.rewards_rejected),
+            ("rewards/accuracies", self.rewards_accuracies),
+            ("rewards/margins", self.rewards_margins),
+            ("logps/chosen", self.logps_chosen),
+            ("logps/rejected", self.logps_rejected),
+            ("logits/chosen", self.logits_chosen),
+            ("logits/rejected", self.logits_rejected),
+            ("entropy", self.entropy),
+            ("num_tokens", self.num_tokens),
+        ]
+    }
+}

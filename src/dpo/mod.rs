@@ -1,0 +1,11 @@
+//! Direct Preference Optimization (Rafailov et al. 2023) as TRL 1.16's `DPOTrainer` computes it:
+//! the concatenated [chosen; rejected] forward ([`logps`]), every loss type ([`loss`]) and the
+//! logged metrics ([`metrics`]).
+
+pub mod logps;
+pub mod loss;
+pub mod metrics;
+
+pub use logps::{DeviceBatch, SequenceScores};
+pub use loss::{FDivergence, LossConfig, LossType};
+pub use metrics::{MetricSums, Metrics};

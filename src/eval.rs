@@ -1,0 +1,112 @@
+//! `dpo-train eval`: the DPO loss and metrics of a policy against a reference over a whole
+//! preference dataset, as TRL's `DPOTrainer.evaluate` reports them with every pair in one batch.
+//!
+//! Batches only bound memory: per-pair scores are collected on the host and the loss is computed
+//! once over the full set, so no number depends on `batch_size` (padding never reaches a score).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use burn::tensor::Device;
+
+use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport};
+use crate::dpo::logps::{DeviceBatch, score};
+use crate::dpo::loss::{LossConfig, dpo_loss};
+use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs};
+use crate::model::{self, Llama};
+use crate::tokenizer::Tokenizer;
+
+/// Inputs that cannot be evaluated together.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("`batch_size` must be at least 1")]
+    BatchSize,
+    #[error("`{}` has a sequence of {longest} tokens but the model handles at most {limit}: pass `--max-length {limit}` or less", data.display())]
+    TooLong { data: PathBuf, longest: usize, limit: usize },
+    #[error("the tokenizer has {tokens} tokens but the model in `{}` embeds only {vocab_size} (`vocab_size`)", dir.display())]
+    Vocab { tokens: usize, dir: PathBuf, vocab_size: usize },
+}
+
+/// What to evaluate and how.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// The policy's Hugging Face directory.
+    pub model: PathBuf,
+    /// The reference's directory; the policy itself when `None`.
+    pub ref_model: Option<PathBuf>,
+    /// Where `tokenizer.json` lives; the policy's directory when `None`.
+    pub tokenizer: Option<PathBuf>,
+    /// The preference dataset (.jsonl, .json or .csv).
+    pub data: PathBuf,
+    pub columns: Columns,
+    pub skip_bad_rows: bool,
+    pub loss: LossConfig,
+    /// Tokens kept per sequence (prompt + completion), TRL's `max_length`.
+    pub max_length: Option<usize>,
+    /// Pairs per forward pass.
+    pub batch_size: usize,
+    pub device: Device,
+}
+
+/// The metrics and how the dataset was read.
+#[derive(Debug, Clone)]
+pub struct EvalReport {
+    pub metrics: Metrics,
+    pub pairs: usize,
+    /// Bad rows skipped (with `skip_bad_rows`).
+    pub skipped: Vec<SkippedRow>,
+    pub tokenize: TokenizeReport,
+}
+
+/// Loads the models, tokenizer and data, then scores every pair.
+pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
+    opts.loss.validate().context("invalid loss settings")?;
+    if opts.batch_size == 0 {
+        return Err(EvalError::BatchSize.into());
+    }
+    let tokenizer_dir = opts.tokenizer.as_deref().unwrap_or(&opts.model);
+    let tokenizer = Tokenizer::from_dir(tokenizer_dir)?;
+    let policy = load_checked(&opts.model, &tokenizer, &opts.device)?;
+    let reference = match (&opts.ref_model, opts.loss.reference_free) {
+        (_, true) => None,
+        (Some(dir), false) => Some(load_checked(dir, &tokenizer, &opts.device)?),
+        (None, false) => None,
+    };
+    // Without `--ref-model` the reference is the policy itself (every log-ratio is 0).
+    let reference: Option<&Llama> = match (&reference, opts.loss.reference_free) {
+        (Some(r), _) => Some(r),
+        (None, false) => Some(&policy),
+        (None, true) => None,
+    };
+
+    let loaded = data::load_preferences(&opts.data, &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows })?;
+    let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
+        .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;
+    let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
+    let limit = policy.max_sequence_length();
+    if opts.max_length.map_or(longest, |m| longest.min(m)) > limit {
+        return Err(EvalError::TooLong { data: opts.data.clone(), longest, limit }.into());
+    }
+
+    let mut scored = ScoredPairs::default();
+    for chunk in pairs.chunks(opts.batch_size) {
+        let batch = data::collate(chunk, tokenizer.pad_id(), opts.max_length);
+        let batch = DeviceBatch::new(&batch, opts.loss.ld_alpha, &opts.device);
+        let policy_scores = score(&policy, &batch, true);
+        let reference_scores = reference.map(|r| score(r, &batch, false));
+        scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, reference_scores.as_ref()));
+    }
+    let loss = dpo_loss(&scored.to_pair_scores(&opts.device), &opts.loss).into_scalar::<f32>() as f64;
+    let mut sums = MetricSums::default();
+    sums.add(&scored, loss, opts.loss.beta);
+    Ok(EvalReport { metrics: sums.finish(), pairs: scored.len(), skipped: loaded.skipped, tokenize })
+}
+
+/// Loads a model and checks that every token id the tokenizer can produce has an embedding row.
+fn load_checked(dir: &Path, tokenizer: &Tokenizer, device: &Device) -> anyhow::Result<Llama> {
+    let (cfg, model) = model::load(dir, device).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+    if tokenizer.vocab_size() > cfg.vocab_size {
+        return Err(EvalError::Vocab { tokens: tokenizer.vocab_size(), dir: dir.to_owned(), vocab_size: cfg.vocab_size }.into());
+    }
+    Ok(model)
+}
