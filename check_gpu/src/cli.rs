@@ -1,0 +1,191 @@
+//! The `check-gpu` command line: flags (each declared once, with its help), input selection
+//! (live probe, `nvidia-smi` files or a snapshot), and the report. `main.rs` only maps the
+//! result to an exit code: 0 ready, 1 ready with warnings, 2 not ready or no usable GPU,
+//! 3 bad input.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::memory::{Dtype, FineTune, Reference};
+use crate::model::{ModelError, ModelShape, parse_param_count};
+use crate::parse::{self, Input, ParseError};
+use crate::plan::{DeviceIds, Plan, PlanRequest, plan};
+use crate::probe::{self, ProbeError};
+use crate::render::{self, Style};
+use crate::snapshot::{Snapshot, SnapshotError};
+
+/// Exit code for malformed input files or flags.
+pub const EXIT_BAD_INPUT: u8 = 3;
+
+/// Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan a data-parallel dpo-train run.
+///
+/// Without --topo/--query/--snapshot it probes this machine through NVML.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "check-gpu", version)]
+pub struct Args {
+    /// Analyse this `nvidia-smi topo -m` output instead of probing this machine.
+    #[arg(long, value_name = "TOPO.txt")]
+    pub topo: Option<PathBuf>,
+    /// Analyse this `nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,compute_cap,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,driver_version --format=csv` output.
+    #[arg(long, value_name = "QUERY.csv")]
+    pub query: Option<PathBuf>,
+    /// Re-analyse a snapshot written by --save (e.g. on a cluster node).
+    #[arg(long, value_name = "SNAP.json", conflicts_with_all = ["topo", "query"])]
+    pub snapshot: Option<PathBuf>,
+    /// Write the probed (or parsed) machine state to this JSON file, atomically.
+    #[arg(long, value_name = "SNAP.json")]
+    pub save: Option<PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Model size, e.g. `1.5B`, `500M`, `7e9` (shape taken from the nearest well-known model).
+    #[arg(long, value_name = "N", conflicts_with = "model")]
+    pub model_params: Option<String>,
+    /// Hugging Face model directory (its config.json gives the exact shape).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Preference pairs per optimizer step over all GPUs.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub global_batch: u64,
+    /// Tokens per sequence (prompt + completion), dpo-train's --max-length.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: u64,
+    /// Train LoRA adapters of this rank on q,k,v,o instead of full fine-tuning.
+    #[arg(long, value_name = "RANK", value_parser = clap::value_parser!(u64).range(1..))]
+    pub lora: Option<u64>,
+    /// Training precision [default: bf16, or fp16 on GPUs older than compute capability 8.0].
+    #[arg(long, value_enum)]
+    pub dtype: Option<Dtype>,
+    /// Keep a reference model on each GPU, or precompute its log-probs before training.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub reference: Reference,
+    /// Plan with activation checkpointing (recompute activations in the backward pass).
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
+    /// Use at most this many GPUs (the best-connected ones).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub world_size: Option<u64>,
+    /// Global batch the learning rate was tuned at, for the scaling factors.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lr_base_batch: u64,
+    /// How CUDA_VISIBLE_DEVICES names the GPUs.
+    #[arg(long, value_enum, default_value = "index")]
+    pub device_ids: DeviceIds,
+}
+
+/// Failures that stop the report.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Parse(#[from] ParseError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
+
+impl CliError {
+    /// 3 for bad input, 2 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Parse(_) | CliError::Model(_) => EXIT_BAD_INPUT,
+            CliError::Snapshot(SnapshotError::Write { .. }) | CliError::Probe(_) => 2,
+            CliError::Snapshot(_) => EXIT_BAD_INPUT,
+        }
+    }
+}
+
+/// What to print and how to exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub stdout: String,
+    pub exit_code: u8,
+}
+
+/// The run settings from the flags.
+pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
+    let model = match (&args.model, &args.model_params) {
+        (Some(dir), _) => Some(ModelShape::from_hf_dir(dir)?),
+        (None, Some(n)) => Some(ModelShape::from_param_count(parse_param_count(n)?)),
+        (None, None) => None,
+    };
+    Ok(PlanRequest {
+        model,
+        global_batch: args.global_batch,
+        seq_len: args.seq_len,
+        dtype: args.dtype,
+        finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
+        reference: args.reference,
+        gradient_checkpointing: args.gradient_checkpointing,
+        max_world_size: args.world_size.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
+        lr_base_batch: args.lr_base_batch,
+        device_ids: args.device_ids,
+    })
+}
+
+/// Loads the snapshot the flags ask for; `Ok(None)` with the NVML error when the live probe
+/// cannot load NVML.
+fn load_snapshot(args: &Args) -> Result<Result<Snapshot, ProbeError>, CliError> {
+    if let Some(path) = &args.snapshot {
+        return Ok(Ok(Snapshot::load(path)?));
+    }
+    if args.topo.is_some() || args.query.is_some() {
+        let topo_text = args.topo.as_deref().map(parse::read).transpose()?;
+        let query_text = args.query.as_deref().map(parse::read).transpose()?;
+        let topo = args.topo.as_deref().zip(topo_text.as_deref()).map(|(path, text)| Input { text, path });
+        let query = args.query.as_deref().zip(query_text.as_deref()).map(|(path, text)| Input { text, path });
+        return Ok(Ok(parse::offline_snapshot(topo, query)?));
+    }
+    Ok(probe::probe_live())
+}
+
+/// One line: the error and its causes, joined by `: `.
+/// A link that repeats the next one inside its own text (`a libloading error occurred: X`,
+/// then `X`) is dropped.
+pub fn one_line(err: &dyn std::error::Error) -> String {
+    let mut chain = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(c) = cur {
+        chain.push(c.to_string());
+        cur = c.source();
+    }
+    let kept: Vec<&str> = chain
+        .iter()
+        .enumerate()
+        .filter(|(i, text)| *i == 0 || chain.get(i + 1).is_none_or(|next| !text.contains(next.as_str())))
+        .map(|(_, t)| t.as_str())
+        .collect();
+    kept.join(": ")
+}
+
+/// Runs the whole command with the given output style.
+pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
+    let req = plan_request(args)?;
+    let snap = match load_snapshot(args)? {
+        Ok(s) => s,
+        Err(e @ ProbeError::NvmlLoad { .. }) => {
+            let reason = one_line(&e);
+            let cpus = probe::cpu_count();
+            let p = Plan::cpu_fallback(&req, cpus, reason.clone());
+            let stdout = if args.json {
+                render::json(None, &p)
+            } else {
+                format!(
+                    "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n",
+                    p.command
+                )
+            };
+            return Ok(Outcome { stdout, exit_code: p.status.exit_code() });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(path) = &args.save {
+        snap.save(path)?;
+    }
+    let p = plan(&snap, &req);
+    let stdout = if args.json { render::json(Some(&snap), &p) } else { render::text(Some(&snap), &p, style) };
+    Ok(Outcome { stdout, exit_code: p.status.exit_code() })
+}

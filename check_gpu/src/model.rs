@@ -1,0 +1,293 @@
+//! Model shapes for memory planning: read from a Hugging Face `config.json` (Llama, Mistral,
+//! Qwen2/3 key names, as in `transformers/models/llama/configuration_llama.py`) or guessed from a
+//! parameter count (`--model-params 1.5B`) by picking the nearest well-known architecture.
+//!
+//! Parameter count (per decoder layer, GQA aware):
+//! attention `h*(a*d) + 2*h*(kv*d) + (a*d)*h` (+ `a*d + 2*kv*d` q/k/v biases for Qwen2 or
+//! `attention_bias`), MLP `3*h*i` (gate, up, down), two RMSNorms `2*h`; plus embeddings `V*h`,
+//! the final norm `h`, and `V*h` for an untied `lm_head`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors reading a model description.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `config.json` could not be read.
+    #[error("Cannot read `{path}`")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `config.json` is not the expected JSON.
+    #[error("{path}:{line}:{column}: expected a Hugging Face config.json: {message}")]
+    Json { path: PathBuf, line: usize, column: usize, message: String },
+    /// A shape value is zero or inconsistent.
+    #[error("{path}:1: `{key}` must be {expected}")]
+    Invalid { path: PathBuf, key: &'static str, expected: &'static str },
+    /// `--model-params` text that is not a count.
+    #[error("Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
+    Count(String),
+}
+
+/// The numbers the memory estimate needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    /// Where the shape came from: `config.json` path or `like <preset>`.
+    pub source: String,
+    /// Total parameters.
+    pub params: u64,
+    /// Hidden size `h`.
+    pub hidden_size: u64,
+    /// Decoder layers `L`.
+    pub num_layers: u64,
+    /// Attention heads `a`.
+    pub num_heads: u64,
+    /// Key/value heads (GQA).
+    pub num_kv_heads: u64,
+    /// Per-head dimension `d`.
+    pub head_dim: u64,
+    /// MLP width `i`.
+    pub intermediate_size: u64,
+    /// Vocabulary `V`.
+    pub vocab_size: u64,
+    /// Whether `lm_head` shares the embedding matrix.
+    pub tied_embeddings: bool,
+    /// Whether q/k/v projections carry biases.
+    pub qkv_bias: bool,
+}
+
+/// The subset of `config.json` used here; key names as in `transformers`.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    hidden_size: u64,
+    num_hidden_layers: u64,
+    num_attention_heads: u64,
+    /// Defaults to `num_attention_heads` (multi-head attention).
+    num_key_value_heads: Option<u64>,
+    /// Defaults to `hidden_size / num_attention_heads`.
+    head_dim: Option<u64>,
+    intermediate_size: u64,
+    vocab_size: u64,
+    /// `transformers` defaults this to false for Llama; Qwen2 small models set it true.
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: Option<bool>,
+}
+
+impl ModelShape {
+    /// Counts parameters from the shape fields (see the module doc for the formula).
+    pub fn count_params(&self) -> u64 {
+        let (h, a, kv, d, i, v) =
+            (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size, self.vocab_size);
+        let attn = h * a * d + 2 * h * kv * d + a * d * h + if self.qkv_bias { a * d + 2 * kv * d } else { 0 };
+        let layer = attn + 3 * h * i + 2 * h;
+        let lm_head = if self.tied_embeddings { 0 } else { v * h };
+        v * h + self.num_layers * layer + h + lm_head
+    }
+
+    /// LoRA adapter parameters for rank `r` on q, k, v and o: `r*(d_in + d_out)` per matrix.
+    pub fn lora_params(&self, rank: u64) -> u64 {
+        let (h, q, kv) = (self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
+        let per_layer = rank * (h + q) + 2 * rank * (h + kv) + rank * (q + h);
+        self.num_layers * per_layer
+    }
+
+    /// Reads `DIR/config.json` (or a path to the file itself).
+    pub fn from_hf_dir(dir: &Path) -> Result<ModelShape, ModelError> {
+        let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Read { path: path.clone(), source })?;
+        ModelShape::from_hf_json(&text, &path)
+    }
+
+    /// Parses `config.json` text; `path` names it in errors.
+    pub fn from_hf_json(text: &str, path: &Path) -> Result<ModelShape, ModelError> {
+        let cfg: HfConfig = serde_json::from_str(text).map_err(|e| {
+            let m = e.to_string();
+            let message = m.rfind(" at line ").map_or(m.clone(), |i| m[..i].to_string());
+            ModelError::Json { path: path.to_path_buf(), line: e.line().max(1), column: e.column(), message }
+        })?;
+        let invalid = |key, expected| ModelError::Invalid { path: path.to_path_buf(), key, expected };
+        for (key, value) in [
+            ("hidden_size", cfg.hidden_size),
+            ("num_hidden_layers", cfg.num_hidden_layers),
+            ("num_attention_heads", cfg.num_attention_heads),
+            ("intermediate_size", cfg.intermediate_size),
+            ("vocab_size", cfg.vocab_size),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "greater than zero"));
+            }
+        }
+        let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
+        if kv == 0 || cfg.num_attention_heads % kv != 0 {
+            return Err(invalid("num_key_value_heads", "a divisor of num_attention_heads"));
+        }
+        let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
+        if head_dim == 0 {
+            return Err(invalid("head_dim", "greater than zero"));
+        }
+        let qkv_bias = cfg.attention_bias.unwrap_or(cfg.model_type.as_deref() == Some("qwen2"));
+        let mut shape = ModelShape {
+            source: path.display().to_string(),
+            params: 0,
+            hidden_size: cfg.hidden_size,
+            num_layers: cfg.num_hidden_layers,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: kv,
+            head_dim,
+            intermediate_size: cfg.intermediate_size,
+            vocab_size: cfg.vocab_size,
+            tied_embeddings: cfg.tie_word_embeddings,
+            qkv_bias,
+        };
+        shape.params = shape.count_params();
+        Ok(shape)
+    }
+
+    /// A shape for a bare parameter count: the nearest preset (by log ratio), with `params`
+    /// set to the requested count so the per-parameter terms use it exactly.
+    pub fn from_param_count(params: u64) -> ModelShape {
+        let target = (params.max(1) as f64).ln();
+        let mut best = preset(&PRESETS[0]);
+        let mut best_dist = f64::INFINITY;
+        for p in &PRESETS {
+            let shape = preset(p);
+            let dist = ((shape.params as f64).ln() - target).abs();
+            if dist < best_dist {
+                best_dist = dist;
+                best = shape;
+            }
+        }
+        best.source = format!("{} parameters, shaped like {}", crate::render::count(params), best.source);
+        best.params = params;
+        best
+    }
+}
+
+/// `(name, h, L, a, kv, i, V, tied, qkv_bias)` of common open models, from their `config.json`.
+type Preset = (&'static str, u64, u64, u64, u64, u64, u64, bool, bool);
+
+const PRESETS: [Preset; 11] = [
+    ("SmolLM2-135M", 576, 30, 9, 3, 1536, 49152, true, false),
+    ("Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, true, true),
+    ("Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, true, false),
+    ("Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, true, true),
+    ("Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, true, true),
+    ("Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, false, true),
+    ("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, false, false),
+    ("Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, false, true),
+    ("Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, false, true),
+    ("Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, false, false),
+    ("Llama-3.1-405B", 16384, 126, 128, 8, 53248, 128256, false, false),
+];
+
+fn preset(p: &Preset) -> ModelShape {
+    let &(name, h, l, a, kv, i, v, tied, bias) = p;
+    let mut s = ModelShape {
+        source: name.to_string(),
+        params: 0,
+        hidden_size: h,
+        num_layers: l,
+        num_heads: a,
+        num_kv_heads: kv,
+        head_dim: h / a,
+        intermediate_size: i,
+        vocab_size: v,
+        tied_embeddings: tied,
+        qkv_bias: bias,
+    };
+    s.params = s.count_params();
+    s
+}
+
+/// Parses `1.5B`, `500M`, `135m`, `7e9`, `1500000000`, `1T`.
+pub fn parse_param_count(text: &str) -> Result<u64, ModelError> {
+    let t = text.trim();
+    let bad = || ModelError::Count(text.to_string());
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1e3),
+        Some('M') => (&t[..t.len() - 1], 1e6),
+        Some('B') | Some('G') => (&t[..t.len() - 1], 1e9),
+        Some('T') => (&t[..t.len() - 1], 1e12),
+        _ => (t, 1.0),
+    };
+    let value: f64 = num.trim().parse().map_err(|_| bad())?;
+    let n = value * mult;
+    if !n.is_finite() || n < 1.0 || n > 1e15 {
+        return Err(bad());
+    }
+    Ok(n.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen2_5_1_5b_count_matches_published() {
+        let text = r#"{"model_type":"qwen2","hidden_size":1536,"num_hidden_layers":28,"num_attention_heads":12,
+            "num_key_value_heads":2,"intermediate_size":8960,"vocab_size":151936,"tie_word_embeddings":true}"#;
+        let s = ModelShape::from_hf_json(text, Path::new("config.json")).expect("parses");
+        // Hugging Face lists Qwen2.5-1.5B at 1.54B parameters.
+        assert_eq!(s.params, 1_543_714_304);
+        assert_eq!(s.head_dim, 128);
+        assert!(s.qkv_bias);
+    }
+
+    #[test]
+    fn llama_3_1_8b_untied_with_explicit_head_dim() {
+        let text = r#"{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":8,"head_dim":128,"intermediate_size":14336,"vocab_size":128256,"tie_word_embeddings":false}"#;
+        let s = ModelShape::from_hf_json(text, Path::new("config.json")).expect("parses");
+        assert_eq!(s.params, 8_030_261_248);
+        // r=16 on q,k,v,o: 32 * 16 * ((4096+4096) + 2*(4096+1024) + (4096+4096)).
+        assert_eq!(s.lora_params(16), 32 * 16 * (8192 + 2 * 5120 + 8192));
+    }
+
+    #[test]
+    fn config_errors() {
+        let err = ModelShape::from_hf_json("{\"hidden_size\": 8}", Path::new("m/config.json")).expect_err("missing keys");
+        assert!(err.to_string().starts_with("m/config.json:1:"), "{err}");
+        assert!(err.to_string().contains("missing field"), "{err}");
+        let zero = r#"{"hidden_size":0,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#;
+        assert_eq!(
+            ModelShape::from_hf_json(zero, Path::new("c.json")).expect_err("zero").to_string(),
+            "c.json:1: `hidden_size` must be greater than zero"
+        );
+        let gqa = r#"{"hidden_size":8,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":1,"vocab_size":1}"#;
+        assert_eq!(
+            ModelShape::from_hf_json(gqa, Path::new("c.json")).expect_err("gqa").to_string(),
+            "c.json:1: `num_key_value_heads` must be a divisor of num_attention_heads"
+        );
+    }
+
+    #[test]
+    fn param_counts() {
+        assert_eq!(parse_param_count("1.5B").expect("ok"), 1_500_000_000);
+        assert_eq!(parse_param_count("500m").expect("ok"), 500_000_000);
+        assert_eq!(parse_param_count("7e9").expect("ok"), 7_000_000_000);
+        assert_eq!(parse_param_count("1500000000").expect("ok"), 1_500_000_000);
+        assert_eq!(parse_param_count("70B").expect("ok"), 70_000_000_000);
+        assert!(parse_param_count("lots").is_err());
+        assert!(parse_param_count("-1B").is_err());
+        assert_eq!(
+            parse_param_count("x").expect_err("bad").to_string(),
+            "Invalid parameter count `x`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`"
+        );
+    }
+
+    #[test]
+    fn nearest_preset() {
+        let s = ModelShape::from_param_count(1_500_000_000);
+        assert_eq!(s.params, 1_500_000_000);
+        assert_eq!(s.hidden_size, 1536);
+        assert!(s.source.contains("Qwen2.5-1.5B"), "{}", s.source);
+        assert_eq!(ModelShape::from_param_count(8_000_000_000).hidden_size, 4096);
+        assert_eq!(ModelShape::from_param_count(70_000_000_000).num_layers, 80);
+    }
+}

@@ -1,0 +1,268 @@
+//! Parser for the text of `nvidia-smi topo -m`.
+//!
+//! The format (NVIDIA driver 450 to 570): a tab-separated header row `GPU0 .. GPUn [NIC0 ..|mlx5_0 ..]
+//! CPU Affinity NUMA Affinity [GPU NUMA ID]`, one row per GPU and per NIC, then `Legend:` and,
+//! on newer drivers, `NIC Legend:`. Newer drivers underline the header and row labels with ANSI
+//! escapes; cells may be `N/A`; affinity cells are sometimes separated by two tabs.
+
+use std::path::Path;
+
+use super::ParseError;
+use crate::snapshot::Link;
+
+/// The affinity columns that close the header row.
+const AFFINITY_COLUMNS: [&str; 3] = ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"];
+
+/// One GPU row of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopoGpu {
+    pub index: u32,
+    /// `CPU Affinity`, e.g. `0-15,32-47`; `None` for `N/A`.
+    pub cpu_affinity: Option<String>,
+    /// `NUMA Affinity` (first node when a range); `None` for `N/A`.
+    pub numa_node: Option<u32>,
+    /// `GPU NUMA ID` (only set on systems where GPU memory is a NUMA node).
+    pub gpu_numa_id: Option<u32>,
+}
+
+/// The parsed GPU part of `nvidia-smi topo -m`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopoMatrix {
+    pub gpus: Vec<TopoGpu>,
+    /// `links[i][j]` between `gpus[i]` and `gpus[j]`.
+    pub links: Vec<Vec<Link>>,
+    /// NIC names (from the NIC legend, else the NIC column headers).
+    pub nics: Vec<String>,
+}
+
+/// Removes ANSI escape sequences (`ESC [ ... letter`).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Splits a row into trimmed, non-empty cells: on tabs, or on runs of two or more spaces when
+/// the text was copied without its tabs.
+fn cells(line: &str) -> Vec<String> {
+    let raw: Vec<&str> = if line.contains('\t') {
+        line.split('\t').collect()
+    } else {
+        line.split("  ").collect()
+    };
+    raw.into_iter().map(str::trim).filter(|c| !c.is_empty()).map(str::to_string).collect()
+}
+
+fn gpu_label(cell: &str) -> Option<u32> {
+    cell.strip_prefix("GPU")?.parse().ok()
+}
+
+fn na(cell: &str) -> bool {
+    cell.eq_ignore_ascii_case("N/A") || cell.eq_ignore_ascii_case("[N/A]")
+}
+
+/// Parses the text of `nvidia-smi topo -m`; `path` only names the file in errors.
+pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
+    let err = |line: usize, message: String| ParseError::Topo { path: path.to_path_buf(), line, message };
+    let lines: Vec<(usize, String)> = text.lines().enumerate().map(|(i, l)| (i + 1, strip_ansi(l))).collect();
+
+    let mut rest = lines.iter().skip_while(|(_, l)| l.trim().is_empty());
+    let Some((header_no, header)) = rest.next() else {
+        return Err(err(1, "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file".into()));
+    };
+    let header_cells = cells(header);
+    let device_cols: Vec<&String> = header_cells.iter().take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str())).collect();
+    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..].iter().map(String::as_str).collect();
+    let gpu_cols: Vec<(usize, u32)> =
+        device_cols.iter().enumerate().filter_map(|(i, c)| gpu_label(c).map(|g| (i, g))).collect();
+    if gpu_cols.is_empty() || gpu_cols[0].1 != 0 {
+        let found: String = header.trim().chars().take(40).collect();
+        return Err(err(*header_no, format!("expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`")));
+    }
+    let nic_cols: Vec<String> = device_cols.iter().filter(|c| gpu_label(c).is_none()).map(|c| c.to_string()).collect();
+
+    let mut gpus = Vec::new();
+    let mut links = Vec::new();
+    let mut nics = Vec::new();
+    let mut last_line = *header_no;
+    let mut in_legend = false;
+    for (no, line) in rest {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if trimmed.starts_with("Legend") || trimmed.starts_with("NIC Legend") {
+            in_legend = true;
+            continue;
+        }
+        if in_legend {
+            // `  NIC0: mlx5_0` in the NIC legend; the link legend lines are ignored.
+            if let Some((k, v)) = trimmed.split_once(':')
+                && k.starts_with("NIC")
+                && k[3..].chars().all(|c| c.is_ascii_digit())
+            {
+                nics.push(v.trim().to_string());
+            }
+            continue;
+        }
+        last_line = *no;
+        let row = cells(line);
+        let label = row[0].as_str();
+        let Some(index) = gpu_label(label) else {
+            if nic_cols.iter().any(|n| n == label) || label.starts_with("NIC") || label.starts_with("mlx") {
+                continue;
+            }
+            return Err(err(*no, format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`")));
+        };
+        if row.len() < 1 + device_cols.len() {
+            return Err(err(*no, format!("expected {} link cells after `{label}` (one per column), found {}", device_cols.len(), row.len() - 1)));
+        }
+        let mut row_links = Vec::with_capacity(gpu_cols.len());
+        for &(col, gpu) in &gpu_cols {
+            let cell = &row[1 + col];
+            let link = Link::parse(cell).ok_or_else(|| {
+                err(*no, format!("column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`"))
+            })?;
+            row_links.push(link);
+        }
+        let affinity = &row[1 + device_cols.len()..];
+        let mut g = TopoGpu { index, cpu_affinity: None, numa_node: None, gpu_numa_id: None };
+        for (name, value) in affinity_cols.iter().zip(affinity) {
+            if na(value) {
+                continue;
+            }
+            let first_number = || value.split(['-', ',']).next().and_then(|n| n.trim().parse::<u32>().ok());
+            match *name {
+                "CPU Affinity" => {
+                    if crate::cpulist::parse(value).is_none() {
+                        return Err(err(*no, format!("`CPU Affinity` of `{label}`: expected a CPU list like `0-15,32-47`, found `{value}`")));
+                    }
+                    g.cpu_affinity = Some(value.clone());
+                }
+                "NUMA Affinity" => {
+                    g.numa_node = Some(first_number().ok_or_else(|| {
+                        err(*no, format!("`NUMA Affinity` of `{label}`: expected a NUMA node number or N/A, found `{value}`"))
+                    })?);
+                }
+                _ => g.gpu_numa_id = first_number(),
+            }
+        }
+        gpus.push(g);
+        links.push(row_links);
+    }
+    if gpus.len() != gpu_cols.len() {
+        return Err(err(last_line, format!("expected {} GPU rows (one per GPU column), found {}", gpu_cols.len(), gpus.len())));
+    }
+    for (i, g) in gpus.iter().enumerate() {
+        if g.index != gpu_cols[i].1 {
+            return Err(err(last_line, format!("expected GPU rows in column order, found GPU{} where GPU{} was expected", g.index, gpu_cols[i].1)));
+        }
+    }
+    if nics.is_empty() {
+        nics = nic_cols;
+    }
+    Ok(TopoMatrix { gpus, links, nics })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Result<TopoMatrix, ParseError> {
+        parse(text, Path::new("topo.txt"))
+    }
+
+    const T4: &str = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n\
+GPU0\t X \tPHB\t0-7\t\tN/A\n\
+GPU1\tPHB\t X \t0-7\t\tN/A\n\
+\n\
+Legend:\n\
+\n\
+  X    = Self\n\
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n\
+  NV#  = Connection traversing a bonded set of # NVLinks\n";
+
+    #[test]
+    fn plain_two_gpus() {
+        let m = p(T4).expect("parses");
+        assert_eq!(m.gpus.len(), 2);
+        assert_eq!(m.links[0], vec![Link::SelfLink, Link::Phb]);
+        assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("0-7"));
+        assert_eq!(m.gpus[1].numa_node, None);
+    }
+
+    #[test]
+    fn ansi_nics_and_gpu_numa_id() {
+        let text = "\t\u{1b}[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\u{1b}[0m\n\
+\u{1b}[4mGPU0\t\u{1b}[0m X \tNV18\tPIX\t0-55,112-167\t0\t\tN/A\n\
+\u{1b}[4mGPU1\t\u{1b}[0mNV18\t X \tNODE\t0-55,112-167\t1\t\t4\n\
+\u{1b}[4mNIC0\t\u{1b}[0mPIX\tNODE\t X \t\t\t\t\n\
+\nLegend:\n\n  X    = Self\n\nNIC Legend:\n\n  NIC0: mlx5_0\n";
+        let m = p(text).expect("parses");
+        assert_eq!(m.links[0][1], Link::NvLink(18));
+        assert_eq!(m.gpus[0].numa_node, Some(0));
+        assert_eq!(m.gpus[1].numa_node, Some(1));
+        assert_eq!(m.gpus[1].gpu_numa_id, Some(4));
+        assert_eq!(m.gpus[0].gpu_numa_id, None);
+        assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
+    }
+
+    #[test]
+    fn old_mlx_columns_and_space_separated() {
+        let text = "        GPU0    GPU1    mlx5_0  CPU Affinity    NUMA Affinity\n\
+GPU0     X      SYS     PXB     0-19    0\n\
+GPU1    SYS      X      SYS     20-39   1\n\
+mlx5_0  PXB     SYS      X\n";
+        let m = p(text).expect("parses");
+        assert_eq!(m.links[1][0], Link::Sys);
+        assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("20-39"));
+        assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
+    }
+
+    #[test]
+    fn na_cells() {
+        let text = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tN/A\tN/A\tN/A\nGPU1\tN/A\t X \tN/A\tN/A\n";
+        let m = p(text).expect("parses");
+        assert_eq!(m.links[0][1], Link::Unknown);
+        assert_eq!(m.gpus[0].cpu_affinity, None);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        assert_eq!(
+            p("").expect_err("empty").to_string(),
+            "topo.txt:1: expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file"
+        );
+        assert_eq!(
+            p("hello world\n").expect_err("no header").to_string(),
+            "topo.txt:1: expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `hello world`"
+        );
+        let bad_cell = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\nGPU1\tQQQ\t X \t0-7\n";
+        assert_eq!(
+            p(bad_cell).expect_err("bad cell").to_string(),
+            "topo.txt:3: column GPU0 of `GPU1`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `QQQ`"
+        );
+        let short = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \n";
+        assert_eq!(p(short).expect_err("short").to_string(), "topo.txt:2: expected 2 link cells after `GPU0` (one per column), found 1");
+        let missing = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\n";
+        assert_eq!(p(missing).expect_err("missing").to_string(), "topo.txt:2: expected 2 GPU rows (one per GPU column), found 1");
+        let junk = "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\nfoo\tbar\n";
+        assert_eq!(p(junk).expect_err("junk").to_string(), "topo.txt:3: expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `foo`");
+        let bad_cpu = "\tGPU0\tCPU Affinity\nGPU0\t X \tzero\n";
+        assert!(p(bad_cpu).expect_err("cpu").to_string().starts_with("topo.txt:2: `CPU Affinity` of `GPU0`"));
+    }
+}

@@ -1,0 +1,653 @@
+//! The planner: which GPUs to use, the batch split, learning-rate factors, the memory estimate,
+//! the environment and the exact `dpo-train` command, from a [`Snapshot`] and a [`PlanRequest`].
+//!
+//! Learning-rate scaling: linear (Goyal et al. 2017, "Accurate, Large Minibatch SGD") and square
+//! root for Adam (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+//! Algorithms"), relative to the batch the learning rate was tuned at. The RTX 40xx NCCL
+//! workaround follows `accelerate` (`NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1` below driver 550.40.07).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference};
+use crate::model::ModelShape;
+use crate::render::bytes;
+use crate::snapshot::{Gpu, P2p, Snapshot};
+use crate::topology::{self, Topology};
+
+/// Version of the plan JSON layout.
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+/// Memory used by other processes above which a GPU counts as busy when NVML lists no processes.
+pub const BUSY_BYTES: u64 = 1024 * 1024 * 1024;
+/// Micro-batch cap when no model is given (TRL's default `per_device_train_batch_size`).
+pub const DEFAULT_MICRO_BATCH_CAP: u64 = 8;
+/// LoRA rank suggested when full fine-tuning does not fit.
+pub const SUGGESTED_LORA_RANK: u64 = 16;
+
+/// How `CUDA_VISIBLE_DEVICES` names the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// PCI-bus-ordered indices (`0,1`).
+    Index,
+    /// `GPU-...` UUIDs, stable across reboots and renumbering.
+    Uuid,
+}
+
+/// The training run to plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    /// `None`: no memory check, micro-batch capped at [`DEFAULT_MICRO_BATCH_CAP`].
+    pub model: Option<ModelShape>,
+    /// Preference pairs per optimizer step, over all GPUs.
+    pub global_batch: u64,
+    /// `--max-length`.
+    pub seq_len: u64,
+    /// `None`: bf16 when every chosen GPU has compute capability 8.0+, else fp16.
+    pub dtype: Option<Dtype>,
+    pub finetune: FineTune,
+    pub reference: Reference,
+    pub gradient_checkpointing: bool,
+    /// Use at most this many GPUs.
+    pub max_world_size: Option<usize>,
+    /// Global batch the learning rate was tuned at (the DPO paper uses 64).
+    pub lr_base_batch: u64,
+    pub device_ids: DeviceIds,
+}
+
+impl Default for PlanRequest {
+    fn default() -> Self {
+        PlanRequest {
+            model: None,
+            global_batch: 64,
+            seq_len: 1024,
+            dtype: None,
+            finetune: FineTune::Full,
+            reference: Reference::Keep,
+            gradient_checkpointing: false,
+            max_world_size: None,
+            lr_base_batch: 64,
+            device_ids: DeviceIds::Index,
+        }
+    }
+}
+
+/// Overall verdict; maps to the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Exit 0.
+    Ready,
+    /// Exit 1.
+    ReadyWithWarnings,
+    /// Exit 2.
+    NotReady,
+}
+
+impl Status {
+    /// 0 ready, 1 ready with warnings, 2 not ready.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Status::Ready => 0,
+            Status::ReadyWithWarnings => 1,
+            Status::NotReady => 2,
+        }
+    }
+}
+
+/// A GPU left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Excluded {
+    pub index: u32,
+    pub reason: String,
+}
+
+/// Learning-rate multipliers for the effective global batch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LrScale {
+    /// The batch the base learning rate was tuned at.
+    pub base_batch: u64,
+    /// `global / base`.
+    pub linear: f64,
+    /// `sqrt(global / base)`.
+    pub sqrt: f64,
+}
+
+/// A setting that changes the memory need, evaluated when nothing fits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alternative {
+    pub description: String,
+    /// Extra `dpo-train` flags.
+    pub flags: String,
+    pub memory_per_gpu_bytes: u64,
+    pub fits: bool,
+}
+
+/// The plan. `--json` prints it (plus the snapshot) as one object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema_version: u32,
+    pub status: Status,
+    pub world_size: usize,
+    /// Selected GPU indices.
+    pub gpus: Vec<u32>,
+    pub excluded: Vec<Excluded>,
+    /// Pairs per GPU per forward.
+    pub micro_batch: u64,
+    pub grad_accum: u64,
+    /// Effective global batch: `micro_batch * world_size * grad_accum`.
+    pub global_batch: u64,
+    pub requested_global_batch: u64,
+    pub lr_scale: LrScale,
+    pub dtype: Dtype,
+    pub finetune: FineTune,
+    pub reference: Reference,
+    pub gradient_checkpointing: bool,
+    pub seq_len: u64,
+    /// Estimated peak per GPU; `None` without a model.
+    pub memory_per_gpu_bytes: Option<u64>,
+    pub memory: Option<MemoryEstimate>,
+    /// Smallest free memory among the chosen GPUs.
+    pub min_free_bytes: Option<u64>,
+    pub model: Option<ModelShape>,
+    pub topology: Topology,
+    pub env: BTreeMap<String, String>,
+    /// The `dpo-train` command to run with `env` exported.
+    pub command: String,
+    pub warnings: Vec<String>,
+    pub notes: Vec<String>,
+    /// Filled when nothing fits: what would.
+    pub alternatives: Vec<Alternative>,
+}
+
+impl Plan {
+    /// The plan for a machine without usable NVIDIA GPUs: train on CPU cores.
+    pub fn cpu_fallback(req: &PlanRequest, cpus: u32, reason: String) -> Plan {
+        let lr = lr_scale(req.global_batch, req.lr_base_batch);
+        Plan {
+            schema_version: PLAN_SCHEMA_VERSION,
+            status: Status::NotReady,
+            world_size: 0,
+            gpus: Vec::new(),
+            excluded: Vec::new(),
+            micro_batch: 0,
+            grad_accum: 0,
+            global_batch: req.global_batch,
+            requested_global_batch: req.global_batch,
+            lr_scale: lr,
+            dtype: req.dtype.unwrap_or(Dtype::Fp32),
+            finetune: req.finetune,
+            reference: req.reference,
+            gradient_checkpointing: req.gradient_checkpointing,
+            seq_len: req.seq_len,
+            memory_per_gpu_bytes: None,
+            memory: None,
+            min_free_bytes: None,
+            model: req.model.clone(),
+            topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
+            env: BTreeMap::new(),
+            command: format!("dpo-train --devices cpu:{}", cpus.max(1)),
+            warnings: vec![reason],
+            notes: Vec::new(),
+            alternatives: Vec::new(),
+        }
+    }
+}
+
+fn lr_scale(global: u64, base: u64) -> LrScale {
+    let ratio = global as f64 / base.max(1) as f64;
+    LrScale { base_batch: base, linear: ratio, sqrt: ratio.sqrt() }
+}
+
+/// Why a GPU should not train, from its own state (not memory or model mix).
+fn health_reasons(g: &Gpu) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if g.mig_enabled == Some(true) {
+        reasons.push("MIG mode is enabled (a MIG slice is not a whole GPU for NCCL data parallelism; disable with `nvidia-smi -i N -mig 0`)".to_string());
+    }
+    match &g.processes {
+        Some(procs) if !procs.is_empty() => {
+            let held: u64 = procs.iter().filter_map(|p| p.used_memory_bytes).sum();
+            let pids: Vec<String> = procs.iter().map(|p| p.pid.to_string()).collect();
+            reasons.push(format!("busy: {} other process(es) hold {} (pid {})", procs.len(), bytes(held), pids.join(", ")));
+        }
+        Some(_) => {}
+        None => {
+            if let Some(used) = g.memory_used_bytes
+                && used > BUSY_BYTES
+            {
+                reasons.push(format!("busy: {} of memory already in use", bytes(used)));
+            }
+        }
+    }
+    if let Some(n) = g.ecc_uncorrected_volatile
+        && n > 0
+    {
+        reasons.push(format!("{n} uncorrectable ECC error(s) since the driver loaded"));
+    }
+    if g.pending_page_retirement == Some(true) {
+        reasons.push("memory pages pending retirement (reset the GPU or reboot)".to_string());
+    }
+    if g.pcie.is_degraded() {
+        let (c, m) = (g.pcie.width_current.unwrap_or(0), g.pcie.width_max.unwrap_or(0));
+        reasons.push(format!("degraded PCIe link: x{c} of x{m} (reseat the card or check the riser)"));
+    }
+    let hw = g.hardware_throttles();
+    if !hw.is_empty() {
+        reasons.push(format!("throttled by hardware ({}): check cooling and power", hw.join(", ")));
+    }
+    reasons
+}
+
+/// Keeps the most common GPU model; returns the others with reasons.
+fn split_by_model(snap: &Snapshot, candidates: &[u32]) -> (Vec<u32>, Vec<Excluded>) {
+    let mut groups: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for &i in candidates {
+        let name = snap.gpu(i).and_then(|g| g.name.clone()).unwrap_or_default();
+        groups.entry(name).or_default().push(i);
+    }
+    if groups.len() <= 1 {
+        return (candidates.to_vec(), Vec::new());
+    }
+    let total = |g: &[u32]| g.iter().filter_map(|&i| snap.gpu(i)?.memory_total_bytes).sum::<u64>();
+    let Some((keep_name, keep)) = groups
+        .iter()
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(total(a.1).cmp(&total(b.1))).then(b.1[0].cmp(&a.1[0])))
+        .map(|(n, g)| (n.clone(), g.clone()))
+    else {
+        return (candidates.to_vec(), Vec::new());
+    };
+    let mut excluded = Vec::new();
+    for (name, gpus) in &groups {
+        if *name == keep_name {
+            continue;
+        }
+        for &i in gpus {
+            let shown = if name.is_empty() { "unknown" } else { name };
+            excluded.push(Excluded {
+                index: i,
+                reason: format!(
+                    "different model ({shown}) from the other {} GPU(s) ({keep_name}); data parallelism runs at the pace of the slowest GPU",
+                    keep.len()
+                ),
+            });
+        }
+    }
+    (keep, excluded)
+}
+
+/// Picks `w` GPUs of `candidates`: inside one NVLink island if one is large enough, else inside
+/// one NUMA node, else greedily by the best weakest link.
+fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes: &mut Vec<String>) -> Vec<u32> {
+    if w >= candidates.len() {
+        return candidates.to_vec();
+    }
+    for island in topology::nvlink_islands(snap, candidates) {
+        if island.len() >= w {
+            notes.push(format!("kept to one NVLink island: GPUs {}", list(&island)));
+            return island[..w].to_vec();
+        }
+    }
+    for group in topology::numa_groups(snap, candidates) {
+        if let Some(node) = group.node
+            && group.gpus.len() >= w
+        {
+            notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&group.gpus)));
+            return group.gpus[..w].to_vec();
+        }
+    }
+    let mut best: Option<(u32, Vec<u32>)> = None;
+    for &start in candidates {
+        let mut chosen = vec![start];
+        while chosen.len() < w {
+            let next = candidates
+                .iter()
+                .filter(|c| !chosen.contains(c))
+                .max_by_key(|&&c| (chosen.iter().map(|&x| snap.link(x, c).rank()).min().unwrap_or(0), std::cmp::Reverse(c)));
+            match next {
+                Some(&c) => chosen.push(c),
+                None => break,
+            }
+        }
+        chosen.sort_unstable();
+        let score = topology::weakest_link(snap, &chosen).rank();
+        if best.as_ref().is_none_or(|(s, _)| score > *s) {
+            best = Some((score, chosen));
+        }
+    }
+    best.map_or_else(|| candidates[..w].to_vec(), |(_, c)| c)
+}
+
+/// `0,1,2`.
+pub fn list(gpus: &[u32]) -> String {
+    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// Parses `550.40.07` into comparable numbers.
+fn driver_tuple(v: &str) -> Vec<u32> {
+    v.split('.').map(|p| p.trim().parse().unwrap_or(0)).collect()
+}
+
+/// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
+pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
+    let mut warnings = Vec::new();
+    let mut notes = Vec::new();
+    let mut excluded = Vec::new();
+    let topo = topology::analyze(snap);
+    let global = req.global_batch.max(1);
+
+    if snap.gpus.is_empty() {
+        let cpus = snap.system.cpu_count.unwrap_or(1);
+        let mut p = Plan::cpu_fallback(req, cpus, "no NVIDIA GPU found".to_string());
+        p.topology = topo;
+        return p;
+    }
+
+    // 1. Health.
+    let mut healthy = Vec::new();
+    for g in &snap.gpus {
+        let reasons = health_reasons(g);
+        if reasons.is_empty() {
+            healthy.push(g.index);
+        } else {
+            excluded.push(Excluded { index: g.index, reason: reasons.join("; ") });
+        }
+        let soft: Vec<&String> = g
+            .throttle_reasons
+            .iter()
+            .flatten()
+            .filter(|r| r.as_str() == "sw_thermal_slowdown" || r.as_str() == "sw_power_cap")
+            .collect();
+        if !soft.is_empty() && g.utilization_gpu_pct.unwrap_or(0) > 0 {
+            notes.push(format!("{} is throttled by software ({})", g.label(), soft.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")));
+        }
+    }
+
+    // 2. One GPU model.
+    let (mut candidates, mixed) = split_by_model(snap, &healthy);
+    excluded.extend(mixed);
+
+    // 3. Precision.
+    let min_cc = candidates.iter().filter_map(|&i| snap.gpu(i)?.compute_capability_pair()).min();
+    let dtype = match req.dtype {
+        Some(d) => {
+            if d == Dtype::Bf16
+                && let Some((maj, min)) = min_cc
+                && maj < 8
+            {
+                warnings.push(format!(
+                    "bf16 needs compute capability 8.0 or newer and the chosen GPUs have {maj}.{min}: use --dtype fp16"
+                ));
+            }
+            d
+        }
+        None => match min_cc {
+            Some((maj, _)) if maj < 8 => {
+                notes.push("fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)".to_string());
+                Dtype::Fp16
+            }
+            _ => Dtype::Bf16,
+        },
+    };
+
+    // 4. Memory at micro-batch 1.
+    let mem_req = |micro: u64, finetune: FineTune, reference: Reference, ckpt: bool| {
+        req.model.as_ref().map(|m| {
+            memory::estimate(&MemoryRequest {
+                model: m,
+                micro_batch: micro,
+                seq_len: req.seq_len,
+                dtype,
+                finetune,
+                reference,
+                gradient_checkpointing: ckpt,
+            })
+        })
+    };
+    let need1 = mem_req(1, req.finetune, req.reference, req.gradient_checkpointing);
+    let mut alternatives = Vec::new();
+    let before_memory = candidates.clone();
+    let mut nothing_fits = false;
+    if let Some(need) = need1 {
+        let mut fit = Vec::new();
+        for &i in &candidates {
+            match snap.gpu(i).and_then(|g| g.memory_free_bytes) {
+                Some(free) if free < need.total => excluded.push(Excluded {
+                    index: i,
+                    reason: format!("too little free memory: needs {} at micro-batch 1, has {} free", bytes(need.total), bytes(free)),
+                }),
+                Some(_) => fit.push(i),
+                None => {
+                    notes.push(format!("GPU {i}: free memory unknown, not checked against the estimate"));
+                    fit.push(i);
+                }
+            }
+        }
+        if fit.is_empty() && !candidates.is_empty() {
+            nothing_fits = true;
+            let best_free = before_memory.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).max().unwrap_or(0);
+            warnings.push(format!(
+                "nothing fits: even micro-batch 1 with gradient accumulation needs {} per GPU and the largest free memory is {}",
+                bytes(need.total),
+                bytes(best_free)
+            ));
+            let lora = FineTune::Lora { rank: SUGGESTED_LORA_RANK };
+            let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK}");
+            let mut options: Vec<(String, String, FineTune, Reference, bool)> = Vec::new();
+            if !req.gradient_checkpointing {
+                options.push(("activation checkpointing".into(), "--gradient-checkpointing".into(), req.finetune, req.reference, true));
+            }
+            if req.reference == Reference::Keep && req.finetune == FineTune::Full {
+                options.push(("precomputed reference log-probs".into(), "--precompute-ref-log-probs".into(), req.finetune, Reference::Precompute, req.gradient_checkpointing));
+                options.push((
+                    "precomputed reference + activation checkpointing".into(),
+                    "--precompute-ref-log-probs --gradient-checkpointing".into(),
+                    req.finetune,
+                    Reference::Precompute,
+                    true,
+                ));
+            }
+            if req.finetune == FineTune::Full {
+                options.push((format!("LoRA rank {SUGGESTED_LORA_RANK}"), lora_flags.clone(), lora, req.reference, req.gradient_checkpointing));
+                options.push((
+                    format!("LoRA rank {SUGGESTED_LORA_RANK} + activation checkpointing"),
+                    format!("{lora_flags} --gradient-checkpointing"),
+                    lora,
+                    req.reference,
+                    true,
+                ));
+            }
+            for (description, flags, ft, r, ck) in options {
+                if let Some(e) = mem_req(1, ft, r, ck) {
+                    alternatives.push(Alternative { description, flags, memory_per_gpu_bytes: e.total, fits: e.total <= best_free });
+                }
+            }
+        }
+        candidates = fit;
+    }
+
+    // 5. World size and which GPUs.
+    let n = candidates.len();
+    let mut w = n.min(usize::try_from(global).unwrap_or(usize::MAX));
+    if let Some(max) = req.max_world_size {
+        w = w.min(max.max(1));
+    }
+    if w < n && w as u64 == global {
+        notes.push(format!("the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"));
+    }
+    let chosen = if w == 0 { Vec::new() } else { choose_subset(snap, &candidates, w, &mut notes) };
+    for e in &excluded {
+        warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
+    }
+
+    if chosen.is_empty() {
+        if !nothing_fits {
+            warnings.push("no usable GPU: every GPU was excluded".to_string());
+        }
+        let mut p = Plan::cpu_fallback(req, snap.system.cpu_count.unwrap_or(1), String::new());
+        p.warnings = warnings;
+        p.notes = notes;
+        p.excluded = excluded;
+        p.alternatives = alternatives;
+        p.dtype = dtype;
+        p.topology = topo;
+        p.memory = need1;
+        p.memory_per_gpu_bytes = need1.map(|m| m.total);
+        p.command = String::new();
+        return p;
+    }
+
+    // 6. Batch split.
+    let wu = w as u64;
+    let per_rank = if global % wu == 0 { global / wu } else { ((global + wu / 2) / wu).max(1) };
+    let effective = per_rank * wu;
+    if effective != global {
+        let exact = (1..=wu).rev().find(|d| global % d == 0).unwrap_or(1);
+        warnings.push(format!(
+            "global batch {global} cannot be split exactly over {w} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
+        ));
+    }
+    let min_free = chosen.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).min();
+    let mut micro = 1;
+    let mut estimate = mem_req(1, req.finetune, req.reference, req.gradient_checkpointing);
+    let mut m = 1;
+    while m <= per_rank {
+        if per_rank % m == 0 {
+            match (mem_req(m, req.finetune, req.reference, req.gradient_checkpointing), min_free) {
+                (Some(e), Some(free)) if e.total <= free => {
+                    micro = m;
+                    estimate = Some(e);
+                }
+                (Some(e), None) if m <= DEFAULT_MICRO_BATCH_CAP => {
+                    micro = m;
+                    estimate = Some(e);
+                }
+                (None, _) if m <= DEFAULT_MICRO_BATCH_CAP => micro = m,
+                _ => {}
+            }
+        }
+        m *= 2;
+    }
+    if req.model.is_none() {
+        notes.push(format!(
+            "no model given (--model-params or --model): micro-batch not checked against memory, capped at {DEFAULT_MICRO_BATCH_CAP}"
+        ));
+    } else if min_free.is_none() {
+        notes.push(format!("free memory unknown: micro-batch capped at {DEFAULT_MICRO_BATCH_CAP}"));
+    }
+    let accum = per_rank / micro;
+
+    // 7. Environment.
+    let mut env = BTreeMap::new();
+    env.insert("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string());
+    let uuids: Option<Vec<String>> = chosen.iter().map(|&i| snap.gpu(i)?.uuid.clone()).collect();
+    let visible = match (req.device_ids, uuids) {
+        (DeviceIds::Uuid, Some(u)) => u.join(","),
+        (DeviceIds::Uuid, None) => {
+            notes.push("UUIDs unknown for some GPUs: CUDA_VISIBLE_DEVICES uses indices".to_string());
+            list(&chosen)
+        }
+        (DeviceIds::Index, _) => list(&chosen),
+    };
+    env.insert("CUDA_VISIBLE_DEVICES".to_string(), visible);
+    match snap.system.cpu_count {
+        Some(cpus) => {
+            env.insert("OMP_NUM_THREADS".to_string(), (cpus / w as u32).max(1).to_string());
+        }
+        None => notes.push("CPU count unknown: OMP_NUM_THREADS not set".to_string()),
+    }
+    if w > 1 {
+        let mut no_p2p = Vec::new();
+        for (k, &a) in chosen.iter().enumerate() {
+            for &b in &chosen[k + 1..] {
+                if let Some(s) = snap.pair(a, b).and_then(|p| p.p2p_read)
+                    && s != P2p::Ok
+                {
+                    no_p2p.push(format!("{a}-{b} ({s:?})"));
+                }
+            }
+        }
+        let rtx40_old_driver = chosen.iter().any(|&i| {
+            snap.gpu(i).and_then(|g| g.name.as_deref()).is_some_and(|n| n.contains("RTX 40"))
+        }) && snap.system.driver_version.as_deref().is_some_and(|v| driver_tuple(v) < vec![550, 40, 7]);
+        if rtx40_old_driver {
+            env.insert("NCCL_P2P_DISABLE".to_string(), "1".to_string());
+            env.insert("NCCL_IB_DISABLE".to_string(), "1".to_string());
+            warnings.push(format!(
+                "GeForce RTX 40xx with driver {} (below 550.40.07): NCCL peer-to-peer can hang; NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1 set (as accelerate does), or upgrade the driver",
+                snap.system.driver_version.as_deref().unwrap_or("?")
+            ));
+        } else if !no_p2p.is_empty() {
+            env.insert("NCCL_P2P_DISABLE".to_string(), "1".to_string());
+            warnings.push(format!("P2P not available between GPUs {}: NCCL_P2P_DISABLE=1 set (traffic goes through host memory)", no_p2p.join(", ")));
+        }
+        let weakest = topology::weakest_link(snap, &chosen);
+        let nodes: Vec<u32> = topology::numa_groups(snap, &chosen).iter().filter_map(|g| g.node).collect();
+        if nodes.len() > 1 {
+            notes.push(format!(
+                "the chosen GPUs span NUMA nodes {}: the all-reduce crosses the CPU interconnect (weakest link {weakest})",
+                list(&nodes)
+            ));
+        }
+    }
+    if snap.source == crate::snapshot::Source::Live {
+        match &snap.system.nccl {
+            Some(n) if n.version.is_some() => {}
+            Some(n) if w > 1 => warnings.push(format!(
+                "NCCL not found ({}): install torch into the venv or set NCCL_HOME",
+                n.error.as_deref().unwrap_or("not found")
+            )),
+            _ => {}
+        }
+    }
+
+    // 8. Command.
+    let mut cmd = format!(
+        "dpo-train --gpus {w} --per-device-train-batch-size {micro} --gradient-accumulation-steps {accum} --global-batch-size {effective} --max-length {}",
+        req.seq_len
+    );
+    match dtype {
+        Dtype::Bf16 => cmd.push_str(" --bf16"),
+        Dtype::Fp16 => cmd.push_str(" --fp16"),
+        Dtype::Fp32 => {}
+    }
+    if let FineTune::Lora { rank } = req.finetune {
+        cmd.push_str(&format!(" --lora-r {rank}"));
+    }
+    if req.reference == Reference::Precompute {
+        cmd.push_str(" --precompute-ref-log-probs");
+    }
+    if req.gradient_checkpointing {
+        cmd.push_str(" --gradient-checkpointing");
+    }
+
+    let status = if warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
+    Plan {
+        schema_version: PLAN_SCHEMA_VERSION,
+        status,
+        world_size: w,
+        gpus: chosen,
+        excluded,
+        micro_batch: micro,
+        grad_accum: accum,
+        global_batch: effective,
+        requested_global_batch: global,
+        lr_scale: lr_scale(effective, req.lr_base_batch),
+        dtype,
+        finetune: req.finetune,
+        reference: req.reference,
+        gradient_checkpointing: req.gradient_checkpointing,
+        seq_len: req.seq_len,
+        memory_per_gpu_bytes: estimate.map(|e| e.total),
+        memory: estimate,
+        min_free_bytes: min_free,
+        model: req.model.clone(),
+        topology: topo,
+        env,
+        command: cmd,
+        warnings,
+        notes,
+        alternatives,
+    }
+}

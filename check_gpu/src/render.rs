@@ -1,0 +1,405 @@
+//! Output: a readable report (coloured only on a terminal, `NO_COLOR` respected) and one JSON
+//! object for `--json`. Both render the same [`Snapshot`] and [`Plan`].
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::memory::{FineTune, Reference};
+use crate::plan::{Plan, Status, list};
+use crate::snapshot::{Snapshot, Source};
+
+/// `81.0 GiB`, `512 MiB`.
+pub fn bytes(b: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let g = b as f64 / GIB;
+    if g >= 1.0 { format!("{g:.1} GiB") } else { format!("{} MiB", b / (1024 * 1024)) }
+}
+
+/// `1.50B`, `135M`, `12.0K`.
+pub fn count(n: u64) -> String {
+    let f = n as f64;
+    if f >= 1e12 {
+        format!("{:.2}T", f / 1e12)
+    } else if f >= 1e9 {
+        format!("{:.2}B", f / 1e9)
+    } else if f >= 1e6 {
+        format!("{:.0}M", f / 1e6)
+    } else if f >= 1e3 {
+        format!("{:.1}K", f / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+/// ANSI styling, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Style {
+    pub color: bool,
+}
+
+impl Style {
+    /// Colour when stdout is a terminal and `NO_COLOR` is unset or empty.
+    pub fn detect() -> Style {
+        use std::io::IsTerminal;
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Style { color: std::io::stdout().is_terminal() && !no_color }
+    }
+
+    fn paint(self, code: &str, text: &str) -> String {
+        if self.color { format!("\u{1b}[{code}m{text}\u{1b}[0m") } else { text.to_string() }
+    }
+    fn bold(self, t: &str) -> String {
+        self.paint("1", t)
+    }
+    fn green(self, t: &str) -> String {
+        self.paint("32", t)
+    }
+    fn yellow(self, t: &str) -> String {
+        self.paint("33", t)
+    }
+    fn red(self, t: &str) -> String {
+        self.paint("31", t)
+    }
+}
+
+/// The `--json` object: the plan's keys at the top level, plus the snapshot it came from.
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    plan: &'a Plan,
+    snapshot: Option<&'a Snapshot>,
+}
+
+/// One JSON object, pretty-printed.
+pub fn json(snap: Option<&Snapshot>, plan: &Plan) -> String {
+    // Serializing plain structs of strings, numbers and maps cannot fail.
+    serde_json::to_string_pretty(&Report { plan, snapshot: snap }).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "?".to_string(), |v| v.to_string())
+}
+
+fn pad(s: &str, w: usize) -> String {
+    format!("{s:<w$}")
+}
+
+/// The machine part: system line, GPU table, topology matrix, islands and NUMA groups.
+pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
+    let mut o = String::new();
+    let source = match snap.source {
+        Source::Live => "live NVML probe",
+        Source::NvidiaSmi => "nvidia-smi output",
+    };
+    let s = &snap.system;
+    let _ = writeln!(
+        o,
+        "{} {} GPU(s) from {source}; driver {}, CUDA {}, NVML {}",
+        st.bold("check-gpu:"),
+        snap.gpus.len(),
+        opt(s.driver_version.as_deref()),
+        opt(s.cuda_driver_version.as_deref()),
+        opt(s.nvml_version.as_deref())
+    );
+    if let Some(n) = &s.nccl {
+        match (&n.version, &n.path) {
+            (Some(v), Some(p)) => {
+                let _ = writeln!(o, "NCCL {v} ({p})");
+            }
+            _ => {
+                let _ = writeln!(o, "NCCL not found: {}", n.error.as_deref().unwrap_or("no libnccl.so.2"));
+            }
+        }
+    }
+    if snap.source == Source::Live {
+        if s.env.is_empty() {
+            let _ = writeln!(o, "environment: no NCCL_*, CUDA_* or OMP_NUM_THREADS variable set");
+        } else {
+            let vars: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(o, "environment: {}", vars.join(" "));
+        }
+    }
+
+    let _ = writeln!(o, "\n{}", st.bold("GPUs"));
+    let header = format!(
+        "  {:>3}  {:<26} {:>17}  {:>4}  {:<12} {:>4}  {:<15} {:>5} {:>13} {:>5}  {}",
+        "#", "name", "free / total", "cc", "PCIe now/max", "NUMA", "CPU affinity", "temp", "power", "util", "state"
+    );
+    let _ = writeln!(o, "{header}");
+    for g in &snap.gpus {
+        let mem = match (g.memory_free_bytes, g.memory_total_bytes) {
+            (Some(f), Some(t)) => format!("{} / {}", bytes(f).replace(" GiB", ""), bytes(t)),
+            (None, Some(t)) => format!("? / {}", bytes(t)),
+            _ => "?".to_string(),
+        };
+        let p = &g.pcie;
+        let link = |gen_: Option<u32>, w: Option<u32>| format!("{}x{}", opt(gen_), opt(w));
+        let pcie = format!("{}/{}", link(p.gen_current, p.width_current), link(p.gen_max, p.width_max));
+        let power = match (g.power_draw_w, g.power_limit_w) {
+            (Some(d), Some(l)) => format!("{d:.0}/{l:.0} W"),
+            (Some(d), None) => format!("{d:.0} W"),
+            _ => "?".to_string(),
+        };
+        let state = match plan.excluded.iter().find(|e| e.index == g.index) {
+            Some(e) => st.red(&format!("excluded: {}", e.reason.split(';').next().unwrap_or(""))),
+            None if plan.gpus.contains(&g.index) => st.green("selected"),
+            None => "spare".to_string(),
+        };
+        let name: String = g.name.as_deref().unwrap_or("?").chars().take(26).collect();
+        let _ = writeln!(
+            o,
+            "  {:>3}  {:<26} {:>17}  {:>4}  {:<12} {:>4}  {:<15} {:>5} {:>13} {:>5}  {}",
+            g.index,
+            name,
+            mem,
+            opt(g.compute_capability.as_deref()),
+            pcie,
+            opt(g.numa_node),
+            g.cpu_affinity.as_deref().unwrap_or("?"),
+            g.temperature_c.map_or("?".to_string(), |t| format!("{t}C")),
+            power,
+            g.utilization_gpu_pct.map_or("?".to_string(), |u| format!("{u}%")),
+            state
+        );
+        let mut extra = Vec::new();
+        if let Some(a) = &g.architecture {
+            extra.push(a.clone());
+        }
+        if let Some(u) = &g.uuid {
+            extra.push(u.clone());
+        }
+        if let Some(b) = &g.pci_bus_id {
+            extra.push(b.clone());
+        }
+        if let Some(m) = g.mig_enabled {
+            extra.push(format!("MIG {}", if m { "on" } else { "off" }));
+        }
+        if let Some(pm) = g.persistence_mode {
+            extra.push(format!("persistence {}", if pm { "on" } else { "off" }));
+        }
+        if let Some(e) = g.ecc_enabled {
+            let errs = g.ecc_uncorrected_volatile.map_or(String::new(), |n| format!(", {n} uncorrectable"));
+            extra.push(format!("ECC {}{errs}", if e { "on" } else { "off" }));
+        }
+        if let Some(t) = &g.throttle_reasons
+            && !t.is_empty()
+        {
+            extra.push(format!("throttle: {}", t.join(",")));
+        }
+        if let Some(ps) = &g.processes
+            && !ps.is_empty()
+        {
+            let v: Vec<String> =
+                ps.iter().map(|p| format!("pid {} {}", p.pid, p.used_memory_bytes.map_or("?".into(), bytes))).collect();
+            extra.push(format!("processes: {}", v.join(", ")));
+        }
+        if !extra.is_empty() {
+            let _ = writeln!(o, "       {}", extra.join(" | "));
+        }
+    }
+
+    if !snap.pairs.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Topology (nvidia-smi topo -m legend)"));
+        let mut head = String::from("        ");
+        for g in &snap.gpus {
+            head.push_str(&pad(&format!("GPU{}", g.index), 6));
+        }
+        head.push_str("CPU Affinity     NUMA");
+        let _ = writeln!(o, "{}", head.trim_end());
+        for a in &snap.gpus {
+            let mut row = pad(&format!("  GPU{}", a.index), 8);
+            for b in &snap.gpus {
+                row.push_str(&pad(&snap.link(a.index, b.index).to_string(), 6));
+            }
+            row.push_str(&pad(a.cpu_affinity.as_deref().unwrap_or("N/A"), 17));
+            row.push_str(&opt(a.numa_node));
+            let _ = writeln!(o, "{row}");
+        }
+        let p2p: Vec<String> = snap
+            .pairs
+            .iter()
+            .filter_map(|p| p.p2p_read.map(|s| format!("{}-{} {:?}", p.a, p.b, s)))
+            .collect();
+        if !p2p.is_empty() {
+            let _ = writeln!(o, "  P2P read: {}", p2p.join(", "));
+        }
+    }
+    let t = &plan.topology;
+    let islands = if t.nvlink_islands.is_empty() {
+        "none".to_string()
+    } else {
+        t.nvlink_islands.iter().map(|i| format!("[{}]", list(i))).collect::<Vec<_>>().join(" ")
+    };
+    let numa = t
+        .numa_groups
+        .iter()
+        .map(|g| format!("node {}: [{}]", opt(g.node), list(&g.gpus)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(o, "  NVLink islands: {islands}");
+    let _ = writeln!(o, "  NUMA groups: {numa}");
+    o
+}
+
+/// The plan part: verdict, GPUs, batch split, memory, warnings and the command.
+pub fn plan_text(plan: &Plan, st: Style) -> String {
+    let mut o = String::new();
+    let status = match plan.status {
+        Status::Ready => st.green("ready"),
+        Status::ReadyWithWarnings => st.yellow("ready with warnings"),
+        Status::NotReady => st.red("not ready"),
+    };
+    let _ = writeln!(o, "\n{}", st.bold("Plan"));
+    let _ = writeln!(o, "  status       {status}");
+    if plan.world_size > 0 {
+        let _ = writeln!(o, "  GPUs         {} (world size {})", list(&plan.gpus), plan.world_size);
+    }
+    for e in &plan.excluded {
+        let _ = writeln!(o, "  {}  GPU {}: {}", st.red("excluded"), e.index, e.reason);
+    }
+    if let Some(m) = &plan.model {
+        let _ = writeln!(
+            o,
+            "  model        {} parameters ({}; h {}, {} layers, {} heads / {} kv, vocab {})",
+            count(m.params),
+            m.source,
+            m.hidden_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.vocab_size
+        );
+    }
+    let ft = match plan.finetune {
+        FineTune::Full => "full fine-tuning".to_string(),
+        FineTune::Lora { rank } => format!("LoRA rank {rank} on q,k,v,o"),
+    };
+    let reference = match (plan.finetune, plan.reference) {
+        (FineTune::Lora { .. }, _) => "reference = base model with the adapter disabled",
+        (_, Reference::Keep) => "reference model kept on each GPU",
+        (_, Reference::Precompute) => "reference log-probs precomputed",
+    };
+    let ckpt = if plan.gradient_checkpointing { ", activation checkpointing" } else { "" };
+    let _ = writeln!(o, "  training     {ft}, {}, {reference}, max length {}{ckpt}", plan.dtype.name(), plan.seq_len);
+    if plan.world_size > 0 {
+        let _ = writeln!(
+            o,
+            "  batch        micro-batch {} x {} GPU(s) x accumulation {} = global batch {}{}",
+            plan.micro_batch,
+            plan.world_size,
+            plan.grad_accum,
+            plan.global_batch,
+            if plan.global_batch != plan.requested_global_batch {
+                format!(" (requested {})", plan.requested_global_batch)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            o,
+            "  lr scale     linear x{:.3}, sqrt x{:.3} (for a learning rate tuned at global batch {})",
+            plan.lr_scale.linear, plan.lr_scale.sqrt, plan.lr_scale.base_batch
+        );
+    }
+    if let Some(m) = &plan.memory {
+        let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
+        let at = if plan.world_size > 0 { format!("micro-batch {}", plan.micro_batch) } else { "micro-batch 1".to_string() };
+        let _ = writeln!(o, "  memory/GPU   {} at {at}{free}", bytes(m.total));
+        for (name, v, how) in [
+            ("weights", m.weights, weights_formula(plan)),
+            ("gradients", m.gradients, grads_formula(plan)),
+            ("optimizer", m.optimizer, opt_formula(plan)),
+            ("reference", m.reference, ref_formula(plan)),
+            ("activations", m.activations, act_formula(plan)),
+            ("logits", m.logits, "2b*s*V*4 (fp32, chosen+rejected)".to_string()),
+            ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
+        ] {
+            let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
+        }
+    }
+    if !plan.alternatives.is_empty() {
+        let _ = writeln!(o, "  what would fit (micro-batch 1, more accumulation):");
+        for a in &plan.alternatives {
+            let mark = if a.fits { st.green("fits") } else { st.red("too big") };
+            let _ = writeln!(o, "    {:<52} {:>10}  {mark}  ({})", a.description, bytes(a.memory_per_gpu_bytes), a.flags);
+        }
+    }
+    if !plan.warnings.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Warnings"));
+        for w in &plan.warnings {
+            let _ = writeln!(o, "  {} {w}", st.yellow("!"));
+        }
+    }
+    if !plan.notes.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Notes"));
+        for n in &plan.notes {
+            let _ = writeln!(o, "  - {n}");
+        }
+    }
+    if !plan.command.is_empty() {
+        let _ = writeln!(o, "\n{}", st.bold("Run"));
+        for (k, v) in &plan.env {
+            let _ = writeln!(o, "  export {k}={v}");
+        }
+        let _ = writeln!(o, "  {}", plan.command);
+    }
+    o
+}
+
+fn weights_formula(p: &Plan) -> String {
+    match (p.finetune, p.dtype) {
+        (FineTune::Lora { .. }, d) => format!("{} B/param frozen base + 4 B/adapter param", d.bytes()),
+        (FineTune::Full, crate::memory::Dtype::Fp32) => "4 B/param".to_string(),
+        (FineTune::Full, d) => format!("6 B/param ({} copy + fp32 master)", d.name()),
+    }
+}
+fn grads_formula(p: &Plan) -> String {
+    match p.finetune {
+        FineTune::Full => "4 B/param (fp32)".to_string(),
+        FineTune::Lora { .. } => "4 B/adapter param".to_string(),
+    }
+}
+fn opt_formula(p: &Plan) -> String {
+    match p.finetune {
+        FineTune::Full => "8 B/param (AdamW m, v in fp32)".to_string(),
+        FineTune::Lora { .. } => "8 B/adapter param".to_string(),
+    }
+}
+fn ref_formula(p: &Plan) -> String {
+    match (p.finetune, p.reference) {
+        (FineTune::Lora { .. }, _) => "0 (adapter disabled = base)".to_string(),
+        (_, Reference::Precompute) => "0 (precomputed log-probs)".to_string(),
+        (_, Reference::Keep) => format!("{} B/param frozen copy", p.dtype.bytes()),
+    }
+}
+fn act_formula(p: &Plan) -> String {
+    if p.gradient_checkpointing {
+        "L*2*s*2b*h + one layer (checkpointing)".to_string()
+    } else {
+        "L*s*2b*h*(34+5*a*s/h) (Korthikanti 2022)".to_string()
+    }
+}
+
+/// The full report.
+pub fn text(snap: Option<&Snapshot>, plan: &Plan, st: Style) -> String {
+    let mut o = snap.map(|s| snapshot_text(s, plan, st)).unwrap_or_default();
+    o.push_str(&plan_text(plan, st));
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(bytes(81920 * 1024 * 1024), "80.0 GiB");
+        assert_eq!(bytes(500 * 1024 * 1024), "500 MiB");
+        assert_eq!(count(1_543_714_304), "1.54B");
+        assert_eq!(count(135_000_000), "135M");
+        let st = Style { color: true };
+        assert_eq!(st.red("x"), "\u{1b}[31mx\u{1b}[0m");
+        assert_eq!(Style { color: false }.red("x"), "x");
+    }
+}
