@@ -102,11 +102,12 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
     Ok(EvalReport { metrics: sums.finish(), pairs: scored.len(), skipped: loaded.skipped, tokenize })
 }
 
-/// Loads a model and checks that every token id the tokenizer can produce has an embedding row.
+/// Loads a model after checking that every token id the tokenizer can produce has an embedding row.
 fn load_checked(dir: &Path, tokenizer: &Tokenizer, device: &Device) -> anyhow::Result<Llama> {
-    let (cfg, model) = model::load(dir, device).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+    let context = || format!("cannot load the model in `{}`", dir.display());
+    let cfg = model::load_config(dir).with_context(context)?;
     if tokenizer.vocab_size() > cfg.vocab_size {
         return Err(EvalError::Vocab { tokens: tokenizer.vocab_size(), dir: dir.to_owned(), vocab_size: cfg.vocab_size }.into());
     }
-    Ok(model)
+    model::load_weights(dir, &cfg, device).with_context(context)
 }

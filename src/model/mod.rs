@@ -11,10 +11,19 @@ use burn::tensor::Device;
 pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
 pub use weights::Weights;
 
-/// Loads the model in `dir` onto `device`, weights as f32.
+/// Reads and resolves `dir/config.json`.
+pub fn load_config(dir: &Path) -> Result<LlamaConfig, ModelError> {
+    HfConfig::from_dir(dir)?.resolve(&dir.join("config.json"))
+}
+
+/// Builds the model described by `cfg` from the safetensors in `dir`, weights as f32.
+pub fn load_weights(dir: &Path, cfg: &LlamaConfig, device: &Device) -> Result<Llama, ModelError> {
+    Llama::load(&Weights::open(dir)?, cfg, device)
+}
+
+/// Loads the model in `dir` onto `device`.
 pub fn load(dir: &Path, device: &Device) -> Result<(LlamaConfig, Llama), ModelError> {
-    let cfg = HfConfig::from_dir(dir)?.resolve(&dir.join("config.json"))?;
-    let weights = Weights::open(dir)?;
-    let model = Llama::load(&weights, &cfg, device)?;
+    let cfg = load_config(dir)?;
+    let model = load_weights(dir, &cfg, device)?;
     Ok((cfg, model))
 }

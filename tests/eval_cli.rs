@@ -1,0 +1,125 @@
+//! `dpo-train eval` as a user runs it: output shape, exit codes and one-line errors.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn eval(extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .arg("eval")
+        .args(extra)
+        .output()
+        .expect("the binary runs")
+}
+
+fn with_defaults<'a>(model: &'a str, data: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--model", model, "--data", data];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// Asserts a failure with exit code `code` and exactly one stderr line, returned.
+fn one_line_error(out: &Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    stderr.trim_end().to_owned()
+}
+
+#[test]
+fn json_has_exactly_trls_metric_names() {
+    let model = fixtures().join("models/llama");
+    let reference = fixtures().join("models/llama-ref");
+    let data = fixtures().join("data/prefs.jsonl");
+    let out = eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--ref-model", reference.to_str().unwrap(), "--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut expected = [
+            "loss",
+            "rewards/chosen",
+            "rewards/rejected",
+            "rewards/accuracies",
+            "rewards/margins",
+            "logps/chosen",
+            "logps/rejected",
+            "logits/chosen",
+            "logits/rejected",
+            "entropy",
+            "num_tokens",
+        ];
+    expected.sort_unstable();
+    assert_eq!(keys, expected);
+}
+
+#[test]
+fn reference_defaults_to_the_policy() {
+    let model = fixtures().join("models/llama");
+    let data = fixtures().join("data/prefs.jsonl");
+    let out = eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--json"]));
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Policy = reference: every log-ratio is 0, so the sigmoid loss is ln 2.
+    assert!((value["loss"].as_f64().unwrap() - std::f64::consts::LN_2).abs() < 1e-6);
+    assert_eq!(value["rewards/margins"].as_f64().unwrap(), 0.0);
+}
+
+#[test]
+fn malformed_json_line_is_one_line_and_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("bad.jsonl");
+    fs::write(&data, "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n{\"prompt\": \"a\", \n").unwrap();
+    let model = fixtures().join("models/llama");
+    let err = one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &[])), 1);
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(&format!("`{}`, line 2", data.display())), "{err}");
+}
+
+#[test]
+fn model_directory_without_config_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = fixtures().join("data/prefs.jsonl");
+    let tokenizer = fixtures().join("tokenizer");
+    let err = one_line_error(
+        &eval(&with_defaults(dir.path().to_str().unwrap(), data.to_str().unwrap(), &["--tokenizer", tokenizer.to_str().unwrap()])),
+        1,
+    );
+    assert_eq!(
+        err,
+        format!(
+            "error: cannot load the model in `{0}`: `{0}/config.json` not found: a model directory needs `config.json` and safetensors weights",
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
+fn tokenizer_larger_than_the_embedding_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in fs::read_dir(fixtures().join("models/llama")).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    let config = dir.path().join("config.json");
+    let text = fs::read_to_string(&config).unwrap().replace("\"vocab_size\": 384", "\"vocab_size\": 300");
+    fs::write(&config, text).unwrap();
+    let data = fixtures().join("data/prefs.jsonl");
+    let err = one_line_error(&eval(&with_defaults(dir.path().to_str().unwrap(), data.to_str().unwrap(), &[])), 1);
+    assert_eq!(
+        err,
+        format!("error: the tokenizer has 380 tokens but the model in `{}` embeds only 300 (`vocab_size`)", dir.path().display())
+    );
+}
+
+#[test]
+fn bad_loss_settings_name_the_key() {
+    let model = fixtures().join("models/llama");
+    let data = fixtures().join("data/prefs.jsonl");
+    let err = one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
+    assert_eq!(err, "error: invalid loss settings: `beta`: must be > 0, got 0");
+}
