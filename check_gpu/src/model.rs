@@ -35,7 +35,7 @@ pub enum ModelError {
 /// The numbers the memory estimate needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelShape {
-    /// Where the shape came from: `config.json` path or `like <preset>`.
+    /// Where the shape came from: `from <config.json path>` or `shaped like <preset>`.
     pub source: String,
     /// Total parameters.
     pub params: u64,
@@ -133,7 +133,7 @@ impl ModelShape {
         }
         let qkv_bias = cfg.attention_bias.unwrap_or(cfg.model_type.as_deref() == Some("qwen2"));
         let mut shape = ModelShape {
-            source: path.display().to_string(),
+            source: format!("from {}", path.display()),
             params: 0,
             hidden_size: cfg.hidden_size,
             num_layers: cfg.num_hidden_layers,
@@ -163,7 +163,7 @@ impl ModelShape {
                 best = shape;
             }
         }
-        best.source = format!("{} parameters, shaped like {}", crate::render::count(params), best.source);
+        best.source = format!("shaped like {}", best.source);
         best.params = params;
         best
     }
@@ -286,7 +286,7 @@ mod tests {
         let s = ModelShape::from_param_count(1_500_000_000);
         assert_eq!(s.params, 1_500_000_000);
         assert_eq!(s.hidden_size, 1536);
-        assert!(s.source.contains("Qwen2.5-1.5B"), "{}", s.source);
+        assert_eq!(s.source, "shaped like Qwen2.5-1.5B");
         assert_eq!(ModelShape::from_param_count(8_000_000_000).hidden_size, 4096);
         assert_eq!(ModelShape::from_param_count(70_000_000_000).num_layers, 80);
     }

@@ -120,6 +120,8 @@ pub struct Alternative {
     pub description: String,
     /// Extra `dpo-train` flags.
     pub flags: String,
+    /// The `check-gpu` flags that plan with this setting.
+    pub check_gpu_flags: String,
     pub memory_per_gpu_bytes: u64,
     pub fits: bool,
 }
@@ -204,7 +206,7 @@ fn lr_scale(global: u64, base: u64) -> LrScale {
 fn health_reasons(g: &Gpu) -> Vec<String> {
     let mut reasons = Vec::new();
     if g.mig_enabled == Some(true) {
-        reasons.push("MIG mode is enabled (a MIG slice is not a whole GPU for NCCL data parallelism; disable with `nvidia-smi -i N -mig 0`)".to_string());
+        reasons.push(format!("MIG mode is enabled (a MIG slice is not a whole GPU for NCCL data parallelism; disable with `nvidia-smi -i {} -mig 0`)", g.index));
     }
     match &g.processes {
         Some(procs) if !procs.is_empty() => {
@@ -434,34 +436,44 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
             ));
             let lora = FineTune::Lora { rank: SUGGESTED_LORA_RANK };
             let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK}");
-            let mut options: Vec<(String, String, FineTune, Reference, bool)> = Vec::new();
+            // (description, dpo-train flags, check-gpu flags, settings), least intrusive first.
+            let ckpt = ("--gradient-checkpointing", "--gradient-checkpointing");
+            let pre = ("--precompute-ref-log-probs", "--reference precompute");
+            let lora_cg = format!("--lora {SUGGESTED_LORA_RANK}");
+            let mut options: Vec<(String, String, String, FineTune, Reference, bool)> = Vec::new();
             if !req.gradient_checkpointing {
-                options.push(("activation checkpointing".into(), "--gradient-checkpointing".into(), req.finetune, req.reference, true));
+                options.push(("activation checkpointing".into(), ckpt.0.into(), ckpt.1.into(), req.finetune, req.reference, true));
             }
             if req.reference == Reference::Keep && req.finetune == FineTune::Full {
-                options.push(("precomputed reference log-probs".into(), "--precompute-ref-log-probs".into(), req.finetune, Reference::Precompute, req.gradient_checkpointing));
+                options.push(("precomputed reference log-probs".into(), pre.0.into(), pre.1.into(), req.finetune, Reference::Precompute, req.gradient_checkpointing));
                 options.push((
                     "precomputed reference + activation checkpointing".into(),
-                    "--precompute-ref-log-probs --gradient-checkpointing".into(),
+                    format!("{} {}", pre.0, ckpt.0),
+                    format!("{} {}", pre.1, ckpt.1),
                     req.finetune,
                     Reference::Precompute,
                     true,
                 ));
             }
             if req.finetune == FineTune::Full {
-                options.push((format!("LoRA rank {SUGGESTED_LORA_RANK}"), lora_flags.clone(), lora, req.reference, req.gradient_checkpointing));
+                options.push((format!("LoRA rank {SUGGESTED_LORA_RANK}"), lora_flags.clone(), lora_cg.clone(), lora, req.reference, req.gradient_checkpointing));
                 options.push((
                     format!("LoRA rank {SUGGESTED_LORA_RANK} + activation checkpointing"),
-                    format!("{lora_flags} --gradient-checkpointing"),
+                    format!("{lora_flags} {}", ckpt.0),
+                    format!("{lora_cg} {}", ckpt.1),
                     lora,
                     req.reference,
                     true,
                 ));
             }
-            for (description, flags, ft, r, ck) in options {
+            for (description, flags, check_gpu_flags, ft, r, ck) in options {
                 if let Some(e) = mem_req(1, ft, r, ck) {
-                    alternatives.push(Alternative { description, flags, memory_per_gpu_bytes: e.total, fits: e.total <= best_free });
+                    alternatives.push(Alternative { description, flags, check_gpu_flags, memory_per_gpu_bytes: e.total, fits: e.total <= best_free });
                 }
+            }
+            match alternatives.iter().find(|a| a.fits) {
+                Some(a) => notes.push(format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description)),
+                None => notes.push("none of LoRA, a precomputed reference or activation checkpointing fits: use GPUs with more memory or a smaller model".to_string()),
             }
         }
         candidates = fit;
@@ -478,7 +490,10 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     }
     let chosen = if w == 0 { Vec::new() } else { choose_subset(snap, &candidates, w, &mut notes) };
     for e in &excluded {
-        warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
+        // When nothing fits, the one "nothing fits" warning stands for the memory exclusions.
+        if !(nothing_fits && e.reason.starts_with("too little free memory")) {
+            warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
+        }
     }
 
     if chosen.is_empty() {
@@ -584,7 +599,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         }
         let weakest = topology::weakest_link(snap, &chosen);
         let nodes: Vec<u32> = topology::numa_groups(snap, &chosen).iter().filter_map(|g| g.node).collect();
-        if nodes.len() > 1 {
+        if nodes.len() > 1 && !matches!(weakest, crate::snapshot::Link::NvLink(_)) {
             notes.push(format!(
                 "the chosen GPUs span NUMA nodes {}: the all-reduce crosses the CPU interconnect (weakest link {weakest})",
                 list(&nodes)
