@@ -666,3 +666,129 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         alternatives,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::{Link, Pair, Process, Source};
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    fn gpu(index: u32, name: &str, free_gib: u64) -> Gpu {
+        Gpu {
+            index,
+            name: Some(name.to_string()),
+            uuid: Some(format!("GPU-{index}")),
+            memory_total_bytes: Some(80 * GIB),
+            memory_used_bytes: Some(0),
+            memory_free_bytes: Some(free_gib * GIB),
+            compute_capability: Some("8.0".to_string()),
+            ..Gpu::default()
+        }
+    }
+
+    fn machine(gpus: Vec<Gpu>, link: impl Fn(u32, u32) -> Link) -> Snapshot {
+        let mut s = Snapshot::new(Source::NvidiaSmi);
+        let n = gpus.len() as u32;
+        s.gpus = gpus;
+        s.system.cpu_count = Some(64);
+        for a in 0..n {
+            for b in a + 1..n {
+                s.pairs.push(Pair { a, b, link: link(a, b), nvlinks: None, p2p_read: None, p2p_write: None, p2p_nvlink: None });
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn health_reasons_cover_each_fault() {
+        let mut g = gpu(0, "A", 80);
+        assert!(health_reasons(&g).is_empty());
+        g.mig_enabled = Some(true);
+        g.processes = Some(vec![Process { pid: 7, used_memory_bytes: Some(2 * GIB) }]);
+        g.ecc_uncorrected_volatile = Some(1);
+        g.pending_page_retirement = Some(true);
+        g.pcie.width_current = Some(4);
+        g.pcie.width_max = Some(16);
+        g.throttle_reasons = Some(vec!["gpu_idle".into(), "hw_power_brake_slowdown".into()]);
+        let r = health_reasons(&g);
+        assert_eq!(r.len(), 6, "{r:?}");
+        assert_eq!(r[1], "busy: 1 other process(es) hold 2.0 GiB (pid 7)");
+        assert_eq!(r[5], "throttled by hardware (hw_power_brake_slowdown): check cooling and power");
+        // Without a process list, memory in use marks the GPU busy.
+        let mut h = gpu(1, "A", 80);
+        h.memory_used_bytes = Some(3 * GIB);
+        assert_eq!(health_reasons(&h), vec!["busy: 3.0 GiB of memory already in use".to_string()]);
+    }
+
+    #[test]
+    fn majority_model_wins_ties_by_memory() {
+        let mut small = gpu(0, "Small", 10);
+        small.memory_total_bytes = Some(16 * GIB);
+        let s = machine(vec![small, gpu(1, "Big", 70)], |_, _| Link::Phb);
+        let (keep, ex) = split_by_model(&s, &[0, 1]);
+        assert_eq!(keep, vec![1]);
+        assert_eq!(ex[0].index, 0);
+    }
+
+    #[test]
+    fn subset_prefers_best_links_without_islands_or_numa() {
+        // 0-1 PIX, 2-3 PIX, everything else SYS, no NUMA information.
+        let s = machine((0..4).map(|i| gpu(i, "A", 70)).collect(), |a, b| if a / 2 == b / 2 { Link::Pix } else { Link::Sys });
+        let mut notes = Vec::new();
+        assert_eq!(choose_subset(&s, &[0, 1, 2, 3], 2, &mut notes), vec![0, 1]);
+        assert_eq!(choose_subset(&s, &[1, 2, 3], 2, &mut notes), vec![2, 3]);
+    }
+
+    #[test]
+    fn rounding_and_micro_batch() {
+        let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(500_000_000)), ..PlanRequest::default() };
+        let p = plan(&s, &req);
+        // 64 over 6 rounds to 66 (11 per GPU, odd, so micro-batch 1).
+        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (6, 1, 11, 66));
+        assert_eq!(p.status, Status::ReadyWithWarnings);
+        assert!(p.warnings[0].ends_with("for exactly 64 use --world-size 4"), "{}", p.warnings[0]);
+        let p = plan(&s, &PlanRequest { max_world_size: Some(4), ..req.clone() });
+        assert_eq!((p.world_size, p.global_batch), (4, 64));
+        assert!(p.micro_batch >= 2 && p.micro_batch * p.grad_accum == 16);
+        assert_eq!(p.status, Status::Ready);
+    }
+
+    #[test]
+    fn no_model_caps_micro_batch() {
+        let s = machine(vec![gpu(0, "A", 70)], |_, _| Link::Phb);
+        let p = plan(&s, &PlanRequest { global_batch: 64, ..PlanRequest::default() });
+        assert_eq!((p.micro_batch, p.grad_accum), (DEFAULT_MICRO_BATCH_CAP, 8));
+        assert!(p.memory.is_none());
+        assert!(p.notes.iter().any(|n| n.starts_with("no model given")));
+        assert_eq!(p.env["OMP_NUM_THREADS"], "64");
+    }
+
+    #[test]
+    fn empty_machine_falls_back_to_cpu() {
+        let mut s = Snapshot::new(Source::NvidiaSmi);
+        s.system.cpu_count = Some(12);
+        let p = plan(&s, &PlanRequest::default());
+        assert_eq!(p.status, Status::NotReady);
+        assert_eq!(p.command, "dpo-train --devices cpu:12");
+        assert_eq!(p.status.exit_code(), 2);
+    }
+
+    #[test]
+    fn all_gpus_excluded_is_not_ready() {
+        let mut g = gpu(0, "A", 70);
+        g.mig_enabled = Some(true);
+        let p = plan(&machine(vec![g], |_, _| Link::Phb), &PlanRequest::default());
+        assert_eq!(p.status, Status::NotReady);
+        assert!(p.warnings.iter().any(|w| w == "no usable GPU: every GPU was excluded"));
+        assert!(p.command.is_empty());
+    }
+
+    #[test]
+    fn driver_versions_compare_numerically() {
+        assert!(driver_tuple("535.129.03") < driver_tuple("550.40.07"));
+        assert!(driver_tuple("550.40.10") > driver_tuple("550.40.07"));
+        assert!(driver_tuple("560.28.03") > driver_tuple("550.40.07"));
+    }
+}
