@@ -177,7 +177,11 @@ pub struct Gpu {
 }
 
 /// Throttle reasons that mean the hardware itself is slowing the GPU down.
-pub const HARDWARE_THROTTLES: [&str; 3] = ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"];
+pub const HARDWARE_THROTTLES: [&str; 3] = [
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+];
 
 impl Gpu {
     /// Name for messages: `GPU 3 (NVIDIA A100-SXM4-80GB)`.
@@ -283,7 +287,9 @@ impl From<Link> for String {
 impl TryFrom<String> for Link {
     type Error = String;
     fn try_from(s: String) -> Result<Link, String> {
-        Link::parse(&s).ok_or_else(|| format!("unknown link `{s}`, expected X, NV#, PIX, PXB, PHB, NODE or SYS"))
+        Link::parse(&s).ok_or_else(|| {
+            format!("unknown link `{s}`, expected X, NV#, PIX, PXB, PHB, NODE or SYS")
+        })
     }
 }
 
@@ -359,7 +365,9 @@ impl Snapshot {
     pub fn from_json(text: &str, path: &Path) -> Result<Snapshot, SnapshotError> {
         // Check the version first so an old file gets the clearer message.
         if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text)
-            && let Some(found) = map.get("schema_version").and_then(serde_json::Value::as_u64)
+            && let Some(found) = map
+                .get("schema_version")
+                .and_then(serde_json::Value::as_u64)
             && found != u64::from(SNAPSHOT_SCHEMA_VERSION)
         {
             return Err(SnapshotError::Version {
@@ -396,7 +404,10 @@ impl Snapshot {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
         let result = (|| {
             let mut f = std::fs::File::create(&tmp)?;
@@ -433,7 +444,12 @@ mod tests {
 
     #[test]
     fn degraded_only_on_width() {
-        let mut p = Pcie { gen_current: Some(1), gen_max: Some(4), width_current: Some(16), width_max: Some(16) };
+        let mut p = Pcie {
+            gen_current: Some(1),
+            gen_max: Some(4),
+            width_current: Some(16),
+            width_max: Some(16),
+        };
         assert!(!p.is_degraded());
         p.width_current = Some(8);
         assert!(p.is_degraded());
@@ -442,9 +458,24 @@ mod tests {
     #[test]
     fn json_round_trip_and_atomic_save() {
         let mut s = Snapshot::new(Source::Live);
-        s.gpus.push(Gpu { index: 0, name: Some("Tesla T4".into()), ..Gpu::default() });
-        s.gpus.push(Gpu { index: 1, ..Gpu::default() });
-        s.pairs.push(Pair { a: 0, b: 1, link: Link::NvLink(4), nvlinks: Some(4), p2p_read: Some(P2p::Ok), p2p_write: None, p2p_nvlink: None });
+        s.gpus.push(Gpu {
+            index: 0,
+            name: Some("Tesla T4".into()),
+            ..Gpu::default()
+        });
+        s.gpus.push(Gpu {
+            index: 1,
+            ..Gpu::default()
+        });
+        s.pairs.push(Pair {
+            a: 0,
+            b: 1,
+            link: Link::NvLink(4),
+            nvlinks: Some(4),
+            p2p_read: Some(P2p::Ok),
+            p2p_write: None,
+            p2p_nvlink: None,
+        });
         let dir = std::env::temp_dir().join(format!("check-gpu-snap-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("snap.json");
@@ -460,14 +491,25 @@ mod tests {
 
     #[test]
     fn json_errors_name_file_and_line() {
-        let err = Snapshot::from_json("{\n  \"schema_version\": 1,\n  \"source\": \"live\",\n  \"gpus\": 3\n}", Path::new("s.json"))
-            .expect_err("gpus must be a list");
+        let err = Snapshot::from_json(
+            "{\n  \"schema_version\": 1,\n  \"source\": \"live\",\n  \"gpus\": 3\n}",
+            Path::new("s.json"),
+        )
+        .expect_err("gpus must be a list");
         let msg = err.to_string();
         assert!(msg.starts_with("s.json:4:"), "{msg}");
         assert!(msg.contains("expected a check-gpu snapshot"), "{msg}");
-        let err = Snapshot::from_json("{\"schema_version\": 9}", Path::new("s.json")).expect_err("version");
-        assert_eq!(err.to_string(), "s.json:1: expected `schema_version` 1, found 9");
+        let err = Snapshot::from_json("{\"schema_version\": 9}", Path::new("s.json"))
+            .expect_err("version");
+        assert_eq!(
+            err.to_string(),
+            "s.json:1: expected `schema_version` 1, found 9"
+        );
         let err = Snapshot::from_json("not json", Path::new("s.json")).expect_err("garbage");
-        assert!(err.to_string().starts_with("s.json:1:2: expected a check-gpu snapshot JSON object"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("s.json:1:2: expected a check-gpu snapshot JSON object"),
+            "{err}"
+        );
     }
 }

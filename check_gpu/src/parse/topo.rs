@@ -64,7 +64,11 @@ fn cells(line: &str) -> Vec<String> {
     } else {
         line.split("  ").collect()
     };
-    raw.into_iter().map(str::trim).filter(|c| !c.is_empty()).map(str::to_string).collect()
+    raw.into_iter()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 fn gpu_label(cell: &str) -> Option<u32> {
@@ -77,23 +81,49 @@ fn na(cell: &str) -> bool {
 
 /// Parses the text of `nvidia-smi topo -m`; `path` only names the file in errors.
 pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
-    let err = |line: usize, message: String| ParseError::Topo { path: path.to_path_buf(), line, message };
-    let lines: Vec<(usize, String)> = text.lines().enumerate().map(|(i, l)| (i + 1, strip_ansi(l))).collect();
+    let err = |line: usize, message: String| ParseError::Topo {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let lines: Vec<(usize, String)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, strip_ansi(l)))
+        .collect();
 
     let mut rest = lines.iter().skip_while(|(_, l)| l.trim().is_empty());
     let Some((header_no, header)) = rest.next() else {
         return Err(err(1, "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file".into()));
     };
     let header_cells = cells(header);
-    let device_cols: Vec<&String> = header_cells.iter().take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str())).collect();
-    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..].iter().map(String::as_str).collect();
-    let gpu_cols: Vec<(usize, u32)> =
-        device_cols.iter().enumerate().filter_map(|(i, c)| gpu_label(c).map(|g| (i, g))).collect();
+    let device_cols: Vec<&String> = header_cells
+        .iter()
+        .take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str()))
+        .collect();
+    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..]
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let gpu_cols: Vec<(usize, u32)> = device_cols
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| gpu_label(c).map(|g| (i, g)))
+        .collect();
     if gpu_cols.is_empty() || gpu_cols[0].1 != 0 {
         let found: String = header.trim().chars().take(40).collect();
-        return Err(err(*header_no, format!("expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`")));
+        return Err(err(
+            *header_no,
+            format!(
+                "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`"
+            ),
+        ));
     }
-    let nic_cols: Vec<String> = device_cols.iter().filter(|c| gpu_label(c).is_none()).map(|c| c.to_string()).collect();
+    let nic_cols: Vec<String> = device_cols
+        .iter()
+        .filter(|c| gpu_label(c).is_none())
+        .map(|c| c.to_string())
+        .collect();
 
     let mut gpus = Vec::new();
     let mut links = Vec::new();
@@ -123,13 +153,26 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         let row = cells(line);
         let label = row[0].as_str();
         let Some(index) = gpu_label(label) else {
-            if nic_cols.iter().any(|n| n == label) || label.starts_with("NIC") || label.starts_with("mlx") {
+            if nic_cols.iter().any(|n| n == label)
+                || label.starts_with("NIC")
+                || label.starts_with("mlx")
+            {
                 continue;
             }
-            return Err(err(*no, format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`")));
+            return Err(err(
+                *no,
+                format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`"),
+            ));
         };
         if row.len() < 1 + device_cols.len() {
-            return Err(err(*no, format!("expected {} link cells after `{label}` (one per column), found {}", device_cols.len(), row.len() - 1)));
+            return Err(err(
+                *no,
+                format!(
+                    "expected {} link cells after `{label}` (one per column), found {}",
+                    device_cols.len(),
+                    row.len() - 1
+                ),
+            ));
         }
         let mut row_links = Vec::with_capacity(gpu_cols.len());
         for &(col, gpu) in &gpu_cols {
@@ -140,16 +183,31 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
             row_links.push(link);
         }
         let affinity = &row[1 + device_cols.len()..];
-        let mut g = TopoGpu { index, cpu_affinity: None, numa_node: None, gpu_numa_id: None };
+        let mut g = TopoGpu {
+            index,
+            cpu_affinity: None,
+            numa_node: None,
+            gpu_numa_id: None,
+        };
         for (name, value) in affinity_cols.iter().zip(affinity) {
             if na(value) {
                 continue;
             }
-            let first_number = || value.split(['-', ',']).next().and_then(|n| n.trim().parse::<u32>().ok());
+            let first_number = || {
+                value
+                    .split(['-', ','])
+                    .next()
+                    .and_then(|n| n.trim().parse::<u32>().ok())
+            };
             match *name {
                 "CPU Affinity" => {
                     if crate::cpulist::parse(value).is_none() {
-                        return Err(err(*no, format!("`CPU Affinity` of `{label}`: expected a CPU list like `0-15,32-47`, found `{value}`")));
+                        return Err(err(
+                            *no,
+                            format!(
+                                "`CPU Affinity` of `{label}`: expected a CPU list like `0-15,32-47`, found `{value}`"
+                            ),
+                        ));
                     }
                     g.cpu_affinity = Some(value.clone());
                 }
@@ -165,11 +223,24 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         links.push(row_links);
     }
     if gpus.len() != gpu_cols.len() {
-        return Err(err(last_line, format!("expected {} GPU rows (one per GPU column), found {}", gpu_cols.len(), gpus.len())));
+        return Err(err(
+            last_line,
+            format!(
+                "expected {} GPU rows (one per GPU column), found {}",
+                gpu_cols.len(),
+                gpus.len()
+            ),
+        ));
     }
     for (i, g) in gpus.iter().enumerate() {
         if g.index != gpu_cols[i].1 {
-            return Err(err(last_line, format!("expected GPU rows in column order, found GPU{} where GPU{} was expected", g.index, gpu_cols[i].1)));
+            return Err(err(
+                last_line,
+                format!(
+                    "expected GPU rows in column order, found GPU{} where GPU{} was expected",
+                    g.index, gpu_cols[i].1
+                ),
+            ));
         }
     }
     if nics.is_empty() {
@@ -257,12 +328,26 @@ mlx5_0  PXB     SYS      X\n";
             "topo.txt:3: column GPU0 of `GPU1`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `QQQ`"
         );
         let short = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \n";
-        assert_eq!(p(short).expect_err("short").to_string(), "topo.txt:2: expected 2 link cells after `GPU0` (one per column), found 1");
+        assert_eq!(
+            p(short).expect_err("short").to_string(),
+            "topo.txt:2: expected 2 link cells after `GPU0` (one per column), found 1"
+        );
         let missing = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\n";
-        assert_eq!(p(missing).expect_err("missing").to_string(), "topo.txt:2: expected 2 GPU rows (one per GPU column), found 1");
+        assert_eq!(
+            p(missing).expect_err("missing").to_string(),
+            "topo.txt:2: expected 2 GPU rows (one per GPU column), found 1"
+        );
         let junk = "\tGPU0\tCPU Affinity\nGPU0\t X \t0-7\nfoo\tbar\n";
-        assert_eq!(p(junk).expect_err("junk").to_string(), "topo.txt:3: expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `foo`");
+        assert_eq!(
+            p(junk).expect_err("junk").to_string(),
+            "topo.txt:3: expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `foo`"
+        );
         let bad_cpu = "\tGPU0\tCPU Affinity\nGPU0\t X \tzero\n";
-        assert!(p(bad_cpu).expect_err("cpu").to_string().starts_with("topo.txt:2: `CPU Affinity` of `GPU0`"));
+        assert!(
+            p(bad_cpu)
+                .expect_err("cpu")
+                .to_string()
+                .starts_with("topo.txt:2: `CPU Affinity` of `GPU0`")
+        );
     }
 }
