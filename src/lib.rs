@@ -9,6 +9,7 @@ pub mod data;
 pub mod dpo;
 pub mod eval;
 pub mod model;
+pub mod report;
 pub mod tokenizer;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,

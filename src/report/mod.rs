@@ -1,0 +1,1 @@
+//! Run reports: the metrics CSV, PNG plots and sample generations.
