@@ -107,15 +107,16 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         Source::NvidiaSmi => "nvidia-smi output",
     };
     let s = &snap.system;
-    let _ = writeln!(
-        o,
-        "{} {} GPU(s) from {source}; driver {}, CUDA {}, NVML {}",
-        st.bold("check-gpu:"),
-        snap.gpus.len(),
-        opt(s.driver_version.as_deref()),
-        opt(s.cuda_driver_version.as_deref()),
-        opt(s.nvml_version.as_deref())
-    );
+    let versions = match snap.source {
+        Source::Live => format!(
+            "driver {}, CUDA {}, NVML {}",
+            opt(s.driver_version.as_deref()),
+            opt(s.cuda_driver_version.as_deref()),
+            opt(s.nvml_version.as_deref())
+        ),
+        Source::NvidiaSmi => format!("driver {}", opt(s.driver_version.as_deref())),
+    };
+    let _ = writeln!(o, "{} {} GPU(s) from {source}; {versions}", st.bold("check-gpu:"), snap.gpus.len());
     if let Some(n) = &s.nccl {
         match (&n.version, &n.path) {
             (Some(v), Some(p)) => {

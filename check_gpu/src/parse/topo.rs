@@ -151,7 +151,9 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         }
         last_line = *no;
         let row = cells(line);
-        let label = row[0].as_str();
+        let Some(label) = row.first().map(String::as_str) else {
+            continue;
+        };
         let Some(index) = gpu_label(label) else {
             if nic_cols.iter().any(|n| n == label)
                 || label.starts_with("NIC")
