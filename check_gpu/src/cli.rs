@@ -187,7 +187,7 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
             let reason = one_line(&e);
             let cpus = probe::cpu_count();
             let p = Plan::cpu_fallback(&req, cpus, reason.clone());
-            let stdout = if args.json {
+            let mut stdout = if args.json {
                 render::json(None, &p)
             } else {
                 format!(
@@ -195,6 +195,12 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
                     p.command
                 )
             };
+            if let (Some(path), false) = (&args.save, args.json) {
+                stdout.push_str(&format!(
+                    "Nothing was saved to `{}`: there is no GPU state to save.\n",
+                    path.display()
+                ));
+            }
             return Ok(Outcome {
                 stdout,
                 exit_code: p.status.exit_code(),

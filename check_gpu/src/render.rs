@@ -116,7 +116,12 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         ),
         Source::NvidiaSmi => format!("driver {}", opt(s.driver_version.as_deref())),
     };
-    let _ = writeln!(o, "{} {} GPU(s) from {source}; {versions}", st.bold("check-gpu:"), snap.gpus.len());
+    let _ = writeln!(
+        o,
+        "{} {} GPU(s) from {source}; {versions}",
+        st.bold("check-gpu:"),
+        snap.gpus.len()
+    );
     if let Some(n) = &s.nccl {
         match (&n.version, &n.path) {
             (Some(v), Some(p)) => {
@@ -140,6 +145,17 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         } else {
             let vars: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(o, "environment: {}", vars.join(" "));
+        }
+    }
+
+    if !snap.probe_notes.is_empty() {
+        let _ = writeln!(
+            o,
+            "probe: {} NVML call(s) failed, those fields show `?`:",
+            snap.probe_notes.len()
+        );
+        for n in &snap.probe_notes {
+            let _ = writeln!(o, "  {n}");
         }
     }
 
