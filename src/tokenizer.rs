@@ -1,8 +1,8 @@
 //! Hugging Face tokenizers: `tokenizer.json`, special tokens and chat templates.
 //!
 //! Follows transformers 5's `TokenizersBackend` (`tokenization_utils_tokenizers.py`: special tokens
-//! from `tokenizer_config.json`, missing ones added as special tokens, the post-processor rebuilt when
-//! `add_bos_token`/`add_eos_token` are given or `tokenizer.json` has none) and its chat templates
+//! from `tokenizer_config.json`, missing ones added as special tokens; `tokenizer.json`'s
+//! post-processor decides the special tokens of `tokenizer(text)`) and its chat templates
 //! (`utils/chat_template_utils.py`, `_cached_compile_jinja_template` and `render_jinja_template`:
 //! `trim_blocks` and `lstrip_blocks`, `raise_exception`, `strftime_now`, a `tojson` that is Python's
 //! `json.dumps(ensure_ascii=False)`, the special tokens as template variables; the rendered text is
@@ -18,7 +18,6 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind}
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 use tokenizers::AddedToken;
-use tokenizers::processors::template::TemplateProcessing;
 
 /// Errors from loading a tokenizer directory, encoding, decoding or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
@@ -37,14 +36,14 @@ pub enum TokenizerError {
         #[source]
         source: tokenizers::Error,
     },
-    /// `tokenizer_config.json` is not valid JSON.
+    /// `tokenizer_config.json` or `special_tokens_map.json` is not valid JSON.
     #[error("`{path}`: invalid JSON")]
     ConfigJson {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
     },
-    /// A field of `tokenizer_config.json` has the wrong type.
+    /// A field of `tokenizer_config.json` or `special_tokens_map.json` has the wrong type.
     #[error("`{path}`: field `{field}` {expected}")]
     ConfigField {
         path: PathBuf,
@@ -140,8 +139,10 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
 ];
 
 impl Tokenizer {
-    /// Loads `dir/tokenizer.json`, plus `dir/tokenizer_config.json` (special tokens, chat template)
-    /// and `dir/chat_template.jinja` (which takes precedence, as in transformers 5) when present.
+    /// Loads `dir/tokenizer.json`, plus `dir/tokenizer_config.json` (special tokens, chat template),
+    /// the legacy `dir/special_tokens_map.json` (merged over the config when it has no
+    /// `added_tokens_decoder`, as transformers does) and `dir/chat_template.jinja` (which takes
+    /// precedence over the config's template, as in transformers 5) when present.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let tok_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tok_path).map_err(|source| TokenizerError::Read {
@@ -156,34 +157,28 @@ impl Tokenizer {
 
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg = if cfg_path.exists() {
-            let text =
-                std::fs::read_to_string(&cfg_path).map_err(|source| TokenizerError::Read {
-                    path: cfg_path.clone(),
-                    source,
-                })?;
-            let value: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| TokenizerError::ConfigJson {
-                    path: cfg_path.clone(),
-                    source,
-                })?;
-            match value {
-                serde_json::Value::Object(map) => map,
-                _ => {
-                    return Err(TokenizerError::ConfigField {
-                        path: cfg_path,
-                        field: "(top level)".into(),
-                        expected: "must be a JSON object",
-                    });
-                }
-            }
+            read_json_object(&cfg_path)?
         } else {
             serde_json::Map::new()
+        };
+
+        // Legacy checkpoints: without `added_tokens_decoder` in the config, transformers merges
+        // `special_tokens_map.json` over it (`PreTrainedTokenizerBase._from_pretrained`).
+        let map_path = dir.join("special_tokens_map.json");
+        let legacy_map = if !cfg.contains_key("added_tokens_decoder") && map_path.exists() {
+            Some(read_json_object(&map_path)?)
+        } else {
+            None
         };
 
         // Named special tokens: strings or AddedToken objects `{"content": ..}`.
         let mut named: Vec<(String, String)> = Vec::new();
         for key in SPECIAL_TOKEN_KEYS {
-            if let Some(content) = special_token(&cfg, key, &cfg_path)? {
+            let content = match &legacy_map {
+                Some(map) if map.contains_key(key) => special_token(map, key, &map_path)?,
+                _ => special_token(&cfg, key, &cfg_path)?,
+            };
+            if let Some(content) = content {
                 named.push((key.to_string(), content));
             }
         }
@@ -221,24 +216,9 @@ impl Tokenizer {
         let pad_token = lookup("pad_token").unwrap_or_else(|| eos_token.clone());
         let pad_id = id_of(&inner, &pad_token).unwrap_or(eos_id);
 
-        // transformers 5 (`TokenizersBackend.__init__`/`update_post_processor`) rebuilds the
-        // post-processor as `[bos] $A [eos]` when `add_bos_token`/`add_eos_token` are given or when
-        // `tokenizer.json` has no post-processor.
-        let add_bos = bool_field(&cfg, "add_bos_token", &cfg_path)?;
-        let add_eos = bool_field(&cfg, "add_eos_token", &cfg_path)?;
-        if add_bos.is_some() || add_eos.is_some() || inner.get_post_processor().is_none() {
-            let add_bos = add_bos.unwrap_or(false) && bos_id.is_some();
-            let add_eos = add_eos.unwrap_or(false);
-            let processor = post_processor(
-                add_bos.then(|| (bos_token.clone().unwrap_or_default(), bos_id.unwrap_or(0))),
-                add_eos.then(|| (eos_token.clone(), eos_id)),
-            )
-            .map_err(|source| TokenizerError::Load {
-                path: tok_path.clone(),
-                source,
-            })?;
-            inner.with_post_processor(Some(processor));
-        }
+        // `add_bos_token`/`add_eos_token` of the config are ignored: transformers 5 drops them when
+        // `tokenizer.json` exists (`PreTrainedTokenizerBase._from_pretrained`), so the post-processor
+        // of `tokenizer.json` alone decides which special tokens `tokenizer(text)` adds.
 
         let chat_template = chat_template(dir, &cfg, &cfg_path)?;
         let clean_up_tokenization_spaces =
@@ -407,6 +387,29 @@ impl Tokenizer {
     }
 }
 
+/// Reads a JSON file whose top level must be an object.
+fn read_json_object(
+    path: &Path,
+) -> Result<serde_json::Map<String, serde_json::Value>, TokenizerError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| TokenizerError::ConfigJson {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    match value {
+        serde_json::Value::Object(map) => Ok(map),
+        _ => Err(TokenizerError::ConfigField {
+            path: path.to_path_buf(),
+            field: "(top level)".into(),
+            expected: "must be a JSON object",
+        }),
+    }
+}
+
 /// Reads a special token given as a string or as an AddedToken object `{"content": ..}`.
 fn special_token(
     cfg: &serde_json::Map<String, serde_json::Value>,
@@ -446,37 +449,6 @@ fn bool_field(
             expected: "must be true or false",
         }),
     }
-}
-
-/// `[bos:0] $A:0 [eos:0]`, as transformers' `update_post_processor` builds it.
-fn post_processor(
-    bos: Option<(String, u32)>,
-    eos: Option<(String, u32)>,
-) -> Result<TemplateProcessing, tokenizers::Error> {
-    let mut single = String::new();
-    let mut specials = Vec::new();
-    if let Some((t, id)) = &bos {
-        single.push_str(&format!("{t}:0 "));
-        specials.push((t.clone(), *id));
-    }
-    single.push_str("$A:0");
-    if let Some((t, id)) = &eos {
-        single.push_str(&format!(" {t}:0"));
-        specials.push((t.clone(), *id));
-    }
-    let mut pair = single.clone();
-    if let Some((t, _)) = &bos {
-        pair.push_str(&format!(" {t}:1"));
-    }
-    pair.push_str(" $B:1");
-    if let Some((t, _)) = &eos {
-        pair.push_str(&format!(" {t}:1"));
-    }
-    Ok(TemplateProcessing::builder()
-        .try_single(single)?
-        .try_pair(pair)?
-        .special_tokens(specials)
-        .build()?)
 }
 
 /// `chat_template.jinja` if present, else `chat_template` of `tokenizer_config.json` (a string, or
@@ -936,20 +908,55 @@ mod tests {
     }
 
     #[test]
-    fn added_token_objects_and_add_bos() {
+    fn added_token_objects_and_post_processor() {
         let dir = temp_dir("objects");
         let cfg = serde_json::json!({
             "eos_token": {"content": "<|im_end|>", "__type": "AddedToken"},
             "bos_token": {"content": "<|im_start|>"},
             "pad_token": "<unk>",
-            "add_bos_token": true,
+            // Ignored by transformers 5 when tokenizer.json exists.
+            "add_eos_token": true,
         });
         write_test_tokenizer(&dir, &cfg.to_string());
+        // A Llama-style post-processor that prepends bos.
+        let path = dir.join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}},
+        });
+        std::fs::write(&path, json.to_string()).unwrap();
         let tok = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!(tok.bos_id(), Some(1));
         assert_eq!(tok.pad_id(), 0);
         assert_eq!(tok.encode("hello").unwrap(), vec![3]);
         assert_eq!(tok.encode_with_special_tokens("hello").unwrap(), vec![1, 3]);
+    }
+
+    #[test]
+    fn legacy_special_tokens_map_overrides_config() {
+        let dir = temp_dir("legacy");
+        write_test_tokenizer(
+            &dir,
+            &serde_json::json!({"eos_token": "<unk>", "pad_token": "<unk>"}).to_string(),
+        );
+        std::fs::write(
+            dir.join("special_tokens_map.json"),
+            r#"{"eos_token": {"content": "<|im_end|>", "lstrip": false}, "pad_token": null}"#,
+        )
+        .unwrap();
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!((tok.eos_id(), tok.pad_id()), (2, 2));
+        // With `added_tokens_decoder` the config is authoritative.
+        write_test_tokenizer(
+            &dir,
+            &serde_json::json!({"eos_token": "<unk>", "added_tokens_decoder": {}}).to_string(),
+        );
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        assert_eq!(tok.eos_id(), 0);
     }
 
     #[test]

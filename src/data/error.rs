@@ -68,6 +68,9 @@ pub enum DataError {
         #[source]
         source: TokenizerError,
     },
+    /// A row built by hand mixes plain text and message lists (the loader never produces one).
+    #[error("Line {line}: `prompt`, `chosen` and `rejected` mix plain text and message lists")]
+    MixedRow { line: usize },
     /// `tokenize` was given no rows.
     #[error("No rows to tokenise")]
     NoRows,

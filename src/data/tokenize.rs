@@ -135,14 +135,8 @@ fn tokenize_row(
                     .map_err(err("rejected"))?,
             )
         }
-        // The loader never mixes kinds within a row; render such a row as text would be a guess.
-        _ => {
-            return Err(DataError::Tokenize {
-                line: row.line,
-                field: "prompt",
-                source: crate::tokenizer::TokenizerError::EmptyConversation,
-            });
-        }
+        // The loader never mixes kinds within a row; a hand-built row might.
+        _ => return Err(DataError::MixedRow { line: row.line }),
     };
     let prompt_len = common_prefix_length(&prompt_ids, &chosen_full)
         .min(common_prefix_length(&prompt_ids, &rejected_full));
@@ -276,6 +270,17 @@ mod tests {
         let err = tokenize(&rows, &tok, None).unwrap_err();
         assert_eq!(err.to_string(), "Line 3: cannot tokenise field `prompt`");
         assert!(matches!(tokenize(&[], &tok, None), Err(DataError::NoRows)));
+        let mixed = [PreferenceRow {
+            line: 5,
+            prompt: Text::Plain("hi".into()),
+            chosen: Text::Messages(vec![m("assistant", "blue")]),
+            rejected: Text::Plain("green".into()),
+        }];
+        let err = tokenize(&mixed, &tok, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists"
+        );
     }
 
     #[test]
