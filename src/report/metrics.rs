@@ -1,0 +1,591 @@
+//! `metrics.csv`: one row per logged training step and per evaluation.
+//!
+//! Columns, in order: `step, epoch, split`, then the metric names TRL's `DPOTrainer` logs
+//! (`trl/trainer/dpo_trainer.py`, `get_batch_loss_metrics`) without the `eval_` prefix, then
+//! `learning_rate, grad_norm, pairs_per_second, tokens_per_second, elapsed_seconds`. An empty
+//! cell means "not measured" (an SFT run fills only `loss`; eval rows have no `grad_norm`), which
+//! is distinct from a measured `NaN`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use super::{ReportError, tmp_path};
+
+/// TRL's metric names, in column order (columns 4..=14 of `metrics.csv`).
+pub const METRIC_NAMES: [&str; 11] = [
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "logits/chosen",
+    "logits/rejected",
+    "entropy",
+    "num_tokens",
+];
+
+/// Columns after the metrics, in order.
+const TAIL_COLUMNS: [&str; 5] = [
+    "learning_rate",
+    "grad_norm",
+    "pairs_per_second",
+    "tokens_per_second",
+    "elapsed_seconds",
+];
+
+/// Columns before the metrics, in order.
+const HEAD_COLUMNS: [&str; 3] = ["step", "epoch", "split"];
+
+/// Number of columns in `metrics.csv`.
+const N_COLUMNS: usize = HEAD_COLUMNS.len() + METRIC_NAMES.len() + TAIL_COLUMNS.len();
+
+/// The file name inside a run directory.
+pub const METRICS_FILE: &str = "metrics.csv";
+
+/// All column names, in order.
+fn header() -> Vec<&'static str> {
+    HEAD_COLUMNS
+        .iter()
+        .chain(METRIC_NAMES.iter())
+        .chain(TAIL_COLUMNS.iter())
+        .copied()
+        .collect()
+}
+
+/// Which data a row was measured on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// A logged training step (metrics averaged over the steps since the last log).
+    Train,
+    /// An evaluation pass over the held-out set.
+    Eval,
+}
+
+impl Split {
+    /// The CSV spelling: `train` or `eval`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Eval => "eval",
+        }
+    }
+}
+
+/// One row of `metrics.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsRow {
+    /// Optimizer step the row was logged at.
+    pub step: u64,
+    /// Fractional epoch at that step.
+    pub epoch: f64,
+    pub split: Split,
+    /// The 11 TRL metrics, in [`METRIC_NAMES`] order; `None` is an empty cell.
+    pub metrics: Vec<Option<f64>>,
+    pub learning_rate: Option<f64>,
+    pub grad_norm: Option<f64>,
+    pub pairs_per_second: Option<f64>,
+    pub tokens_per_second: Option<f64>,
+    /// Wall-clock seconds since the run (or its first resume) started.
+    pub elapsed_seconds: f64,
+}
+
+impl MetricsRow {
+    /// A row with every optional value absent.
+    pub fn empty(step: u64, epoch: f64, split: Split, elapsed_seconds: f64) -> Self {
+        Self {
+            step,
+            epoch,
+            split,
+            metrics: vec![None; METRIC_NAMES.len()],
+            learning_rate: None,
+            grad_norm: None,
+            pairs_per_second: None,
+            tokens_per_second: None,
+            elapsed_seconds,
+        }
+    }
+
+    /// The value of the TRL metric `name` (one of [`METRIC_NAMES`]), if present.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let index = METRIC_NAMES.iter().position(|n| *n == name)?;
+        self.metrics.get(index).copied().flatten()
+    }
+
+    /// Sets the TRL metric `name`; returns `false` (and changes nothing) for an unknown name.
+    pub fn set_metric(&mut self, name: &str, value: f64) -> bool {
+        match METRIC_NAMES.iter().position(|n| *n == name) {
+            Some(index) => {
+                if self.metrics.len() < METRIC_NAMES.len() {
+                    self.metrics.resize(METRIC_NAMES.len(), None);
+                }
+                self.metrics[index] = Some(value);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The row as CSV cells, in column order.
+    fn to_record(&self) -> Vec<String> {
+        let mut cells = Vec::with_capacity(N_COLUMNS);
+        cells.push(self.step.to_string());
+        cells.push(format_f64(self.epoch));
+        cells.push(self.split.as_str().to_string());
+        cells.extend(self.metrics.iter().map(|v| format_opt(*v)));
+        for v in [
+            self.learning_rate,
+            self.grad_norm,
+            self.pairs_per_second,
+            self.tokens_per_second,
+        ] {
+            cells.push(format_opt(v));
+        }
+        cells.push(format_f64(self.elapsed_seconds));
+        cells
+    }
+
+    /// Parses one record; `line` is only used in errors.
+    fn from_record(
+        record: &csv::StringRecord,
+        path: &Path,
+        line: u64,
+    ) -> Result<Self, ReportError> {
+        if record.len() != N_COLUMNS {
+            return Err(ReportError::FieldCount {
+                path: path.to_path_buf(),
+                line,
+                found: record.len(),
+                expected: N_COLUMNS,
+            });
+        }
+        let names = header();
+        let bad = |i: usize| ReportError::Value {
+            path: path.to_path_buf(),
+            line,
+            column: names[i],
+            value: record[i].to_string(),
+        };
+        let opt = |i: usize| -> Result<Option<f64>, ReportError> {
+            let cell = record[i].trim();
+            if cell.is_empty() {
+                Ok(None)
+            } else {
+                cell.parse::<f64>().map(Some).map_err(|_| bad(i))
+            }
+        };
+        let req = |i: usize| -> Result<f64, ReportError> { opt(i)?.ok_or_else(|| bad(i)) };
+
+        let step = record[0].trim().parse::<u64>().map_err(|_| bad(0))?;
+        let epoch = req(1)?;
+        let split = match record[2].trim() {
+            "train" => Split::Train,
+            "eval" => Split::Eval,
+            _ => return Err(bad(2)),
+        };
+        let first_tail = HEAD_COLUMNS.len() + METRIC_NAMES.len();
+        let metrics = (HEAD_COLUMNS.len()..first_tail)
+            .map(opt)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            step,
+            epoch,
+            split,
+            metrics,
+            learning_rate: opt(first_tail)?,
+            grad_norm: opt(first_tail + 1)?,
+            pairs_per_second: opt(first_tail + 2)?,
+            tokens_per_second: opt(first_tail + 3)?,
+            elapsed_seconds: req(first_tail + 4)?,
+        })
+    }
+}
+
+/// Shortest text that parses back to the same `f64`; scientific notation for very small or very
+/// large magnitudes (learning rates like `5e-7`), `NaN`/`inf`/`-inf` as Rust and pandas spell them.
+fn format_f64(v: f64) -> String {
+    let a = v.abs();
+    if v.is_finite() && a != 0.0 && !(1e-4..1e15).contains(&a) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn format_opt(v: Option<f64>) -> String {
+    v.map(format_f64).unwrap_or_default()
+}
+
+/// Appends rows to `<run_dir>/metrics.csv`, flushing after each so a crash loses at most the row
+/// being written.
+#[derive(Debug)]
+pub struct MetricsWriter {
+    path: PathBuf,
+    writer: csv::Writer<File>,
+    /// Lines the file holds, for error messages.
+    lines: u64,
+}
+
+impl MetricsWriter {
+    /// Opens `<dir>/metrics.csv` for appending, creating it with a header when it is new or empty.
+    ///
+    /// An existing file must start with this version's header (so columns never shift).
+    pub fn create(dir: &Path) -> Result<Self, ReportError> {
+        let path = dir.join(METRICS_FILE);
+        let has_content = match std::fs::metadata(&path) {
+            Ok(meta) => meta.len() > 0,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(ReportError::io("read", &path, e)),
+        };
+        let lines = if has_content {
+            check_header(&path)?;
+            let text = std::fs::read(&path).map_err(|e| ReportError::io("read", &path, e))?;
+            text.iter().filter(|b| **b == b'\n').count() as u64
+        } else {
+            0
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| ReportError::io("open for appending", &path, e))?;
+        let writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(file);
+        let mut this = Self {
+            path,
+            writer,
+            lines,
+        };
+        if !has_content {
+            this.write_record(&header())?;
+        }
+        Ok(this)
+    }
+
+    /// Opens `<dir>/metrics.csv` for a run resumed from the checkpoint at `keep_through_step`:
+    /// rows logged after it (which the resumed run will log again) are dropped first.
+    ///
+    /// The kept rows are written to `metrics.csv.tmp` and renamed over the original, so the file
+    /// is never half-rewritten. A missing file is created as by [`MetricsWriter::create`].
+    pub fn resume(dir: &Path, keep_through_step: u64) -> Result<Self, ReportError> {
+        let path = dir.join(METRICS_FILE);
+        if path.exists() {
+            let rows = read_metrics(&path)?;
+            let tmp = tmp_path(&path);
+            {
+                let file = File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
+                let writer = csv::WriterBuilder::new()
+                    .has_headers(false)
+                    .from_writer(file);
+                let mut out = Self {
+                    path: tmp.clone(),
+                    writer,
+                    lines: 0,
+                };
+                out.write_record(&header())?;
+                for row in rows.iter().filter(|r| r.step <= keep_through_step) {
+                    out.append(row)?;
+                }
+                let file = out.writer.into_inner().map_err(|e| {
+                    ReportError::io("write", &tmp, std::io::Error::other(e.to_string()))
+                })?;
+                file.sync_all()
+                    .map_err(|e| ReportError::io("write", &tmp, e))?;
+            }
+            std::fs::rename(&tmp, &path)
+                .map_err(|e| ReportError::io("rename into place", &path, e))?;
+        }
+        Self::create(dir)
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one row and flushes it to the file.
+    pub fn append(&mut self, row: &MetricsRow) -> Result<(), ReportError> {
+        if row.metrics.len() != METRIC_NAMES.len() {
+            return Err(ReportError::MetricCount {
+                path: self.path.clone(),
+                step: row.step,
+                found: row.metrics.len(),
+                expected: METRIC_NAMES.len(),
+            });
+        }
+        self.write_record(&row.to_record())
+    }
+
+    /// Writes and flushes one record.
+    fn write_record<S: AsRef<[u8]>>(&mut self, cells: &[S]) -> Result<(), ReportError> {
+        self.lines += 1;
+        self.writer
+            .write_record(cells)
+            .map_err(|source| ReportError::Csv {
+                path: self.path.clone(),
+                line: self.lines,
+                source,
+            })?;
+        self.writer
+            .flush()
+            .map_err(|e| ReportError::io("write", &self.path, e))
+    }
+}
+
+/// Checks that the first line of `path` is the header this version writes.
+fn check_header(path: &Path) -> Result<(), ReportError> {
+    let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
+    let mut first = String::new();
+    BufReader::new(file)
+        .read_line(&mut first)
+        .map_err(|e| ReportError::io("read", path, e))?;
+    let found = first.trim_end_matches(['\r', '\n']);
+    let expected = header().join(",");
+    if found != expected {
+        return Err(ReportError::Header {
+            path: path.to_path_buf(),
+            expected,
+            found: found.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads every row of a `metrics.csv`; errors name the file and the 1-based line.
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, ReportError> {
+    check_header(path)?;
+    let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_reader(file);
+    let mut rows = Vec::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        let line = reader.position().line();
+        match reader.read_record(&mut record) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(source) => {
+                let line = source.position().map_or(line, |p| p.line());
+                return Err(match source.kind() {
+                    csv::ErrorKind::Io(_) => {
+                        let csv::ErrorKind::Io(e) = source.into_kind() else {
+                            unreachable!("matched `Io` just above");
+                        };
+                        ReportError::io("read", path, e)
+                    }
+                    _ => ReportError::Csv {
+                        path: path.to_path_buf(),
+                        line,
+                        source,
+                    },
+                });
+            }
+        }
+        let line = record.position().map_or(line, |p| p.line());
+        rows.push(MetricsRow::from_record(&record, path, line)?);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(step: u64, split: Split) -> MetricsRow {
+        let mut r = MetricsRow::empty(step, step as f64 / 10.0, split, step as f64 * 1.5);
+        r.set_metric("loss", 0.5 + step as f64 * 0.25);
+        r.set_metric("rewards/margins", 0.5 * step as f64);
+        if split == Split::Train {
+            r.learning_rate = Some(5e-7);
+            r.grad_norm = Some(1.25);
+        }
+        r
+    }
+
+    #[test]
+    fn header_has_the_documented_column_order() {
+        assert_eq!(
+            header().join(","),
+            "step,epoch,split,loss,rewards/chosen,rewards/rejected,rewards/accuracies,\
+             rewards/margins,logps/chosen,logps/rejected,logits/chosen,logits/rejected,entropy,\
+             num_tokens,learning_rate,grad_norm,pairs_per_second,tokens_per_second,elapsed_seconds"
+        );
+    }
+
+    #[test]
+    fn round_trip_keeps_empty_cells_and_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = vec![
+            row(1, Split::Train),
+            row(2, Split::Train),
+            row(2, Split::Eval),
+        ];
+        rows[1].metrics[9] = Some(f64::NAN);
+        rows[1].tokens_per_second = Some(1234.5);
+        rows[1].pairs_per_second = Some(f64::INFINITY);
+        let mut writer = MetricsWriter::create(dir.path()).unwrap();
+        for r in &rows {
+            writer.append(r).unwrap();
+        }
+        drop(writer);
+
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[1], "1,0.1,train,0.75,,,,0.5,,,,,,,5e-7,1.25,,,1.5");
+        assert_eq!(lines[3], "2,0.2,eval,1,,,,1,,,,,,,,,,,3");
+
+        let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
+        assert_eq!(back.len(), 3);
+        assert!(back[1].metrics[9].unwrap().is_nan());
+        assert_eq!(back[1].pairs_per_second, Some(f64::INFINITY));
+        // NaN != NaN, so compare the NaN-free rows whole.
+        assert_eq!(back[0], rows[0]);
+        assert_eq!(back[2], rows[2]);
+        assert_eq!(back[1].tokens_per_second, Some(1234.5));
+    }
+
+    #[test]
+    fn create_appends_without_a_second_header() {
+        let dir = tempfile::tempdir().unwrap();
+        MetricsWriter::create(dir.path())
+            .unwrap()
+            .append(&row(1, Split::Train))
+            .unwrap();
+        MetricsWriter::create(dir.path())
+            .unwrap()
+            .append(&row(2, Split::Train))
+            .unwrap();
+        let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
+        assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn resume_drops_rows_after_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = MetricsWriter::create(dir.path()).unwrap();
+        for step in 1..=6 {
+            writer.append(&row(step, Split::Train)).unwrap();
+            if step % 3 == 0 {
+                writer.append(&row(step, Split::Eval)).unwrap();
+            }
+        }
+        drop(writer);
+
+        let mut writer = MetricsWriter::resume(dir.path(), 3).unwrap();
+        writer.append(&row(4, Split::Train)).unwrap();
+        drop(writer);
+
+        let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
+        let keys: Vec<(u64, Split)> = back.iter().map(|r| (r.step, r.split)).collect();
+        assert_eq!(
+            keys,
+            [
+                (1, Split::Train),
+                (2, Split::Train),
+                (3, Split::Train),
+                (3, Split::Eval),
+                (4, Split::Train)
+            ]
+        );
+        assert!(!dir.path().join("metrics.csv.tmp").exists());
+    }
+
+    #[test]
+    fn resume_without_a_file_starts_one() {
+        let dir = tempfile::tempdir().unwrap();
+        MetricsWriter::resume(dir.path(), 10)
+            .unwrap()
+            .append(&row(11, Split::Train))
+            .unwrap();
+        assert_eq!(
+            read_metrics(&dir.path().join("metrics.csv")).unwrap().len(),
+            1
+        );
+    }
+
+    #[test]
+    fn wrong_metric_count_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bad = row(7, Split::Train);
+        bad.metrics.pop();
+        let err = MetricsWriter::create(dir.path())
+            .unwrap()
+            .append(&bad)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("Metrics row for step 7 has 10 metric values")
+        );
+    }
+
+    fn write_file(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{}\n{body}", header().join(","))).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn short_row_error_names_file_and_line() {
+        let (_dir, path) = write_file(
+            "metrics.csv",
+            "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n",
+        );
+        let err = read_metrics(&path).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "Row at line 3 of `{}` has 4 fields, expected 19",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn bad_value_error_names_file_line_and_column() {
+        let (_dir, path) = write_file(
+            "metrics.csv",
+            "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,abc,,,2\n",
+        );
+        let err = read_metrics(&path).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "Invalid value `abc` in column `grad_norm` at line 3 of `{}`",
+                path.display()
+            )
+        );
+        let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,1\n");
+        let err = read_metrics(&path).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("Invalid value `test` in column `split` at line 2")
+        );
+    }
+
+    #[test]
+    fn foreign_header_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        std::fs::write(&path, "step,loss\n1,0.5\n").unwrap();
+        let err = read_metrics(&path).unwrap_err();
+        assert!(err.to_string().starts_with("Unexpected header in `"));
+        assert!(MetricsWriter::create(dir.path()).is_err());
+    }
+
+    #[test]
+    fn small_and_large_numbers_use_exponents() {
+        assert_eq!(format_f64(5e-7), "5e-7");
+        assert_eq!(format_f64(0.0), "0");
+        assert_eq!(format_f64(0.25), "0.25");
+        assert_eq!(format_f64(1e20), "1e20");
+        assert_eq!(format_f64(f64::NAN), "NaN");
+        assert_eq!(format_f64(f64::NEG_INFINITY), "-inf");
+    }
+}

@@ -1,0 +1,784 @@
+//! PNG plots of `metrics.csv`: one file per panel and a 2×3 dashboard, for one run or several
+//! runs overlaid.
+//!
+//! The panels follow what TRL's `DPOTrainer` logs (`loss`, `rewards/chosen` vs
+//! `rewards/rejected`, `rewards/margins`, `rewards/accuracies`) plus `learning_rate` and
+//! `grad_norm`. Training curves are noisy, so each is drawn twice, as TensorBoard does: the raw
+//! values faint, and an exponential moving average ([`ema`], [`EMA_ALPHA`]) bold. Evaluations
+//! are sparse and already averaged over the eval set, so they are drawn unsmoothed as line plus
+//! markers. Text uses the DejaVu Sans font embedded in the binary, so rendering never depends on
+//! the fonts installed on the machine.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::metrics::{METRICS_FILE, MetricsRow, Split, read_metrics};
+use super::{ReportError, png, write_atomic};
+
+/// Size in pixels (width, height) of each single-panel PNG.
+pub const PLOT_SIZE: (u32, u32) = (1000, 600);
+/// Size in pixels (width, height) of `dashboard.png`.
+pub const DASHBOARD_SIZE: (u32, u32) = (2000, 1200);
+
+/// Weight of the newest value in the EMA that smooths training curves:
+/// `s[0] = x[0]`, `s[t] = α·x[t] + (1 − α)·s[t−1]`. With α = 0.1 the weights' centre of mass
+/// lies (1 − α)/α = 9 points back, so the line averages over roughly the last 10 logged steps.
+pub const EMA_ALPHA: f64 = 0.1;
+
+/// Series shorter than this are drawn unsmoothed: an EMA over one or two points only hides them.
+const MIN_POINTS_TO_SMOOTH: usize = 3;
+
+/// The file names written by [`render_run`] and [`render_comparison`], in the order returned.
+pub const PLOT_FILES: [&str; 6] = [
+    "loss.png",
+    "rewards.png",
+    "margins.png",
+    "accuracies.png",
+    "lr_grad_norm.png",
+    "dashboard.png",
+];
+
+/// What the plot titles say about a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlotMeta {
+    pub run_name: String,
+    /// The model's Hugging Face id or local path.
+    pub model: String,
+    /// DPO's β; `NaN` when unknown (shown as `?`).
+    pub beta: f64,
+}
+
+impl PlotMeta {
+    /// `<run_name> · <model> · β = <beta>`.
+    fn title(&self) -> String {
+        let beta = if self.beta.is_finite() {
+            format!("{}", self.beta)
+        } else {
+            "?".to_string()
+        };
+        format!("{} · {} · β = {beta}", self.run_name, self.model)
+    }
+}
+
+/// Reads `run_name`, `model_name_or_path` and `beta` from `<run_dir>/config.toml`, so a run can
+/// be re-plotted from its files alone.
+///
+/// Keys are looked up at the top level, then inside any top-level table. Whatever is missing
+/// (or the whole file, if absent or unreadable) falls back to the directory name, `?` and `NaN`.
+pub fn plot_meta_from_run(run_dir: &Path) -> PlotMeta {
+    let dir_name = run_dir
+        .canonicalize()
+        .unwrap_or_else(|_| run_dir.to_path_buf())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| run_dir.display().to_string());
+    let table = std::fs::read_to_string(run_dir.join("config.toml"))
+        .ok()
+        .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+        .unwrap_or_default();
+    let find = |key: &str| -> Option<&toml::Value> {
+        table.get(key).or_else(|| {
+            table
+                .values()
+                .filter_map(toml::Value::as_table)
+                .find_map(|t| t.get(key))
+        })
+    };
+    PlotMeta {
+        run_name: find("run_name")
+            .and_then(toml::Value::as_str)
+            .map_or(dir_name, str::to_string),
+        model: find("model_name_or_path")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("?")
+            .to_string(),
+        beta: find("beta")
+            .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)))
+            .unwrap_or(f64::NAN),
+    }
+}
+
+/// Exponential moving average of `values` with [`EMA_ALPHA`], seeded with the first value;
+/// fewer than 3 values come back unchanged.
+pub fn ema(values: &[f64]) -> Vec<f64> {
+    let Some(&first) = values.first() else {
+        return Vec::new();
+    };
+    if values.len() < MIN_POINTS_TO_SMOOTH {
+        return values.to_vec();
+    }
+    let mut s = first;
+    values
+        .iter()
+        .map(|&v| {
+            s = EMA_ALPHA * v + (1.0 - EMA_ALPHA) * s;
+            s
+        })
+        .collect()
+}
+
+/// Reads `<run_dir>/metrics.csv` and writes the plots into `run_dir`; returns their paths in
+/// [`PLOT_FILES`] order.
+pub fn render_run(run_dir: &Path, meta: &PlotMeta) -> Result<Vec<PathBuf>, ReportError> {
+    let rows = read_metrics(&run_dir.join(METRICS_FILE))?;
+    render_cells(&run_cells(&rows), run_dir, &meta.title())
+}
+
+/// Overlays several runs (`(label, rows)`, one colour each) into the [`PLOT_FILES`] in
+/// `out_dir`, which is created if needed. Training curves are EMA-smoothed, evaluations dashed
+/// with markers.
+pub fn render_comparison(
+    runs: &[(String, Vec<MetricsRow>)],
+    out_dir: &Path,
+    meta_title: &str,
+) -> Result<Vec<PathBuf>, ReportError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
+    render_cells(&comparison_cells(runs), out_dir, meta_title)
+}
+
+// ---------------------------------------------------------------------------------------------
+// What to draw.
+
+/// A value read from a row.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Metric(&'static str),
+    LearningRate,
+    GradNorm,
+}
+
+impl Field {
+    fn get(self, row: &MetricsRow) -> Option<f64> {
+        match self {
+            Field::Metric(name) => row.metric(name),
+            Field::LearningRate => row.learning_rate,
+            Field::GradNorm => row.grad_norm,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Field::Metric(name) => name,
+            Field::LearningRate => "learning_rate",
+            Field::GradNorm => "grad_norm",
+        }
+    }
+}
+
+/// `(step, value)` for the rows of `split`, finite values only, sorted by step.
+fn series(rows: &[MetricsRow], split: Split, field: Field) -> Vec<(f64, f64)> {
+    let mut points: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.split == split)
+        .filter_map(|r| Some((r.step as f64, field.get(r)?)))
+        .filter(|(_, v)| v.is_finite())
+        .collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    points
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CurveKind {
+    /// A training curve: optionally the raw values faint, then the EMA bold.
+    Train { raw: bool, smooth: bool },
+    /// An evaluation curve: a thin (or dashed) line with a marker per evaluation.
+    Eval { dashed: bool },
+}
+
+#[derive(Debug, Clone)]
+struct Curve {
+    label: String,
+    color: RGBColor,
+    kind: CurveKind,
+    points: Vec<(f64, f64)>,
+}
+
+/// One set of axes.
+#[derive(Debug, Clone)]
+struct Chart {
+    caption: String,
+    y_label: &'static str,
+    /// A fixed y range (accuracies live in [0, 1]); otherwise fitted to the data.
+    y_fixed: Option<(f64, f64)>,
+    curves: Vec<Curve>,
+}
+
+/// One dashboard cell: charts stacked top to bottom.
+type Cell = Vec<Chart>;
+
+// Colours: matplotlib's "tab10", which stays distinguishable for colour-blind readers.
+const TAB10: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+const TRAIN_COLOR: RGBColor = TAB10[0];
+const EVAL_COLOR: RGBColor = TAB10[1];
+const CHOSEN_COLOR: RGBColor = TAB10[2];
+const REJECTED_COLOR: RGBColor = TAB10[3];
+const CHOSEN_EVAL_COLOR: RGBColor = RGBColor(20, 90, 20);
+const REJECTED_EVAL_COLOR: RGBColor = RGBColor(130, 20, 20);
+const TEXT_COLOR: RGBColor = RGBColor(30, 30, 30);
+const NOTE_COLOR: RGBColor = RGBColor(120, 120, 120);
+const GRID_COLOR: RGBColor = RGBColor(225, 225, 225);
+const LEGEND_BORDER: RGBColor = RGBColor(190, 190, 190);
+
+fn train_label(what: &str, smooth: bool) -> String {
+    if smooth {
+        format!("{what} (EMA α={EMA_ALPHA})")
+    } else {
+        what.to_string()
+    }
+}
+
+/// The six cells for one run: loss, rewards, margins, accuracies, learning rate, grad norm.
+fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
+    let train = |field: Field, label: &str, color: RGBColor, smooth: bool| Curve {
+        label: train_label(label, smooth),
+        color,
+        kind: CurveKind::Train { raw: true, smooth },
+        points: series(rows, Split::Train, field),
+    };
+    let eval = |field: Field, label: &str, color: RGBColor| Curve {
+        label: label.to_string(),
+        color,
+        kind: CurveKind::Eval { dashed: false },
+        points: series(rows, Split::Eval, field),
+    };
+    let simple = |field: Field, y_fixed: Option<(f64, f64)>, with_eval: bool, smooth: bool| {
+        let mut curves = vec![train(field, "train", TRAIN_COLOR, smooth)];
+        if with_eval {
+            curves.push(eval(field, "eval", EVAL_COLOR));
+        }
+        vec![Chart {
+            caption: field.name().to_string(),
+            y_label: field.name(),
+            y_fixed,
+            curves,
+        }]
+    };
+    let chosen = Field::Metric("rewards/chosen");
+    let rejected = Field::Metric("rewards/rejected");
+    let rewards = vec![Chart {
+        caption: "rewards/chosen vs rewards/rejected".to_string(),
+        y_label: "reward",
+        y_fixed: None,
+        curves: vec![
+            train(chosen, "train chosen", CHOSEN_COLOR, true),
+            train(rejected, "train rejected", REJECTED_COLOR, true),
+            eval(chosen, "eval chosen", CHOSEN_EVAL_COLOR),
+            eval(rejected, "eval rejected", REJECTED_EVAL_COLOR),
+        ],
+    }];
+    [
+        simple(Field::Metric("loss"), None, true, true),
+        rewards,
+        simple(Field::Metric("rewards/margins"), None, true, true),
+        simple(
+            Field::Metric("rewards/accuracies"),
+            Some((0.0, 1.0)),
+            true,
+            true,
+        ),
+        // The schedule is exact, so it is not smoothed; evaluations have no learning rate.
+        simple(Field::LearningRate, None, false, false),
+        simple(Field::GradNorm, None, false, true),
+    ]
+}
+
+/// The six cells for several runs; rewards become two stacked charts (chosen, rejected) so one
+/// colour can stay one run.
+fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
+    let chart = |field: Field, y_fixed: Option<(f64, f64)>, with_eval: bool, smooth: bool| {
+        let mut curves = Vec::new();
+        for (i, (label, rows)) in runs.iter().enumerate() {
+            let color = TAB10[i % TAB10.len()];
+            curves.push(Curve {
+                label: train_label(&format!("{label} train"), smooth),
+                color,
+                kind: CurveKind::Train { raw: false, smooth },
+                points: series(rows, Split::Train, field),
+            });
+            if with_eval {
+                curves.push(Curve {
+                    label: format!("{label} eval"),
+                    color,
+                    kind: CurveKind::Eval { dashed: true },
+                    points: series(rows, Split::Eval, field),
+                });
+            }
+        }
+        Chart {
+            caption: field.name().to_string(),
+            y_label: field.name(),
+            y_fixed,
+            curves,
+        }
+    };
+    [
+        vec![chart(Field::Metric("loss"), None, true, true)],
+        vec![
+            chart(Field::Metric("rewards/chosen"), None, true, true),
+            chart(Field::Metric("rewards/rejected"), None, true, true),
+        ],
+        vec![chart(Field::Metric("rewards/margins"), None, true, true)],
+        vec![chart(
+            Field::Metric("rewards/accuracies"),
+            Some((0.0, 1.0)),
+            true,
+            true,
+        )],
+        vec![chart(Field::LearningRate, None, false, false)],
+        vec![chart(Field::GradNorm, None, false, true)],
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drawing.
+
+/// The bytes of the font all text is drawn with.
+static FONT: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/assets/fonts/DejaVuSans.ttf"
+));
+/// The family name the font is registered under; plotters' default family.
+const FONT_FAMILY: &str = "sans-serif";
+
+/// Registers the embedded font with plotters once per process (plotters' `ab_glyph` backend
+/// loads no system fonts; every style falls back to the registered `Normal` face).
+fn ensure_font() -> Result<(), ReportError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT).is_ok()
+    });
+    if ok { Ok(()) } else { Err(ReportError::Font) }
+}
+
+/// Text and spacing sizes in pixels for one image size.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    title: u32,
+    caption: u32,
+    axis_desc: u32,
+    tick: u32,
+    legend: u32,
+    note: u32,
+    margin: u32,
+    x_label_area: u32,
+    y_label_area: u32,
+}
+
+const SINGLE_SCALE: Scale = Scale {
+    title: 24,
+    caption: 21,
+    axis_desc: 18,
+    tick: 15,
+    legend: 15,
+    note: 20,
+    margin: 12,
+    x_label_area: 52,
+    y_label_area: 88,
+};
+
+const DASHBOARD_SCALE: Scale = Scale {
+    title: 30,
+    caption: 20,
+    axis_desc: 17,
+    tick: 14,
+    legend: 14,
+    note: 18,
+    margin: 14,
+    x_label_area: 50,
+    y_label_area: 84,
+};
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+type DrawResult = Result<(), Box<dyn Error + Send + Sync>>;
+
+fn font(size: u32, color: &'static RGBColor) -> TextStyle<'static> {
+    (FONT_FAMILY, size).into_font().color(color)
+}
+
+/// Writes the five panel files and the dashboard into `out_dir`.
+fn render_cells(
+    cells: &[Cell; 6],
+    out_dir: &Path,
+    title: &str,
+) -> Result<Vec<PathBuf>, ReportError> {
+    ensure_font()?;
+    let [loss, rewards, margins, accuracies, lr, grad_norm] = cells;
+    let lr_grad: Cell = lr.iter().chain(grad_norm).cloned().collect();
+    let singles: [&Cell; 5] = [loss, rewards, margins, accuracies, &lr_grad];
+    let mut written = Vec::with_capacity(PLOT_FILES.len());
+    for (name, cell) in PLOT_FILES.iter().zip(singles) {
+        let path = out_dir.join(name);
+        render_png(&path, PLOT_SIZE, |root| {
+            let body = root.titled(title, font(SINGLE_SCALE.title, &TEXT_COLOR))?;
+            draw_cell(&body, cell, &SINGLE_SCALE)
+        })?;
+        written.push(path);
+    }
+    let path = out_dir.join(PLOT_FILES[5]);
+    render_png(&path, DASHBOARD_SIZE, |root| {
+        let body = root.titled(title, font(DASHBOARD_SCALE.title, &TEXT_COLOR))?;
+        for (area, cell) in body.split_evenly((2, 3)).iter().zip(cells) {
+            draw_cell(area, cell, &DASHBOARD_SCALE)?;
+        }
+        Ok(())
+    })?;
+    written.push(path);
+    Ok(written)
+}
+
+/// Draws into an in-memory RGB buffer and writes it to `path` as PNG, atomically.
+fn render_png(
+    path: &Path,
+    (width, height): (u32, u32),
+    draw: impl FnOnce(&Area) -> DrawResult,
+) -> Result<(), ReportError> {
+    let draw_err = |source| ReportError::Draw {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut rgb = vec![255u8; width as usize * height as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(e.into()))?;
+        // A little air above the title.
+        let inner = root.margin(8, 0, 0, 0);
+        draw(&inner).map_err(draw_err)?;
+        root.present().map_err(|e| draw_err(e.into()))?;
+    }
+    write_atomic(path, &png::encode_rgb(width, height, &rgb))
+}
+
+fn draw_cell(area: &Area, cell: &Cell, scale: &Scale) -> DrawResult {
+    for (sub, chart) in area.split_evenly((cell.len(), 1)).iter().zip(cell) {
+        draw_chart(sub, chart, scale)?;
+    }
+    Ok(())
+}
+
+/// `(lo, hi)` of `values` padded by 5 % (a constant series gets ±10 % of its value, or ±1 at 0).
+fn fit_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if lo > hi {
+        return None;
+    }
+    if hi - lo <= f64::EPSILON * hi.abs().max(lo.abs()) {
+        let pad = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+        return Some((lo - pad, hi + pad));
+    }
+    let pad = (hi - lo) * 0.05;
+    Some((lo - pad, hi + pad))
+}
+
+/// Tick text for a value on an axis spanning `span`: enough decimals to tell ticks apart, and
+/// scientific notation for learning-rate-sized or huge numbers.
+fn tick_label(v: f64, span: f64, magnitude: f64) -> String {
+    if magnitude != 0.0 && !(1e-3..1e5).contains(&magnitude) {
+        return format!("{v:.1e}");
+    }
+    // About twice as many decimals steps as ticks, so 0.25 on a 0..1 axis keeps its 5.
+    let step = span / 12.0;
+    let decimals = if step > 0.0 {
+        (-step.log10().floor()).clamp(0.0, 6.0) as usize
+    } else {
+        2
+    };
+    let text = format!("{v:.decimals$}");
+    // `-0.00` reads as a bug.
+    if text
+        .trim_start_matches('-')
+        .chars()
+        .all(|c| c == '0' || c == '.')
+    {
+        text.trim_start_matches('-').to_string()
+    } else {
+        text
+    }
+}
+
+/// The plot corner with the fewest data points near it, for the legend.
+fn legend_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
+    let norm = |p: &(f64, f64)| ((p.0 - x.0) / (x.1 - x.0), (p.1 - y.0) / (y.1 - y.0));
+    let count = |right: bool, upper: bool| {
+        points
+            .iter()
+            .map(norm)
+            .filter(|(nx, ny)| {
+                let in_x = if right { *nx >= 0.55 } else { *nx <= 0.45 };
+                let in_y = if upper { *ny >= 0.55 } else { *ny <= 0.45 };
+                in_x && in_y
+            })
+            .count()
+    };
+    [
+        (SeriesLabelPosition::UpperRight, count(true, true)),
+        (SeriesLabelPosition::UpperLeft, count(false, true)),
+        (SeriesLabelPosition::LowerRight, count(true, false)),
+        (SeriesLabelPosition::LowerLeft, count(false, false)),
+    ]
+    .into_iter()
+    .min_by_key(|(_, n)| *n)
+    .map_or(SeriesLabelPosition::UpperRight, |(pos, _)| pos)
+}
+
+fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
+    let all_points: Vec<(f64, f64)> = chart
+        .curves
+        .iter()
+        .flat_map(|c| c.points.iter().copied())
+        .collect();
+    let empty = all_points.is_empty();
+    let (x0, x1) = fit_range(all_points.iter().map(|p| p.0)).map_or((0.0, 1.0), |(lo, hi)| {
+        // Steps start at the first logged step; keep the padding on the right only.
+        let lo = (lo + (hi - lo) / 22.0).max(0.0).floor();
+        (lo.min(hi - 1.0), hi.ceil())
+    });
+    let (y0, y1) = chart
+        .y_fixed
+        .or_else(|| fit_range(all_points.iter().map(|p| p.1)))
+        .unwrap_or((0.0, 1.0));
+
+    let mut ctx = ChartBuilder::on(area)
+        .caption(&chart.caption, font(scale.caption, &TEXT_COLOR))
+        .margin(scale.margin)
+        .margin_right(scale.margin * 2)
+        .x_label_area_size(scale.x_label_area)
+        .y_label_area_size(scale.y_label_area)
+        .build_cartesian_2d(x0..x1, y0..y1)?;
+
+    let y_magnitude = y0.abs().max(y1.abs());
+    let x_fmt = |v: &f64| tick_label(*v, x1 - x0, 1.0);
+    let y_fmt = |v: &f64| tick_label(*v, y1 - y0, y_magnitude);
+    ctx.configure_mesh()
+        .x_desc("step")
+        .y_desc(chart.y_label)
+        .axis_desc_style(font(scale.axis_desc, &TEXT_COLOR))
+        .label_style(font(scale.tick, &TEXT_COLOR))
+        .x_labels(8)
+        .y_labels(6)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .bold_line_style(GRID_COLOR)
+        .light_line_style(TRANSPARENT)
+        .axis_style(RGBColor(120, 120, 120))
+        .draw()?;
+
+    if empty {
+        let note = format!("no {} values logged yet", chart.y_label);
+        let style = font(scale.note, &NOTE_COLOR).pos(Pos::new(HPos::Center, VPos::Center));
+        ctx.draw_series(std::iter::once(Text::new(
+            note,
+            ((x0 + x1) / 2.0, (y0 + y1) / 2.0),
+            style,
+        )))?;
+        return Ok(());
+    }
+
+    let mut legend_points = Vec::new();
+    let mut labelled = false;
+    for curve in &chart.curves {
+        if curve.points.is_empty() {
+            continue;
+        }
+        let color = curve.color;
+        labelled = true;
+        match curve.kind {
+            CurveKind::Train { raw, smooth } => {
+                let smooth = smooth && curve.points.len() >= MIN_POINTS_TO_SMOOTH;
+                if smooth {
+                    if raw {
+                        ctx.draw_series(LineSeries::new(
+                            curve.points.iter().copied(),
+                            color.mix(0.3).stroke_width(1),
+                        ))?;
+                    }
+                    let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
+                    let line: Vec<(f64, f64)> =
+                        curve.points.iter().map(|p| p.0).zip(ema(&values)).collect();
+                    legend_points.extend(line.iter().copied());
+                    ctx.draw_series(LineSeries::new(line, color.stroke_width(3)))?
+                        .label(&curve.label)
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                        });
+                } else {
+                    // Too few points to smooth (or an exact schedule): the values themselves, bold,
+                    // with markers when there are only a couple.
+                    let marker = if curve.points.len() < MIN_POINTS_TO_SMOOTH {
+                        4
+                    } else {
+                        0
+                    };
+                    legend_points.extend(curve.points.iter().copied());
+                    ctx.draw_series(
+                        LineSeries::new(curve.points.iter().copied(), color.stroke_width(3))
+                            .point_size(marker),
+                    )?
+                    .label(&curve.label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                    });
+                }
+            }
+            CurveKind::Eval { dashed } => {
+                legend_points.extend(curve.points.iter().copied());
+                if dashed {
+                    ctx.draw_series(DashedLineSeries::new(
+                        curve.points.iter().copied(),
+                        10,
+                        6,
+                        color.stroke_width(2),
+                    ))?;
+                } else {
+                    ctx.draw_series(LineSeries::new(
+                        curve.points.iter().copied(),
+                        color.stroke_width(2),
+                    ))?;
+                }
+                ctx.draw_series(
+                    curve
+                        .points
+                        .iter()
+                        .map(|&p| Circle::new(p, 5, color.filled())),
+                )?
+                .label(&curve.label)
+                .legend(move |(x, y)| {
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (24, 0)], color.stroke_width(2))
+                        + Circle::new((12, 0), 5, color.filled())
+                });
+            }
+        }
+    }
+
+    if labelled {
+        ctx.configure_series_labels()
+            .position(legend_corner(&legend_points, (x0, x1), (y0, y1)))
+            .margin(10)
+            .legend_area_size(30)
+            .label_font(font(scale.legend, &TEXT_COLOR))
+            .background_style(WHITE.mix(0.88))
+            .border_style(LEGEND_BORDER)
+            .draw()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_close(a: &[f64], b: &[f64]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-12, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn ema_matches_hand_computation() {
+        // s0 = 0; s1 = 0.1·10 + 0.9·0 = 1; s2 = 1 + 0.9·1 = 1.9; s3 = 1 + 0.9·1.9 = 2.71;
+        // s4 = 0.1·0 + 0.9·2.71 = 2.439.
+        assert_close(
+            &ema(&[0.0, 10.0, 10.0, 10.0, 0.0]),
+            &[0.0, 1.0, 1.9, 2.71, 2.439],
+        );
+    }
+
+    #[test]
+    fn ema_leaves_short_series_alone() {
+        assert!(ema(&[]).is_empty());
+        assert_close(&ema(&[3.0]), &[3.0]);
+        assert_close(&ema(&[3.0, 5.0]), &[3.0, 5.0]);
+    }
+
+    #[test]
+    fn series_skips_non_finite_and_other_splits() {
+        let mut rows = Vec::new();
+        for (step, loss) in [(3, 0.5), (1, f64::NAN), (2, f64::INFINITY), (4, 0.25)] {
+            let mut r = MetricsRow::empty(step, 0.0, Split::Train, 0.0);
+            r.set_metric("loss", loss);
+            rows.push(r);
+        }
+        let mut eval = MetricsRow::empty(4, 0.0, Split::Eval, 0.0);
+        eval.set_metric("loss", 0.3);
+        rows.push(eval);
+        assert_eq!(
+            series(&rows, Split::Train, Field::Metric("loss")),
+            [(3.0, 0.5), (4.0, 0.25)]
+        );
+        assert_eq!(
+            series(&rows, Split::Eval, Field::Metric("loss")),
+            [(4.0, 0.3)]
+        );
+    }
+
+    #[test]
+    fn ranges_and_ticks() {
+        assert_eq!(fit_range([1.0, 3.0].into_iter()), Some((0.9, 3.1)));
+        assert_eq!(fit_range([0.0].into_iter()), Some((-1.0, 1.0)));
+        assert_eq!(fit_range(std::iter::empty()), None);
+        assert_eq!(tick_label(5e-7, 1e-7, 6e-7), "5.0e-7");
+        assert_eq!(tick_label(0.25, 1.0, 1.0), "0.25");
+        assert_eq!(tick_label(120.0, 500.0, 500.0), "120");
+        assert_eq!(tick_label(-0.0001, 1.0, 1.0), "0.00");
+    }
+
+    #[test]
+    fn legend_avoids_the_data() {
+        // A falling loss fills the upper left and lower right.
+        let pts: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 10.0 - i as f64)).collect();
+        let pos = legend_corner(&pts, (0.0, 9.0), (0.0, 10.0));
+        assert_eq!(pos, SeriesLabelPosition::UpperRight);
+        let rising: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, i as f64)).collect();
+        assert_eq!(
+            legend_corner(&rising, (0.0, 9.0), (0.0, 9.0)),
+            SeriesLabelPosition::UpperLeft
+        );
+    }
+
+    #[test]
+    fn meta_from_config_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("my-run");
+        std::fs::create_dir(&run).unwrap();
+        let meta = plot_meta_from_run(&run);
+        assert_eq!(meta.run_name, "my-run");
+        assert_eq!(meta.model, "?");
+        assert!(meta.beta.is_nan());
+        assert_eq!(meta.title(), "my-run · ? · β = ?");
+
+        std::fs::write(
+            run.join("config.toml"),
+            "run_name = \"dpo-a\"\n[dpo]\nbeta = 0.1\n[model]\nmodel_name_or_path = \"Qwen/Qwen2.5-0.5B\"\n",
+        )
+        .unwrap();
+        let meta = plot_meta_from_run(&run);
+        assert_eq!(
+            meta,
+            PlotMeta {
+                run_name: "dpo-a".into(),
+                model: "Qwen/Qwen2.5-0.5B".into(),
+                beta: 0.1
+            }
+        );
+        assert_eq!(meta.title(), "dpo-a · Qwen/Qwen2.5-0.5B · β = 0.1");
+    }
+}
