@@ -7,8 +7,10 @@
 //! `DataCollatorForPreference`.
 
 pub mod batch;
+pub mod bpe;
 pub mod error;
 pub mod load;
+pub mod synth;
 pub mod tokenize;
 
 pub use batch::{Batch, batches, collate};
