@@ -5,12 +5,16 @@
 //! metrics) → [`eval`]; [`cli`] parses flags into those modules' options.
 
 pub mod cli;
+pub mod config;
 pub mod data;
 pub mod dpo;
 pub mod eval;
+pub mod fsutil;
+pub mod generate;
 pub mod model;
 pub mod report;
 pub mod tokenizer;
+pub mod train;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,
 /// model files), 2 for failures of the run itself.

@@ -21,8 +21,10 @@ pub struct Batch {
     pub attention_mask: Vec<i64>,
     /// 1 on completion tokens (whose log-probs count), 0 on prompt and padding.
     pub completion_mask: Vec<i64>,
-    /// Number of pairs B (the batch holds 2B rows).
+    /// Number of pairs B.
     pub batch_size: usize,
+    /// Rows held: 2B for a preference batch ([`collate`]), B for a chosen-only one ([`collate_chosen`]).
+    pub rows: usize,
     /// Padded length S.
     pub seq_len: usize,
 }
@@ -36,16 +38,25 @@ impl Batch {
 
 /// Collates `pairs` into one batch; `max_length` truncates each sequence keeping its start.
 pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) -> Batch {
-    let b = pairs.len();
-    // Each sequence as (prompt part, completion part) after keep_start truncation.
-    let seqs: Vec<(&[u32], &[u32])> = pairs
-        .iter()
-        .map(|p| (p.prompt_ids.as_slice(), p.chosen_ids.as_slice()))
-        .chain(
-            pairs
-                .iter()
-                .map(|p| (p.prompt_ids.as_slice(), p.rejected_ids.as_slice())),
-        )
+    let chosen = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.chosen_ids.as_slice()));
+    let rejected = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.rejected_ids.as_slice()));
+    collate_rows(chosen.chain(rejected), pairs.len(), pad_id, max_length)
+}
+
+/// Collates only the chosen sequences of `pairs` (B rows): supervised fine-tuning's batch.
+pub fn collate_chosen(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) -> Batch {
+    let chosen = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.chosen_ids.as_slice()));
+    collate_rows(chosen, pairs.len(), pad_id, max_length)
+}
+
+/// Pads `(prompt, completion)` rows, each cut to `max_length` keeping its start.
+fn collate_rows<'a>(
+    rows: impl Iterator<Item = (&'a [u32], &'a [u32])>,
+    pairs: usize,
+    pad_id: u32,
+    max_length: Option<usize>,
+) -> Batch {
+    let seqs: Vec<(&[u32], &[u32])> = rows
         .map(|(prompt, completion)| {
             let Some(max) = max_length else {
                 return (prompt, completion);
@@ -55,14 +66,15 @@ pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) 
             (prompt, &completion[..completion.len().min(room)])
         })
         .collect();
+    let n = seqs.len();
     let s = seqs
         .iter()
         .map(|(p, c)| p.len() + c.len())
         .max()
         .unwrap_or(0);
-    let mut input_ids = vec![i64::from(pad_id); 2 * b * s]; // [2B, S]
-    let mut attention_mask = vec![0i64; 2 * b * s]; // [2B, S]
-    let mut completion_mask = vec![0i64; 2 * b * s]; // [2B, S]
+    let mut input_ids = vec![i64::from(pad_id); n * s]; // [rows, S]
+    let mut attention_mask = vec![0i64; n * s]; // [rows, S]
+    let mut completion_mask = vec![0i64; n * s]; // [rows, S]
     for (row, (prompt, completion)) in seqs.iter().enumerate() {
         let start = row * s;
         for (j, &id) in prompt.iter().chain(completion.iter()).enumerate() {
@@ -77,7 +89,8 @@ pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) 
         input_ids,
         attention_mask,
         completion_mask,
-        batch_size: b,
+        batch_size: pairs,
+        rows: n,
         seq_len: s,
     }
 }

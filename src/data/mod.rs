@@ -13,7 +13,7 @@ pub mod load;
 pub mod synth;
 pub mod tokenize;
 
-pub use batch::{Batch, batches, collate};
+pub use batch::{Batch, batches, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{Columns, LoadOptions, Loaded, PreferenceRow, SkippedRow, Text, load_preferences};
 pub use tokenize::{TokenizeReport, TokenizedPair, common_prefix_length, tokenize};

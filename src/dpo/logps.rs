@@ -12,8 +12,10 @@ use crate::model::Llama;
 
 /// A collated batch on the device, with the per-token weights of the summed log-probs.
 pub struct DeviceBatch {
-    /// Pairs in the batch (the tensors hold 2B rows: chosen rows first).
+    /// Pairs in the batch (a preference batch holds 2B rows, chosen rows first).
     pub pairs: usize,
+    /// Rows held (2B, or B for a chosen-only supervised batch).
+    pub rows: usize,
     /// `[2B, S]` token ids, right-padded.
     pub input_ids: Tensor<2, Int>,
     /// `[2B, S-1]` 1.0 where position `t` predicts a completion token.
@@ -29,7 +31,7 @@ pub struct DeviceBatch {
 impl DeviceBatch {
     /// Uploads a host batch, deriving the shifted masks and LD-DPO weights on the host.
     pub fn new(batch: &Batch, ld_alpha: Option<f64>, device: &Device) -> Self {
-        let (rows, s) = (2 * batch.batch_size, batch.seq_len);
+        let (rows, s) = (batch.rows, batch.seq_len);
         let b = batch.batch_size;
         // Row r, position t (0..S-1) scores label t+1.
         let scored: Vec<f32> = (0..rows)
@@ -38,8 +40,8 @@ impl DeviceBatch {
         let scored_counts: Vec<usize> =
             scored.chunks(s.saturating_sub(1).max(1)).map(|row| row.iter().filter(|&&m| m > 0.0).count()).collect();
         let weights = match ld_alpha {
-            None => scored.clone(),
-            Some(alpha) => {
+            // LD-DPO pairs a row with its partner; a chosen-only batch has none.
+            Some(alpha) if rows == 2 * b => {
                 let mut w = scored.clone();
                 for r in 0..rows {
                     // The pair's shared length: the shorter of its two (shifted, truncated) completions.
@@ -58,6 +60,7 @@ impl DeviceBatch {
                 }
                 w
             }
+            _ => scored.clone(),
         };
         let completion_lengths = batch
             .completion_mask
@@ -67,6 +70,7 @@ impl DeviceBatch {
         let shifted = [rows, s - 1];
         Self {
             pairs: b,
+            rows,
             input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [rows, s]), device),
             scored: Tensor::from_data(TensorData::new(scored, shifted), device),
             weights: Tensor::from_data(TensorData::new(weights, shifted), device),

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use burn::module::{Module, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::{Embedding, Linear};
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
@@ -18,7 +18,7 @@ use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
 use super::rope::{Rope, RopeScaling};
-use super::weights::{Weights, WeightsError};
+use super::weights::{NamedTensor, Weights, WeightsError};
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -306,9 +306,15 @@ impl Attention {
     /// Causal self-attention over right-padded rows: a real token only ever sees earlier real
     /// tokens, so the padding needs no mask of its own (padded positions are never read).
     ///
+    /// With a `cache`, keys and values of earlier positions are reused and the new ones appended;
+    /// the first token of `x` sits at position `cache.len()`.
+    ///
     /// # Shapes
-    /// - x: `[B, S, H*D]` → `[B, S, hidden]`
-    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
+    /// - x: `[B, S, hidden]` → `[B, S, hidden]`
+    ///
+    /// # Panics
+    /// If a cache that already holds positions is given more than one new token.
+    pub fn forward(&self, x: Tensor<3>, rope: &Rope, cache: Option<&mut LayerCache>) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = self.q_proj.forward(x.clone()).reshape([b, s, h, d]); // [B, S, H, D]
@@ -318,14 +324,75 @@ impl Attention {
             (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
             _ => (q, k),
         };
-        let q = rope.apply(q.swap_dims(1, 2), 0); // [B, H, S, D]
-        let k = rope.apply(k.swap_dims(1, 2), 0); // [B, Hkv, S, D]
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        let q = rope.apply(q.swap_dims(1, 2), offset); // [B, H, S, D]
+        let k = rope.apply(k.swap_dims(1, 2), offset); // [B, Hkv, S, D]
         let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
-        let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, S, D]
-        let options = AttentionModuleOptions { is_causal: true, ..Default::default() };
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v), // [B, Hkv, T, D]
+            None => (k, v),
+        };
+        assert!(offset == 0 || s == 1, "a filled KV cache takes one token at a time");
+        let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, T, D]
+        // One new query attends to every cached key; a fresh sequence is causal.
+        let options = AttentionModuleOptions { is_causal: s > 1, ..Default::default() };
         let y = attention(q, k, v, None, None, options); // [B, H, S, D]
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
+    }
+}
+
+/// One layer's keys and values for the positions seen so far.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    kv: Option<(Tensor<4>, Tensor<4>)>,
+}
+
+impl LayerCache {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends new keys and values and returns all of them.
+    ///
+    /// # Shapes
+    /// - k, v: `[B, Hkv, S, D]` → `[B, Hkv, T, D]` each
+    fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let (k, v) = match self.kv.take() {
+            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)), // [B, Hkv, T, D]
+            None => (k, v),
+        };
+        self.kv = Some((k.clone(), v.clone()));
+        (k, v)
+    }
+}
+
+/// The KV cache of a whole model, for generation.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// An empty cache for `num_layers` layers.
+    pub fn new(num_layers: usize) -> Self {
+        Self { layers: vec![LayerCache::default(); num_layers] }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -389,8 +456,8 @@ impl DecoderLayer {
 
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
-    pub fn forward(&self, x: Tensor<3>, rope: &Rope) -> Tensor<3> {
-        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope);
+    pub fn forward(&self, x: Tensor<3>, rope: &Rope, cache: Option<&mut LayerCache>) -> Tensor<3> {
+        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, cache);
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }
@@ -447,9 +514,33 @@ impl Llama {
     pub fn hidden_states(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
         let mut x = self.model.embed_tokens.forward(input_ids); // [B, S, hidden]
         for layer in &self.model.layers {
-            x = layer.forward(x, &self.rope);
+            x = layer.forward(x, &self.rope, None);
         }
         self.model.norm.forward(x)
+    }
+
+    /// Logits of the last position, reusing and extending `cache` (generation).
+    ///
+    /// # Shapes
+    /// - input_ids: `[B, S]` (the prompt, then one token at a time) → `[B, V]`
+    pub fn forward_cached(&self, input_ids: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
+        let mut x = self.model.embed_tokens.forward(input_ids); // [B, S, hidden]
+        for (layer, layer_cache) in self.model.layers.iter().zip(cache.layers.iter_mut()) {
+            x = layer.forward(x, &self.rope, Some(layer_cache));
+        }
+        let [b, s, _] = x.dims();
+        let last = self.model.norm.forward(x.narrow(1, s - 1, 1)); // [B, 1, hidden]
+        self.lm_head(last).reshape([b, self.vocab_size()]) // [B, V]
+    }
+
+    /// Rows of the output projection.
+    pub fn vocab_size(&self) -> usize {
+        self.model.embed_tokens.weight.dims()[0]
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.model.layers.len()
     }
 
     /// Projects hidden states onto the vocabulary.
@@ -475,5 +566,43 @@ impl Llama {
     pub fn max_sequence_length(&self) -> usize {
         let positions = self.rope.max_positions();
         self.sliding_window.map_or(positions, |w| w.min(positions))
+    }
+}
+
+impl Llama {
+    /// Every parameter under its Hugging Face name and layout (linear weights back to `[out, in]`),
+    /// as f32 host values: what `model.safetensors` holds.
+    pub fn export_tensors(&self) -> Vec<NamedTensor> {
+        let mut visitor = Export { path: Vec::new(), out: Vec::new() };
+        self.visit(&mut visitor);
+        visitor.out
+    }
+}
+
+struct Export {
+    path: Vec<String>,
+    out: Vec<NamedTensor>,
+}
+
+impl ModuleVisitor for Export {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let name = self.path.join(".");
+        let tensor = param.val();
+        // burn's `Linear` multiplies by `[in, out]`; HF stores `[out, in]` (see `load_linear`).
+        let is_linear = D == 2 && name != "model.embed_tokens.weight";
+        let data = if is_linear { tensor.transpose().into_data() } else { tensor.into_data() };
+        let data = data.convert::<f32>();
+        let shape = data.shape().to_vec();
+        // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
+        let values = data.as_slice::<f32>().expect("f32 data").to_vec();
+        self.out.push(NamedTensor { name, shape, values });
     }
 }

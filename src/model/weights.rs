@@ -136,3 +136,28 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightsErr
 struct ShardIndex {
     weight_map: HashMap<String, String>,
 }
+
+/// A tensor on its way to disk: HF name, shape and f32 values.
+pub struct NamedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// Writes `tensors` as one safetensors file (f32, `{"format": "pt"}` metadata as transformers
+/// writes), atomically: a temporary file in the same directory renamed over `path`.
+pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), WeightsError> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.values.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            safetensors::tensor::TensorView::new(Dtype::F32, t.shape.clone(), b)
+                .map(|view| (t.name.clone(), view))
+                .map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    let data = safetensors::serialize(views, metadata).map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })?;
+    crate::fsutil::write_atomic(path, &data).map_err(|source| WeightsError::Io { path: path.to_owned(), source })
+}

@@ -1,0 +1,435 @@
+//! The training configuration: TOML files in `configs/` whose keys are TRL's `DPOConfig` /
+//! transformers' `TrainingArguments` names wherever one exists, so a TRL config ports line by line.
+//!
+//! Every key is declared once, in [`train_config!`], which yields the serde struct, its defaults,
+//! its documentation and a kebab-case CLI flag (`per_device_train_batch_size` →
+//! `--per-device-train-batch-size`). Flags override the file; [`TrainConfig::validate`] then runs once
+//! and the rest of the program only reads the result.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::dpo::loss::{FDivergence, LossConfig, LossType};
+
+/// Errors in a config file or a flag, each naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`, line {line}: {message}")]
+    Toml { path: String, line: usize, message: String },
+    #[error("`--{flag}`: {message}")]
+    Flag { flag: String, message: String },
+    #[error("`{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// The learning-rate schedule after warm-up (transformers' `lr_scheduler_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulerType {
+    Constant,
+    Linear,
+    Cosine,
+    CosineWithMinLr,
+}
+
+/// How a value of a key is typed on the command line.
+pub trait FlagValue {
+    /// Converts the flag's text into the TOML value the file would hold.
+    fn parse_flag(text: &str) -> Result<toml::Value, String>;
+    /// A short name of the expected type, for `--help`.
+    const KIND: &'static str;
+}
+
+macro_rules! flag_value {
+    ($($t:ty => $kind:literal, $parse:expr;)*) => {$(
+        impl FlagValue for $t {
+            const KIND: &'static str = $kind;
+            fn parse_flag(text: &str) -> Result<toml::Value, String> {
+                $parse(text)
+            }
+        }
+    )*};
+}
+
+fn int(text: &str) -> Result<toml::Value, String> {
+    text.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| format!("expected an integer, got `{text}`"))
+}
+fn float(text: &str) -> Result<toml::Value, String> {
+    text.trim().parse::<f64>().map(toml::Value::Float).map_err(|_| format!("expected a number, got `{text}`"))
+}
+fn string(text: &str) -> Result<toml::Value, String> {
+    Ok(toml::Value::String(text.to_owned()))
+}
+
+flag_value! {
+    f64 => "NUM", float;
+    u64 => "INT", int;
+    usize => "INT", int;
+    i64 => "INT", int;
+    bool => "BOOL", |t: &str| t.parse::<bool>().map(toml::Value::Boolean).map_err(|_| format!("expected true or false, got `{t}`"));
+    String => "TEXT", string;
+    PathBuf => "PATH", string;
+    LossType => "TYPE", string;
+    FDivergence => "TYPE", string;
+    SchedulerType => "TYPE", string;
+}
+
+impl<T: FlagValue> FlagValue for Option<T> {
+    const KIND: &'static str = T::KIND;
+    fn parse_flag(text: &str) -> Result<toml::Value, String> {
+        T::parse_flag(text)
+    }
+}
+
+impl<T: FlagValue> FlagValue for Vec<T> {
+    const KIND: &'static str = "LIST";
+    fn parse_flag(text: &str) -> Result<toml::Value, String> {
+        text.split(',').map(|item| T::parse_flag(item.trim())).collect::<Result<Vec<_>, _>>().map(toml::Value::Array)
+    }
+}
+
+/// One documented key.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyDoc {
+    pub name: &'static str,
+    pub kind: &'static str,
+    pub doc: &'static str,
+    /// `bool` keys may be given as a bare flag (`--bf16`).
+    pub is_bool: bool,
+}
+
+macro_rules! train_config {
+    ($( #[doc = $doc:literal] $name:ident : $ty:ty = $default:expr, )*) => {
+        /// The effective configuration of a run (see the module doc).
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct TrainConfig {
+            $( #[doc = $doc] pub $name: $ty, )*
+        }
+
+        impl Default for TrainConfig {
+            fn default() -> Self {
+                Self { $( $name: $default, )* }
+            }
+        }
+
+        /// Every key, in declaration order.
+        pub const KEYS: &[KeyDoc] = &[
+            $( KeyDoc {
+                name: stringify!($name),
+                kind: <$ty as FlagValue>::KIND,
+                doc: $doc,
+                is_bool: stringify!($ty).as_bytes()[0] == b'b' && stringify!($ty).len() == 4,
+            }, )*
+        ];
+
+        fn parse_key(key: &str, text: &str) -> Option<Result<toml::Value, String>> {
+            match key {
+                $( stringify!($name) => Some(<$ty as FlagValue>::parse_flag(text)), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+train_config! {
+    // --- model and data ---
+    /// Policy to train: a Hugging Face directory, or `demo` for the embedded demo's random model.
+    model_name_or_path: String = "demo".to_owned(),
+    /// Reference model directory [default: a frozen copy of the starting policy].
+    ref_model_name_or_path: Option<PathBuf> = None,
+    /// Directory with tokenizer.json [default: the policy's directory].
+    tokenizer_name_or_path: Option<PathBuf> = None,
+    /// Training preference data (.jsonl, .json, .csv), or `demo` for the synthetic demo task.
+    train_file: String = "demo".to_owned(),
+    /// Held-out data for evaluations and samples [default: none, or the demo's validation split].
+    eval_file: Option<String> = None,
+    /// Test data, scored and sampled once at the end.
+    test_file: Option<String> = None,
+    /// Column holding the prompt.
+    prompt_column: String = "prompt".to_owned(),
+    /// Column holding the preferred completion.
+    chosen_column: String = "chosen".to_owned(),
+    /// Column holding the dispreferred completion.
+    rejected_column: String = "rejected".to_owned(),
+    /// Skip malformed rows (and report their lines) instead of stopping.
+    skip_bad_rows: bool = false,
+    /// Tokens kept per sequence, prompt included (truncation keeps the start).
+    max_length: usize = 1024,
+    // --- DPO ---
+    /// Temperature of the implicit reward.
+    beta: f64 = 0.1,
+    /// Loss types, summed with `loss_weights`.
+    loss_type: Vec<LossType> = vec![LossType::Sigmoid],
+    /// One weight per loss type [default: 1 each].
+    loss_weights: Vec<f64> = Vec::new(),
+    /// ε of robust, exo_pair and aot.
+    label_smoothing: f64 = 0.0,
+    /// reverse_kl, forward_kl, js_divergence or alpha_divergence.
+    f_divergence_type: FDivergence = FDivergence::ReverseKl,
+    /// α of alpha_divergence.
+    f_alpha_divergence_coef: f64 = 0.5,
+    /// LD-DPO weight of the tokens past the shorter completion.
+    ld_alpha: Option<f64> = None,
+    /// τ of discopop.
+    discopop_tau: f64 = 0.05,
+    /// WPO weighting of each pair by the policy's own probability.
+    use_weighting: bool = false,
+    /// Train without a reference model (reference log-probs taken as 0).
+    reference_free: bool = false,
+    /// Compute the reference log-probs once before training (cached on disk) and free the reference.
+    precompute_ref_log_probs: bool = false,
+    // --- optimisation ---
+    /// Peak learning rate of AdamW.
+    learning_rate: f64 = 1e-6,
+    /// Decoupled weight decay (not applied to norms, biases and embeddings).
+    weight_decay: f64 = 0.0,
+    /// AdamW β1.
+    adam_beta1: f64 = 0.9,
+    /// AdamW β2.
+    adam_beta2: f64 = 0.999,
+    /// AdamW ε.
+    adam_epsilon: f64 = 1e-8,
+    /// Clip gradients to this global L2 norm (0 disables clipping).
+    max_grad_norm: f64 = 1.0,
+    /// constant, linear, cosine or cosine_with_min_lr.
+    lr_scheduler_type: SchedulerType = SchedulerType::Linear,
+    /// Final learning rate of cosine_with_min_lr, as a fraction of the peak.
+    min_lr_rate: f64 = 0.1,
+    /// Linear warm-up steps (takes precedence over warmup_ratio).
+    warmup_steps: u64 = 0,
+    /// Linear warm-up as a fraction of the training steps.
+    warmup_ratio: f64 = 0.0,
+    /// Pairs per device per micro-batch.
+    per_device_train_batch_size: usize = 8,
+    /// Pairs per device per evaluation batch.
+    per_device_eval_batch_size: usize = 8,
+    /// Micro-batches accumulated into one optimizer step.
+    gradient_accumulation_steps: usize = 1,
+    /// Pairs per optimizer step over all devices; when set, split into micro-batch × devices × accumulation.
+    global_batch_size: Option<usize> = None,
+    /// Passes over the training data (fractions allowed).
+    num_train_epochs: f64 = 3.0,
+    /// Optimizer steps; overrides num_train_epochs when positive.
+    max_steps: i64 = -1,
+    /// Supervised warm-up steps on the chosen completions before DPO (0: none).
+    sft_steps: u64 = 0,
+    /// Learning rate of the supervised warm-up.
+    sft_learning_rate: f64 = 1e-4,
+    /// Seed of initialisation, data order and sampling.
+    seed: u64 = 42,
+    // --- reporting ---
+    /// Log (console, metrics.csv) every this many optimizer steps.
+    logging_steps: u64 = 10,
+    /// Evaluate every this many steps [default: logging_steps]; 0 disables periodic evaluation.
+    eval_steps: Option<u64> = None,
+    /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    save_steps: u64 = 500,
+    /// Checkpoints kept (oldest deleted first) [default: all].
+    save_total_limit: Option<usize> = None,
+    /// Parent of the run directory.
+    output_dir: PathBuf = PathBuf::from("results"),
+    /// Run directory name [default: date-time plus config name].
+    run_name: Option<String> = None,
+    /// Held-out prompts sampled into samples_val.txt and samples_test.txt.
+    num_samples: usize = 8,
+    /// Tokens generated per sample.
+    max_new_tokens: usize = 32,
+}
+
+impl TrainConfig {
+    /// Reads a TOML file; unknown keys and wrong types are errors naming the line.
+    pub fn from_toml_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| toml_error(e, text, origin))
+    }
+
+    /// Applies `--key value` overrides (keys in snake_case) on top of this config.
+    pub fn with_overrides(self, overrides: &[(String, String)]) -> Result<Self, ConfigError> {
+        if overrides.is_empty() {
+            return Ok(self);
+        }
+        let toml::Value::Table(mut table) = toml::Value::try_from(&self).map_err(|e| ConfigError::Invalid {
+            key: "config",
+            message: e.to_string(),
+        })?
+        else {
+            unreachable!("a struct serialises to a table")
+        };
+        for (key, text) in overrides {
+            let flag = key.replace('_', "-");
+            let value = parse_key(key, text)
+                .ok_or_else(|| ConfigError::Flag { flag: flag.clone(), message: "unknown option".to_owned() })?
+                .map_err(|message| ConfigError::Flag { flag: flag.clone(), message })?;
+            table.insert(key.clone(), value);
+        }
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Flag {
+            flag: overrides.last().map(|(k, _)| k.replace('_', "-")).unwrap_or_default(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    /// Rejects values out of range, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        self.loss().validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
+        if !(self.learning_rate >= 0.0 && self.learning_rate.is_finite()) {
+            return invalid("learning_rate", format!("must be >= 0, got {}", self.learning_rate));
+        }
+        if !(self.sft_learning_rate >= 0.0 && self.sft_learning_rate.is_finite()) {
+            return invalid("sft_learning_rate", format!("must be >= 0, got {}", self.sft_learning_rate));
+        }
+        if self.weight_decay < 0.0 {
+            return invalid("weight_decay", format!("must be >= 0, got {}", self.weight_decay));
+        }
+        for (key, value) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
+            if !(0.0..1.0).contains(&value) {
+                return invalid(key, format!("must be in [0, 1), got {value}"));
+            }
+        }
+        if self.adam_epsilon <= 0.0 {
+            return invalid("adam_epsilon", format!("must be > 0, got {}", self.adam_epsilon));
+        }
+        if self.max_grad_norm < 0.0 {
+            return invalid("max_grad_norm", format!("must be >= 0, got {}", self.max_grad_norm));
+        }
+        if !(0.0..=1.0).contains(&self.warmup_ratio) {
+            return invalid("warmup_ratio", format!("must be in [0, 1], got {}", self.warmup_ratio));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_rate) {
+            return invalid("min_lr_rate", format!("must be in [0, 1], got {}", self.min_lr_rate));
+        }
+        for (key, value) in [
+            ("per_device_train_batch_size", self.per_device_train_batch_size),
+            ("per_device_eval_batch_size", self.per_device_eval_batch_size),
+            ("gradient_accumulation_steps", self.gradient_accumulation_steps),
+            ("max_length", self.max_length),
+        ] {
+            if value == 0 {
+                return invalid(key, "must be at least 1".to_owned());
+            }
+        }
+        if self.global_batch_size == Some(0) {
+            return invalid("global_batch_size", "must be at least 1".to_owned());
+        }
+        if self.max_steps <= 0 && !(self.num_train_epochs > 0.0) {
+            return invalid("num_train_epochs", format!("must be > 0 when max_steps is not set, got {}", self.num_train_epochs));
+        }
+        if self.logging_steps == 0 {
+            return invalid("logging_steps", "must be at least 1".to_owned());
+        }
+        if self.save_total_limit == Some(0) {
+            return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
+        }
+        if self.reference_free && self.precompute_ref_log_probs {
+            return invalid("precompute_ref_log_probs", "has no reference to precompute with `reference_free`".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The loss settings.
+    pub fn loss(&self) -> LossConfig {
+        LossConfig {
+            beta: self.beta,
+            loss_type: self.loss_type.clone(),
+            loss_weights: self.loss_weights.clone(),
+            label_smoothing: self.label_smoothing,
+            f_divergence_type: self.f_divergence_type,
+            f_alpha_divergence_coef: self.f_alpha_divergence_coef,
+            ld_alpha: self.ld_alpha,
+            discopop_tau: self.discopop_tau,
+            reference_free: self.reference_free,
+            use_weighting: self.use_weighting,
+        }
+    }
+
+    /// Evaluation cadence in steps (0: never during training).
+    pub fn eval_every(&self) -> u64 {
+        self.eval_steps.unwrap_or(self.logging_steps)
+    }
+
+    /// The config as TOML, as saved in the run directory and every checkpoint.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise the config: {e}\n"))
+    }
+}
+
+/// Turns a TOML error into one line naming the file, line and key.
+fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
+    let line = e.span().map_or(0, |span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+    let message = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
+    ConfigError::Toml { path: origin.to_owned(), line, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_has_a_key_and_a_flag() {
+        let toml::Value::Table(table) = toml::Value::try_from(TrainConfig::default()).unwrap() else { panic!() };
+        for key in table.keys() {
+            assert!(KEYS.iter().any(|k| k.name == key), "{key} has no KeyDoc");
+        }
+        assert!(KEYS.iter().find(|k| k.name == "skip_bad_rows").unwrap().is_bool);
+        assert!(!KEYS.iter().find(|k| k.name == "beta").unwrap().is_bool);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let cfg = TrainConfig::from_toml_str("beta = 0.2\nper_device_train_batch_size = 2\n", "x.toml").unwrap();
+        let cfg = cfg
+            .with_overrides(&[
+                ("per_device_train_batch_size".into(), "4".into()),
+                ("loss_type".into(), "sigmoid,sft".into()),
+                ("loss_weights".into(), "1,0.5".into()),
+                ("output_dir".into(), "/tmp/x".into()),
+            ])
+            .unwrap();
+        assert_eq!(cfg.beta, 0.2);
+        assert_eq!(cfg.per_device_train_batch_size, 4);
+        assert_eq!(cfg.loss_type, vec![LossType::Sigmoid, LossType::Sft]);
+        assert_eq!(cfg.loss_weights, vec![1.0, 0.5]);
+        assert_eq!(cfg.output_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let err = TrainConfig::from_toml_str("beta = 0.1\nlearning_rat = 1e-5\n", "c.toml").unwrap_err();
+        assert_eq!(err.to_string().split(',').take(2).collect::<Vec<_>>().join(","), "`c.toml`, line 2: unknown field `learning_rat`");
+        let err = TrainConfig::from_toml_str("beta = \"high\"\n", "c.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`c.toml`, line 1: "), "{err}");
+        let err = TrainConfig::default().with_overrides(&[("beta".into(), "x".into())]).unwrap_err();
+        assert_eq!(err.to_string(), "`--beta`: expected a number, got `x`");
+        let err = TrainConfig::default().with_overrides(&[("loss_type".into(), "sigmoidd".into())]).unwrap_err();
+        assert!(err.to_string().starts_with("`--loss-type`: unknown variant `sigmoidd`"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected_by_key() {
+        let check = |toml: &str, key: &str| {
+            let err = TrainConfig::from_toml_str(toml, "c.toml").unwrap().validate().unwrap_err();
+            assert!(err.to_string().starts_with(&format!("`{key}`")), "{toml}: {err}");
+        };
+        check("learning_rate = -1e-5", "learning_rate");
+        check("beta = 0.0", "beta");
+        check("beta = -0.1", "beta");
+        check("loss_type = [\"robust\"]\nlabel_smoothing = 0.5", "label_smoothing");
+        check("per_device_train_batch_size = 0", "per_device_train_batch_size");
+        check("gradient_accumulation_steps = 0", "gradient_accumulation_steps");
+        check("warmup_ratio = 1.5", "warmup_ratio");
+        assert!(TrainConfig::default().validate().is_ok());
+    }
+}

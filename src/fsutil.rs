@@ -1,0 +1,34 @@
+//! Atomic file and directory writes: outputs appear whole or not at all.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `data` to a temporary file beside `path`, syncs it, and renames it over `path`.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(data)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Replaces directory `dest` by the finished directory `staged` (same filesystem) in one rename;
+/// an existing `dest` is moved aside first and removed after.
+pub fn replace_dir(staged: &Path, dest: &Path) -> std::io::Result<()> {
+    if dest.exists() {
+        let old = dest.with_extension(format!("old-{}", std::process::id()));
+        std::fs::rename(dest, &old)?;
+        std::fs::rename(staged, dest)?;
+        std::fs::remove_dir_all(&old)
+    } else {
+        std::fs::rename(staged, dest)
+    }
+}

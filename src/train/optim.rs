@@ -1,0 +1,174 @@
+//! AdamW with decoupled weight decay (Loshchilov & Hutter 2019) exactly as `torch.optim.AdamW`
+//! updates, gradient accumulation, and clipping by the global L2 norm over every parameter
+//! (`torch.nn.utils.clip_grad_norm_`; burn's own clipping works per tensor).
+//!
+//! Parameters are keyed by their checkpoint name (`model.layers.0.mlp.up_proj.weight`), which
+//! also decides the decay group: norms, biases and embeddings are not decayed.
+
+use std::collections::BTreeMap;
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::{Gradients, Tensor};
+
+/// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub epsilon: f64,
+    pub weight_decay: f64,
+}
+
+/// Whether a parameter is decayed, from its name (transformers' `get_decay_parameter_names`
+/// patterns, plus embeddings).
+pub fn decays(name: &str) -> bool {
+    let last = name.rsplit('.').nth(1).unwrap_or("");
+    !(name.ends_with(".bias") || last.ends_with("norm") || last.contains("layernorm") || last.contains("embed"))
+}
+
+/// The moment estimates of one parameter, flattened.
+#[derive(Debug, Clone)]
+pub struct Moments {
+    pub exp_avg: Tensor<1>,
+    pub exp_avg_sq: Tensor<1>,
+}
+
+/// The optimizer state: the update count and each parameter's moments.
+#[derive(Debug, Clone, Default)]
+pub struct AdamW {
+    pub step: u64,
+    pub moments: BTreeMap<String, Moments>,
+}
+
+/// Gradients summed over micro-batches, flattened and keyed by parameter name.
+#[derive(Debug, Default)]
+pub struct GradAccumulator {
+    pub grads: BTreeMap<String, Tensor<1>>,
+}
+
+impl GradAccumulator {
+    /// Adds the gradients of one backward pass.
+    pub fn add<M: Module>(&mut self, model: &M, grads: &Gradients) {
+        let mut visitor = Collect { path: Vec::new(), grads, into: &mut self.grads };
+        model.visit(&mut visitor);
+    }
+
+    /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
+    pub fn global_norm(&self) -> Option<Tensor<1>> {
+        self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b).map(|s| s.sqrt())
+    }
+
+    /// Scales the gradients so their global norm is at most `max_norm`, as `clip_grad_norm_`
+    /// (coefficient `max_norm / (norm + 1e-6)`, clamped at 1). Returns the norm before clipping.
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> Option<Tensor<1>> {
+        let norm = self.global_norm()?;
+        if max_norm > 0.0 {
+            let coef = ((norm.clone() + 1e-6).recip() * max_norm).clamp_max(1.0); // [1]
+            for g in self.grads.values_mut() {
+                *g = g.clone() * coef.clone();
+            }
+        }
+        Some(norm)
+    }
+}
+
+impl AdamW {
+    /// Applies one update with learning rate `lr` to every parameter that has a gradient.
+    pub fn step<M: Module>(&mut self, model: M, grads: &GradAccumulator, lr: f64, cfg: &AdamWConfig) -> M {
+        self.step += 1;
+        let mut mapper = Update { path: Vec::new(), grads, state: self, lr, cfg: *cfg };
+        model.map(&mut mapper)
+    }
+}
+
+struct Collect<'a> {
+    path: Vec<String>,
+    grads: &'a Gradients,
+    into: &'a mut BTreeMap<String, Tensor<1>>,
+}
+
+impl ModuleVisitor for Collect<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let Some(grad) = param.val().grad(self.grads) else { return };
+        let n = grad.shape().num_elements();
+        let grad = grad.reshape([n]); // [N]
+        let name = self.path.join(".");
+        let summed = match self.into.remove(&name) {
+            Some(acc) => acc + grad,
+            None => grad,
+        };
+        self.into.insert(name, summed);
+    }
+}
+
+struct Update<'a> {
+    path: Vec<String>,
+    grads: &'a GradAccumulator,
+    state: &'a mut AdamW,
+    lr: f64,
+    cfg: AdamWConfig,
+}
+
+impl ModuleMapper for Update<'_> {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let name = self.path.join(".");
+        let Some(grad) = self.grads.grads.get(&name) else { return param };
+        let (id, tensor, mapper): (ParamId, Tensor<D>, _) = param.consume();
+        let shape = tensor.dims();
+        let tracked = tensor.is_require_grad();
+        let p = tensor.inner().reshape([grad.dims()[0]]); // [N]
+        let grad = grad.clone().inner();
+        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = self.cfg;
+        let t = self.state.step as i32;
+
+        let moments = self.state.moments.remove(&name).unwrap_or_else(|| Moments {
+            exp_avg: grad.zeros_like(),
+            exp_avg_sq: grad.zeros_like(),
+        });
+        let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
+        let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
+        // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
+        let p = if weight_decay > 0.0 && decays(&name) { p * (1.0 - self.lr * weight_decay) } else { p };
+        let bias1 = 1.0 - beta1.powi(t);
+        let bias2 = 1.0 - beta2.powi(t);
+        let denom = exp_avg_sq.clone().sqrt() / bias2.sqrt() + epsilon;
+        let p = p - exp_avg.clone() / denom * (self.lr / bias1);
+        self.state.moments.insert(name, Moments { exp_avg, exp_avg_sq });
+
+        let p = Tensor::<D>::from_inner(p.reshape(shape));
+        let p = if tracked { p.require_grad() } else { p };
+        Param::from_mapped_value(id, p, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decay_groups_follow_names() {
+        assert!(decays("model.layers.0.mlp.up_proj.weight"));
+        assert!(decays("lm_head.weight"));
+        assert!(!decays("model.layers.0.self_attn.q_proj.bias"));
+        assert!(!decays("model.layers.0.input_layernorm.weight"));
+        assert!(!decays("model.layers.0.self_attn.q_norm.weight"));
+        assert!(!decays("model.norm.weight"));
+        assert!(!decays("model.embed_tokens.weight"));
+    }
+}

@@ -1,0 +1,69 @@
+//! Generation with the KV cache against plain full-sequence forwards.
+
+use std::path::PathBuf;
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use dpo_train::generate::{SamplingConfig, generate, rng};
+use dpo_train::model::{self, llama::KvCache};
+
+fn model_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn cpu() -> Device {
+    Device::libtorch()
+}
+
+fn ids(tokens: &[u32], device: &Device) -> Tensor<2, Int> {
+    let data: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    Tensor::from_data(TensorData::new(data, [1, tokens.len()]), device)
+}
+
+fn values(t: Tensor<2>) -> Vec<f32> {
+    t.into_data().convert::<f32>().as_slice::<f32>().unwrap().to_vec()
+}
+
+#[test]
+fn cached_logits_equal_full_forward_logits() {
+    for name in ["llama", "qwen3", "mistral"] {
+        let device = cpu();
+        let (_, model) = model::load(&model_dir(name), &device).unwrap();
+        let tokens: Vec<u32> = vec![5, 17, 42, 99, 7, 3, 250, 11];
+        let mut cache = KvCache::new(model.num_layers());
+        let mut cached = values(model.forward_cached(ids(&tokens[..3], &device), &mut cache));
+        for t in 3..tokens.len() {
+            let full = model.forward(ids(&tokens[..t], &device)); // [1, t, V]
+            let [_, _, v] = full.dims();
+            let last = values(full.narrow(1, t - 1, 1).reshape([1, v]));
+            let worst = last.iter().zip(&cached).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-4, "{name} position {t}: {worst}");
+            cached = values(model.forward_cached(ids(&tokens[t..t + 1], &device), &mut cache));
+        }
+        assert_eq!(cache.len(), tokens.len());
+    }
+}
+
+#[test]
+fn greedy_generation_equals_argmax_of_full_forwards() {
+    let device = cpu();
+    let (_, model) = model::load(&model_dir("llama"), &device).unwrap();
+    let prompt = vec![30u32, 61, 7, 88];
+    let eos = 2;
+    let out = generate(&model, &prompt, 2, eos, &SamplingConfig::greedy(12), &mut rng(0), &device);
+    assert_eq!(out[0], out[1], "greedy rows of one prompt agree");
+    let mut seq = prompt.clone();
+    let mut expected = Vec::new();
+    for _ in 0..12 {
+        let logits = model.forward(ids(&seq, &device));
+        let [_, s, v] = logits.dims();
+        let last = values(logits.narrow(1, s - 1, 1).reshape([1, v]));
+        let next = last.iter().enumerate().fold(0, |best, (i, &z)| if z > last[best] { i } else { best }) as u32;
+        if next == eos {
+            break;
+        }
+        expected.push(next);
+        seq.push(next);
+    }
+    assert_eq!(out[0], expected);
+}
