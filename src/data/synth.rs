@@ -59,8 +59,9 @@ pub enum SynthError {
     },
 }
 
-/// The knobs of the synthetic task.
-#[derive(Debug, Clone, PartialEq)]
+/// The knobs of the synthetic task; missing keys of a serialised config take the defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SynthConfig {
     /// Seed of the one random stream everything is drawn from.
     pub seed: u64,
@@ -495,7 +496,7 @@ fn below(rng: &mut ChaCha8Rng, n: usize) -> usize {
     }
 }
 
-/// `true` with probability `p` (clamped to [0, 1]), from 53 random bits.
+/// `true` with probability `p` (never below 0, always above 1), from 53 random bits.
 fn chance(rng: &mut ChaCha8Rng, p: f64) -> bool {
     let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     u < p
@@ -670,6 +671,20 @@ mod tests {
             ..small()
         });
         assert!(none.train.is_empty() && none.val.is_empty() && none.test.is_empty());
+    }
+
+    #[test]
+    fn config_deserialises_with_defaults() {
+        let cfg: SynthConfig = serde_json::from_str(r#"{"seed": 3, "train": 10}"#).unwrap();
+        assert_eq!(
+            cfg,
+            SynthConfig {
+                seed: 3,
+                train: 10,
+                ..SynthConfig::default()
+            }
+        );
+        assert!(serde_json::from_str::<SynthConfig>(r#"{"sead": 3}"#).is_err());
     }
 
     #[test]
