@@ -1,28 +1,179 @@
 //! Command-line interface: every flag is declared once here, with its help text; the library does
 //! the work.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
 
 use burn::tensor::Device;
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::{KEYS, TrainConfig};
 use crate::data::Columns;
+use crate::data::synth::{self, SynthConfig};
+use crate::demo::DEMO_CONFIG;
+use crate::generate::{SamplingConfig, generate, rng};
+use crate::run::{RunRequest, RunSummary};
+use crate::tokenizer::Tokenizer;
+use crate::train::trainer::Progress;
 use crate::dpo::loss::{FDivergence, LossConfig, LossType};
 use crate::eval::{EvalOptions, EvalReport, evaluate};
 
 /// Direct Preference Optimization for Hugging Face Llama-family models.
+///
+/// Bare `dpo-train [FLAGS]` is `dpo-train train [FLAGS]`: without `--config` it runs the embedded
+/// demo (synthetic task, random model, SFT warm-up, DPO) in a few minutes on a CPU.
 #[derive(Debug, Parser)]
-#[command(name = "dpo-train", version, about, max_term_width = 100)]
+#[command(name = "dpo-train", version, about, long_about, max_term_width = 100, args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub train: TrainArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Train with DPO (after an optional supervised warm-up): the main job.
+    Train(TrainArgs),
+    /// Supervised fine-tuning on the chosen completions (NLL), to warm up a base model.
+    Sft(TrainArgs),
     /// Evaluate a policy against a reference on a preference dataset: TRL's loss and metrics.
     Eval(EvalArgs),
+    /// Sample completions of prompts with a KV cache.
+    Generate(GenerateArgs),
+    /// Re-render a run's plots from metrics.csv, or overlay several runs.
+    Plot(PlotArgs),
+    /// Data utilities.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+/// `dpo-train train` / `sft` flags: a config file, then one flag per config key.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// TOML config (keys as TRL's DPOConfig) [default: the embedded demo].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue the newest run under output_dir, or RUN_DIR, from its latest checkpoint.
+    #[arg(long, value_name = "RUN_DIR", num_args = 0..=1, default_missing_value = "")]
+    pub resume: Option<PathBuf>,
+    /// Where to run: `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub overrides: ConfigOverrides,
+}
+
+/// `--<key> VALUE` for every config key, applied on top of the file.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigOverrides(pub Vec<(String, String)>);
+
+impl clap::FromArgMatches for ConfigOverrides {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut out = Self::default();
+        out.update_from_arg_matches(matches)?;
+        Ok(out)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for key in KEYS {
+            if let Some(value) = matches.get_one::<String>(key.name) {
+                self.0.push((key.name.to_owned(), value.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for ConfigOverrides {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        KEYS.iter().fold(cmd.next_help_heading("Config keys (override the file)"), |cmd, key| {
+            let arg = clap::Arg::new(key.name)
+                .long(key.name.replace('_', "-"))
+                .value_name(key.kind)
+                .help(key.doc.trim())
+                .action(clap::ArgAction::Set);
+            cmd.arg(if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg })
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// `dpo-train generate` flags.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json + safetensors + tokenizer files).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Prompts: a text file with one prompt per line, or a .jsonl with a `prompt` field.
+    #[arg(long, value_name = "FILE")]
+    pub prompts: PathBuf,
+    /// Tokens to generate per sample.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Nucleus sampling: keep the smallest token set of this total probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: usize,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where to run: `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceArg,
+    /// Print one JSON object per prompt instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dpo-train plot` flags.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// Run directories (each with metrics.csv); several are overlaid.
+    #[arg(required = true, value_name = "RUN_DIR")]
+    pub runs: Vec<PathBuf>,
+    /// Where overlaid plots go [default: the first run's `compare/`].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// `dpo-train data` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Write the demo's synthetic preference data (train/val/test JSONL).
+    Synth(SynthArgs),
+}
+
+/// `dpo-train data synth` flags.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output: a .jsonl file (the train split; val/test beside it) or a directory.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Training pairs.
+    #[arg(long, default_value_t = 2000)]
+    pub train: usize,
+    /// Validation pairs.
+    #[arg(long, default_value_t = 200)]
+    pub val: usize,
+    /// Test pairs.
+    #[arg(long, default_value_t = 200)]
+    pub test: usize,
 }
 
 /// `dpo-train eval` flags.
@@ -156,10 +307,218 @@ impl DeviceArg {
     }
 }
 
-/// Runs the parsed command.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the parsed command; the exit code says whether it finished or was interrupted.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Eval(args) => run_eval(args),
+        None => run_train(cli.train, false),
+        Some(Command::Train(args)) => run_train(args, false),
+        Some(Command::Sft(args)) => run_train(args, true),
+        Some(Command::Eval(args)) => run_eval(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Generate(args)) => run_generate(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
+    }
+}
+
+fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
+    let resume = args.resume.map(|dir| (!dir.as_os_str().is_empty()).then_some(dir));
+    // A resumed run continues with the config it saved; flags still override it.
+    let (base, name) = match (&resume, &args.config) {
+        (Some(Some(dir)), _) => (TrainConfig::from_toml_file(&dir.join("config.toml"))?, String::new()),
+        (_, Some(path)) => {
+            let name = path.file_stem().map_or_else(|| "config".to_owned(), |s| s.to_string_lossy().into_owned());
+            (TrainConfig::from_toml_file(path)?, name)
+        }
+        (_, None) => (TrainConfig::from_toml_str(DEMO_CONFIG, "configs/demo.toml (embedded)")?, "demo".to_owned()),
+    };
+    let cfg = base.with_overrides(&args.overrides.0)?;
+    cfg.validate()?;
+    let interrupt: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    ctrlc::set_handler(move || {
+        if interrupt.swap(true, Ordering::SeqCst) {
+            // A second Ctrl-C does not wait for the checkpoint.
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    eprintln!("effective config:\n{}", indent(&cfg.to_toml()));
+    let mut progress = ConsoleProgress::new();
+    let summary = crate::run::run(
+        RunRequest { cfg, config_name: name, resume, sft_only, device: args.device.device(), interrupt },
+        &mut progress,
+    )?;
+    progress.finish();
+    print_summary(&summary)?;
+    Ok(if summary.interrupted() { ExitCode::from(130) } else { ExitCode::SUCCESS })
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "run: {}", summary.run_dir.display())?;
+    if let Some(sft) = &summary.sft {
+        writeln!(out, "sft: {} steps -> {}", sft.steps, sft.model_dir.display())?;
+    }
+    if let Some(dpo) = &summary.dpo {
+        writeln!(out, "dpo: {} steps -> {}", dpo.steps, dpo.model_dir.display())?;
+        for (label, metrics) in [("eval", &dpo.eval), ("test", &dpo.test)] {
+            if let Some(m) = metrics {
+                writeln!(
+                    out,
+                    "{label}: loss {:.4}  rewards/accuracies {:.3}  rewards/margins {:.4}  rewards/chosen {:.4}  rewards/rejected {:.4}",
+                    m.loss, m.rewards_accuracies, m.rewards_margins, m.rewards_chosen, m.rewards_rejected
+                )?;
+            }
+        }
+    }
+    if let Some(((c0, n0), (c1, n1))) = summary.demo_arithmetic {
+        let pct = |c: usize, n: usize| 100.0 * c as f64 / n.max(1) as f64;
+        writeln!(
+            out,
+            "held-out arithmetic answered correctly (greedy): after SFT {c0}/{n0} ({:.1}%), after DPO {c1}/{n1} ({:.1}%)",
+            pct(c0, n0),
+            pct(c1, n1)
+        )?;
+    }
+    Ok(())
+}
+
+fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
+    let device = args.device.device();
+    let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let (_, model) = crate::model::load(&args.model, &device)
+        .with_context(|| format!("cannot load the model in `{}`", args.model.display()))?;
+    let prompts = read_prompts(&args.prompts)?;
+    let cfg = SamplingConfig { max_new_tokens: args.max_new_tokens, temperature: args.temperature, top_p: args.top_p };
+    let mut sampler = rng(args.seed);
+    let mut out = std::io::stdout().lock();
+    for prompt in prompts {
+        let ids = tokenizer.encode(&prompt)?;
+        let samples = generate(&model, &ids, args.num_samples, tokenizer.eos_id(), &cfg, &mut sampler, &device);
+        let texts = samples.iter().map(|s| tokenizer.decode(s, true)).collect::<Result<Vec<_>, _>>()?;
+        if args.json {
+            writeln!(out, "{}", serde_json::json!({ "prompt": prompt, "completions": texts }))?;
+        } else {
+            for text in texts {
+                writeln!(out, "{prompt}{text}")?;
+                writeln!(out, "---")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One prompt per line of a text file, or the `prompt` field of each JSONL row.
+fn read_prompts(path: &Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{}`", path.display()))?;
+    let jsonl = path.extension().is_some_and(|e| e == "jsonl");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, line)| {
+            if !jsonl {
+                return Ok(line.replace("\\n", "\n"));
+            }
+            let value: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("`{}`, line {}: malformed JSON", path.display(), i + 1))?;
+            value["prompt"]
+                .as_str()
+                .map(str::to_owned)
+                .with_context(|| format!("`{}`, line {}: field `prompt` is missing or not a string", path.display(), i + 1))
+        })
+        .collect()
+}
+
+fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
+    let written = if let [run] = args.runs.as_slice() {
+        crate::report::render_run(run, &crate::report::plot_meta_from_run(run))?
+    } else {
+        let runs = args
+            .runs
+            .iter()
+            .map(|dir| {
+                let rows = crate::report::read_metrics(&dir.join(crate::report::METRICS_FILE))?;
+                Ok((crate::report::plot_meta_from_run(dir).run_name, rows))
+            })
+            .collect::<Result<Vec<_>, crate::report::ReportError>>()?;
+        let out = args.out.unwrap_or_else(|| args.runs[0].join("compare"));
+        std::fs::create_dir_all(&out).with_context(|| format!("cannot create `{}`", out.display()))?;
+        crate::report::render_comparison(&runs, &out, "comparison")?
+    };
+    let mut out = std::io::stdout().lock();
+    for path in written {
+        writeln!(out, "{}", path.display())?;
+    }
+    Ok(())
+}
+
+fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
+    let cfg = SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
+    let data = synth::generate(&cfg);
+    let written = if args.out.extension().is_some_and(|e| e == "jsonl") {
+        let stem = args.out.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let sibling = |split: &str| args.out.with_file_name(format!("{stem}_{split}.jsonl"));
+        synth::write_jsonl(&args.out, &data.train)?;
+        synth::write_jsonl(&sibling("val"), &data.val)?;
+        synth::write_jsonl(&sibling("test"), &data.test)?;
+        [args.out.clone(), sibling("val"), sibling("test")]
+    } else {
+        synth::write_splits(&args.out, &data)?
+    };
+    let mut out = std::io::stdout().lock();
+    for (path, n) in written.iter().zip([data.train.len(), data.val.len(), data.test.len()]) {
+        writeln!(out, "{} ({n} pairs)", path.display())?;
+    }
+    Ok(())
+}
+
+/// Progress on stderr: a bar on a terminal, plain lines otherwise (CI, files).
+struct ConsoleProgress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl ConsoleProgress {
+    fn new() -> Self {
+        Self { bar: None }
+    }
+
+    fn finish(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+impl Progress for ConsoleProgress {
+    fn start(&mut self, stage: &str, start_step: u64, total_steps: u64) {
+        self.finish();
+        if std::io::stderr().is_terminal() {
+            let style = indicatif::ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            let bar = indicatif::ProgressBar::new(total_steps).with_style(style).with_prefix(stage.to_owned());
+            bar.set_position(start_step);
+            self.bar = Some(bar);
+        } else {
+            eprintln!("{stage}: steps {start_step}..{total_steps}");
+        }
+    }
+
+    fn step(&mut self, step: u64, status: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(step);
+            bar.set_message(status.to_owned());
+        }
+    }
+
+    fn line(&mut self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
     }
 }
 

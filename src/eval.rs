@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use burn::tensor::Device;
 
-use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport};
-use crate::dpo::logps::{DeviceBatch, score};
+use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport, TokenizedPair};
+use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::loss::{LossConfig, dpo_loss};
 use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs};
 use crate::model::{self, Llama};
@@ -88,18 +88,43 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         return Err(EvalError::TooLong { data: opts.data.clone(), longest, limit }.into());
     }
 
+    let collation = Collation {
+        batch_size: opts.batch_size,
+        pad_id: tokenizer.pad_id(),
+        max_length: opts.max_length,
+        ld_alpha: opts.loss.ld_alpha,
+    };
+    let ref_logps = match reference {
+        Some(r) => reference_logps(r, &pairs, &collation, &opts.device),
+        None => RefLogps::zeros(pairs.len()),
+    };
+    let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, &collation, &opts.loss, &opts.device);
+    Ok(EvalReport { metrics, pairs: pairs.len(), skipped: loaded.skipped, tokenize })
+}
+
+/// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs. The
+/// loss is computed once over every pair, so the batch size only bounds memory.
+pub fn evaluate_pairs(
+    policy: &Llama,
+    pairs: &[TokenizedPair],
+    ref_logps: &RefLogps,
+    collation: &Collation,
+    loss: &LossConfig,
+    device: &Device,
+) -> Metrics {
     let mut scored = ScoredPairs::default();
-    for chunk in pairs.chunks(opts.batch_size) {
-        let batch = data::collate(chunk, tokenizer.pad_id(), opts.max_length);
-        let batch = DeviceBatch::new(&batch, opts.loss.ld_alpha, &opts.device);
-        let policy_scores = score(&policy, &batch, true);
-        let reference_scores = reference.map(|r| score(r, &batch, false));
-        scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, reference_scores.as_ref()));
+    let indices: Vec<usize> = (0..pairs.len()).collect();
+    for chunk in indices.chunks(collation.batch_size.max(1)) {
+        let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
+        let batch = data::collate(&chunk_pairs, collation.pad_id, collation.max_length);
+        let batch = DeviceBatch::new(&batch, collation.ld_alpha, device);
+        let policy_scores = score(policy, &batch, true);
+        scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
     }
-    let loss = dpo_loss(&scored.to_pair_scores(&opts.device), &opts.loss).into_scalar::<f32>() as f64;
+    let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
     let mut sums = MetricSums::default();
-    sums.add(&scored, loss, opts.loss.beta);
-    Ok(EvalReport { metrics: sums.finish(), pairs: scored.len(), skipped: loaded.skipped, tokenize })
+    sums.add(&scored, value, loss.beta);
+    sums.finish()
 }
 
 /// Loads a model after checking that every token id the tokenizer can produce has an embedding row.

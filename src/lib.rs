@@ -7,12 +7,14 @@
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod demo;
 pub mod dpo;
 pub mod eval;
 pub mod fsutil;
 pub mod generate;
 pub mod model;
 pub mod report;
+pub mod run;
 pub mod tokenizer;
 pub mod train;
 
@@ -26,6 +28,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             || e.is::<model::weights::WeightsError>()
             || e.is::<dpo::loss::LossConfigError>()
             || e.is::<eval::EvalError>()
+            || e.is::<config::ConfigError>()
     });
     if user_input { 1 } else { 2 }
 }

@@ -8,7 +8,7 @@ use dpo_train::cli::{Cli, run};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             // A closed pipe (`dpo-train eval ... | head`) is not a failure.
             if err.chain().any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)) {

@@ -7,7 +7,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use crate::data::Batch;
+use crate::data::{self, Batch, TokenizedPair};
 use crate::model::Llama;
 
 /// A collated batch on the device, with the per-token weights of the summed log-probs.
@@ -147,4 +147,45 @@ pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceSc
         token_logps: (token_logps * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1),
         stats,
     }
+}
+
+/// The reference's sequence log-probs of every pair, in dataset order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RefLogps {
+    pub chosen: Vec<f32>,
+    pub rejected: Vec<f32>,
+}
+
+impl RefLogps {
+    /// Zeros, for reference-free training.
+    pub fn zeros(pairs: usize) -> Self {
+        Self { chosen: vec![0.0; pairs], rejected: vec![0.0; pairs] }
+    }
+
+    /// The `[2B]` rows (chosen, then rejected) of the pairs at `indices`.
+    pub fn rows(&self, indices: &[usize]) -> Vec<f32> {
+        indices.iter().map(|&i| self.chosen[i]).chain(indices.iter().map(|&i| self.rejected[i])).collect()
+    }
+}
+
+/// How sequences are collated and weighted, shared by every pass over a dataset.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Collation {
+    pub batch_size: usize,
+    pub pad_id: u32,
+    pub max_length: Option<usize>,
+    pub ld_alpha: Option<f64>,
+}
+
+/// Scores every pair under `model` (no gradients), `collation.batch_size` pairs per pass.
+pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, device: &Device) -> RefLogps {
+    let mut out = RefLogps::default();
+    for chunk in pairs.chunks(collation.batch_size.max(1)) {
+        let batch = DeviceBatch::new(&data::collate(chunk, collation.pad_id, collation.max_length), collation.ld_alpha, device);
+        let logps = crate::dpo::metrics::host(&score(model, &batch, false).logps);
+        let b = chunk.len();
+        out.chosen.extend_from_slice(&logps[..b]);
+        out.rejected.extend_from_slice(&logps[b..]);
+    }
+    out
 }

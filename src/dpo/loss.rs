@@ -2,9 +2,11 @@
 //! defines them. The log-ratios are computed once; each loss maps them to a per-pair loss whose
 //! mean over pairs is weighted by `loss_weights` and summed.
 
-use burn::tensor::Tensor;
 use burn::tensor::activation::{log_sigmoid, relu, sigmoid};
+use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
+
+use super::logps::{DeviceBatch, SequenceScores};
 
 /// TRL's `loss_type` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -205,6 +207,33 @@ pub struct PairScores {
     /// WPO weight exponents of each side (used with `use_weighting`).
     pub chosen_wpo: Tensor<1>,
     pub rejected_wpo: Tensor<1>,
+}
+
+impl PairScores {
+    /// The loss inputs of one preference batch, keeping the policy's graph: `ref_logps` are the
+    /// reference's `[2B]` log-probs on the host.
+    ///
+    /// # Panics
+    /// If `policy` was scored without statistics.
+    pub fn from_scores(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
+        let b = batch.pairs;
+        let device = policy.logps.device();
+        let host = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+        let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
+        let half = |t: &Tensor<1>, start: usize| t.clone().narrow(0, start, b); // [B]
+        PairScores {
+            chosen_logps: half(&policy.logps, 0),
+            rejected_logps: half(&policy.logps, b),
+            ref_chosen_logps: host(&ref_logps[..b]),
+            ref_rejected_logps: host(&ref_logps[b..]),
+            chosen_lengths: host(&batch.completion_lengths[..b]),
+            rejected_lengths: host(&batch.completion_lengths[b..]),
+            chosen_token_logps: half(&policy.token_logps, 0),
+            chosen_tokens: half(&stats.tokens, 0),
+            chosen_wpo: half(&stats.wpo, 0),
+            rejected_wpo: half(&stats.wpo, b),
+        }
+    }
 }
 
 /// The scalar training loss, `Σ_k w_k · mean_i ℓ_k(i)`.

@@ -34,19 +34,15 @@ pub struct ScoredPairs {
 }
 
 impl ScoredPairs {
-    /// Copies one batch's scores to the host. `reference` is `None` when reference-free.
+    /// Copies one batch's scores to the host; `ref_logps` holds the reference's `[2B]` sequence
+    /// log-probs (zeros when reference-free).
     ///
     /// # Panics
     /// If `policy` was scored without statistics.
-    pub fn from_batch(batch: &DeviceBatch, policy: &SequenceScores, reference: Option<&SequenceScores>) -> Self {
+    pub fn from_batch(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
         let b = batch.pairs;
         let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
-        let host = |t: &Tensor<1>| -> Vec<f32> {
-            // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
-            t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
-        };
         let logps = host(&policy.logps);
-        let ref_logps = reference.map_or_else(|| vec![0.0; 2 * b], |r| host(&r.logps));
         let token_logps = host(&policy.token_logps);
         let tokens = host(&stats.tokens);
         let entropy = host(&stats.entropy);
@@ -105,6 +101,12 @@ impl ScoredPairs {
             rejected_wpo: t(&self.rejected.wpo),
         }
     }
+}
+
+/// A `[N]` tensor's values on the host, as f32.
+pub fn host(t: &Tensor<1>) -> Vec<f32> {
+    // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
+    t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
 }
 
 /// Running sums behind every metric. Sums are f64 so long runs do not lose precision.

@@ -5,7 +5,7 @@
 //! llama's `attention_bias`), per-head q/k RMSNorm (qwen3), an explicit `head_dim` (qwen3, newer
 //! llama/mistral configs), tied or untied `lm_head`. Field paths equal safetensors keys
 //! (`model.layers.{i}.self_attn.q_proj.weight`); HF stores linear weights `[out, in]` and burn
-//! multiplies by `[in, out]`, so [`Weights`] is read through one transposing loader here.
+//! multiplies by `[in, out]`, so every [`TensorSource`] is read through one transposing loader here.
 
 use std::path::Path;
 
@@ -18,7 +18,7 @@ use burn::tensor::{Device, Int, Tensor};
 use serde::Deserialize;
 
 use super::rope::{Rope, RopeScaling};
-use super::weights::{NamedTensor, Weights, WeightsError};
+use super::weights::{NamedTensor, TensorSource, WeightsError};
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -134,7 +134,12 @@ impl HfConfig {
             return Err(ModelError::NoConfig { path });
         }
         let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-        serde_json::from_str(&text).map_err(|e| ModelError::BadConfig { path, message: e.to_string() })
+        Self::from_json(&text, &path)
+    }
+
+    /// Parses `config.json` text; `path` names it in errors.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self, ModelError> {
+        serde_json::from_str(text).map_err(|e| ModelError::BadConfig { path: path.to_owned(), message: e.to_string() })
     }
 
     /// Checks every value against what the model implements and fills in the defaults.
@@ -249,7 +254,7 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    fn load(w: &Weights, prefix: &str, size: usize, eps: f64, device: &Device) -> Result<Self, ModelError> {
+    fn load(w: &dyn TensorSource, prefix: &str, size: usize, eps: f64, device: &Device) -> Result<Self, ModelError> {
         Ok(Self { weight: Param::from_tensor(w.tensor(&format!("{prefix}.weight"), [size], device)?), eps })
     }
 
@@ -263,7 +268,7 @@ impl RmsNorm {
 }
 
 /// A linear layer from an HF `[out, in]` weight (and optional bias) under `prefix`.
-fn load_linear(w: &Weights, prefix: &str, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Result<Linear, ModelError> {
+fn load_linear(w: &dyn TensorSource, prefix: &str, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Result<Linear, ModelError> {
     let weight = w.tensor(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose(); // [in, out]
     let bias = if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
     Ok(Linear { weight: Param::from_tensor(weight), bias })
@@ -287,7 +292,7 @@ pub struct Attention {
 }
 
 impl Attention {
-    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+    fn load(w: &dyn TensorSource, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
         let (h, d, q, kv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
         let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), d, cfg.rms_norm_eps, device);
         Ok(Self {
@@ -417,7 +422,7 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+    fn load(w: &dyn TensorSource, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
         let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
         Ok(Self {
             gate_proj: load_linear(w, &format!("{prefix}.gate_proj"), h, i, bias, device)?,
@@ -444,7 +449,7 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn load(w: &Weights, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+    fn load(w: &dyn TensorSource, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
         let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), cfg.hidden_size, cfg.rms_norm_eps, device);
         Ok(Self {
             self_attn: Attention::load(w, &format!("{prefix}.self_attn"), cfg, device)?,
@@ -483,7 +488,7 @@ pub struct Llama {
 
 impl Llama {
     /// Builds the model from a checkpoint's tensors.
-    pub fn load(w: &Weights, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
+    pub fn load(w: &dyn TensorSource, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let embed = w.tensor("model.embed_tokens.weight", [v, h], device)?;
         let layers = (0..cfg.num_layers)

@@ -9,7 +9,7 @@ use std::path::Path;
 use burn::tensor::Device;
 
 pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
-pub use weights::Weights;
+pub use weights::{RandomInit, TensorSource, Weights};
 
 /// Reads and resolves `dir/config.json`.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig, ModelError> {

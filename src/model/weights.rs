@@ -66,10 +66,18 @@ impl Weights {
             return Err(WeightsError::NoWeights { dir: dir.to_owned() });
         };
 
-        let mut files = Vec::with_capacity(shard_names.len());
+        Self::map_files(dir, shard_names.iter().map(|name| dir.join(name)))
+    }
+
+    /// Maps one safetensors file (an optimizer state, for example).
+    pub fn open_file(path: &Path) -> Result<Self, WeightsError> {
+        Self::map_files(path.parent().unwrap_or(Path::new(".")), std::iter::once(path.to_owned()))
+    }
+
+    fn map_files(dir: &Path, paths: impl Iterator<Item = PathBuf>) -> Result<Self, WeightsError> {
+        let mut files = Vec::new();
         let mut index = HashMap::new();
-        for name in shard_names {
-            let path = dir.join(&name);
+        for path in paths {
             let file =
                 File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
             // SAFETY: the map is read-only and lives as long as `Weights`; a checkpoint modified
@@ -86,18 +94,27 @@ impl Weights {
         Ok(Self { dir: dir.to_owned(), files, index })
     }
 
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.index.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The number of elements of tensor `name`.
+    pub fn len_of(&self, name: &str) -> Option<usize> {
+        let &file = self.index.get(name)?;
+        let tensors = SafeTensors::deserialize(&self.files[file].1).ok()?;
+        tensors.tensor(name).ok().map(|v| v.shape().iter().product())
+    }
+
     /// Whether the checkpoint holds a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
 
-    /// Reads tensor `name`, checks its shape and returns it as f32 on `device`.
-    pub fn tensor<const D: usize>(
-        &self,
-        name: &str,
-        expected: [usize; D],
-        device: &Device,
-    ) -> Result<Tensor<D>, WeightsError> {
+    /// Reads tensor `name` as f32 host values, checking its shape.
+    pub fn values(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
         let missing = || WeightsError::Missing { name: name.to_owned(), dir: self.dir.clone() };
         let &file = self.index.get(name).ok_or_else(missing)?;
         let (path, mmap) = &self.files[file];
@@ -111,8 +128,58 @@ impl Weights {
                 expected: expected.to_vec(),
             });
         }
-        let values = to_f32(name, view.dtype(), view.data())?;
-        Ok(Tensor::from_data(TensorData::new(values, expected), device))
+        to_f32(name, view.dtype(), view.data())
+    }
+}
+
+/// Where a model's parameters come from, by Hugging Face name: a checkpoint, or a seeded
+/// random initialisation. Model construction is one code path over either.
+pub trait TensorSource {
+    /// The tensor `name` of shape `shape` as f32 host values.
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError>;
+}
+
+impl TensorSource for Weights {
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        Weights::values(self, name, shape)
+    }
+}
+
+impl dyn TensorSource + '_ {
+    /// Tensor `name` on `device`.
+    pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Result<Tensor<D>, WeightsError> {
+        Ok(Tensor::from_data(TensorData::new(self.values(name, &shape)?, shape), device))
+    }
+}
+
+/// transformers' `_init_weights` for these models: normal(0, `std`) matrices, zero biases, unit
+/// norm weights; each tensor seeded from (`seed`, its name) so the result does not depend on order.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomInit {
+    pub seed: u64,
+    pub std: f64,
+}
+
+impl TensorSource for RandomInit {
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        use rand::{RngExt, SeedableRng};
+        let n: usize = shape.iter().product();
+        if name.ends_with("norm.weight") {
+            return Ok(vec![1.0; n]);
+        }
+        if name.ends_with(".bias") {
+            return Ok(vec![0.0; n]);
+        }
+        let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
+        // Box–Muller: two uniforms give one standard normal.
+        Ok((0..n)
+            .map(|_| {
+                let u1: f64 = 1.0 - rng.random::<f64>();
+                let u2: f64 = rng.random::<f64>();
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * self.std) as f32
+            })
+            .collect())
     }
 }
 

@@ -1,0 +1,157 @@
+//! Checkpoints: `checkpoints/step-N/` holds the model (HF layout), the AdamW moments, the trainer
+//! state (step, epoch, elapsed time) and the effective config. Each is written into a staging
+//! directory that is renamed into place, so a kill mid-write leaves the previous checkpoints
+//! intact; `save_total_limit` prunes the oldest after a successful save.
+//!
+//! The data position needs no saving: the sampler derives every batch from (seed, step).
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use super::optim::{AdamW, Moments};
+use crate::fsutil::{replace_dir, write_atomic};
+use crate::model::weights::{NamedTensor, Weights, WeightsError, save_safetensors};
+use crate::model::{self, Llama};
+
+/// Errors reading or writing a checkpoint, naming the path.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot write checkpoint `{path}`")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint `{path}` is incomplete: {message}")]
+    Corrupt { path: PathBuf, message: String },
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+}
+
+/// Where the loop stood.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    /// Optimizer steps completed.
+    pub step: u64,
+    pub epoch: f64,
+    /// Training time so far, carried across resumes.
+    pub elapsed_seconds: f64,
+    /// Training tokens seen so far (TRL's `num_tokens`).
+    pub num_tokens: f64,
+}
+
+const STATE_FILE: &str = "trainer_state.json";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+
+/// Everything a checkpoint holds besides the model.
+pub struct Saved {
+    pub state: TrainerState,
+    pub optimizer: AdamW,
+}
+
+/// Writes `checkpoints/step-N` under `run_dir` and prunes beyond `keep` checkpoints.
+pub fn save(
+    run_dir: &Path,
+    model: &Llama,
+    model_config_json: &str,
+    optimizer: &AdamW,
+    state: &TrainerState,
+    config_toml: &str,
+    keep: Option<usize>,
+) -> Result<PathBuf, CheckpointError> {
+    let root = run_dir.join("checkpoints");
+    let dest = root.join(format!("step-{}", state.step));
+    let staged = root.join(format!(".step-{}.partial", state.step));
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| CheckpointError::Write { path, source }
+    };
+    if staged.exists() {
+        std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
+    }
+    std::fs::create_dir_all(&staged).map_err(io(&staged))?;
+    write_model_dir(&staged, model, model_config_json)?;
+    let moments: Vec<NamedTensor> = optimizer
+        .moments
+        .iter()
+        .flat_map(|(name, m)| {
+            [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)].map(|(kind, t)| NamedTensor {
+                name: format!("{name}.{kind}"),
+                shape: vec![t.dims()[0]],
+                values: crate::dpo::metrics::host(t),
+            })
+        })
+        .collect();
+    save_safetensors(&staged.join(OPTIMIZER_FILE), &moments)?;
+    let full_state = StateFile { trainer: state.clone(), optimizer_step: optimizer.step };
+    let json = serde_json::to_vec_pretty(&full_state).map_err(|e| CheckpointError::Write { path: staged.clone(), source: e.into() })?;
+    write_atomic(&staged.join(STATE_FILE), &json).map_err(io(&staged))?;
+    write_atomic(&staged.join("config.toml"), config_toml.as_bytes()).map_err(io(&staged))?;
+    replace_dir(&staged, &dest).map_err(io(&dest))?;
+    if let Some(keep) = keep {
+        let all = list(run_dir);
+        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
+            std::fs::remove_dir_all(old).map_err(io(old))?;
+        }
+    }
+    Ok(dest)
+}
+
+/// Writes an HF model directory: `config.json` and `model.safetensors` (f32).
+pub fn write_model_dir(dir: &Path, model: &Llama, model_config_json: &str) -> Result<(), CheckpointError> {
+    let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    write_atomic(&dir.join("config.json"), model_config_json.as_bytes()).map_err(io)?;
+    save_safetensors(&dir.join("model.safetensors"), &model.export_tensors())?;
+    Ok(())
+}
+
+/// Complete checkpoints of a run, oldest first.
+pub fn list(run_dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(run_dir.join("checkpoints")) else { return Vec::new() };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let step = e.file_name().to_str()?.strip_prefix("step-")?.parse().ok()?;
+            e.path().join(STATE_FILE).is_file().then(|| (step, e.path()))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The newest complete checkpoint of a run.
+pub fn latest(run_dir: &Path) -> Option<PathBuf> {
+    list(run_dir).pop().map(|(_, path)| path)
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    trainer: TrainerState,
+    optimizer_step: u64,
+}
+
+/// Reads a checkpoint's trainer and optimizer state onto `device` (the model loads through
+/// [`model::load`] from the same directory).
+pub fn load_state(dir: &Path, device: &Device) -> Result<Saved, CheckpointError> {
+    let corrupt = |message: String| CheckpointError::Corrupt { path: dir.to_owned(), message };
+    let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
+    let file: StateFile = serde_json::from_str(&text).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
+    let weights = Weights::open_file(&dir.join(OPTIMIZER_FILE))?;
+    let mut optimizer = AdamW { step: file.optimizer_step, ..Default::default() };
+    for name in weights.names() {
+        let Some(param) = name.strip_suffix(".exp_avg") else { continue };
+        let read = |kind: &str| -> Result<Tensor<1>, CheckpointError> {
+            let key = format!("{param}.{kind}");
+            let values = weights.values(&key, &[weights.len_of(&key).unwrap_or(0)])?;
+            let n = values.len();
+            Ok(Tensor::from_data(TensorData::new(values, [n]), device))
+        };
+        optimizer.moments.insert(param.to_owned(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });
+    }
+    Ok(Saved { state: file.trainer, optimizer })
+}

@@ -1,0 +1,61 @@
+//! Precomputed reference log-probs (`precompute_ref_log_probs`): one pass of the reference over
+//! the training pairs before training, cached on disk under `<output_dir>/.ref_cache/` and keyed
+//! by everything the numbers depend on: the reference's weights, the tokenised data, `max_length`,
+//! `ld_alpha` and the tokenizer. A changed input changes the key; nothing stale is ever reused.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use sha2::{Digest, Sha256};
+
+use super::trainer::{Progress, Stage};
+use crate::dpo::logps::{Collation, RefLogps, reference_logps};
+use crate::model::Llama;
+use crate::model::weights::{NamedTensor, Weights, save_safetensors};
+
+/// The cached log-probs for this reference and data, computed and stored when absent.
+pub fn load_or_compute(reference: &Llama, stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<RefLogps> {
+    let path = cache_path(reference, stage, collation)?;
+    if path.is_file() {
+        let weights = Weights::open_file(&path)?;
+        let n = stage.data.train.len();
+        let cached = RefLogps { chosen: weights.values("chosen", &[n])?, rejected: weights.values("rejected", &[n])? };
+        progress.line(&format!("reference log-probs from cache `{}`", path.display()));
+        return Ok(cached);
+    }
+    progress.line(&format!("precomputing reference log-probs for {} training pairs", stage.data.train.len()));
+    let logps = reference_logps(reference, &stage.data.train, collation, stage.device);
+    let dir = path.parent().unwrap_or(stage.dir);
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+    let n = logps.chosen.len();
+    save_safetensors(
+        &path,
+        &[
+            NamedTensor { name: "chosen".into(), shape: vec![n], values: logps.chosen.clone() },
+            NamedTensor { name: "rejected".into(), shape: vec![n], values: logps.rejected.clone() },
+        ],
+    )?;
+    Ok(logps)
+}
+
+/// `<output_dir>/.ref_cache/<sha256 of the inputs>.safetensors`.
+fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow::Result<PathBuf> {
+    let mut hash = Sha256::new();
+    for tensor in reference.export_tensors() {
+        hash.update(tensor.name.as_bytes());
+        for v in tensor.values {
+            hash.update(v.to_le_bytes());
+        }
+    }
+    for pair in &stage.data.train {
+        for ids in [&pair.prompt_ids, &pair.chosen_ids, &pair.rejected_ids] {
+            hash.update((ids.len() as u64).to_le_bytes());
+            ids.iter().for_each(|id| hash.update(id.to_le_bytes()));
+        }
+    }
+    hash.update(format!("{:?}|{:?}", collation.max_length, collation.ld_alpha).as_bytes());
+    let tokenizer = stage.data.tokenizer_dir.join("tokenizer.json");
+    hash.update(std::fs::read(&tokenizer).with_context(|| format!("cannot read `{}`", tokenizer.display()))?);
+    let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(stage.cfg.output_dir.join(".ref_cache").join(format!("{key}.safetensors")))
+}

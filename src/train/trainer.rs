@@ -1,0 +1,514 @@
+//! The training loop, one stage at a time: supervised fine-tuning on the chosen completions
+//! (`sft`), or DPO against a frozen reference. It reads top to bottom, as nanoGPT's `train.py`:
+//! setup, then one loop that for each optimizer step takes the learning rate from a pure
+//! schedule, accumulates micro-batches, clips by the global norm, steps AdamW, logs, evaluates and
+//! checkpoints at fixed cadences.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::module::Module;
+use burn::tensor::Device;
+
+use super::checkpoint::{self, TrainerState};
+use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::ref_cache;
+use super::sampler::Sampler;
+use super::schedule::Schedule;
+use crate::config::TrainConfig;
+use crate::data::{self, TokenizedPair};
+use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
+use crate::dpo::loss::{PairScores, dpo_loss};
+use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs, host};
+use crate::eval::evaluate_pairs;
+use crate::generate::{SamplingConfig, generate, rng};
+use crate::model::{self, Llama};
+use crate::report::{self, MetricsRow, MetricsWriter, Sample, Split};
+use crate::tokenizer::Tokenizer;
+
+/// What a stage optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Negative log-likelihood of the chosen completions (a token mean).
+    Sft,
+    /// The configured DPO loss against the reference.
+    Dpo,
+}
+
+/// Where progress goes; the binary shows a bar on a terminal and plain lines otherwise.
+pub trait Progress {
+    /// A stage begins (or resumes at `start_step`).
+    fn start(&mut self, stage: &str, start_step: u64, total_steps: u64);
+    /// One optimizer step finished; `status` is a short summary of the last logged values.
+    fn step(&mut self, step: u64, status: &str);
+    /// A line worth keeping (logged metrics, evaluations, checkpoints).
+    fn line(&mut self, text: &str);
+}
+
+/// The data of a run, tokenised once and shared by its stages.
+pub struct RunData {
+    pub tokenizer: Tokenizer,
+    /// Where the tokenizer files live (copied into `final/`).
+    pub tokenizer_dir: PathBuf,
+    pub train: Vec<TokenizedPair>,
+    pub eval: Vec<TokenizedPair>,
+    pub test: Vec<TokenizedPair>,
+}
+
+/// One stage of a run.
+#[derive(Clone, Copy)]
+pub struct Stage<'a> {
+    pub objective: Objective,
+    /// The stage's run directory (metrics, checkpoints, plots, `final/`).
+    pub dir: &'a Path,
+    pub cfg: &'a TrainConfig,
+    /// Peak learning rate of the stage.
+    pub learning_rate: f64,
+    /// Optimizer steps; `None` runs `num_train_epochs` over the training pairs.
+    pub steps: Option<u64>,
+    /// The starting weights (an HF directory).
+    pub model_dir: &'a Path,
+    /// The reference; `None` takes the starting weights.
+    pub ref_dir: Option<&'a Path>,
+    pub data: &'a RunData,
+    /// The plain device; training runs on its autodiff twin.
+    pub device: &'a Device,
+    /// Continue from the newest checkpoint in `dir`.
+    pub resume: bool,
+    /// Set by Ctrl-C: checkpoint and stop after the current step.
+    pub interrupt: &'a AtomicBool,
+}
+
+/// How a stage ended.
+#[derive(Debug, Clone)]
+pub struct StageOutcome {
+    /// The HF model directory written at the end (or the checkpoint when interrupted).
+    pub model_dir: PathBuf,
+    pub steps: u64,
+    pub interrupted: bool,
+    /// The last evaluation on the held-out set, and the test set's (DPO only).
+    pub eval: Option<Metrics>,
+    pub test: Option<Metrics>,
+}
+
+/// The per-step batch arithmetic (data parallelism multiplies the micro-batch by the world size).
+fn batch_plan(cfg: &TrainConfig, len: usize) -> anyhow::Result<Sampler> {
+    let micro = cfg.per_device_train_batch_size;
+    let accumulation = match cfg.global_batch_size {
+        Some(global) if global % micro != 0 => anyhow::bail!(
+            "`global_batch_size` {global} is not a multiple of `per_device_train_batch_size` {micro}"
+        ),
+        Some(global) => global / micro,
+        None => cfg.gradient_accumulation_steps,
+    };
+    Ok(Sampler { len, global_batch: micro * accumulation, micro_batch: micro, seed: cfg.seed })
+}
+
+/// Runs one stage to its end, a Ctrl-C, or an error.
+pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<StageOutcome> {
+    let cfg = stage.cfg;
+    let data = stage.data;
+    let dir = stage.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+    let config_toml = cfg.to_toml();
+    crate::fsutil::write_atomic(&dir.join("config.toml"), config_toml.as_bytes())
+        .with_context(|| format!("cannot write `{}`", dir.join("config.toml").display()))?;
+    let model_config_json = std::fs::read_to_string(stage.model_dir.join("config.json"))
+        .with_context(|| format!("cannot read `{}`", stage.model_dir.join("config.json").display()))?;
+
+    // --- the plan: steps, batches, schedule ---
+    let name = match stage.objective {
+        Objective::Sft => "sft",
+        Objective::Dpo => "dpo",
+    };
+    let sampler = batch_plan(cfg, data.train.len())?;
+    let total_steps =
+        stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
+    let schedule = Schedule {
+        kind: cfg.lr_scheduler_type,
+        peak: stage.learning_rate,
+        warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+        total_steps,
+        min_lr_rate: cfg.min_lr_rate,
+    };
+    let adamw = AdamWConfig {
+        beta1: cfg.adam_beta1,
+        beta2: cfg.adam_beta2,
+        epsilon: cfg.adam_epsilon,
+        weight_decay: cfg.weight_decay,
+    };
+    let loss_cfg = cfg.loss();
+    let pad_id = data.tokenizer.pad_id();
+    let max_length = Some(cfg.max_length);
+    let eval_collation =
+        Collation { batch_size: cfg.per_device_eval_batch_size, pad_id, max_length, ld_alpha: loss_cfg.ld_alpha };
+
+    // --- the models: policy (autodiff), reference (plain, frozen) ---
+    let train_device = stage.device.clone().autodiff();
+    let resume_from = if stage.resume { checkpoint::latest(dir) } else { None };
+    let (mut policy, mut optimizer, mut state) = match &resume_from {
+        Some(ckpt) => {
+            let saved = checkpoint::load_state(ckpt, &train_device)?;
+            let (_, policy) = model::load(ckpt, &train_device)?;
+            progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
+            (policy, saved.optimizer, saved.state)
+        }
+        None => {
+            let (_, policy) = model::load(stage.model_dir, &train_device)
+                .with_context(|| format!("cannot load the model in `{}`", stage.model_dir.display()))?;
+            (policy, AdamW::default(), TrainerState { step: 0, epoch: 0.0, elapsed_seconds: 0.0, num_tokens: 0.0 })
+        }
+    };
+    let mut metrics_out = match &resume_from {
+        Some(_) => MetricsWriter::resume(dir, state.step)?,
+        None => MetricsWriter::create(dir)?,
+    };
+
+    let references = match stage.objective {
+        Objective::Sft => None,
+        Objective::Dpo => Some(References::prepare(stage, &eval_collation, progress)?),
+    };
+
+    // --- the loop ---
+    progress.start(name, state.step, total_steps);
+    let started = Instant::now();
+    let elapsed_before = state.elapsed_seconds;
+    let mut window = Window::new(Instant::now());
+    let mut last_eval = None;
+    let mut last_status = String::new();
+    let mut interrupted = false;
+    while state.step < total_steps {
+        if stage.interrupt.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
+        }
+        let lr = schedule.lr(state.step);
+        let micro_batches = sampler.micro_batches(state.step);
+
+        // Accumulate: each micro-batch's loss is scaled by its share of the step, so the summed
+        // gradients equal those of one batch holding every pair of the step.
+        let mut grads = GradAccumulator::default();
+        let step_pairs: usize = micro_batches.iter().map(Vec::len).sum();
+        let chunks: Vec<Vec<TokenizedPair>> =
+            micro_batches.iter().map(|ids| ids.iter().map(|&i| data.train[i].clone()).collect()).collect();
+        let step_tokens: f64 = match stage.objective {
+            Objective::Sft => chunks.iter().map(|c| scored_tokens(&data::collate_chosen(c, pad_id, max_length))).sum(),
+            Objective::Dpo => 0.0,
+        };
+        for (ids, chunk) in micro_batches.iter().zip(&chunks) {
+            let loss = match (stage.objective, &references) {
+                (Objective::Sft, _) => {
+                    let batch = data::collate_chosen(chunk, pad_id, max_length);
+                    window.count(&batch);
+                    let device_batch = DeviceBatch::new(&batch, None, &train_device);
+                    let scores = score(&policy, &device_batch, false);
+                    let nll = -scores.token_logps.sum() / step_tokens.max(1.0);
+                    window.losses.push(nll.clone().detach());
+                    nll
+                }
+                (Objective::Dpo, Some(refs)) => {
+                    let batch = data::collate(chunk, pad_id, max_length);
+                    window.count(&batch);
+                    let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &train_device);
+                    let ref_rows = refs.train_rows(ids, &batch, stage.device);
+                    let scores = score(&policy, &device_batch, true);
+                    let loss = dpo_loss(&PairScores::from_scores(&device_batch, &scores, &ref_rows), &loss_cfg);
+                    window.pending.push((device_batch, scores, ref_rows, loss.clone().detach()));
+                    loss * (chunk.len() as f64 / step_pairs as f64)
+                }
+                (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
+            };
+            grads.add(&policy, &loss.backward());
+        }
+        let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
+        policy = optimizer.step(policy, &grads, lr, &adamw);
+        state.step += 1;
+        state.epoch = sampler.epoch_at(state.step);
+        state.elapsed_seconds = elapsed_before + started.elapsed().as_secs_f64();
+
+        // --- log, evaluate, checkpoint ---
+        if state.step % cfg.logging_steps == 0 || state.step == total_steps {
+            // Reading the values back is a host sync: it happens on logging steps only.
+            let (row, status) = window.finish(&state, lr, grad_norm.map(|n| n.into_scalar::<f32>() as f64), stage.objective, cfg.beta);
+            state.num_tokens = row.metrics[10].unwrap_or(state.num_tokens);
+            metrics_out.append(&row)?;
+            progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
+            last_status = status;
+            window = Window::new(Instant::now());
+        }
+        if let Some(refs) = &references {
+            let every = cfg.eval_every();
+            if every > 0 && (state.step % every == 0 || state.step == total_steps) {
+                last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, &mut metrics_out, progress)?);
+            }
+        }
+        if cfg.save_steps > 0 && state.step % cfg.save_steps == 0 && state.step < total_steps {
+            let path = checkpoint::save(dir, &policy.valid(), &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+            progress.line(&format!("saved `{}`", path.display()));
+        }
+        progress.step(state.step, &last_status);
+    }
+
+    // --- the end: checkpoint, final model, test, plots ---
+    let policy = policy.valid();
+    if checkpoint::latest(dir).as_deref() != Some(&dir.join("checkpoints").join(format!("step-{}", state.step))) {
+        let path = checkpoint::save(dir, &policy, &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+        progress.line(&format!("saved `{}`", path.display()));
+    }
+    let meta = report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.beta };
+    report::render_run(dir, &meta)?;
+    if interrupted {
+        let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
+        progress.line(&format!("interrupted at step {}: resume with `--resume {}`", state.step, dir.display()));
+        return Ok(StageOutcome { model_dir: ckpt, steps: state.step, interrupted, eval: last_eval, test: None });
+    }
+    let final_dir = dir.join("final");
+    export_final(&final_dir, &policy, &model_config_json, &data.tokenizer_dir)?;
+    let test = match &references {
+        Some(refs) if !data.test.is_empty() => Some(refs.test(&policy, stage, &eval_collation, progress)?),
+        _ => None,
+    };
+    Ok(StageOutcome { model_dir: final_dir, steps: state.step, interrupted, eval: last_eval, test })
+}
+
+/// The run's display name: its directory name.
+fn run_label(dir: &Path) -> String {
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Completion tokens scored in a batch.
+fn scored_tokens(batch: &data::Batch) -> f64 {
+    let s = batch.seq_len;
+    (0..batch.rows).map(|r| batch.completion_mask[r * s + 1..(r + 1) * s].iter().sum::<i64>() as f64).sum()
+}
+
+/// Writes `final/`: an HF model directory with the tokenizer files, atomically.
+fn export_final(final_dir: &Path, model: &Llama, model_config_json: &str, tokenizer_dir: &Path) -> anyhow::Result<()> {
+    let staged = final_dir.with_extension("partial");
+    if staged.exists() {
+        std::fs::remove_dir_all(&staged)?;
+    }
+    checkpoint::write_model_dir(&staged, model, model_config_json)?;
+    for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
+        let src = tokenizer_dir.join(file);
+        if src.is_file() {
+            std::fs::copy(&src, staged.join(file)).with_context(|| format!("cannot copy `{}`", src.display()))?;
+        }
+    }
+    crate::fsutil::replace_dir(&staged, final_dir).with_context(|| format!("cannot write `{}`", final_dir.display()))
+}
+
+/// What the steps since the last log did, kept on the device until the log reads it.
+struct Window {
+    started: Instant,
+    pairs: usize,
+    tokens: f64,
+    /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
+    pending: Vec<(DeviceBatch, crate::dpo::logps::SequenceScores, Vec<f32>, burn::tensor::Tensor<1>)>,
+    /// SFT: each micro-batch's (scaled) loss.
+    losses: Vec<burn::tensor::Tensor<1>>,
+}
+
+impl Window {
+    fn new(started: Instant) -> Self {
+        Self { started, pairs: 0, tokens: 0.0, pending: Vec::new(), losses: Vec::new() }
+    }
+
+    fn count(&mut self, batch: &data::Batch) {
+        self.pairs += batch.batch_size;
+        self.tokens += batch.attention_mask.iter().sum::<i64>() as f64;
+    }
+
+    /// The logged row and a one-line status, TRL's names in TRL's order.
+    fn finish(
+        self,
+        state: &TrainerState,
+        lr: f64,
+        grad_norm: Option<f64>,
+        objective: Objective,
+        beta: f64,
+    ) -> (MetricsRow, String) {
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
+        let mut row = MetricsRow::empty(state.step, state.epoch, Split::Train, state.elapsed_seconds);
+        let num_tokens = state.num_tokens + self.tokens;
+        let status = match objective {
+            Objective::Sft => {
+                // Each SFT micro-batch loss is already a share of its step's token mean.
+                let steps = (self.losses.len() as f64).max(1.0);
+                let total: f64 = self.losses.into_iter().map(|l| l.into_scalar::<f32>() as f64).sum();
+                let loss = total / steps;
+                row.set_metric("loss", loss);
+                format!("loss {loss:.4}")
+            }
+            Objective::Dpo => {
+                let mut sums = MetricSums::default();
+                for (batch, scores, ref_rows, loss) in &self.pending {
+                    let scored = ScoredPairs::from_batch(batch, scores, ref_rows);
+                    sums.add(&scored, host(loss)[0] as f64, beta);
+                }
+                let m = sums.finish();
+                for (name, value) in m.named() {
+                    row.set_metric(name, value);
+                }
+                format!(
+                    "loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+                    m.loss, m.rewards_accuracies, m.rewards_margins
+                )
+            }
+        };
+        row.set_metric("num_tokens", num_tokens);
+        row.learning_rate = Some(lr);
+        row.grad_norm = grad_norm;
+        row.pairs_per_second = Some(self.pairs as f64 / seconds);
+        row.tokens_per_second = Some(self.tokens / seconds);
+        let status = format!(
+            "{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s",
+            grad_norm.unwrap_or(f64::NAN),
+            self.pairs as f64 / seconds
+        );
+        (row, status)
+    }
+}
+
+/// The frozen reference of a DPO stage: its log-probs on every dataset and its sample completions,
+/// computed once (the reference model itself is dropped when nothing needs it per step).
+struct References {
+    /// Per-step reference, when the training log-probs are not precomputed.
+    model: Option<Llama>,
+    train: Option<RefLogps>,
+    eval: RefLogps,
+    test: RefLogps,
+    eval_samples: Vec<String>,
+    test_samples: Vec<String>,
+    reference_free: bool,
+}
+
+impl References {
+    fn prepare(stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<Self> {
+        let cfg = stage.cfg;
+        let data = stage.data;
+        if cfg.reference_free {
+            return Ok(Self {
+                model: None,
+                train: Some(RefLogps::zeros(data.train.len())),
+                eval: RefLogps::zeros(data.eval.len()),
+                test: RefLogps::zeros(data.test.len()),
+                eval_samples: Vec::new(),
+                test_samples: Vec::new(),
+                reference_free: true,
+            });
+        }
+        let ref_dir = stage.ref_dir.unwrap_or(stage.model_dir);
+        let (_, reference) = model::load(ref_dir, stage.device)
+            .with_context(|| format!("cannot load the reference model in `{}`", ref_dir.display()))?;
+        progress.line(&format!("scoring {} held-out pairs under the reference", data.eval.len() + data.test.len()));
+        let eval = reference_logps(&reference, &data.eval, collation, stage.device);
+        let test = reference_logps(&reference, &data.test, collation, stage.device);
+        let eval_samples = sample_texts(&reference, &data.eval, stage);
+        let test_samples = sample_texts(&reference, &data.test, stage);
+        let (model, train) = if cfg.precompute_ref_log_probs {
+            let train = ref_cache::load_or_compute(&reference, stage, collation, progress)?;
+            (None, Some(train))
+        } else {
+            (Some(reference), None)
+        };
+        Ok(Self { model, train, eval, test, eval_samples, test_samples, reference_free: false })
+    }
+
+    /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
+    fn train_rows(&self, ids: &[usize], batch: &data::Batch, device: &Device) -> Vec<f32> {
+        match (&self.train, &self.model) {
+            (Some(table), _) => table.rows(ids),
+            (None, Some(model)) => {
+                let device_batch = DeviceBatch::new(batch, None, device);
+                host(&score(model, &device_batch, false).logps)
+            }
+            (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
+        }
+    }
+
+    fn evaluate(
+        &self,
+        policy: &Llama,
+        stage: &Stage,
+        state: &TrainerState,
+        collation: &Collation,
+        out: &mut MetricsWriter,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Metrics> {
+        if stage.data.eval.is_empty() {
+            return Ok(MetricSums::default().finish());
+        }
+        let metrics = evaluate_pairs(policy, &stage.data.eval, &self.eval, collation, &stage.cfg.loss(), stage.device);
+        let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
+        for (name, value) in metrics.named() {
+            row.set_metric(name, value);
+        }
+        row.set_metric("num_tokens", state.num_tokens);
+        out.append(&row)?;
+        progress.line(&format!(
+            "eval step {} | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+            state.step, metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
+        ));
+        self.write_samples(policy, stage, "samples_val.txt", &stage.data.eval, &self.eval_samples, &format!("step {}", state.step))?;
+        Ok(metrics)
+    }
+
+    fn test(&self, policy: &Llama, stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<Metrics> {
+        let metrics = evaluate_pairs(policy, &stage.data.test, &self.test, collation, &stage.cfg.loss(), stage.device);
+        progress.line(&format!(
+            "test | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+            metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
+        ));
+        self.write_samples(policy, stage, "samples_test.txt", &stage.data.test, &self.test_samples, "final")?;
+        Ok(metrics)
+    }
+
+    fn write_samples(
+        &self,
+        policy: &Llama,
+        stage: &Stage,
+        file: &str,
+        pairs: &[TokenizedPair],
+        reference: &[String],
+        title: &str,
+    ) -> anyhow::Result<()> {
+        if pairs.is_empty() || stage.cfg.num_samples == 0 {
+            return Ok(());
+        }
+        let policy_texts = sample_texts(policy, pairs, stage);
+        let tok = &stage.data.tokenizer;
+        let samples = pairs
+            .iter()
+            .zip(policy_texts)
+            .enumerate()
+            .map(|(i, (pair, policy))| {
+                Ok(Sample {
+                    prompt: tok.decode(&pair.prompt_ids, false)?,
+                    policy,
+                    reference: if self.reference_free { "(reference-free)".to_owned() } else { reference[i].clone() },
+                    chosen: tok.decode(&pair.chosen_ids, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>, crate::tokenizer::TokenizerError>>()?;
+        report::write_samples(&stage.dir.join(file), title, &samples)?;
+        Ok(())
+    }
+}
+
+/// Greedy completions of the first `num_samples` prompts of `pairs`.
+fn sample_texts(model: &Llama, pairs: &[TokenizedPair], stage: &Stage) -> Vec<String> {
+    let tok = &stage.data.tokenizer;
+    let cfg = SamplingConfig::greedy(stage.cfg.max_new_tokens);
+    let mut sampler = rng(stage.cfg.seed);
+    pairs
+        .iter()
+        .take(stage.cfg.num_samples)
+        .map(|pair| {
+            let ids = generate(model, &pair.prompt_ids, 1, tok.eos_id(), &cfg, &mut sampler, stage.device);
+            tok.decode(&ids[0], true).unwrap_or_else(|e| format!("(cannot decode: {e})"))
+        })
+        .collect()
+}
