@@ -23,7 +23,7 @@ CARGO ?= cargo
 demo: build
 	./target/release/dpo-train
 
-test: build
+test: build ref-venv
 	$(CARGO) test --release --workspace
 	$(CARGO) build --release --workspace --benches
 

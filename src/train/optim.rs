@@ -161,6 +161,41 @@ impl ModuleMapper for Update<'_> {
 mod tests {
     use super::*;
 
+    use burn::tensor::{Device, TensorData};
+
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    fn cpu() -> Device {
+        Device::libtorch()
+    }
+
+    fn accumulator(grads: &[(&str, Vec<f32>)]) -> GradAccumulator {
+        let device = cpu();
+        GradAccumulator {
+            grads: grads
+                .iter()
+                .map(|(name, v)| (name.to_string(), Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device)))
+                .collect(),
+        }
+    }
+
+    /// ‖(3, 4)‖ and ‖(12)‖ give a global norm of 13; clipping to 6.5 halves every gradient,
+    /// while per-tensor clipping would have scaled the two tensors differently.
+    #[test]
+    fn global_norm_clipping_by_hand() {
+        let mut acc = accumulator(&[("a.weight", vec![3.0, 4.0]), ("b.weight", vec![12.0])]);
+        let norm = acc.clip_global_norm(6.5).unwrap().into_scalar::<f32>();
+        assert!((norm - 13.0).abs() < 1e-6);
+        let coef = 6.5 / (13.0 + 1e-6);
+        let a = crate::dpo::metrics::host(&acc.grads["a.weight"]);
+        let b = crate::dpo::metrics::host(&acc.grads["b.weight"]);
+        assert!((a[0] - 3.0 * coef).abs() < 1e-6 && (a[1] - 4.0 * coef).abs() < 1e-6);
+        assert!((b[0] - 12.0 * coef).abs() < 1e-6);
+        // Under the limit nothing changes.
+        let mut small = accumulator(&[("a.weight", vec![0.3, 0.4])]);
+        small.clip_global_norm(1.0);
+        assert_eq!(crate::dpo::metrics::host(&small.grads["a.weight"]), vec![0.3, 0.4]);
+    }
+
     #[test]
     fn decay_groups_follow_names() {
         assert!(decays("model.layers.0.mlp.up_proj.weight"));

@@ -1,0 +1,151 @@
+//! The training loop on the tiny fixture models: resume equivalence, accumulation equivalence, and
+//! the embedded demo's learning claims on a shortened run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::tensor::Device;
+use dpo_train::config::TrainConfig;
+use dpo_train::report::{METRIC_NAMES, read_metrics};
+use dpo_train::run::{RunRequest, RunSummary, run};
+use dpo_train::train::trainer::Progress;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn cpu() -> Device {
+    Device::libtorch()
+}
+
+/// Records nothing; raises the interrupt flag once `stop_at` steps are done.
+struct Quiet<'a> {
+    stop_at: Option<u64>,
+    interrupt: &'a AtomicBool,
+}
+
+impl Progress for Quiet<'_> {
+    fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
+    fn step(&mut self, step: u64, _status: &str) {
+        if Some(step) == self.stop_at {
+            self.interrupt.store(true, Ordering::SeqCst);
+        }
+    }
+    fn line(&mut self, _text: &str) {}
+}
+
+/// A DPO config on the fixture llama pair and preference set.
+fn fixture_config(output: &Path, name: &str) -> TrainConfig {
+    let text = format!(
+        r#"
+        model_name_or_path = "{model}"
+        ref_model_name_or_path = "{reference}"
+        train_file = "{data}"
+        eval_file = "{data}"
+        output_dir = "{output}"
+        run_name = "{name}"
+        learning_rate = 1e-3
+        lr_scheduler_type = "linear"
+        warmup_steps = 2
+        weight_decay = 0.01
+        max_grad_norm = 0.5
+        per_device_train_batch_size = 4
+        max_steps = 10
+        logging_steps = 1
+        eval_steps = 5
+        save_steps = 3
+        num_samples = 2
+        max_new_tokens = 4
+        seed = 7
+        "#,
+        model = fixtures().join("models/llama").display(),
+        reference = fixtures().join("models/llama-ref").display(),
+        data = fixtures().join("data/prefs.jsonl").display(),
+        output = output.display(),
+    );
+    TrainConfig::from_toml_str(&text, "test").unwrap()
+}
+
+fn train(cfg: TrainConfig, resume: Option<PathBuf>, stop_at: Option<u64>) -> RunSummary {
+    let interrupt = AtomicBool::new(false);
+    let mut progress = Quiet { stop_at, interrupt: &interrupt };
+    let req = RunRequest {
+        cfg,
+        config_name: "test".into(),
+        resume: resume.map(Some),
+        sft_only: false,
+        device: cpu(),
+        interrupt: &interrupt,
+    };
+    run(req, &mut progress).unwrap()
+}
+
+/// Reads every tensor of `model.safetensors` in `dir` flattened.
+fn flat(dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|((na, va), (nb, vb))| {
+            assert_eq!(na, nb);
+            va.iter().zip(vb).map(|(x, y)| (x - y).abs())
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn five_steps_plus_resume_equals_ten_straight() {
+    let out = tempfile::tempdir().unwrap();
+    let straight = train(fixture_config(out.path(), "straight"), None, None);
+    let first = train(fixture_config(out.path(), "split"), None, Some(5));
+    assert!(first.interrupted());
+    assert_eq!(first.dpo.as_ref().unwrap().steps, 5);
+    let resumed = train(fixture_config(out.path(), "split"), Some(first.run_dir.clone()), None);
+    assert!(!resumed.interrupted());
+
+    let diff = max_diff(&flat(&straight.run_dir.join("final")), &flat(&resumed.run_dir.join("final")));
+    assert!(diff <= 1e-6, "parameters differ by {diff}");
+    let rows_a = read_metrics(&straight.run_dir.join("metrics.csv")).unwrap();
+    let rows_b = read_metrics(&resumed.run_dir.join("metrics.csv")).unwrap();
+    assert_eq!(rows_a.len(), rows_b.len());
+    for (a, b) in rows_a.iter().zip(&rows_b) {
+        assert_eq!((a.step, a.split), (b.step, b.split));
+        for name in METRIC_NAMES {
+            let (x, y) = (a.metric(name).unwrap_or(0.0), b.metric(name).unwrap_or(0.0));
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "step {} {name}: {x} vs {y}", a.step);
+        }
+        assert_eq!(a.learning_rate, b.learning_rate);
+    }
+}
+
+#[test]
+fn accumulation_equals_one_large_batch() {
+    let out = tempfile::tempdir().unwrap();
+    let mut one = fixture_config(out.path(), "batch8");
+    one.per_device_train_batch_size = 8;
+    one.max_steps = 1;
+    one.warmup_steps = 0;
+    one.eval_file = None;
+    let mut two = one.clone();
+    two.run_name = Some("batch4x2".into());
+    two.per_device_train_batch_size = 4;
+    two.gradient_accumulation_steps = 2;
+    let a = train(one, None, None);
+    let b = train(two, None, None);
+    let diff = max_diff(&flat(&a.run_dir.join("final")), &flat(&b.run_dir.join("final")));
+    assert!(diff <= 1e-5, "parameters differ by {diff}");
+    let start = flat(&fixtures().join("models/llama"));
+    assert!(max_diff(&start, &flat(&a.run_dir.join("final"))) > 1e-4, "the step changed nothing");
+}
