@@ -96,6 +96,8 @@ impl clap::Args for ConfigOverrides {
                 .long(key.name.replace('_', "-"))
                 .value_name(key.kind)
                 .help(key.doc.trim())
+                // `-1e-5` is a value here, not a flag.
+                .allow_hyphen_values(matches!(key.kind, "NUM" | "INT" | "LIST"))
                 .action(clap::ArgAction::Set);
             cmd.arg(if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg })
         })
