@@ -552,7 +552,11 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
 }
 
 fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) -> anyhow::Result<()> {
-    let types: Vec<&str> = opts.loss.loss_type.iter().map(|t| t.name()).collect();
+    let types: Vec<String> = opts
+        .loss
+        .weighted_types()
+        .map(|(t, w)| if opts.loss.loss_weights.is_empty() { t.name().to_owned() } else { format!("{} x{w}", t.name()) })
+        .collect();
     writeln!(out, "model      {}", opts.model.display())?;
     if let Some(r) = &opts.ref_model {
         writeln!(out, "reference  {}", r.display())?;

@@ -230,6 +230,8 @@ train_config! {
     logging_steps: u64 = 10,
     /// Evaluate every this many steps [default: logging_steps]; 0 disables periodic evaluation.
     eval_steps: Option<u64> = None,
+    /// Also evaluate before the first step (the policy still equals the reference there).
+    eval_on_start: bool = false,
     /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
     save_steps: u64 = 500,
     /// Checkpoints kept (oldest deleted first) [default: all].

@@ -149,3 +149,21 @@ fn accumulation_equals_one_large_batch() {
     let start = flat(&fixtures().join("models/llama"));
     assert!(max_diff(&start, &flat(&a.run_dir.join("final"))) > 1e-4, "the step changed nothing");
 }
+
+#[test]
+fn a_checkpoint_killed_mid_write_leaves_the_previous_one_usable() {
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg = fixture_config(out.path(), "killed");
+    cfg.max_steps = 6;
+    cfg.eval_file = None;
+    let first = train(cfg.clone(), None, None);
+    let checkpoints = first.run_dir.join("checkpoints");
+    // A kill while step 9 was being written leaves only its staging directory behind.
+    std::fs::create_dir_all(checkpoints.join(".step-9.partial")).unwrap();
+    std::fs::write(checkpoints.join(".step-9.partial/model.safetensors"), b"half a file").unwrap();
+    let latest = dpo_train::train::checkpoint::latest(&first.run_dir).unwrap();
+    assert_eq!(latest, checkpoints.join("step-6"));
+    cfg.max_steps = 8;
+    let resumed = train(cfg, Some(first.run_dir.clone()), None);
+    assert_eq!(resumed.dpo.unwrap().steps, 8);
+}

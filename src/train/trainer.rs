@@ -179,6 +179,9 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let mut last_eval = None;
     let mut last_status = String::new();
     let mut interrupted = false;
+    if let (Some(refs), true, 0) = (&references, cfg.eval_on_start, state.step) {
+        last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, &mut metrics_out, progress)?);
+    }
     while state.step < total_steps {
         if stage.interrupt.load(Ordering::SeqCst) {
             interrupted = true;
