@@ -33,6 +33,9 @@ pub const EMA_ALPHA: f64 = 0.1;
 /// Series shorter than this are drawn unsmoothed: an EMA over one or two points only hides them.
 const MIN_POINTS_TO_SMOOTH: usize = 3;
 
+/// Opacity of the raw training values behind their EMA: visible, but clearly secondary.
+const RAW_ALPHA: f64 = 0.4;
+
 /// The file names written by [`render_run`] and [`render_comparison`], in the order returned.
 pub const PLOT_FILES: [&str; 6] = [
     "loss.png",
@@ -206,6 +209,8 @@ struct Chart {
     /// A fixed y range (accuracies live in [0, 1]); otherwise fitted to the data.
     y_fixed: Option<(f64, f64)>,
     curves: Vec<Curve>,
+    /// Whether to draw a legend (a chart stacked under one with the same curves skips it).
+    legend: bool,
 }
 
 /// One dashboard cell: charts stacked top to bottom.
@@ -267,13 +272,14 @@ fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
             y_label: field.name(),
             y_fixed,
             curves,
+            legend: true,
         }]
     };
     let chosen = Field::Metric("rewards/chosen");
     let rejected = Field::Metric("rewards/rejected");
     let rewards = vec![Chart {
         caption: "rewards/chosen vs rewards/rejected".to_string(),
-        y_label: "reward",
+        y_label: "rewards",
         y_fixed: None,
         curves: vec![
             train(chosen, "train chosen", CHOSEN_COLOR, true),
@@ -281,6 +287,7 @@ fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
             eval(chosen, "eval chosen", CHOSEN_EVAL_COLOR),
             eval(rejected, "eval rejected", REJECTED_EVAL_COLOR),
         ],
+        legend: true,
     }];
     [
         simple(Field::Metric("loss"), None, true, true),
@@ -325,13 +332,18 @@ fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
             y_label: field.name(),
             y_fixed,
             curves,
+            legend: true,
         }
     };
     [
         vec![chart(Field::Metric("loss"), None, true, true)],
         vec![
             chart(Field::Metric("rewards/chosen"), None, true, true),
-            chart(Field::Metric("rewards/rejected"), None, true, true),
+            // Same runs, same colours: the legend above serves both.
+            Chart {
+                legend: false,
+                ..chart(Field::Metric("rewards/rejected"), None, true, true)
+            },
         ],
         vec![chart(Field::Metric("rewards/margins"), None, true, true)],
         vec![chart(
@@ -487,11 +499,30 @@ fn fit_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     Some((lo - pad, hi + pad))
 }
 
+/// The x range: from the first logged step, with 2 % of air after the last (±1 for one step).
+fn step_range(steps: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = steps.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if lo > hi {
+        None
+    } else if lo == hi {
+        Some((lo - 1.0, hi + 1.0))
+    } else {
+        Some((lo, hi + (hi - lo) * 0.02))
+    }
+}
+
 /// Tick text for a value on an axis spanning `span`: enough decimals to tell ticks apart, and
 /// scientific notation for learning-rate-sized or huge numbers.
 fn tick_label(v: f64, span: f64, magnitude: f64) -> String {
     if magnitude != 0.0 && !(1e-3..1e5).contains(&magnitude) {
-        return format!("{v:.1e}");
+        // A tick at zero can land a rounding error away from it: 1e-6 of the span is zero.
+        return if v.abs() <= span * 1e-6 {
+            "0".to_string()
+        } else {
+            format!("{v:.1e}")
+        };
     }
     // About twice as many decimals steps as ticks, so 0.25 on a 0..1 axis keeps its 5.
     let step = span / 12.0;
@@ -545,11 +576,7 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
         .flat_map(|c| c.points.iter().copied())
         .collect();
     let empty = all_points.is_empty();
-    let (x0, x1) = fit_range(all_points.iter().map(|p| p.0)).map_or((0.0, 1.0), |(lo, hi)| {
-        // Steps start at the first logged step; keep the padding on the right only.
-        let lo = (lo + (hi - lo) / 22.0).max(0.0).floor();
-        (lo.min(hi - 1.0), hi.ceil())
-    });
+    let (x0, x1) = step_range(all_points.iter().map(|p| p.0)).unwrap_or((0.0, 1.0));
     let (y0, y1) = chart
         .y_fixed
         .or_else(|| fit_range(all_points.iter().map(|p| p.1)))
@@ -571,8 +598,9 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
         .y_desc(chart.y_label)
         .axis_desc_style(font(scale.axis_desc, &TEXT_COLOR))
         .label_style(font(scale.tick, &TEXT_COLOR))
-        .x_labels(8)
-        .y_labels(6)
+        // An empty chart gets a bare frame: ticks for made-up ranges would only mislead.
+        .x_labels(if empty { 0 } else { 8 })
+        .y_labels(if empty { 0 } else { 6 })
         .x_label_formatter(&x_fmt)
         .y_label_formatter(&y_fmt)
         .bold_line_style(GRID_COLOR)
@@ -581,7 +609,7 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
         .draw()?;
 
     if empty {
-        let note = format!("no {} values logged yet", chart.y_label);
+        let note = format!("no {} logged", chart.y_label);
         let style = font(scale.note, &NOTE_COLOR).pos(Pos::new(HPos::Center, VPos::Center));
         ctx.draw_series(std::iter::once(Text::new(
             note,
@@ -606,7 +634,7 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
                     if raw {
                         ctx.draw_series(LineSeries::new(
                             curve.points.iter().copied(),
-                            color.mix(0.3).stroke_width(1),
+                            color.mix(RAW_ALPHA).stroke_width(1),
                         ))?;
                     }
                     let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
@@ -660,15 +688,18 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
                 )?
                 .label(&curve.label)
                 .legend(move |(x, y)| {
+                    // Two dashes for a dashed curve, one line otherwise, and the marker.
+                    let (first_end, second_start) = if dashed { (8, 16) } else { (24, 24) };
                     EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (24, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(0, 0), (first_end, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(second_start, 0), (24, 0)], color.stroke_width(2))
                         + Circle::new((12, 0), 5, color.filled())
                 });
             }
         }
     }
 
-    if labelled {
+    if labelled && chart.legend {
         ctx.configure_series_labels()
             .position(legend_corner(&legend_points, (x0, x1), (y0, y1)))
             .margin(10)
@@ -739,6 +770,9 @@ mod tests {
         assert_eq!(tick_label(0.25, 1.0, 1.0), "0.25");
         assert_eq!(tick_label(120.0, 500.0, 500.0), "120");
         assert_eq!(tick_label(-0.0001, 1.0, 1.0), "0.00");
+        assert_eq!(tick_label(1e-22, 5e-7, 5e-7), "0");
+        assert_eq!(step_range([5.0, 1.0, 51.0].into_iter()), Some((1.0, 52.0)));
+        assert_eq!(step_range([7.0].into_iter()), Some((6.0, 8.0)));
     }
 
     #[test]
