@@ -3,9 +3,11 @@
 use std::io::Write;
 use std::path::Path;
 
-/// Writes `data` to a temporary file beside `path`, syncs it, and renames it over `path`.
+/// Writes `data` to a temporary file beside `path` (creating the directory), syncs it, and
+/// renames it over `path`.
 pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
@@ -15,6 +17,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
+        // Best effort: the write already failed, and that error is the one to report.
         let _ = std::fs::remove_file(&tmp);
     }
     result

@@ -24,7 +24,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, TokenizerBuilder, TokenizerImpl};
 
-use super::synth::write_atomic;
+use crate::fsutil::write_atomic;
 
 /// The end-of-text token: the eos token, appended to completions by DPO tokenisation.
 pub const EOS_TOKEN: &str = "<|endoftext|>";

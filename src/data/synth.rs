@@ -258,7 +258,7 @@ pub fn write_jsonl(path: &Path, pairs: &[SynthPair]) -> Result<(), SynthError> {
         text.push_str(&line);
         text.push('\n');
     }
-    write_atomic(path, text.as_bytes()).map_err(|source| SynthError::Write {
+    crate::fsutil::write_atomic(path, text.as_bytes()).map_err(|source| SynthError::Write {
         path: path.to_path_buf(),
         source,
     })
@@ -295,30 +295,6 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<SynthPair>, SynthError> {
             })
         })
         .collect()
-}
-
-/// Writes `bytes` to a temporary file in `path`'s directory, syncs it and renames it to `path`.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir)?;
-    let name = path
-        .file_name()
-        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        // Best effort: the write already failed, and that error is the one to report.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// One arithmetic problem `a op b`.
