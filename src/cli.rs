@@ -570,18 +570,22 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     let lines = |ls: &mut dyn Iterator<Item = usize>| ls.map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
     let t = &report.tokenize;
     if !report.skipped.is_empty() {
-        writeln!(out, "skipped {} bad rows (lines {})", report.skipped.len(), lines(&mut report.skipped.iter().map(|s| s.line)))?;
+        writeln!(out, "bad rows skipped: {} (lines {})", report.skipped.len(), lines(&mut report.skipped.iter().map(|s| s.line)))?;
     }
     if !t.dropped_prompt_too_long.is_empty() {
         let n = t.dropped_prompt_too_long.len();
-        writeln!(out, "dropped {n} pairs whose prompt alone reaches max_length (lines {})", lines(&mut t.dropped_prompt_too_long.iter().copied()))?;
+        writeln!(out, "pairs dropped, prompt alone reaches max_length: {n} (lines {})", lines(&mut t.dropped_prompt_too_long.iter().copied()))?;
     }
     if !t.prefix_mismatch.is_empty() {
         let n = t.prefix_mismatch.len();
-        writeln!(out, "{n} prompts tokenise differently inside prompt+completion (lines {})", lines(&mut t.prefix_mismatch.iter().copied()))?;
+        writeln!(
+            out,
+            "prompt tokenised differently inside prompt+completion (the common prefix is kept, as TRL does): {n} (lines {})",
+            lines(&mut t.prefix_mismatch.iter().copied())
+        )?;
     }
     if t.truncated > 0 {
-        writeln!(out, "{} sequences truncated to max_length (keep_start)", t.truncated)?;
+        writeln!(out, "sequences truncated to max_length (keep_start): {}", t.truncated)?;
     }
     Ok(())
 }

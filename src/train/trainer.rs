@@ -226,6 +226,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             grads.add(&policy, &loss.backward());
         }
         let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
+        state.num_tokens += window.step_tokens();
         policy = optimizer.step(policy, &grads, lr, &adamw);
         state.step += 1;
         state.epoch = sampler.epoch_at(state.step);
@@ -235,7 +236,6 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         if state.step % cfg.logging_steps == 0 || state.step == total_steps {
             // Reading the values back is a host sync: it happens on logging steps only.
             let (row, status) = window.finish(&state, lr, grad_norm.map(|n| n.into_scalar::<f32>() as f64), stage.objective, cfg.beta);
-            state.num_tokens = row.metrics[10].unwrap_or(state.num_tokens);
             metrics_out.append(&row)?;
             progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
             last_status = status;
@@ -308,6 +308,8 @@ struct Window {
     started: Instant,
     pairs: usize,
     tokens: f64,
+    /// Tokens of the step in progress (TRL's `num_tokens` counts every input token).
+    counted: f64,
     /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
     pending: Vec<(DeviceBatch, crate::dpo::logps::SequenceScores, Vec<f32>, burn::tensor::Tensor<1>)>,
     /// SFT: each micro-batch's (scaled) loss.
@@ -316,12 +318,19 @@ struct Window {
 
 impl Window {
     fn new(started: Instant) -> Self {
-        Self { started, pairs: 0, tokens: 0.0, pending: Vec::new(), losses: Vec::new() }
+        Self { started, pairs: 0, tokens: 0.0, counted: 0.0, pending: Vec::new(), losses: Vec::new() }
     }
 
     fn count(&mut self, batch: &data::Batch) {
+        let tokens = batch.attention_mask.iter().sum::<i64>() as f64;
         self.pairs += batch.batch_size;
-        self.tokens += batch.attention_mask.iter().sum::<i64>() as f64;
+        self.tokens += tokens;
+        self.counted += tokens;
+    }
+
+    /// The tokens counted since the last call.
+    fn step_tokens(&mut self) -> f64 {
+        std::mem::take(&mut self.counted)
     }
 
     /// The logged row and a one-line status, TRL's names in TRL's order.
@@ -335,7 +344,6 @@ impl Window {
     ) -> (MetricsRow, String) {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Train, state.elapsed_seconds);
-        let num_tokens = state.num_tokens + self.tokens;
         let status = match objective {
             Objective::Sft => {
                 // Each SFT micro-batch loss is already a share of its step's token mean.
@@ -361,7 +369,7 @@ impl Window {
                 )
             }
         };
-        row.set_metric("num_tokens", num_tokens);
+        row.set_metric("num_tokens", state.num_tokens);
         row.learning_rate = Some(lr);
         row.grad_norm = grad_norm;
         row.pairs_per_second = Some(self.pairs as f64 / seconds);
