@@ -7,7 +7,7 @@ DPO_TRAIN_VENV ?= $(CURDIR)/.venv
 VENV := $(DPO_TRAIN_VENV)
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.9.0
-# The reference implementations, used only by the generator scripts under tests/gen and by bench-trl.
+# The reference implementations: the generator scripts under tests/gen and the export test use them.
 REF_PKGS := trl==1.16.0 transformers==5.23.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0
 CUDA_HDR_PKGS := nvidia-cuda-nvcc-cu12==12.8.* nvidia-cuda-cccl-cu12==12.8.*
 
@@ -18,14 +18,13 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test build venv ref-venv gloo bench bench-trl check-gpu clean-venv
+.PHONY: demo test build venv ref-venv gloo check-gpu clean-venv
 
 demo: build
-	./target/release/dpo-train
+	$(CARGO) run --release --quiet --bin dpo-train
 
 test: build ref-venv
 	$(CARGO) test --release --workspace
-	$(CARGO) build --release --workspace --benches
 
 build: venv gloo
 	$(CARGO) build --release --workspace
@@ -41,7 +40,7 @@ $(VENV)/.torch-$(TORCH_VERSION):
 		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
 	touch $@
 
-# TRL / transformers / peft: only the committed generator scripts and `make bench-trl` need them.
+# TRL / transformers / peft (and the CUDA headers the `nccl` feature compiles against).
 ref-venv: venv
 	$(PY) -c "import trl, transformers, peft" 2>/dev/null \
 		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(REF_PKGS) $(CUDA_HDR_PKGS)
