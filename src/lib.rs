@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod demo;
+pub mod dist;
 pub mod dpo;
 pub mod eval;
 pub mod fsutil;

@@ -1,0 +1,238 @@
+// c10d shim: the only C++ in dpo-train. It exposes PyTorch's distributed process groups (TCPStore
+// rendezvous + ProcessGroupGloo, and ProcessGroupNCCL when compiled with USE_C10D_NCCL) through the
+// C ABI declared in c10d.h. Every exception is caught here and turned into a status code plus a
+// thread-local message, so nothing unwinds into Rust.
+
+#include "c10d.h"
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+struct C10dGroup {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  int rank = 0;
+  int world_size = 1;
+  int kind = C10D_BACKEND_GLOO;
+  int device_index = 0;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int fail(int code, std::string message) {
+  last_error = std::move(message);
+  return code;
+}
+
+// Runs `body`, mapping every exception to a status code and a message.
+template <typename F>
+int guarded(const char* what, F&& body) {
+  try {
+    body();
+    return C10D_OK;
+  } catch (const c10::Error& e) {
+    return fail(C10D_ERR_TORCH, std::string(what) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail(C10D_ERR_STD, std::string(what) + ": " + e.what());
+  } catch (...) {
+    return fail(C10D_ERR_UNKNOWN, std::string(what) + ": unknown C++ exception");
+  }
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// The Gloo transport device: loopback when the master is local (single-node runs), the interface
+// named by GLOO_SOCKET_IFNAME when set (as torch.distributed does), else this host's address.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (is_loopback(master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Checks a tensor pointer before a collective touches it.
+void check_tensor(const at::Tensor* t, const char* name) {
+  TORCH_CHECK(t != nullptr, name, " is a null tensor pointer");
+  TORCH_CHECK(t->defined(), name, " is an undefined tensor");
+  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous for an in-place collective");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* c10d_last_error(void) { return last_error.c_str(); }
+
+int c10d_has_nccl(void) {
+#ifdef USE_C10D_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int world_size,
+                   int backend, int64_t timeout_ms, int device_index, C10dGroup** out) {
+  if (out == nullptr || master_addr == nullptr) {
+    return fail(C10D_ERR_INVALID, "c10d_group_new: null argument");
+  }
+  *out = nullptr;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return fail(C10D_ERR_INVALID, "c10d_group_new: rank " + std::to_string(rank) +
+                                      " is not in [0, world size " + std::to_string(world_size) + ")");
+  }
+  if (timeout_ms <= 0) {
+    return fail(C10D_ERR_INVALID, "c10d_group_new: the timeout must be positive");
+  }
+#ifndef USE_C10D_NCCL
+  if (backend == C10D_BACKEND_NCCL) {
+    return fail(C10D_ERR_UNSUPPORTED,
+                "c10d_group_new: the NCCL backend was not compiled in (build with `--features nccl`)");
+  }
+#endif
+  if (backend != C10D_BACKEND_GLOO && backend != C10D_BACKEND_NCCL) {
+    return fail(C10D_ERR_INVALID, "c10d_group_new: unknown backend " + std::to_string(backend));
+  }
+  std::string addr(master_addr);
+  auto timeout = std::chrono::milliseconds(timeout_ms);
+  auto group = std::make_unique<C10dGroup>();
+  int rc = guarded("rendezvous", [&] {
+    c10d::TCPStoreOptions opts;
+    opts.port = master_port;
+    opts.isServer = rank == 0;
+    opts.numWorkers = static_cast<std::size_t>(world_size);
+    opts.waitWorkers = true;
+    opts.timeout = timeout;
+    group->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+  });
+  if (rc != C10D_OK) return rc;
+  group->rank = rank;
+  group->world_size = world_size;
+  group->kind = backend;
+  group->device_index = device_index;
+  rc = guarded("process group", [&] {
+    if (backend == C10D_BACKEND_GLOO) {
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(gloo_device(addr));
+      group->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(group->store, rank, world_size, opts);
+    }
+#ifdef USE_C10D_NCCL
+    if (backend == C10D_BACKEND_NCCL) {
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_index));
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group->store, rank, world_size, opts);
+      // Build the communicator now, so a missing peer fails here rather than at the first step.
+      pg->eagerConnectSingleDevice(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)));
+      group->backend = pg;
+    }
+#endif
+  });
+  if (rc != C10D_OK) return rc;
+  *out = group.release();
+  return C10D_OK;
+}
+
+void c10d_group_free(C10dGroup* group) {
+  if (group == nullptr) return;
+  // Destructors must not throw into Rust; a failed shutdown only loses the clean NCCL teardown.
+  try {
+    if (group->backend) group->backend->shutdown();
+  } catch (...) {
+  }
+  try {
+    delete group;
+  } catch (...) {
+  }
+}
+
+int c10d_all_reduce(C10dGroup* group, const c10d_tensor* tensors, size_t n, int op) {
+  if (group == nullptr || (tensors == nullptr && n > 0)) {
+    return fail(C10D_ERR_INVALID, "c10d_all_reduce: null argument");
+  }
+  if (op != C10D_OP_SUM && op != C10D_OP_AVG) {
+    return fail(C10D_ERR_INVALID, "c10d_all_reduce: unknown op " + std::to_string(op));
+  }
+  return guarded("all_reduce", [&] {
+    for (size_t i = 0; i < n; ++i) {
+      check_tensor(tensors[i], "all_reduce input");
+      // Gloo has no AVG, so both backends sum and then divide: the same numerics everywhere.
+      std::vector<at::Tensor> one = {*tensors[i]};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      group->backend->allreduce(one, opts)->wait();
+      if (op == C10D_OP_AVG) tensors[i]->div_(group->world_size);
+    }
+  });
+}
+
+int c10d_broadcast(C10dGroup* group, const c10d_tensor* tensors, size_t n, int root) {
+  if (group == nullptr || (tensors == nullptr && n > 0)) {
+    return fail(C10D_ERR_INVALID, "c10d_broadcast: null argument");
+  }
+  if (root < 0 || root >= group->world_size) {
+    return fail(C10D_ERR_INVALID, "c10d_broadcast: root " + std::to_string(root) +
+                                      " is not in [0, world size " + std::to_string(group->world_size) + ")");
+  }
+  return guarded("broadcast", [&] {
+    for (size_t i = 0; i < n; ++i) {
+      check_tensor(tensors[i], "broadcast tensor");
+      std::vector<at::Tensor> one = {*tensors[i]};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = root;
+      group->backend->broadcast(one, opts)->wait();
+    }
+  });
+}
+
+int c10d_barrier(C10dGroup* group) {
+  if (group == nullptr) return fail(C10D_ERR_INVALID, "c10d_barrier: null group");
+  return guarded("barrier", [&] {
+    c10d::BarrierOptions opts;
+    if (group->kind == C10D_BACKEND_NCCL) opts.device_ids = {group->device_index};
+    group->backend->barrier(opts)->wait();
+  });
+}
+
+int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output) {
+  if (group == nullptr) return fail(C10D_ERR_INVALID, "c10d_all_gather: null group");
+  return guarded("all_gather", [&] {
+    check_tensor(input, "all_gather input");
+    check_tensor(output, "all_gather output");
+    const int64_t n = input->numel();
+    TORCH_CHECK(output->numel() == n * group->world_size, "all_gather output has ", output->numel(),
+                " elements, expected world size ", group->world_size, " x ", n);
+    TORCH_CHECK(output->scalar_type() == input->scalar_type(), "all_gather output dtype ",
+                output->scalar_type(), " differs from the input's ", input->scalar_type());
+    TORCH_CHECK(output->device() == input->device(), "all_gather output is on ", output->device(),
+                ", the input on ", input->device());
+    at::Tensor flat_in = input->reshape({n});
+    at::Tensor flat_out = output->reshape({n * group->world_size});
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (int r = 0; r < group->world_size; ++r) outs[0].push_back(flat_out.narrow(0, r * n, n));
+    std::vector<at::Tensor> ins = {flat_in};
+    group->backend->allgather(outs, ins)->wait();
+  });
+}
+
+}  // extern "C"

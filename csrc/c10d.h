@@ -1,0 +1,64 @@
+// The C ABI of the c10d shim (csrc/c10d.cpp): process groups over a TCPStore rendezvous, with Gloo
+// (CPU) or, when built with USE_C10D_NCCL, NCCL (CUDA). Wrapped by `src/dist/ffi.rs`.
+//
+// Every function returns 0 on success and a non-zero code on failure; the failure's message is
+// then readable from `c10d_last_error()` on the same thread until the next call fails.
+// Tensors cross as `at::Tensor*` (tch's `C_tensor`), and collectives work on them in place.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+namespace at { class Tensor; }
+typedef at::Tensor* c10d_tensor;
+extern "C" {
+#else
+typedef void* c10d_tensor;
+#endif
+
+typedef struct C10dGroup C10dGroup;
+
+enum {
+  C10D_OK = 0,
+  C10D_ERR_INVALID = 1,   // a bad argument (null pointer, unknown backend, rank out of range)
+  C10D_ERR_TORCH = 2,     // a c10::Error (timeouts and lost peers included)
+  C10D_ERR_STD = 3,       // another std::exception
+  C10D_ERR_UNKNOWN = 4,   // anything else thrown
+  C10D_ERR_UNSUPPORTED = 5 // the backend was not compiled in
+};
+
+enum { C10D_BACKEND_GLOO = 0, C10D_BACKEND_NCCL = 1 };
+enum { C10D_OP_SUM = 0, C10D_OP_AVG = 1 };
+
+// The last failure's message on this thread (never null; empty when none).
+const char* c10d_last_error(void);
+
+// 1 when the NCCL backend was compiled in, else 0.
+int c10d_has_nccl(void);
+
+// Rendezvous at master_addr:master_port (rank 0 serves the TCPStore) and build the backend.
+// `timeout_ms` bounds the rendezvous and every later collective. `device_index` is the CUDA
+// device for NCCL (ignored by Gloo). On success `*out` owns the group.
+int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int world_size,
+                   int backend, int64_t timeout_ms, int device_index, C10dGroup** out);
+
+// Frees the group (null is a no-op).
+void c10d_group_free(C10dGroup* group);
+
+// One collective per tensor: sum (or mean) across ranks, in place.
+int c10d_all_reduce(C10dGroup* group, const c10d_tensor* tensors, size_t n, int op);
+
+// One collective per tensor: overwrite with rank `root`'s values, in place.
+int c10d_broadcast(C10dGroup* group, const c10d_tensor* tensors, size_t n, int root);
+
+// Blocks until every rank has called it.
+int c10d_barrier(C10dGroup* group);
+
+// Gathers `input` from every rank into `output`, preallocated with world_size * numel(input)
+// elements of the same dtype and device: rank r's values land at [r * numel, (r + 1) * numel).
+int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,284 @@
+//! One worker process per rank, like `torchrun --nproc-per-node N`: each worker re-executes this
+//! binary with the same arguments and torchrun's variables (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `MASTER_ADDR`, `MASTER_PORT`), which [`super::env::detect`] reads back. The launched binary must
+//! therefore check [`super::env::detect`] before launching, or it would launch again.
+//!
+//! Local rank 0's stdout and stderr appear live; the other ranks' stdout is dropped and the last
+//! lines of their stderr are kept for the error report. When a worker fails, the others are killed
+//! (torchrun's default "fail fast"), so one lost rank cannot leave the rest waiting on a collective.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Lines of each worker's stderr kept for the error report.
+const KEPT_LINES: usize = 20;
+/// How often the monitor checks the workers.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The variable that carries the per-rank thread count to dpo-train (besides `OMP_NUM_THREADS`).
+pub const THREADS_VAR: &str = "DPO_TRAIN_THREADS";
+
+/// This node's part of a multi-node job (`torchrun --nnodes --node-rank --master-addr
+/// --master-port`). Global rank = `node_rank * nproc_per_node + local_rank`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    /// Nodes in the job.
+    pub nnodes: usize,
+    /// This node's index in `0..nnodes`; node 0 hosts global rank 0 and the rendezvous store.
+    pub node_rank: usize,
+    /// Workers (GPUs) per node.
+    pub nproc_per_node: usize,
+    /// Address of node 0, reachable from every node.
+    pub master_addr: String,
+    /// A free port on node 0.
+    pub master_port: u16,
+}
+
+impl NodeSpec {
+    /// A single-node job of `nproc` workers on a free local port.
+    pub fn local(nproc: usize) -> Result<Self, LaunchError> {
+        Ok(Self {
+            nnodes: 1,
+            node_rank: 0,
+            nproc_per_node: nproc,
+            master_addr: "127.0.0.1".into(),
+            master_port: free_port()?,
+        })
+    }
+
+    /// Processes in the whole job.
+    pub fn world_size(&self) -> usize {
+        self.nnodes * self.nproc_per_node
+    }
+
+    /// The global rank of this node's worker `local_rank`.
+    pub fn global_rank(&self, local_rank: usize) -> usize {
+        self.node_rank * self.nproc_per_node + local_rank
+    }
+}
+
+/// Why a launch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("Invalid launch: {0}")]
+    Invalid(String),
+    #[error("Could not find a free port on 127.0.0.1")]
+    NoFreePort(#[source] std::io::Error),
+    #[error("Could not find the path of the running executable")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("Could not start rank {rank}")]
+    Spawn {
+        rank: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Could not wait for rank {rank}")]
+    Wait {
+        rank: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker failed; the others were killed.
+    #[error("Rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
+    RankFailed { rank: usize, status: String, last_line: String },
+}
+
+/// Runs `world_size` workers of this binary on this machine and waits for all of them.
+///
+/// `per_rank_env(rank)` adds variables to one worker (e.g. `CUDA_VISIBLE_DEVICES`); `args` are
+/// the worker's arguments (normally this process's own, `std::env::args_os().skip(1)`).
+pub fn launch(
+    world_size: usize,
+    per_rank_env: impl Fn(usize) -> Vec<(String, String)>,
+    args: &[OsString],
+) -> Result<(), LaunchError> {
+    launch_node(&NodeSpec::local(world_size)?, per_rank_env, args)
+}
+
+/// Runs this node's `nproc_per_node` workers of a (possibly multi-node) job and waits for them.
+pub fn launch_node(
+    spec: &NodeSpec,
+    per_rank_env: impl Fn(usize) -> Vec<(String, String)>,
+    args: &[OsString],
+) -> Result<(), LaunchError> {
+    let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
+    run_workers(&program, spec, &per_rank_env, args)
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; another process could take it in between,
+/// the usual race of torchrun's `--master-port=0` too).
+pub fn free_port() -> Result<u16, LaunchError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::NoFreePort)?;
+    Ok(listener.local_addr().map_err(LaunchError::NoFreePort)?.port())
+}
+
+/// A running worker and the reader of its stderr.
+struct Worker {
+    rank: usize,
+    child: Child,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn last_line(&mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            // The reader ends at EOF, which follows the child's exit; a panic there only loses lines.
+            let _ = reader.join();
+        }
+        let tail = self.stderr_tail.lock().map(|t| t.back().cloned()).unwrap_or_default();
+        tail.unwrap_or_default()
+    }
+}
+
+fn run_workers(
+    program: &Path,
+    spec: &NodeSpec,
+    per_rank_env: &dyn Fn(usize) -> Vec<(String, String)>,
+    args: &[OsString],
+) -> Result<(), LaunchError> {
+    if spec.nproc_per_node == 0 || spec.nnodes == 0 {
+        return Err(LaunchError::Invalid("at least one node and one process per node are needed".into()));
+    }
+    if spec.node_rank >= spec.nnodes {
+        return Err(LaunchError::Invalid(format!(
+            "node rank {} is not below the node count {}",
+            spec.node_rank, spec.nnodes
+        )));
+    }
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+    let threads = (cores / spec.nproc_per_node).max(1).to_string();
+    let world = spec.world_size().to_string();
+    let port = spec.master_port.to_string();
+
+    let mut workers: Vec<Worker> = Vec::with_capacity(spec.nproc_per_node);
+    for local_rank in 0..spec.nproc_per_node {
+        let rank = spec.global_rank(local_rank);
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
+            .env("WORLD_SIZE", &world)
+            .env("MASTER_ADDR", &spec.master_addr)
+            .env("MASTER_PORT", &port)
+            .env("OMP_NUM_THREADS", &threads)
+            .env(THREADS_VAR, &threads)
+            .envs(per_rank_env(rank))
+            .stdin(Stdio::null())
+            .stdout(if local_rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(source) => {
+                kill_all(&mut workers);
+                return Err(LaunchError::Spawn { rank, source });
+            }
+        };
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(KEPT_LINES)));
+        let reader = child.stderr.take().map(|pipe| {
+            let tail = Arc::clone(&stderr_tail);
+            let echo = local_rank == 0;
+            std::thread::spawn(move || keep_tail(pipe, &tail, echo))
+        });
+        workers.push(Worker { rank, child, stderr_tail, reader });
+    }
+
+    let mut running: Vec<bool> = vec![true; workers.len()];
+    while running.iter().any(|&r| r) {
+        for (i, worker) in workers.iter_mut().enumerate() {
+            if !running[i] {
+                continue;
+            }
+            let status = match worker.child.try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                Err(source) => {
+                    let rank = worker.rank;
+                    kill_all(&mut workers);
+                    return Err(LaunchError::Wait { rank, source });
+                }
+            };
+            running[i] = false;
+            if !status.success() {
+                let (rank, last_line) = (worker.rank, worker.last_line());
+                kill_all(&mut workers);
+                return Err(LaunchError::RankFailed { rank, status: describe(status), last_line });
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    for worker in &mut workers {
+        worker.last_line();
+    }
+    Ok(())
+}
+
+/// Copies a worker's stderr line by line into `tail` (the last [`KEPT_LINES`]), echoing it to
+/// this process's stderr when `echo`.
+fn keep_tail(pipe: impl std::io::Read, tail: &Mutex<VecDeque<String>>, echo: bool) {
+    for line in BufReader::new(pipe).lines() {
+        let Ok(line) = line else { break };
+        if echo {
+            // A closed stderr of the launcher must not stop the worker's pipe from draining.
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+        if let Ok(mut tail) = tail.lock() {
+            if tail.len() == KEPT_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(line);
+        }
+    }
+}
+
+/// Kills and reaps every worker still running.
+fn kill_all(workers: &mut [Worker]) {
+    for worker in workers.iter_mut() {
+        if matches!(worker.child.try_wait(), Ok(None)) {
+            // Already gone between the check and the kill is fine: the wait below reaps it.
+            let _ = worker.child.kill();
+        }
+    }
+    for worker in workers.iter_mut() {
+        let _ = worker.child.wait();
+        worker.last_line();
+    }
+}
+
+/// `exit code 3`, or `killed by signal 9`.
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn global_ranks_of_a_multi_node_job() {
+        let spec =
+            NodeSpec { nnodes: 3, node_rank: 2, nproc_per_node: 4, master_addr: "n0".into(), master_port: 29500 };
+        assert_eq!(spec.world_size(), 12);
+        assert_eq!((0..4).map(|l| spec.global_rank(l)).collect::<Vec<_>>(), vec![8, 9, 10, 11]);
+    }
+
+    #[test]
+    fn invalid_specs_are_rejected_before_spawning() {
+        let spec = NodeSpec { nnodes: 2, node_rank: 2, nproc_per_node: 1, master_addr: "n0".into(), master_port: 1 };
+        let err = launch_node(&spec, |_| Vec::new(), &[]).unwrap_err();
+        assert_eq!(err.to_string(), "Invalid launch: node rank 2 is not below the node count 2");
+        assert!(free_port().unwrap() > 0);
+    }
+}

@@ -1,0 +1,444 @@
+//! [`ProcessGroup`]: a c10d process group (PyTorch's `torch.distributed` engine) owned from Rust.
+//!
+//! Rendezvous is a `TCPStore` served by rank 0 at `master_addr:master_port`, as in
+//! `torch.distributed.init_process_group(init_method="tcp://..")`. The backend is Gloo (CPU tensors)
+//! or NCCL (CUDA tensors, `nccl` feature). Gradients are all-reduced in flat buckets of at most
+//! [`DEFAULT_BUCKET_BYTES`], like DDP's `bucket_cap_mb=25`.
+//!
+//! Tensors reach c10d without passing through Rust memory: a burn `Tensor` on the LibTorch backend
+//! wraps a `tch::Tensor`, which is a pointer to an `at::Tensor`, and that pointer is what the shim
+//! receives. A bucket costs one device-side copy in (`cat` of the bucket's tensors, which DDP does
+//! too) and none out: the results are views of the reduced bucket.
+//!
+//! Every rank must call the same collectives in the same order with tensors of the same sizes.
+//! A peer that dies or never arrives makes the pending call fail after [`DistConfig::timeout`]
+//! (Gloo), or the NCCL watchdog tear the process down, so a lost rank ends the job instead of
+//! hanging it.
+
+use std::ffi::{CStr, CString};
+use std::time::{Duration, Instant};
+
+use burn::tensor::Tensor;
+use tch::{Device as TchDevice, Kind};
+
+use super::bridge::{self, Origin};
+
+/// DDP's default bucket size (`bucket_cap_mb=25`).
+pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
+
+/// The collective backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo: CPU tensors, TCP transport. Always available.
+    Gloo,
+    /// NCCL: CUDA tensors on device `local_rank`. Needs the `nccl` feature and a GPU.
+    Nccl,
+}
+
+/// How to join a process group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistConfig {
+    /// This process's rank in `0..world_size`.
+    pub rank: usize,
+    /// The number of processes.
+    pub world_size: usize,
+    /// The CUDA device this process uses with [`Backend::Nccl`] (torchrun's `LOCAL_RANK`); ignored by
+    /// Gloo.
+    pub local_rank: usize,
+    /// Host or address of rank 0, which serves the rendezvous store.
+    pub master_addr: String,
+    /// Port of the rendezvous store on `master_addr`.
+    pub master_port: u16,
+    /// Gloo for CPU tensors, NCCL for CUDA tensors.
+    pub backend: Backend,
+    /// The limit for the rendezvous and for every collective.
+    pub timeout: Duration,
+}
+
+/// A failure of the process group or of a collective.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("Rank `{rank}` is not below the world size `{world_size}`")]
+    RankOutOfRange { rank: usize, world_size: usize },
+    #[error("The master address `{0}` contains a NUL byte")]
+    BadMasterAddr(String),
+    #[error("The timeout must be between 1 ms and i64::MAX ms, got {0:?}")]
+    BadTimeout(Duration),
+    #[error("The broadcast root `{root}` is not below the world size `{world_size}`")]
+    BadRoot { root: usize, world_size: usize },
+    #[error("The bucket size must be positive")]
+    ZeroBucket,
+    #[error("The NCCL backend is not compiled in: build with `--features nccl`")]
+    NcclNotCompiled,
+    /// The shim reported a failure (timeouts, lost peers and rendezvous errors included).
+    #[error("c10d `{op}` failed (code {code}): {message}")]
+    C10d { op: &'static str, code: i32, message: String },
+    /// A tensor is not a LibTorch tensor (another burn backend).
+    #[error("Tensor {index} is not a LibTorch tensor: {reason}")]
+    NotLibTorch { index: usize, reason: String },
+    #[error("libtorch failed while preparing `{op}`")]
+    Tch {
+        op: &'static str,
+        #[source]
+        source: tch::TchError,
+    },
+}
+
+/// The C ABI of `csrc/c10d.cpp` (see `csrc/c10d.h`).
+mod ffi {
+    use std::ffi::c_char;
+
+    use torch_sys::C_tensor;
+
+    /// `C10dGroup`, opaque.
+    #[repr(C)]
+    pub struct C10dGroup {
+        _private: [u8; 0],
+    }
+
+    pub const BACKEND_GLOO: i32 = 0;
+    pub const BACKEND_NCCL: i32 = 1;
+    pub const OP_SUM: i32 = 0;
+    pub const OP_AVG: i32 = 1;
+
+    unsafe extern "C" {
+        pub fn c10d_last_error() -> *const c_char;
+        pub fn c10d_has_nccl() -> i32;
+        pub fn c10d_group_new(
+            master_addr: *const c_char,
+            master_port: u16,
+            rank: i32,
+            world_size: i32,
+            backend: i32,
+            timeout_ms: i64,
+            device_index: i32,
+            out: *mut *mut C10dGroup,
+        ) -> i32;
+        pub fn c10d_group_free(group: *mut C10dGroup);
+        pub fn c10d_all_reduce(group: *mut C10dGroup, tensors: *const *mut C_tensor, n: usize, op: i32) -> i32;
+        pub fn c10d_broadcast(group: *mut C10dGroup, tensors: *const *mut C_tensor, n: usize, root: i32) -> i32;
+        pub fn c10d_barrier(group: *mut C10dGroup) -> i32;
+        pub fn c10d_all_gather(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
+    }
+}
+
+/// The message of the last failed shim call on this thread.
+fn last_error() -> String {
+    // SAFETY: `c10d_last_error` returns a pointer to a thread-local, NUL-terminated `std::string`
+    // buffer that stays valid until the next failing call on this thread; it is copied out at once.
+    unsafe { CStr::from_ptr(ffi::c10d_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// Maps a shim status code to a result.
+fn check(op: &'static str, code: i32) -> Result<(), DistError> {
+    if code == 0 { Ok(()) } else { Err(DistError::C10d { op, code, message: last_error() }) }
+}
+
+/// Whether this build has the NCCL backend (the `nccl` feature).
+pub fn has_nccl() -> bool {
+    // SAFETY: a pure query of a compile-time constant, no arguments.
+    unsafe { ffi::c10d_has_nccl() != 0 }
+}
+
+/// A joined process group. Dropping it leaves the group (NCCL communicators are shut down).
+#[derive(Debug)]
+pub struct ProcessGroup {
+    raw: *mut ffi::C10dGroup,
+    rank: usize,
+    world_size: usize,
+    /// Where scalars, metrics and gather buffers live for this backend.
+    device: TchDevice,
+    bucket_bytes: usize,
+}
+
+// SAFETY: the C10dGroup is a heap object with no thread affinity (c10d backends are used from
+// whichever thread calls them, and their worker threads are internal). `ProcessGroup` is not
+// `Sync`: all calls go through `&self` of one thread at a time, which keeps the collective order.
+unsafe impl Send for ProcessGroup {}
+
+impl ProcessGroup {
+    /// Joins the group: blocks until all `world_size` ranks have rendezvoused, or fails after
+    /// `config.timeout` (wrong world size, unreachable master, a rank that never starts).
+    pub fn new(config: &DistConfig) -> Result<Self, DistError> {
+        let DistConfig { rank, world_size, local_rank, master_addr, master_port, backend, timeout } = config;
+        if rank >= world_size {
+            return Err(DistError::RankOutOfRange { rank: *rank, world_size: *world_size });
+        }
+        let timeout_ms = i64::try_from(timeout.as_millis()).ok().filter(|&ms| ms > 0);
+        let timeout_ms = timeout_ms.ok_or(DistError::BadTimeout(*timeout))?;
+        if *backend == Backend::Nccl && !has_nccl() {
+            return Err(DistError::NcclNotCompiled);
+        }
+        let addr = CString::new(master_addr.as_str()).map_err(|_| DistError::BadMasterAddr(master_addr.clone()))?;
+        let too_big = |_| DistError::RankOutOfRange { rank: *rank, world_size: *world_size };
+        let (rank_i, world_i) = (i32::try_from(*rank).map_err(too_big)?, i32::try_from(*world_size).map_err(too_big)?);
+        let device_i = i32::try_from(*local_rank).unwrap_or(i32::MAX);
+        let (code, device) = match backend {
+            Backend::Gloo => (ffi::BACKEND_GLOO, TchDevice::Cpu),
+            Backend::Nccl => (ffi::BACKEND_NCCL, TchDevice::Cuda(*local_rank)),
+        };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `addr` is a valid NUL-terminated string that outlives the call, and `raw` is a
+        // valid out-pointer; the shim writes an owned group to it only on success.
+        let status = unsafe {
+            ffi::c10d_group_new(addr.as_ptr(), *master_port, rank_i, world_i, code, timeout_ms, device_i, &mut raw)
+        };
+        check("init_process_group", status)?;
+        Ok(Self { raw, rank: *rank, world_size: *world_size, device, bucket_bytes: DEFAULT_BUCKET_BYTES })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of processes in the group.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The largest flat bucket, in bytes, of one gradient collective.
+    pub fn bucket_bytes(&self) -> usize {
+        self.bucket_bytes
+    }
+
+    /// Sets the bucket size (DDP's `bucket_cap_mb`); a tensor larger than it gets a bucket alone.
+    pub fn set_bucket_bytes(&mut self, bytes: usize) -> Result<(), DistError> {
+        if bytes == 0 {
+            return Err(DistError::ZeroBucket);
+        }
+        self.bucket_bytes = bytes;
+        Ok(())
+    }
+
+    /// Replaces every tensor with its mean over the ranks (the gradient all-reduce of DDP).
+    ///
+    /// Tensors are packed in order into flat buckets of at most [`Self::bucket_bytes`] (a new bucket
+    /// also starts where the dtype or device changes), with one collective per bucket. The new
+    /// tensors are views of the reduced buckets, with the input's shape, dtype, device and autodiff
+    /// state. Every rank must pass the same number of tensors with the same shapes.
+    ///
+    /// On error the slice may hold a mix of reduced and original tensors; the group is then
+    /// unusable and the job should end.
+    pub fn all_reduce_mean<const D: usize>(&self, tensors: &mut [Tensor<D>]) -> Result<(), DistError> {
+        self.all_reduce_bucketed(tensors, ffi::OP_AVG)
+    }
+
+    /// Like [`Self::all_reduce_mean`] with the sum over ranks.
+    pub fn all_reduce_sum<const D: usize>(&self, tensors: &mut [Tensor<D>]) -> Result<(), DistError> {
+        self.all_reduce_bucketed(tensors, ffi::OP_SUM)
+    }
+
+    /// Replaces every value with its sum over the ranks (loss and metric sums, token counts).
+    ///
+    /// One collective on a small f64 tensor on the backend's device.
+    pub fn all_reduce_sum_f64(&self, values: &mut [f64]) -> Result<(), DistError> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        let tch_err = |source| DistError::Tch { op: "all_reduce_sum_f64", source };
+        let mut t = tch::Tensor::f_from_slice(values).and_then(|t| t.f_to_device(self.device)).map_err(tch_err)?;
+        self.reduce_raw(&mut [&mut t], ffi::OP_SUM)?;
+        t.f_to_device(TchDevice::Cpu).and_then(|t| t.f_copy_data(values, values.len())).map_err(tch_err)
+    }
+
+    /// Replaces every tensor with rank `root`'s (the initial parameters, so all ranks start equal).
+    ///
+    /// Bucketed like [`Self::all_reduce_mean`]; on `root` the values are unchanged.
+    pub fn broadcast<const D: usize>(&self, tensors: &mut [Tensor<D>], root: usize) -> Result<(), DistError> {
+        let root_i = i32::try_from(root).ok().filter(|_| root < self.world_size);
+        let root_i = root_i.ok_or(DistError::BadRoot { root, world_size: self.world_size })?;
+        self.bucketed(tensors, "broadcast", |pg, flat| {
+            let mut ptr = flat.as_mut_ptr();
+            // SAFETY: `pg.raw` is a live group (owned by `self`); `ptr` points to a live
+            // `at::Tensor` (`flat`, borrowed mutably for the call) and the array has one element.
+            check("broadcast", unsafe { ffi::c10d_broadcast(pg.raw, &mut ptr, 1, root_i) })
+        })
+    }
+
+    /// Blocks until every rank has reached the barrier (or the timeout passes).
+    pub fn barrier(&self) -> Result<(), DistError> {
+        // SAFETY: `self.raw` is a live group owned by `self`.
+        check("barrier", unsafe { ffi::c10d_barrier(self.raw) })
+    }
+
+    /// Every rank's `local`, indexed by rank (evaluation sums, generated samples).
+    ///
+    /// Lengths may differ across ranks: the lengths are gathered first (one small collective), the
+    /// values are padded to the longest, gathered, and cut back. With equal lengths everywhere that
+    /// is still two collectives; f32 values only.
+    pub fn all_gather_f32(&self, local: &[f32]) -> Result<Vec<Vec<f32>>, DistError> {
+        let tch_err = |source| DistError::Tch { op: "all_gather_f32", source };
+        let len = i64::try_from(local.len()).unwrap_or(i64::MAX);
+        let lens = self.gather_raw(&tch::Tensor::f_from_slice(&[len]).map_err(tch_err)?, Kind::Int64)?;
+        let mut lens_host = vec![0_i64; self.world_size];
+        let host_lens = lens.f_to_device(TchDevice::Cpu).and_then(|t| t.f_copy_data(&mut lens_host, self.world_size));
+        host_lens.map_err(tch_err)?;
+        let lens_host: Vec<usize> = lens_host.iter().map(|&n| usize::try_from(n).unwrap_or(0)).collect();
+        let longest = lens_host.iter().copied().max().unwrap_or(0);
+        if longest == 0 {
+            // Every rank sees the same lengths, so every rank skips the second collective.
+            return Ok(vec![Vec::new(); self.world_size]);
+        }
+        let mut padded = local.to_vec();
+        padded.resize(longest, 0.0);
+        let out = self.gather_raw(&tch::Tensor::f_from_slice(&padded).map_err(tch_err)?, Kind::Float)?;
+        let mut host = vec![0_f32; longest * self.world_size];
+        let n = host.len();
+        out.f_to_device(TchDevice::Cpu).and_then(|t| t.f_copy_data(&mut host, n)).map_err(tch_err)?;
+        Ok(lens_host.iter().zip(host.chunks(longest)).map(|(&n, values)| values[..n.min(longest)].to_vec()).collect())
+    }
+
+    /// All-gathers the 1-D host tensor `local` (moved to the backend's device) into a
+    /// `[world_size * numel]` tensor on that device.
+    fn gather_raw(&self, local: &tch::Tensor, kind: Kind) -> Result<tch::Tensor, DistError> {
+        let tch_err = |source| DistError::Tch { op: "all_gather", source };
+        let mut input = local.f_to_device(self.device).map_err(tch_err)?;
+        let n = input.numel() * self.world_size;
+        let mut output =
+            tch::Tensor::f_zeros([i64::try_from(n).unwrap_or(i64::MAX)], (kind, self.device)).map_err(tch_err)?;
+        // SAFETY: `self.raw` is a live group; both pointers are live `at::Tensor`s borrowed for the
+        // call, and `output` has `world_size` times the input's elements as the shim requires (it
+        // checks again and reports a mismatch as an error).
+        let status = unsafe { ffi::c10d_all_gather(self.raw, input.as_mut_ptr(), output.as_mut_ptr()) };
+        check("all_gather", status)?;
+        Ok(output)
+    }
+
+    /// All-reduces tch tensors in place, one collective each.
+    fn reduce_raw(&self, tensors: &mut [&mut tch::Tensor], op: i32) -> Result<(), DistError> {
+        let ptrs: Vec<*mut torch_sys::C_tensor> = tensors.iter_mut().map(|t| t.as_mut_ptr()).collect();
+        // SAFETY: `self.raw` is a live group; `ptrs` holds `ptrs.len()` pointers to live
+        // `at::Tensor`s, each mutably borrowed through `tensors` for the whole call.
+        check("all_reduce", unsafe { ffi::c10d_all_reduce(self.raw, ptrs.as_ptr(), ptrs.len(), op) })
+    }
+
+    fn all_reduce_bucketed<const D: usize>(&self, tensors: &mut [Tensor<D>], op: i32) -> Result<(), DistError> {
+        self.bucketed(tensors, "all_reduce", |pg, flat| pg.reduce_raw(&mut [flat], op))
+    }
+
+    /// Packs `tensors` into flat buckets, runs `collective` on each bucket in place, and replaces
+    /// the tensors with views of the results.
+    fn bucketed<const D: usize>(
+        &self,
+        tensors: &mut [Tensor<D>],
+        op: &'static str,
+        collective: impl Fn(&Self, &mut tch::Tensor) -> Result<(), DistError>,
+    ) -> Result<(), DistError> {
+        let tch_err = |source| DistError::Tch { op, source };
+        // Shallow handles on the same storage: no data moves here.
+        let mut unwrapped: Vec<(tch::Tensor, Origin)> = Vec::with_capacity(tensors.len());
+        for (index, t) in tensors.iter().enumerate() {
+            unwrapped.push(bridge::to_tch(t.clone()).map_err(|reason| DistError::NotLibTorch { index, reason })?);
+        }
+        let mut start = 0;
+        while start < unwrapped.len() {
+            let end = bucket_end(&unwrapped, start, self.bucket_bytes);
+            let flats: Vec<tch::Tensor> = unwrapped[start..end]
+                .iter()
+                .map(|(t, _)| t.f_reshape([-1]))
+                .collect::<Result<_, _>>()
+                .map_err(tch_err)?;
+            // The one device-side copy: the bucket's tensors side by side.
+            let mut bucket = tch::Tensor::f_cat(&flats, 0).map_err(tch_err)?; // [sum of numels]
+            collective(self, &mut bucket)?;
+            let mut offset = 0_i64;
+            for (slot, (t, origin)) in tensors[start..end].iter_mut().zip(&unwrapped[start..end]) {
+                let numel = i64::try_from(t.numel()).unwrap_or(i64::MAX);
+                let view =
+                    bucket.f_narrow(0, offset, numel).and_then(|v| v.f_view(t.size().as_slice())).map_err(tch_err)?;
+                *slot = bridge::from_tch(view, *origin);
+                offset += numel;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+/// The end (exclusive) of the bucket that starts at `start`: tensors of the same dtype and device
+/// while they fit in `bucket_bytes`, and at least one tensor.
+fn bucket_end(tensors: &[(tch::Tensor, Origin)], start: usize, bucket_bytes: usize) -> usize {
+    let bytes = |t: &tch::Tensor| t.numel() * t.kind().elt_size_in_bytes();
+    let (first, _) = &tensors[start];
+    let (kind, device) = (first.kind(), first.device());
+    let mut total = bytes(first);
+    let mut end = start + 1;
+    while let Some((t, _)) = tensors.get(end) {
+        if t.kind() != kind || t.device() != device || total + bytes(t) > bucket_bytes {
+            break;
+        }
+        total += bytes(t);
+        end += 1;
+    }
+    end
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: `self.raw` came from a successful `c10d_group_new`, is owned by `self` alone and
+        // is freed exactly once, here; the shim swallows any C++ exception during teardown.
+        unsafe { ffi::c10d_group_free(self.raw) }
+    }
+}
+
+/// All-reduce bandwidth of `pg` for a `bytes`-sized f32 buffer on its backend's device, in MB/s
+/// (10^6 bytes per second of payload, as `nccl-tests` reports "algbw").
+///
+/// One warm-up call, then five timed calls. Collective: every rank must call it with the same `bytes`.
+pub fn allreduce_bandwidth(pg: &ProcessGroup, bytes: usize) -> Result<f64, DistError> {
+    const TIMED: u32 = 5;
+    let tch_err = |source| DistError::Tch { op: "allreduce_bandwidth", source };
+    let numel = i64::try_from((bytes / 4).max(1)).unwrap_or(i64::MAX);
+    let mut buffer = tch::Tensor::f_ones([numel], (Kind::Float, pg.device)).map_err(tch_err)?;
+    pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM)?;
+    pg.barrier()?;
+    let started = Instant::now();
+    for _ in 0..TIMED {
+        pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM)?;
+    }
+    // Reading one element waits for the last collective on CUDA streams too.
+    buffer.f_double_value(&[0]).map_err(tch_err)?;
+    let secs = started.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
+    Ok((numel as f64 * 4.0 * f64::from(TIMED)) / secs / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_configs_before_touching_the_network() {
+        let cfg = DistConfig {
+            rank: 2,
+            world_size: 2,
+            local_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 1,
+            backend: Backend::Gloo,
+            timeout: Duration::from_secs(1),
+        };
+        let err = ProcessGroup::new(&cfg).unwrap_err();
+        assert_eq!(err.to_string(), "Rank `2` is not below the world size `2`");
+        let err = ProcessGroup::new(&DistConfig { rank: 0, timeout: Duration::ZERO, ..cfg.clone() }).unwrap_err();
+        assert_eq!(err.to_string(), "The timeout must be between 1 ms and i64::MAX ms, got 0ns");
+        let err = ProcessGroup::new(&DistConfig { rank: 0, master_addr: "a\0b".into(), ..cfg.clone() }).unwrap_err();
+        assert!(matches!(err, DistError::BadMasterAddr(_)), "{err}");
+        if !has_nccl() {
+            let err = ProcessGroup::new(&DistConfig { rank: 0, backend: Backend::Nccl, ..cfg }).unwrap_err();
+            assert_eq!(err.to_string(), "The NCCL backend is not compiled in: build with `--features nccl`");
+        }
+    }
+
+    #[test]
+    fn buckets_split_on_size_and_dtype() {
+        let t = |n: i64, kind| (tch::Tensor::zeros([n], (kind, TchDevice::Cpu)), Origin::for_tests());
+        let ts = vec![t(4, Kind::Float), t(4, Kind::Float), t(20, Kind::Float), t(2, Kind::Double), t(2, Kind::Float)];
+        // 16 B + 16 B fit in 32 B; 80 B is alone; the f64 starts a bucket; the f32 after it another.
+        assert_eq!(bucket_end(&ts, 0, 32), 2);
+        assert_eq!(bucket_end(&ts, 2, 32), 3);
+        assert_eq!(bucket_end(&ts, 3, 1 << 20), 4);
+        assert_eq!(bucket_end(&ts, 4, 1 << 20), 5);
+        assert_eq!(bucket_end(&ts, 0, 1 << 20), 3);
+    }
+}
