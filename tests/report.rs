@@ -155,7 +155,9 @@ fn renders_tiny_and_empty_runs() {
     let mut rows = dpo_rows(10, 0.0);
     rows.retain(|r| r.step == 10);
     write_run(dir.path(), &rows);
-    assert_plots(&render_run(dir.path(), &meta).unwrap(), dir.path());
+    let paths = render_run(dir.path(), &meta).unwrap();
+    assert_plots(&paths, dir.path());
+    keep_for_inspection(&paths, "tiny");
 }
 
 #[test]

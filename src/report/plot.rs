@@ -195,6 +195,7 @@ enum CurveKind {
 
 #[derive(Debug, Clone)]
 struct Curve {
+    /// Legend text; smoothed curves get ` (EMA α=…)` appended when drawn.
     label: String,
     color: RGBColor,
     kind: CurveKind,
@@ -240,18 +241,10 @@ const NOTE_COLOR: RGBColor = RGBColor(120, 120, 120);
 const GRID_COLOR: RGBColor = RGBColor(225, 225, 225);
 const LEGEND_BORDER: RGBColor = RGBColor(190, 190, 190);
 
-fn train_label(what: &str, smooth: bool) -> String {
-    if smooth {
-        format!("{what} (EMA α={EMA_ALPHA})")
-    } else {
-        what.to_string()
-    }
-}
-
 /// The six cells for one run: loss, rewards, margins, accuracies, learning rate, grad norm.
 fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
     let train = |field: Field, label: &str, color: RGBColor, smooth: bool| Curve {
-        label: train_label(label, smooth),
+        label: label.to_string(),
         color,
         kind: CurveKind::Train { raw: true, smooth },
         points: series(rows, Split::Train, field),
@@ -313,7 +306,7 @@ fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
         for (i, (label, rows)) in runs.iter().enumerate() {
             let color = TAB10[i % TAB10.len()];
             curves.push(Curve {
-                label: train_label(&format!("{label} train"), smooth),
+                label: format!("{label} train"),
                 color,
                 kind: CurveKind::Train { raw: false, smooth },
                 points: series(rows, Split::Train, field),
@@ -642,23 +635,26 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
                         curve.points.iter().map(|p| p.0).zip(ema(&values)).collect();
                     legend_points.extend(line.iter().copied());
                     ctx.draw_series(LineSeries::new(line, color.stroke_width(3)))?
-                        .label(&curve.label)
+                        .label(format!("{} (EMA α={EMA_ALPHA})", curve.label))
                         .legend(move |(x, y)| {
                             PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
                         });
                 } else {
                     // Too few points to smooth (or an exact schedule): the values themselves, bold,
                     // with markers when there are only a couple.
-                    let marker = if curve.points.len() < MIN_POINTS_TO_SMOOTH {
-                        4
-                    } else {
-                        0
-                    };
                     legend_points.extend(curve.points.iter().copied());
-                    ctx.draw_series(
-                        LineSeries::new(curve.points.iter().copied(), color.stroke_width(3))
-                            .point_size(marker),
-                    )?
+                    if curve.points.len() < MIN_POINTS_TO_SMOOTH {
+                        ctx.draw_series(
+                            curve
+                                .points
+                                .iter()
+                                .map(|&p| Circle::new(p, 5, color.filled())),
+                        )?;
+                    }
+                    ctx.draw_series(LineSeries::new(
+                        curve.points.iter().copied(),
+                        color.stroke_width(3),
+                    ))?
                     .label(&curve.label)
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
