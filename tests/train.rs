@@ -167,3 +167,47 @@ fn a_checkpoint_killed_mid_write_leaves_the_previous_one_usable() {
     let resumed = train(cfg, Some(first.run_dir.clone()), None);
     assert_eq!(resumed.dpo.unwrap().steps, 8);
 }
+
+#[test]
+fn sft_lowers_the_nll_of_the_chosen_answers() {
+    let out = tempfile::tempdir().unwrap();
+    let mut cfg = fixture_config(out.path(), "sft");
+    cfg.eval_file = None;
+    cfg.max_steps = 8;
+    cfg.learning_rate = 3e-3;
+    cfg.warmup_steps = 0;
+    let interrupt = AtomicBool::new(false);
+    let mut progress = Quiet { stop_at: None, interrupt: &interrupt };
+    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: true, device: cpu(), interrupt: &interrupt };
+    let summary = run(req, &mut progress).unwrap();
+    assert_eq!(summary.sft.as_ref().unwrap().steps, 8);
+    let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
+    let losses: Vec<f64> = rows.iter().filter_map(|r| r.metric("loss")).collect();
+    assert_eq!(losses.len(), 8);
+    assert!(losses[7] < losses[0] * 0.9, "NLL did not fall: {losses:?}");
+    // SFT rows carry the loss only; the DPO metrics stay empty.
+    assert!(rows.iter().all(|r| r.metric("rewards/accuracies").is_none()));
+    assert!(summary.run_dir.join("final/model.safetensors").is_file());
+}
+
+#[test]
+fn plot_overlays_two_runs() {
+    let out = tempfile::tempdir().unwrap();
+    let mut runs = Vec::new();
+    for (name, lr) in [("lr-a", 1e-3), ("lr-b", 3e-3)] {
+        let mut cfg = fixture_config(out.path(), name);
+        cfg.max_steps = 4;
+        cfg.learning_rate = lr;
+        runs.push(train(cfg, None, None).run_dir);
+    }
+    let compare = out.path().join("compare");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["plot", runs[0].to_str().unwrap(), runs[1].to_str().unwrap(), "--out", compare.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    for file in dpo_train::report::PLOT_FILES {
+        let bytes = std::fs::read(compare.join(file)).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{file}");
+    }
+}

@@ -8,7 +8,6 @@
 
 pub mod metrics;
 pub mod plot;
-mod png;
 pub mod samples;
 
 use std::path::{Path, PathBuf};
@@ -102,16 +101,9 @@ fn tmp_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes `bytes` to `path` atomically: to `<path>.tmp`, synced, then renamed over `path`.
+/// Writes `bytes` to `path` atomically (see [`crate::fsutil::write_atomic`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    use std::io::Write;
-    let tmp = tmp_path(path);
-    let mut file = std::fs::File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| ReportError::io("write", &tmp, e))?;
-    drop(file);
-    std::fs::rename(&tmp, path).map_err(|e| ReportError::io("rename into place", path, e))
+    crate::fsutil::write_atomic(path, bytes).map_err(|e| ReportError::io("write", path, e))
 }
 
 #[cfg(test)]
@@ -125,15 +117,17 @@ mod tests {
         write_atomic(&path, b"one").unwrap();
         write_atomic(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert!(!tmp_path(&path).exists());
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["a.txt"]);
     }
 
     #[test]
     fn io_error_names_the_file() {
-        let err = write_atomic(Path::new("/nonexistent-dir/x.png"), b"").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "Failed to create `/nonexistent-dir/x.png.tmp`"
-        );
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let path = not_a_dir.join("x.png");
+        let err = write_atomic(&path, b"").unwrap_err();
+        assert_eq!(err.to_string(), format!("Failed to write `{}`", path.display()));
     }
 }

@@ -18,7 +18,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::metrics::{METRICS_FILE, MetricsRow, Split, read_metrics};
-use super::{ReportError, png, write_atomic};
+use super::ReportError;
 
 /// Size in pixels (width, height) of each single-panel PNG.
 pub const PLOT_SIZE: (u32, u32) = (1000, 600);
@@ -447,7 +447,8 @@ fn render_cells(
     Ok(written)
 }
 
-/// Draws into an in-memory RGB buffer and writes it to `path` as PNG, atomically.
+/// Draws a PNG and moves it to `path` atomically: plotters encodes into `.<name>.partial.png`
+/// (it picks the format from the extension), which is then renamed over `path`.
 fn render_png(
     path: &Path,
     (width, height): (u32, u32),
@@ -457,16 +458,17 @@ fn render_png(
         path: path.to_path_buf(),
         source,
     };
-    let mut rgb = vec![255u8; width as usize * height as usize * 3];
+    let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let partial = path.with_file_name(format!(".{name}.partial.png"));
     {
-        let root = BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area();
+        let root = BitMapBackend::new(&partial, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(e.into()))?;
         // A little air above the title.
         let inner = root.margin(8, 0, 0, 0);
         draw(&inner).map_err(draw_err)?;
         root.present().map_err(|e| draw_err(e.into()))?;
     }
-    write_atomic(path, &png::encode_rgb(width, height, &rgb))
+    std::fs::rename(&partial, path).map_err(|e| ReportError::io("rename into place", path, e))
 }
 
 fn draw_cell(area: &Area, cell: &Cell, scale: &Scale) -> DrawResult {
