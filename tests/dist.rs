@@ -219,3 +219,35 @@ fn launcher_reports_the_failing_rank_and_kills_the_rest() {
     assert_eq!(err.to_string(), "Rank 1 failed (exit code 3); its last stderr line: `rank 1 gives up on purpose`");
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+/// With the `nccl` feature: a one-rank NCCL group reduces CUDA tensors where a GPU exists, and
+/// fails with an error (not a crash) where none does.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_single_rank_or_clean_error() {
+    let cfg = DistConfig {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: dist::launcher::free_port().expect("free port"),
+        backend: Backend::Nccl,
+        timeout: Duration::from_secs(20),
+    };
+    if !tch::Cuda::is_available() {
+        let err = ProcessGroup::new(&cfg).expect_err("no GPU");
+        assert!(err.to_string().starts_with("c10d `init_process_group` failed"), "{err}");
+        return;
+    }
+    let pg = ProcessGroup::new(&cfg).expect("NCCL on GPU 0");
+    #[allow(deprecated)] // LibTorch is this project's backend on purpose.
+    let dev = Device::libtorch_cuda(0);
+    let mut grads = vec![Tensor::<1>::from_data(TensorData::new(vec![1.0_f32, 2.0, 3.0], [3]), &dev)];
+    pg.all_reduce_mean(&mut grads).expect("all_reduce_mean");
+    assert_eq!(values(&grads[0]), vec![1.0, 2.0, 3.0]);
+    let mut sums = [2.5];
+    pg.all_reduce_sum_f64(&mut sums).expect("all_reduce_sum_f64");
+    assert_eq!(sums, [2.5]);
+    assert_eq!(pg.all_gather_f32(&[4.0]).expect("all_gather_f32"), vec![vec![4.0]]);
+    pg.barrier().expect("barrier");
+}

@@ -15,12 +15,14 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Lines of each worker's stderr kept for the error report.
 const KEPT_LINES: usize = 20;
 /// How often the monitor checks the workers.
 const POLL: Duration = Duration::from_millis(50);
+/// How long to wait for a finished worker's last stderr lines.
+const READER_GRACE: Duration = Duration::from_secs(2);
 
 /// The variable that carries the per-rank thread count to dpo-train (besides `OMP_NUM_THREADS`).
 pub const THREADS_VAR: &str = "DPO_TRAIN_THREADS";
@@ -130,8 +132,16 @@ struct Worker {
 impl Worker {
     fn last_line(&mut self) -> String {
         if let Some(reader) = self.reader.take() {
-            // The reader ends at EOF, which follows the child's exit; a panic there only loses lines.
-            let _ = reader.join();
+            // The reader ends at EOF, shortly after the worker exits, unless a process the worker
+            // started still holds the pipe: then wait a bounded time and report what was read.
+            let deadline = Instant::now() + READER_GRACE;
+            while !reader.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(POLL);
+            }
+            if reader.is_finished() {
+                // A panic in the reader only loses lines.
+                let _ = reader.join();
+            }
         }
         let tail = self.stderr_tail.lock().map(|t| t.back().cloned()).unwrap_or_default();
         tail.unwrap_or_default()

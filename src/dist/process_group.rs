@@ -249,10 +249,10 @@ impl ProcessGroup {
         let root_i = i32::try_from(root).ok().filter(|_| root < self.world_size);
         let root_i = root_i.ok_or(DistError::BadRoot { root, world_size: self.world_size })?;
         self.bucketed(tensors, "broadcast", |pg, flat| {
-            let mut ptr = flat.as_mut_ptr();
+            let ptr = flat.as_mut_ptr();
             // SAFETY: `pg.raw` is a live group (owned by `self`); `ptr` points to a live
             // `at::Tensor` (`flat`, borrowed mutably for the call) and the array has one element.
-            check("broadcast", unsafe { ffi::c10d_broadcast(pg.raw, &mut ptr, 1, root_i) })
+            check("broadcast", unsafe { ffi::c10d_broadcast(pg.raw, &ptr, 1, root_i) })
         })
     }
 

@@ -68,7 +68,7 @@ fn validate(global_batch: usize, micro_batch: usize, world_size: usize, rank: us
     if rank >= world_size {
         return Err(ShardError::RankOutOfRange { rank, world_size });
     }
-    if global_batch % (micro_batch * world_size) != 0 {
+    if !global_batch.is_multiple_of(micro_batch * world_size) {
         return Err(ShardError::Indivisible { global_batch, micro_batch, world_size });
     }
     Ok(())
