@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub use metrics::{METRIC_NAMES, METRICS_FILE, MetricsRow, MetricsWriter, Split, read_metrics};
 pub use plot::{
-    DASHBOARD_SIZE, EMA_ALPHA, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, plot_meta_from_run,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, ema_alpha, plot_meta_from_run,
     render_comparison, render_run,
 };
 pub use samples::{Sample, write_samples};

@@ -4,7 +4,7 @@
 //! The panels follow what TRL's `DPOTrainer` logs (`loss`, `rewards/chosen` vs
 //! `rewards/rejected`, `rewards/margins`, `rewards/accuracies`) plus `learning_rate` and
 //! `grad_norm`. Training curves are noisy, so each is drawn twice, as TensorBoard does: the raw
-//! values faint, and an exponential moving average ([`ema`], [`EMA_ALPHA`]) bold. Evaluations
+//! values faint, and an exponential moving average ([`ema`], [`ema_alpha`]) bold. Evaluations
 //! are sparse and already averaged over the eval set, so they are drawn unsmoothed as line plus
 //! markers. Text uses the DejaVu Sans font embedded in the binary, so rendering never depends on
 //! the fonts installed on the machine.
@@ -25,10 +25,13 @@ pub const PLOT_SIZE: (u32, u32) = (1000, 600);
 /// Size in pixels (width, height) of `dashboard.png`.
 pub const DASHBOARD_SIZE: (u32, u32) = (2000, 1200);
 
-/// Weight of the newest value in the EMA that smooths training curves:
-/// `s[0] = x[0]`, `s[t] = α·x[t] + (1 − α)·s[t−1]`. With α = 0.1 the weights' centre of mass
-/// lies (1 − α)/α = 9 points back, so the line averages over roughly the last 10 logged steps.
-pub const EMA_ALPHA: f64 = 0.1;
+/// Weight of the newest value in the EMA that smooths a training curve of `points` values:
+/// `s[0] = x[0]`, `s[t] = α·x[t] + (1 − α)·s[t−1]`, with α = 2/(span + 1) for a span of a tenth
+/// of the curve (the usual span-to-α rule), kept within [0.05, 0.5]: long runs average over about
+/// 40 logged points at most, short ones lag by a point or two instead of trailing the data.
+pub fn ema_alpha(points: usize) -> f64 {
+    (2.0 / (points as f64 / 10.0 + 1.0)).clamp(0.05, 0.5)
+}
 
 /// Series shorter than this are drawn unsmoothed: an EMA over one or two points only hides them.
 const MIN_POINTS_TO_SMOOTH: usize = 3;
@@ -106,9 +109,9 @@ pub fn plot_meta_from_run(run_dir: &Path) -> PlotMeta {
     }
 }
 
-/// Exponential moving average of `values` with [`EMA_ALPHA`], seeded with the first value;
+/// Exponential moving average of `values` with weight `alpha`, seeded with the first value;
 /// fewer than 3 values come back unchanged.
-pub fn ema(values: &[f64]) -> Vec<f64> {
+pub fn ema(values: &[f64], alpha: f64) -> Vec<f64> {
     let Some(&first) = values.first() else {
         return Vec::new();
     };
@@ -119,7 +122,7 @@ pub fn ema(values: &[f64]) -> Vec<f64> {
     values
         .iter()
         .map(|&v| {
-            s = EMA_ALPHA * v + (1.0 - EMA_ALPHA) * s;
+            s = alpha * v + (1.0 - alpha) * s;
             s
         })
         .collect()
@@ -633,11 +636,12 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
                         ))?;
                     }
                     let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
+                    let alpha = ema_alpha(values.len());
                     let line: Vec<(f64, f64)> =
-                        curve.points.iter().map(|p| p.0).zip(ema(&values)).collect();
+                        curve.points.iter().map(|p| p.0).zip(ema(&values, alpha)).collect();
                     legend_points.extend(line.iter().copied());
                     ctx.draw_series(LineSeries::new(line, color.stroke_width(3)))?
-                        .label(format!("{} (EMA α={EMA_ALPHA})", curve.label))
+                        .label(format!("{} (EMA α={alpha:.2})", curve.label))
                         .legend(move |(x, y)| {
                             PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
                         });
@@ -726,16 +730,23 @@ mod tests {
         // s0 = 0; s1 = 0.1·10 + 0.9·0 = 1; s2 = 1 + 0.9·1 = 1.9; s3 = 1 + 0.9·1.9 = 2.71;
         // s4 = 0.1·0 + 0.9·2.71 = 2.439.
         assert_close(
-            &ema(&[0.0, 10.0, 10.0, 10.0, 0.0]),
+            &ema(&[0.0, 10.0, 10.0, 10.0, 0.0], 0.1),
             &[0.0, 1.0, 1.9, 2.71, 2.439],
         );
     }
 
     #[test]
     fn ema_leaves_short_series_alone() {
-        assert!(ema(&[]).is_empty());
-        assert_close(&ema(&[3.0]), &[3.0]);
-        assert_close(&ema(&[3.0, 5.0]), &[3.0, 5.0]);
+        assert!(ema(&[], 0.1).is_empty());
+        assert_close(&ema(&[3.0], 0.1), &[3.0]);
+        assert_close(&ema(&[3.0, 5.0], 0.1), &[3.0, 5.0]);
+    }
+
+    #[test]
+    fn ema_weight_follows_the_curve_length() {
+        assert_eq!(ema_alpha(20), 0.5);
+        assert!((ema_alpha(190) - 0.1).abs() < 1e-12);
+        assert_eq!(ema_alpha(10_000), 0.05);
     }
 
     #[test]
