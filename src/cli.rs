@@ -50,6 +50,37 @@ pub enum Command {
     /// Data utilities.
     #[command(subcommand)]
     Data(DataCommand),
+    /// Print an sbatch script that runs `dpo-train train` on a SLURM cluster, one task per GPU.
+    Slurm(SlurmArgs),
+}
+
+/// `dpo-train slurm` flags.
+#[derive(Debug, Args)]
+pub struct SlurmArgs {
+    /// Nodes to allocate.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// GPUs (and so tasks) per node.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: usize,
+    /// The training config the job runs.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Wall-clock limit (SLURM syntax).
+    #[arg(long, default_value = "24:00:00")]
+    pub time: String,
+    /// Partition [default: the cluster's].
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Job name.
+    #[arg(long, default_value = "dpo-train")]
+    pub job_name: String,
+    /// CPU cores per task.
+    #[arg(long, default_value_t = 8)]
+    pub cpus_per_task: usize,
+    /// Host memory per GPU (SLURM syntax).
+    #[arg(long, default_value = "64G")]
+    pub mem_per_gpu: String,
 }
 
 /// `dpo-train train` / `sft` flags: a config file, then one flag per config key.
@@ -64,6 +95,25 @@ pub struct TrainArgs {
     /// Where to run: `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceArg,
+    /// Data-parallel over CUDA devices: a count (`2`: devices 0 and 1), a list (`0,2`), or `auto`
+    /// (the devices check-gpu selects).
+    #[arg(long, value_name = "N|LIST|auto", conflicts_with = "devices")]
+    pub gpus: Option<String>,
+    /// Data-parallel over CPU processes: `cpu:N` (the cores are divided between them).
+    #[arg(long, value_name = "cpu:N")]
+    pub devices: Option<String>,
+    /// Nodes of a multi-node job started by hand on every node (with --node-rank, --master-addr).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index in a multi-node job.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0 in a multi-node job.
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Rendezvous port on node 0 [default: a free one on a single node, 29500 across nodes].
+    #[arg(long)]
+    pub master_port: Option<u16>,
     #[command(flatten)]
     pub overrides: ConfigOverrides,
 }
@@ -319,11 +369,76 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Generate(args)) => run_generate(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Slurm(args)) => {
+            let script = crate::dist::sbatch_script(&crate::dist::SlurmOptions {
+                nodes: args.nodes,
+                gpus_per_node: args.gpus_per_node,
+                config: args.config,
+                time: args.time,
+                partition: args.partition,
+                job_name: args.job_name,
+                cpus_per_task: args.cpus_per_task,
+                mem_per_gpu: args.mem_per_gpu,
+            });
+            print!("{script}");
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
+/// Bad data-parallel flags, named.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchFlagError {
+    #[error("`--devices {0}`: expected `cpu:N` with N >= 1")]
+    Devices(String),
+    #[error("`--gpus {0}`: expected a count, a comma-separated list of indices, or `auto`")]
+    Gpus(String),
+    #[error("`--gpus {spec}`: {found} CUDA device(s) found; run on CPU processes with `--devices cpu:{wanted}`")]
+    TooFewGpus { spec: String, found: usize, wanted: usize },
+    #[error("`--gpus auto`: {0}")]
+    Auto(String),
+}
+
+/// What a launcher starts: processes per node and the devices they see.
+struct LaunchPlan {
+    nproc: usize,
+    cuda: bool,
+    /// `CUDA_VISIBLE_DEVICES` for every worker (each takes the device of its local rank).
+    visible: Option<String>,
+}
+
+fn launch_plan(args: &TrainArgs) -> anyhow::Result<Option<LaunchPlan>> {
+    if let Some(spec) = &args.devices {
+        let n = spec.strip_prefix("cpu:").and_then(|n| n.parse::<usize>().ok()).filter(|&n| n >= 1);
+        let nproc = n.ok_or_else(|| LaunchFlagError::Devices(spec.clone()))?;
+        return Ok(Some(LaunchPlan { nproc, cuda: false, visible: None }));
+    }
+    let Some(spec) = &args.gpus else { return Ok(None) };
+    let found = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+    let ids: Vec<usize> = if spec == "auto" {
+        let snapshot = check_gpu::probe_live().map_err(|e| LaunchFlagError::Auto(e.to_string()))?;
+        let plan = check_gpu::plan(&snapshot, &check_gpu::PlanRequest::default());
+        if plan.gpus.is_empty() {
+            return Err(LaunchFlagError::Auto("check-gpu selected no usable GPU".into()).into());
+        }
+        plan.gpus.iter().map(|&g| g as usize).collect()
+    } else if let Ok(n) = spec.parse::<usize>() {
+        (0..n).collect()
+    } else {
+        spec.split(',').map(|i| i.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| LaunchFlagError::Gpus(spec.clone()))?
+    };
+    if ids.is_empty() {
+        return Err(LaunchFlagError::Gpus(spec.clone()).into());
+    }
+    if ids.iter().any(|&i| i >= found) {
+        return Err(LaunchFlagError::TooFewGpus { spec: spec.clone(), found, wanted: ids.len() }.into());
+    }
+    let visible = ids.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    Ok(Some(LaunchPlan { nproc: ids.len(), cuda: true, visible: Some(visible) }))
+}
+
 fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
-    let resume = args.resume.map(|dir| (!dir.as_os_str().is_empty()).then_some(dir));
+    let resume = args.resume.clone().map(|dir| (!dir.as_os_str().is_empty()).then_some(dir));
     // A resumed run continues with the config it saved; flags still override it.
     let (base, name) = match (&resume, &args.config) {
         (Some(Some(dir)), _) => (TrainConfig::from_toml_file(&dir.join("config.toml"))?, String::new()),
@@ -335,6 +450,8 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     };
     let cfg = base.with_overrides(&args.overrides.0)?;
     cfg.validate()?;
+    let worker = crate::dist::env::detect()?;
+    let plan = if worker.is_distributed() { None } else { launch_plan(&args)? };
     let interrupt: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     ctrlc::set_handler(move || {
         if interrupt.swap(true, Ordering::SeqCst) {
@@ -344,15 +461,93 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)");
     })
     .context("cannot install the Ctrl-C handler")?;
-    eprintln!("effective config:\n{}", indent(&cfg.to_toml()));
-    let mut progress = ConsoleProgress::new();
+
+    // Launcher: start one worker per device with this command line, and wait for them.
+    if let Some(plan) = plan {
+        let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        if cfg.run_name.is_none() && resume.is_none() {
+            // Every worker must write into one run directory.
+            argv.extend(["--run-name".into(), format!("{}-{name}", crate::run::timestamp()).into()]);
+        }
+        let spec = crate::dist::NodeSpec {
+            nnodes: args.nnodes,
+            node_rank: args.node_rank,
+            nproc_per_node: plan.nproc,
+            master_addr: args.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+            master_port: match args.master_port {
+                Some(port) => port,
+                None if args.nnodes > 1 => 29_500,
+                None => crate::dist::launcher::free_port()?,
+            },
+        };
+        eprintln!(
+            "launching {} {} worker(s) on node {} of {} (world size {})",
+            plan.nproc,
+            if plan.cuda { "CUDA" } else { "CPU" },
+            spec.node_rank,
+            spec.nnodes,
+            spec.world_size()
+        );
+        let visible = plan.visible.clone();
+        crate::dist::launch_node(&spec, |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect(), &argv)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    // A worker (launched, torchrun or SLURM) or a lone process.
+    let device = if !worker.is_distributed() {
+        args.device.device()
+    } else {
+        device_kind(&args, &worker).device()
+    };
+    if let Some(threads) = std::env::var(crate::dist::launcher::THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
+        tch::set_num_threads(threads);
+    }
+    let group = if worker.is_distributed() {
+        let backend = if matches!(device_kind(&args, &worker), DeviceArg::Cuda(_)) { crate::dist::Backend::Nccl } else { crate::dist::Backend::Gloo };
+        let mut group = crate::dist::ProcessGroup::new(&crate::dist::DistConfig {
+            rank: worker.rank,
+            world_size: worker.world_size,
+            local_rank: worker.local_rank,
+            master_addr: worker.master_addr.clone(),
+            master_port: worker.master_port,
+            backend,
+            timeout: std::time::Duration::from_secs(cfg.ddp_timeout),
+        })?;
+        group.set_bucket_bytes(cfg.ddp_bucket_cap_mb << 20)?;
+        Some(group)
+    } else {
+        None
+    };
+    let workers = crate::dist::Workers { group: group.as_ref() };
+    if workers.is_main() {
+        eprintln!("effective config:\n{}", indent(&cfg.to_toml()));
+    }
+    let mut console = ConsoleProgress::new();
+    let mut silent = Silent;
+    let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let summary = crate::run::run(
-        RunRequest { cfg, config_name: name, resume, sft_only, device: args.device.device(), interrupt },
-        &mut progress,
+        RunRequest { cfg, config_name: name, resume, sft_only, device, interrupt, workers },
+        progress,
     )?;
-    progress.finish();
-    print_summary(&summary)?;
+    console.finish();
+    if workers.is_main() {
+        print_summary(&summary)?;
+    }
     Ok(if summary.interrupted() { ExitCode::from(130) } else { ExitCode::SUCCESS })
+}
+
+/// The device kind a worker runs on.
+fn device_kind(args: &TrainArgs, worker: &crate::dist::WorkerEnv) -> DeviceArg {
+    if args.gpus.is_some() || matches!(args.device, DeviceArg::Cuda(_)) { DeviceArg::Cuda(worker.local_rank) } else { DeviceArg::Cpu }
+}
+
+/// Progress of the ranks other than 0: nothing.
+struct Silent;
+
+impl Progress for Silent {
+    fn start(&mut self, _stage: &str, _start_step: u64, _total_steps: u64) {}
+    fn step(&mut self, _step: u64, _status: &str) {}
+    fn line(&mut self, _text: &str) {}
 }
 
 fn indent(text: &str) -> String {

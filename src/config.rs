@@ -39,6 +39,29 @@ pub enum SchedulerType {
     CosineWithMinLr,
 }
 
+/// How the learning rate follows the number of data-parallel workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrScaling {
+    /// The configured rate as is.
+    None,
+    /// × world size (Goyal et al. 2017).
+    Linear,
+    /// × √world size (Malladi et al. 2022, for Adam).
+    Sqrt,
+}
+
+impl LrScaling {
+    /// The factor for `world_size` workers.
+    pub fn factor(self, world_size: usize) -> f64 {
+        match self {
+            Self::None => 1.0,
+            Self::Linear => world_size as f64,
+            Self::Sqrt => (world_size as f64).sqrt(),
+        }
+    }
+}
+
 /// How a value of a key is typed on the command line.
 pub trait FlagValue {
     /// Converts the flag's text into the TOML value the file would hold.
@@ -79,6 +102,7 @@ flag_value! {
     LossType => "TYPE", string;
     FDivergence => "TYPE", string;
     SchedulerType => "TYPE", string;
+    LrScaling => "TYPE", string;
 }
 
 impl<T: FlagValue> FlagValue for Option<T> {
@@ -215,6 +239,12 @@ train_config! {
     gradient_accumulation_steps: usize = 1,
     /// Pairs per optimizer step over all devices; when set, split into micro-batch × devices × accumulation.
     global_batch_size: Option<usize> = None,
+    /// none, linear or sqrt: scale learning_rate by the number of data-parallel workers.
+    lr_scaling: LrScaling = LrScaling::None,
+    /// Gradient all-reduce bucket size in MB (one collective per bucket).
+    ddp_bucket_cap_mb: usize = 25,
+    /// Seconds a rendezvous or collective may wait for a peer before the job fails.
+    ddp_timeout: u64 = 1800,
     /// Passes over the training data (fractions allowed).
     num_train_epochs: f64 = 3.0,
     /// Optimizer steps; overrides num_train_epochs when positive.
@@ -322,6 +352,12 @@ impl TrainConfig {
             if value == 0 {
                 return invalid(key, "must be at least 1".to_owned());
             }
+        }
+        if self.ddp_bucket_cap_mb == 0 {
+            return invalid("ddp_bucket_cap_mb", "must be at least 1".to_owned());
+        }
+        if self.ddp_timeout == 0 {
+            return invalid("ddp_timeout", "must be at least 1 second".to_owned());
         }
         if self.global_batch_size == Some(0) {
             return invalid("global_batch_size", "must be at least 1".to_owned());

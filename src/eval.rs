@@ -112,8 +112,20 @@ pub fn evaluate_pairs(
     loss: &LossConfig,
     device: &Device,
 ) -> Metrics {
-    let mut scored = ScoredPairs::default();
     let indices: Vec<usize> = (0..pairs.len()).collect();
+    metrics_of(&score_pairs(policy, pairs, &indices, ref_logps, collation, device), loss, device)
+}
+
+/// Scores the pairs at `indices` (in that order) under `policy`.
+pub fn score_pairs(
+    policy: &Llama,
+    pairs: &[TokenizedPair],
+    indices: &[usize],
+    ref_logps: &RefLogps,
+    collation: &Collation,
+    device: &Device,
+) -> ScoredPairs {
+    let mut scored = ScoredPairs::default();
     for chunk in indices.chunks(collation.batch_size.max(1)) {
         let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
         let batch = data::collate(&chunk_pairs, collation.pad_id, collation.max_length);
@@ -121,9 +133,14 @@ pub fn evaluate_pairs(
         let policy_scores = score(policy, &batch, true);
         scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
     }
+    scored
+}
+
+/// The loss over every scored pair at once, and the metrics.
+pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, device: &Device) -> Metrics {
     let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
     let mut sums = MetricSums::default();
-    sums.add(&scored, value, loss.beta);
+    sums.add(scored, value, loss.beta);
     sums.finish()
 }
 

@@ -30,6 +30,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             || e.is::<dpo::loss::LossConfigError>()
             || e.is::<eval::EvalError>()
             || e.is::<config::ConfigError>()
+            || e.is::<cli::LaunchFlagError>()
     });
     if user_input { 1 } else { 2 }
 }

@@ -11,6 +11,7 @@ use burn::tensor::Device;
 use crate::config::TrainConfig;
 use crate::data::{self, Columns, LoadOptions, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
+use crate::dist::Workers;
 use crate::model;
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::{Objective, Progress, RunData, Stage, StageOutcome, run_stage};
@@ -26,6 +27,8 @@ pub struct RunRequest<'a> {
     pub sft_only: bool,
     pub device: Device,
     pub interrupt: &'a AtomicBool,
+    /// The data-parallel workers this process is one of (rank 0 writes every file).
+    pub workers: Workers<'a>,
 }
 
 /// How the run went.
@@ -48,14 +51,27 @@ impl RunSummary {
 
 /// Runs the request to its end.
 pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
+    let workers = req.workers;
     let (run_dir, resume) = run_dir(&req)?;
+    // Every rank checked for an earlier run before rank 0 creates anything.
+    workers.barrier()?;
     let cfg = &req.cfg;
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
+    if workers.is_main() {
+        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
+    }
     progress.line(&format!("run directory `{}`", run_dir.display()));
 
-    let demo_assets = if cfg.model_name_or_path == DEMO || [Some(&cfg.train_file), cfg.eval_file.as_ref(), cfg.test_file.as_ref()].contains(&Some(&DEMO.to_owned())) {
+    let uses_demo = cfg.model_name_or_path == DEMO
+        || [Some(&cfg.train_file), cfg.eval_file.as_ref(), cfg.test_file.as_ref()].contains(&Some(&DEMO.to_owned()));
+    let demo_assets = if uses_demo {
         progress.line("building the demo's data, tokenizer and random model");
-        Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?)
+        // Rank 0 builds the assets; the others read them once it is done.
+        let assets = if workers.is_main() { Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?) } else { None };
+        workers.barrier()?;
+        match assets {
+            Some(a) => Some(a),
+            None => Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?),
+        }
     } else {
         None
     };
@@ -98,6 +114,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         device: &req.device,
         resume,
         interrupt: req.interrupt,
+        workers,
     };
     if req.sft_only {
         let outcome = run_stage(&Stage { objective: Objective::Sft, ..base }, progress)?;
@@ -123,7 +140,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     };
     let dpo = run_stage(&Stage { model_dir: &start_dir, ..base }, progress)?;
 
-    let demo_arithmetic = match (&demo_assets, dpo.interrupted) {
+    let demo_arithmetic = match (&demo_assets, dpo.interrupted || !workers.is_main()) {
         (Some(assets), false) => {
             let (_, before) = model::load(&start_dir, &req.device)?;
             let (_, after) = model::load(&dpo.model_dir, &req.device)?;
@@ -186,7 +203,7 @@ fn run_dir(req: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC.
-fn timestamp() -> String {
+pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Howard Hinnant's civil_from_days.

@@ -18,7 +18,6 @@
 //! the problems. Everything is drawn from one ChaCha8 stream seeded by [`SynthConfig::seed`] with
 //! this module's own integer sampling, so the same config gives the same bytes on every platform.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};

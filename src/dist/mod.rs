@@ -17,6 +17,7 @@ pub mod launcher;
 pub mod process_group;
 pub mod sampler;
 pub mod slurm;
+pub mod workers;
 
 mod bridge;
 
@@ -25,3 +26,4 @@ pub use launcher::{LaunchError, NodeSpec, launch, launch_node};
 pub use process_group::{Backend, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth};
 pub use sampler::{RankStep, ShardError, rank_step, shard_step};
 pub use slurm::{SlurmOptions, sbatch_script};
+pub use workers::Workers;

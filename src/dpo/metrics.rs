@@ -75,6 +75,35 @@ impl ScoredPairs {
         }
     }
 
+    /// Every per-pair vector, chosen side then rejected (for collectives).
+    pub fn columns(&self) -> Vec<Vec<f32>> {
+        [&self.chosen, &self.rejected]
+            .into_iter()
+            .flat_map(|s| {
+                [&s.logps, &s.ref_logps, &s.token_logps, &s.lengths, &s.tokens, &s.entropy, &s.mean_logits, &s.wpo]
+                    .map(Clone::clone)
+            })
+            .collect()
+    }
+
+    /// The inverse of [`ScoredPairs::columns`].
+    pub fn from_columns(columns: Vec<Vec<f32>>) -> Self {
+        let mut it = columns.into_iter();
+        let mut side = || SideRows {
+            logps: it.next().unwrap_or_default(),
+            ref_logps: it.next().unwrap_or_default(),
+            token_logps: it.next().unwrap_or_default(),
+            lengths: it.next().unwrap_or_default(),
+            tokens: it.next().unwrap_or_default(),
+            entropy: it.next().unwrap_or_default(),
+            mean_logits: it.next().unwrap_or_default(),
+            wpo: it.next().unwrap_or_default(),
+        };
+        let chosen = side();
+        let rejected = side();
+        Self { chosen, rejected }
+    }
+
     /// Number of pairs held.
     pub fn len(&self) -> usize {
         self.chosen.logps.len()
@@ -158,6 +187,15 @@ impl MetricSums {
         for (a, b) in self.fields_mut().into_iter().zip(o.fields()) {
             *a += b;
         }
+    }
+
+    /// The inverse of [`MetricSums::fields`].
+    pub fn from_fields(f: [f64; 13]) -> Self {
+        let mut sums = Self::default();
+        for (slot, value) in sums.fields_mut().into_iter().zip(f) {
+            *slot = value;
+        }
+        sums
     }
 
     /// Every sum in a fixed order, for collectives.

@@ -9,12 +9,19 @@ use anyhow::Context;
 use sha2::{Digest, Sha256};
 
 use super::trainer::{Progress, Stage};
-use crate::dpo::logps::{Collation, RefLogps, reference_logps};
+use crate::dpo::logps::{Collation, RefLogps};
 use crate::model::Llama;
 use crate::model::weights::{NamedTensor, Weights, save_safetensors};
 
-/// The cached log-probs for this reference and data, computed and stored when absent.
-pub fn load_or_compute(reference: &Llama, stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<RefLogps> {
+/// The cached log-probs for this reference and data, or `compute`d (by every rank) and stored
+/// (by rank 0) when absent.
+pub fn load_or_compute(
+    reference: &Llama,
+    stage: &Stage,
+    collation: &Collation,
+    progress: &mut dyn Progress,
+    compute: impl FnOnce() -> anyhow::Result<RefLogps>,
+) -> anyhow::Result<RefLogps> {
     let path = cache_path(reference, stage, collation)?;
     if path.is_file() {
         let weights = Weights::open_file(&path)?;
@@ -24,7 +31,10 @@ pub fn load_or_compute(reference: &Llama, stage: &Stage, collation: &Collation, 
         return Ok(cached);
     }
     progress.line(&format!("precomputing reference log-probs for {} training pairs", stage.data.train.len()));
-    let logps = reference_logps(reference, &stage.data.train, collation, stage.device);
+    let logps = compute()?;
+    if !stage.workers.is_main() {
+        return Ok(logps);
+    }
     let dir = path.parent().unwrap_or(stage.dir);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
     let n = logps.chosen.len();

@@ -18,11 +18,12 @@ use super::ref_cache;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
 use crate::config::TrainConfig;
+use crate::dist::{Workers, rank_step};
 use crate::data::{self, TokenizedPair};
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::loss::{PairScores, dpo_loss};
 use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs, host};
-use crate::eval::evaluate_pairs;
+use crate::eval::{metrics_of, score_pairs};
 use crate::generate::{SamplingConfig, generate, rng};
 use crate::model::{self, Llama};
 use crate::report::{self, MetricsRow, MetricsWriter, Sample, Split};
@@ -79,6 +80,8 @@ pub struct Stage<'a> {
     pub resume: bool,
     /// Set by Ctrl-C: checkpoint and stop after the current step.
     pub interrupt: &'a AtomicBool,
+    /// The data-parallel workers this process is one of.
+    pub workers: Workers<'a>,
 }
 
 /// How a stage ended.
@@ -93,17 +96,32 @@ pub struct StageOutcome {
     pub test: Option<Metrics>,
 }
 
-/// The per-step batch arithmetic (data parallelism multiplies the micro-batch by the world size).
-fn batch_plan(cfg: &TrainConfig, len: usize) -> anyhow::Result<Sampler> {
+/// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
+fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
     let micro = cfg.per_device_train_batch_size;
+    let per_pass = micro * world_size;
     let accumulation = match cfg.global_batch_size {
-        Some(global) if global % micro != 0 => anyhow::bail!(
-            "`global_batch_size` {global} is not a multiple of `per_device_train_batch_size` {micro}"
-        ),
-        Some(global) => global / micro,
+        Some(global) if global % per_pass != 0 => anyhow::bail!(crate::config::ConfigError::Invalid {
+            key: "global_batch_size",
+            message: format!(
+                "{global} does not split into per_device_train_batch_size {micro} x {world_size} devices x accumulation"
+            ),
+        }),
+        Some(global) => global / per_pass,
         None => cfg.gradient_accumulation_steps,
     };
-    Ok(Sampler { len, global_batch: micro * accumulation, micro_batch: micro, seed: cfg.seed })
+    Ok(Sampler { len, global_batch: per_pass * accumulation, micro_batch: micro, seed: cfg.seed })
+}
+
+/// Input tokens of a pair's sequences after truncation (TRL's `num_tokens` counts every one).
+fn pair_tokens(pair: &TokenizedPair, max_length: usize, objective: Objective) -> f64 {
+    let p = pair.prompt_ids.len();
+    let chosen = (p + pair.chosen_ids.len()).min(max_length);
+    let rejected = (p + pair.rejected_ids.len()).min(max_length);
+    match objective {
+        Objective::Sft => chosen as f64,
+        Objective::Dpo => (chosen + rejected) as f64,
+    }
 }
 
 /// Runs one stage to its end, a Ctrl-C, or an error.
@@ -111,10 +129,14 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let cfg = stage.cfg;
     let data = stage.data;
     let dir = stage.dir;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+    let workers = stage.workers;
+    let main = workers.is_main();
     let config_toml = cfg.to_toml();
-    crate::fsutil::write_atomic(&dir.join("config.toml"), config_toml.as_bytes())
-        .with_context(|| format!("cannot write `{}`", dir.join("config.toml").display()))?;
+    if main {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+        crate::fsutil::write_atomic(&dir.join("config.toml"), config_toml.as_bytes())
+            .with_context(|| format!("cannot write `{}`", dir.join("config.toml").display()))?;
+    }
     let model_config_json = std::fs::read_to_string(stage.model_dir.join("config.json"))
         .with_context(|| format!("cannot read `{}`", stage.model_dir.join("config.json").display()))?;
 
@@ -123,12 +145,22 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         Objective::Sft => "sft",
         Objective::Dpo => "dpo",
     };
-    let sampler = batch_plan(cfg, data.train.len())?;
+    let world = workers.world_size();
+    let sampler = batch_plan(cfg, data.train.len(), world)?;
     let total_steps =
         stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
+    let lr_factor = cfg.lr_scaling.factor(world);
+    progress.line(&format!(
+        "{name}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} ({:?} scaling)",
+        sampler.global_batch,
+        sampler.micro_batch,
+        sampler.global_batch / (sampler.micro_batch * world),
+        stage.learning_rate,
+        cfg.lr_scaling
+    ));
     let schedule = Schedule {
         kind: cfg.lr_scheduler_type,
-        peak: stage.learning_rate,
+        peak: stage.learning_rate * lr_factor,
         warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
         total_steps,
         min_lr_rate: cfg.min_lr_rate,
@@ -148,7 +180,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     // --- the models: policy (autodiff), reference (plain, frozen) ---
     let train_device = stage.device.clone().autodiff();
     let resume_from = if stage.resume { checkpoint::latest(dir) } else { None };
-    let (mut policy, mut optimizer, mut state) = match &resume_from {
+    let (policy, mut optimizer, mut state) = match &resume_from {
         Some(ckpt) => {
             let saved = checkpoint::load_state(ckpt, &train_device)?;
             let (_, policy) = model::load(ckpt, &train_device)?;
@@ -161,9 +193,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             (policy, AdamW::default(), TrainerState { step: 0, epoch: 0.0, elapsed_seconds: 0.0, num_tokens: 0.0 })
         }
     };
-    let mut metrics_out = match &resume_from {
-        Some(_) => MetricsWriter::resume(dir, state.step)?,
-        None => MetricsWriter::create(dir)?,
+    let mut policy = workers.broadcast_params(policy)?;
+    let mut metrics_out = match (&resume_from, main) {
+        (_, false) => None,
+        (Some(_), true) => Some(MetricsWriter::resume(dir, state.step)?),
+        (None, true) => Some(MetricsWriter::create(dir)?),
     };
 
     let references = match stage.objective {
@@ -180,26 +214,34 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let mut last_status = String::new();
     let mut interrupted = false;
     if let (Some(refs), true, 0) = (&references, cfg.eval_on_start, state.step) {
-        last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, &mut metrics_out, progress)?);
+        last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
     }
     while state.step < total_steps {
-        if stage.interrupt.load(Ordering::SeqCst) {
+        // Ctrl-C reaches the ranks at different moments: they agree before each step.
+        if workers.any(stage.interrupt.load(Ordering::SeqCst))? {
             interrupted = true;
             break;
         }
         let lr = schedule.lr(state.step);
-        let micro_batches = sampler.micro_batches(state.step);
+        let mine = rank_step(&sampler, state.step, world, workers.rank())?;
+        let micro_batches = mine.micro_batches;
+        let step_pairs = mine.step_pairs;
 
-        // Accumulate: each micro-batch's loss is scaled by its share of the step, so the summed
-        // gradients equal those of one batch holding every pair of the step.
+        // Accumulate: each micro-batch's loss is scaled by its share of the whole step (all
+        // ranks), so the gradients summed over micro-batches and ranks equal those of one batch
+        // holding every pair of the step.
         let mut grads = GradAccumulator::default();
-        let step_pairs: usize = micro_batches.iter().map(Vec::len).sum();
         let chunks: Vec<Vec<TokenizedPair>> =
             micro_batches.iter().map(|ids| ids.iter().map(|&i| data.train[i].clone()).collect()).collect();
+        let all_pairs: Vec<&TokenizedPair> = sampler.micro_batches(state.step).concat().into_iter().map(|i| &data.train[i]).collect();
         let step_tokens: f64 = match stage.objective {
-            Objective::Sft => chunks.iter().map(|c| scored_tokens(&data::collate_chosen(c, pad_id, max_length))).sum(),
+            Objective::Sft => {
+                let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
+                scored_tokens(&data::collate_chosen(&all, pad_id, max_length))
+            }
             Objective::Dpo => 0.0,
         };
+        state.num_tokens += all_pairs.iter().map(|p| pair_tokens(p, cfg.max_length, stage.objective)).sum::<f64>();
         for (ids, chunk) in micro_batches.iter().zip(&chunks) {
             let loss = match (stage.objective, &references) {
                 (Objective::Sft, _) => {
@@ -215,7 +257,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
                     let batch = data::collate(chunk, pad_id, max_length);
                     window.count(&batch);
                     let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &train_device);
-                    let ref_rows = refs.train_rows(ids, &batch, stage.device);
+                    let ref_rows = refs.train_rows(ids, &batch, loss_cfg.ld_alpha, stage.device);
                     let scores = score(&policy, &device_batch, true);
                     let loss = dpo_loss(&PairScores::from_scores(&device_batch, &scores, &ref_rows), &loss_cfg);
                     window.pending.push((device_batch, scores, ref_rows, loss.clone().detach()));
@@ -225,9 +267,10 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             };
             grads.add(&policy, &loss.backward());
         }
+        workers.sum_grads(&mut grads, &policy)?;
         let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
-        state.num_tokens += window.step_tokens();
         policy = optimizer.step(policy, &grads, lr, &adamw);
+        window.steps += 1;
         state.step += 1;
         state.epoch = sampler.epoch_at(state.step);
         state.elapsed_seconds = elapsed_before + started.elapsed().as_secs_f64();
@@ -235,8 +278,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         // --- log, evaluate, checkpoint ---
         if state.step % cfg.logging_steps == 0 || state.step == total_steps {
             // Reading the values back is a host sync: it happens on logging steps only.
-            let (row, status) = window.finish(&state, lr, grad_norm.map(|n| n.into_scalar::<f32>() as f64), stage.objective, cfg.beta);
-            metrics_out.append(&row)?;
+            let norm = grad_norm.map(|n| n.into_scalar::<f32>() as f64);
+            let (row, status) = window.finish(&state, lr, norm, stage.objective, cfg.beta, workers)?;
+            if let Some(out) = metrics_out.as_mut() {
+                out.append(&row)?;
+            }
             progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
             last_status = status;
             window = Window::new(Instant::now());
@@ -244,35 +290,46 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         if let Some(refs) = &references {
             let every = cfg.eval_every();
             if every > 0 && (state.step % every == 0 || state.step == total_steps) {
-                last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, &mut metrics_out, progress)?);
+                last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
             }
         }
         if cfg.save_steps > 0 && state.step % cfg.save_steps == 0 && state.step < total_steps {
-            let path = checkpoint::save(dir, &policy.valid(), &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
-            progress.line(&format!("saved `{}`", path.display()));
+            if main {
+                let path = checkpoint::save(dir, &policy.valid(), &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+                progress.line(&format!("saved `{}`", path.display()));
+            }
+            workers.barrier()?;
         }
         progress.step(state.step, &last_status);
     }
 
     // --- the end: checkpoint, final model, test, plots ---
     let policy = policy.valid();
-    if checkpoint::latest(dir).as_deref() != Some(&dir.join("checkpoints").join(format!("step-{}", state.step))) {
+    let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{}", state.step)));
+    if main && !saved_now {
         let path = checkpoint::save(dir, &policy, &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
-    let meta = report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.beta };
-    report::render_run(dir, &meta)?;
+    if main {
+        let meta = report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.beta };
+        report::render_run(dir, &meta)?;
+    }
     if interrupted {
+        workers.barrier()?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
         progress.line(&format!("interrupted at step {}: resume with `--resume {}`", state.step, dir.display()));
         return Ok(StageOutcome { model_dir: ckpt, steps: state.step, interrupted, eval: last_eval, test: None });
     }
     let final_dir = dir.join("final");
-    export_final(&final_dir, &policy, &model_config_json, &data.tokenizer_dir)?;
+    if main {
+        export_final(&final_dir, &policy, &model_config_json, &data.tokenizer_dir)?;
+    }
     let test = match &references {
         Some(refs) if !data.test.is_empty() => Some(refs.test(&policy, stage, &eval_collation, progress)?),
         _ => None,
     };
+    // Every rank returns once the files rank 0 writes are complete.
+    workers.barrier()?;
     Ok(StageOutcome { model_dir: final_dir, steps: state.step, interrupted, eval: last_eval, test })
 }
 
@@ -306,10 +363,10 @@ fn export_final(final_dir: &Path, model: &Llama, model_config_json: &str, tokeni
 /// What the steps since the last log did, kept on the device until the log reads it.
 struct Window {
     started: Instant,
+    /// Optimizer steps taken.
+    steps: usize,
     pairs: usize,
     tokens: f64,
-    /// Tokens of the step in progress (TRL's `num_tokens` counts every input token).
-    counted: f64,
     /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
     pending: Vec<(DeviceBatch, crate::dpo::logps::SequenceScores, Vec<f32>, burn::tensor::Tensor<1>)>,
     /// SFT: each micro-batch's (scaled) loss.
@@ -318,22 +375,15 @@ struct Window {
 
 impl Window {
     fn new(started: Instant) -> Self {
-        Self { started, pairs: 0, tokens: 0.0, counted: 0.0, pending: Vec::new(), losses: Vec::new() }
+        Self { started, steps: 0, pairs: 0, tokens: 0.0, pending: Vec::new(), losses: Vec::new() }
     }
 
     fn count(&mut self, batch: &data::Batch) {
-        let tokens = batch.attention_mask.iter().sum::<i64>() as f64;
         self.pairs += batch.batch_size;
-        self.tokens += tokens;
-        self.counted += tokens;
+        self.tokens += batch.attention_mask.iter().sum::<i64>() as f64;
     }
 
-    /// The tokens counted since the last call.
-    fn step_tokens(&mut self) -> f64 {
-        std::mem::take(&mut self.counted)
-    }
-
-    /// The logged row and a one-line status, TRL's names in TRL's order.
+    /// The logged row and a one-line status, TRL's names in TRL's order, over every rank.
     fn finish(
         self,
         state: &TrainerState,
@@ -341,15 +391,20 @@ impl Window {
         grad_norm: Option<f64>,
         objective: Objective,
         beta: f64,
-    ) -> (MetricsRow, String) {
+        workers: Workers,
+    ) -> anyhow::Result<(MetricsRow, String)> {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
+        let mut throughput = [self.pairs as f64, self.tokens];
+        workers.sum_f64(&mut throughput)?;
+        let [pairs, tokens] = throughput;
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Train, state.elapsed_seconds);
         let status = match objective {
             Objective::Sft => {
-                // Each SFT micro-batch loss is already a share of its step's token mean.
-                let steps = (self.losses.len() as f64).max(1.0);
-                let total: f64 = self.losses.into_iter().map(|l| l.into_scalar::<f32>() as f64).sum();
-                let loss = total / steps;
+                // Each SFT micro-batch loss is already a share of its step's token mean, over
+                // every rank: summing gives the steps' losses.
+                let mut total = [self.losses.iter().map(|l| host(l)[0] as f64).sum::<f64>()];
+                workers.sum_f64(&mut total)?;
+                let loss = total[0] / self.steps.max(1) as f64;
                 row.set_metric("loss", loss);
                 format!("loss {loss:.4}")
             }
@@ -359,7 +414,9 @@ impl Window {
                     let scored = ScoredPairs::from_batch(batch, scores, ref_rows);
                     sums.add(&scored, host(loss)[0] as f64, beta);
                 }
-                let m = sums.finish();
+                let mut fields = sums.fields();
+                workers.sum_f64(&mut fields)?;
+                let m = MetricSums::from_fields(fields).finish();
                 for (name, value) in m.named() {
                     row.set_metric(name, value);
                 }
@@ -372,14 +429,10 @@ impl Window {
         row.set_metric("num_tokens", state.num_tokens);
         row.learning_rate = Some(lr);
         row.grad_norm = grad_norm;
-        row.pairs_per_second = Some(self.pairs as f64 / seconds);
-        row.tokens_per_second = Some(self.tokens / seconds);
-        let status = format!(
-            "{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s",
-            grad_norm.unwrap_or(f64::NAN),
-            self.pairs as f64 / seconds
-        );
-        (row, status)
+        row.pairs_per_second = Some(pairs / seconds);
+        row.tokens_per_second = Some(tokens / seconds);
+        let status = format!("{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s", grad_norm.unwrap_or(f64::NAN), pairs / seconds);
+        Ok((row, status))
     }
 }
 
@@ -415,12 +468,14 @@ impl References {
         let (_, reference) = model::load(ref_dir, stage.device)
             .with_context(|| format!("cannot load the reference model in `{}`", ref_dir.display()))?;
         progress.line(&format!("scoring {} held-out pairs under the reference", data.eval.len() + data.test.len()));
-        let eval = reference_logps(&reference, &data.eval, collation, stage.device);
-        let test = reference_logps(&reference, &data.test, collation, stage.device);
-        let eval_samples = sample_texts(&reference, &data.eval, stage);
-        let test_samples = sample_texts(&reference, &data.test, stage);
+        let eval = sharded_reference_logps(&reference, &data.eval, collation, stage)?;
+        let test = sharded_reference_logps(&reference, &data.test, collation, stage)?;
+        let main = stage.workers.is_main();
+        let eval_samples = if main { sample_texts(&reference, &data.eval, stage) } else { Vec::new() };
+        let test_samples = if main { sample_texts(&reference, &data.test, stage) } else { Vec::new() };
         let (model, train) = if cfg.precompute_ref_log_probs {
-            let train = ref_cache::load_or_compute(&reference, stage, collation, progress)?;
+            let compute = || sharded_reference_logps(&reference, &data.train, collation, stage);
+            let train = ref_cache::load_or_compute(&reference, stage, collation, progress, compute)?;
             (None, Some(train))
         } else {
             (Some(reference), None)
@@ -429,11 +484,12 @@ impl References {
     }
 
     /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
-    fn train_rows(&self, ids: &[usize], batch: &data::Batch, device: &Device) -> Vec<f32> {
+    fn train_rows(&self, ids: &[usize], batch: &data::Batch, ld_alpha: Option<f64>, device: &Device) -> Vec<f32> {
         match (&self.train, &self.model) {
             (Some(table), _) => table.rows(ids),
             (None, Some(model)) => {
-                let device_batch = DeviceBatch::new(batch, None, device);
+                // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
+                let device_batch = DeviceBatch::new(batch, ld_alpha, device);
                 host(&score(model, &device_batch, false).logps)
             }
             (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
@@ -446,13 +502,14 @@ impl References {
         stage: &Stage,
         state: &TrainerState,
         collation: &Collation,
-        out: &mut MetricsWriter,
+        out: Option<&mut MetricsWriter>,
         progress: &mut dyn Progress,
     ) -> anyhow::Result<Metrics> {
         if stage.data.eval.is_empty() {
             return Ok(MetricSums::default().finish());
         }
-        let metrics = evaluate_pairs(policy, &stage.data.eval, &self.eval, collation, &stage.cfg.loss(), stage.device);
+        let metrics = sharded_metrics(policy, &stage.data.eval, &self.eval, collation, stage)?;
+        let Some(out) = out else { return Ok(metrics) };
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
         for (name, value) in metrics.named() {
             row.set_metric(name, value);
@@ -468,7 +525,10 @@ impl References {
     }
 
     fn test(&self, policy: &Llama, stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<Metrics> {
-        let metrics = evaluate_pairs(policy, &stage.data.test, &self.test, collation, &stage.cfg.loss(), stage.device);
+        let metrics = sharded_metrics(policy, &stage.data.test, &self.test, collation, stage)?;
+        if !stage.workers.is_main() {
+            return Ok(metrics);
+        }
         progress.line(&format!(
             "test | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
             metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
@@ -507,6 +567,23 @@ impl References {
         report::write_samples(&stage.dir.join(file), title, &samples)?;
         Ok(())
     }
+}
+
+/// The reference log-probs of every pair, each rank scoring its shard.
+fn sharded_reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, stage: &Stage) -> anyhow::Result<RefLogps> {
+    let workers = stage.workers;
+    let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
+    let local = reference_logps(model, &mine, collation, stage.device);
+    let mut columns = workers.gather_columns(pairs.len(), vec![local.chosen, local.rejected])?.into_iter();
+    Ok(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() })
+}
+
+/// The loss and metrics over every pair, each rank scoring its shard.
+fn sharded_metrics(policy: &Llama, pairs: &[TokenizedPair], reference: &RefLogps, collation: &Collation, stage: &Stage) -> anyhow::Result<Metrics> {
+    let workers = stage.workers;
+    let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, stage.device);
+    let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
+    Ok(metrics_of(&scored, &stage.cfg.loss(), stage.device))
 }
 
 /// Greedy completions of the first `num_samples` prompts of `pairs`.

@@ -1,0 +1,164 @@
+//! The trainer's view of data parallelism: this process's rank among the workers and the few
+//! collective steps a training loop needs, as no-ops when it runs alone.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::Tensor;
+
+use super::{DistError, ProcessGroup};
+use crate::train::optim::GradAccumulator;
+
+/// One process of a job, or the whole job when `group` is `None`.
+#[derive(Clone, Copy)]
+pub struct Workers<'a> {
+    pub group: Option<&'a ProcessGroup>,
+}
+
+impl<'a> Workers<'a> {
+    /// A lone process.
+    pub fn single() -> Self {
+        Self { group: None }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.group.map_or(0, ProcessGroup::rank)
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.group.map_or(1, ProcessGroup::world_size)
+    }
+
+    /// Rank 0 alone writes files and reports progress.
+    pub fn is_main(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Sums `values` over the workers, in place.
+    pub fn sum_f64(&self, values: &mut [f64]) -> Result<(), DistError> {
+        self.group.map_or(Ok(()), |g| g.all_reduce_sum_f64(values))
+    }
+
+    /// Whether any worker says yes (Ctrl-C reaches the ranks at different steps: they agree here).
+    pub fn any(&self, flag: bool) -> Result<bool, DistError> {
+        let mut v = [f64::from(u8::from(flag))];
+        self.sum_f64(&mut v)?;
+        Ok(v[0] > 0.0)
+    }
+
+    pub fn barrier(&self) -> Result<(), DistError> {
+        self.group.map_or(Ok(()), ProcessGroup::barrier)
+    }
+
+    /// Sums every worker's accumulated gradients, bucketed, in parameter-name order. A worker
+    /// without pairs this step (the short end of an epoch) contributes zeros.
+    pub fn sum_grads<M: Module>(&self, grads: &mut GradAccumulator, model: &M) -> Result<(), DistError> {
+        let Some(group) = self.group else { return Ok(()) };
+        let mut shapes = ParamSizes::default();
+        model.visit(&mut shapes);
+        let device = shapes.device.clone();
+        for (name, n) in shapes.sizes {
+            if let Some(device) = &device {
+                grads.grads.entry(name).or_insert_with(|| Tensor::zeros([n], device));
+            }
+        }
+        let names: Vec<String> = grads.grads.keys().cloned().collect();
+        let mut tensors: Vec<Tensor<1>> = names.iter().map(|n| grads.grads[n].clone()).collect();
+        group.all_reduce_sum(&mut tensors)?;
+        grads.grads = names.into_iter().zip(tensors).collect();
+        Ok(())
+    }
+
+    /// Every worker starts from rank 0's parameters.
+    pub fn broadcast_params<M: Module>(&self, model: M) -> Result<M, DistError> {
+        let Some(group) = self.group else { return Ok(model) };
+        let mut mapper = Broadcast { group, error: None };
+        let model = model.map(&mut mapper);
+        mapper.error.map_or(Ok(model), Err)
+    }
+
+    /// The dataset indices this worker handles: every `world_size`-th from its rank.
+    pub fn shard(&self, len: usize) -> Vec<usize> {
+        shard(len, self.world_size(), self.rank())
+    }
+
+    /// Assembles per-item columns computed on each worker's [`Workers::shard`] into columns in
+    /// dataset order, on every worker.
+    pub fn gather_columns(&self, len: usize, local: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, DistError> {
+        let Some(group) = self.group else { return Ok(local) };
+        let world = group.world_size();
+        local
+            .iter()
+            .map(|column| {
+                let parts = group.all_gather_f32(column)?;
+                let mut out = vec![0.0; len];
+                for (rank, part) in parts.iter().enumerate() {
+                    for (j, index) in shard(len, world, rank).into_iter().enumerate() {
+                        out[index] = part[j];
+                    }
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+}
+
+/// Indices `rank, rank + world, rank + 2·world, ..` below `len`.
+pub fn shard(len: usize, world_size: usize, rank: usize) -> Vec<usize> {
+    (rank..len).step_by(world_size.max(1)).collect()
+}
+
+/// Flattened parameter sizes by name, and the device they live on.
+#[derive(Default)]
+struct ParamSizes {
+    path: Vec<String>,
+    sizes: Vec<(String, usize)>,
+    device: Option<burn::tensor::Device>,
+}
+
+impl ModuleVisitor for ParamSizes {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let tensor = param.val();
+        self.device.get_or_insert_with(|| tensor.device());
+        self.sizes.push((self.path.join("."), tensor.shape().num_elements()));
+    }
+}
+
+struct Broadcast<'a> {
+    group: &'a ProcessGroup,
+    error: Option<DistError>,
+}
+
+impl ModuleMapper for Broadcast<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        if self.error.is_some() {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let mut slot = [tensor];
+        if let Err(e) = self.group.broadcast(&mut slot, 0) {
+            self.error = Some(e);
+        }
+        let [tensor] = slot;
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_the_indices() {
+        let mut all: Vec<usize> = (0..3).flat_map(|r| shard(10, 3, r)).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        assert_eq!(shard(10, 3, 1), vec![1, 4, 7]);
+    }
+}
