@@ -1,0 +1,168 @@
+//! Data parallelism end to end, with CPU processes over Gloo: 2 and 3 workers train the same
+//! model as one process with the same global batch, a run resumes with another world size, and a
+//! lost worker ends the job with a message naming it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// A config on the fixture pair: global batch 6 whatever the world size.
+fn write_config(dir: &Path, max_steps: u64) -> PathBuf {
+    let path = dir.join("ddp.toml");
+    let text = format!(
+        "model_name_or_path = \"{m}\"\nref_model_name_or_path = \"{r}\"\ntrain_file = \"{d}\"\neval_file = \"{d}\"\n\
+         output_dir = \"{o}\"\nlearning_rate = 1e-3\nweight_decay = 0.01\nmax_grad_norm = 0.5\n\
+         per_device_train_batch_size = 1\nglobal_batch_size = 6\nmax_steps = {max_steps}\nlogging_steps = 1\n\
+         eval_steps = 2\nsave_steps = 0\nnum_samples = 1\nmax_new_tokens = 4\nseed = 11\nddp_timeout = 60\n",
+        m = fixtures().join("models/llama").display(),
+        r = fixtures().join("models/llama-ref").display(),
+        d = fixtures().join("data/prefs.jsonl").display(),
+        o = dir.display(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn dpo_train(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(args).output().expect("the binary runs");
+    assert!(out.status.success(), "dpo-train {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Trains `run` with `world` CPU workers (1: a plain process) and `micro` pairs per device.
+fn train(config: &Path, run: &str, world: usize, micro: usize) {
+    let micro = micro.to_string();
+    let devices = format!("cpu:{world}");
+    let mut args = vec!["train", "--config", config.to_str().unwrap(), "--run-name", run, "--per-device-train-batch-size", &micro];
+    if world > 1 {
+        args.extend(["--devices", &devices]);
+    }
+    dpo_train(&args);
+}
+
+fn resume(dir: &Path, world: usize, max_steps: u64) {
+    let steps = max_steps.to_string();
+    let devices = format!("cpu:{world}");
+    let mut args = vec!["train", "--resume", dir.to_str().unwrap(), "--max-steps", &steps];
+    if world > 1 {
+        args.extend(["--devices", &devices]);
+    }
+    dpo_train(&args);
+}
+
+fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
+    tensors(&run_dir.join("final/model.safetensors"))
+}
+
+fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    a.iter().zip(b).flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
+}
+
+fn metric_rows(run_dir: &Path) -> Vec<(u64, String, Vec<f64>)> {
+    dpo_train::report::read_metrics(&run_dir.join("metrics.csv"))
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            let values = dpo_train::report::METRIC_NAMES.iter().map(|n| r.metric(n).unwrap_or(0.0)).collect();
+            (r.step, r.split.as_str().to_owned(), values)
+        })
+        .collect()
+}
+
+#[test]
+fn two_and_three_workers_equal_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 4);
+    train(&config, "one", 1, 6);
+    train(&config, "two", 2, 3);
+    train(&config, "three", 3, 2);
+    let one = weights(&dir.path().join("one"));
+    let start = tensors(&fixtures().join("models/llama/model.safetensors"));
+    assert!(max_diff(&one, &start) > 1e-3, "training changed nothing");
+    for run in ["two", "three"] {
+        let diff = max_diff(&one, &weights(&dir.path().join(run)));
+        assert!(diff <= 1e-5, "{run}: parameters differ from one process by {diff}");
+        let (a, b) = (metric_rows(&dir.path().join("one")), metric_rows(&dir.path().join(run)));
+        assert_eq!(a.len(), b.len(), "{run}: metric rows");
+        for ((step, split, x), (_, _, y)) in a.iter().zip(&b) {
+            for (p, q) in x.iter().zip(y) {
+                assert!((p - q).abs() <= 1e-5 * p.abs().max(1.0), "{run} step {step} {split}: {x:?} vs {y:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn resume_with_another_world_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 2);
+    // Reference: one process, 2 steps, then resumed to 4.
+    train(&config, "single", 1, 3);
+    resume(&dir.path().join("single"), 1, 4);
+    // Two workers, then one; one, then two.
+    train(&config, "two-then-one", 2, 3);
+    resume(&dir.path().join("two-then-one"), 1, 4);
+    train(&config, "one-then-two", 1, 3);
+    resume(&dir.path().join("one-then-two"), 2, 4);
+    let reference = weights(&dir.path().join("single"));
+    for run in ["two-then-one", "one-then-two"] {
+        let diff = max_diff(&reference, &weights(&dir.path().join(run)));
+        assert!(diff <= 1e-5, "{run}: parameters differ by {diff}");
+    }
+}
+
+#[test]
+fn a_killed_worker_ends_the_job_naming_its_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 100_000);
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--config", config.to_str().unwrap(), "--run-name", "killed", "--devices", "cpu:2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the workers to train, then kill rank 1.
+    let start = Instant::now();
+    let workers = loop {
+        let out = Command::new("pgrep").args(["-P", &launcher.id().to_string()]).output().unwrap();
+        let pids: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect();
+        if pids.len() == 2 && dir.path().join("killed/metrics.csv").exists() {
+            break pids;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the workers did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let killed_at = Instant::now();
+    // The second worker spawned is rank 1.
+    Command::new("kill").args(["-9", &workers[1]]).status().unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    assert!(killed_at.elapsed() < Duration::from_secs(30), "the launcher took {:?}", killed_at.elapsed());
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: ") && last.contains("Rank"), "{last}");
+}
+
+#[test]
+fn too_few_gpus_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(["--gpus", "64", "--max-steps", "1"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`--gpus 64`") && stderr.contains("--devices cpu:64"), "{stderr}");
+}
