@@ -18,13 +18,19 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test build venv ref-venv gloo check-gpu clean-venv
+.PHONY: demo test bench build venv ref-venv gloo check-gpu clean-venv
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
 
 test: build ref-venv
 	$(CARGO) test --release --workspace
+	# The NCCL path cannot run here; it must still compile and link.
+	$(CARGO) build --release --features nccl
+	$(CARGO) build --release --benches
+
+bench: build
+	$(CARGO) bench --bench ddp
 
 build: venv gloo
 	$(CARGO) build --release --workspace

@@ -67,7 +67,8 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))".to_string(),
         String::new(),
         "# One task per GPU; dpo-train reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.".to_string(),
-        format!("srun --kill-on-bad-exit=1 dpo-train train --config {config}"),
+        // `--device cuda`: each task takes the GPU of its local rank.
+        format!("srun --kill-on-bad-exit=1 dpo-train train --config {config} --device cuda"),
     ]);
     let mut script = lines.join("\n");
     script.push('\n');
@@ -119,6 +120,6 @@ mod tests {
         let script = sbatch_script(&opts);
         assert!(!script.contains("--partition"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
-        assert!(script.ends_with("srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml'\n"));
+        assert!(script.ends_with("srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --device cuda\n"));
     }
 }
