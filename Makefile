@@ -24,7 +24,7 @@ demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
 
 test: build ref-venv
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release --workspace --no-fail-fast
 	# The NCCL path cannot run here; it must still compile and link.
 	$(CARGO) build --release --features nccl
 	$(CARGO) build --release --benches

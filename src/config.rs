@@ -362,7 +362,7 @@ impl TrainConfig {
         if self.global_batch_size == Some(0) {
             return invalid("global_batch_size", "must be at least 1".to_owned());
         }
-        if self.max_steps <= 0 && !(self.num_train_epochs > 0.0) {
+        if self.max_steps <= 0 && self.num_train_epochs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return invalid("num_train_epochs", format!("must be > 0 when max_steps is not set, got {}", self.num_train_epochs));
         }
         if self.logging_steps == 0 {

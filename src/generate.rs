@@ -53,9 +53,7 @@ pub fn generate(
     let mut input = Tensor::<2, Int>::from_data(TensorData::new(ids, [n, prompt.len()]), device); // [N, P]
     let mut done = vec![false; n];
     for _ in 0..steps {
-        let logits = model.forward_cached(input, &mut cache).into_data().convert::<f32>(); // [N, V]
-        // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
-        let logits = logits.as_slice::<f32>().expect("f32 data");
+        let logits = crate::dpo::metrics::host(&model.forward_cached(input, &mut cache)); // [N, V]
         let v = logits.len() / n;
         let mut next = Vec::with_capacity(n);
         for (row, finished) in done.iter_mut().enumerate() {

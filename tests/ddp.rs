@@ -131,7 +131,7 @@ fn resume_with_another_world_size() {
 fn a_killed_worker_ends_the_job_naming_its_rank() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), 100_000);
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+    let launcher = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
         .args(["train", "--config", config.to_str().unwrap(), "--run-name", "killed", "--devices", "cpu:2"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

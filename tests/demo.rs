@@ -31,20 +31,20 @@ fn shortened_demo_learns_the_task() {
         .with_overrides(&[
             ("output_dir".into(), out.path().display().to_string()),
             ("run_name".into(), "short".into()),
-            ("sft_steps".into(), "500".into()),
-            ("max_steps".into(), "120".into()),
-            ("eval_steps".into(), "40".into()),
+            ("sft_steps".into(), "1200".into()),
+            ("max_steps".into(), "200".into()),
+            ("eval_steps".into(), "50".into()),
             ("save_steps".into(), "0".into()),
             ("num_samples".into(), "2".into()),
         ])
         .unwrap();
     let interrupt = AtomicBool::new(false);
-    let req = RunRequest { cfg, config_name: "demo".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt };
+    let req = RunRequest { cfg, config_name: "demo".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
     let summary = run(req, &mut Quiet).unwrap();
 
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
     let eval: Vec<f64> = rows.iter().filter(|r| r.split == Split::Eval).filter_map(|r| r.metric("rewards/accuracies")).collect();
-    assert!(eval.len() >= 4, "evaluations at 0, 40, 80, 120: {eval:?}");
+    assert!(eval.len() >= 5, "evaluations at 0, 50, 100, 150, 200: {eval:?}");
     let (first, last) = (eval[0], eval[eval.len() - 1]);
     assert!(last >= 0.85, "held-out rewards/accuracies reached only {last} ({eval:?})");
     assert!(last > first + 0.25, "held-out rewards/accuracies did not rise: {eval:?}");

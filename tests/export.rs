@@ -58,7 +58,7 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     );
     let cfg = TrainConfig::from_toml_str(&text, "test").unwrap();
     let interrupt = AtomicBool::new(false);
-    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt };
+    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
     let summary = run(req, &mut Quiet).unwrap();
     let final_dir = summary.run_dir.join("final");
     for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {

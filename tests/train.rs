@@ -77,6 +77,7 @@ fn train(cfg: TrainConfig, resume: Option<PathBuf>, stop_at: Option<u64>) -> Run
         sft_only: false,
         device: cpu(),
         interrupt: &interrupt,
+        workers: dpo_train::dist::Workers::single(),
     };
     run(req, &mut progress).unwrap()
 }
@@ -180,7 +181,7 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     cfg.per_device_train_batch_size = 32;
     let interrupt = AtomicBool::new(false);
     let mut progress = Quiet { stop_at: None, interrupt: &interrupt };
-    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: true, device: cpu(), interrupt: &interrupt };
+    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: true, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
     let summary = run(req, &mut progress).unwrap();
     assert_eq!(summary.sft.as_ref().unwrap().steps, 8);
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();

@@ -161,23 +161,20 @@ impl LossConfig {
         if self.loss_type.contains(&LossType::ExoPair) && self.label_smoothing == 0.0 {
             return err("label_smoothing", "must be > 0 with `exo_pair` (it is EXO's ε)".to_owned());
         }
-        if self.f_divergence_type != FDivergence::ReverseKl {
-            if let Some(t) = self.loss_type.iter().find(|t| !t.allows_f_divergence()) {
-                return err(
-                    "f_divergence_type",
-                    format!("`{}` only supports `reverse_kl`", t.name()),
-                );
-            }
+        if self.f_divergence_type != FDivergence::ReverseKl
+            && let Some(t) = self.loss_type.iter().find(|t| !t.allows_f_divergence())
+        {
+            return err("f_divergence_type", format!("`{}` only supports `reverse_kl`", t.name()));
         }
-        if let Some(alpha) = self.ld_alpha {
-            if !(0.0..=1.0).contains(&alpha) {
-                return err("ld_alpha", format!("must be in [0, 1], got {alpha}"));
-            }
+        if let Some(alpha) = self.ld_alpha
+            && !(0.0..=1.0).contains(&alpha)
+        {
+            return err("ld_alpha", format!("must be in [0, 1], got {alpha}"));
         }
-        if self.use_weighting {
-            if let Some(t) = self.loss_type.iter().find(|t| matches!(t, LossType::Aot | LossType::AotUnpaired)) {
-                return err("use_weighting", format!("is not defined for `{}`", t.name()));
-            }
+        if self.use_weighting
+            && let Some(t) = self.loss_type.iter().find(|t| matches!(t, LossType::Aot | LossType::AotUnpaired))
+        {
+            return err("use_weighting", format!("is not defined for `{}`", t.name()));
         }
         if self.discopop_tau <= 0.0 {
             return err("discopop_tau", format!("must be > 0, got {}", self.discopop_tau));

@@ -132,8 +132,8 @@ impl ScoredPairs {
     }
 }
 
-/// A `[N]` tensor's values on the host, as f32.
-pub fn host(t: &Tensor<1>) -> Vec<f32> {
+/// A tensor's values on the host, as f32, in row-major order.
+pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
     // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
     t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
 }

@@ -162,7 +162,7 @@ impl HfConfig {
             });
         }
         let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
-        if self.num_attention_heads == 0 || num_kv_heads == 0 || self.num_attention_heads % num_kv_heads != 0 {
+        if self.num_attention_heads == 0 || num_kv_heads == 0 || !self.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(ModelError::BadConfig {
                 path,
                 message: format!(
@@ -172,7 +172,7 @@ impl HfConfig {
             });
         }
         let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(ModelError::BadConfig { path, message: format!("`head_dim` must be even and positive, got {head_dim}") });
         }
         let (rope_theta, rope_scaling) = self.rope(&path)?;
@@ -603,11 +603,9 @@ impl ModuleVisitor for Export {
         let tensor = param.val();
         // burn's `Linear` multiplies by `[in, out]`; HF stores `[out, in]` (see `load_linear`).
         let is_linear = D == 2 && name != "model.embed_tokens.weight";
-        let data = if is_linear { tensor.transpose().into_data() } else { tensor.into_data() };
-        let data = data.convert::<f32>();
-        let shape = data.shape().to_vec();
-        // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
-        let values = data.as_slice::<f32>().expect("f32 data").to_vec();
+        let tensor = if is_linear { tensor.transpose() } else { tensor };
+        let shape = tensor.dims().to_vec();
+        let values = crate::dpo::metrics::host(&tensor);
         self.out.push(NamedTensor { name, shape, values });
     }
 }

@@ -90,7 +90,8 @@ fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Ve
                     let f = f as f64;
                     let wavelen = 2.0 * PI / f;
                     let scaled = if wavelen > low_freq_wavelen { f / factor } else { f };
-                    let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                    // The band between the two wavelengths (both bounds included), as transformers' `is_medium_freq`.
+                    let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
                     if medium {
                         let smooth = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                         ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
