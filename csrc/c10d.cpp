@@ -6,10 +6,14 @@
 #include "c10d.h"
 
 #include <chrono>
+#include <cstdio>
+#include <iostream>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -130,6 +134,12 @@ int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int 
   group->world_size = world_size;
   group->kind = backend;
   group->device_index = device_index;
+  // Gloo announces its connections on stdout ("[Gloo] Rank 0 is connected to ..."); stdout
+  // carries the program's results, so the construction writes to stderr instead.
+  std::cout.flush();
+  std::fflush(stdout);
+  int saved_stdout = dup(STDOUT_FILENO);
+  if (saved_stdout >= 0) dup2(STDERR_FILENO, STDOUT_FILENO);
   rc = guarded("process group", [&] {
     if (backend == C10D_BACKEND_GLOO) {
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -148,6 +158,12 @@ int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int 
     }
 #endif
   });
+  std::cout.flush();
+  std::fflush(stdout);
+  if (saved_stdout >= 0) {
+    dup2(saved_stdout, STDOUT_FILENO);
+    close(saved_stdout);
+  }
   if (rc != C10D_OK) return rc;
   *out = group.release();
   return C10D_OK;

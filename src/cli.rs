@@ -92,7 +92,16 @@ pub struct TrainArgs {
     /// Continue the newest run under output_dir, or RUN_DIR, from its latest checkpoint.
     #[arg(long, value_name = "RUN_DIR", num_args = 0..=1, default_missing_value = "")]
     pub resume: Option<PathBuf>,
-    /// Where to run: `cpu`, `cuda` or `cuda:N`.
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+    #[command(flatten)]
+    pub overrides: ConfigOverrides,
+}
+
+/// Where a command runs: one device, or one worker process per device.
+#[derive(Debug, Args)]
+pub struct ParallelArgs {
+    /// Where to run: `cpu`, `cuda` or `cuda:N` (a torchrun/SLURM worker takes `cuda:LOCAL_RANK`).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceArg,
     /// Data-parallel over CUDA devices: a count (`2`: devices 0 and 1), a list (`0,2`), or `auto`
@@ -114,8 +123,6 @@ pub struct TrainArgs {
     /// Rendezvous port on node 0 [default: a free one on a single node, 29500 across nodes].
     #[arg(long)]
     pub master_port: Option<u16>,
-    #[command(flatten)]
-    pub overrides: ConfigOverrides,
 }
 
 /// `--<key> VALUE` for every config key, applied on top of the file.
@@ -179,12 +186,11 @@ pub struct GenerateArgs {
     /// Completions per prompt.
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
-    /// Seed of the sampler.
+    /// Seed of the sampler (prompt i samples from seed + i, whatever the device count).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Where to run: `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
-    pub device: DeviceArg,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
     /// Print one JSON object per prompt instead of text.
     #[arg(long)]
     pub json: bool,
@@ -407,7 +413,7 @@ struct LaunchPlan {
     visible: Option<String>,
 }
 
-fn launch_plan(args: &TrainArgs) -> anyhow::Result<Option<LaunchPlan>> {
+fn launch_plan(args: &ParallelArgs) -> anyhow::Result<Option<LaunchPlan>> {
     if let Some(spec) = &args.devices {
         let n = spec.strip_prefix("cpu:").and_then(|n| n.parse::<usize>().ok()).filter(|&n| n >= 1);
         let nproc = n.ok_or_else(|| LaunchFlagError::Devices(spec.clone()))?;
@@ -448,10 +454,8 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         }
         (_, None) => (TrainConfig::from_toml_str(DEMO_CONFIG, "configs/demo.toml (embedded)")?, "demo".to_owned()),
     };
-    let cfg = base.with_overrides(&args.overrides.0)?;
+    let mut cfg = base.with_overrides(&args.overrides.0)?;
     cfg.validate()?;
-    let worker = crate::dist::env::detect()?;
-    let plan = if worker.is_distributed() { None } else { launch_plan(&args)? };
     let interrupt: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     ctrlc::set_handler(move || {
         if interrupt.swap(true, Ordering::SeqCst) {
@@ -461,63 +465,22 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)");
     })
     .context("cannot install the Ctrl-C handler")?;
-
-    // Launcher: start one worker per device with this command line, and wait for them.
-    if let Some(plan) = plan {
-        let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        if cfg.run_name.is_none() && resume.is_none() {
-            // Every worker must write into one run directory.
-            argv.extend(["--run-name".into(), format!("{}-{name}", crate::run::timestamp()).into()]);
-        }
-        let spec = crate::dist::NodeSpec {
-            nnodes: args.nnodes,
-            node_rank: args.node_rank,
-            nproc_per_node: plan.nproc,
-            master_addr: args.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
-            master_port: match args.master_port {
-                Some(port) => port,
-                None if args.nnodes > 1 => 29_500,
-                None => crate::dist::launcher::free_port()?,
-            },
-        };
-        eprintln!(
-            "launching {} {} worker(s) on node {} of {} (world size {})",
-            plan.nproc,
-            if plan.cuda { "CUDA" } else { "CPU" },
-            spec.node_rank,
-            spec.nnodes,
-            spec.world_size()
-        );
-        let visible = plan.visible.clone();
-        crate::dist::launch_node(&spec, |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect(), &argv)?;
+    // Every worker must write into one run directory: the launcher names it for its workers.
+    let new_run = cfg.run_name.is_none() && resume.is_none();
+    let launched_name = new_run.then(|| format!("{}-{name}", crate::run::timestamp()));
+    let extra: Vec<std::ffi::OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
+    let Some((device, mut group, worker)) = start_workers(&args.parallel, &extra, std::time::Duration::from_secs(cfg.ddp_timeout))?
+    else {
         return Ok(ExitCode::SUCCESS);
-    }
-
-    // A worker (launched, torchrun or SLURM) or a lone process.
-    let device = if !worker.is_distributed() {
-        args.device.device()
-    } else {
-        device_kind(&args, &worker).device()
     };
-    if let Some(threads) = std::env::var(crate::dist::launcher::THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
-        tch::set_num_threads(threads);
+    if new_run && worker.is_distributed() {
+        // torchrun or SLURM workers, unnamed: the job's id is the one name every rank agrees on.
+        let job = ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"].iter().find_map(|v| std::env::var(v).ok().filter(|id| id != "none"));
+        cfg.run_name = Some(format!("{name}-job-{}", job.unwrap_or_else(|| worker.master_port.to_string())));
     }
-    let group = if worker.is_distributed() {
-        let backend = if matches!(device_kind(&args, &worker), DeviceArg::Cuda(_)) { crate::dist::Backend::Nccl } else { crate::dist::Backend::Gloo };
-        let mut group = crate::dist::ProcessGroup::new(&crate::dist::DistConfig {
-            rank: worker.rank,
-            world_size: worker.world_size,
-            local_rank: worker.local_rank,
-            master_addr: worker.master_addr.clone(),
-            master_port: worker.master_port,
-            backend,
-            timeout: std::time::Duration::from_secs(cfg.ddp_timeout),
-        })?;
-        group.set_bucket_bytes(cfg.ddp_bucket_cap_mb << 20)?;
-        Some(group)
-    } else {
-        None
-    };
+    if let Some(g) = group.as_mut() {
+        g.set_bucket_bytes(cfg.ddp_bucket_cap_mb << 20)?;
+    }
     let workers = crate::dist::Workers { group: group.as_ref() };
     if workers.is_main() {
         eprintln!("effective config:\n{}", indent(&cfg.to_toml()));
@@ -536,9 +499,59 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     Ok(if summary.interrupted() { ExitCode::from(130) } else { ExitCode::SUCCESS })
 }
 
-/// The device kind a worker runs on.
-fn device_kind(args: &TrainArgs, worker: &crate::dist::WorkerEnv) -> DeviceArg {
-    if args.gpus.is_some() || matches!(args.device, DeviceArg::Cuda(_)) { DeviceArg::Cuda(worker.local_rank) } else { DeviceArg::Cpu }
+/// One process per device. In a launcher (`--gpus`, `--devices cpu:N`) this starts the workers
+/// with this command line plus `extra_args`, waits for them and returns `None`; otherwise it
+/// returns this process's device, its process group (none when it runs alone) and its place in
+/// the job.
+fn start_workers(
+    par: &ParallelArgs,
+    extra_args: &[std::ffi::OsString],
+    timeout: std::time::Duration,
+) -> anyhow::Result<Option<(Device, Option<crate::dist::ProcessGroup>, crate::dist::WorkerEnv)>> {
+    let worker = crate::dist::env::detect()?;
+    if !worker.is_distributed() {
+        if let Some(plan) = launch_plan(par)? {
+            let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            argv.extend(extra_args.iter().cloned());
+            let spec = crate::dist::NodeSpec {
+                nnodes: par.nnodes,
+                node_rank: par.node_rank,
+                nproc_per_node: plan.nproc,
+                master_addr: par.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+                master_port: match par.master_port {
+                    Some(port) => port,
+                    None if par.nnodes > 1 => 29_500,
+                    None => crate::dist::launcher::free_port()?,
+                },
+            };
+            eprintln!(
+                "launching {} {} worker(s) on node {} of {} (world size {})",
+                plan.nproc,
+                if plan.cuda { "CUDA" } else { "CPU" },
+                spec.node_rank,
+                spec.nnodes,
+                spec.world_size()
+            );
+            let visible = plan.visible.clone();
+            crate::dist::launch_node(&spec, |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect(), &argv)?;
+            return Ok(None);
+        }
+        return Ok(Some((par.device.device(), None, worker)));
+    }
+    let kind = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) { DeviceArg::Cuda(worker.local_rank) } else { DeviceArg::Cpu };
+    if let Some(threads) = std::env::var(crate::dist::launcher::THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
+        tch::set_num_threads(threads);
+    }
+    let group = crate::dist::ProcessGroup::new(&crate::dist::DistConfig {
+        rank: worker.rank,
+        world_size: worker.world_size,
+        local_rank: worker.local_rank,
+        master_addr: worker.master_addr.clone(),
+        master_port: worker.master_port,
+        backend: if matches!(kind, DeviceArg::Cuda(_)) { crate::dist::Backend::Nccl } else { crate::dist::Backend::Gloo },
+        timeout,
+    })?;
+    Ok(Some((kind.device(), Some(group), worker)))
 }
 
 /// Progress of the ranks other than 0: nothing.
@@ -585,17 +598,29 @@ fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
 }
 
 fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let device = args.device.device();
+    let prompts = read_prompts(&args.prompts)?;
     let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let Some((device, group, _)) = start_workers(&args.parallel, &[], std::time::Duration::from_secs(1800))? else {
+        return Ok(());
+    };
+    let workers = crate::dist::Workers { group: group.as_ref() };
     let (_, model) = crate::model::load(&args.model, &device)
         .with_context(|| format!("cannot load the model in `{}`", args.model.display()))?;
-    let prompts = read_prompts(&args.prompts)?;
     let cfg = SamplingConfig { max_new_tokens: args.max_new_tokens, temperature: args.temperature, top_p: args.top_p };
-    let mut sampler = rng(args.seed);
+    // Each rank samples its shard of the prompts; prompt i draws from seed + i, so the output does
+    // not depend on the number of workers.
+    let mut local = Vec::new();
+    for i in workers.shard(prompts.len()) {
+        let ids = tokenizer.encode(&prompts[i])?;
+        let mut sampler = rng(args.seed.wrapping_add(i as u64));
+        local.push(generate(&model, &ids, args.num_samples, tokenizer.eos_id(), &cfg, &mut sampler, &device));
+    }
+    let completions = gather_completions(&workers, prompts.len(), &local)?;
+    if !workers.is_main() {
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
-    for prompt in prompts {
-        let ids = tokenizer.encode(&prompt)?;
-        let samples = generate(&model, &ids, args.num_samples, tokenizer.eos_id(), &cfg, &mut sampler, &device);
+    for (prompt, samples) in prompts.iter().zip(completions) {
         let texts = samples.iter().map(|s| tokenizer.decode(s, true)).collect::<Result<Vec<_>, _>>()?;
         if args.json {
             writeln!(out, "{}", serde_json::json!({ "prompt": prompt, "completions": texts }))?;
@@ -607,6 +632,35 @@ fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every prompt's sampled token ids in prompt order, from each rank's shard. Token ids travel as
+/// f32 (exact below 2^24), each sample prefixed by its length.
+fn gather_completions(workers: &crate::dist::Workers, prompts: usize, local: &[Vec<Vec<u32>>]) -> anyhow::Result<Vec<Vec<Vec<u32>>>> {
+    let Some(group) = workers.group else { return Ok(local.to_vec()) };
+    let mut flat = Vec::new();
+    for samples in local {
+        flat.push(samples.len() as f32);
+        for sample in samples {
+            flat.push(sample.len() as f32);
+            flat.extend(sample.iter().map(|&t| t as f32));
+        }
+    }
+    let parts = group.all_gather_f32(&flat)?;
+    let mut out = vec![Vec::new(); prompts];
+    for (rank, part) in parts.iter().enumerate() {
+        let mut values = part.iter().map(|&v| v as usize);
+        for index in crate::dist::workers::shard(prompts, group.world_size(), rank) {
+            let count = values.next().unwrap_or(0);
+            out[index] = (0..count)
+                .map(|_| {
+                    let len = values.next().unwrap_or(0);
+                    values.by_ref().take(len).map(|t| t as u32).collect()
+                })
+                .collect();
+        }
+    }
+    Ok(out)
 }
 
 /// One prompt per line of a text file, or the `prompt` field of each JSONL row.

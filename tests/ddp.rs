@@ -166,3 +166,20 @@ fn too_few_gpus_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("`--gpus 64`") && stderr.contains("--devices cpu:64"), "{stderr}");
 }
+
+#[test]
+fn generate_over_two_workers_keeps_order_and_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "one two\nthree four five\nsix\nseven eight\nnine\n").unwrap();
+    let model = fixtures().join("models/llama");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", model.to_str().unwrap(), "--prompts", prompts.to_str().unwrap()];
+        args.extend(["--max-new-tokens", "6", "--num-samples", "2", "--seed", "3", "--json"]);
+        args.extend_from_slice(extra);
+        String::from_utf8(dpo_train(&args).stdout).unwrap()
+    };
+    let single = run(&[]);
+    assert_eq!(single.lines().count(), 5);
+    assert_eq!(run(&["--devices", "cpu:2"]), single);
+}
