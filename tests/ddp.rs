@@ -2,13 +2,13 @@
 //! model as one process with the same global batch, a run resumes with another world size, and a
 //! lost worker ends the job with a message naming it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use common::{fixtures, max_diff, tensors};
 
 /// A config on the fixture pair: global batch 6 whatever the world size.
 fn write_config(dir: &Path, max_steps: u64) -> PathBuf {
@@ -56,22 +56,6 @@ fn resume(dir: &Path, world: usize, max_steps: u64) {
 
 fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
     tensors(&run_dir.join("final/model.safetensors"))
-}
-
-fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(file).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
-    a.iter().zip(b).flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
 }
 
 fn metric_rows(run_dir: &Path) -> Vec<(u64, String, Vec<f64>)> {

@@ -2,26 +2,15 @@
 //! from the start to at least 0.85, and greedy arithmetic on unseen problems is no worse after
 //! DPO than after SFT. (The full demo's numbers are in the README; this keeps CI fast.)
 
+mod common;
+
 use std::sync::atomic::AtomicBool;
 
-use burn::tensor::Device;
 use dpo_train::config::TrainConfig;
 use dpo_train::report::{Split, read_metrics};
 use dpo_train::run::{RunRequest, run};
-use dpo_train::train::trainer::Progress;
 
-struct Quiet;
-
-impl Progress for Quiet {
-    fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
-    fn step(&mut self, _step: u64, _status: &str) {}
-    fn line(&mut self, _text: &str) {}
-}
-
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-fn cpu() -> Device {
-    Device::libtorch()
-}
+use common::{Quiet, cpu};
 
 #[test]
 fn shortened_demo_learns_the_task() {

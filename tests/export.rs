@@ -1,41 +1,27 @@
 //! `final/` is a Hugging Face model directory: transformers (in the project's venv) loads what a
 //! training run exported and computes the same logits as our model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
-use dpo_train::train::trainer::Progress;
 
-struct Quiet;
-
-impl Progress for Quiet {
-    fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
-    fn step(&mut self, _step: u64, _status: &str) {}
-    fn line(&mut self, _text: &str) {}
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-fn cpu() -> Device {
-    Device::libtorch()
-}
+use common::{Quiet, cpu, fixtures};
 
 /// The venv's python: `DPO_TRAIN_VENV` when set (CI), else the checkout's `.venv`.
 fn python() -> PathBuf {
-    let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| root().join(".venv"), PathBuf::from);
+    let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"), PathBuf::from);
     venv.join("bin/python")
 }
 
 fn transformers_logits(dir: &Path, ids: &[Vec<i64>]) -> Vec<f32> {
     let out = Command::new(python())
-        .arg(root().join("tests/gen/check_export.py"))
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gen/check_export.py"))
         .arg(dir)
         .arg(serde_json::to_string(ids).unwrap())
         .output()
@@ -49,7 +35,7 @@ fn transformers_logits(dir: &Path, ids: &[Vec<i64>]) -> Vec<f32> {
 #[test]
 fn final_model_loads_in_transformers_with_equal_logits() {
     let out = tempfile::tempdir().unwrap();
-    let fixtures = root().join("tests/fixtures");
+    let fixtures = fixtures();
     let text = format!(
         "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"export\"\nlearning_rate = 1e-2\nmax_steps = 2\nper_device_train_batch_size = 4\nnum_samples = 0\n",
         fixtures.join("models/qwen2").display(),

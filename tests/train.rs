@@ -1,31 +1,25 @@
 //! The training loop on the tiny fixture models: resume equivalence, accumulation equivalence, and
 //! the embedded demo's learning claims on a shortened run.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::tensor::Device;
 use dpo_train::config::TrainConfig;
 use dpo_train::report::{METRIC_NAMES, read_metrics};
 use dpo_train::run::{RunRequest, RunSummary, run};
 use dpo_train::train::trainer::Progress;
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use common::{cpu, fixtures, max_diff, tensors};
 
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-fn cpu() -> Device {
-    Device::libtorch()
-}
-
-/// Records nothing; raises the interrupt flag once `stop_at` steps are done.
-struct Quiet<'a> {
+/// Shows nothing; raises the interrupt flag once `stop_at` steps are done.
+struct StopAt<'a> {
     stop_at: Option<u64>,
     interrupt: &'a AtomicBool,
 }
 
-impl Progress for Quiet<'_> {
+impl Progress for StopAt<'_> {
     fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
     fn step(&mut self, step: u64, _status: &str) {
         if Some(step) == self.stop_at {
@@ -69,7 +63,7 @@ fn fixture_config(output: &Path, name: &str) -> TrainConfig {
 
 fn train(cfg: TrainConfig, resume: Option<PathBuf>, stop_at: Option<u64>) -> RunSummary {
     let interrupt = AtomicBool::new(false);
-    let mut progress = Quiet { stop_at, interrupt: &interrupt };
+    let mut progress = StopAt { stop_at, interrupt: &interrupt };
     let req = RunRequest {
         cfg,
         config_name: "test".into(),
@@ -82,30 +76,6 @@ fn train(cfg: TrainConfig, resume: Option<PathBuf>, stop_at: Option<u64>) -> Run
     run(req, &mut progress).unwrap()
 }
 
-/// Reads every tensor of `model.safetensors` in `dir` flattened.
-fn flat(dir: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .flat_map(|((na, va), (nb, vb))| {
-            assert_eq!(na, nb);
-            va.iter().zip(vb).map(|(x, y)| (x - y).abs())
-        })
-        .fold(0.0, f32::max)
-}
-
 #[test]
 fn five_steps_plus_resume_equals_ten_straight() {
     let out = tempfile::tempdir().unwrap();
@@ -116,7 +86,7 @@ fn five_steps_plus_resume_equals_ten_straight() {
     let resumed = train(fixture_config(out.path(), "split"), Some(first.run_dir.clone()), None);
     assert!(!resumed.interrupted());
 
-    let diff = max_diff(&flat(&straight.run_dir.join("final")), &flat(&resumed.run_dir.join("final")));
+    let diff = max_diff(&tensors(&straight.run_dir.join("final/model.safetensors")), &tensors(&resumed.run_dir.join("final/model.safetensors")));
     assert!(diff <= 1e-6, "parameters differ by {diff}");
     let rows_a = read_metrics(&straight.run_dir.join("metrics.csv")).unwrap();
     let rows_b = read_metrics(&resumed.run_dir.join("metrics.csv")).unwrap();
@@ -145,10 +115,10 @@ fn accumulation_equals_one_large_batch() {
     two.gradient_accumulation_steps = 2;
     let a = train(one, None, None);
     let b = train(two, None, None);
-    let diff = max_diff(&flat(&a.run_dir.join("final")), &flat(&b.run_dir.join("final")));
+    let diff = max_diff(&tensors(&a.run_dir.join("final/model.safetensors")), &tensors(&b.run_dir.join("final/model.safetensors")));
     assert!(diff <= 1e-5, "parameters differ by {diff}");
-    let start = flat(&fixtures().join("models/llama"));
-    assert!(max_diff(&start, &flat(&a.run_dir.join("final"))) > 1e-4, "the step changed nothing");
+    let start = tensors(&fixtures().join("models/llama/model.safetensors"));
+    assert!(max_diff(&start, &tensors(&a.run_dir.join("final/model.safetensors"))) > 1e-4, "the step changed nothing");
 }
 
 #[test]
@@ -180,7 +150,7 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     // Every step sees the whole (17-pair) set, so the logged losses are comparable.
     cfg.per_device_train_batch_size = 32;
     let interrupt = AtomicBool::new(false);
-    let mut progress = Quiet { stop_at: None, interrupt: &interrupt };
+    let mut progress = StopAt { stop_at: None, interrupt: &interrupt };
     let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: true, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
     let summary = run(req, &mut progress).unwrap();
     assert_eq!(summary.sft.as_ref().unwrap().steps, 8);

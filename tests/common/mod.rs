@@ -1,0 +1,46 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::Device;
+use dpo_train::train::trainer::Progress;
+
+/// `tests/fixtures/` of this checkout.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The libtorch CPU device.
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+pub fn cpu() -> Device {
+    Device::libtorch()
+}
+
+/// A progress sink that shows nothing.
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
+    fn step(&mut self, _step: u64, _status: &str) {}
+    fn line(&mut self, _text: &str) {}
+}
+
+/// Every f32 tensor of a safetensors file, flattened, sorted by name.
+pub fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
+    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The largest absolute difference between two tensor lists of the same names.
+pub fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.iter().map(|t| &t.0).collect::<Vec<_>>(), b.iter().map(|t| &t.0).collect::<Vec<_>>());
+    a.iter().zip(b).flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
+}
