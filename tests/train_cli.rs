@@ -39,7 +39,7 @@ fn out_of_range_values_name_the_key() {
         let err = one_line_error(&dpo_train(&["train", flag, value]));
         assert!(err.starts_with(&format!("error: `{key}`: ")), "{err}");
     }
-    let err = one_line_error(&dpo_train(&["--loss-type", "robust", "--label-smoothing", "0.5"]));
+    let err = one_line_error(&dpo_train(&["--loss-type", "robust", "--loss-weights", "1", "--label-smoothing", "0.5"]));
     assert_eq!(err, "error: `label_smoothing`: must be < 0.5 with `robust`, got 0.5");
     let err = one_line_error(&dpo_train(&["train", "--beta", "high"]));
     assert_eq!(err, "error: `--beta`: expected a number, got `high`");
