@@ -184,3 +184,27 @@ fn plot_overlays_two_runs() {
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{file}");
     }
 }
+
+#[test]
+fn precomputed_reference_equals_the_live_reference_and_is_cached() {
+    let out = tempfile::tempdir().unwrap();
+    let mut live = fixture_config(out.path(), "live");
+    live.max_steps = 4;
+    let mut pre = live.clone();
+    pre.run_name = Some("precomputed".into());
+    pre.precompute_ref_log_probs = true;
+    let a = train(live, None, None);
+    let b = train(pre.clone(), None, None);
+    let diff = max_diff(&tensors(&a.run_dir.join("final/model.safetensors")), &tensors(&b.run_dir.join("final/model.safetensors")));
+    assert!(diff <= 1e-5, "parameters differ by {diff}");
+    let cache: Vec<_> = std::fs::read_dir(out.path().join(".ref_cache")).unwrap().collect();
+    assert_eq!(cache.len(), 1, "one cache file for one (reference, data, max_length, tokenizer)");
+    // A second run with the same inputs reads the cache; another max_length makes a new entry.
+    pre.run_name = Some("precomputed-again".into());
+    train(pre.clone(), None, None);
+    assert_eq!(std::fs::read_dir(out.path().join(".ref_cache")).unwrap().count(), 1);
+    pre.run_name = Some("shorter".into());
+    pre.max_length = 48;
+    train(pre, None, None);
+    assert_eq!(std::fs::read_dir(out.path().join(".ref_cache")).unwrap().count(), 2);
+}
