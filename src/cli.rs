@@ -19,7 +19,7 @@ use crate::generate::{SamplingConfig, generate, rng};
 use crate::run::{RunRequest, RunSummary};
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Progress;
-use crate::dpo::loss::{FDivergence, LossConfig, LossType};
+use crate::dpo::loss::LossConfig;
 use crate::eval::{EvalOptions, EvalReport, evaluate};
 
 /// Direct Preference Optimization for Hugging Face Llama-family models.
@@ -255,7 +255,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
     #[command(flatten)]
-    pub loss: LossArgs,
+    pub loss: LossConfig,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     #[arg(long, default_value_t = 1024)]
     pub max_length: usize,
@@ -282,58 +282,6 @@ pub struct ColumnArgs {
     /// Column holding the dispreferred completion.
     #[arg(long, default_value = "rejected")]
     pub rejected_column: String,
-}
-
-/// The loss settings, named as TRL's `DPOConfig` keys.
-#[derive(Debug, Args)]
-pub struct LossArgs {
-    /// Temperature of the implicit reward.
-    #[arg(long, default_value_t = 0.1)]
-    pub beta: f64,
-    /// One or more loss types (comma-separated), summed with --loss-weights.
-    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_value = "sigmoid")]
-    pub loss_type: Vec<LossType>,
-    /// One weight per loss type [default: 1 each].
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
-    pub loss_weights: Vec<f64>,
-    /// ε of robust, exo_pair and aot.
-    #[arg(long, default_value_t = 0.0)]
-    pub label_smoothing: f64,
-    /// Divergence the log-ratios are scored with.
-    #[arg(long, value_enum, default_value = "reverse_kl")]
-    pub f_divergence_type: FDivergence,
-    /// α of alpha_divergence.
-    #[arg(long, default_value_t = 0.5)]
-    pub f_alpha_divergence_coef: f64,
-    /// LD-DPO: weight of the tokens beyond the shorter completion's length.
-    #[arg(long)]
-    pub ld_alpha: Option<f64>,
-    /// τ of discopop.
-    #[arg(long, default_value_t = 0.05)]
-    pub discopop_tau: f64,
-    /// Score without a reference model (reference log-probs taken as 0).
-    #[arg(long)]
-    pub reference_free: bool,
-    /// WPO: weight each pair by the policy's length-normalised probability of both completions.
-    #[arg(long)]
-    pub use_weighting: bool,
-}
-
-impl LossArgs {
-    fn to_config(&self) -> LossConfig {
-        LossConfig {
-            beta: self.beta,
-            loss_type: self.loss_type.clone(),
-            loss_weights: self.loss_weights.clone(),
-            label_smoothing: self.label_smoothing,
-            f_divergence_type: self.f_divergence_type,
-            f_alpha_divergence_coef: self.f_alpha_divergence_coef,
-            ld_alpha: self.ld_alpha,
-            discopop_tau: self.discopop_tau,
-            reference_free: self.reference_free,
-            use_weighting: self.use_weighting,
-        }
-    }
 }
 
 /// A parsed `--device`.
@@ -785,7 +733,7 @@ fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
             rejected: args.columns.rejected_column,
         },
         skip_bad_rows: args.skip_bad_rows,
-        loss: args.loss.to_config(),
+        loss: args.loss,
         max_length: Some(args.max_length),
         batch_size: args.batch_size,
         device: args.device.device(),

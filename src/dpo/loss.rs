@@ -88,26 +88,40 @@ pub enum FDivergence {
     AlphaDivergence,
 }
 
-/// Everything that shapes the loss, validated by [`LossConfig::validate`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Everything that shapes the loss, validated by [`LossConfig::validate`]. Also the loss flags of
+/// `dpo-train eval`, named as TRL's `DPOConfig` keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 pub struct LossConfig {
-    /// Temperature of the implicit reward (TRL default 0.1).
+    /// Temperature of the implicit reward.
+    #[arg(long, default_value_t = 0.1)]
     pub beta: f64,
-    /// One or more loss types, summed with `loss_weights`.
+    /// One or more loss types (comma-separated), summed with --loss-weights.
+    #[arg(long, value_enum, value_delimiter = ',', num_args = 1.., default_value = "sigmoid")]
     pub loss_type: Vec<LossType>,
-    /// One weight per loss type; all 1.0 when empty.
+    /// One weight per loss type [default: 1 each].
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub loss_weights: Vec<f64>,
     /// ε of robust, exo_pair and aot.
+    #[arg(long, default_value_t = 0.0)]
     pub label_smoothing: f64,
+    /// Divergence the log-ratios are scored with.
+    #[arg(long, value_enum, default_value = "reverse_kl")]
     pub f_divergence_type: FDivergence,
+    /// α of alpha_divergence.
+    #[arg(long, default_value_t = 0.5)]
     pub f_alpha_divergence_coef: f64,
-    /// LD-DPO: weight of the tokens past the shorter completion's length.
+    /// LD-DPO: weight of the tokens beyond the shorter completion's length.
+    #[arg(long)]
     pub ld_alpha: Option<f64>,
+    /// τ of discopop.
+    #[arg(long, default_value_t = 0.05)]
     pub discopop_tau: f64,
-    /// Treat the reference log-probs as zero (no reference model).
+    /// Score without a reference model (reference log-probs taken as 0).
+    #[arg(long)]
     pub reference_free: bool,
-    /// WPO (Zhou et al. 2024): weight each pair's loss by the policy's own length-normalised
-    /// probability of both completions.
+    /// WPO (Zhou et al. 2024): weight each pair by the policy's length-normalised probability of
+    /// both completions.
+    #[arg(long)]
     pub use_weighting: bool,
 }
 
