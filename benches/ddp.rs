@@ -42,9 +42,27 @@ fn train_rate(exe: &str, dir: &Path, world: usize) -> f64 {
     let micro = (32 / world).to_string();
     let run = format!("bench-{world}");
     let mut args = vec![
-        "train", "--output-dir", dir.to_str().unwrap_or("."), "--run-name", &run, "--sft-steps", "0", "--max-steps", "60",
-        "--eval-steps", "0", "--save-steps", "0", "--logging-steps", "60", "--num-samples", "0",
-        "--per-device-train-batch-size", &micro, "--global-batch-size", "32",
+        "train",
+        "--output-dir",
+        dir.to_str().unwrap_or("."),
+        "--run-name",
+        &run,
+        "--sft-steps",
+        "0",
+        "--max-steps",
+        "60",
+        "--eval-steps",
+        "0",
+        "--save-steps",
+        "0",
+        "--logging-steps",
+        "60",
+        "--num-samples",
+        "0",
+        "--per-device-train-batch-size",
+        &micro,
+        "--global-batch-size",
+        "32",
     ];
     let devices = format!("cpu:{world}");
     if world > 1 {
@@ -62,7 +80,11 @@ fn train_rate(exe: &str, dir: &Path, world: usize) -> f64 {
         if attempt == 1 {
             // Read the trainer's own rate for the 60 steps (start-up excluded).
             let rows = dpo_train::report::read_metrics(&dir.join(&run).join("metrics.csv")).expect("metrics.csv");
-            return rows.iter().rev().find_map(|r| r.pairs_per_second).unwrap_or_else(|| 60.0 * 32.0 / started.elapsed().as_secs_f64());
+            return rows
+                .iter()
+                .rev()
+                .find_map(|r| r.pairs_per_second)
+                .unwrap_or_else(|| 60.0 * 32.0 / started.elapsed().as_secs_f64());
         }
     }
     unreachable!("two attempts")

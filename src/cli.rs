@@ -15,12 +15,12 @@ use crate::config::{KEYS, TrainConfig};
 use crate::data::Columns;
 use crate::data::synth::{self, SynthConfig};
 use crate::demo::DEMO_CONFIG;
+use crate::dpo::loss::LossConfig;
+use crate::eval::{EvalOptions, EvalReport, evaluate};
 use crate::generate::{SamplingConfig, generate, rng};
 use crate::run::{RunRequest, RunSummary};
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Progress;
-use crate::dpo::loss::LossConfig;
-use crate::eval::{EvalOptions, EvalReport, evaluate};
 
 /// Direct Preference Optimization for Hugging Face Llama-family models.
 ///
@@ -379,7 +379,10 @@ fn launch_plan(args: &ParallelArgs) -> anyhow::Result<Option<LaunchPlan>> {
     } else if let Ok(n) = spec.parse::<usize>() {
         (0..n).collect()
     } else {
-        spec.split(',').map(|i| i.trim().parse::<usize>()).collect::<Result<_, _>>().map_err(|_| LaunchFlagError::Gpus(spec.clone()))?
+        spec.split(',')
+            .map(|i| i.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| LaunchFlagError::Gpus(spec.clone()))?
     };
     if ids.is_empty() {
         return Err(LaunchFlagError::Gpus(spec.clone()).into());
@@ -417,13 +420,16 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let new_run = cfg.run_name.is_none() && resume.is_none();
     let launched_name = new_run.then(|| format!("{}-{name}", crate::run::timestamp()));
     let extra: Vec<std::ffi::OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
-    let Some((device, mut group, worker)) = start_workers(&args.parallel, &extra, std::time::Duration::from_secs(cfg.ddp_timeout))?
+    let Some((device, mut group, worker)) =
+        start_workers(&args.parallel, &extra, std::time::Duration::from_secs(cfg.ddp_timeout))?
     else {
         return Ok(ExitCode::SUCCESS);
     };
     if new_run && worker.is_distributed() {
         // torchrun or SLURM workers, unnamed: the job's id is the one name every rank agrees on.
-        let job = ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"].iter().find_map(|v| std::env::var(v).ok().filter(|id| id != "none"));
+        let job = ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|id| id != "none"));
         cfg.run_name = Some(format!("{name}-job-{}", job.unwrap_or_else(|| worker.master_port.to_string())));
     }
     if let Some(g) = group.as_mut() {
@@ -436,10 +442,8 @@ fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut console = ConsoleProgress::new();
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
-    let summary = crate::run::run(
-        RunRequest { cfg, config_name: name, resume, sft_only, device, interrupt, workers },
-        progress,
-    )?;
+    let summary =
+        crate::run::run(RunRequest { cfg, config_name: name, resume, sft_only, device, interrupt, workers }, progress)?;
     console.finish();
     if workers.is_main() {
         print_summary(&summary)?;
@@ -481,12 +485,20 @@ fn start_workers(
                 spec.world_size()
             );
             let visible = plan.visible.clone();
-            crate::dist::launch_node(&spec, |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect(), &argv)?;
+            crate::dist::launch_node(
+                &spec,
+                |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect(),
+                &argv,
+            )?;
             return Ok(None);
         }
         return Ok(Some((par.device.device(), None, worker)));
     }
-    let kind = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) { DeviceArg::Cuda(worker.local_rank) } else { DeviceArg::Cpu };
+    let kind = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) {
+        DeviceArg::Cuda(worker.local_rank)
+    } else {
+        DeviceArg::Cpu
+    };
     if let Some(threads) = std::env::var(crate::dist::launcher::THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
         tch::set_num_threads(threads);
     }
@@ -496,7 +508,11 @@ fn start_workers(
         local_rank: worker.local_rank,
         master_addr: worker.master_addr.clone(),
         master_port: worker.master_port,
-        backend: if matches!(kind, DeviceArg::Cuda(_)) { crate::dist::Backend::Nccl } else { crate::dist::Backend::Gloo },
+        backend: if matches!(kind, DeviceArg::Cuda(_)) {
+            crate::dist::Backend::Nccl
+        } else {
+            crate::dist::Backend::Gloo
+        },
         timeout,
     })?;
     Ok(Some((kind.device(), Some(group), worker)))
@@ -584,7 +600,11 @@ fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
 
 /// Every prompt's sampled token ids in prompt order, from each rank's shard. Token ids travel as
 /// f32 (exact below 2^24), each sample prefixed by its length.
-fn gather_completions(workers: &crate::dist::Workers, prompts: usize, local: &[Vec<Vec<u32>>]) -> anyhow::Result<Vec<Vec<Vec<u32>>>> {
+fn gather_completions(
+    workers: &crate::dist::Workers,
+    prompts: usize,
+    local: &[Vec<Vec<u32>>],
+) -> anyhow::Result<Vec<Vec<Vec<u32>>>> {
     let Some(group) = workers.group else { return Ok(local.to_vec()) };
     let mut flat = Vec::new();
     for samples in local {
@@ -622,12 +642,11 @@ fn read_prompts(path: &Path) -> anyhow::Result<Vec<String>> {
             if !jsonl {
                 return Ok(line.replace("\\n", "\n"));
             }
-            let value: serde_json::Value =
-                serde_json::from_str(line).with_context(|| format!("`{}`, line {}: malformed JSON", path.display(), i + 1))?;
-            value["prompt"]
-                .as_str()
-                .map(str::to_owned)
-                .with_context(|| format!("`{}`, line {}: field `prompt` is missing or not a string", path.display(), i + 1))
+            let value: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("`{}`, line {}: malformed JSON", path.display(), i + 1))?;
+            value["prompt"].as_str().map(str::to_owned).with_context(|| {
+                format!("`{}`, line {}: field `prompt` is missing or not a string", path.display(), i + 1)
+            })
         })
         .collect()
 }
@@ -656,7 +675,8 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
 }
 
 fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
-    let cfg = SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
+    let cfg =
+        SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
     let data = synth::generate(&cfg);
     let written = if args.out.extension().is_some_and(|e| e == "jsonl") {
         let stem = args.out.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
@@ -696,8 +716,10 @@ impl Progress for ConsoleProgress {
     fn start(&mut self, stage: &str, start_step: u64, total_steps: u64) {
         self.finish();
         if std::io::stderr().is_terminal() {
-            let style = indicatif::ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix} {bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
             let bar = indicatif::ProgressBar::new(total_steps).with_style(style).with_prefix(stage.to_owned());
             bar.set_position(start_step);
             self.bar = Some(bar);
@@ -752,7 +774,9 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     let types: Vec<String> = opts
         .loss
         .weighted_types()
-        .map(|(t, w)| if opts.loss.loss_weights.is_empty() { t.name().to_owned() } else { format!("{} x{w}", t.name()) })
+        .map(
+            |(t, w)| if opts.loss.loss_weights.is_empty() { t.name().to_owned() } else { format!("{} x{w}", t.name()) },
+        )
         .collect();
     writeln!(out, "model      {}", opts.model.display())?;
     if let Some(r) = &opts.ref_model {
@@ -767,11 +791,20 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     let lines = |ls: &mut dyn Iterator<Item = usize>| ls.map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
     let t = &report.tokenize;
     if !report.skipped.is_empty() {
-        writeln!(out, "bad rows skipped: {} (lines {})", report.skipped.len(), lines(&mut report.skipped.iter().map(|s| s.line)))?;
+        writeln!(
+            out,
+            "bad rows skipped: {} (lines {})",
+            report.skipped.len(),
+            lines(&mut report.skipped.iter().map(|s| s.line))
+        )?;
     }
     if !t.dropped_prompt_too_long.is_empty() {
         let n = t.dropped_prompt_too_long.len();
-        writeln!(out, "pairs dropped, prompt alone reaches max_length: {n} (lines {})", lines(&mut t.dropped_prompt_too_long.iter().copied()))?;
+        writeln!(
+            out,
+            "pairs dropped, prompt alone reaches max_length: {n} (lines {})",
+            lines(&mut t.dropped_prompt_too_long.iter().copied())
+        )?;
     }
     if !t.prefix_mismatch.is_empty() {
         let n = t.prefix_mismatch.len();

@@ -293,10 +293,8 @@ impl TrainConfig {
         if overrides.is_empty() {
             return Ok(self);
         }
-        let toml::Value::Table(mut table) = toml::Value::try_from(&self).map_err(|e| ConfigError::Invalid {
-            key: "config",
-            message: e.to_string(),
-        })?
+        let toml::Value::Table(mut table) =
+            toml::Value::try_from(&self).map_err(|e| ConfigError::Invalid { key: "config", message: e.to_string() })?
         else {
             unreachable!("a struct serialises to a table")
         };
@@ -363,7 +361,10 @@ impl TrainConfig {
             return invalid("global_batch_size", "must be at least 1".to_owned());
         }
         if self.max_steps <= 0 && self.num_train_epochs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
-            return invalid("num_train_epochs", format!("must be > 0 when max_steps is not set, got {}", self.num_train_epochs));
+            return invalid(
+                "num_train_epochs",
+                format!("must be > 0 when max_steps is not set, got {}", self.num_train_epochs),
+            );
         }
         if self.logging_steps == 0 {
             return invalid("logging_steps", "must be at least 1".to_owned());
@@ -372,7 +373,10 @@ impl TrainConfig {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
         if self.reference_free && self.precompute_ref_log_probs {
-            return invalid("precompute_ref_log_probs", "has no reference to precompute with `reference_free`".to_owned());
+            return invalid(
+                "precompute_ref_log_probs",
+                "has no reference to precompute with `reference_free`".to_owned(),
+            );
         }
         Ok(())
     }
@@ -446,7 +450,10 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_line() {
         let err = TrainConfig::from_toml_str("beta = 0.1\nlearning_rat = 1e-5\n", "c.toml").unwrap_err();
-        assert_eq!(err.to_string().split(',').take(2).collect::<Vec<_>>().join(","), "`c.toml`, line 2: unknown field `learning_rat`");
+        assert_eq!(
+            err.to_string().split(',').take(2).collect::<Vec<_>>().join(","),
+            "`c.toml`, line 2: unknown field `learning_rat`"
+        );
         let err = TrainConfig::from_toml_str("beta = \"high\"\n", "c.toml").unwrap_err();
         assert!(err.to_string().starts_with("`c.toml`, line 1: "), "{err}");
         let err = TrainConfig::default().with_overrides(&[("beta".into(), "x".into())]).unwrap_err();

@@ -65,14 +65,16 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
     }
     if !model_dir.join("model.safetensors").is_file() {
         let pairs = synth::read_jsonl(&train)?;
-        let texts = pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]);
+        let texts =
+            pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]);
         let texts: Vec<String> = texts.collect();
         train_tokenizer(texts.iter().map(String::as_str), bpe::DEFAULT_VOCAB_SIZE, &model_dir)?;
         let tokenizer = Tokenizer::from_dir(&model_dir)?;
         // Round the embedding up to a multiple of 64, as model vocabularies usually are.
         let config = model_config(tokenizer.vocab_size().div_ceil(64) * 64);
         let config_json = serde_json::to_string_pretty(&config)?;
-        let resolved = model::HfConfig::from_json(&config_json, &model_dir.join("config.json"))?.resolve(&model_dir.join("config.json"))?;
+        let resolved = model::HfConfig::from_json(&config_json, &model_dir.join("config.json"))?
+            .resolve(&model_dir.join("config.json"))?;
         let init = RandomInit { seed, std: 0.02 };
         let model = Llama::load(&init, &resolved, device)?;
         write_model_dir(&model_dir, &model, &config_json)?;
@@ -81,7 +83,12 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
 }
 
 /// Greedy answers to the arithmetic prompts of a demo split: (correct, asked).
-pub fn arithmetic_accuracy(model: &Llama, tokenizer: &Tokenizer, split: &Path, device: &Device) -> anyhow::Result<(usize, usize)> {
+pub fn arithmetic_accuracy(
+    model: &Llama,
+    tokenizer: &Tokenizer,
+    split: &Path,
+    device: &Device,
+) -> anyhow::Result<(usize, usize)> {
     let pairs = synth::read_jsonl(split)?;
     let sampling = SamplingConfig::greedy(6);
     let mut sampler = rng(0);

@@ -79,10 +79,14 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         (None, true) => None,
     };
 
-    let loaded = data::load_preferences(&opts.data, &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows })?;
+    let loaded = data::load_preferences(
+        &opts.data,
+        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows },
+    )?;
     let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
         .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;
-    let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
+    let longest =
+        pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
     let limit = policy.max_sequence_length();
     if opts.max_length.map_or(longest, |m| longest.min(m)) > limit {
         return Err(EvalError::TooLong { data: opts.data.clone(), longest, limit }.into());
@@ -149,7 +153,12 @@ fn load_checked(dir: &Path, tokenizer: &Tokenizer, device: &Device) -> anyhow::R
     let context = || format!("cannot load the model in `{}`", dir.display());
     let cfg = model::load_config(dir).with_context(context)?;
     if tokenizer.vocab_size() > cfg.vocab_size {
-        return Err(EvalError::Vocab { tokens: tokenizer.vocab_size(), dir: dir.to_owned(), vocab_size: cfg.vocab_size }.into());
+        return Err(EvalError::Vocab {
+            tokens: tokenizer.vocab_size(),
+            dir: dir.to_owned(),
+            vocab_size: cfg.vocab_size,
+        }
+        .into());
     }
     model::load_weights(dir, &cfg, device).with_context(context)
 }

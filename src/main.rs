@@ -11,7 +11,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // A closed pipe (`dpo-train eval ... | head`) is not a failure.
-            if err.chain().any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)) {
+            if err
+                .chain()
+                .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+            {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {err:#}");

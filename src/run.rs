@@ -66,7 +66,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let demo_assets = if uses_demo {
         progress.line("building the demo's data, tokenizer and random model");
         // Rank 0 builds the assets; the others read them once it is done.
-        let assets = if workers.is_main() { Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?) } else { None };
+        let assets =
+            if workers.is_main() { Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?) } else { None };
         workers.barrier()?;
         match assets {
             Some(a) => Some(a),
@@ -83,7 +84,11 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     let vocab = model::load_config(&model_dir)?.vocab_size;
     if tokenizer.vocab_size() > vocab {
-        anyhow::bail!(crate::eval::EvalError::Vocab { tokens: tokenizer.vocab_size(), dir: model_dir, vocab_size: vocab });
+        anyhow::bail!(crate::eval::EvalError::Vocab {
+            tokens: tokenizer.vocab_size(),
+            dir: model_dir,
+            vocab_size: vocab
+        });
     }
     let mut split = |file: Option<&String>, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
         let path = match (file.map(String::as_str), &demo_assets) {
@@ -129,8 +134,13 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         progress.line(&format!("supervised warm-up already done: `{}`", sft_dir.join("final").display()));
         (None, sft_dir.join("final"))
     } else {
-        let sft_stage =
-            Stage { objective: Objective::Sft, dir: &sft_dir, learning_rate: cfg.sft_learning_rate, steps: Some(cfg.sft_steps), ..base };
+        let sft_stage = Stage {
+            objective: Objective::Sft,
+            dir: &sft_dir,
+            learning_rate: cfg.sft_learning_rate,
+            steps: Some(cfg.sft_steps),
+            ..base
+        };
         let outcome = run_stage(&sft_stage, progress)?;
         if outcome.interrupted {
             return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
@@ -154,8 +164,17 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
 }
 
 /// Reads and tokenises one preference file, reporting what was skipped or dropped.
-fn load_pairs(path: &Path, cfg: &TrainConfig, tokenizer: &Tokenizer, progress: &mut dyn Progress) -> anyhow::Result<Vec<TokenizedPair>> {
-    let columns = Columns { prompt: cfg.prompt_column.clone(), chosen: cfg.chosen_column.clone(), rejected: cfg.rejected_column.clone() };
+fn load_pairs(
+    path: &Path,
+    cfg: &TrainConfig,
+    tokenizer: &Tokenizer,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Vec<TokenizedPair>> {
+    let columns = Columns {
+        prompt: cfg.prompt_column.clone(),
+        chosen: cfg.chosen_column.clone(),
+        rejected: cfg.rejected_column.clone(),
+    };
     let loaded = data::load_preferences(path, &LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows })?;
     if !loaded.skipped.is_empty() {
         let lines: Vec<String> = loaded.skipped.iter().map(|s| s.line.to_string()).collect();
@@ -172,7 +191,12 @@ fn load_pairs(path: &Path, cfg: &TrainConfig, tokenizer: &Tokenizer, progress: &
         ));
     }
     if report.truncated > 0 {
-        progress.line(&format!("`{}`: {} sequences truncated to max_length {}", path.display(), report.truncated, cfg.max_length));
+        progress.line(&format!(
+            "`{}`: {} sequences truncated to max_length {}",
+            path.display(),
+            report.truncated,
+            cfg.max_length
+        ));
     }
     progress.line(&format!("`{}`: {} pairs", path.display(), pairs.len()));
     Ok(pairs)
@@ -188,14 +212,20 @@ fn run_dir(req: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
                 .filter_map(Result::ok)
                 .filter(|e| e.path().join("config.toml").is_file())
                 .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-            let dir = newest.map(|e| e.path()).with_context(|| format!("no run to resume under `{}`", req.cfg.output_dir.display()))?;
+            let dir = newest
+                .map(|e| e.path())
+                .with_context(|| format!("no run to resume under `{}`", req.cfg.output_dir.display()))?;
             Ok((dir, true))
         }
         None => {
             let name = req.cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", timestamp(), req.config_name));
             let dir = req.cfg.output_dir.join(name);
             if crate::train::checkpoint::latest(&dir).is_some() {
-                anyhow::bail!("`{}` already holds a run: pass `--resume {}` or another `--run-name`", dir.display(), dir.display());
+                anyhow::bail!(
+                    "`{}` already holds a run: pass `--resume {}` or another `--run-name`",
+                    dir.display(),
+                    dir.display()
+                );
             }
             Ok((dir, false))
         }

@@ -45,11 +45,7 @@ pub enum TokenizerError {
     },
     /// A field of `tokenizer_config.json` or `special_tokens_map.json` has the wrong type.
     #[error("`{path}`: field `{field}` {expected}")]
-    ConfigField {
-        path: PathBuf,
-        field: String,
-        expected: &'static str,
-    },
+    ConfigField { path: PathBuf, field: String, expected: &'static str },
     /// No eos token is configured; DPO needs one (appended to completions, and the pad fallback).
     #[error("`{path}`: no `eos_token` is set")]
     NoEos { path: PathBuf },
@@ -128,15 +124,8 @@ enum ChatTemplate {
 
 /// The keys of `tokenizer_config.json` that name special tokens, as in transformers'
 /// `SPECIAL_TOKENS_ATTRIBUTES`.
-const SPECIAL_TOKEN_KEYS: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
+const SPECIAL_TOKEN_KEYS: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 impl Tokenizer {
     /// Loads `dir/tokenizer.json`, plus `dir/tokenizer_config.json` (special tokens, chat template),
@@ -145,22 +134,13 @@ impl Tokenizer {
     /// precedence over the config's template, as in transformers 5) when present.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let tok_path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tok_path).map_err(|source| TokenizerError::Read {
-            path: tok_path.clone(),
-            source,
-        })?;
-        let mut inner =
-            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|source| TokenizerError::Load {
-                path: tok_path.clone(),
-                source,
-            })?;
+        let bytes =
+            std::fs::read(&tok_path).map_err(|source| TokenizerError::Read { path: tok_path.clone(), source })?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|source| TokenizerError::Load { path: tok_path.clone(), source })?;
 
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.exists() {
-            read_json_object(&cfg_path)?
-        } else {
-            serde_json::Map::new()
-        };
+        let cfg = if cfg_path.exists() { read_json_object(&cfg_path)? } else { serde_json::Map::new() };
 
         // Legacy checkpoints: without `added_tokens_decoder` in the config, transformers merges
         // `special_tokens_map.json` over it (`PreTrainedTokenizerBase._from_pretrained`).
@@ -188,29 +168,16 @@ impl Tokenizer {
                 inner.add_special_tokens(&[AddedToken::from(content.clone(), true)]);
             }
         }
-        let lookup = |name: &str| {
-            named
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let lookup = |name: &str| named.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         let id_of = |inner: &tokenizers::Tokenizer, content: &str| {
             // Present: every named token was added above when missing.
             inner.token_to_id(content)
         };
 
         let Some(eos_token) = lookup("eos_token") else {
-            return Err(TokenizerError::NoEos {
-                path: if cfg_path.exists() {
-                    cfg_path
-                } else {
-                    dir.to_path_buf()
-                },
-            });
+            return Err(TokenizerError::NoEos { path: if cfg_path.exists() { cfg_path } else { dir.to_path_buf() } });
         };
-        let eos_id = id_of(&inner, &eos_token).ok_or_else(|| TokenizerError::NoEos {
-            path: cfg_path.clone(),
-        })?;
+        let eos_id = id_of(&inner, &eos_token).ok_or_else(|| TokenizerError::NoEos { path: cfg_path.clone() })?;
         let bos_token = lookup("bos_token");
         let bos_id = bos_token.as_deref().and_then(|t| id_of(&inner, t));
         let pad_token = lookup("pad_token").unwrap_or_else(|| eos_token.clone());
@@ -223,11 +190,8 @@ impl Tokenizer {
         let chat_template = chat_template(dir, &cfg, &cfg_path)?;
         let clean_up_tokenization_spaces =
             bool_field(&cfg, "clean_up_tokenization_spaces", &cfg_path)?.unwrap_or(false);
-        let other_special = named
-            .iter()
-            .filter(|(k, _)| k != "bos_token" && k != "eos_token" && k != "pad_token")
-            .cloned()
-            .collect();
+        let other_special =
+            named.iter().filter(|(k, _)| k != "bos_token" && k != "eos_token" && k != "pad_token").cloned().collect();
 
         Ok(Self {
             inner,
@@ -258,25 +222,15 @@ impl Tokenizer {
     }
 
     fn encode_inner(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = self
-            .inner
-            .encode(text, special)
-            .map_err(|source| TokenizerError::Encode { source })?;
+        let enc = self.inner.encode(text, special).map_err(|source| TokenizerError::Encode { source })?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids`; with `clean_up_tokenization_spaces` set in `tokenizer_config.json` the spaces
     /// before punctuation are removed as transformers does.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        let text = self
-            .inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|source| TokenizerError::Decode { source })?;
-        Ok(if self.clean_up_tokenization_spaces {
-            clean_up_tokenization(&text)
-        } else {
-            text
-        })
+        let text = self.inner.decode(ids, skip_special_tokens).map_err(|source| TokenizerError::Decode { source })?;
+        Ok(if self.clean_up_tokenization_spaces { clean_up_tokenization(&text) } else { text })
     }
 
     /// Renders `messages` with the chat template (`add_generation_prompt` appends the assistant
@@ -289,30 +243,20 @@ impl Tokenizer {
         let (path, source) = match &self.chat_template {
             ChatTemplate::Source { path, source } => (path, source),
             ChatTemplate::None => {
-                return Err(TokenizerError::NoChatTemplate {
-                    path: self.dir.join("tokenizer_config.json"),
-                });
+                return Err(TokenizerError::NoChatTemplate { path: self.dir.join("tokenizer_config.json") });
             }
             ChatTemplate::NoDefault => {
-                return Err(TokenizerError::NoDefaultTemplate {
-                    path: self.dir.join("tokenizer_config.json"),
-                });
+                return Err(TokenizerError::NoDefaultTemplate { path: self.dir.join("tokenizer_config.json") });
             }
         };
         if messages.is_empty() {
             return Err(TokenizerError::EmptyConversation);
         }
         let env = template_env();
-        let template =
-            env.template_from_str(source)
-                .map_err(|source| TokenizerError::TemplateSyntax {
-                    path: path.clone(),
-                    source,
-                })?;
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| Value::from_object(MessageValue(m.clone())))
-            .collect();
+        let template = env
+            .template_from_str(source)
+            .map_err(|source| TokenizerError::TemplateSyntax { path: path.clone(), source })?;
+        let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
         let mut ctx: Vec<(&str, Value)> = vec![
             ("messages", Value::from(messages)),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
@@ -328,21 +272,12 @@ impl Tokenizer {
             ctx.push((k.as_str(), Value::from(v.clone())));
         }
         let ctx: Value = ctx.into_iter().collect();
-        template
-            .render(ctx)
-            .map_err(|source| TokenizerError::TemplateRender {
-                path: path.clone(),
-                source,
-            })
+        template.render(ctx).map_err(|source| TokenizerError::TemplateRender { path: path.clone(), source })
     }
 
     /// Token ids of the rendered chat, without special tokens, as
     /// `apply_chat_template(messages, tokenize=True)` gives them.
-    pub fn encode_chat(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<u32>, TokenizerError> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
         self.encode(&text)
     }
@@ -374,11 +309,7 @@ impl Tokenizer {
 
     /// Vocabulary size including added tokens (largest id + 1).
     pub fn vocab_size(&self) -> usize {
-        self.inner
-            .get_vocab(true)
-            .values()
-            .max()
-            .map_or(0, |&m| m as usize + 1)
+        self.inner.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1)
     }
 
     /// The underlying `tokenizers` tokenizer.
@@ -388,18 +319,11 @@ impl Tokenizer {
 }
 
 /// Reads a JSON file whose top level must be an object.
-fn read_json_object(
-    path: &Path,
-) -> Result<serde_json::Map<String, serde_json::Value>, TokenizerError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| TokenizerError::ConfigJson {
-            path: path.to_path_buf(),
-            source,
-        })?;
+fn read_json_object(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>, TokenizerError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| TokenizerError::Read { path: path.to_path_buf(), source })?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|source| TokenizerError::ConfigJson { path: path.to_path_buf(), source })?;
     match value {
         serde_json::Value::Object(map) => Ok(map),
         _ => Err(TokenizerError::ConfigField {
@@ -460,14 +384,9 @@ fn chat_template(
 ) -> Result<ChatTemplate, TokenizerError> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
-        let source = std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Read {
-            path: jinja.clone(),
-            source,
-        })?;
-        return Ok(ChatTemplate::Source {
-            path: jinja,
-            source,
-        });
+        let source =
+            std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Read { path: jinja.clone(), source })?;
+        return Ok(ChatTemplate::Source { path: jinja, source });
     }
     let bad = |expected| TokenizerError::ConfigField {
         path: cfg_path.to_path_buf(),
@@ -476,34 +395,26 @@ fn chat_template(
     };
     match cfg.get("chat_template") {
         None | Some(serde_json::Value::Null) => Ok(ChatTemplate::None),
-        Some(serde_json::Value::String(s)) => Ok(ChatTemplate::Source {
-            path: cfg_path.to_path_buf(),
-            source: s.clone(),
-        }),
+        Some(serde_json::Value::String(s)) => {
+            Ok(ChatTemplate::Source { path: cfg_path.to_path_buf(), source: s.clone() })
+        }
         Some(serde_json::Value::Array(items)) => {
             for item in items {
                 let name = item.get("name").and_then(|v| v.as_str());
                 let template = item.get("template").and_then(|v| v.as_str());
                 match (name, template) {
                     (Some("default"), Some(t)) => {
-                        return Ok(ChatTemplate::Source {
-                            path: cfg_path.to_path_buf(),
-                            source: t.to_string(),
-                        });
+                        return Ok(ChatTemplate::Source { path: cfg_path.to_path_buf(), source: t.to_string() });
                     }
                     (Some(_), Some(_)) => {}
                     _ => {
-                        return Err(bad(
-                            "entries must be `{\"name\": .., \"template\": ..}` strings",
-                        ));
+                        return Err(bad("entries must be `{\"name\": .., \"template\": ..}` strings"));
                     }
                 }
             }
             Ok(ChatTemplate::NoDefault)
         }
-        Some(_) => Err(bad(
-            "must be a string or a list of `{name, template}` objects",
-        )),
+        Some(_) => Err(bad("must be a string or a list of `{name, template}` objects")),
     }
 }
 
@@ -513,16 +424,11 @@ fn template_env() -> Environment<'static> {
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |message: String| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        },
-    );
+    env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+    });
     env.add_function("strftime_now", |format: String| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         strftime(&format, secs)
     });
     env.add_filter("tojson", tojson);
@@ -606,12 +512,7 @@ struct JsonOpts {
     sort_keys: bool,
 }
 
-fn py_json(
-    value: &Value,
-    opts: &JsonOpts,
-    level: usize,
-    out: &mut String,
-) -> Result<(), minijinja::Error> {
+fn py_json(value: &Value, opts: &JsonOpts, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -744,15 +645,7 @@ fn strftime(format: &str, unix_secs: u64) -> String {
         "November",
         "December",
     ];
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
+    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = (unix_secs / 86_400) as i64;
     let secs = unix_secs % 86_400;
     let (hour, minute, second) = (secs / 3600, (secs % 3600) / 60, secs % 60);
@@ -885,13 +778,7 @@ mod tests {
     }
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
-        pairs
-            .iter()
-            .map(|(r, c)| Message {
-                role: r.to_string(),
-                content: c.to_string(),
-            })
-            .collect()
+        pairs.iter().map(|(r, c)| Message { role: r.to_string(), content: c.to_string() }).collect()
     }
 
     #[test]
@@ -920,8 +807,7 @@ mod tests {
         write_test_tokenizer(&dir, &cfg.to_string());
         // A Llama-style post-processor that prepends bos.
         let path = dir.join("tokenizer.json");
-        let mut json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         json["post_processor"] = serde_json::json!({
             "type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
@@ -939,10 +825,7 @@ mod tests {
     #[test]
     fn legacy_special_tokens_map_overrides_config() {
         let dir = temp_dir("legacy");
-        write_test_tokenizer(
-            &dir,
-            &serde_json::json!({"eos_token": "<unk>", "pad_token": "<unk>"}).to_string(),
-        );
+        write_test_tokenizer(&dir, &serde_json::json!({"eos_token": "<unk>", "pad_token": "<unk>"}).to_string());
         std::fs::write(
             dir.join("special_tokens_map.json"),
             r#"{"eos_token": {"content": "<|im_end|>", "lstrip": false}, "pad_token": null}"#,
@@ -951,10 +834,7 @@ mod tests {
         let tok = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!((tok.eos_id(), tok.pad_id()), (2, 2));
         // With `added_tokens_decoder` the config is authoritative.
-        write_test_tokenizer(
-            &dir,
-            &serde_json::json!({"eos_token": "<unk>", "added_tokens_decoder": {}}).to_string(),
-        );
+        write_test_tokenizer(&dir, &serde_json::json!({"eos_token": "<unk>", "added_tokens_decoder": {}}).to_string());
         let tok = Tokenizer::from_dir(&dir).unwrap();
         assert_eq!(tok.eos_id(), 0);
     }
@@ -979,14 +859,8 @@ mod tests {
             tok.apply_chat_template(&m, true).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(
-            tok.apply_chat_template(&m, false).unwrap(),
-            "<|im_start|>user\nhi<|im_end|>\n"
-        );
-        assert!(matches!(
-            tok.apply_chat_template(&[], false),
-            Err(TokenizerError::EmptyConversation)
-        ));
+        assert_eq!(tok.apply_chat_template(&m, false).unwrap(), "<|im_start|>user\nhi<|im_end|>\n");
+        assert!(matches!(tok.apply_chat_template(&[], false), Err(TokenizerError::EmptyConversation)));
     }
 
     #[test]
@@ -1017,7 +891,8 @@ mod tests {
     #[test]
     fn trim_and_lstrip_blocks() {
         let dir = temp_dir("trim");
-        let template = "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}";
+        let template =
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}";
         let cfg = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template});
         write_test_tokenizer(&dir, &cfg.to_string());
         let tok = Tokenizer::from_dir(&dir).unwrap();
@@ -1041,10 +916,7 @@ mod tests {
     fn strftime_known_date() {
         // 2024-02-29 13:05:09 UTC, a Thursday.
         let secs = 1_709_211_909;
-        assert_eq!(
-            strftime("%Y-%m-%d %H:%M:%S %A %b %j %%", secs),
-            "2024-02-29 13:05:09 Thursday Feb 060 %"
-        );
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S %A %b %j %%", secs), "2024-02-29 13:05:09 Thursday Feb 060 %");
         assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
     }
 
@@ -1052,10 +924,7 @@ mod tests {
     fn errors_name_the_file() {
         let dir = temp_dir("errors");
         let err = Tokenizer::from_dir(&dir).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!("Cannot read `{}`", dir.join("tokenizer.json").display())
-        );
+        assert_eq!(err.to_string(), format!("Cannot read `{}`", dir.join("tokenizer.json").display()));
         write_test_tokenizer(&dir, "{\"eos_token\": 3}");
         let err = Tokenizer::from_dir(&dir).unwrap_err();
         assert_eq!(
@@ -1069,16 +938,11 @@ mod tests {
         let err = Tokenizer::from_dir(&dir).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "`{}`: no `eos_token` is set",
-                dir.join("tokenizer_config.json").display()
-            )
+            format!("`{}`: no `eos_token` is set", dir.join("tokenizer_config.json").display())
         );
         write_test_tokenizer(&dir, "{\"eos_token\": \"<|im_end|>\"}");
         let tok = Tokenizer::from_dir(&dir).unwrap();
-        let err = tok
-            .apply_chat_template(&msgs(&[("user", "hi")]), false)
-            .unwrap_err();
+        let err = tok.apply_chat_template(&msgs(&[("user", "hi")]), false).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(

@@ -16,9 +16,7 @@ fn write(test: &str, name: &str, contents: &[u8]) -> PathBuf {
 }
 
 fn load_err(path: &Path) -> String {
-    load_preferences(path, &LoadOptions::default())
-        .expect_err("the file is bad")
-        .to_string()
+    load_preferences(path, &LoadOptions::default()).expect_err("the file is bad").to_string()
 }
 
 fn tokenizer() -> Tokenizer {
@@ -33,10 +31,7 @@ fn missing_field_in_jsonl() {
         "prefs.jsonl",
         b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"a\", \"rejected\": \" c\"}\n",
     );
-    assert_eq!(
-        load_err(&path),
-        format!("`{}`, line 2: field `chosen` is missing", path.display())
-    );
+    assert_eq!(load_err(&path), format!("`{}`, line 2: field `chosen` is missing", path.display()));
 }
 
 #[test]
@@ -44,10 +39,7 @@ fn missing_column_in_csv() {
     let path = write("missing_col", "prefs.csv", b"prompt,chosen,reject\na,b,c\n");
     assert_eq!(
         load_err(&path),
-        format!(
-            "`{}`: column `rejected` is missing (the header has `prompt`, `chosen`, `reject`)",
-            path.display()
-        )
+        format!("`{}`: column `rejected` is missing (the header has `prompt`, `chosen`, `reject`)", path.display())
     );
 }
 
@@ -59,14 +51,9 @@ fn malformed_json_line() {
         b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n\n{\"prompt\": \"a\", \"chosen\": \" b\" \"rejected\": \" c\"}\n",
     );
     let err = load_preferences(&path, &LoadOptions::default()).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        format!("`{}`, line 3: malformed JSON", path.display())
-    );
+    assert_eq!(err.to_string(), format!("`{}`, line 3: malformed JSON", path.display()));
     // The cause is kept as the error's source, not repeated in the message.
-    let cause = std::error::Error::source(&err)
-        .expect("serde cause")
-        .to_string();
+    let cause = std::error::Error::source(&err).expect("serde cause").to_string();
     assert_eq!(cause, "expected `,` or `}` at line 1 column 32");
 }
 
@@ -74,10 +61,7 @@ fn malformed_json_line() {
 fn empty_file() {
     for name in ["prefs.jsonl", "prefs.json", "prefs.csv"] {
         let path = write("empty", name, b"");
-        assert_eq!(
-            load_err(&path),
-            format!("`{}`: the dataset is empty", path.display())
-        );
+        assert_eq!(load_err(&path), format!("`{}`: the dataset is empty", path.display()));
     }
 }
 
@@ -88,22 +72,9 @@ fn invalid_utf8() {
         "prefs.jsonl",
         b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{\"prompt\": \"caf\xe9\", \"chosen\": \" b\", \"rejected\": \" c\"}\n",
     );
-    assert_eq!(
-        load_err(&path),
-        format!("`{}`, line 2: invalid UTF-8", path.display())
-    );
-    let path = write(
-        "utf8",
-        "prefs.csv",
-        b"prompt,chosen,rejected\na,b,c\na,b,\xff\xfe\n",
-    );
-    assert_eq!(
-        load_err(&path),
-        format!(
-            "`{}`, line 3: field `rejected` is not valid UTF-8",
-            path.display()
-        )
-    );
+    assert_eq!(load_err(&path), format!("`{}`, line 2: invalid UTF-8", path.display()));
+    let path = write("utf8", "prefs.csv", b"prompt,chosen,rejected\na,b,c\na,b,\xff\xfe\n");
+    assert_eq!(load_err(&path), format!("`{}`, line 3: field `rejected` is not valid UTF-8", path.display()));
 }
 
 #[test]
@@ -113,25 +84,15 @@ fn skipped_rows_are_reported() {
         "prefs.jsonl",
         b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{oops\n{\"prompt\": \"a\", \"chosen\": \"\", \"rejected\": \" c\"}\n",
     );
-    let opts = LoadOptions {
-        skip_bad_rows: true,
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions { skip_bad_rows: true, ..LoadOptions::default() };
     let loaded = load_preferences(&path, &opts).unwrap();
     assert_eq!(loaded.rows.len(), 1);
-    let skipped: Vec<(usize, String)> = loaded
-        .skipped
-        .iter()
-        .map(|s| (s.line, s.reason.clone()))
-        .collect();
+    let skipped: Vec<(usize, String)> = loaded.skipped.iter().map(|s| (s.line, s.reason.clone())).collect();
     assert_eq!(
         skipped,
         vec![
             (2, format!("`{}`, line 2: malformed JSON", path.display())),
-            (
-                3,
-                format!("`{}`, line 3: field `chosen` is empty", path.display())
-            ),
+            (3, format!("`{}`, line 3: field `chosen` is empty", path.display())),
         ]
     );
 }
@@ -157,10 +118,7 @@ fn prompt_longer_than_max_length_is_dropped_and_counted() {
 
     // When every prompt reaches max_length nothing is left: an error says so.
     let err = tokenize(&loaded.rows, &tok, Some(1)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "All 2 examples were dropped: each prompt alone has at least `max_length` = 1 tokens"
-    );
+    assert_eq!(err.to_string(), "All 2 examples were dropped: each prompt alone has at least `max_length` = 1 tokens");
 }
 
 #[test]
@@ -168,9 +126,6 @@ fn unsupported_extension() {
     let path = write("ext", "prefs.parquet", b"PAR1");
     assert_eq!(
         load_err(&path),
-        format!(
-            "`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`",
-            path.display()
-        )
+        format!("`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`", path.display())
     );
 }

@@ -37,7 +37,8 @@ fn dpo_train(args: &[&str]) -> Output {
 fn train(config: &Path, run: &str, world: usize, micro: usize) {
     let micro = micro.to_string();
     let devices = format!("cpu:{world}");
-    let mut args = vec!["train", "--config", config.to_str().unwrap(), "--run-name", run, "--per-device-train-batch-size", &micro];
+    let mut args =
+        vec!["train", "--config", config.to_str().unwrap(), "--run-name", run, "--per-device-train-batch-size", &micro];
     if world > 1 {
         args.extend(["--devices", &devices]);
     }
@@ -126,7 +127,8 @@ fn a_killed_worker_ends_the_job_naming_its_rank() {
     let workers = (0..300)
         .find_map(|_| {
             let out = Command::new("pgrep").args(["-P", &pid]).output().unwrap();
-            let pids: Vec<String> = String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect();
+            let pids: Vec<String> =
+                String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).collect();
             let training = dir.path().join("killed/metrics.csv").exists();
             std::thread::sleep(Duration::from_millis(200));
             (pids.len() == 2 && training).then_some(pids)
@@ -149,7 +151,8 @@ fn a_killed_worker_ends_the_job_naming_its_rank() {
 
 #[test]
 fn too_few_gpus_is_a_clear_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(["--gpus", "64", "--max-steps", "1"]).output().unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(["--gpus", "64", "--max-steps", "1"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("`--gpus 64`") && stderr.contains("--devices cpu:64"), "{stderr}");

@@ -28,11 +28,20 @@ fn shortened_demo_learns_the_task() {
         ])
         .unwrap();
     let interrupt = AtomicBool::new(false);
-    let req = RunRequest { cfg, config_name: "demo".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
+    let req = RunRequest {
+        cfg,
+        config_name: "demo".into(),
+        resume: None,
+        sft_only: false,
+        device: cpu(),
+        interrupt: &interrupt,
+        workers: dpo_train::dist::Workers::single(),
+    };
     let summary = run(req, &mut Quiet).unwrap();
 
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
-    let eval: Vec<f64> = rows.iter().filter(|r| r.split == Split::Eval).filter_map(|r| r.metric("rewards/accuracies")).collect();
+    let eval: Vec<f64> =
+        rows.iter().filter(|r| r.split == Split::Eval).filter_map(|r| r.metric("rewards/accuracies")).collect();
     assert!(eval.len() >= 5, "evaluations at 0, 50, 100, 150, 200: {eval:?}");
     let (first, last) = (eval[0], eval[eval.len() - 1]);
     assert!(last >= 0.85, "held-out rewards/accuracies reached only {last} ({eval:?})");
@@ -43,7 +52,13 @@ fn shortened_demo_learns_the_task() {
     assert_eq!(asked, asked_again);
     assert!(asked >= 100, "the test split asks {asked} arithmetic questions");
     assert!(dpo_right >= sft_right, "arithmetic got worse with DPO: {sft_right} -> {dpo_right} of {asked}");
-    for file in ["dashboard.png", "samples_val.txt", "samples_test.txt", "final/model.safetensors", "sft/final/model.safetensors"] {
+    for file in [
+        "dashboard.png",
+        "samples_val.txt",
+        "samples_test.txt",
+        "final/model.safetensors",
+        "sft/final/model.safetensors",
+    ] {
         assert!(summary.run_dir.join(file).exists(), "{file} missing");
     }
 }

@@ -9,11 +9,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn eval(extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dpo-train"))
-        .arg("eval")
-        .args(extra)
-        .output()
-        .expect("the binary runs")
+    Command::new(env!("CARGO_BIN_EXE_dpo-train")).arg("eval").args(extra).output().expect("the binary runs")
 }
 
 fn with_defaults<'a>(model: &'a str, data: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -36,24 +32,28 @@ fn json_has_exactly_trls_metric_names() {
     let model = fixtures().join("models/llama");
     let reference = fixtures().join("models/llama-ref");
     let data = fixtures().join("data/prefs.jsonl");
-    let out = eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--ref-model", reference.to_str().unwrap(), "--json"]));
+    let out = eval(&with_defaults(
+        model.to_str().unwrap(),
+        data.to_str().unwrap(),
+        &["--ref-model", reference.to_str().unwrap(), "--json"],
+    ));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut keys: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
     keys.sort_unstable();
     let mut expected = [
-            "loss",
-            "rewards/chosen",
-            "rewards/rejected",
-            "rewards/accuracies",
-            "rewards/margins",
-            "logps/chosen",
-            "logps/rejected",
-            "logits/chosen",
-            "logits/rejected",
-            "entropy",
-            "num_tokens",
-        ];
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "logits/chosen",
+        "logits/rejected",
+        "entropy",
+        "num_tokens",
+    ];
     expected.sort_unstable();
     assert_eq!(keys, expected);
 }
@@ -86,7 +86,11 @@ fn model_directory_without_config_exits_1() {
     let data = fixtures().join("data/prefs.jsonl");
     let tokenizer = fixtures().join("tokenizer");
     let err = one_line_error(
-        &eval(&with_defaults(dir.path().to_str().unwrap(), data.to_str().unwrap(), &["--tokenizer", tokenizer.to_str().unwrap()])),
+        &eval(&with_defaults(
+            dir.path().to_str().unwrap(),
+            data.to_str().unwrap(),
+            &["--tokenizer", tokenizer.to_str().unwrap()],
+        )),
         1,
     );
     assert_eq!(
@@ -112,7 +116,10 @@ fn tokenizer_larger_than_the_embedding_is_refused() {
     let err = one_line_error(&eval(&with_defaults(dir.path().to_str().unwrap(), data.to_str().unwrap(), &[])), 1);
     assert_eq!(
         err,
-        format!("error: the tokenizer has 380 tokens but the model in `{}` embeds only 300 (`vocab_size`)", dir.path().display())
+        format!(
+            "error: the tokenizer has 380 tokens but the model in `{}` embeds only 300 (`vocab_size`)",
+            dir.path().display()
+        )
     );
 }
 
@@ -120,6 +127,7 @@ fn tokenizer_larger_than_the_embedding_is_refused() {
 fn bad_loss_settings_name_the_key() {
     let model = fixtures().join("models/llama");
     let data = fixtures().join("data/prefs.jsonl");
-    let err = one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
+    let err =
+        one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
     assert_eq!(err, "error: invalid loss settings: `beta`: must be > 0, got 0");
 }

@@ -15,7 +15,8 @@ use common::{Quiet, cpu, fixtures};
 
 /// The venv's python: `DPO_TRAIN_VENV` when set (CI), else the checkout's `.venv`.
 fn python() -> PathBuf {
-    let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"), PathBuf::from);
+    let venv = std::env::var_os("DPO_TRAIN_VENV")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"), PathBuf::from);
     venv.join("bin/python")
 }
 
@@ -44,7 +45,15 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     );
     let cfg = TrainConfig::from_toml_str(&text, "test").unwrap();
     let interrupt = AtomicBool::new(false);
-    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: false, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
+    let req = RunRequest {
+        cfg,
+        config_name: "test".into(),
+        resume: None,
+        sft_only: false,
+        device: cpu(),
+        interrupt: &interrupt,
+        workers: dpo_train::dist::Workers::single(),
+    };
     let summary = run(req, &mut Quiet).unwrap();
     let final_dir = summary.run_dir.join("final");
     for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {

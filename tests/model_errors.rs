@@ -41,7 +41,10 @@ fn directory_without_config() {
     let dir = tempfile::tempdir().unwrap();
     assert_eq!(
         load_error(dir.path()),
-        format!("`{}/config.json` not found: a model directory needs `config.json` and safetensors weights", dir.path().display())
+        format!(
+            "`{}/config.json` not found: a model directory needs `config.json` and safetensors weights",
+            dir.path().display()
+        )
     );
 }
 
@@ -60,7 +63,10 @@ fn unsupported_model_type() {
     let dir = edited_llama(|c| c["model_type"] = "gpt2".into());
     assert_eq!(
         load_error(dir.path()),
-        format!("`{}/config.json`: unsupported `model_type` `gpt2`; supported: llama, mistral, qwen2, qwen3", dir.path().display())
+        format!(
+            "`{}/config.json`: unsupported `model_type` `gpt2`; supported: llama, mistral, qwen2, qwen3",
+            dir.path().display()
+        )
     );
 }
 
@@ -69,7 +75,10 @@ fn unsupported_rope_type() {
     let dir = edited_llama(|c| c["rope_parameters"]["rope_type"] = "yarn".into());
     assert_eq!(
         load_error(dir.path()),
-        format!("`{}/config.json`: unsupported `rope_type` = `yarn`; supported: `default`, `llama3`", dir.path().display())
+        format!(
+            "`{}/config.json`: unsupported `rope_type` = `yarn`; supported: `default`, `llama3`",
+            dir.path().display()
+        )
     );
 }
 
@@ -96,6 +105,9 @@ fn missing_tensor_is_named() {
     let dir = edited_llama(|c| c["num_hidden_layers"] = 3.into());
     assert_eq!(
         load_error(dir.path()),
-        format!("tensor `model.layers.2.self_attn.q_proj.weight` is missing from the checkpoint in `{}`", dir.path().display())
+        format!(
+            "tensor `model.layers.2.self_attn.q_proj.weight` is missing from the checkpoint in `{}`",
+            dir.path().display()
+        )
     );
 }

@@ -5,49 +5,28 @@
 use std::path::{Path, PathBuf};
 
 use dpo_train::report::{
-    DASHBOARD_SIZE, MetricsRow, MetricsWriter, PLOT_FILES, PLOT_SIZE, PlotMeta, Sample, Split,
-    plot_meta_from_run, read_metrics, render_comparison, render_run, write_samples,
+    DASHBOARD_SIZE, MetricsRow, MetricsWriter, PLOT_FILES, PLOT_SIZE, PlotMeta, Sample, Split, plot_meta_from_run,
+    read_metrics, render_comparison, render_run, write_samples,
 };
 
 /// Width and height from a PNG's IHDR chunk, after checking the signature and chunk type.
 fn png_size(path: &Path) -> (u32, u32) {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        bytes.len() > 33,
-        "{} is too short to be a PNG",
-        path.display()
-    );
-    assert_eq!(
-        &bytes[..8],
-        b"\x89PNG\r\n\x1a\n",
-        "{}: bad signature",
-        path.display()
-    );
+    assert!(bytes.len() > 33, "{} is too short to be a PNG", path.display());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}: bad signature", path.display());
     assert_eq!(&bytes[8..12], &13u32.to_be_bytes(), "IHDR length");
-    assert_eq!(
-        &bytes[12..16],
-        b"IHDR",
-        "{}: first chunk is not IHDR",
-        path.display()
-    );
+    assert_eq!(&bytes[12..16], b"IHDR", "{}: first chunk is not IHDR", path.display());
     let width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let height = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
     (width, height)
 }
 
 fn assert_plots(paths: &[PathBuf], dir: &Path) {
-    let names: Vec<String> = paths
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> = paths.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, PLOT_FILES);
     for path in paths {
         assert_eq!(path.parent().unwrap(), dir);
-        let expected = if path.ends_with("dashboard.png") {
-            DASHBOARD_SIZE
-        } else {
-            PLOT_SIZE
-        };
+        let expected = if path.ends_with("dashboard.png") { DASHBOARD_SIZE } else { PLOT_SIZE };
         assert_eq!(png_size(path), expected, "{}", path.display());
         let tmp = PathBuf::from(format!("{}.tmp", path.display()));
         assert!(!tmp.exists(), "{} left behind", tmp.display());
@@ -68,20 +47,13 @@ fn dpo_rows(steps: u64, shift: f64) -> Vec<MetricsRow> {
         row.set_metric("rewards/chosen", 0.4 * t + 0.2 * noise);
         row.set_metric("rewards/rejected", 0.4 * t - margin);
         row.set_metric("rewards/margins", margin);
-        row.set_metric(
-            "rewards/accuracies",
-            (0.5 + 0.45 * t + 0.3 * noise).clamp(0.0, 1.0),
-        );
+        row.set_metric("rewards/accuracies", (0.5 + 0.45 * t + 0.3 * noise).clamp(0.0, 1.0));
         row.set_metric("logps/chosen", -120.0 + 10.0 * t);
         row.set_metric("logps/rejected", -130.0 - 20.0 * t);
         row.set_metric("num_tokens", 4096.0 * step as f64);
         let warmup = (step as f64 / 5.0).min(1.0);
         row.learning_rate = Some(5e-7 * warmup * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()));
-        row.grad_norm = Some(if step == 17 {
-            f64::NAN
-        } else {
-            8.0 * (1.0 - 0.6 * t) + 2.0 * noise
-        });
+        row.grad_norm = Some(if step == 17 { f64::NAN } else { 8.0 * (1.0 - 0.6 * t) + 2.0 * noise });
         row.pairs_per_second = Some(12.5);
         row.tokens_per_second = Some(6400.0);
         rows.push(row);
@@ -132,11 +104,7 @@ fn renders_an_sft_run_with_only_loss() {
         })
         .collect();
     write_run(dir.path(), &rows);
-    let meta = PlotMeta {
-        run_name: "sft".into(),
-        model: "tiny".into(),
-        beta: f64::NAN,
-    };
+    let meta = PlotMeta { run_name: "sft".into(), model: "tiny".into(), beta: f64::NAN };
     let paths = render_run(dir.path(), &meta).unwrap();
     assert_plots(&paths, dir.path());
     keep_for_inspection(&paths, "sft");
@@ -178,10 +146,7 @@ fn renders_a_comparison_of_two_runs() {
         let run_dir = dir.path().join(label);
         std::fs::create_dir(&run_dir).unwrap();
         write_run(&run_dir, &dpo_rows(50, shift));
-        runs.push((
-            label.to_string(),
-            read_metrics(&run_dir.join("metrics.csv")).unwrap(),
-        ));
+        runs.push((label.to_string(), read_metrics(&run_dir.join("metrics.csv")).unwrap()));
     }
     runs[1].1.retain(|r| r.step <= 40);
     let paths = render_comparison(&runs, &out, "β sweep · Qwen2.5-0.5B").unwrap();

@@ -8,15 +8,7 @@ use dpo_train::data::{LoadOptions, Text, load_preferences, tokenize};
 use dpo_train::tokenizer::Tokenizer;
 
 fn texts(pairs: &[SynthPair]) -> Vec<String> {
-    pairs
-        .iter()
-        .flat_map(|p| {
-            [
-                format!("{}{}", p.prompt, p.chosen),
-                format!("{}{}", p.prompt, p.rejected),
-            ]
-        })
-        .collect()
+    pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]).collect()
 }
 
 #[test]
@@ -27,12 +19,7 @@ fn synthetic_data_loads_tokenizes_and_round_trips() {
 
     let tok_dir = dir.path().join("tokenizer");
     let corpus = texts(&data.train);
-    train_tokenizer(
-        corpus.iter().map(String::as_str),
-        DEFAULT_VOCAB_SIZE,
-        &tok_dir,
-    )
-    .unwrap();
+    train_tokenizer(corpus.iter().map(String::as_str), DEFAULT_VOCAB_SIZE, &tok_dir).unwrap();
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();
     assert!(tok.vocab_size() <= DEFAULT_VOCAB_SIZE);
 
@@ -49,17 +36,9 @@ fn synthetic_data_loads_tokenizes_and_round_trips() {
         }
 
         let (tokenized, report) = tokenize(&loaded.rows, &tok, Some(64)).unwrap();
-        assert_eq!(
-            report.kept,
-            pairs.len(),
-            "every pair survives max_length 64"
-        );
+        assert_eq!(report.kept, pairs.len(), "every pair survives max_length 64");
         assert!(report.dropped_prompt_too_long.is_empty());
-        assert!(
-            report.prefix_mismatch.is_empty(),
-            "{:?}",
-            report.prefix_mismatch
-        );
+        assert!(report.prefix_mismatch.is_empty(), "{:?}", report.prefix_mismatch);
         assert_eq!(report.truncated, 0);
         for (t, pair) in tokenized.iter().zip(pairs) {
             let p = t.prompt_ids.len();
@@ -75,16 +54,9 @@ fn synthetic_data_loads_tokenizes_and_round_trips() {
     assert!(longest <= 40, "longest sequence has {longest} tokens");
 
     // Digits are one token each, in prompts and in answers.
-    for pair in data
-        .test
-        .iter()
-        .filter(|p| matches!(p.kind, TaskKind::Arithmetic { .. }))
-    {
+    for pair in data.test.iter().filter(|p| matches!(p.kind, TaskKind::Arithmetic { .. })) {
         for text in [&pair.prompt, &pair.chosen] {
-            for piece in text
-                .split(|c: char| !c.is_ascii_digit())
-                .filter(|s| !s.is_empty())
-            {
+            for piece in text.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()) {
                 let ids = tok.encode(piece).unwrap();
                 assert_eq!(ids.len(), piece.len(), "{piece:?}");
             }
@@ -96,11 +68,7 @@ fn synthetic_data_loads_tokenizes_and_round_trips() {
                     s.chars().any(|c| c.is_ascii_digit())
                 })
                 .count();
-            assert_eq!(
-                digit_tokens,
-                text.chars().filter(char::is_ascii_digit).count(),
-                "{text:?}"
-            );
+            assert_eq!(digit_tokens, text.chars().filter(char::is_ascii_digit).count(), "{text:?}");
         }
     }
 

@@ -65,41 +65,20 @@ fn tokenizer_matches_transformers() {
         assert_eq!(tok.inner().token_to_id(token), Some(*id), "{token}");
     }
     for case in &fx.strings {
-        assert_eq!(
-            tok.encode(&case.text).unwrap(),
-            case.input_ids,
-            "{:?}",
-            case.text
-        );
+        assert_eq!(tok.encode(&case.text).unwrap(), case.input_ids, "{:?}", case.text);
         assert_eq!(
             tok.encode_with_special_tokens(&case.text).unwrap(),
             case.input_ids_add_special_tokens,
             "{:?}",
             case.text
         );
-        assert_eq!(
-            tok.decode(&case.input_ids, false).unwrap(),
-            case.decoded,
-            "{:?}",
-            case.text
-        );
-        assert_eq!(
-            tok.decode(&case.input_ids, true).unwrap(),
-            case.decoded_skip_special,
-            "{:?}",
-            case.text
-        );
+        assert_eq!(tok.decode(&case.input_ids, false).unwrap(), case.decoded, "{:?}", case.text);
+        assert_eq!(tok.decode(&case.input_ids, true).unwrap(), case.decoded_skip_special, "{:?}", case.text);
     }
     for case in &fx.chat_template {
-        let rendered = tok
-            .apply_chat_template(&case.messages, case.add_generation_prompt)
-            .unwrap();
+        let rendered = tok.apply_chat_template(&case.messages, case.add_generation_prompt).unwrap();
         assert_eq!(rendered, case.rendered);
-        assert_eq!(
-            tok.encode_chat(&case.messages, case.add_generation_prompt)
-                .unwrap(),
-            case.input_ids
-        );
+        assert_eq!(tok.encode_chat(&case.messages, case.add_generation_prompt).unwrap(), case.input_ids);
     }
 }
 
@@ -136,49 +115,20 @@ fn check_dataset(data: &str, expected: &str) {
     assert!(loaded.skipped.is_empty());
     assert_eq!(loaded.rows.len(), fx.num_rows, "{data}");
     let (pairs, report) = tokenize(&loaded.rows, &tok, fx.max_length).unwrap();
-    assert_eq!(
-        report.dropped_prompt_too_long.len(),
-        fx.dropped_rows,
-        "{data}"
-    );
+    assert_eq!(report.dropped_prompt_too_long.len(), fx.dropped_rows, "{data}");
     assert_eq!(pairs.len(), fx.num_rows_after_preprocessing, "{data}");
     for (i, (pair, want)) in pairs.iter().zip(&fx.rows).enumerate() {
-        assert_eq!(
-            pair.prompt_ids, want.prompt_input_ids,
-            "{data} row {i} prompt"
-        );
-        assert_eq!(
-            pair.chosen_ids, want.chosen_input_ids,
-            "{data} row {i} chosen"
-        );
-        assert_eq!(
-            pair.rejected_ids, want.rejected_input_ids,
-            "{data} row {i} rejected"
-        );
+        assert_eq!(pair.prompt_ids, want.prompt_input_ids, "{data} row {i} prompt");
+        assert_eq!(pair.chosen_ids, want.chosen_input_ids, "{data} row {i} chosen");
+        assert_eq!(pair.rejected_ids, want.rejected_input_ids, "{data} row {i} rejected");
     }
     assert_eq!(tok.pad_id(), fx.pad_token_id);
     let batch = collate(&pairs, tok.pad_id(), fx.max_length);
-    let rows = |flat: &[i64]| -> Vec<Vec<i64>> {
-        flat.chunks(batch.seq_len.max(1))
-            .map(<[i64]>::to_vec)
-            .collect()
-    };
+    let rows = |flat: &[i64]| -> Vec<Vec<i64>> { flat.chunks(batch.seq_len.max(1)).map(<[i64]>::to_vec).collect() };
     assert_eq!(batch.batch_size, pairs.len());
-    assert_eq!(
-        rows(&batch.input_ids),
-        fx.collated.input_ids,
-        "{data} input_ids"
-    );
-    assert_eq!(
-        rows(&batch.attention_mask),
-        fx.collated.attention_mask,
-        "{data} attention_mask"
-    );
-    assert_eq!(
-        rows(&batch.completion_mask),
-        fx.collated.completion_mask,
-        "{data} completion_mask"
-    );
+    assert_eq!(rows(&batch.input_ids), fx.collated.input_ids, "{data} input_ids");
+    assert_eq!(rows(&batch.attention_mask), fx.collated.attention_mask, "{data} attention_mask");
+    assert_eq!(rows(&batch.completion_mask), fx.collated.completion_mask, "{data} completion_mask");
 }
 
 #[test]
@@ -198,24 +148,15 @@ fn standard_json_array_matches_trl() {
 
 #[test]
 fn conversational_matches_trl() {
-    check_dataset(
-        "data/prefs_conv.jsonl",
-        "expected/tokenized_prefs_conv.json",
-    );
+    check_dataset("data/prefs_conv.jsonl", "expected/tokenized_prefs_conv.json");
 }
 
 #[test]
 fn implicit_prompt_matches_trl() {
-    check_dataset(
-        "data/prefs_implicit.jsonl",
-        "expected/tokenized_prefs_implicit.json",
-    );
+    check_dataset("data/prefs_implicit.jsonl", "expected/tokenized_prefs_implicit.json");
 }
 
 #[test]
 fn max_length_24_matches_trl() {
-    check_dataset(
-        "data/prefs.jsonl",
-        "expected/tokenized_prefs_max_length_24.json",
-    );
+    check_dataset("data/prefs.jsonl", "expected/tokenized_prefs_max_length_24.json");
 }

@@ -86,7 +86,10 @@ fn five_steps_plus_resume_equals_ten_straight() {
     let resumed = train(fixture_config(out.path(), "split"), Some(first.run_dir.clone()), None);
     assert!(!resumed.interrupted());
 
-    let diff = max_diff(&tensors(&straight.run_dir.join("final/model.safetensors")), &tensors(&resumed.run_dir.join("final/model.safetensors")));
+    let diff = max_diff(
+        &tensors(&straight.run_dir.join("final/model.safetensors")),
+        &tensors(&resumed.run_dir.join("final/model.safetensors")),
+    );
     assert!(diff <= 1e-6, "parameters differ by {diff}");
     let rows_a = read_metrics(&straight.run_dir.join("metrics.csv")).unwrap();
     let rows_b = read_metrics(&resumed.run_dir.join("metrics.csv")).unwrap();
@@ -115,7 +118,10 @@ fn accumulation_equals_one_large_batch() {
     two.gradient_accumulation_steps = 2;
     let a = train(one, None, None);
     let b = train(two, None, None);
-    let diff = max_diff(&tensors(&a.run_dir.join("final/model.safetensors")), &tensors(&b.run_dir.join("final/model.safetensors")));
+    let diff = max_diff(
+        &tensors(&a.run_dir.join("final/model.safetensors")),
+        &tensors(&b.run_dir.join("final/model.safetensors")),
+    );
     assert!(diff <= 1e-5, "parameters differ by {diff}");
     let start = tensors(&fixtures().join("models/llama/model.safetensors"));
     assert!(max_diff(&start, &tensors(&a.run_dir.join("final/model.safetensors"))) > 1e-4, "the step changed nothing");
@@ -151,7 +157,15 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     cfg.per_device_train_batch_size = 32;
     let interrupt = AtomicBool::new(false);
     let mut progress = StopAt { stop_at: None, interrupt: &interrupt };
-    let req = RunRequest { cfg, config_name: "test".into(), resume: None, sft_only: true, device: cpu(), interrupt: &interrupt, workers: dpo_train::dist::Workers::single() };
+    let req = RunRequest {
+        cfg,
+        config_name: "test".into(),
+        resume: None,
+        sft_only: true,
+        device: cpu(),
+        interrupt: &interrupt,
+        workers: dpo_train::dist::Workers::single(),
+    };
     let summary = run(req, &mut progress).unwrap();
     assert_eq!(summary.sft.as_ref().unwrap().steps, 8);
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
@@ -195,7 +209,10 @@ fn precomputed_reference_equals_the_live_reference_and_is_cached() {
     pre.precompute_ref_log_probs = true;
     let a = train(live, None, None);
     let b = train(pre.clone(), None, None);
-    let diff = max_diff(&tensors(&a.run_dir.join("final/model.safetensors")), &tensors(&b.run_dir.join("final/model.safetensors")));
+    let diff = max_diff(
+        &tensors(&a.run_dir.join("final/model.safetensors")),
+        &tensors(&b.run_dir.join("final/model.safetensors")),
+    );
     assert!(diff <= 1e-5, "parameters differ by {diff}");
     let cache: Vec<_> = std::fs::read_dir(out.path().join(".ref_cache")).unwrap().collect();
     assert_eq!(cache.len(), 1, "one cache file for one (reference, data, max_length, tokenizer)");

@@ -66,7 +66,8 @@ fn every_shipped_config_parses_and_validates() {
 fn data_synth_writes_three_loadable_splits() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("prefs.jsonl");
-    let status = dpo_train(&["data", "synth", "--out", out.to_str().unwrap(), "--train", "50", "--val", "10", "--test", "10"]);
+    let status =
+        dpo_train(&["data", "synth", "--out", out.to_str().unwrap(), "--train", "50", "--val", "10", "--test", "10"]);
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     for (file, n) in [("prefs.jsonl", 50), ("prefs_val.jsonl", 10), ("prefs_test.jsonl", 10)] {
         let loaded = dpo_train::data::load_preferences(&dir.path().join(file), &Default::default()).unwrap();
@@ -81,7 +82,16 @@ fn generate_is_seeded_and_greedy_is_deterministic() {
     fs::write(&prompts, "Hello, how are\nThe capital of\n").unwrap();
     let model = root().join("tests/fixtures/models/llama");
     let args = |extra: &[&str]| {
-        let mut a = vec!["generate", "--model", model.to_str().unwrap(), "--prompts", prompts.to_str().unwrap(), "--max-new-tokens", "8", "--json"];
+        let mut a = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ];
         a.extend_from_slice(extra);
         a.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };

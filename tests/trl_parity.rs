@@ -117,12 +117,19 @@ fn every_trl_case_matches_to_1e_4() {
 #[test]
 fn metrics_do_not_depend_on_batch_size() {
     // aot sorts over the evaluated set and ld_alpha weights per pair: both must see every pair.
-    for case in supported_cases().iter().filter(|c| ["loss_aot", "ld_alpha_0.5", "loss_sft", "max_length_24"].contains(&c.name.as_str())) {
+    for case in supported_cases()
+        .iter()
+        .filter(|c| ["loss_aot", "ld_alpha_0.5", "loss_sft", "max_length_24"].contains(&c.name.as_str()))
+    {
         let whole = evaluate(&options(case, 64)).unwrap().metrics;
         for batch_size in [1, 3] {
             let split = evaluate(&options(case, batch_size)).unwrap().metrics;
             for ((name, a), (_, b)) in whole.named().into_iter().zip(split.named()) {
-                assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{} {name}: batch 64 gives {a}, batch {batch_size} gives {b}", case.name);
+                assert!(
+                    (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                    "{} {name}: batch 64 gives {a}, batch {batch_size} gives {b}",
+                    case.name
+                );
             }
         }
     }

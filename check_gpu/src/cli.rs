@@ -117,14 +117,10 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,
-        finetune: args
-            .lora
-            .map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
+        finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
         reference: args.reference,
         gradient_checkpointing: args.gradient_checkpointing,
-        max_world_size: args
-            .world_size
-            .map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
+        max_world_size: args.world_size.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         lr_base_batch: args.lr_base_batch,
         device_ids: args.device_ids,
     })
@@ -139,16 +135,8 @@ fn load_snapshot(args: &Args) -> Result<Result<Snapshot, ProbeError>, CliError> 
     if args.topo.is_some() || args.query.is_some() {
         let topo_text = args.topo.as_deref().map(parse::read).transpose()?;
         let query_text = args.query.as_deref().map(parse::read).transpose()?;
-        let topo = args
-            .topo
-            .as_deref()
-            .zip(topo_text.as_deref())
-            .map(|(path, text)| Input { text, path });
-        let query = args
-            .query
-            .as_deref()
-            .zip(query_text.as_deref())
-            .map(|(path, text)| Input { text, path });
+        let topo = args.topo.as_deref().zip(topo_text.as_deref()).map(|(path, text)| Input { text, path });
+        let query = args.query.as_deref().zip(query_text.as_deref()).map(|(path, text)| Input { text, path });
         return Ok(Ok(parse::offline_snapshot(topo, query)?));
     }
     Ok(probe::probe_live())
@@ -167,12 +155,7 @@ pub fn one_line(err: &dyn std::error::Error) -> String {
     let kept: Vec<&str> = chain
         .iter()
         .enumerate()
-        .filter(|(i, text)| {
-            *i == 0
-                || chain
-                    .get(i + 1)
-                    .is_none_or(|next| !text.contains(next.as_str()))
-        })
+        .filter(|(i, text)| *i == 0 || chain.get(i + 1).is_none_or(|next| !text.contains(next.as_str())))
         .map(|(_, t)| t.as_str())
         .collect();
     kept.join(": ")
@@ -196,15 +179,10 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
                 )
             };
             if let (Some(path), false) = (&args.save, args.json) {
-                stdout.push_str(&format!(
-                    "Nothing was saved to `{}`: there is no GPU state to save.\n",
-                    path.display()
-                ));
+                stdout
+                    .push_str(&format!("Nothing was saved to `{}`: there is no GPU state to save.\n", path.display()));
             }
-            return Ok(Outcome {
-                stdout,
-                exit_code: p.status.exit_code(),
-            });
+            return Ok(Outcome { stdout, exit_code: p.status.exit_code() });
         }
         Err(e) => return Err(e.into()),
     };
@@ -212,13 +190,6 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
         snap.save(path)?;
     }
     let p = plan(&snap, &req);
-    let stdout = if args.json {
-        render::json(Some(&snap), &p)
-    } else {
-        render::text(Some(&snap), &p, style)
-    };
-    Ok(Outcome {
-        stdout,
-        exit_code: p.status.exit_code(),
-    })
+    let stdout = if args.json { render::json(Some(&snap), &p) } else { render::text(Some(&snap), &p, style) };
+    Ok(Outcome { stdout, exit_code: p.status.exit_code() })
 }

@@ -40,11 +40,7 @@ pub fn format(cpus: &[u32]) -> String {
             i += 1;
             end = sorted[i];
         }
-        out.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
+        out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
         i += 1;
     }
     out.join(",")
@@ -80,9 +76,6 @@ mod tests {
     #[test]
     fn bitmask() {
         assert_eq!(from_bitmask(&[0b1011, 1], 64), vec![0, 1, 3, 64]);
-        assert_eq!(
-            from_bitmask(&[0xffff_0000], 32),
-            (16..32).collect::<Vec<_>>()
-        );
+        assert_eq!(from_bitmask(&[0xffff_0000], 32), (16..32).collect::<Vec<_>>());
     }
 }

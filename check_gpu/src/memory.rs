@@ -140,16 +140,7 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
     let logits = rows * s * m.vocab_size * 4;
     let sum = weights + gradients + optimizer + reference + activations + logits;
     let overhead = sum * OVERHEAD_PERCENT / 100 + CUDA_CONTEXT_BYTES;
-    MemoryEstimate {
-        weights,
-        gradients,
-        optimizer,
-        reference,
-        activations,
-        logits,
-        overhead,
-        total: sum + overhead,
-    }
+    MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total: sum + overhead }
 }
 
 #[cfg(test)]
@@ -179,26 +170,17 @@ mod tests {
         // Mixed precision: 6 + 4 + 8 = 18 bytes/param, plus a 2-byte bf16 reference.
         assert_eq!(e.weights + e.gradients + e.optimizer, 18 * m.params);
         assert_eq!(e.reference, 2 * m.params);
-        let e = estimate(&MemoryRequest {
-            dtype: Dtype::Fp32,
-            ..req(&m)
-        });
+        let e = estimate(&MemoryRequest { dtype: Dtype::Fp32, ..req(&m) });
         assert_eq!(e.weights + e.gradients + e.optimizer, 16 * m.params);
         assert_eq!(e.reference, 4 * m.params);
-        let e = estimate(&MemoryRequest {
-            reference: Reference::Precompute,
-            ..req(&m)
-        });
+        let e = estimate(&MemoryRequest { reference: Reference::Precompute, ..req(&m) });
         assert_eq!(e.reference, 0);
     }
 
     #[test]
     fn lora_terms() {
         let m = shape();
-        let e = estimate(&MemoryRequest {
-            finetune: FineTune::Lora { rank: 16 },
-            ..req(&m)
-        });
+        let e = estimate(&MemoryRequest { finetune: FineTune::Lora { rank: 16 }, ..req(&m) });
         let a = m.lora_params(16);
         assert_eq!(e.weights, 2 * m.params + 4 * a);
         assert_eq!(e.gradients + e.optimizer, 12 * a);
@@ -215,19 +197,10 @@ mod tests {
         let sum = e.weights + e.gradients + e.optimizer + e.reference + e.activations + e.logits;
         assert_eq!(e.overhead, sum / 10 + CUDA_CONTEXT_BYTES);
         assert_eq!(e.total, sum + e.overhead);
-        let ck = estimate(&MemoryRequest {
-            gradient_checkpointing: true,
-            ..req(&m)
-        });
-        assert_eq!(
-            ck.activations,
-            l * 2 * s * b2 * h + s * b2 * (34 * h + 5 * a * s)
-        );
+        let ck = estimate(&MemoryRequest { gradient_checkpointing: true, ..req(&m) });
+        assert_eq!(ck.activations, l * 2 * s * b2 * h + s * b2 * (34 * h + 5 * a * s));
         assert!(ck.activations < e.activations);
-        let two = estimate(&MemoryRequest {
-            micro_batch: 2,
-            ..req(&m)
-        });
+        let two = estimate(&MemoryRequest { micro_batch: 2, ..req(&m) });
         assert_eq!(two.activations, 2 * e.activations);
         assert_eq!(two.logits, 2 * e.logits);
     }

@@ -23,23 +23,12 @@ pub enum ModelError {
     },
     /// `config.json` is not the expected JSON.
     #[error("{path}:{line}:{column}: expected a Hugging Face config.json: {message}")]
-    Json {
-        path: PathBuf,
-        line: usize,
-        column: usize,
-        message: String,
-    },
+    Json { path: PathBuf, line: usize, column: usize, message: String },
     /// A shape value is zero or inconsistent.
     #[error("{path}:1: `{key}` must be {expected}")]
-    Invalid {
-        path: PathBuf,
-        key: &'static str,
-        expected: &'static str,
-    },
+    Invalid { path: PathBuf, key: &'static str, expected: &'static str },
     /// `--model-params` text that is not a count.
-    #[error(
-        "Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`"
-    )]
+    #[error("Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
     Count(String),
 }
 
@@ -101,10 +90,7 @@ impl ModelShape {
             self.intermediate_size,
             self.vocab_size,
         );
-        let attn = h * a * d
-            + 2 * h * kv * d
-            + a * d * h
-            + if self.qkv_bias { a * d + 2 * kv * d } else { 0 };
+        let attn = h * a * d + 2 * h * kv * d + a * d * h + if self.qkv_bias { a * d + 2 * kv * d } else { 0 };
         let layer = attn + 3 * h * i + 2 * h;
         let lm_head = if self.tied_embeddings { 0 } else { v * h };
         v * h + self.num_layers * layer + h + lm_head
@@ -112,26 +98,15 @@ impl ModelShape {
 
     /// LoRA adapter parameters for rank `r` on q, k, v and o: `r*(d_in + d_out)` per matrix.
     pub fn lora_params(&self, rank: u64) -> u64 {
-        let (h, q, kv) = (
-            self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-        );
+        let (h, q, kv) = (self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
         let per_layer = rank * (h + q) + 2 * rank * (h + kv) + rank * (q + h);
         self.num_layers * per_layer
     }
 
     /// Reads `DIR/config.json` (or a path to the file itself).
     pub fn from_hf_dir(dir: &Path) -> Result<ModelShape, ModelError> {
-        let path = if dir.is_dir() {
-            dir.join("config.json")
-        } else {
-            dir.to_path_buf()
-        };
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Read { path: path.clone(), source })?;
         ModelShape::from_hf_json(&text, &path)
     }
 
@@ -139,21 +114,10 @@ impl ModelShape {
     pub fn from_hf_json(text: &str, path: &Path) -> Result<ModelShape, ModelError> {
         let cfg: HfConfig = serde_json::from_str(text).map_err(|e| {
             let m = e.to_string();
-            let message = m
-                .rfind(" at line ")
-                .map_or(m.clone(), |i| m[..i].to_string());
-            ModelError::Json {
-                path: path.to_path_buf(),
-                line: e.line().max(1),
-                column: e.column(),
-                message,
-            }
+            let message = m.rfind(" at line ").map_or(m.clone(), |i| m[..i].to_string());
+            ModelError::Json { path: path.to_path_buf(), line: e.line().max(1), column: e.column(), message }
         })?;
-        let invalid = |key, expected| ModelError::Invalid {
-            path: path.to_path_buf(),
-            key,
-            expected,
-        };
+        let invalid = |key, expected| ModelError::Invalid { path: path.to_path_buf(), key, expected };
         for (key, value) in [
             ("hidden_size", cfg.hidden_size),
             ("num_hidden_layers", cfg.num_hidden_layers),
@@ -167,20 +131,13 @@ impl ModelShape {
         }
         let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
         if kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
-            return Err(invalid(
-                "num_key_value_heads",
-                "a divisor of num_attention_heads",
-            ));
+            return Err(invalid("num_key_value_heads", "a divisor of num_attention_heads"));
         }
-        let head_dim = cfg
-            .head_dim
-            .unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
+        let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
         if head_dim == 0 {
             return Err(invalid("head_dim", "greater than zero"));
         }
-        let qkv_bias = cfg
-            .attention_bias
-            .unwrap_or(cfg.model_type.as_deref() == Some("qwen2"));
+        let qkv_bias = cfg.attention_bias.unwrap_or(cfg.model_type.as_deref() == Some("qwen2"));
         let mut shape = ModelShape {
             source: format!("from {}", path.display()),
             params: 0,
@@ -231,28 +188,8 @@ const PRESETS: [Preset; 11] = [
     ("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, false, false),
     ("Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, false, true),
     ("Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, false, true),
-    (
-        "Llama-3.1-70B",
-        8192,
-        80,
-        64,
-        8,
-        28672,
-        128256,
-        false,
-        false,
-    ),
-    (
-        "Llama-3.1-405B",
-        16384,
-        126,
-        128,
-        8,
-        53248,
-        128256,
-        false,
-        false,
-    ),
+    ("Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, false, false),
+    ("Llama-3.1-405B", 16384, 126, 128, 8, 53248, 128256, false, false),
 ];
 
 fn preset(p: &Preset) -> ModelShape {
@@ -320,22 +257,19 @@ mod tests {
 
     #[test]
     fn config_errors() {
-        let err = ModelShape::from_hf_json("{\"hidden_size\": 8}", Path::new("m/config.json"))
-            .expect_err("missing keys");
+        let err =
+            ModelShape::from_hf_json("{\"hidden_size\": 8}", Path::new("m/config.json")).expect_err("missing keys");
         assert!(err.to_string().starts_with("m/config.json:1:"), "{err}");
         assert!(err.to_string().contains("missing field"), "{err}");
-        let zero = r#"{"hidden_size":0,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#;
+        let zero =
+            r#"{"hidden_size":0,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#;
         assert_eq!(
-            ModelShape::from_hf_json(zero, Path::new("c.json"))
-                .expect_err("zero")
-                .to_string(),
+            ModelShape::from_hf_json(zero, Path::new("c.json")).expect_err("zero").to_string(),
             "c.json:1: `hidden_size` must be greater than zero"
         );
         let gqa = r#"{"hidden_size":8,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":1,"vocab_size":1}"#;
         assert_eq!(
-            ModelShape::from_hf_json(gqa, Path::new("c.json"))
-                .expect_err("gqa")
-                .to_string(),
+            ModelShape::from_hf_json(gqa, Path::new("c.json")).expect_err("gqa").to_string(),
             "c.json:1: `num_key_value_heads` must be a divisor of num_attention_heads"
         );
     }
@@ -361,10 +295,7 @@ mod tests {
         assert_eq!(s.params, 1_500_000_000);
         assert_eq!(s.hidden_size, 1536);
         assert_eq!(s.source, "shaped like Qwen2.5-1.5B");
-        assert_eq!(
-            ModelShape::from_param_count(8_000_000_000).hidden_size,
-            4096
-        );
+        assert_eq!(ModelShape::from_param_count(8_000_000_000).hidden_size, 4096);
         assert_eq!(ModelShape::from_param_count(70_000_000_000).num_layers, 80);
     }
 }

@@ -187,10 +187,7 @@ impl Plan {
             memory: None,
             min_free_bytes: None,
             model: req.model.clone(),
-            topology: Topology {
-                nvlink_islands: Vec::new(),
-                numa_groups: Vec::new(),
-            },
+            topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
             env: BTreeMap::new(),
             command: format!("dpo-train --devices cpu:{}", cpus.max(1)),
             warnings: vec![reason],
@@ -202,11 +199,7 @@ impl Plan {
 
 fn lr_scale(global: u64, base: u64) -> LrScale {
     let ratio = global as f64 / base.max(1) as f64;
-    LrScale {
-        base_batch: base,
-        linear: ratio,
-        sqrt: ratio.sqrt(),
-    }
+    LrScale { base_batch: base, linear: ratio, sqrt: ratio.sqrt() }
 }
 
 /// Why a GPU should not train, from its own state (not memory or model mix).
@@ -238,28 +231,18 @@ fn health_reasons(g: &Gpu) -> Vec<String> {
     if let Some(n) = g.ecc_uncorrected_volatile
         && n > 0
     {
-        reasons.push(format!(
-            "{n} uncorrectable ECC error(s) since the driver loaded"
-        ));
+        reasons.push(format!("{n} uncorrectable ECC error(s) since the driver loaded"));
     }
     if g.pending_page_retirement == Some(true) {
         reasons.push("memory pages pending retirement (reset the GPU or reboot)".to_string());
     }
     if g.pcie.is_degraded() {
-        let (c, m) = (
-            g.pcie.width_current.unwrap_or(0),
-            g.pcie.width_max.unwrap_or(0),
-        );
-        reasons.push(format!(
-            "degraded PCIe link: x{c} of x{m} (reseat the card or check the riser)"
-        ));
+        let (c, m) = (g.pcie.width_current.unwrap_or(0), g.pcie.width_max.unwrap_or(0));
+        reasons.push(format!("degraded PCIe link: x{c} of x{m} (reseat the card or check the riser)"));
     }
     let hw = g.hardware_throttles();
     if !hw.is_empty() {
-        reasons.push(format!(
-            "throttled by hardware ({}): check cooling and power",
-            hw.join(", ")
-        ));
+        reasons.push(format!("throttled by hardware ({}): check cooling and power", hw.join(", ")));
     }
     reasons
 }
@@ -274,19 +257,10 @@ fn split_by_model(snap: &Snapshot, candidates: &[u32]) -> (Vec<u32>, Vec<Exclude
     if groups.len() <= 1 {
         return (candidates.to_vec(), Vec::new());
     }
-    let total = |g: &[u32]| {
-        g.iter()
-            .filter_map(|&i| snap.gpu(i)?.memory_total_bytes)
-            .sum::<u64>()
-    };
+    let total = |g: &[u32]| g.iter().filter_map(|&i| snap.gpu(i)?.memory_total_bytes).sum::<u64>();
     let Some((keep_name, keep)) = groups
         .iter()
-        .max_by(|a, b| {
-            a.1.len()
-                .cmp(&b.1.len())
-                .then(total(a.1).cmp(&total(b.1)))
-                .then(b.1[0].cmp(&a.1[0]))
-        })
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(total(a.1).cmp(&total(b.1))).then(b.1[0].cmp(&a.1[0])))
         .map(|(n, g)| (n.clone(), g.clone()))
     else {
         return (candidates.to_vec(), Vec::new());
@@ -312,12 +286,7 @@ fn split_by_model(snap: &Snapshot, candidates: &[u32]) -> (Vec<u32>, Vec<Exclude
 
 /// Picks `w` GPUs of `candidates`: inside one NVLink island if one is large enough, else inside
 /// one NUMA node, else greedily by the best weakest link.
-fn choose_subset(
-    snap: &Snapshot,
-    candidates: &[u32],
-    w: usize,
-    notes: &mut Vec<String>,
-) -> Vec<u32> {
+fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes: &mut Vec<String>) -> Vec<u32> {
     if w >= candidates.len() {
         return candidates.to_vec();
     }
@@ -331,10 +300,7 @@ fn choose_subset(
         if let Some(node) = group.node
             && group.gpus.len() >= w
         {
-            notes.push(format!(
-                "kept to NUMA node {node}: GPUs {}",
-                list(&group.gpus)
-            ));
+            notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&group.gpus)));
             return group.gpus[..w].to_vec();
         }
     }
@@ -342,19 +308,9 @@ fn choose_subset(
     for &start in candidates {
         let mut chosen = vec![start];
         while chosen.len() < w {
-            let next = candidates
-                .iter()
-                .filter(|c| !chosen.contains(c))
-                .max_by_key(|&&c| {
-                    (
-                        chosen
-                            .iter()
-                            .map(|&x| snap.link(x, c).rank())
-                            .min()
-                            .unwrap_or(0),
-                        std::cmp::Reverse(c),
-                    )
-                });
+            let next = candidates.iter().filter(|c| !chosen.contains(c)).max_by_key(|&&c| {
+                (chosen.iter().map(|&x| snap.link(x, c).rank()).min().unwrap_or(0), std::cmp::Reverse(c))
+            });
             match next {
                 Some(&c) => chosen.push(c),
                 None => break,
@@ -371,17 +327,12 @@ fn choose_subset(
 
 /// `0,1,2`.
 pub fn list(gpus: &[u32]) -> String {
-    gpus.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// Parses `550.40.07` into comparable numbers.
 fn driver_tuple(v: &str) -> Vec<u32> {
-    v.split('.')
-        .map(|p| p.trim().parse().unwrap_or(0))
-        .collect()
+    v.split('.').map(|p| p.trim().parse().unwrap_or(0)).collect()
 }
 
 /// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
@@ -406,10 +357,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         if reasons.is_empty() {
             healthy.push(g.index);
         } else {
-            excluded.push(Excluded {
-                index: g.index,
-                reason: reasons.join("; "),
-            });
+            excluded.push(Excluded { index: g.index, reason: reasons.join("; ") });
         }
         let soft: Vec<&String> = g
             .throttle_reasons
@@ -421,10 +369,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
             notes.push(format!(
                 "{} is throttled by software ({})",
                 g.label(),
-                soft.iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                soft.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
             ));
         }
     }
@@ -434,10 +379,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     excluded.extend(mixed);
 
     // 3. Precision.
-    let min_cc = candidates
-        .iter()
-        .filter_map(|&i| snap.gpu(i)?.compute_capability_pair())
-        .min();
+    let min_cc = candidates.iter().filter_map(|&i| snap.gpu(i)?.compute_capability_pair()).min();
     let dtype = match req.dtype {
         Some(d) => {
             if d == Dtype::Bf16
@@ -452,10 +394,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         }
         None => match min_cc {
             Some((maj, _)) if maj < 8 => {
-                notes.push(
-                    "fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)"
-                        .to_string(),
-                );
+                notes.push("fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)".to_string());
                 Dtype::Fp16
             }
             _ => Dtype::Bf16,
@@ -494,28 +433,20 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
                 }),
                 Some(_) => fit.push(i),
                 None => {
-                    notes.push(format!(
-                        "GPU {i}: free memory unknown, not checked against the estimate"
-                    ));
+                    notes.push(format!("GPU {i}: free memory unknown, not checked against the estimate"));
                     fit.push(i);
                 }
             }
         }
         if fit.is_empty() && !candidates.is_empty() {
             nothing_fits = true;
-            let best_free = before_memory
-                .iter()
-                .filter_map(|&i| snap.gpu(i)?.memory_free_bytes)
-                .max()
-                .unwrap_or(0);
+            let best_free = before_memory.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).max().unwrap_or(0);
             warnings.push(format!(
                 "nothing fits: even micro-batch 1 with gradient accumulation needs {} per GPU and the largest free memory is {}",
                 bytes(need.total),
                 bytes(best_free)
             ));
-            let lora = FineTune::Lora {
-                rank: SUGGESTED_LORA_RANK,
-            };
+            let lora = FineTune::Lora { rank: SUGGESTED_LORA_RANK };
             let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK}");
             // (description, dpo-train flags, check-gpu flags, settings), least intrusive first.
             let ckpt = ("--gradient-checkpointing", "--gradient-checkpointing");
@@ -594,13 +525,11 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         w = w.min(max.max(1));
     }
     if w < n && w as u64 == global {
-        notes.push(format!("the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"));
+        notes.push(format!(
+            "the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"
+        ));
     }
-    let chosen = if w == 0 {
-        Vec::new()
-    } else {
-        choose_subset(snap, &candidates, w, &mut notes)
-    };
+    let chosen = if w == 0 { Vec::new() } else { choose_subset(snap, &candidates, w, &mut notes) };
     for e in &excluded {
         // When nothing fits, the one "nothing fits" warning stands for the memory exclusions.
         if !(nothing_fits && e.reason.starts_with("too little free memory")) {
@@ -627,34 +556,21 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
 
     // 6. Batch split.
     let wu = w as u64;
-    let per_rank = if global.is_multiple_of(wu) {
-        global / wu
-    } else {
-        ((global + wu / 2) / wu).max(1)
-    };
+    let per_rank = if global.is_multiple_of(wu) { global / wu } else { ((global + wu / 2) / wu).max(1) };
     let effective = per_rank * wu;
     if effective != global {
-        let exact = (1..=wu)
-            .rev()
-            .find(|&d| global.is_multiple_of(d))
-            .unwrap_or(1);
+        let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d)).unwrap_or(1);
         warnings.push(format!(
             "global batch {global} cannot be split exactly over {w} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));
     }
-    let min_free = chosen
-        .iter()
-        .filter_map(|&i| snap.gpu(i)?.memory_free_bytes)
-        .min();
+    let min_free = chosen.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).min();
     let mut micro = 1;
     let mut estimate = mem_req(1, req.finetune, req.reference, req.gradient_checkpointing);
     let mut m = 1;
     while m <= per_rank {
         if per_rank.is_multiple_of(m) {
-            match (
-                mem_req(m, req.finetune, req.reference, req.gradient_checkpointing),
-                min_free,
-            ) {
+            match (mem_req(m, req.finetune, req.reference, req.gradient_checkpointing), min_free) {
                 (Some(e), Some(free)) if e.total <= free => {
                     micro = m;
                     estimate = Some(e);
@@ -674,9 +590,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
             "no model given (--model-params or --model): micro-batch not checked against memory, capped at {DEFAULT_MICRO_BATCH_CAP}"
         ));
     } else if min_free.is_none() {
-        notes.push(format!(
-            "free memory unknown: micro-batch capped at {DEFAULT_MICRO_BATCH_CAP}"
-        ));
+        notes.push(format!("free memory unknown: micro-batch capped at {DEFAULT_MICRO_BATCH_CAP}"));
     }
     let accum = per_rank / micro;
 
@@ -687,8 +601,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let visible = match (req.device_ids, uuids) {
         (DeviceIds::Uuid, Some(u)) => u.join(","),
         (DeviceIds::Uuid, None) => {
-            notes
-                .push("UUIDs unknown for some GPUs: CUDA_VISIBLE_DEVICES uses indices".to_string());
+            notes.push("UUIDs unknown for some GPUs: CUDA_VISIBLE_DEVICES uses indices".to_string());
             list(&chosen)
         }
         (DeviceIds::Index, _) => list(&chosen),
@@ -696,10 +609,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     env.insert("CUDA_VISIBLE_DEVICES".to_string(), visible);
     match snap.system.cpu_count {
         Some(cpus) => {
-            env.insert(
-                "OMP_NUM_THREADS".to_string(),
-                (cpus / w as u32).max(1).to_string(),
-            );
+            env.insert("OMP_NUM_THREADS".to_string(), (cpus / w as u32).max(1).to_string());
         }
         None => notes.push("CPU count unknown: OMP_NUM_THREADS not set".to_string()),
     }
@@ -714,15 +624,9 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
                 }
             }
         }
-        let rtx40_old_driver = chosen.iter().any(|&i| {
-            snap.gpu(i)
-                .and_then(|g| g.name.as_deref())
-                .is_some_and(|n| n.contains("RTX 40"))
-        }) && snap
-            .system
-            .driver_version
-            .as_deref()
-            .is_some_and(|v| driver_tuple(v) < vec![550, 40, 7]);
+        let rtx40_old_driver =
+            chosen.iter().any(|&i| snap.gpu(i).and_then(|g| g.name.as_deref()).is_some_and(|n| n.contains("RTX 40")))
+                && snap.system.driver_version.as_deref().is_some_and(|v| driver_tuple(v) < vec![550, 40, 7]);
         if rtx40_old_driver {
             env.insert("NCCL_P2P_DISABLE".to_string(), "1".to_string());
             env.insert("NCCL_IB_DISABLE".to_string(), "1".to_string());
@@ -732,13 +636,13 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
             ));
         } else if !no_p2p.is_empty() {
             env.insert("NCCL_P2P_DISABLE".to_string(), "1".to_string());
-            warnings.push(format!("P2P not available between GPUs {}: NCCL_P2P_DISABLE=1 set (traffic goes through host memory)", no_p2p.join(", ")));
+            warnings.push(format!(
+                "P2P not available between GPUs {}: NCCL_P2P_DISABLE=1 set (traffic goes through host memory)",
+                no_p2p.join(", ")
+            ));
         }
         let weakest = topology::weakest_link(snap, &chosen);
-        let nodes: Vec<u32> = topology::numa_groups(snap, &chosen)
-            .iter()
-            .filter_map(|g| g.node)
-            .collect();
+        let nodes: Vec<u32> = topology::numa_groups(snap, &chosen).iter().filter_map(|g| g.node).collect();
         if nodes.len() > 1 && !matches!(weakest, crate::snapshot::Link::NvLink(_)) {
             notes.push(format!(
                 "the chosen GPUs span NUMA nodes {}: the all-reduce crosses the CPU interconnect (weakest link {weakest})",
@@ -777,11 +681,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         cmd.push_str(" --gradient-checkpointing");
     }
 
-    let status = if warnings.is_empty() {
-        Status::Ready
-    } else {
-        Status::ReadyWithWarnings
-    };
+    let status = if warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
     Plan {
         schema_version: PLAN_SCHEMA_VERSION,
         status,
@@ -857,10 +757,7 @@ mod tests {
         let mut g = gpu(0, "A", 80);
         assert!(health_reasons(&g).is_empty());
         g.mig_enabled = Some(true);
-        g.processes = Some(vec![Process {
-            pid: 7,
-            used_memory_bytes: Some(2 * GIB),
-        }]);
+        g.processes = Some(vec![Process { pid: 7, used_memory_bytes: Some(2 * GIB) }]);
         g.ecc_uncorrected_volatile = Some(1);
         g.pending_page_retirement = Some(true);
         g.pcie.width_current = Some(4);
@@ -869,17 +766,11 @@ mod tests {
         let r = health_reasons(&g);
         assert_eq!(r.len(), 6, "{r:?}");
         assert_eq!(r[1], "busy: 1 other process(es) hold 2.0 GiB (pid 7)");
-        assert_eq!(
-            r[5],
-            "throttled by hardware (hw_power_brake_slowdown): check cooling and power"
-        );
+        assert_eq!(r[5], "throttled by hardware (hw_power_brake_slowdown): check cooling and power");
         // Without a process list, memory in use marks the GPU busy.
         let mut h = gpu(1, "A", 80);
         h.memory_used_bytes = Some(3 * GIB);
-        assert_eq!(
-            health_reasons(&h),
-            vec!["busy: 3.0 GiB of memory already in use".to_string()]
-        );
+        assert_eq!(health_reasons(&h), vec!["busy: 3.0 GiB of memory already in use".to_string()]);
     }
 
     #[test]
@@ -895,9 +786,12 @@ mod tests {
     #[test]
     fn subset_prefers_best_links_without_islands_or_numa() {
         // 0-1 PIX, 2-3 PIX, everything else SYS, no NUMA information.
-        let s = machine((0..4).map(|i| gpu(i, "A", 70)).collect(), |a, b| {
-            if a / 2 == b / 2 { Link::Pix } else { Link::Sys }
-        });
+        let s = machine(
+            (0..4).map(|i| gpu(i, "A", 70)).collect(),
+            |a, b| {
+                if a / 2 == b / 2 { Link::Pix } else { Link::Sys }
+            },
+        );
         let mut notes = Vec::new();
         assert_eq!(choose_subset(&s, &[0, 1, 2, 3], 2, &mut notes), vec![0, 1]);
         assert_eq!(choose_subset(&s, &[1, 2, 3], 2, &mut notes), vec![2, 3]);
@@ -905,32 +799,14 @@ mod tests {
 
     #[test]
     fn rounding_and_micro_batch() {
-        let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| {
-            Link::NvLink(12)
-        });
-        let req = PlanRequest {
-            model: Some(ModelShape::from_param_count(500_000_000)),
-            ..PlanRequest::default()
-        };
+        let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(500_000_000)), ..PlanRequest::default() };
         let p = plan(&s, &req);
         // 64 over 6 rounds to 66 (11 per GPU, odd, so micro-batch 1).
-        assert_eq!(
-            (p.world_size, p.micro_batch, p.grad_accum, p.global_batch),
-            (6, 1, 11, 66)
-        );
+        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (6, 1, 11, 66));
         assert_eq!(p.status, Status::ReadyWithWarnings);
-        assert!(
-            p.warnings[0].ends_with("for exactly 64 use --world-size 4"),
-            "{}",
-            p.warnings[0]
-        );
-        let p = plan(
-            &s,
-            &PlanRequest {
-                max_world_size: Some(4),
-                ..req.clone()
-            },
-        );
+        assert!(p.warnings[0].ends_with("for exactly 64 use --world-size 4"), "{}", p.warnings[0]);
+        let p = plan(&s, &PlanRequest { max_world_size: Some(4), ..req.clone() });
         assert_eq!((p.world_size, p.global_batch), (4, 64));
         assert!(p.micro_batch >= 2 && p.micro_batch * p.grad_accum == 16);
         assert_eq!(p.status, Status::Ready);
@@ -939,13 +815,7 @@ mod tests {
     #[test]
     fn no_model_caps_micro_batch() {
         let s = machine(vec![gpu(0, "A", 70)], |_, _| Link::Phb);
-        let p = plan(
-            &s,
-            &PlanRequest {
-                global_batch: 64,
-                ..PlanRequest::default()
-            },
-        );
+        let p = plan(&s, &PlanRequest { global_batch: 64, ..PlanRequest::default() });
         assert_eq!((p.micro_batch, p.grad_accum), (DEFAULT_MICRO_BATCH_CAP, 8));
         assert!(p.memory.is_none());
         assert!(p.notes.iter().any(|n| n.starts_with("no model given")));
@@ -968,11 +838,7 @@ mod tests {
         g.mig_enabled = Some(true);
         let p = plan(&machine(vec![g], |_, _| Link::Phb), &PlanRequest::default());
         assert_eq!(p.status, Status::NotReady);
-        assert!(
-            p.warnings
-                .iter()
-                .any(|w| w == "no usable GPU: every GPU was excluded")
-        );
+        assert!(p.warnings.iter().any(|w| w == "no usable GPU: every GPU was excluded"));
         assert!(p.command.is_empty());
     }
 

@@ -13,11 +13,7 @@ use crate::snapshot::{Snapshot, Source};
 pub fn bytes(b: u64) -> String {
     const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
     let g = b as f64 / GIB;
-    if g >= 1.0 {
-        format!("{g:.1} GiB")
-    } else {
-        format!("{} MiB", b / (1024 * 1024))
-    }
+    if g >= 1.0 { format!("{g:.1} GiB") } else { format!("{} MiB", b / (1024 * 1024)) }
 }
 
 /// `1.50B`, `135M`, `12.0K`.
@@ -47,17 +43,11 @@ impl Style {
     pub fn detect() -> Style {
         use std::io::IsTerminal;
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        Style {
-            color: std::io::stdout().is_terminal() && !no_color,
-        }
+        Style { color: std::io::stdout().is_terminal() && !no_color }
     }
 
     fn paint(self, code: &str, text: &str) -> String {
-        if self.color {
-            format!("\u{1b}[{code}m{text}\u{1b}[0m")
-        } else {
-            text.to_string()
-        }
+        if self.color { format!("\u{1b}[{code}m{text}\u{1b}[0m") } else { text.to_string() }
     }
     fn bold(self, t: &str) -> String {
         self.paint("1", t)
@@ -84,11 +74,7 @@ struct Report<'a> {
 /// One JSON object, pretty-printed.
 pub fn json(snap: Option<&Snapshot>, plan: &Plan) -> String {
     // Serializing plain structs of strings, numbers and maps cannot fail.
-    serde_json::to_string_pretty(&Report {
-        plan,
-        snapshot: snap,
-    })
-    .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    serde_json::to_string_pretty(&Report { plan, snapshot: snap }).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 fn opt<T: ToString>(v: Option<T>) -> String {
@@ -116,32 +102,20 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         ),
         Source::NvidiaSmi => format!("driver {}", opt(s.driver_version.as_deref())),
     };
-    let _ = writeln!(
-        o,
-        "{} {} GPU(s) from {source}; {versions}",
-        st.bold("check-gpu:"),
-        snap.gpus.len()
-    );
+    let _ = writeln!(o, "{} {} GPU(s) from {source}; {versions}", st.bold("check-gpu:"), snap.gpus.len());
     if let Some(n) = &s.nccl {
         match (&n.version, &n.path) {
             (Some(v), Some(p)) => {
                 let _ = writeln!(o, "NCCL {v} ({p})");
             }
             _ => {
-                let _ = writeln!(
-                    o,
-                    "NCCL not found: {}",
-                    n.error.as_deref().unwrap_or("no libnccl.so.2")
-                );
+                let _ = writeln!(o, "NCCL not found: {}", n.error.as_deref().unwrap_or("no libnccl.so.2"));
             }
         }
     }
     if snap.source == Source::Live {
         if s.env.is_empty() {
-            let _ = writeln!(
-                o,
-                "environment: no NCCL_*, CUDA_* or OMP_NUM_THREADS variable set"
-            );
+            let _ = writeln!(o, "environment: no NCCL_*, CUDA_* or OMP_NUM_THREADS variable set");
         } else {
             let vars: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(o, "environment: {}", vars.join(" "));
@@ -149,11 +123,7 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
     }
 
     if !snap.probe_notes.is_empty() {
-        let _ = writeln!(
-            o,
-            "probe: {} NVML call(s) failed, those fields show `?`:",
-            snap.probe_notes.len()
-        );
+        let _ = writeln!(o, "probe: {} NVML call(s) failed, those fields show `?`:", snap.probe_notes.len());
         for n in &snap.probe_notes {
             let _ = writeln!(o, "  {n}");
         }
@@ -162,17 +132,7 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
     let _ = writeln!(o, "\n{}", st.bold("GPUs"));
     let header = format!(
         "  {:>3}  {:<26} {:>17}  {:>4}  {:<12} {:>4}  {:<15} {:>5} {:>13} {:>5}  {}",
-        "#",
-        "name",
-        "free / total",
-        "cc",
-        "PCIe now/max",
-        "NUMA",
-        "CPU affinity",
-        "temp",
-        "power",
-        "util",
-        "state"
+        "#", "name", "free / total", "cc", "PCIe now/max", "NUMA", "CPU affinity", "temp", "power", "util", "state"
     );
     let _ = writeln!(o, "{header}");
     for g in &snap.gpus {
@@ -183,21 +143,14 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         };
         let p = &g.pcie;
         let link = |gen_: Option<u32>, w: Option<u32>| format!("{}x{}", opt(gen_), opt(w));
-        let pcie = format!(
-            "{}/{}",
-            link(p.gen_current, p.width_current),
-            link(p.gen_max, p.width_max)
-        );
+        let pcie = format!("{}/{}", link(p.gen_current, p.width_current), link(p.gen_max, p.width_max));
         let power = match (g.power_draw_w, g.power_limit_w) {
             (Some(d), Some(l)) => format!("{d:.0}/{l:.0} W"),
             (Some(d), None) => format!("{d:.0} W"),
             _ => "?".to_string(),
         };
         let state = match plan.excluded.iter().find(|e| e.index == g.index) {
-            Some(e) => st.red(&format!(
-                "excluded: {}",
-                e.reason.split(';').next().unwrap_or("")
-            )),
+            Some(e) => st.red(&format!("excluded: {}", e.reason.split(';').next().unwrap_or(""))),
             None if plan.gpus.contains(&g.index) => st.green("selected"),
             None => "spare".to_string(),
         };
@@ -214,8 +167,7 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
             g.cpu_affinity.as_deref().unwrap_or("?"),
             g.temperature_c.map_or("?".to_string(), |t| format!("{t}C")),
             power,
-            g.utilization_gpu_pct
-                .map_or("?".to_string(), |u| format!("{u}%")),
+            g.utilization_gpu_pct.map_or("?".to_string(), |u| format!("{u}%")),
             state
         );
         let mut extra = Vec::new();
@@ -235,9 +187,7 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
             extra.push(format!("persistence {}", if pm { "on" } else { "off" }));
         }
         if let Some(e) = g.ecc_enabled {
-            let errs = g
-                .ecc_uncorrected_volatile
-                .map_or(String::new(), |n| format!(", {n} uncorrectable"));
+            let errs = g.ecc_uncorrected_volatile.map_or(String::new(), |n| format!(", {n} uncorrectable"));
             extra.push(format!("ECC {}{errs}", if e { "on" } else { "off" }));
         }
         if let Some(t) = &g.throttle_reasons
@@ -248,16 +198,8 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         if let Some(ps) = &g.processes
             && !ps.is_empty()
         {
-            let v: Vec<String> = ps
-                .iter()
-                .map(|p| {
-                    format!(
-                        "pid {} {}",
-                        p.pid,
-                        p.used_memory_bytes.map_or("?".into(), bytes)
-                    )
-                })
-                .collect();
+            let v: Vec<String> =
+                ps.iter().map(|p| format!("pid {} {}", p.pid, p.used_memory_bytes.map_or("?".into(), bytes))).collect();
             extra.push(format!("processes: {}", v.join(", ")));
         }
         if !extra.is_empty() {
@@ -282,11 +224,8 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
             row.push_str(&opt(a.numa_node));
             let _ = writeln!(o, "{row}");
         }
-        let p2p: Vec<String> = snap
-            .pairs
-            .iter()
-            .filter_map(|p| p.p2p_read.map(|s| format!("{}-{} {:?}", p.a, p.b, s)))
-            .collect();
+        let p2p: Vec<String> =
+            snap.pairs.iter().filter_map(|p| p.p2p_read.map(|s| format!("{}-{} {:?}", p.a, p.b, s))).collect();
         if !p2p.is_empty() {
             let _ = writeln!(o, "  P2P read: {}", p2p.join(", "));
         }
@@ -295,11 +234,7 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
     let islands = if t.nvlink_islands.is_empty() {
         "none".to_string()
     } else {
-        t.nvlink_islands
-            .iter()
-            .map(|i| format!("[{}]", list(i)))
-            .collect::<Vec<_>>()
-            .join(" ")
+        t.nvlink_islands.iter().map(|i| format!("[{}]", list(i))).collect::<Vec<_>>().join(" ")
     };
     let numa = t
         .numa_groups
@@ -323,12 +258,7 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
     let _ = writeln!(o, "\n{}", st.bold("Plan"));
     let _ = writeln!(o, "  status       {status}");
     if plan.world_size > 0 {
-        let _ = writeln!(
-            o,
-            "  GPUs         {} (world size {})",
-            list(&plan.gpus),
-            plan.world_size
-        );
+        let _ = writeln!(o, "  GPUs         {} (world size {})", list(&plan.gpus), plan.world_size);
     }
     for e in &plan.excluded {
         let _ = writeln!(o, "  {}  GPU {}: {}", st.red("excluded"), e.index, e.reason);
@@ -355,17 +285,8 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
         (_, Reference::Keep) => "reference model kept on each GPU",
         (_, Reference::Precompute) => "reference log-probs precomputed",
     };
-    let ckpt = if plan.gradient_checkpointing {
-        ", activation checkpointing"
-    } else {
-        ""
-    };
-    let _ = writeln!(
-        o,
-        "  training     {ft}, {}, {reference}, max length {}{ckpt}",
-        plan.dtype.name(),
-        plan.seq_len
-    );
+    let ckpt = if plan.gradient_checkpointing { ", activation checkpointing" } else { "" };
+    let _ = writeln!(o, "  training     {ft}, {}, {reference}, max length {}{ckpt}", plan.dtype.name(), plan.seq_len);
     if plan.world_size > 0 {
         let _ = writeln!(
             o,
@@ -387,14 +308,9 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
         );
     }
     if let Some(m) = &plan.memory {
-        let free = plan
-            .min_free_bytes
-            .map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
-        let at = if plan.world_size > 0 {
-            format!("micro-batch {}", plan.micro_batch)
-        } else {
-            "micro-batch 1".to_string()
-        };
+        let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
+        let at =
+            if plan.world_size > 0 { format!("micro-batch {}", plan.micro_batch) } else { "micro-batch 1".to_string() };
         let _ = writeln!(o, "  memory/GPU   {} at {at}{free}", bytes(m.total));
         for (name, v, how) in [
             ("weights", m.weights, weights_formula(plan)),
@@ -402,16 +318,8 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
             ("optimizer", m.optimizer, opt_formula(plan)),
             ("reference", m.reference, ref_formula(plan)),
             ("activations", m.activations, act_formula(plan)),
-            (
-                "logits",
-                m.logits,
-                "2b*s*V*4 (fp32, chosen+rejected)".to_string(),
-            ),
-            (
-                "overhead",
-                m.overhead,
-                "10% + 500 MiB CUDA context".to_string(),
-            ),
+            ("logits", m.logits, "2b*s*V*4 (fp32, chosen+rejected)".to_string()),
+            ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
         ] {
             let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
         }
@@ -419,18 +327,9 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
     if !plan.alternatives.is_empty() {
         let _ = writeln!(o, "  what would fit (micro-batch 1, more accumulation):");
         for a in &plan.alternatives {
-            let mark = if a.fits {
-                st.green("fits")
-            } else {
-                st.red("too big")
-            };
-            let _ = writeln!(
-                o,
-                "    {:<52} {:>10}  {mark}  ({})",
-                a.description,
-                bytes(a.memory_per_gpu_bytes),
-                a.flags
-            );
+            let mark = if a.fits { st.green("fits") } else { st.red("too big") };
+            let _ =
+                writeln!(o, "    {:<52} {:>10}  {mark}  ({})", a.description, bytes(a.memory_per_gpu_bytes), a.flags);
         }
     }
     if !plan.warnings.is_empty() {

@@ -27,19 +27,10 @@ pub enum SnapshotError {
     },
     /// The JSON is malformed or does not match the snapshot layout.
     #[error("{path}:{line}:{column}: expected a check-gpu snapshot JSON object: {message}")]
-    Json {
-        path: PathBuf,
-        line: usize,
-        column: usize,
-        message: String,
-    },
+    Json { path: PathBuf, line: usize, column: usize, message: String },
     /// The file was written by an incompatible version.
     #[error("{path}:1: expected `schema_version` {expected}, found {found}")]
-    Version {
-        path: PathBuf,
-        expected: u32,
-        found: u32,
-    },
+    Version { path: PathBuf, expected: u32, found: u32 },
     /// Writing the temporary file or renaming it failed.
     #[error("Cannot write snapshot `{path}`")]
     Write {
@@ -177,11 +168,7 @@ pub struct Gpu {
 }
 
 /// Throttle reasons that mean the hardware itself is slowing the GPU down.
-pub const HARDWARE_THROTTLES: [&str; 3] = [
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-];
+pub const HARDWARE_THROTTLES: [&str; 3] = ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"];
 
 impl Gpu {
     /// Name for messages: `GPU 3 (NVIDIA A100-SXM4-80GB)`.
@@ -287,9 +274,7 @@ impl From<Link> for String {
 impl TryFrom<String> for Link {
     type Error = String;
     fn try_from(s: String) -> Result<Link, String> {
-        Link::parse(&s).ok_or_else(|| {
-            format!("unknown link `{s}`, expected X, NV#, PIX, PXB, PHB, NODE or SYS")
-        })
+        Link::parse(&s).ok_or_else(|| format!("unknown link `{s}`, expected X, NV#, PIX, PXB, PHB, NODE or SYS"))
     }
 }
 
@@ -354,10 +339,8 @@ impl Snapshot {
 
     /// Reads and validates a snapshot JSON file.
     pub fn load(path: &Path) -> Result<Snapshot, SnapshotError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SnapshotError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SnapshotError::Read { path: path.to_path_buf(), source })?;
         Snapshot::from_json(&text, path)
     }
 
@@ -365,9 +348,7 @@ impl Snapshot {
     pub fn from_json(text: &str, path: &Path) -> Result<Snapshot, SnapshotError> {
         // Check the version first so an old file gets the clearer message.
         if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text)
-            && let Some(found) = map
-                .get("schema_version")
-                .and_then(serde_json::Value::as_u64)
+            && let Some(found) = map.get("schema_version").and_then(serde_json::Value::as_u64)
             && found != u64::from(SNAPSHOT_SCHEMA_VERSION)
         {
             return Err(SnapshotError::Version {
@@ -383,31 +364,20 @@ impl Snapshot {
                 Some(i) => message[..i].to_string(),
                 None => message,
             };
-            SnapshotError::Json {
-                path: path.to_path_buf(),
-                line: e.line().max(1),
-                column: e.column(),
-                message,
-            }
+            SnapshotError::Json { path: path.to_path_buf(), line: e.line().max(1), column: e.column(), message }
         })
     }
 
     /// Writes the snapshot as pretty JSON, atomically (temporary file in the same directory,
     /// then rename), so a reader never sees half a file.
     pub fn save(&self, path: &Path) -> Result<(), SnapshotError> {
-        let err = |source| SnapshotError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
+        let err = |source| SnapshotError::Write { path: path.to_path_buf(), source };
         let json = serde_json::to_string_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
         let result = (|| {
             let mut f = std::fs::File::create(&tmp)?;
@@ -444,12 +414,7 @@ mod tests {
 
     #[test]
     fn degraded_only_on_width() {
-        let mut p = Pcie {
-            gen_current: Some(1),
-            gen_max: Some(4),
-            width_current: Some(16),
-            width_max: Some(16),
-        };
+        let mut p = Pcie { gen_current: Some(1), gen_max: Some(4), width_current: Some(16), width_max: Some(16) };
         assert!(!p.is_degraded());
         p.width_current = Some(8);
         assert!(p.is_degraded());
@@ -458,15 +423,8 @@ mod tests {
     #[test]
     fn json_round_trip_and_atomic_save() {
         let mut s = Snapshot::new(Source::Live);
-        s.gpus.push(Gpu {
-            index: 0,
-            name: Some("Tesla T4".into()),
-            ..Gpu::default()
-        });
-        s.gpus.push(Gpu {
-            index: 1,
-            ..Gpu::default()
-        });
+        s.gpus.push(Gpu { index: 0, name: Some("Tesla T4".into()), ..Gpu::default() });
+        s.gpus.push(Gpu { index: 1, ..Gpu::default() });
         s.pairs.push(Pair {
             a: 0,
             b: 1,
@@ -499,17 +457,9 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.starts_with("s.json:4:"), "{msg}");
         assert!(msg.contains("expected a check-gpu snapshot"), "{msg}");
-        let err = Snapshot::from_json("{\"schema_version\": 9}", Path::new("s.json"))
-            .expect_err("version");
-        assert_eq!(
-            err.to_string(),
-            "s.json:1: expected `schema_version` 1, found 9"
-        );
+        let err = Snapshot::from_json("{\"schema_version\": 9}", Path::new("s.json")).expect_err("version");
+        assert_eq!(err.to_string(), "s.json:1: expected `schema_version` 1, found 9");
         let err = Snapshot::from_json("not json", Path::new("s.json")).expect_err("garbage");
-        assert!(
-            err.to_string()
-                .starts_with("s.json:1:2: expected a check-gpu snapshot JSON object"),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with("s.json:1:2: expected a check-gpu snapshot JSON object"), "{err}");
     }
 }

@@ -56,15 +56,9 @@ pub fn nvlink_islands(snap: &Snapshot, among: &[u32]) -> Vec<Vec<u32>> {
 pub fn numa_groups(snap: &Snapshot, among: &[u32]) -> Vec<NumaGroup> {
     let mut by_node: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
     for &i in among {
-        by_node
-            .entry(snap.gpu(i).and_then(|g| g.numa_node))
-            .or_default()
-            .push(i);
+        by_node.entry(snap.gpu(i).and_then(|g| g.numa_node)).or_default().push(i);
     }
-    let mut groups: Vec<NumaGroup> = by_node
-        .into_iter()
-        .map(|(node, gpus)| NumaGroup { node, gpus })
-        .collect();
+    let mut groups: Vec<NumaGroup> = by_node.into_iter().map(|(node, gpus)| NumaGroup { node, gpus }).collect();
     groups.sort_by_key(|g| (g.node.is_none(), g.node));
     groups
 }
@@ -72,10 +66,7 @@ pub fn numa_groups(snap: &Snapshot, among: &[u32]) -> Vec<NumaGroup> {
 /// Islands and NUMA groups over every GPU of the snapshot.
 pub fn analyze(snap: &Snapshot) -> Topology {
     let all: Vec<u32> = snap.gpus.iter().map(|g| g.index).collect();
-    Topology {
-        nvlink_islands: nvlink_islands(snap, &all),
-        numa_groups: numa_groups(snap, &all),
-    }
+    Topology { nvlink_islands: nvlink_islands(snap, &all), numa_groups: numa_groups(snap, &all) }
 }
 
 /// The weakest link inside a set of GPUs (`X` for one GPU).
@@ -99,26 +90,11 @@ mod tests {
 
     fn snap(links: &[(u32, u32, Link)], numa: &[Option<u32>]) -> Snapshot {
         let mut s = Snapshot::new(Source::NvidiaSmi);
-        s.gpus = numa
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Gpu {
-                index: i as u32,
-                numa_node: *n,
-                ..Gpu::default()
-            })
-            .collect();
+        s.gpus =
+            numa.iter().enumerate().map(|(i, n)| Gpu { index: i as u32, numa_node: *n, ..Gpu::default() }).collect();
         s.pairs = links
             .iter()
-            .map(|&(a, b, link)| Pair {
-                a,
-                b,
-                link,
-                nvlinks: None,
-                p2p_read: None,
-                p2p_write: None,
-                p2p_nvlink: None,
-            })
+            .map(|&(a, b, link)| Pair { a, b, link, nvlinks: None, p2p_read: None, p2p_write: None, p2p_nvlink: None })
             .collect();
         s
     }
@@ -140,16 +116,7 @@ mod tests {
         assert_eq!(t.nvlink_islands, vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(
             t.numa_groups,
-            vec![
-                NumaGroup {
-                    node: Some(0),
-                    gpus: vec![0, 1]
-                },
-                NumaGroup {
-                    node: Some(1),
-                    gpus: vec![2, 3]
-                }
-            ]
+            vec![NumaGroup { node: Some(0), gpus: vec![0, 1] }, NumaGroup { node: Some(1), gpus: vec![2, 3] }]
         );
         assert_eq!(weakest_link(&s, &[0, 1]), Link::NvLink(12));
         assert_eq!(weakest_link(&s, &[0, 1, 2]), Link::Sys);

@@ -7,9 +7,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -25,44 +23,25 @@ fn run(args: &[&str]) -> Output {
 fn plan_json(machine: &str, extra: &[&str]) -> (i32, Value) {
     let topo = fixture(&format!("{machine}.topo.txt"));
     let query = fixture(&format!("{machine}.query.csv"));
-    let mut args = vec![
-        "--json",
-        "--topo",
-        topo.to_str().expect("utf-8 path"),
-        "--query",
-        query.to_str().expect("utf-8 path"),
-    ];
+    let mut args =
+        vec!["--json", "--topo", topo.to_str().expect("utf-8 path"), "--query", query.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
     json_of(&run(&args))
 }
 
 fn json_of(out: &Output) -> (i32, Value) {
     let code = out.status.code().expect("exit code");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is one JSON object ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}): {}", String::from_utf8_lossy(&out.stdout)));
     (code, v)
 }
 
 fn gpus(v: &Value) -> Vec<u64> {
-    v["gpus"]
-        .as_array()
-        .expect("gpus")
-        .iter()
-        .filter_map(Value::as_u64)
-        .collect()
+    v["gpus"].as_array().expect("gpus").iter().filter_map(Value::as_u64).collect()
 }
 
 fn warnings(v: &Value) -> Vec<String> {
-    v["warnings"]
-        .as_array()
-        .expect("warnings")
-        .iter()
-        .filter_map(|w| w.as_str().map(str::to_string))
-        .collect()
+    v["warnings"].as_array().expect("warnings").iter().filter_map(|w| w.as_str().map(str::to_string)).collect()
 }
 
 fn excluded(v: &Value) -> Vec<(u64, String)> {
@@ -70,23 +49,13 @@ fn excluded(v: &Value) -> Vec<(u64, String)> {
         .as_array()
         .expect("excluded")
         .iter()
-        .map(|e| {
-            (
-                e["index"].as_u64().expect("index"),
-                e["reason"].as_str().expect("reason").to_string(),
-            )
-        })
+        .map(|e| (e["index"].as_u64().expect("index"), e["reason"].as_str().expect("reason").to_string()))
         .collect()
 }
 
 fn split(v: &Value) -> (u64, u64, u64, u64) {
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}"));
-    (
-        n("world_size"),
-        n("micro_batch"),
-        n("grad_accum"),
-        n("global_batch"),
-    )
+    (n("world_size"), n("micro_batch"), n("grad_accum"), n("global_batch"))
 }
 
 #[test]
@@ -114,26 +83,14 @@ fn json_has_the_documented_keys() {
 
 #[test]
 fn dgx_a100_uses_all_eight() {
-    let (code, v) = plan_json(
-        "dgx-a100",
-        &["--global-batch", "64", "--model-params", "1.5B"],
-    );
+    let (code, v) = plan_json("dgx-a100", &["--global-batch", "64", "--model-params", "1.5B"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), (0..8).collect::<Vec<_>>());
     let (w, m, a, g) = split(&v);
     assert_eq!((w, m, a, g), (8, 4, 2, 64));
     assert_eq!(m * w * a, g);
-    assert_eq!(
-        v["topology"]["nvlink_islands"],
-        serde_json::json!([[0, 1, 2, 3, 4, 5, 6, 7]])
-    );
-    assert_eq!(
-        v["topology"]["numa_groups"]
-            .as_array()
-            .expect("groups")
-            .len(),
-        4
-    );
+    assert_eq!(v["topology"]["nvlink_islands"], serde_json::json!([[0, 1, 2, 3, 4, 5, 6, 7]]));
+    assert_eq!(v["topology"]["numa_groups"].as_array().expect("groups").len(), 4);
     assert_eq!(v["env"]["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
     assert_eq!(v["env"]["CUDA_VISIBLE_DEVICES"], "0,1,2,3,4,5,6,7");
     assert_eq!(v["env"]["OMP_NUM_THREADS"], "16");
@@ -162,22 +119,10 @@ fn dgx_a100_text_report() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("  GPU0  X     NV12  NV12"), "{text}");
     assert!(text.contains("NVLink islands: [0,1,2,3,4,5,6,7]"), "{text}");
-    assert!(
-        text.contains("NUMA groups: node 1: [2,3], node 3: [0,1], node 5: [6,7], node 7: [4,5]"),
-        "{text}"
-    );
-    assert!(
-        text.contains("micro-batch 4 x 8 GPU(s) x accumulation 2 = global batch 64"),
-        "{text}"
-    );
-    assert!(
-        text.contains("export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"),
-        "{text}"
-    );
-    assert!(
-        !text.contains('\u{1b}'),
-        "no colour when stdout is not a terminal"
-    );
+    assert!(text.contains("NUMA groups: node 1: [2,3], node 3: [0,1], node 5: [6,7], node 7: [4,5]"), "{text}");
+    assert!(text.contains("micro-batch 4 x 8 GPU(s) x accumulation 2 = global batch 64"), "{text}");
+    assert!(text.contains("export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"), "{text}");
+    assert!(!text.contains('\u{1b}'), "no colour when stdout is not a terminal");
 }
 
 #[test]
@@ -199,24 +144,12 @@ fn t4_pair_full_fine_tuning_does_not_fit() {
     let (code, v) = plan_json("t4x2-phb", &["--model-params", "1.5B"]);
     assert_eq!(code, 2, "{v}");
     assert_eq!(v["world_size"], 0);
-    assert!(
-        warnings(&v)[0].starts_with("nothing fits: even micro-batch 1"),
-        "{v}"
-    );
+    assert!(warnings(&v)[0].starts_with("nothing fits: even micro-batch 1"), "{v}");
     let alts = v["alternatives"].as_array().expect("alternatives");
-    let lora = alts
-        .iter()
-        .find(|a| a["flags"] == "--lora-r 16")
-        .expect("LoRA is suggested");
+    let lora = alts.iter().find(|a| a["flags"] == "--lora-r 16").expect("LoRA is suggested");
     assert_eq!(lora["fits"], true);
-    assert!(
-        alts.iter()
-            .any(|a| a["flags"] == "--gradient-checkpointing")
-    );
-    assert!(
-        alts.iter()
-            .any(|a| a["flags"] == "--precompute-ref-log-probs")
-    );
+    assert!(alts.iter().any(|a| a["flags"] == "--gradient-checkpointing"));
+    assert!(alts.iter().any(|a| a["flags"] == "--precompute-ref-log-probs"));
     assert_eq!(v["dtype"], "fp16", "T4 has no bf16");
 }
 
@@ -227,28 +160,15 @@ fn t4_pair_with_lora_is_ready() {
     assert_eq!(gpus(&v), vec![0, 1]);
     assert_eq!(split(&v), (2, 1, 32, 64));
     let cmd = v["command"].as_str().expect("command");
-    assert!(
-        cmd.contains("--fp16")
-            && cmd.contains("--lora-r 16")
-            && cmd.starts_with("dpo-train --gpus 2 "),
-        "{cmd}"
-    );
+    assert!(cmd.contains("--fp16") && cmd.contains("--lora-r 16") && cmd.starts_with("dpo-train --gpus 2 "), "{cmd}");
     assert_eq!(v["env"]["OMP_NUM_THREADS"], "4");
 }
 
 #[test]
 fn t4_bf16_requested_warns() {
-    let (code, v) = plan_json(
-        "t4x2-phb",
-        &["--model-params", "500M", "--lora", "8", "--dtype", "bf16"],
-    );
+    let (code, v) = plan_json("t4x2-phb", &["--model-params", "500M", "--lora", "8", "--dtype", "bf16"]);
     assert_eq!(code, 1, "{v}");
-    assert!(
-        warnings(&v)
-            .iter()
-            .any(|w| w.contains("bf16 needs compute capability 8.0")),
-        "{v}"
-    );
+    assert!(warnings(&v).iter().any(|w| w.contains("bf16 needs compute capability 8.0")), "{v}");
 }
 
 #[test]
@@ -259,40 +179,22 @@ fn rtx4090_two_sockets_all_sys() {
     assert_eq!(split(&v), (8, 2, 4, 64));
     assert_eq!(v["env"]["NCCL_P2P_DISABLE"], "1");
     assert_eq!(v["env"]["NCCL_IB_DISABLE"], "1");
-    assert!(
-        warnings(&v)
-            .iter()
-            .any(|w| w.contains("RTX 40xx with driver 535.129.03")),
-        "{v}"
-    );
+    assert!(warnings(&v).iter().any(|w| w.contains("RTX 40xx with driver 535.129.03")), "{v}");
     assert_eq!(v["topology"]["nvlink_islands"], serde_json::json!([]));
-    assert_eq!(
-        v["topology"]["numa_groups"]
-            .as_array()
-            .expect("groups")
-            .len(),
-        2
-    );
+    assert_eq!(v["topology"]["numa_groups"].as_array().expect("groups").len(), 2);
 }
 
 #[test]
 fn rtx4090_world_size_four_keeps_to_one_numa_node() {
-    let (_, v) = plan_json(
-        "rtx4090x8-sys",
-        &[
-            "--model-params",
-            "1.5B",
-            "--lora",
-            "16",
-            "--world-size",
-            "4",
-        ],
-    );
+    let (_, v) = plan_json("rtx4090x8-sys", &["--model-params", "1.5B", "--lora", "16", "--world-size", "4"]);
     assert_eq!(gpus(&v), vec![0, 1, 2, 3]);
-    assert!(v["notes"].as_array().expect("notes").iter().any(|n| {
-        n.as_str()
-            .is_some_and(|n| n.contains("kept to NUMA node 0"))
-    }));
+    assert!(
+        v["notes"]
+            .as_array()
+            .expect("notes")
+            .iter()
+            .any(|n| { n.as_str().is_some_and(|n| n.contains("kept to NUMA node 0")) })
+    );
 }
 
 #[test]
@@ -301,14 +203,8 @@ fn nvlink_bridged_pairs() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), vec![0, 1, 2, 3]);
     assert_eq!(split(&v), (4, 4, 4, 64));
-    assert_eq!(
-        v["topology"]["nvlink_islands"],
-        serde_json::json!([[0, 1], [2, 3]])
-    );
-    let (_, two) = plan_json(
-        "a100-pcie-nvbridge",
-        &["--model-params", "1.5B", "--world-size", "2"],
-    );
+    assert_eq!(v["topology"]["nvlink_islands"], serde_json::json!([[0, 1], [2, 3]]));
+    let (_, two) = plan_json("a100-pcie-nvbridge", &["--model-params", "1.5B", "--world-size", "2"]);
     assert_eq!(gpus(&two), vec![0, 1], "two GPUs stay on one NVLink bridge");
     assert_eq!(split(&two), (2, 4, 8, 64));
 }
@@ -320,35 +216,26 @@ fn degraded_link_is_excluded() {
     assert_eq!(gpus(&v), vec![0, 1, 3]);
     assert_eq!(
         excluded(&v),
-        vec![(
-            2,
-            "degraded PCIe link: x8 of x16 (reseat the card or check the riser)".to_string()
-        )]
+        vec![(2, "degraded PCIe link: x8 of x16 (reseat the card or check the riser)".to_string())]
     );
     assert_eq!(split(&v), (3, 1, 21, 63));
     assert!(
-        warnings(&v).iter().any(|w| w
-            .starts_with("global batch 64 cannot be split exactly over 3 GPUs: it rounds to 63")),
+        warnings(&v)
+            .iter()
+            .any(|w| w.starts_with("global batch 64 cannot be split exactly over 3 GPUs: it rounds to 63")),
         "{v}"
     );
 }
 
 #[test]
 fn other_model_is_excluded() {
-    let (code, v) = plan_json(
-        "mixed-a6000",
-        &["--model-params", "1.5B", "--global-batch", "48"],
-    );
+    let (code, v) = plan_json("mixed-a6000", &["--model-params", "1.5B", "--global-batch", "48"]);
     assert_eq!(code, 1, "{v}");
     assert_eq!(gpus(&v), vec![0, 1, 2]);
     let ex = excluded(&v);
     assert_eq!(ex.len(), 1);
     assert_eq!(ex[0].0, 3);
-    assert!(
-        ex[0].1.starts_with("different model (NVIDIA RTX A4000)"),
-        "{}",
-        ex[0].1
-    );
+    assert!(ex[0].1.starts_with("different model (NVIDIA RTX A4000)"), "{}", ex[0].1);
     let (w, m, a, g) = split(&v);
     assert_eq!((w, g), (3, 48));
     assert_eq!(m * a, 16);
@@ -357,46 +244,22 @@ fn other_model_is_excluded() {
 #[test]
 fn ecc_and_hardware_throttle_from_extra_columns() {
     let q = fixture("a100-ecc-throttle.query.csv");
-    let (code, v) = json_of(&run(&[
-        "--json",
-        "--query",
-        q.to_str().expect("path"),
-        "--model-params",
-        "1.5B",
-    ]));
+    let (code, v) = json_of(&run(&["--json", "--query", q.to_str().expect("path"), "--model-params", "1.5B"]));
     assert_eq!(code, 1, "{v}");
     assert_eq!(gpus(&v), vec![0, 2]);
     let ex = excluded(&v);
     assert!(ex[0].1.contains("2 uncorrectable ECC error(s)"), "{ex:?}");
-    assert!(
-        ex[1].1.contains("throttled by hardware (hw_slowdown)"),
-        "{ex:?}"
-    );
+    assert!(ex[1].1.contains("throttled by hardware (hw_slowdown)"), "{ex:?}");
 }
 
 #[test]
 fn busy_gpu_snapshot() {
     let s = fixture("a100-pcie-busy.snapshot.json");
-    let (code, v) = json_of(&run(&[
-        "--json",
-        "--snapshot",
-        s.to_str().expect("path"),
-        "--model-params",
-        "1.5B",
-    ]));
+    let (code, v) = json_of(&run(&["--json", "--snapshot", s.to_str().expect("path"), "--model-params", "1.5B"]));
     assert_eq!(code, 1, "{v}");
     assert_eq!(gpus(&v), vec![0, 1, 3]);
-    assert_eq!(
-        excluded(&v),
-        vec![(
-            2,
-            "busy: 1 other process(es) hold 31.5 GiB (pid 48213)".to_string()
-        )]
-    );
-    assert_eq!(
-        v["env"]["NCCL_P2P_DISABLE"], "1",
-        "P2P is not available across the sockets"
-    );
+    assert_eq!(excluded(&v), vec![(2, "busy: 1 other process(es) hold 31.5 GiB (pid 48213)".to_string())]);
+    assert_eq!(v["env"]["NCCL_P2P_DISABLE"], "1", "P2P is not available across the sockets");
     // With two GPUs the batch splits exactly and the pair shares an NVLink bridge.
     let (code, two) = json_of(&run(&[
         "--json",
@@ -429,12 +292,7 @@ fn mig_gpu_snapshot() {
     assert_eq!(gpus(&v), (0..7).collect::<Vec<_>>());
     assert!(excluded(&v)[0].1.starts_with("MIG mode is enabled"));
     assert_eq!(split(&v), (7, 1, 9, 63));
-    assert!(
-        v["env"]["CUDA_VISIBLE_DEVICES"]
-            .as_str()
-            .expect("visible")
-            .starts_with("GPU-1f2ae3c1-")
-    );
+    assert!(v["env"]["CUDA_VISIBLE_DEVICES"].as_str().expect("visible").starts_with("GPU-1f2ae3c1-"));
 }
 
 #[test]
@@ -453,11 +311,7 @@ fn save_then_snapshot_round_trips() {
         "--save",
         snap.to_str().expect("path"),
     ]));
-    let (_, b) = json_of(&run(&[
-        "--json",
-        "--snapshot",
-        snap.to_str().expect("path"),
-    ]));
+    let (_, b) = json_of(&run(&["--json", "--snapshot", snap.to_str().expect("path")]));
     assert_eq!(a, b);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -467,21 +321,13 @@ fn live_probe_without_driver() {
     let out = run(&[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
     if stdout.contains("NVML could not be loaded") {
         assert_eq!(out.status.code(), Some(2), "{stdout}");
         assert!(stdout.contains("dpo-train --devices cpu:"), "{stdout}");
         let (code, v) = json_of(&run(&["--json"]));
         assert_eq!(code, 2);
-        assert!(
-            v["command"]
-                .as_str()
-                .expect("command")
-                .starts_with("dpo-train --devices cpu:")
-        );
+        assert!(v["command"].as_str().expect("command").starts_with("dpo-train --devices cpu:"));
         assert!(warnings(&v)[0].starts_with("NVML could not be loaded"));
     } else {
         // A machine with the driver: the probe must produce a report.
@@ -496,51 +342,22 @@ fn bad_inputs_exit_3_with_one_line() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let good_topo = fixture("t4x2-phb.topo.txt");
     let bad_topo = dir.join("topo.txt");
-    std::fs::write(
-        &bad_topo,
-        "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\nGPU1\tWAT\t X \t0-7\n",
-    )
-    .expect("write");
+    std::fs::write(&bad_topo, "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\nGPU1\tWAT\t X \t0-7\n").expect("write");
     let bad_csv = dir.join("q.csv");
     std::fs::write(&bad_csv, "0, Tesla T4, GPU-1\n").expect("write");
     let bad_json = dir.join("s.json");
-    std::fs::write(
-        &bad_json,
-        "{\n  \"schema_version\": 1,\n  \"source\": \"live\",\n  \"gpus\": {}\n}\n",
-    )
-    .expect("write");
+    std::fs::write(&bad_json, "{\n  \"schema_version\": 1,\n  \"source\": \"live\",\n  \"gpus\": {}\n}\n")
+        .expect("write");
     let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["--topo", bad_topo.to_str().expect("p")], format!("{}:3: column GPU0 of `GPU1`", bad_topo.display())),
         (
-            vec!["--topo", bad_topo.to_str().expect("p")],
-            format!("{}:3: column GPU0 of `GPU1`", bad_topo.display()),
+            vec!["--topo", good_topo.to_str().expect("p"), "--query", bad_csv.to_str().expect("p")],
+            format!("{}:1: expected 13 comma-separated values", bad_csv.display()),
         ),
+        (vec!["--snapshot", bad_json.to_str().expect("p")], format!("{}:4:", bad_json.display())),
+        (vec!["--topo", "/nonexistent/topo.txt"], "Cannot read `/nonexistent/topo.txt`: No such file".to_string()),
         (
-            vec![
-                "--topo",
-                good_topo.to_str().expect("p"),
-                "--query",
-                bad_csv.to_str().expect("p"),
-            ],
-            format!(
-                "{}:1: expected 13 comma-separated values",
-                bad_csv.display()
-            ),
-        ),
-        (
-            vec!["--snapshot", bad_json.to_str().expect("p")],
-            format!("{}:4:", bad_json.display()),
-        ),
-        (
-            vec!["--topo", "/nonexistent/topo.txt"],
-            "Cannot read `/nonexistent/topo.txt`: No such file".to_string(),
-        ),
-        (
-            vec![
-                "--topo",
-                good_topo.to_str().expect("p"),
-                "--model-params",
-                "huge",
-            ],
+            vec!["--topo", good_topo.to_str().expect("p"), "--model-params", "huge"],
             "Invalid parameter count `huge`".to_string(),
         ),
     ];
@@ -549,10 +366,7 @@ fn bad_inputs_exit_3_with_one_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(
-            stderr.contains(&expected),
-            "{args:?}: expected `{expected}` in {stderr}"
-        );
+        assert!(stderr.contains(&expected), "{args:?}: expected `{expected}` in {stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
     // Unknown flags and out-of-range values are bad input too.

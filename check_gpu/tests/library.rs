@@ -5,15 +5,10 @@ use std::path::{Path, PathBuf};
 
 use check_gpu::parse::{self, Input};
 use check_gpu::snapshot::Link;
-use check_gpu::{
-    Dtype, FineTune, MemoryRequest, ModelShape, PlanRequest, Reference, Snapshot, Status, estimate,
-    plan,
-};
+use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, PlanRequest, Reference, Snapshot, Status, estimate, plan};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 fn machine(name: &str) -> Snapshot {
@@ -21,25 +16,13 @@ fn machine(name: &str) -> Snapshot {
     let qp = fixture(&format!("{name}.query.csv"));
     let topo = parse::read(&tp).expect("topo fixture");
     let query = parse::read(&qp).expect("query fixture");
-    parse::offline_snapshot(
-        Some(Input {
-            text: &topo,
-            path: &tp,
-        }),
-        Some(Input {
-            text: &query,
-            path: &qp,
-        }),
-    )
-    .expect("fixture parses")
+    parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))
+        .expect("fixture parses")
 }
 
 fn request(params: &str) -> PlanRequest {
     let n = check_gpu::model::parse_param_count(params).expect("count");
-    PlanRequest {
-        model: Some(ModelShape::from_param_count(n)),
-        ..PlanRequest::default()
-    }
+    PlanRequest { model: Some(ModelShape::from_param_count(n)), ..PlanRequest::default() }
 }
 
 #[test]
@@ -92,55 +75,29 @@ fn query_formats_agree() {
 
 #[test]
 fn plan_invariants_on_every_machine() {
-    for name in [
-        "t4x2-phb",
-        "dgx-a100",
-        "dgx-h100",
-        "rtx4090x8-sys",
-        "a100-pcie-nvbridge",
-        "a100-degraded",
-        "mixed-a6000",
-    ] {
+    for name in
+        ["t4x2-phb", "dgx-a100", "dgx-h100", "rtx4090x8-sys", "a100-pcie-nvbridge", "a100-degraded", "mixed-a6000"]
+    {
         let snap = machine(name);
         for global in [1, 7, 32, 64, 100] {
-            let req = PlanRequest {
-                global_batch: global,
-                finetune: FineTune::Lora { rank: 8 },
-                ..request("500M")
-            };
+            let req = PlanRequest { global_batch: global, finetune: FineTune::Lora { rank: 8 }, ..request("500M") };
             let p = plan(&snap, &req);
             if p.status == Status::NotReady {
                 continue;
             }
             assert_eq!(p.world_size, p.gpus.len(), "{name}");
-            assert_eq!(
-                p.micro_batch * p.world_size as u64 * p.grad_accum,
-                p.global_batch,
-                "{name} global {global}"
-            );
+            assert_eq!(p.micro_batch * p.world_size as u64 * p.grad_accum, p.global_batch, "{name} global {global}");
             assert!(p.micro_batch.is_power_of_two(), "{name}");
             let total = p.memory_per_gpu_bytes.expect("a model was given");
-            assert!(
-                total <= p.min_free_bytes.expect("free memory known"),
-                "{name}: the plan fits"
-            );
-            assert!(
-                p.excluded.iter().all(|e| !p.gpus.contains(&e.index)),
-                "{name}"
-            );
+            assert!(total <= p.min_free_bytes.expect("free memory known"), "{name}: the plan fits");
+            assert!(p.excluded.iter().all(|e| !p.gpus.contains(&e.index)), "{name}");
         }
     }
 }
 
 #[test]
 fn global_batch_smaller_than_gpu_count() {
-    let p = plan(
-        &machine("dgx-h100"),
-        &PlanRequest {
-            global_batch: 4,
-            ..request("1.5B")
-        },
-    );
+    let p = plan(&machine("dgx-h100"), &PlanRequest { global_batch: 4, ..request("1.5B") });
     assert_eq!(p.world_size, 4);
     assert_eq!(p.gpus, vec![0, 1, 2, 3], "one NVLink island, first GPUs");
     assert_eq!((p.micro_batch, p.grad_accum, p.global_batch), (1, 1, 4));
@@ -148,13 +105,7 @@ fn global_batch_smaller_than_gpu_count() {
 
 #[test]
 fn lr_factors() {
-    let p = plan(
-        &machine("dgx-a100"),
-        &PlanRequest {
-            global_batch: 256,
-            ..request("1.5B")
-        },
-    );
+    let p = plan(&machine("dgx-a100"), &PlanRequest { global_batch: 256, ..request("1.5B") });
     assert!((p.lr_scale.linear - 4.0).abs() < 1e-12);
     assert!((p.lr_scale.sqrt - 2.0).abs() < 1e-12);
 }

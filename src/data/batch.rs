@@ -67,11 +67,7 @@ fn collate_rows<'a>(
         })
         .collect();
     let n = seqs.len();
-    let s = seqs
-        .iter()
-        .map(|(p, c)| p.len() + c.len())
-        .max()
-        .unwrap_or(0);
+    let s = seqs.iter().map(|(p, c)| p.len() + c.len()).max().unwrap_or(0);
     let mut input_ids = vec![i64::from(pad_id); n * s]; // [rows, S]
     let mut attention_mask = vec![0i64; n * s]; // [rows, S]
     let mut completion_mask = vec![0i64; n * s]; // [rows, S]
@@ -85,14 +81,7 @@ fn collate_rows<'a>(
             }
         }
     }
-    Batch {
-        input_ids,
-        attention_mask,
-        completion_mask,
-        batch_size: pairs,
-        rows: n,
-        seq_len: s,
-    }
+    Batch { input_ids, attention_mask, completion_mask, batch_size: pairs, rows: n, seq_len: s }
 }
 
 /// Batches of `batch_size` pairs in dataset order (the last one may be smaller, as with a
@@ -103,9 +92,7 @@ pub fn batches(
     pad_id: u32,
     max_length: Option<usize>,
 ) -> impl Iterator<Item = Batch> + '_ {
-    pairs
-        .chunks(batch_size.get())
-        .map(move |chunk| collate(chunk, pad_id, max_length))
+    pairs.chunks(batch_size.get()).map(move |chunk| collate(chunk, pad_id, max_length))
 }
 
 #[cfg(test)]
@@ -124,55 +111,29 @@ mod tests {
     /// The example of `DataCollatorForPreference`'s docstring.
     #[test]
     fn trl_docstring_example() {
-        let pairs = [
-            pair(&[1, 2, 3], &[4, 5], &[6]),
-            pair(&[7, 8], &[9], &[10, 11]),
-        ];
+        let pairs = [pair(&[1, 2, 3], &[4, 5], &[6]), pair(&[7, 8], &[9], &[10, 11])];
         let batch = collate(&pairs, 0, None);
         assert_eq!((batch.batch_size, batch.seq_len), (2, 5));
-        assert_eq!(
-            batch.input_ids,
-            vec![1, 2, 3, 4, 5, 7, 8, 9, 0, 0, 1, 2, 3, 6, 0, 7, 8, 10, 11, 0]
-        );
-        assert_eq!(
-            batch.attention_mask,
-            vec![1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0]
-        );
-        assert_eq!(
-            batch.completion_mask,
-            vec![0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0]
-        );
+        assert_eq!(batch.input_ids, vec![1, 2, 3, 4, 5, 7, 8, 9, 0, 0, 1, 2, 3, 6, 0, 7, 8, 10, 11, 0]);
+        assert_eq!(batch.attention_mask, vec![1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0]);
+        assert_eq!(batch.completion_mask, vec![0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0]);
         assert_eq!(batch.row(3), &[7, 8, 10, 11, 0]);
     }
 
     #[test]
     fn keep_start_truncation() {
-        let pairs = [
-            pair(&[1, 2, 3], &[4, 5, 6], &[7]),
-            pair(&[8], &[9], &[10, 11, 12, 13, 14]),
-        ];
+        let pairs = [pair(&[1, 2, 3], &[4, 5, 6], &[7]), pair(&[8], &[9], &[10, 11, 12, 13, 14])];
         let batch = collate(&pairs, 99, Some(4));
         assert_eq!(batch.seq_len, 4);
-        assert_eq!(
-            batch.input_ids,
-            vec![1, 2, 3, 4, 8, 9, 99, 99, 1, 2, 3, 7, 8, 10, 11, 12]
-        );
-        assert_eq!(
-            batch.completion_mask,
-            vec![0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1]
-        );
+        assert_eq!(batch.input_ids, vec![1, 2, 3, 4, 8, 9, 99, 99, 1, 2, 3, 7, 8, 10, 11, 12]);
+        assert_eq!(batch.completion_mask, vec![0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1]);
     }
 
     #[test]
     fn batches_in_order_with_a_short_last_one() {
-        let pairs: Vec<TokenizedPair> = (0..5)
-            .map(|i| pair(&[i], &[10 + i], &[20 + i, 30]))
-            .collect();
+        let pairs: Vec<TokenizedPair> = (0..5).map(|i| pair(&[i], &[10 + i], &[20 + i, 30])).collect();
         let all: Vec<Batch> = batches(&pairs, NonZeroUsize::new(2).unwrap(), 0, None).collect();
-        assert_eq!(
-            all.iter().map(|b| b.batch_size).collect::<Vec<_>>(),
-            vec![2, 2, 1]
-        );
+        assert_eq!(all.iter().map(|b| b.batch_size).collect::<Vec<_>>(), vec![2, 2, 1]);
         assert_eq!(all[2].input_ids, vec![4, 14, 0, 4, 24, 30]);
         assert_eq!(all[1].row(0), &[2, 12, 0]);
     }

@@ -41,9 +41,7 @@ pub const MIN_VOCAB_SIZE: usize = 2 + 256;
 #[derive(Debug, thiserror::Error)]
 pub enum BpeError {
     /// The vocabulary cannot hold the special tokens and the byte alphabet.
-    #[error(
-        "Vocabulary size `{vocab_size}` is below the minimum `{MIN_VOCAB_SIZE}` (2 special tokens and 256 bytes)"
-    )]
+    #[error("Vocabulary size `{vocab_size}` is below the minimum `{MIN_VOCAB_SIZE}` (2 special tokens and 256 bytes)")]
     VocabTooSmall { vocab_size: usize },
     /// The `tokenizers` crate failed to build, train or serialise the tokenizer.
     #[error("Training the BPE tokenizer for `{dir}` failed")]
@@ -61,13 +59,7 @@ pub enum BpeError {
     },
 }
 
-type BpeTokenizer = TokenizerImpl<
-    BPE,
-    NormalizerWrapper,
-    PreTokenizerWrapper,
-    PostProcessorWrapper,
-    DecoderWrapper,
->;
+type BpeTokenizer = TokenizerImpl<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
 
 /// Trains a byte-level BPE of at most `vocab_size` tokens (special tokens included; fewer when the
 /// texts have no more pairs to merge) on `texts` and writes `out_dir/tokenizer.json` and
@@ -82,18 +74,12 @@ pub fn train_tokenizer<'a>(
     if vocab_size < MIN_VOCAB_SIZE {
         return Err(BpeError::VocabTooSmall { vocab_size });
     }
-    let train_err = |source| BpeError::Train {
-        dir: out_dir.to_path_buf(),
-        source,
-    };
+    let train_err = |source| BpeError::Train { dir: out_dir.to_path_buf(), source };
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(vocab_size)
         .min_frequency(2)
         .show_progress(false)
-        .special_tokens(vec![
-            AddedToken::from(EOS_TOKEN, true),
-            AddedToken::from(PAD_TOKEN, true),
-        ])
+        .special_tokens(vec![AddedToken::from(EOS_TOKEN, true), AddedToken::from(PAD_TOKEN, true)])
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
     let byte_level = ByteLevel::new(false, true, true);
@@ -110,9 +96,7 @@ pub fn train_tokenizer<'a>(
         .map_err(train_err)?;
     // `train` wants a `Send` iterator; the caller's may not be.
     let texts: Vec<&str> = texts.collect();
-    tokenizer
-        .train(&mut trainer, texts.into_iter())
-        .map_err(train_err)?;
+    tokenizer.train(&mut trainer, texts.into_iter()).map_err(train_err)?;
     let json = tokenizer.to_string(true).map_err(train_err)?;
 
     let write = |name: &str, bytes: &[u8]| {
@@ -120,10 +104,7 @@ pub fn train_tokenizer<'a>(
         write_atomic(&path, bytes).map_err(|source| BpeError::Write { path, source })
     };
     write("tokenizer.json", json.as_bytes())?;
-    write(
-        "tokenizer_config.json",
-        tokenizer_config(&tokenizer).as_bytes(),
-    )
+    write("tokenizer_config.json", tokenizer_config(&tokenizer).as_bytes())
 }
 
 /// `tokenizer_config.json` as transformers writes it for a `PreTrainedTokenizerFast`, with the
@@ -169,12 +150,7 @@ mod tests {
         let data = generate(&SynthConfig::default());
         data.train
             .iter()
-            .flat_map(|p| {
-                [
-                    format!("{}{}", p.prompt, p.chosen),
-                    format!("{}{}", p.prompt, p.rejected),
-                ]
-            })
+            .flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)])
             .collect()
     }
 
@@ -182,12 +158,7 @@ mod tests {
     fn trains_loads_and_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let texts = corpus();
-        train_tokenizer(
-            texts.iter().map(String::as_str),
-            DEFAULT_VOCAB_SIZE,
-            dir.path(),
-        )
-        .unwrap();
+        train_tokenizer(texts.iter().map(String::as_str), DEFAULT_VOCAB_SIZE, dir.path()).unwrap();
         let tok = Tokenizer::from_dir(dir.path()).unwrap();
         assert_eq!(tok.eos_token(), EOS_TOKEN);
         assert_eq!(tok.eos_id(), 0);
@@ -235,9 +206,6 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, "x").unwrap();
         let err = train_tokenizer(["a b"].into_iter(), 300, &file).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!("Cannot write `{}`", file.join("tokenizer.json").display())
-        );
+        assert_eq!(err.to_string(), format!("Cannot write `{}`", file.join("tokenizer.json").display()));
     }
 }

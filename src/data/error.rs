@@ -42,18 +42,10 @@ pub enum DataError {
     NotAnArray { path: PathBuf },
     /// The CSV header lacks a required column.
     #[error("`{path}`: column `{column}` is missing (the header has {found})")]
-    MissingColumn {
-        path: PathBuf,
-        column: String,
-        found: String,
-    },
+    MissingColumn { path: PathBuf, column: String, found: String },
     /// A bad row; `problem` says what is wrong with which field.
     #[error("`{path}`, line {line}: {problem}")]
-    BadRow {
-        path: PathBuf,
-        line: usize,
-        problem: RowProblem,
-    },
+    BadRow { path: PathBuf, line: usize, problem: RowProblem },
     /// The file holds no rows at all.
     #[error("`{path}`: the dataset is empty")]
     Empty { path: PathBuf },
@@ -75,9 +67,7 @@ pub enum DataError {
     #[error("No rows to tokenise")]
     NoRows,
     /// Every example's prompt alone reached `max_length`, so nothing is left to train on.
-    #[error(
-        "All {dropped} examples were dropped: each prompt alone has at least `max_length` = {max_length} tokens"
-    )]
+    #[error("All {dropped} examples were dropped: each prompt alone has at least `max_length` = {max_length} tokens")]
     AllDropped { dropped: usize, max_length: usize },
 }
 
@@ -91,9 +81,7 @@ pub enum RowProblem {
     #[error("field `{field}` is missing")]
     MissingField { field: String },
     /// A field is neither a string nor a list of messages (or, in CSV, not text).
-    #[error(
-        "field `{field}` must be a string or a list of `{{role, content}}` messages, found {found}"
-    )]
+    #[error("field `{field}` must be a string or a list of `{{role, content}}` messages, found {found}")]
     WrongType { field: String, found: &'static str },
     /// A message of a conversational field is malformed.
     #[error("field `{field}`, message {index}: {what}")]
@@ -114,23 +102,12 @@ pub enum RowProblem {
     InvalidUtf8,
     /// The fields of one row mix plain text and message lists.
     #[error("field `{field}` is {kind} but field `{other}` is {other_kind}")]
-    MixedKinds {
-        field: String,
-        kind: &'static str,
-        other: String,
-        other_kind: &'static str,
-    },
+    MixedKinds { field: String, kind: &'static str, other: String, other_kind: &'static str },
     /// The row's format differs from the dataset's (fixed by its first row, as TRL's
     /// `is_conversational(first_example)` does).
     #[error("the row is {kind} but the dataset is {dataset_kind} (from line {first_line})")]
-    KindChanged {
-        kind: &'static str,
-        dataset_kind: &'static str,
-        first_line: usize,
-    },
+    KindChanged { kind: &'static str, dataset_kind: &'static str, first_line: usize },
     /// Implicit-prompt conversations whose first messages already differ.
-    #[error(
-        "fields `{chosen}` and `{rejected}` share no leading message, so no prompt can be extracted"
-    )]
+    #[error("fields `{chosen}` and `{rejected}` share no leading message, so no prompt can be extracted")]
     NoSharedPrompt { chosen: String, rejected: String },
 }

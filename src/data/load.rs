@@ -27,11 +27,7 @@ pub struct Columns {
 
 impl Default for Columns {
     fn default() -> Self {
-        Self {
-            prompt: "prompt".into(),
-            chosen: "chosen".into(),
-            rejected: "rejected".into(),
-        }
+        Self { prompt: "prompt".into(), chosen: "chosen".into(), rejected: "rejected".into() }
     }
 }
 
@@ -115,24 +111,16 @@ pub struct Loaded {
 
 /// Reads a preference file, choosing the format by extension (`.jsonl`, `.json`, `.csv`).
 pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
     let format = match ext.as_deref() {
         Some("jsonl") => Format::JsonLines,
         Some("json") => Format::JsonArray,
         Some("csv") => Format::Csv,
         _ => {
-            return Err(DataError::UnsupportedFormat {
-                path: path.to_path_buf(),
-            });
+            return Err(DataError::UnsupportedFormat { path: path.to_path_buf() });
         }
     };
-    let bytes = std::fs::read(path).map_err(|source| DataError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source })?;
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let mut sink = Sink::new(path, opts.skip_bad_rows);
     let raw = match format {
@@ -158,20 +146,13 @@ struct Sink {
 
 impl Sink {
     fn new(path: &Path, skip: bool) -> Self {
-        Self {
-            path: path.to_path_buf(),
-            skip,
-            skipped: Vec::new(),
-        }
+        Self { path: path.to_path_buf(), skip, skipped: Vec::new() }
     }
 
     /// Records `err` (about `line`) as skipped, or returns it when rows are not skipped.
     fn bad(&mut self, line: usize, err: DataError) -> Result<(), DataError> {
         if self.skip {
-            self.skipped.push(SkippedRow {
-                line,
-                reason: err.to_string(),
-            });
+            self.skipped.push(SkippedRow { line, reason: err.to_string() });
             Ok(())
         } else {
             Err(err)
@@ -179,11 +160,7 @@ impl Sink {
     }
 
     fn bad_row(&mut self, line: usize, problem: RowProblem) -> Result<(), DataError> {
-        let err = DataError::BadRow {
-            path: self.path.clone(),
-            line,
-            problem,
-        };
+        let err = DataError::BadRow { path: self.path.clone(), line, problem };
         self.bad(line, err)
     }
 
@@ -200,19 +177,10 @@ impl Sink {
             return Err(if self.skipped.is_empty() {
                 DataError::Empty { path: self.path }
             } else {
-                DataError::AllSkipped {
-                    path: self.path,
-                    skipped: self.skipped.len(),
-                }
+                DataError::AllSkipped { path: self.path, skipped: self.skipped.len() }
             });
         }
-        Ok(Loaded {
-            path: self.path,
-            rows,
-            skipped: self.skipped,
-            implicit_prompt,
-            conversational,
-        })
+        Ok(Loaded { path: self.path, rows, skipped: self.skipped, implicit_prompt, conversational })
     }
 }
 
@@ -238,11 +206,7 @@ fn read_json_lines(bytes: &[u8], sink: &mut Sink) -> Result<Vec<RawRow>, DataErr
         match serde_json::from_str::<Value>(text) {
             Ok(value) => out.push(RawRow { line, value }),
             Err(source) => {
-                let err = DataError::MalformedJson {
-                    path: sink.path.clone(),
-                    line,
-                    source,
-                };
+                let err = DataError::MalformedJson { path: sink.path.clone(), line, source };
                 sink.bad(line, err)?;
             }
         }
@@ -258,11 +222,7 @@ struct LineIndex<'a> {
 
 impl<'a> LineIndex<'a> {
     fn new(bytes: &'a [u8]) -> Self {
-        let newlines = bytes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &b)| (b == b'\n').then_some(i))
-            .collect();
+        let newlines = bytes.iter().enumerate().filter_map(|(i, &b)| (b == b'\n').then_some(i)).collect();
         Self { bytes, newlines }
     }
 
@@ -311,9 +271,7 @@ fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> 
     if bytes[pos] != b'[' {
         // Distinguish a syntax error from a well-formed non-array document.
         return match serde_json::from_slice::<Value>(bytes) {
-            Ok(_) => Err(DataError::NotAnArray {
-                path: path.to_path_buf(),
-            }),
+            Ok(_) => Err(DataError::NotAnArray { path: path.to_path_buf() }),
             Err(source) => Err(malformed(0, source)),
         };
     }
@@ -324,8 +282,7 @@ fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> 
     } else {
         loop {
             let line = line_of(pos);
-            let mut stream =
-                serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<Value>();
+            let mut stream = serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<Value>();
             match stream.next() {
                 Some(Ok(value)) => out.push(RawRow { line, value }),
                 Some(Err(source)) => return Err(malformed(pos, source)),
@@ -340,18 +297,14 @@ fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> 
                 }
                 _ => {
                     // Let serde describe what it found instead of `,` or `]`.
-                    let source = serde_json::from_slice::<Value>(bytes)
-                        .err()
-                        .unwrap_or_else(eof_error);
+                    let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
                     return Err(malformed(0, source));
                 }
             }
         }
     }
     if pos != bytes.len() {
-        let source = serde_json::from_slice::<Value>(bytes)
-            .err()
-            .unwrap_or_else(eof_error);
+        let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
         return Err(malformed(0, source));
     }
     Ok(out)
@@ -382,11 +335,7 @@ fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
         Value::Array(items) => {
             let mut messages = Vec::with_capacity(items.len());
             for (index, item) in items.iter().enumerate() {
-                let bad = |what| RowProblem::BadMessage {
-                    field: field.to_string(),
-                    index,
-                    what,
-                };
+                let bad = |what| RowProblem::BadMessage { field: field.to_string(), index, what };
                 let Value::Object(obj) = item else {
                     if index == 0 {
                         return Err(RowProblem::WrongType {
@@ -410,51 +359,29 @@ fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
             }
             Ok(Text::Messages(messages))
         }
-        other => Err(RowProblem::WrongType {
-            field: field.to_string(),
-            found: json_kind(other),
-        }),
+        other => Err(RowProblem::WrongType { field: field.to_string(), found: json_kind(other) }),
     }
 }
 
 /// Checks JSON rows and builds [`PreferenceRow`]s.
-fn rows_from_json(
-    raw: Vec<RawRow>,
-    opts: &LoadOptions,
-    mut sink: Sink,
-) -> Result<Loaded, DataError> {
+fn rows_from_json(raw: Vec<RawRow>, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
     let cols = &opts.columns;
     // TRL extracts the prompt when the dataset has no prompt column (`_prepare_dataset`,
     // `if "prompt" not in first_example`); a JSON dataset's columns are the union of its rows' keys.
-    let implicit = !raw.iter().any(|r| {
-        r.value
-            .as_object()
-            .is_some_and(|o| o.contains_key(&cols.prompt))
-    });
+    let implicit = !raw.iter().any(|r| r.value.as_object().is_some_and(|o| o.contains_key(&cols.prompt)));
     let mut rows = Vec::with_capacity(raw.len());
     let mut first: Option<(usize, bool)> = None;
     for RawRow { line, value } in raw {
         let Value::Object(obj) = &value else {
-            sink.bad_row(
-                line,
-                RowProblem::NotAnObject {
-                    found: json_kind(&value),
-                },
-            )?;
+            sink.bad_row(line, RowProblem::NotAnObject { found: json_kind(&value) })?;
             continue;
         };
         let get = |field: &str| -> Result<Text, RowProblem> {
-            let v = obj.get(field).ok_or_else(|| RowProblem::MissingField {
-                field: field.to_string(),
-            })?;
+            let v = obj.get(field).ok_or_else(|| RowProblem::MissingField { field: field.to_string() })?;
             text_field(v, field)
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            let prompt = if implicit {
-                None
-            } else {
-                Some(get(&cols.prompt)?)
-            };
+            let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
             let chosen = get(&cols.chosen)?;
             let rejected = get(&cols.rejected)?;
             build_row(line, prompt, chosen, rejected, cols)
@@ -473,11 +400,7 @@ fn rows_from_json(
                 let kind = |c: bool| if c { "conversational" } else { "plain text" };
                 sink.bad_row(
                     line,
-                    RowProblem::KindChanged {
-                        kind: kind(conv),
-                        dataset_kind: kind(first_conv),
-                        first_line,
-                    },
+                    RowProblem::KindChanged { kind: kind(conv), dataset_kind: kind(first_conv), first_line },
                 )?;
                 continue;
             }
@@ -509,9 +432,7 @@ fn build_row(
         }
         if p.is_messages() && p.is_empty() {
             // transformers refuses to render an empty conversation.
-            return Err(RowProblem::Empty {
-                field: cols.prompt.clone(),
-            });
+            return Err(RowProblem::Empty { field: cols.prompt.clone() });
         }
     }
     if chosen.is_messages() != rejected.is_messages() {
@@ -519,21 +440,14 @@ fn build_row(
     }
     for (field, text) in [(&cols.chosen, &chosen), (&cols.rejected, &rejected)] {
         if text.is_empty() {
-            return Err(RowProblem::Empty {
-                field: field.clone(),
-            });
+            return Err(RowProblem::Empty { field: field.clone() });
         }
     }
     let (prompt, chosen, rejected) = match prompt {
         Some(p) => (p, chosen, rejected),
         None => extract_prompt(chosen, rejected, cols)?,
     };
-    Ok(PreferenceRow {
-        line,
-        prompt,
-        chosen,
-        rejected,
-    })
+    Ok(PreferenceRow { line, prompt, chosen, rejected })
 }
 
 /// TRL 1.16 `trl/data_utils.py` `extract_prompt` (lines 623-632), kept exactly:
@@ -553,21 +467,13 @@ fn build_row(
 /// trailing space then gives `idx = -1` and Python's negative slicing; that is mirrored too.
 /// Message lists never compare equal to `" "`, and a conversation whose first messages differ has
 /// no prompt to render, which is reported as a bad row.
-fn extract_prompt(
-    chosen: Text,
-    rejected: Text,
-    cols: &Columns,
-) -> Result<(Text, Text, Text), RowProblem> {
+fn extract_prompt(chosen: Text, rejected: Text, cols: &Columns) -> Result<(Text, Text, Text), RowProblem> {
     match (chosen, rejected) {
         (Text::Plain(c), Text::Plain(r)) => {
             let cc: Vec<char> = c.chars().collect();
             let rc: Vec<char> = r.chars().collect();
             let idx = split_index(&cc, &rc, |i| cc[i] == ' ');
-            let (p, c, r) = (
-                py_slice_to(&cc, idx),
-                py_slice_from(&cc, idx),
-                py_slice_from(&rc, idx),
-            );
+            let (p, c, r) = (py_slice_to(&cc, idx), py_slice_from(&cc, idx), py_slice_from(&rc, idx));
             let s = |v: &[char]| v.iter().collect::<String>();
             Ok((Text::Plain(s(p)), Text::Plain(s(c)), Text::Plain(s(r))))
         }
@@ -580,11 +486,7 @@ fn extract_prompt(
                 });
             }
             let n = idx as usize;
-            Ok((
-                Text::Messages(c[..n].to_vec()),
-                Text::Messages(c[n..].to_vec()),
-                Text::Messages(r[n..].to_vec()),
-            ))
+            Ok((Text::Messages(c[..n].to_vec()), Text::Messages(c[n..].to_vec()), Text::Messages(r[n..].to_vec())))
         }
         // `build_row` has checked that both have the same kind; keep the pair as it is otherwise.
         (c, r) => Ok((Text::Plain(String::new()), c, r)),
@@ -600,11 +502,7 @@ fn split_index<T: PartialEq>(c: &[T], r: &[T], is_space: impl Fn(usize) -> bool)
     for i in 0..n {
         if c[i] != r[i] {
             let prev = if i == 0 { c.len() - 1 } else { i - 1 };
-            idx = if is_space(prev) {
-                i as isize - 1
-            } else {
-                i as isize
-            };
+            idx = if is_space(prev) { i as isize - 1 } else { i as isize };
             break;
         }
     }
@@ -613,58 +511,36 @@ fn split_index<T: PartialEq>(c: &[T], r: &[T], is_space: impl Fn(usize) -> bool)
 
 /// Python's `v[:idx]` for `idx >= -1`.
 fn py_slice_to<T>(v: &[T], idx: isize) -> &[T] {
-    let end = if idx < 0 {
-        v.len().saturating_sub(1)
-    } else {
-        (idx as usize).min(v.len())
-    };
+    let end = if idx < 0 { v.len().saturating_sub(1) } else { (idx as usize).min(v.len()) };
     &v[..end]
 }
 
 /// Python's `v[idx:]` for `idx >= -1`.
 fn py_slice_from<T>(v: &[T], idx: isize) -> &[T] {
-    let start = if idx < 0 {
-        v.len().saturating_sub(1)
-    } else {
-        (idx as usize).min(v.len())
-    };
+    let start = if idx < 0 { v.len().saturating_sub(1) } else { (idx as usize).min(v.len()) };
     &v[start..]
 }
 
 /// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
 /// are physical lines (header = line 1; a record with a quoted newline is numbered by its first
 /// line).
-fn read_csv(
-    bytes: &[u8],
-    path: &Path,
-    opts: &LoadOptions,
-    mut sink: Sink,
-) -> Result<Loaded, DataError> {
+fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
     let cols = &opts.columns;
     let lines = LineIndex::new(bytes);
     let record_line = |record: &csv::ByteRecord| {
         let byte = record.position().map_or(0, |p| p.byte());
         lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX))
     };
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(bytes);
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
     let mut record = csv::ByteRecord::new();
     let malformed = |source: csv::Error| {
         let byte = source.position().map_or(0, |p| p.byte());
         let line = lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX));
-        DataError::MalformedCsv {
-            path: path.to_path_buf(),
-            line,
-            source,
-        }
+        DataError::MalformedCsv { path: path.to_path_buf(), line, source }
     };
     let header_line = match reader.read_byte_record(&mut record) {
         Ok(false) => {
-            return Err(DataError::Empty {
-                path: path.to_path_buf(),
-            });
+            return Err(DataError::Empty { path: path.to_path_buf() });
         }
         Ok(true) => record_line(&record),
         Err(e) => return Err(malformed(e)),
@@ -677,9 +553,7 @@ fn read_csv(
                 return Err(DataError::BadRow {
                     path: path.to_path_buf(),
                     line: header_line,
-                    problem: RowProblem::InvalidUtf8Field {
-                        field: "(header)".into(),
-                    },
+                    problem: RowProblem::InvalidUtf8Field { field: "(header)".into() },
                 });
             }
         }
@@ -691,11 +565,7 @@ fn read_csv(
         found: if header.is_empty() {
             "no columns".to_string()
         } else {
-            header
-                .iter()
-                .map(|h| format!("`{h}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
         },
     };
     let chosen_at = find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?;
@@ -720,12 +590,8 @@ fn read_csv(
         }
         let line = record_line(&record);
         let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
-            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField {
-                field: name.to_string(),
-            })?;
-            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field {
-                field: name.to_string(),
-            })?;
+            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
+            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
             Ok(Text::Plain(s.to_string()))
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
@@ -762,10 +628,7 @@ mod tests {
     }
 
     fn load_skip(name: &str, contents: &[u8]) -> Result<Loaded, DataError> {
-        let opts = LoadOptions {
-            skip_bad_rows: true,
-            ..LoadOptions::default()
-        };
+        let opts = LoadOptions { skip_bad_rows: true, ..LoadOptions::default() };
         load_preferences(&temp_file(name, contents), &opts)
     }
 
@@ -774,10 +637,7 @@ mod tests {
     }
 
     fn msg(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message { role: role.into(), content: content.into() }
     }
 
     /// The message after "`path`, line N: " or the whole message.
@@ -810,8 +670,7 @@ mod tests {
 
     #[test]
     fn jsonl_malformed_line() {
-        let data =
-            b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n{\"prompt\": \"p\",\n";
+        let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n{\"prompt\": \"p\",\n";
         let err = load("bad.jsonl", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 2: malformed JSON");
     }
@@ -872,10 +731,7 @@ mod tests {
         let err = load_preferences(&path, &LoadOptions::default()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`",
-                path.display()
-            )
+            format!("`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`", path.display())
         );
     }
 
@@ -883,16 +739,10 @@ mod tests {
     fn json_array_lines_and_non_object() {
         let data = b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n {\"prompt\": \"p2\",\n  \"chosen\": \"c\", \"rejected\": \"d\"}\n]\n";
         let loaded = load("arr.json", data).unwrap();
-        assert_eq!(
-            loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(),
-            vec![2, 3]
-        );
+        assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![2, 3]);
         let data = b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n 42\n]";
         let err = load("nonobj.json", data).unwrap_err();
-        assert_eq!(
-            err_tail(&err),
-            "line 3: the row must be a JSON object, found a number"
-        );
+        assert_eq!(err_tail(&err), "line 3: the row must be a JSON object, found a number");
         let skipped = load_skip("nonobj2.json", data).unwrap();
         assert_eq!(skipped.rows.len(), 1);
         assert_eq!(skipped.skipped[0].line, 3);
@@ -900,19 +750,14 @@ mod tests {
 
     #[test]
     fn json_array_syntax_errors() {
-        let data =
-            b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n {\"prompt\": }\n]";
+        let data = b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n {\"prompt\": }\n]";
         let err = load("syn.json", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 3: malformed JSON");
-        let data =
-            b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\n {\"x\": 1}]";
+        let data = b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\n {\"x\": 1}]";
         let err = load("comma.json", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 4: malformed JSON");
         let err = load("obj.json", b"{\"prompt\": \"p\"}").unwrap_err();
-        assert!(
-            err.to_string()
-                .ends_with(": a `.json` data file must hold an array of row objects")
-        );
+        assert!(err.to_string().ends_with(": a `.json` data file must hold an array of row objects"));
         let data = b"[\n{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n{\"prompt\": \"\xc3\x28\"}]";
         let err = load("utf8.json", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 3: invalid UTF-8");
@@ -926,19 +771,14 @@ mod tests {
         assert_eq!(loaded.rows[0].prompt, plain("Say \"hi\""));
         assert_eq!(loaded.rows[0].chosen, plain(" a, b"));
         assert_eq!(loaded.rows[1].prompt, plain("multi\nline"));
-        assert_eq!(
-            loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(),
-            vec![2, 3, 5]
-        );
+        assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![2, 3, 5]);
     }
 
     #[test]
     fn csv_missing_column_and_short_row() {
         let err = load("mc.csv", b"prompt,answer,rejected\np,a,b\n").unwrap_err();
         assert!(
-            err.to_string().ends_with(
-                ": column `chosen` is missing (the header has `prompt`, `answer`, `rejected`)"
-            ),
+            err.to_string().ends_with(": column `chosen` is missing (the header has `prompt`, `answer`, `rejected`)"),
             "{err}"
         );
         let err = load("short.csv", b"prompt,chosen,rejected\np,a,b\np,a\n").unwrap_err();
@@ -954,17 +794,10 @@ mod tests {
     #[test]
     fn custom_column_names() {
         let opts = LoadOptions {
-            columns: Columns {
-                prompt: "question".into(),
-                chosen: "good".into(),
-                rejected: "bad".into(),
-            },
+            columns: Columns { prompt: "question".into(), chosen: "good".into(), rejected: "bad".into() },
             skip_bad_rows: false,
         };
-        let path = temp_file(
-            "custom.jsonl",
-            b"{\"question\": \"q\", \"good\": \"g\", \"bad\": \"b\"}\n",
-        );
+        let path = temp_file("custom.jsonl", b"{\"question\": \"q\", \"good\": \"g\", \"bad\": \"b\"}\n");
         let loaded = load_preferences(&path, &opts).unwrap();
         assert_eq!(loaded.rows[0].prompt, plain("q"));
         assert_eq!(loaded.rows[0].rejected, plain("b"));
@@ -985,21 +818,12 @@ mod tests {
                     {\"chosen\": \"café é\", \"rejected\": \"café è\"}\n";
         let loaded = load("implicit.jsonl", data.as_bytes()).unwrap();
         assert!(loaded.implicit_prompt);
-        let parts: Vec<(Text, Text, Text)> = loaded
-            .rows
-            .into_iter()
-            .map(|r| (r.prompt, r.chosen, r.rejected))
-            .collect();
+        let parts: Vec<(Text, Text, Text)> =
+            loaded.rows.into_iter().map(|r| (r.prompt, r.chosen, r.rejected)).collect();
         // The space before the first difference goes to the completions.
-        assert_eq!(
-            parts[0],
-            (plain("Question: 2+2? Answer:"), plain(" 4"), plain(" 5"))
-        );
+        assert_eq!(parts[0], (plain("Question: 2+2? Answer:"), plain(" 4"), plain(" 5")));
         // A split inside a word stays inside it.
-        assert_eq!(
-            parts[1],
-            (plain("The sky is bl"), plain("ue."), plain("ack."))
-        );
+        assert_eq!(parts[1], (plain("The sky is bl"), plain("ue."), plain("ack.")));
         // No difference within the shorter one: idx ends at its last index.
         assert_eq!(parts[2], (plain("ab"), plain("c"), plain("cd")));
         // First characters differ and chosen ends with a space: Python's index -1.
@@ -1037,32 +861,14 @@ mod tests {
         let reasons: Vec<(usize, String)> = loaded
             .skipped
             .iter()
-            .map(|s| {
-                (
-                    s.line,
-                    s.reason
-                        .split_once("`, ")
-                        .map_or(String::new(), |x| x.1.to_string()),
-                )
-            })
+            .map(|s| (s.line, s.reason.split_once("`, ").map_or(String::new(), |x| x.1.to_string())))
             .collect();
         assert_eq!(
             reasons,
             vec![
-                (
-                    2,
-                    "line 2: field `prompt` is plain text but field `chosen` is a list of messages"
-                        .to_string()
-                ),
-                (
-                    3,
-                    "line 3: the row is plain text but the dataset is conversational (from line 1)"
-                        .to_string()
-                ),
-                (
-                    4,
-                    "line 4: field `prompt`, message 0: `content` is missing".to_string()
-                ),
+                (2, "line 2: field `prompt` is plain text but field `chosen` is a list of messages".to_string()),
+                (3, "line 3: the row is plain text but the dataset is conversational (from line 1)".to_string()),
+                (4, "line 4: field `prompt`, message 0: `content` is missing".to_string()),
             ]
         );
     }
@@ -1071,23 +877,10 @@ mod tests {
     fn skip_bad_rows_reports_lines() {
         let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\nnot json\n{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"b\"}\n{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\xfe\n";
         let loaded = load_skip("skip.jsonl", data).unwrap();
-        assert_eq!(
-            loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(),
-            vec![1, 4]
-        );
-        assert_eq!(
-            loaded.skipped.iter().map(|s| s.line).collect::<Vec<_>>(),
-            vec![2, 3, 5]
-        );
-        assert!(
-            loaded.skipped[1]
-                .reason
-                .ends_with("line 3: field `chosen` is empty")
-        );
+        assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![1, 4]);
+        assert_eq!(loaded.skipped.iter().map(|s| s.line).collect::<Vec<_>>(), vec![2, 3, 5]);
+        assert!(loaded.skipped[1].reason.ends_with("line 3: field `chosen` is empty"));
         let err = load_skip("allbad.jsonl", b"x\ny\n").unwrap_err();
-        assert!(
-            err.to_string()
-                .ends_with(": the dataset is empty after skipping 2 bad rows")
-        );
+        assert!(err.to_string().ends_with(": the dataset is empty after skipping 2 bad rows"));
     }
 }

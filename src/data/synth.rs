@@ -159,11 +159,7 @@ pub struct SynthData {
 /// answers and reply templates), round-robin.
 pub fn generate(cfg: &SynthConfig) -> SynthData {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let frac = if cfg.arithmetic_fraction.is_nan() {
-        0.0
-    } else {
-        cfg.arithmetic_fraction.clamp(0.0, 1.0)
-    };
+    let frac = if cfg.arithmetic_fraction.is_nan() { 0.0 } else { cfg.arithmetic_fraction.clamp(0.0, 1.0) };
     let arith_count = |n: usize| ((n as f64 * frac).round() as usize).min(n);
 
     let mut arith = arithmetic_problems(cfg.max_operand);
@@ -171,11 +167,7 @@ pub fn generate(cfg: &SynthConfig) -> SynthData {
     let mut polite = politeness_problems();
     shuffle(&mut polite, &mut rng);
     let (a_test, a_val, a_train) = cut(&arith, arith_count(cfg.test), arith_count(cfg.val));
-    let (p_test, p_val, p_train) = cut(
-        &polite,
-        cfg.test - arith_count(cfg.test),
-        cfg.val - arith_count(cfg.val),
-    );
+    let (p_test, p_val, p_train) = cut(&polite, cfg.test - arith_count(cfg.test), cfg.val - arith_count(cfg.val));
 
     let mut split = |n: usize, arith: &[Arithmetic], polite: &[Politeness]| {
         let mut pairs = Vec::with_capacity(n);
@@ -214,15 +206,10 @@ pub fn is_correct_answer(kind: &TaskKind, completion: &str) -> bool {
 /// overflows `i64`.
 fn first_integer(text: &str) -> Option<i64> {
     let start = text.find(|c: char| c.is_ascii_digit())?;
-    let digits = text[start..]
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or(&text[start..], |end| &text[start..start + end]);
+    let digits =
+        text[start..].find(|c: char| !c.is_ascii_digit()).map_or(&text[start..], |end| &text[start..start + end]);
     let value: i64 = digits.parse().ok()?;
-    if text[..start].ends_with('-') {
-        Some(-value)
-    } else {
-        Some(value)
-    }
+    if text[..start].ends_with('-') { Some(-value) } else { Some(value) }
 }
 
 /// The task of an arithmetic prompt written by [`generate`] (`"Q: What is 7 + 5?\nA:"`), or
@@ -250,27 +237,19 @@ pub fn arithmetic_kind(prompt: &str) -> Option<TaskKind> {
 pub fn write_jsonl(path: &Path, pairs: &[SynthPair]) -> Result<(), SynthError> {
     let mut text = String::new();
     for pair in pairs {
-        let line = serde_json::to_string(pair).map_err(|source| SynthError::Serialize {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let line =
+            serde_json::to_string(pair).map_err(|source| SynthError::Serialize { path: path.to_path_buf(), source })?;
         text.push_str(&line);
         text.push('\n');
     }
-    crate::fsutil::write_atomic(path, text.as_bytes()).map_err(|source| SynthError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::fsutil::write_atomic(path, text.as_bytes())
+        .map_err(|source| SynthError::Write { path: path.to_path_buf(), source })
 }
 
 /// Writes `data` as `train.jsonl`, `val.jsonl` and `test.jsonl` in `dir` (created if missing),
 /// returning the three paths in that order.
 pub fn write_splits(dir: &Path, data: &SynthData) -> Result<[PathBuf; 3], SynthError> {
-    let paths = [
-        dir.join("train.jsonl"),
-        dir.join("val.jsonl"),
-        dir.join("test.jsonl"),
-    ];
+    let paths = [dir.join("train.jsonl"), dir.join("val.jsonl"), dir.join("test.jsonl")];
     for (path, pairs) in paths.iter().zip([&data.train, &data.val, &data.test]) {
         write_jsonl(path, pairs)?;
     }
@@ -279,10 +258,7 @@ pub fn write_splits(dir: &Path, data: &SynthData) -> Result<[PathBuf; 3], SynthE
 
 /// Reads a file written by [`write_jsonl`] (blank lines are skipped).
 pub fn read_jsonl(path: &Path) -> Result<Vec<SynthPair>, SynthError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SynthError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| SynthError::Read { path: path.to_path_buf(), source })?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -316,16 +292,9 @@ struct Politeness {
 /// Openings of politeness prompts.
 const GREETINGS: [&str; 4] = ["", "Hi. ", "Hello. ", "Excuse me. "];
 /// Request forms; `{}` is the task (`fix my bike`).
-const FORMS: [(&str, &str); 4] = [
-    ("Can you ", "?"),
-    ("Could you please ", "?"),
-    ("Please ", "."),
-    ("Will you ", "?"),
-];
+const FORMS: [(&str, &str); 4] = [("Can you ", "?"), ("Could you please ", "?"), ("Please ", "."), ("Will you ", "?")];
 /// Task verbs.
-const VERBS: [&str; 8] = [
-    "fix", "clean", "paint", "check", "move", "carry", "wash", "open",
-];
+const VERBS: [&str; 8] = ["fix", "clean", "paint", "check", "move", "carry", "wash", "open"];
 /// Task objects, as the asker says them and as the replier says them.
 const OBJECTS: [(&str, &str); 8] = [
     ("my bike", "your bike"),
@@ -377,12 +346,7 @@ fn politeness_problems() -> Vec<Politeness> {
         for form in 0..FORMS.len() {
             for verb in 0..VERBS.len() {
                 for object in 0..OBJECTS.len() {
-                    out.push(Politeness {
-                        greeting,
-                        form,
-                        verb,
-                        object,
-                    });
+                    out.push(Politeness { greeting, form, verb, object });
                 }
             }
         }
@@ -406,10 +370,7 @@ fn arithmetic_pair(p: Arithmetic, cfg: &SynthConfig, rng: &mut ChaCha8Rng) -> Sy
     };
     // Offsets -max..=-1 and 1..=max, without negative wrong answers; `answer + 1` is always one.
     let max = cfg.max_offset.max(1);
-    let wrongs: Vec<u32> = (1..=max)
-        .flat_map(|d| [answer.checked_sub(d), answer.checked_add(d)])
-        .flatten()
-        .collect();
+    let wrongs: Vec<u32> = (1..=max).flat_map(|d| [answer.checked_sub(d), answer.checked_add(d)]).flatten().collect();
     let wrong = wrongs[below(rng, wrongs.len())];
     let rejected = if chance(rng, cfg.rude_wrong_fraction) {
         let (pre, post) = RUDE_WRONG[below(rng, RUDE_WRONG.len())];
@@ -421,12 +382,7 @@ fn arithmetic_pair(p: Arithmetic, cfg: &SynthConfig, rng: &mut ChaCha8Rng) -> Sy
         prompt: format!("Q: What is {} {} {}?\nA:", p.a, p.op.symbol(), p.b),
         chosen: format!(" {answer}."),
         rejected,
-        kind: TaskKind::Arithmetic {
-            a: p.a,
-            b: p.b,
-            op: p.op,
-            answer,
-        },
+        kind: TaskKind::Arithmetic { a: p.a, b: p.b, op: p.op, answer },
     }
 }
 
@@ -440,10 +396,7 @@ fn politeness_pair(p: Politeness, rng: &mut ChaCha8Rng) -> SynthPair {
         None => format!(" No. {} {replied} yourself.", capitalize(verb)),
     };
     SynthPair {
-        prompt: format!(
-            "Q: {}{form_pre}{verb} {asked}{form_post}\nA:",
-            GREETINGS[p.greeting]
-        ),
+        prompt: format!("Q: {}{form_pre}{verb} {asked}{form_post}\nA:", GREETINGS[p.greeting]),
         chosen: format!("{polite_pre}{verb} {replied}{polite_post}"),
         rejected,
         kind: TaskKind::Politeness,
@@ -452,9 +405,7 @@ fn politeness_pair(p: Politeness, rng: &mut ChaCha8Rng) -> SynthPair {
 
 fn capitalize(word: &str) -> String {
     let mut chars = word.chars();
-    chars.next().map_or_else(String::new, |c| {
-        c.to_ascii_uppercase().to_string() + chars.as_str()
-    })
+    chars.next().map_or_else(String::new, |c| c.to_ascii_uppercase().to_string() + chars.as_str())
 }
 
 /// A uniform index in `0..n` (`n > 0`), by rejection so that no value is favoured; independent of
@@ -492,10 +443,7 @@ mod tests {
     use super::*;
 
     fn small() -> SynthConfig {
-        SynthConfig {
-            seed: 7,
-            ..SynthConfig::default()
-        }
+        SynthConfig { seed: 7, ..SynthConfig::default() }
     }
 
     fn prompts(pairs: &[SynthPair]) -> HashSet<&str> {
@@ -505,15 +453,9 @@ mod tests {
     #[test]
     fn sizes_and_mix() {
         let data = generate(&small());
-        assert_eq!(
-            (data.train.len(), data.val.len(), data.test.len()),
-            (2000, 200, 200)
-        );
+        assert_eq!((data.train.len(), data.val.len(), data.test.len()), (2000, 200, 200));
         for split in [&data.train, &data.val, &data.test] {
-            let arith = split
-                .iter()
-                .filter(|p| matches!(p.kind, TaskKind::Arithmetic { .. }))
-                .count();
+            let arith = split.iter().filter(|p| matches!(p.kind, TaskKind::Arithmetic { .. })).count();
             assert_eq!(arith * 10, split.len() * 6);
         }
     }
@@ -536,21 +478,14 @@ mod tests {
                 kind: TaskKind::Politeness,
             }
         );
-        assert_eq!(
-            d.val[0].prompt,
-            "Q: Excuse me. Will you carry the window?\nA:"
-        );
+        assert_eq!(d.val[0].prompt, "Q: Excuse me. Will you carry the window?\nA:");
         assert_eq!(d.test[0].prompt, "Q: Hello. Please open the car.\nA:");
     }
 
     #[test]
     fn splits_are_disjoint_by_prompt_and_problem() {
         let data = generate(&small());
-        let (train, val, test) = (
-            prompts(&data.train),
-            prompts(&data.val),
-            prompts(&data.test),
-        );
+        let (train, val, test) = (prompts(&data.train), prompts(&data.val), prompts(&data.test));
         assert!(train.is_disjoint(&val));
         assert!(train.is_disjoint(&test));
         assert!(val.is_disjoint(&test));
@@ -590,12 +525,7 @@ mod tests {
 
     #[test]
     fn is_correct_answer_parses_the_first_integer() {
-        let kind = TaskKind::Arithmetic {
-            a: 12,
-            b: 5,
-            op: Op::Add,
-            answer: 17,
-        };
+        let kind = TaskKind::Arithmetic { a: 12, b: 5, op: Op::Add, answer: 17 };
         assert!(is_correct_answer(&kind, " 17."));
         assert!(is_correct_answer(&kind, " 17 apples"));
         assert!(is_correct_answer(&kind, "17"));
@@ -607,69 +537,36 @@ mod tests {
         assert!(!is_correct_answer(&kind, " seventeen"));
         assert!(!is_correct_answer(&kind, " 99999999999999999999999"));
         assert!(!is_correct_answer(&TaskKind::Politeness, " 17."));
-        let zero = TaskKind::Arithmetic {
-            a: 3,
-            b: 3,
-            op: Op::Sub,
-            answer: 0,
-        };
+        let zero = TaskKind::Arithmetic { a: 3, b: 3, op: Op::Sub, answer: 0 };
         assert!(is_correct_answer(&zero, " 0."));
         assert_eq!(first_integer("a-5b"), Some(-5));
     }
 
     #[test]
     fn tiny_pools_do_not_leak_or_panic() {
-        let cfg = SynthConfig {
-            max_operand: 0,
-            max_offset: 0,
-            train: 10,
-            val: 4,
-            test: 4,
-            ..small()
-        };
+        let cfg = SynthConfig { max_operand: 0, max_offset: 0, train: 10, val: 4, test: 4, ..small() };
         let data = generate(&cfg);
         // Two arithmetic problems (0 + 0, 0 - 0): none can be held out.
-        assert!(
-            data.val
-                .iter()
-                .all(|p| matches!(p.kind, TaskKind::Politeness))
-        );
+        assert!(data.val.iter().all(|p| matches!(p.kind, TaskKind::Politeness)));
         assert_eq!(data.train.len(), 10);
         for p in &data.train {
             assert_ne!(p.chosen, p.rejected);
         }
         assert!(prompts(&data.train).is_disjoint(&prompts(&data.val)));
-        let none = generate(&SynthConfig {
-            train: 0,
-            val: 0,
-            test: 0,
-            ..small()
-        });
+        let none = generate(&SynthConfig { train: 0, val: 0, test: 0, ..small() });
         assert!(none.train.is_empty() && none.val.is_empty() && none.test.is_empty());
     }
 
     #[test]
     fn config_deserialises_with_defaults() {
         let cfg: SynthConfig = serde_json::from_str(r#"{"seed": 3, "train": 10}"#).unwrap();
-        assert_eq!(
-            cfg,
-            SynthConfig {
-                seed: 3,
-                train: 10,
-                ..SynthConfig::default()
-            }
-        );
+        assert_eq!(cfg, SynthConfig { seed: 3, train: 10, ..SynthConfig::default() });
         assert!(serde_json::from_str::<SynthConfig>(r#"{"sead": 3}"#).is_err());
     }
 
     #[test]
     fn politeness_text() {
-        let p = Politeness {
-            greeting: 2,
-            form: 1,
-            verb: 0,
-            object: 0,
-        };
+        let p = Politeness { greeting: 2, form: 1, verb: 0, object: 0 };
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let pair = politeness_pair(p, &mut rng);
         assert_eq!(pair.prompt, "Q: Hello. Could you please fix my bike?\nA:");
@@ -680,35 +577,18 @@ mod tests {
     #[test]
     fn jsonl_round_trip_is_byte_stable() {
         let dir = tempfile::tempdir().unwrap();
-        let data = generate(&SynthConfig {
-            train: 50,
-            val: 10,
-            test: 10,
-            ..small()
-        });
+        let data = generate(&SynthConfig { train: 50, val: 10, test: 10, ..small() });
         let paths = write_splits(&dir.path().join("nested"), &data).unwrap();
         let first = std::fs::read(&paths[0]).unwrap();
         assert_eq!(read_jsonl(&paths[0]).unwrap(), data.train);
         assert_eq!(read_jsonl(&paths[2]).unwrap(), data.test);
-        write_jsonl(
-            &paths[0],
-            &generate(&SynthConfig {
-                train: 50,
-                val: 10,
-                test: 10,
-                ..small()
-            })
-            .train,
-        )
-        .unwrap();
+        write_jsonl(&paths[0], &generate(&SynthConfig { train: 50, val: 10, test: 10, ..small() }).train).unwrap();
         assert_eq!(std::fs::read(&paths[0]).unwrap(), first);
         let line = std::str::from_utf8(&first).unwrap().lines().next().unwrap();
         assert!(line.starts_with("{\"prompt\":\"Q: "), "{line}");
         // No temporary files are left behind.
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("nested"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path().join("nested")).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 3, "{names:?}");
     }
 
@@ -718,18 +598,9 @@ mod tests {
         let path = dir.path().join("bad.jsonl");
         std::fs::write(&path, "{\"prompt\": 1}\n").unwrap();
         let err = read_jsonl(&path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "`{}` line 1: not a synthetic preference pair",
-                path.display()
-            )
-        );
+        assert_eq!(err.to_string(), format!("`{}` line 1: not a synthetic preference pair", path.display()));
         // A directory cannot be replaced by a file.
         let err = write_jsonl(dir.path(), &[]).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!("Cannot write `{}`", dir.path().display())
-        );
+        assert_eq!(err.to_string(), format!("Cannot write `{}`", dir.path().display()));
     }
 }

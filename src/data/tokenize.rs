@@ -79,8 +79,8 @@ pub fn tokenize(
                 continue;
             }
             let p = pair.prompt_ids.len();
-            report.truncated += usize::from(p + pair.chosen_ids.len() > max)
-                + usize::from(p + pair.rejected_ids.len() > max);
+            report.truncated +=
+                usize::from(p + pair.chosen_ids.len() > max) + usize::from(p + pair.rejected_ids.len() > max);
         }
         pairs.push(pair);
     }
@@ -96,50 +96,33 @@ pub fn tokenize(
 }
 
 /// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here).
-fn tokenize_row(
-    row: &PreferenceRow,
-    tok: &Tokenizer,
-    report: &mut TokenizeReport,
-) -> Result<TokenizedPair, DataError> {
-    let err = |field: &'static str| {
-        move |source| DataError::Tokenize {
-            line: row.line,
-            field,
-            source,
-        }
-    };
+fn tokenize_row(row: &PreferenceRow, tok: &Tokenizer, report: &mut TokenizeReport) -> Result<TokenizedPair, DataError> {
+    let err = |field: &'static str| move |source| DataError::Tokenize { line: row.line, field, source };
     let (prompt_ids, chosen_full, rejected_full) = match (&row.prompt, &row.chosen, &row.rejected) {
         (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
             let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
             (
                 tok.encode_chat(p, true).map_err(err("prompt"))?,
                 tok.encode_chat(&joined(c), false).map_err(err("chosen"))?,
-                tok.encode_chat(&joined(r), false)
-                    .map_err(err("rejected"))?,
+                tok.encode_chat(&joined(r), false).map_err(err("rejected"))?,
             )
         }
         (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => {
             let eos = tok.eos_token();
             let with_eos = |s: &str| {
-                if s.ends_with(eos) {
-                    s.to_string()
-                } else {
-                    format!("{s}{eos}")
-                }
+                if s.ends_with(eos) { s.to_string() } else { format!("{s}{eos}") }
             };
             (
                 tok.encode_with_special_tokens(p).map_err(err("prompt"))?,
-                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(c)))
-                    .map_err(err("chosen"))?,
-                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(r)))
-                    .map_err(err("rejected"))?,
+                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(c))).map_err(err("chosen"))?,
+                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(r))).map_err(err("rejected"))?,
             )
         }
         // The loader never mixes kinds within a row; a hand-built row might.
         _ => return Err(DataError::MixedRow { line: row.line }),
     };
-    let prompt_len = common_prefix_length(&prompt_ids, &chosen_full)
-        .min(common_prefix_length(&prompt_ids, &rejected_full));
+    let prompt_len =
+        common_prefix_length(&prompt_ids, &chosen_full).min(common_prefix_length(&prompt_ids, &rejected_full));
     if prompt_len < prompt_ids.len() {
         report.prefix_mismatch.push(row.line);
     }
@@ -179,19 +162,13 @@ mod tests {
     }
 
     fn m(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message { role: role.into(), content: content.into() }
     }
 
     #[test]
     fn plain_rows_get_eos_once() {
         let tok = tokenizer("plain");
-        let rows = [
-            plain_row(1, "the sky is", " blue", " green"),
-            plain_row(2, "hello", " world <|im_end|>", " hi"),
-        ];
+        let rows = [plain_row(1, "the sky is", " blue", " green"), plain_row(2, "hello", " world <|im_end|>", " hi")];
         let (pairs, report) = tokenize(&rows, &tok, None).unwrap();
         assert_eq!(pairs[0].prompt_ids, vec![11, 10, 12]);
         assert_eq!(pairs[0].chosen_ids, vec![8, 2]);
@@ -214,11 +191,7 @@ mod tests {
         }];
         let (pairs, _) = tokenize(&rows, &tok, None).unwrap();
         // "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" -> WhitespaceSplit words.
-        assert_eq!(
-            pairs[0].prompt_ids,
-            tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-                .unwrap()
-        );
+        assert_eq!(pairs[0].prompt_ids, tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").unwrap());
         assert_eq!(pairs[0].chosen_ids, tok.encode("blue<|im_end|>").unwrap());
         assert_eq!(pairs[0].line, 4);
     }
@@ -238,10 +211,8 @@ mod tests {
     #[test]
     fn max_length_drops_and_counts() {
         let tok = tokenizer("maxlen");
-        let rows = [
-            plain_row(1, "the sky is blue", " hi", " hello world"),
-            plain_row(2, "hi", " the sky is blue", " green"),
-        ];
+        let rows =
+            [plain_row(1, "the sky is blue", " hi", " hello world"), plain_row(2, "hi", " the sky is blue", " green")];
         let (pairs, report) = tokenize(&rows, &tok, Some(4)).unwrap();
         assert_eq!(pairs.len(), 1);
         assert_eq!(pairs[0].line, 2);
@@ -257,8 +228,7 @@ mod tests {
 
     #[test]
     fn missing_template_names_the_line() {
-        let dir: PathBuf =
-            std::env::temp_dir().join(format!("dpo-tokz-{}-notpl", std::process::id()));
+        let dir: PathBuf = std::env::temp_dir().join(format!("dpo-tokz-{}-notpl", std::process::id()));
         write_test_tokenizer(&dir, "{\"eos_token\": \"<|im_end|>\"}");
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let rows = [PreferenceRow {
@@ -277,10 +247,7 @@ mod tests {
             rejected: Text::Plain("green".into()),
         }];
         let err = tokenize(&mixed, &tok, None).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "Line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists"
-        );
+        assert_eq!(err.to_string(), "Line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists");
     }
 
     #[test]

@@ -120,6 +120,10 @@ mod tests {
         let script = sbatch_script(&opts);
         assert!(!script.contains("--partition"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
-        assert!(script.ends_with("srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --device cuda\n"));
+        assert!(
+            script.ends_with(
+                "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --device cuda\n"
+            )
+        );
     }
 }

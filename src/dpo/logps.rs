@@ -34,9 +34,8 @@ impl DeviceBatch {
         let (rows, s) = (batch.rows, batch.seq_len);
         let b = batch.batch_size;
         // Row r, position t (0..S-1) scores label t+1.
-        let scored: Vec<f32> = (0..rows)
-            .flat_map(|r| (1..s).map(move |t| batch.completion_mask[r * s + t] as f32))
-            .collect();
+        let scored: Vec<f32> =
+            (0..rows).flat_map(|r| (1..s).map(move |t| batch.completion_mask[r * s + t] as f32)).collect();
         let scored_counts: Vec<usize> =
             scored.chunks(s.saturating_sub(1).max(1)).map(|row| row.iter().filter(|&&m| m > 0.0).count()).collect();
         let weights = match ld_alpha {
@@ -62,11 +61,8 @@ impl DeviceBatch {
             }
             _ => scored.clone(),
         };
-        let completion_lengths = batch
-            .completion_mask
-            .chunks(s)
-            .map(|row| row.iter().filter(|&&m| m != 0).count() as f32)
-            .collect();
+        let completion_lengths =
+            batch.completion_mask.chunks(s).map(|row| row.iter().filter(|&&m| m != 0).count() as f32).collect();
         let shifted = [rows, s - 1];
         Self {
             pairs: b,
@@ -181,7 +177,8 @@ pub struct Collation {
 pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, device: &Device) -> RefLogps {
     let mut out = RefLogps::default();
     for chunk in pairs.chunks(collation.batch_size.max(1)) {
-        let batch = DeviceBatch::new(&data::collate(chunk, collation.pad_id, collation.max_length), collation.ld_alpha, device);
+        let batch =
+            DeviceBatch::new(&data::collate(chunk, collation.pad_id, collation.max_length), collation.ld_alpha, device);
         let logps = crate::dpo::metrics::host(&score(model, &batch, false).logps);
         let b = chunk.len();
         out.chosen.extend_from_slice(&logps[..b]);

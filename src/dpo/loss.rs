@@ -71,7 +71,14 @@ impl LossType {
     fn allows_f_divergence(self) -> bool {
         matches!(
             self,
-            Self::Sigmoid | Self::SigmoidNorm | Self::Hinge | Self::Ipo | Self::ExoPair | Self::Robust | Self::Discopop | Self::Sft
+            Self::Sigmoid
+                | Self::SigmoidNorm
+                | Self::Hinge
+                | Self::Ipo
+                | Self::ExoPair
+                | Self::Robust
+                | Self::Discopop
+                | Self::Sft
         )
     }
 }
@@ -265,9 +272,7 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
             - rejected_scores.clone() / s.rejected_lengths.clone().clamp_min(1.0)
     };
     // `-(1-ε)·log σ(βd) - ε·log σ(-βd)`, shared by aot and aot_unpaired.
-    let smoothed_sigmoid = |d: Tensor<1>| {
-        log_sigmoid(d.clone() * beta) * -(1.0 - eps) - log_sigmoid(d * -beta) * eps
-    };
+    let smoothed_sigmoid = |d: Tensor<1>| log_sigmoid(d.clone() * beta) * -(1.0 - eps) - log_sigmoid(d * -beta) * eps;
 
     let mut total: Option<Tensor<1>> = None;
     for (loss_type, weight) in cfg.weighted_types() {
@@ -323,11 +328,8 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
             }
             LossType::SigmoidNorm => -log_sigmoid(normalised() * beta),
         };
-        let per_pair = if cfg.use_weighting {
-            per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp()
-        } else {
-            per_pair
-        };
+        let per_pair =
+            if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };
         let term = per_pair.mean() * weight;
         total = Some(match total {
             Some(t) => t + term,
@@ -373,7 +375,10 @@ mod tests {
             f_divergence_type: FDivergence::ForwardKl,
             ..Default::default()
         };
-        assert_eq!(fdiv.validate().unwrap_err().to_string(), "`f_divergence_type`: `nca_pair` only supports `reverse_kl`");
+        assert_eq!(
+            fdiv.validate().unwrap_err().to_string(),
+            "`f_divergence_type`: `nca_pair` only supports `reverse_kl`"
+        );
         let weights = LossConfig { loss_weights: vec![1.0, 2.0], ..Default::default() };
         assert_eq!(weights.validate().unwrap_err().key, "loss_weights");
     }

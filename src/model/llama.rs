@@ -162,7 +162,8 @@ impl HfConfig {
             });
         }
         let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
-        if self.num_attention_heads == 0 || num_kv_heads == 0 || !self.num_attention_heads.is_multiple_of(num_kv_heads) {
+        if self.num_attention_heads == 0 || num_kv_heads == 0 || !self.num_attention_heads.is_multiple_of(num_kv_heads)
+        {
             return Err(ModelError::BadConfig {
                 path,
                 message: format!(
@@ -173,7 +174,10 @@ impl HfConfig {
         }
         let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads);
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(ModelError::BadConfig { path, message: format!("`head_dim` must be even and positive, got {head_dim}") });
+            return Err(ModelError::BadConfig {
+                path,
+                message: format!("`head_dim` must be even and positive, got {head_dim}"),
+            });
         }
         let (rope_theta, rope_scaling) = self.rope(&path)?;
         // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window`.
@@ -268,9 +272,17 @@ impl RmsNorm {
 }
 
 /// A linear layer from an HF `[out, in]` weight (and optional bias) under `prefix`.
-fn load_linear(w: &dyn TensorSource, prefix: &str, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Result<Linear, ModelError> {
+fn load_linear(
+    w: &dyn TensorSource,
+    prefix: &str,
+    d_in: usize,
+    d_out: usize,
+    bias: bool,
+    device: &Device,
+) -> Result<Linear, ModelError> {
     let weight = w.tensor(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose(); // [in, out]
-    let bias = if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
+    let bias =
+        if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
     Ok(Linear { weight: Param::from_tensor(weight), bias })
 }
 
@@ -293,7 +305,8 @@ pub struct Attention {
 
 impl Attention {
     fn load(w: &dyn TensorSource, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
-        let (h, d, q, kv) = (cfg.hidden_size, cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+        let (h, d, q, kv) =
+            (cfg.hidden_size, cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
         let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), d, cfg.rms_norm_eps, device);
         Ok(Self {
             q_proj: load_linear(w, &format!("{prefix}.q_proj"), h, q, cfg.qkv_bias, device)?,
@@ -450,7 +463,8 @@ pub struct DecoderLayer {
 
 impl DecoderLayer {
     fn load(w: &dyn TensorSource, prefix: &str, cfg: &LlamaConfig, device: &Device) -> Result<Self, ModelError> {
-        let norm = |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), cfg.hidden_size, cfg.rms_norm_eps, device);
+        let norm =
+            |name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), cfg.hidden_size, cfg.rms_norm_eps, device);
         Ok(Self {
             self_attn: Attention::load(w, &format!("{prefix}.self_attn"), cfg, device)?,
             mlp: Mlp::load(w, &format!("{prefix}.mlp"), cfg, device)?,
@@ -495,7 +509,8 @@ impl Llama {
             .map(|i| DecoderLayer::load(w, &format!("model.layers.{i}"), cfg, device))
             .collect::<Result<Vec<_>, _>>()?;
         // Some tied checkpoints still store `lm_head.weight`; the embedding is the one that counts.
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_linear(w, "lm_head", h, v, false, device)?) };
+        let lm_head =
+            if cfg.tie_word_embeddings { None } else { Some(load_linear(w, "lm_head", h, v, false, device)?) };
         Ok(Self {
             model: Body {
                 embed_tokens: Embedding { weight: Param::from_tensor(embed) },

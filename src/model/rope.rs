@@ -14,12 +14,7 @@ pub enum RopeScaling {
     /// Plain RoPE: `inv_freq[i] = theta^(-2i/D)`.
     Default,
     /// Llama 3.1: long wavelengths divided by `factor`, a smooth blend between the two bands.
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
-    },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
 }
 
 /// Precomputed cos/sin tables, `[max_positions, D]` each, in f32.
@@ -75,10 +70,8 @@ impl Rope {
 
 /// `inv_freq` as transformers computes it (f32 arithmetic on the exponent, as there).
 fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
-    let base: Vec<f32> = (0..head_dim)
-        .step_by(2)
-        .map(|i| 1.0 / (theta as f32).powf(i as f32 / head_dim as f32))
-        .collect();
+    let base: Vec<f32> =
+        (0..head_dim).step_by(2).map(|i| 1.0 / (theta as f32).powf(i as f32 / head_dim as f32)).collect();
     match *scaling {
         RopeScaling::Default => base,
         RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {

@@ -55,9 +55,8 @@ impl Weights {
         } else if index_path.is_file() {
             let text = std::fs::read_to_string(&index_path)
                 .map_err(|source| WeightsError::Io { path: index_path.clone(), source })?;
-            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| {
-                WeightsError::BadIndex { path: index_path.clone(), message: e.to_string() }
-            })?;
+            let index: ShardIndex = serde_json::from_str(&text)
+                .map_err(|e| WeightsError::BadIndex { path: index_path.clone(), message: e.to_string() })?;
             let mut names: Vec<String> = index.weight_map.into_values().collect();
             names.sort();
             names.dedup();
@@ -78,12 +77,10 @@ impl Weights {
         let mut files = Vec::new();
         let mut index = HashMap::new();
         for path in paths {
-            let file =
-                File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            let file = File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
             // SAFETY: the map is read-only and lives as long as `Weights`; a checkpoint modified
             // by another process while we read it is outside what any loader can guard against.
-            let mmap = unsafe { Mmap::map(&file) }
-                .map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
             let tensors = SafeTensors::deserialize(&mmap)
                 .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
             for tensor_name in tensors.names() {
@@ -118,8 +115,8 @@ impl Weights {
         let missing = || WeightsError::Missing { name: name.to_owned(), dir: self.dir.clone() };
         let &file = self.index.get(name).ok_or_else(missing)?;
         let (path, mmap) = &self.files[file];
-        let tensors = SafeTensors::deserialize(mmap)
-            .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+        let tensors =
+            SafeTensors::deserialize(mmap).map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
         let view = tensors.tensor(name).map_err(|_| missing())?;
         if view.shape() != expected {
             return Err(WeightsError::Shape {
@@ -147,7 +144,12 @@ impl TensorSource for Weights {
 
 impl dyn TensorSource + '_ {
     /// Tensor `name` on `device`.
-    pub fn tensor<const D: usize>(&self, name: &str, shape: [usize; D], device: &Device) -> Result<Tensor<D>, WeightsError> {
+    pub fn tensor<const D: usize>(
+        &self,
+        name: &str,
+        shape: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D>, WeightsError> {
         Ok(Tensor::from_data(TensorData::new(self.values(name, &shape)?, shape), device))
     }
 }
@@ -170,7 +172,8 @@ impl TensorSource for RandomInit {
         if name.ends_with(".bias") {
             return Ok(vec![0.0; n]);
         }
-        let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let name_hash =
+            name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
         // Box–Muller: two uniforms give one standard normal.
         Ok((0..n)
@@ -187,14 +190,8 @@ impl TensorSource for RandomInit {
 fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightsError> {
     Ok(match dtype {
         Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         dtype => return Err(WeightsError::Dtype { name: name.to_owned(), dtype }),
     })
 }
@@ -225,6 +222,7 @@ pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Weig
         })
         .collect::<Result<Vec<_>, _>>()?;
     let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
-    let data = safetensors::serialize(views, metadata).map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })?;
+    let data = safetensors::serialize(views, metadata)
+        .map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })?;
     crate::fsutil::write_atomic(path, &data).map_err(|source| WeightsError::Io { path: path.to_owned(), source })
 }

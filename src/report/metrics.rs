@@ -28,13 +28,8 @@ pub const METRIC_NAMES: [&str; 11] = [
 ];
 
 /// Columns after the metrics, in order.
-const TAIL_COLUMNS: [&str; 5] = [
-    "learning_rate",
-    "grad_norm",
-    "pairs_per_second",
-    "tokens_per_second",
-    "elapsed_seconds",
-];
+const TAIL_COLUMNS: [&str; 5] =
+    ["learning_rate", "grad_norm", "pairs_per_second", "tokens_per_second", "elapsed_seconds"];
 
 /// Columns before the metrics, in order.
 const HEAD_COLUMNS: [&str; 3] = ["step", "epoch", "split"];
@@ -47,12 +42,7 @@ pub const METRICS_FILE: &str = "metrics.csv";
 
 /// All column names, in order.
 fn header() -> Vec<&'static str> {
-    HEAD_COLUMNS
-        .iter()
-        .chain(METRIC_NAMES.iter())
-        .chain(TAIL_COLUMNS.iter())
-        .copied()
-        .collect()
+    HEAD_COLUMNS.iter().chain(METRIC_NAMES.iter()).chain(TAIL_COLUMNS.iter()).copied().collect()
 }
 
 /// Which data a row was measured on.
@@ -135,12 +125,7 @@ impl MetricsRow {
         cells.push(format_f64(self.epoch));
         cells.push(self.split.as_str().to_string());
         cells.extend(self.metrics.iter().map(|v| format_opt(*v)));
-        for v in [
-            self.learning_rate,
-            self.grad_norm,
-            self.pairs_per_second,
-            self.tokens_per_second,
-        ] {
+        for v in [self.learning_rate, self.grad_norm, self.pairs_per_second, self.tokens_per_second] {
             cells.push(format_opt(v));
         }
         cells.push(format_f64(self.elapsed_seconds));
@@ -148,11 +133,7 @@ impl MetricsRow {
     }
 
     /// Parses one record; `line` is only used in errors.
-    fn from_record(
-        record: &csv::StringRecord,
-        path: &Path,
-        line: u64,
-    ) -> Result<Self, ReportError> {
+    fn from_record(record: &csv::StringRecord, path: &Path, line: u64) -> Result<Self, ReportError> {
         if record.len() != N_COLUMNS {
             return Err(ReportError::FieldCount {
                 path: path.to_path_buf(),
@@ -170,11 +151,7 @@ impl MetricsRow {
         };
         let opt = |i: usize| -> Result<Option<f64>, ReportError> {
             let cell = record[i].trim();
-            if cell.is_empty() {
-                Ok(None)
-            } else {
-                cell.parse::<f64>().map(Some).map_err(|_| bad(i))
-            }
+            if cell.is_empty() { Ok(None) } else { cell.parse::<f64>().map(Some).map_err(|_| bad(i)) }
         };
         let req = |i: usize| -> Result<f64, ReportError> { opt(i)?.ok_or_else(|| bad(i)) };
 
@@ -186,9 +163,7 @@ impl MetricsRow {
             _ => return Err(bad(2)),
         };
         let first_tail = HEAD_COLUMNS.len() + METRIC_NAMES.len();
-        let metrics = (HEAD_COLUMNS.len()..first_tail)
-            .map(opt)
-            .collect::<Result<Vec<_>, _>>()?;
+        let metrics = (HEAD_COLUMNS.len()..first_tail).map(opt).collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             step,
             epoch,
@@ -207,11 +182,7 @@ impl MetricsRow {
 /// large magnitudes (learning rates like `5e-7`), `NaN`/`inf`/`-inf` as Rust and pandas spell them.
 fn format_f64(v: f64) -> String {
     let a = v.abs();
-    if v.is_finite() && a != 0.0 && !(1e-4..1e15).contains(&a) {
-        format!("{v:e}")
-    } else {
-        format!("{v}")
-    }
+    if v.is_finite() && a != 0.0 && !(1e-4..1e15).contains(&a) { format!("{v:e}") } else { format!("{v}") }
 }
 
 fn format_opt(v: Option<f64>) -> String {
@@ -251,14 +222,8 @@ impl MetricsWriter {
             .append(true)
             .open(&path)
             .map_err(|e| ReportError::io("open for appending", &path, e))?;
-        let writer = csv::WriterBuilder::new()
-            .has_headers(false)
-            .from_writer(file);
-        let mut this = Self {
-            path,
-            writer,
-            lines,
-        };
+        let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
+        let mut this = Self { path, writer, lines };
         if !has_content {
             this.write_record(&header())?;
         }
@@ -277,26 +242,19 @@ impl MetricsWriter {
             let tmp = tmp_path(&path);
             {
                 let file = File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
-                let writer = csv::WriterBuilder::new()
-                    .has_headers(false)
-                    .from_writer(file);
-                let mut out = Self {
-                    path: tmp.clone(),
-                    writer,
-                    lines: 0,
-                };
+                let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
+                let mut out = Self { path: tmp.clone(), writer, lines: 0 };
                 out.write_record(&header())?;
                 for row in rows.iter().filter(|r| r.step <= keep_through_step) {
                     out.append(row)?;
                 }
-                let file = out.writer.into_inner().map_err(|e| {
-                    ReportError::io("write", &tmp, std::io::Error::other(e.to_string()))
-                })?;
-                file.sync_all()
-                    .map_err(|e| ReportError::io("write", &tmp, e))?;
+                let file = out
+                    .writer
+                    .into_inner()
+                    .map_err(|e| ReportError::io("write", &tmp, std::io::Error::other(e.to_string())))?;
+                file.sync_all().map_err(|e| ReportError::io("write", &tmp, e))?;
             }
-            std::fs::rename(&tmp, &path)
-                .map_err(|e| ReportError::io("rename into place", &path, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| ReportError::io("rename into place", &path, e))?;
         }
         Self::create(dir)
     }
@@ -322,16 +280,12 @@ impl MetricsWriter {
     /// Writes and flushes one record.
     fn write_record<S: AsRef<[u8]>>(&mut self, cells: &[S]) -> Result<(), ReportError> {
         self.lines += 1;
-        self.writer
-            .write_record(cells)
-            .map_err(|source| ReportError::Csv {
-                path: self.path.clone(),
-                line: self.lines,
-                source,
-            })?;
-        self.writer
-            .flush()
-            .map_err(|e| ReportError::io("write", &self.path, e))
+        self.writer.write_record(cells).map_err(|source| ReportError::Csv {
+            path: self.path.clone(),
+            line: self.lines,
+            source,
+        })?;
+        self.writer.flush().map_err(|e| ReportError::io("write", &self.path, e))
     }
 }
 
@@ -339,17 +293,11 @@ impl MetricsWriter {
 fn check_header(path: &Path) -> Result<(), ReportError> {
     let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
     let mut first = String::new();
-    BufReader::new(file)
-        .read_line(&mut first)
-        .map_err(|e| ReportError::io("read", path, e))?;
+    BufReader::new(file).read_line(&mut first).map_err(|e| ReportError::io("read", path, e))?;
     let found = first.trim_end_matches(['\r', '\n']);
     let expected = header().join(",");
     if found != expected {
-        return Err(ReportError::Header {
-            path: path.to_path_buf(),
-            expected,
-            found: found.to_string(),
-        });
+        return Err(ReportError::Header { path: path.to_path_buf(), expected, found: found.to_string() });
     }
     Ok(())
 }
@@ -358,10 +306,7 @@ fn check_header(path: &Path) -> Result<(), ReportError> {
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, ReportError> {
     check_header(path)?;
     let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .from_reader(file);
+    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(file);
     let mut rows = Vec::new();
     let mut record = csv::StringRecord::new();
     loop {
@@ -378,11 +323,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, ReportError> {
                         };
                         ReportError::io("read", path, e)
                     }
-                    _ => ReportError::Csv {
-                        path: path.to_path_buf(),
-                        line,
-                        source,
-                    },
+                    _ => ReportError::Csv { path: path.to_path_buf(), line, source },
                 });
             }
         }
@@ -420,11 +361,7 @@ mod tests {
     #[test]
     fn round_trip_keeps_empty_cells_and_values() {
         let dir = tempfile::tempdir().unwrap();
-        let mut rows = vec![
-            row(1, Split::Train),
-            row(2, Split::Train),
-            row(2, Split::Eval),
-        ];
+        let mut rows = vec![row(1, Split::Train), row(2, Split::Train), row(2, Split::Eval)];
         rows[1].metrics[9] = Some(f64::NAN);
         rows[1].tokens_per_second = Some(1234.5);
         rows[1].pairs_per_second = Some(f64::INFINITY);
@@ -453,14 +390,8 @@ mod tests {
     #[test]
     fn create_appends_without_a_second_header() {
         let dir = tempfile::tempdir().unwrap();
-        MetricsWriter::create(dir.path())
-            .unwrap()
-            .append(&row(1, Split::Train))
-            .unwrap();
-        MetricsWriter::create(dir.path())
-            .unwrap()
-            .append(&row(2, Split::Train))
-            .unwrap();
+        MetricsWriter::create(dir.path()).unwrap().append(&row(1, Split::Train)).unwrap();
+        MetricsWriter::create(dir.path()).unwrap().append(&row(2, Split::Train)).unwrap();
         let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
         assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2]);
     }
@@ -485,13 +416,7 @@ mod tests {
         let keys: Vec<(u64, Split)> = back.iter().map(|r| (r.step, r.split)).collect();
         assert_eq!(
             keys,
-            [
-                (1, Split::Train),
-                (2, Split::Train),
-                (3, Split::Train),
-                (3, Split::Eval),
-                (4, Split::Train)
-            ]
+            [(1, Split::Train), (2, Split::Train), (3, Split::Train), (3, Split::Eval), (4, Split::Train)]
         );
         assert!(!dir.path().join("metrics.csv.tmp").exists());
     }
@@ -499,14 +424,8 @@ mod tests {
     #[test]
     fn resume_without_a_file_starts_one() {
         let dir = tempfile::tempdir().unwrap();
-        MetricsWriter::resume(dir.path(), 10)
-            .unwrap()
-            .append(&row(11, Split::Train))
-            .unwrap();
-        assert_eq!(
-            read_metrics(&dir.path().join("metrics.csv")).unwrap().len(),
-            1
-        );
+        MetricsWriter::resume(dir.path(), 10).unwrap().append(&row(11, Split::Train)).unwrap();
+        assert_eq!(read_metrics(&dir.path().join("metrics.csv")).unwrap().len(), 1);
     }
 
     #[test]
@@ -514,14 +433,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut bad = row(7, Split::Train);
         bad.metrics.pop();
-        let err = MetricsWriter::create(dir.path())
-            .unwrap()
-            .append(&bad)
-            .unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("Metrics row for step 7 has 10 metric values")
-        );
+        let err = MetricsWriter::create(dir.path()).unwrap().append(&bad).unwrap_err();
+        assert!(err.to_string().starts_with("Metrics row for step 7 has 10 metric values"));
     }
 
     fn write_file(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
@@ -533,40 +446,23 @@ mod tests {
 
     #[test]
     fn short_row_error_names_file_and_line() {
-        let (_dir, path) = write_file(
-            "metrics.csv",
-            "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n",
-        );
+        let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
         let err = read_metrics(&path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "Row at line 3 of `{}` has 4 fields, expected 19",
-                path.display()
-            )
-        );
+        assert_eq!(err.to_string(), format!("Row at line 3 of `{}` has 4 fields, expected 19", path.display()));
     }
 
     #[test]
     fn bad_value_error_names_file_line_and_column() {
-        let (_dir, path) = write_file(
-            "metrics.csv",
-            "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,abc,,,2\n",
-        );
+        let (_dir, path) =
+            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,abc,,,2\n");
         let err = read_metrics(&path).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "Invalid value `abc` in column `grad_norm` at line 3 of `{}`",
-                path.display()
-            )
+            format!("Invalid value `abc` in column `grad_norm` at line 3 of `{}`", path.display())
         );
         let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,1\n");
         let err = read_metrics(&path).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("Invalid value `test` in column `split` at line 2")
-        );
+        assert!(err.to_string().starts_with("Invalid value `test` in column `split` at line 2"));
     }
 
     #[test]

@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 
 pub use metrics::{METRIC_NAMES, METRICS_FILE, MetricsRow, MetricsWriter, Split, read_metrics};
 pub use plot::{
-    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, ema_alpha, plot_meta_from_run,
-    render_comparison, render_run,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, ema_alpha, plot_meta_from_run, render_comparison, render_run,
 };
 pub use samples::{Sample, write_samples};
 
@@ -41,37 +40,16 @@ pub enum ReportError {
     },
     /// The first line of an existing `metrics.csv` is not the header this version writes.
     #[error("Unexpected header in `{path}`: expected `{expected}`, found `{found}`")]
-    Header {
-        path: PathBuf,
-        expected: String,
-        found: String,
-    },
+    Header { path: PathBuf, expected: String, found: String },
     /// A row has the wrong number of fields.
     #[error("Row at line {line} of `{path}` has {found} fields, expected {expected}")]
-    FieldCount {
-        path: PathBuf,
-        line: u64,
-        found: usize,
-        expected: usize,
-    },
+    FieldCount { path: PathBuf, line: u64, found: usize, expected: usize },
     /// A cell does not parse as its column's type.
     #[error("Invalid value `{value}` in column `{column}` at line {line} of `{path}`")]
-    Value {
-        path: PathBuf,
-        line: u64,
-        column: &'static str,
-        value: String,
-    },
+    Value { path: PathBuf, line: u64, column: &'static str, value: String },
     /// A row handed to [`MetricsWriter::append`] does not carry exactly the 11 TRL metrics.
-    #[error(
-        "Metrics row for step {step} has {found} metric values, expected {expected} for `{path}`"
-    )]
-    MetricCount {
-        path: PathBuf,
-        step: u64,
-        found: usize,
-        expected: usize,
-    },
+    #[error("Metrics row for step {step} has {found} metric values, expected {expected} for `{path}`")]
+    MetricCount { path: PathBuf, step: u64, found: usize, expected: usize },
     /// plotters failed to draw an image.
     #[error("Failed to draw `{path}`")]
     Draw {
@@ -86,11 +64,7 @@ pub enum ReportError {
 
 impl ReportError {
     fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
-        Self::Io {
-            action,
-            path: path.to_path_buf(),
-            source,
-        }
+        Self::Io { action, path: path.to_path_buf(), source }
     }
 }
 

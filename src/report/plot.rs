@@ -17,8 +17,8 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::metrics::{METRICS_FILE, MetricsRow, Split, read_metrics};
 use super::ReportError;
+use super::metrics::{METRICS_FILE, MetricsRow, Split, read_metrics};
 
 /// Size in pixels (width, height) of each single-panel PNG.
 pub const PLOT_SIZE: (u32, u32) = (1000, 600);
@@ -40,14 +40,8 @@ const MIN_POINTS_TO_SMOOTH: usize = 3;
 const RAW_ALPHA: f64 = 0.4;
 
 /// The file names written by [`render_run`] and [`render_comparison`], in the order returned.
-pub const PLOT_FILES: [&str; 6] = [
-    "loss.png",
-    "rewards.png",
-    "margins.png",
-    "accuracies.png",
-    "lr_grad_norm.png",
-    "dashboard.png",
-];
+pub const PLOT_FILES: [&str; 6] =
+    ["loss.png", "rewards.png", "margins.png", "accuracies.png", "lr_grad_norm.png", "dashboard.png"];
 
 /// What the plot titles say about a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,11 +56,7 @@ pub struct PlotMeta {
 impl PlotMeta {
     /// `<run_name> · <model> · β = <beta>`.
     fn title(&self) -> String {
-        let beta = if self.beta.is_finite() {
-            format!("{}", self.beta)
-        } else {
-            "?".to_string()
-        };
+        let beta = if self.beta.is_finite() { format!("{}", self.beta) } else { "?".to_string() };
         format!("{} · {} · β = {beta}", self.run_name, self.model)
     }
 }
@@ -88,24 +78,12 @@ pub fn plot_meta_from_run(run_dir: &Path) -> PlotMeta {
         .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
         .unwrap_or_default();
     let find = |key: &str| -> Option<&toml::Value> {
-        table.get(key).or_else(|| {
-            table
-                .values()
-                .filter_map(toml::Value::as_table)
-                .find_map(|t| t.get(key))
-        })
+        table.get(key).or_else(|| table.values().filter_map(toml::Value::as_table).find_map(|t| t.get(key)))
     };
     PlotMeta {
-        run_name: find("run_name")
-            .and_then(toml::Value::as_str)
-            .map_or(dir_name, str::to_string),
-        model: find("model_name_or_path")
-            .and_then(toml::Value::as_str)
-            .unwrap_or("?")
-            .to_string(),
-        beta: find("beta")
-            .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)))
-            .unwrap_or(f64::NAN),
+        run_name: find("run_name").and_then(toml::Value::as_str).map_or(dir_name, str::to_string),
+        model: find("model_name_or_path").and_then(toml::Value::as_str).unwrap_or("?").to_string(),
+        beta: find("beta").and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64))).unwrap_or(f64::NAN),
     }
 }
 
@@ -263,13 +241,7 @@ fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
         if with_eval {
             curves.push(eval(field, "eval", EVAL_COLOR));
         }
-        vec![Chart {
-            caption: field.name().to_string(),
-            y_label: field.name(),
-            y_fixed,
-            curves,
-            legend: true,
-        }]
+        vec![Chart { caption: field.name().to_string(), y_label: field.name(), y_fixed, curves, legend: true }]
     };
     let chosen = Field::Metric("rewards/chosen");
     let rejected = Field::Metric("rewards/rejected");
@@ -289,12 +261,7 @@ fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
         simple(Field::Metric("loss"), None, true, true),
         rewards,
         simple(Field::Metric("rewards/margins"), None, true, true),
-        simple(
-            Field::Metric("rewards/accuracies"),
-            Some((0.0, 1.0)),
-            true,
-            true,
-        ),
+        simple(Field::Metric("rewards/accuracies"), Some((0.0, 1.0)), true, true),
         // The schedule is exact, so it is not smoothed; evaluations have no learning rate.
         simple(Field::LearningRate, None, false, false),
         simple(Field::GradNorm, None, false, true),
@@ -323,31 +290,17 @@ fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
                 });
             }
         }
-        Chart {
-            caption: field.name().to_string(),
-            y_label: field.name(),
-            y_fixed,
-            curves,
-            legend: true,
-        }
+        Chart { caption: field.name().to_string(), y_label: field.name(), y_fixed, curves, legend: true }
     };
     [
         vec![chart(Field::Metric("loss"), None, true, true)],
         vec![
             chart(Field::Metric("rewards/chosen"), None, true, true),
             // Same runs, same colours: the legend above serves both.
-            Chart {
-                legend: false,
-                ..chart(Field::Metric("rewards/rejected"), None, true, true)
-            },
+            Chart { legend: false, ..chart(Field::Metric("rewards/rejected"), None, true, true) },
         ],
         vec![chart(Field::Metric("rewards/margins"), None, true, true)],
-        vec![chart(
-            Field::Metric("rewards/accuracies"),
-            Some((0.0, 1.0)),
-            true,
-            true,
-        )],
+        vec![chart(Field::Metric("rewards/accuracies"), Some((0.0, 1.0)), true, true)],
         vec![chart(Field::LearningRate, None, false, false)],
         vec![chart(Field::GradNorm, None, false, true)],
     ]
@@ -357,10 +310,7 @@ fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
 // Drawing.
 
 /// The bytes of the font all text is drawn with.
-static FONT: &[u8] = include_bytes!(concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/assets/fonts/DejaVuSans.ttf"
-));
+static FONT: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/fonts/DejaVuSans.ttf"));
 /// The family name the font is registered under; plotters' default family.
 const FONT_FAMILY: &str = "sans-serif";
 
@@ -368,9 +318,7 @@ const FONT_FAMILY: &str = "sans-serif";
 /// loads no system fonts; every style falls back to the registered `Normal` face).
 fn ensure_font() -> Result<(), ReportError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
-    let ok = *REGISTERED.get_or_init(|| {
-        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT).is_ok()
-    });
+    let ok = *REGISTERED.get_or_init(|| plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT).is_ok());
     if ok { Ok(()) } else { Err(ReportError::Font) }
 }
 
@@ -420,11 +368,7 @@ fn font(size: u32, color: &'static RGBColor) -> TextStyle<'static> {
 }
 
 /// Writes the five panel files and the dashboard into `out_dir`.
-fn render_cells(
-    cells: &[Cell; 6],
-    out_dir: &Path,
-    title: &str,
-) -> Result<Vec<PathBuf>, ReportError> {
+fn render_cells(cells: &[Cell; 6], out_dir: &Path, title: &str) -> Result<Vec<PathBuf>, ReportError> {
     ensure_font()?;
     let [loss, rewards, margins, accuracies, lr, grad_norm] = cells;
     let lr_grad: Cell = lr.iter().chain(grad_norm).cloned().collect();
@@ -457,10 +401,7 @@ fn render_png(
     (width, height): (u32, u32),
     draw: impl FnOnce(&Area) -> DrawResult,
 ) -> Result<(), ReportError> {
-    let draw_err = |source| ReportError::Draw {
-        path: path.to_path_buf(),
-        source,
-    };
+    let draw_err = |source| ReportError::Draw { path: path.to_path_buf(), source };
     let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let partial = path.with_file_name(format!(".{name}.partial.png"));
     {
@@ -483,9 +424,7 @@ fn draw_cell(area: &Area, cell: &Cell, scale: &Scale) -> DrawResult {
 
 /// `(lo, hi)` of `values` padded by 5 % (a constant series gets ±10 % of its value, or ±1 at 0).
 fn fit_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         return None;
     }
@@ -499,9 +438,7 @@ fn fit_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 
 /// The x range: from the first logged step, with 2 % of air after the last (±1 for one step).
 fn step_range(steps: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
-    let (lo, hi) = steps.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
+    let (lo, hi) = steps.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         None
     } else if lo == hi {
@@ -516,26 +453,14 @@ fn step_range(steps: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 fn tick_label(v: f64, span: f64, magnitude: f64) -> String {
     if magnitude != 0.0 && !(1e-3..1e5).contains(&magnitude) {
         // A tick at zero can land a rounding error away from it: 1e-6 of the span is zero.
-        return if v.abs() <= span * 1e-6 {
-            "0".to_string()
-        } else {
-            format!("{v:.1e}")
-        };
+        return if v.abs() <= span * 1e-6 { "0".to_string() } else { format!("{v:.1e}") };
     }
     // About twice as many decimals steps as ticks, so 0.25 on a 0..1 axis keeps its 5.
     let step = span / 12.0;
-    let decimals = if step > 0.0 {
-        (-step.log10().floor()).clamp(0.0, 6.0) as usize
-    } else {
-        2
-    };
+    let decimals = if step > 0.0 { (-step.log10().floor()).clamp(0.0, 6.0) as usize } else { 2 };
     let text = format!("{v:.decimals$}");
     // `-0.00` reads as a bug.
-    if text
-        .trim_start_matches('-')
-        .chars()
-        .all(|c| c == '0' || c == '.')
-    {
+    if text.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') {
         text.trim_start_matches('-').to_string()
     } else {
         text
@@ -568,17 +493,10 @@ fn legend_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> SeriesL
 }
 
 fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
-    let all_points: Vec<(f64, f64)> = chart
-        .curves
-        .iter()
-        .flat_map(|c| c.points.iter().copied())
-        .collect();
+    let all_points: Vec<(f64, f64)> = chart.curves.iter().flat_map(|c| c.points.iter().copied()).collect();
     let empty = all_points.is_empty();
     let (x0, x1) = step_range(all_points.iter().map(|p| p.0)).unwrap_or((0.0, 1.0));
-    let (y0, y1) = chart
-        .y_fixed
-        .or_else(|| fit_range(all_points.iter().map(|p| p.1)))
-        .unwrap_or((0.0, 1.0));
+    let (y0, y1) = chart.y_fixed.or_else(|| fit_range(all_points.iter().map(|p| p.1))).unwrap_or((0.0, 1.0));
 
     let mut ctx = ChartBuilder::on(area)
         .caption(&chart.caption, font(scale.caption, &TEXT_COLOR))
@@ -609,11 +527,7 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
     if empty {
         let note = format!("no {} logged", chart.y_label);
         let style = font(scale.note, &NOTE_COLOR).pos(Pos::new(HPos::Center, VPos::Center));
-        ctx.draw_series(std::iter::once(Text::new(
-            note,
-            ((x0 + x1) / 2.0, (y0 + y1) / 2.0),
-            style,
-        )))?;
+        ctx.draw_series(std::iter::once(Text::new(note, ((x0 + x1) / 2.0, (y0 + y1) / 2.0), style)))?;
         return Ok(());
     }
 
@@ -637,66 +551,40 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
                     }
                     let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
                     let alpha = ema_alpha(values.len());
-                    let line: Vec<(f64, f64)> =
-                        curve.points.iter().map(|p| p.0).zip(ema(&values, alpha)).collect();
+                    let line: Vec<(f64, f64)> = curve.points.iter().map(|p| p.0).zip(ema(&values, alpha)).collect();
                     legend_points.extend(line.iter().copied());
                     ctx.draw_series(LineSeries::new(line, color.stroke_width(3)))?
                         .label(format!("{} (EMA α={alpha:.2})", curve.label))
-                        .legend(move |(x, y)| {
-                            PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-                        });
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
                 } else {
                     // Too few points to smooth (or an exact schedule): the values themselves, bold,
                     // with markers when there are only a couple.
                     legend_points.extend(curve.points.iter().copied());
                     if curve.points.len() < MIN_POINTS_TO_SMOOTH {
-                        ctx.draw_series(
-                            curve
-                                .points
-                                .iter()
-                                .map(|&p| Circle::new(p, 5, color.filled())),
-                        )?;
+                        ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?;
                     }
-                    ctx.draw_series(LineSeries::new(
-                        curve.points.iter().copied(),
-                        color.stroke_width(3),
-                    ))?
-                    .label(&curve.label)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-                    });
+                    ctx.draw_series(LineSeries::new(curve.points.iter().copied(), color.stroke_width(3)))?
+                        .label(&curve.label)
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
                 }
             }
             CurveKind::Eval { dashed } => {
                 legend_points.extend(curve.points.iter().copied());
                 if dashed {
-                    ctx.draw_series(DashedLineSeries::new(
-                        curve.points.iter().copied(),
-                        10,
-                        6,
-                        color.stroke_width(2),
-                    ))?;
+                    ctx.draw_series(DashedLineSeries::new(curve.points.iter().copied(), 10, 6, color.stroke_width(2)))?;
                 } else {
-                    ctx.draw_series(LineSeries::new(
-                        curve.points.iter().copied(),
-                        color.stroke_width(2),
-                    ))?;
+                    ctx.draw_series(LineSeries::new(curve.points.iter().copied(), color.stroke_width(2)))?;
                 }
-                ctx.draw_series(
-                    curve
-                        .points
-                        .iter()
-                        .map(|&p| Circle::new(p, 5, color.filled())),
-                )?
-                .label(&curve.label)
-                .legend(move |(x, y)| {
-                    // Two dashes for a dashed curve, one line otherwise, and the marker.
-                    let (first_end, second_start) = if dashed { (8, 16) } else { (24, 24) };
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (first_end, 0)], color.stroke_width(2))
-                        + PathElement::new(vec![(second_start, 0), (24, 0)], color.stroke_width(2))
-                        + Circle::new((12, 0), 5, color.filled())
-                });
+                ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?
+                    .label(&curve.label)
+                    .legend(move |(x, y)| {
+                        // Two dashes for a dashed curve, one line otherwise, and the marker.
+                        let (first_end, second_start) = if dashed { (8, 16) } else { (24, 24) };
+                        EmptyElement::at((x, y))
+                            + PathElement::new(vec![(0, 0), (first_end, 0)], color.stroke_width(2))
+                            + PathElement::new(vec![(second_start, 0), (24, 0)], color.stroke_width(2))
+                            + Circle::new((12, 0), 5, color.filled())
+                    });
             }
         }
     }
@@ -729,10 +617,7 @@ mod tests {
     fn ema_matches_hand_computation() {
         // s0 = 0; s1 = 0.1·10 + 0.9·0 = 1; s2 = 1 + 0.9·1 = 1.9; s3 = 1 + 0.9·1.9 = 2.71;
         // s4 = 0.1·0 + 0.9·2.71 = 2.439.
-        assert_close(
-            &ema(&[0.0, 10.0, 10.0, 10.0, 0.0], 0.1),
-            &[0.0, 1.0, 1.9, 2.71, 2.439],
-        );
+        assert_close(&ema(&[0.0, 10.0, 10.0, 10.0, 0.0], 0.1), &[0.0, 1.0, 1.9, 2.71, 2.439]);
     }
 
     #[test]
@@ -760,14 +645,8 @@ mod tests {
         let mut eval = MetricsRow::empty(4, 0.0, Split::Eval, 0.0);
         eval.set_metric("loss", 0.3);
         rows.push(eval);
-        assert_eq!(
-            series(&rows, Split::Train, Field::Metric("loss")),
-            [(3.0, 0.5), (4.0, 0.25)]
-        );
-        assert_eq!(
-            series(&rows, Split::Eval, Field::Metric("loss")),
-            [(4.0, 0.3)]
-        );
+        assert_eq!(series(&rows, Split::Train, Field::Metric("loss")), [(3.0, 0.5), (4.0, 0.25)]);
+        assert_eq!(series(&rows, Split::Eval, Field::Metric("loss")), [(4.0, 0.3)]);
     }
 
     #[test]
@@ -791,10 +670,7 @@ mod tests {
         let pos = legend_corner(&pts, (0.0, 9.0), (0.0, 10.0));
         assert_eq!(pos, SeriesLabelPosition::UpperRight);
         let rising: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, i as f64)).collect();
-        assert_eq!(
-            legend_corner(&rising, (0.0, 9.0), (0.0, 9.0)),
-            SeriesLabelPosition::UpperLeft
-        );
+        assert_eq!(legend_corner(&rising, (0.0, 9.0), (0.0, 9.0)), SeriesLabelPosition::UpperLeft);
     }
 
     #[test]
@@ -814,14 +690,7 @@ mod tests {
         )
         .unwrap();
         let meta = plot_meta_from_run(&run);
-        assert_eq!(
-            meta,
-            PlotMeta {
-                run_name: "dpo-a".into(),
-                model: "Qwen/Qwen2.5-0.5B".into(),
-                beta: 0.1
-            }
-        );
+        assert_eq!(meta, PlotMeta { run_name: "dpo-a".into(), model: "Qwen/Qwen2.5-0.5B".into(), beta: 0.1 });
         assert_eq!(meta.title(), "dpo-a · Qwen/Qwen2.5-0.5B · β = 0.1");
     }
 }

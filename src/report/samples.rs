@@ -43,12 +43,9 @@ fn format_samples(title: &str, samples: &[Sample]) -> String {
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
         let _ = writeln!(out, "\n[{}/{n}]", i + 1);
-        for (label, text) in [
-            ("PROMPT:", &s.prompt),
-            ("POLICY:", &s.policy),
-            ("REFERENCE:", &s.reference),
-            ("CHOSEN:", &s.chosen),
-        ] {
+        for (label, text) in
+            [("PROMPT:", &s.prompt), ("POLICY:", &s.policy), ("REFERENCE:", &s.reference), ("CHOSEN:", &s.chosen)]
+        {
             let _ = writeln!(out, "{label}");
             push_indented(&mut out, text);
         }
@@ -87,12 +84,7 @@ mod tests {
                 reference: String::new(),
                 chosen: "Four".into(),
             },
-            Sample {
-                prompt: "Hi".into(),
-                policy: "Hello!".into(),
-                reference: "Hey".into(),
-                chosen: "Hello".into(),
-            },
+            Sample { prompt: "Hi".into(), policy: "Hello!".into(), reference: "Hey".into(), chosen: "Hello".into() },
         ];
         let text = format_samples("step 120 (final)", &samples);
         let rule = "-".repeat(80);

@@ -88,7 +88,8 @@ pub fn save(
         .collect();
     save_safetensors(&staged.join(OPTIMIZER_FILE), &moments)?;
     let full_state = StateFile { trainer: state.clone(), optimizer_step: optimizer.step };
-    let json = serde_json::to_vec_pretty(&full_state).map_err(|e| CheckpointError::Write { path: staged.clone(), source: e.into() })?;
+    let json = serde_json::to_vec_pretty(&full_state)
+        .map_err(|e| CheckpointError::Write { path: staged.clone(), source: e.into() })?;
     write_atomic(&staged.join(STATE_FILE), &json).map_err(io(&staged))?;
     write_atomic(&staged.join("config.toml"), config_toml.as_bytes()).map_err(io(&staged))?;
     replace_dir(&staged, &dest).map_err(io(&dest))?;
@@ -151,7 +152,9 @@ pub fn load_state(dir: &Path, device: &Device) -> Result<Saved, CheckpointError>
             let n = values.len();
             Ok(Tensor::from_data(TensorData::new(values, [n]), device))
         };
-        optimizer.moments.insert(param.to_owned(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });
+        optimizer
+            .moments
+            .insert(param.to_owned(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });
     }
     Ok(Saved { state: file.trainer, optimizer })
 }

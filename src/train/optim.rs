@@ -137,10 +137,11 @@ impl ModuleMapper for Update<'_> {
         let AdamWConfig { beta1, beta2, epsilon, weight_decay } = self.cfg;
         let t = self.state.step as i32;
 
-        let moments = self.state.moments.remove(&name).unwrap_or_else(|| Moments {
-            exp_avg: grad.zeros_like(),
-            exp_avg_sq: grad.zeros_like(),
-        });
+        let moments = self
+            .state
+            .moments
+            .remove(&name)
+            .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
         let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
         let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
         // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
@@ -173,7 +174,9 @@ mod tests {
         GradAccumulator {
             grads: grads
                 .iter()
-                .map(|(name, v)| (name.to_string(), Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device)))
+                .map(|(name, v)| {
+                    (name.to_string(), Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device))
+                })
                 .collect(),
         }
     }

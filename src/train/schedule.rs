@@ -56,7 +56,9 @@ mod tests {
     #[test]
     fn values_at_chosen_steps() {
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} != {b}");
-        for kind in [SchedulerType::Constant, SchedulerType::Linear, SchedulerType::Cosine, SchedulerType::CosineWithMinLr] {
+        for kind in
+            [SchedulerType::Constant, SchedulerType::Linear, SchedulerType::Cosine, SchedulerType::CosineWithMinLr]
+        {
             close(schedule(kind).lr(0), 0.0);
             close(schedule(kind).lr(5), 5e-4);
             close(schedule(kind).lr(10), 1e-3);

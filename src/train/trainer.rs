@@ -18,8 +18,8 @@ use super::ref_cache;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
 use crate::config::TrainConfig;
-use crate::dist::{Workers, rank_step};
 use crate::data::{self, TokenizedPair};
+use crate::dist::{Workers, rank_step};
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::loss::{PairScores, dpo_loss};
 use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs, host};
@@ -214,7 +214,8 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let mut last_status = String::new();
     let mut interrupted = false;
     if let (Some(refs), true, 0) = (&references, cfg.eval_on_start, state.step) {
-        last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
+        last_eval =
+            Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
     }
     while state.step < total_steps {
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
@@ -233,7 +234,8 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         let mut grads = GradAccumulator::default();
         let chunks: Vec<Vec<TokenizedPair>> =
             micro_batches.iter().map(|ids| ids.iter().map(|&i| data.train[i].clone()).collect()).collect();
-        let all_pairs: Vec<&TokenizedPair> = sampler.micro_batches(state.step).concat().into_iter().map(|i| &data.train[i]).collect();
+        let all_pairs: Vec<&TokenizedPair> =
+            sampler.micro_batches(state.step).concat().into_iter().map(|i| &data.train[i]).collect();
         let step_tokens: f64 = match stage.objective {
             Objective::Sft => {
                 let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
@@ -290,12 +292,27 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         if let Some(refs) = &references {
             let every = cfg.eval_every();
             if every > 0 && (state.step % every == 0 || state.step == total_steps) {
-                last_eval = Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
+                last_eval = Some(refs.evaluate(
+                    &policy.valid(),
+                    stage,
+                    &state,
+                    &eval_collation,
+                    metrics_out.as_mut(),
+                    progress,
+                )?);
             }
         }
         if cfg.save_steps > 0 && state.step % cfg.save_steps == 0 && state.step < total_steps {
             if main {
-                let path = checkpoint::save(dir, &policy.valid(), &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+                let path = checkpoint::save(
+                    dir,
+                    &policy.valid(),
+                    &model_config_json,
+                    &optimizer,
+                    &state,
+                    &config_toml,
+                    cfg.save_total_limit,
+                )?;
                 progress.line(&format!("saved `{}`", path.display()));
             }
             workers.barrier()?;
@@ -305,9 +322,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
 
     // --- the end: checkpoint, final model, test, plots ---
     let policy = policy.valid();
-    let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{}", state.step)));
+    let saved_now =
+        checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{}", state.step)));
     if main && !saved_now {
-        let path = checkpoint::save(dir, &policy, &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+        let path =
+            checkpoint::save(dir, &policy, &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
     if main {
@@ -431,7 +450,11 @@ impl Window {
         row.grad_norm = grad_norm;
         row.pairs_per_second = Some(pairs / seconds);
         row.tokens_per_second = Some(tokens / seconds);
-        let status = format!("{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s", grad_norm.unwrap_or(f64::NAN), pairs / seconds);
+        let status = format!(
+            "{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s",
+            grad_norm.unwrap_or(f64::NAN),
+            pairs / seconds
+        );
         Ok((row, status))
     }
 }
@@ -520,11 +543,24 @@ impl References {
             "eval step {} | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
             state.step, metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
         ));
-        self.write_samples(policy, stage, "samples_val.txt", &stage.data.eval, &self.eval_samples, &format!("step {}", state.step))?;
+        self.write_samples(
+            policy,
+            stage,
+            "samples_val.txt",
+            &stage.data.eval,
+            &self.eval_samples,
+            &format!("step {}", state.step),
+        )?;
         Ok(metrics)
     }
 
-    fn test(&self, policy: &Llama, stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<Metrics> {
+    fn test(
+        &self,
+        policy: &Llama,
+        stage: &Stage,
+        collation: &Collation,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Metrics> {
         let metrics = sharded_metrics(policy, &stage.data.test, &self.test, collation, stage)?;
         if !stage.workers.is_main() {
             return Ok(metrics);
@@ -570,7 +606,12 @@ impl References {
 }
 
 /// The reference log-probs of every pair, each rank scoring its shard.
-fn sharded_reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, stage: &Stage) -> anyhow::Result<RefLogps> {
+fn sharded_reference_logps(
+    model: &Llama,
+    pairs: &[TokenizedPair],
+    collation: &Collation,
+    stage: &Stage,
+) -> anyhow::Result<RefLogps> {
     let workers = stage.workers;
     let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
     let local = reference_logps(model, &mine, collation, stage.device);
@@ -579,7 +620,13 @@ fn sharded_reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &C
 }
 
 /// The loss and metrics over every pair, each rank scoring its shard.
-fn sharded_metrics(policy: &Llama, pairs: &[TokenizedPair], reference: &RefLogps, collation: &Collation, stage: &Stage) -> anyhow::Result<Metrics> {
+fn sharded_metrics(
+    policy: &Llama,
+    pairs: &[TokenizedPair],
+    reference: &RefLogps,
+    collation: &Collation,
+    stage: &Stage,
+) -> anyhow::Result<Metrics> {
     let workers = stage.workers;
     let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, stage.device);
     let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);

@@ -33,7 +33,9 @@ pub fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
     let mut out: Vec<(String, Vec<f32>)> = st
         .tensors()
         .into_iter()
-        .map(|(name, view)| (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        .map(|(name, view)| {
+            (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out

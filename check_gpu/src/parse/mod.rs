@@ -23,44 +23,23 @@ pub enum ParseError {
     },
     /// Malformed `nvidia-smi topo -m` text.
     #[error("{path}:{line}: {message}")]
-    Topo {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
+    Topo { path: PathBuf, line: usize, message: String },
     /// Malformed `nvidia-smi --query-gpu` CSV.
     #[error("{path}:{line}: {message}")]
-    Query {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
+    Query { path: PathBuf, line: usize, message: String },
     /// The two files describe different machines.
     #[error(
         "{query}:{line}: GPU {index} is not in `{topo}`, which has GPU0-GPU{last}: expected both files from the same machine"
     )]
-    Mismatch {
-        query: PathBuf,
-        line: usize,
-        index: u32,
-        topo: PathBuf,
-        last: u32,
-    },
+    Mismatch { query: PathBuf, line: usize, index: u32, topo: PathBuf, last: u32 },
     /// The topo file has a GPU the CSV lacks.
     #[error("{query}:1: expected a row for GPU {index}, which `{topo}` lists")]
-    MissingRow {
-        query: PathBuf,
-        index: u32,
-        topo: PathBuf,
-    },
+    MissingRow { query: PathBuf, index: u32, topo: PathBuf },
 }
 
 /// Reads a text file, mapping the error to [`ParseError::Read`].
 pub fn read(path: &Path) -> Result<String, ParseError> {
-    std::fs::read_to_string(path).map_err(|source| ParseError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::read_to_string(path).map_err(|source| ParseError::Read { path: path.to_path_buf(), source })
 }
 
 /// One offline input: its text and the path used in messages.
@@ -75,10 +54,7 @@ pub struct Input<'a> {
 /// GPUs come from the CSV when given (else from the topo rows); NUMA node and CPU affinity
 /// from the topo file; pairs from the topo matrix. The CPU count is the union of the CPU
 /// affinity lists, i.e. the machine's CPUs.
-pub fn offline_snapshot(
-    topo: Option<Input<'_>>,
-    query: Option<Input<'_>>,
-) -> Result<Snapshot, ParseError> {
+pub fn offline_snapshot(topo: Option<Input<'_>>, query: Option<Input<'_>>) -> Result<Snapshot, ParseError> {
     let mut snap = Snapshot::new(Source::NvidiaSmi);
     let matrix = topo.map(|t| parse_topo(t.text, t.path)).transpose()?;
     let table = query.map(|q| parse_query(q.text, q.path)).transpose()?;
@@ -101,11 +77,7 @@ pub fn offline_snapshot(
                     });
                 }
             }
-            if let Some(missing) = m
-                .gpus
-                .iter()
-                .find(|tg| !table.gpus.iter().any(|g| g.index == tg.index))
-            {
+            if let Some(missing) = m.gpus.iter().find(|tg| !table.gpus.iter().any(|g| g.index == tg.index)) {
                 return Err(ParseError::MissingRow {
                     query: q.path.to_path_buf(),
                     index: missing.index,
@@ -113,14 +85,8 @@ pub fn offline_snapshot(
                 });
             }
         } else {
-            snap.gpus = m
-                .gpus
-                .iter()
-                .map(|tg| crate::snapshot::Gpu {
-                    index: tg.index,
-                    ..Default::default()
-                })
-                .collect();
+            snap.gpus =
+                m.gpus.iter().map(|tg| crate::snapshot::Gpu { index: tg.index, ..Default::default() }).collect();
         }
         for tg in &m.gpus {
             if let Some(g) = snap.gpus.iter_mut().find(|g| g.index == tg.index) {
@@ -174,14 +140,8 @@ mod tests {
     #[test]
     fn merges_topo_and_query() {
         let s = offline_snapshot(
-            Some(Input {
-                text: TOPO,
-                path: Path::new("t.txt"),
-            }),
-            Some(Input {
-                text: CSV,
-                path: Path::new("q.csv"),
-            }),
+            Some(Input { text: TOPO, path: Path::new("t.txt") }),
+            Some(Input { text: CSV, path: Path::new("q.csv") }),
         )
         .expect("merges");
         assert_eq!(s.gpus.len(), 2);
@@ -193,24 +153,10 @@ mod tests {
 
     #[test]
     fn topo_only_and_query_only() {
-        let s = offline_snapshot(
-            Some(Input {
-                text: TOPO,
-                path: Path::new("t.txt"),
-            }),
-            None,
-        )
-        .expect("topo only");
+        let s = offline_snapshot(Some(Input { text: TOPO, path: Path::new("t.txt") }), None).expect("topo only");
         assert_eq!(s.gpus.len(), 2);
         assert_eq!(s.gpus[0].name, None);
-        let s = offline_snapshot(
-            None,
-            Some(Input {
-                text: CSV,
-                path: Path::new("q.csv"),
-            }),
-        )
-        .expect("csv only");
+        let s = offline_snapshot(None, Some(Input { text: CSV, path: Path::new("q.csv") })).expect("csv only");
         assert_eq!(s.link(0, 1), Link::Unknown);
     }
 
@@ -218,14 +164,8 @@ mod tests {
     fn mismatched_files() {
         let three = format!("{CSV}2, A, G2, B2, 100, 1, 99, 8.0, 4, 4, 16, 16, 550.54.15\n");
         let err = offline_snapshot(
-            Some(Input {
-                text: TOPO,
-                path: Path::new("t.txt"),
-            }),
-            Some(Input {
-                text: &three,
-                path: Path::new("q.csv"),
-            }),
+            Some(Input { text: TOPO, path: Path::new("t.txt") }),
+            Some(Input { text: &three, path: Path::new("q.csv") }),
         )
         .expect_err("mismatch");
         assert_eq!(
@@ -234,19 +174,10 @@ mod tests {
         );
         let one = "0, A, G0, B0, 100, 1, 99, 8.0, 4, 4, 16, 16, 550.54.15\n";
         let err = offline_snapshot(
-            Some(Input {
-                text: TOPO,
-                path: Path::new("t.txt"),
-            }),
-            Some(Input {
-                text: one,
-                path: Path::new("q.csv"),
-            }),
+            Some(Input { text: TOPO, path: Path::new("t.txt") }),
+            Some(Input { text: one, path: Path::new("q.csv") }),
         )
         .expect_err("missing");
-        assert_eq!(
-            err.to_string(),
-            "q.csv:1: expected a row for GPU 1, which `t.txt` lists"
-        );
+        assert_eq!(err.to_string(), "q.csv:1: expected a row for GPU 1, which `t.txt` lists");
     }
 }

@@ -45,11 +45,7 @@ pub const THROTTLE_BITS: [(u64, &str); 9] = [
 
 /// Names of the throttle reasons set in an NVML bitmask.
 pub fn throttle_names(mask: u64) -> Vec<String> {
-    THROTTLE_BITS
-        .iter()
-        .filter(|(bit, _)| mask & bit != 0)
-        .map(|(_, n)| n.to_string())
-        .collect()
+    THROTTLE_BITS.iter().filter(|(bit, _)| mask & bit != 0).map(|(_, n)| n.to_string()).collect()
 }
 
 /// GPUs and the driver version read from the CSV.
@@ -62,30 +58,19 @@ pub struct QueryTable {
 }
 
 fn is_na(v: &str) -> bool {
-    matches!(
-        v,
-        "" | "[N/A]" | "N/A" | "[Not Supported]" | "Not Supported" | "[Unknown Error]"
-    )
+    matches!(v, "" | "[N/A]" | "N/A" | "[Not Supported]" | "Not Supported" | "[Unknown Error]")
 }
 
 /// Parses the CSV text; `path` only names the file in errors.
 pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
-    let err = |line: usize, message: String| ParseError::Query {
-        path: path.to_path_buf(),
-        line,
-        message,
-    };
+    let err = |line: usize, message: String| ParseError::Query { path: path.to_path_buf(), line, message };
     let mut rows = text
         .lines()
         .enumerate()
         .map(|(i, l)| (i + 1, super::topo::strip_ansi(l)))
         .filter(|(_, l)| !l.trim().is_empty())
         .peekable();
-    let split = |l: &str| {
-        l.split(',')
-            .map(|c| c.trim().to_string())
-            .collect::<Vec<_>>()
-    };
+    let split = |l: &str| l.split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>();
 
     let mut columns: Vec<String> = DEFAULT_COLUMNS.iter().map(|c| c.to_string()).collect();
     if let Some((_, first)) = rows.peek()
@@ -93,22 +78,12 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
     {
         columns = split(first)
             .into_iter()
-            .map(|c| {
-                c.split(" [")
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_ascii_lowercase()
-            })
+            .map(|c| c.split(" [").next().unwrap_or_default().trim().to_ascii_lowercase())
             .collect();
         rows.next();
     }
 
-    let mut table = QueryTable {
-        gpus: Vec::new(),
-        driver_version: None,
-        lines: Vec::new(),
-    };
+    let mut table = QueryTable { gpus: Vec::new(), driver_version: None, lines: Vec::new() };
     for (no, line) in rows {
         let values = split(&line);
         if values.len() != columns.len() {
@@ -132,14 +107,10 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
             // The number before an optional unit: `15360 MiB`, `70.00 W`, `0 %`.
             let number = v.split_whitespace().next().unwrap_or(v);
             let int = |what: &str| -> Result<u64, ParseError> {
-                number
-                    .parse::<u64>()
-                    .map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
+                number.parse::<u64>().map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
             };
             let float = |what: &str| -> Result<f64, ParseError> {
-                number
-                    .parse::<f64>()
-                    .map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
+                number.parse::<f64>().map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
             };
             let flag = |yes: &str, no_: &str| -> Result<bool, ParseError> {
                 if v.eq_ignore_ascii_case(yes) {
@@ -147,16 +118,12 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
                 } else if v.eq_ignore_ascii_case(no_) {
                     Ok(false)
                 } else {
-                    Err(err(
-                        no,
-                        format!("column `{col}`: expected `{yes}` or `{no_}`, found `{v}`"),
-                    ))
+                    Err(err(no, format!("column `{col}`: expected `{yes}` or `{no_}`, found `{v}`")))
                 }
             };
             let small = |what: &str| -> Result<u32, ParseError> {
                 int(what).and_then(|n| {
-                    u32::try_from(n)
-                        .map_err(|_| err(no, format!("column `{col}`: value `{v}` is too large")))
+                    u32::try_from(n).map_err(|_| err(no, format!("column `{col}`: value `{v}` is too large")))
                 })
             };
             match col.as_str() {
@@ -176,17 +143,13 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
                 }
                 "pcie.link.gen.current" => gpu.pcie.gen_current = Some(small("a PCIe generation")?),
                 "pcie.link.gen.max" => gpu.pcie.gen_max = Some(small("a PCIe generation")?),
-                "pcie.link.width.current" => {
-                    gpu.pcie.width_current = Some(small("a PCIe link width")?)
-                }
+                "pcie.link.width.current" => gpu.pcie.width_current = Some(small("a PCIe link width")?),
                 "pcie.link.width.max" => gpu.pcie.width_max = Some(small("a PCIe link width")?),
                 "driver_version" => table.driver_version = Some(v.to_string()),
                 "mig.mode.current" => gpu.mig_enabled = Some(flag("Enabled", "Disabled")?),
                 "persistence_mode" => gpu.persistence_mode = Some(flag("Enabled", "Disabled")?),
                 "ecc.mode.current" => gpu.ecc_enabled = Some(flag("Enabled", "Disabled")?),
-                "ecc.errors.uncorrected.volatile.total" => {
-                    gpu.ecc_uncorrected_volatile = Some(int("an error count")?)
-                }
+                "ecc.errors.uncorrected.volatile.total" => gpu.ecc_uncorrected_volatile = Some(int("an error count")?),
                 "ecc.errors.uncorrected.aggregate.total" => {
                     gpu.ecc_uncorrected_aggregate = Some(int("an error count")?)
                 }
@@ -198,8 +161,12 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
                 "utilization.memory" => gpu.utilization_memory_pct = Some(small("a percentage")?),
                 "clocks_throttle_reasons.active" | "clocks_event_reasons.active" => {
                     let hex = v.trim_start_matches("0x").trim_start_matches("0X");
-                    let mask = u64::from_str_radix(hex, 16)
-                        .map_err(|_| err(no, format!("column `{col}`: expected a hex bitmask like `0x0000000000000004`, found `{v}`")))?;
+                    let mask = u64::from_str_radix(hex, 16).map_err(|_| {
+                        err(
+                            no,
+                            format!("column `{col}`: expected a hex bitmask like `0x0000000000000004`, found `{v}`"),
+                        )
+                    })?;
                     gpu.throttle_reasons = Some(throttle_names(mask));
                 }
                 // Other columns are allowed and ignored.
@@ -207,16 +174,10 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
             }
         }
         if !have_index {
-            return Err(err(
-                no,
-                "column `index`: expected a GPU index, found `[N/A]`".into(),
-            ));
+            return Err(err(no, "column `index`: expected a GPU index, found `[N/A]`".into()));
         }
         if table.gpus.iter().any(|g: &Gpu| g.index == gpu.index) {
-            return Err(err(
-                no,
-                format!("column `index`: GPU {} appears twice", gpu.index),
-            ));
+            return Err(err(no, format!("column `index`: GPU {} appears twice", gpu.index)));
         }
         table.gpus.push(gpu);
         table.lines.push(no);
@@ -282,19 +243,12 @@ mod tests {
 
     #[test]
     fn errors_name_the_line() {
-        assert_eq!(
-            p("").expect_err("empty").to_string(),
-            "q.csv:1: expected at least one GPU row"
-        );
+        assert_eq!(p("").expect_err("empty").to_string(), "q.csv:1: expected at least one GPU row");
         let short = format!("{HEADER}\n0, Tesla T4, GPU-1\n");
         let msg = p(&short).expect_err("short").to_string();
-        assert!(
-            msg.starts_with("q.csv:2: expected 13 comma-separated values (index, name, uuid,"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("q.csv:2: expected 13 comma-separated values (index, name, uuid,"), "{msg}");
         assert!(msg.ends_with("found 3"), "{msg}");
-        let bad_mem =
-            format!("{HEADER}\n0, Tesla T4, GPU-1, 0:4.0, lots, 0, 0, 7.5, 1, 3, 16, 16, 535\n");
+        let bad_mem = format!("{HEADER}\n0, Tesla T4, GPU-1, 0:4.0, lots, 0, 0, 7.5, 1, 3, 16, 16, 535\n");
         assert_eq!(
             p(&bad_mem).expect_err("mem").to_string(),
             "q.csv:2: column `memory.total`: expected memory in MiB, found `lots`"
@@ -305,16 +259,10 @@ mod tests {
             "q.csv:1: column `index`: expected a GPU index, found `x`"
         );
         let dup = "0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535\n0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535\n";
-        assert_eq!(
-            p(dup).expect_err("dup").to_string(),
-            "q.csv:2: column `index`: GPU 0 appears twice"
-        );
+        assert_eq!(p(dup).expect_err("dup").to_string(), "q.csv:2: column `index`: GPU 0 appears twice");
         let no_header = "name, memory.total\nT4, 1\n";
         assert!(
-            p(no_header)
-                .expect_err("no index")
-                .to_string()
-                .starts_with("q.csv:1: expected 13 comma-separated values")
+            p(no_header).expect_err("no index").to_string().starts_with("q.csv:1: expected 13 comma-separated values")
         );
     }
 }

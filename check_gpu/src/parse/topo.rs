@@ -59,16 +59,8 @@ pub fn strip_ansi(s: &str) -> String {
 /// Splits a row into trimmed, non-empty cells: on tabs, or on runs of two or more spaces when
 /// the text was copied without its tabs.
 fn cells(line: &str) -> Vec<String> {
-    let raw: Vec<&str> = if line.contains('\t') {
-        line.split('\t').collect()
-    } else {
-        line.split("  ").collect()
-    };
-    raw.into_iter()
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .map(str::to_string)
-        .collect()
+    let raw: Vec<&str> = if line.contains('\t') { line.split('\t').collect() } else { line.split("  ").collect() };
+    raw.into_iter().map(str::trim).filter(|c| !c.is_empty()).map(str::to_string).collect()
 }
 
 fn gpu_label(cell: &str) -> Option<u32> {
@@ -81,49 +73,30 @@ fn na(cell: &str) -> bool {
 
 /// Parses the text of `nvidia-smi topo -m`; `path` only names the file in errors.
 pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
-    let err = |line: usize, message: String| ParseError::Topo {
-        path: path.to_path_buf(),
-        line,
-        message,
-    };
-    let lines: Vec<(usize, String)> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, strip_ansi(l)))
-        .collect();
+    let err = |line: usize, message: String| ParseError::Topo { path: path.to_path_buf(), line, message };
+    let lines: Vec<(usize, String)> = text.lines().enumerate().map(|(i, l)| (i + 1, strip_ansi(l))).collect();
 
     let mut rest = lines.iter().skip_while(|(_, l)| l.trim().is_empty());
     let Some((header_no, header)) = rest.next() else {
-        return Err(err(1, "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file".into()));
+        return Err(err(
+            1,
+            "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file".into(),
+        ));
     };
     let header_cells = cells(header);
-    let device_cols: Vec<&String> = header_cells
-        .iter()
-        .take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str()))
-        .collect();
-    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..]
-        .iter()
-        .map(String::as_str)
-        .collect();
-    let gpu_cols: Vec<(usize, u32)> = device_cols
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| gpu_label(c).map(|g| (i, g)))
-        .collect();
+    let device_cols: Vec<&String> =
+        header_cells.iter().take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str())).collect();
+    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..].iter().map(String::as_str).collect();
+    let gpu_cols: Vec<(usize, u32)> =
+        device_cols.iter().enumerate().filter_map(|(i, c)| gpu_label(c).map(|g| (i, g))).collect();
     if gpu_cols.is_empty() || gpu_cols[0].1 != 0 {
         let found: String = header.trim().chars().take(40).collect();
         return Err(err(
             *header_no,
-            format!(
-                "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`"
-            ),
+            format!("expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`"),
         ));
     }
-    let nic_cols: Vec<String> = device_cols
-        .iter()
-        .filter(|c| gpu_label(c).is_none())
-        .map(|c| c.to_string())
-        .collect();
+    let nic_cols: Vec<String> = device_cols.iter().filter(|c| gpu_label(c).is_none()).map(|c| c.to_string()).collect();
 
     let mut gpus = Vec::new();
     let mut links = Vec::new();
@@ -155,16 +128,10 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
             continue;
         };
         let Some(index) = gpu_label(label) else {
-            if nic_cols.iter().any(|n| n == label)
-                || label.starts_with("NIC")
-                || label.starts_with("mlx")
-            {
+            if nic_cols.iter().any(|n| n == label) || label.starts_with("NIC") || label.starts_with("mlx") {
                 continue;
             }
-            return Err(err(
-                *no,
-                format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`"),
-            ));
+            return Err(err(*no, format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`")));
         };
         if row.len() < 1 + device_cols.len() {
             return Err(err(
@@ -180,27 +147,22 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         for &(col, gpu) in &gpu_cols {
             let cell = &row[1 + col];
             let link = Link::parse(cell).ok_or_else(|| {
-                err(*no, format!("column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`"))
+                err(
+                    *no,
+                    format!(
+                        "column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`"
+                    ),
+                )
             })?;
             row_links.push(link);
         }
         let affinity = &row[1 + device_cols.len()..];
-        let mut g = TopoGpu {
-            index,
-            cpu_affinity: None,
-            numa_node: None,
-            gpu_numa_id: None,
-        };
+        let mut g = TopoGpu { index, cpu_affinity: None, numa_node: None, gpu_numa_id: None };
         for (name, value) in affinity_cols.iter().zip(affinity) {
             if na(value) {
                 continue;
             }
-            let first_number = || {
-                value
-                    .split(['-', ','])
-                    .next()
-                    .and_then(|n| n.trim().parse::<u32>().ok())
-            };
+            let first_number = || value.split(['-', ',']).next().and_then(|n| n.trim().parse::<u32>().ok());
             match *name {
                 "CPU Affinity" => {
                     if crate::cpulist::parse(value).is_none() {
@@ -215,7 +177,12 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
                 }
                 "NUMA Affinity" => {
                     g.numa_node = Some(first_number().ok_or_else(|| {
-                        err(*no, format!("`NUMA Affinity` of `{label}`: expected a NUMA node number or N/A, found `{value}`"))
+                        err(
+                            *no,
+                            format!(
+                                "`NUMA Affinity` of `{label}`: expected a NUMA node number or N/A, found `{value}`"
+                            ),
+                        )
                     })?);
                 }
                 _ => g.gpu_numa_id = first_number(),
@@ -227,11 +194,7 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
     if gpus.len() != gpu_cols.len() {
         return Err(err(
             last_line,
-            format!(
-                "expected {} GPU rows (one per GPU column), found {}",
-                gpu_cols.len(),
-                gpus.len()
-            ),
+            format!("expected {} GPU rows (one per GPU column), found {}", gpu_cols.len(), gpus.len()),
         ));
     }
     for (i, g) in gpus.iter().enumerate() {
@@ -345,11 +308,6 @@ mlx5_0  PXB     SYS      X\n";
             "topo.txt:3: expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `foo`"
         );
         let bad_cpu = "\tGPU0\tCPU Affinity\nGPU0\t X \tzero\n";
-        assert!(
-            p(bad_cpu)
-                .expect_err("cpu")
-                .to_string()
-                .starts_with("topo.txt:2: `CPU Affinity` of `GPU0`")
-        );
+        assert!(p(bad_cpu).expect_err("cpu").to_string().starts_with("topo.txt:2: `CPU Affinity` of `GPU0`"));
     }
 }

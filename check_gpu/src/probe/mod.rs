@@ -44,10 +44,8 @@ pub fn probe_live() -> Result<Snapshot, ProbeError> {
     let nvml = nvml::init()?;
     let mut snap = nvml::probe(&nvml, Path::new(sysfs::PCI_DEVICES))?;
     snap.system.cpu_count = Some(cpu_count());
-    snap.system.env = relevant_env(
-        std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-    );
+    snap.system.env =
+        relevant_env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))));
     snap.system.nccl = Some(nccl::probe());
     Ok(snap)
 }
@@ -66,10 +64,7 @@ mod tests {
             ("MY_NCCL", "x"),
         ];
         let env = relevant_env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        assert_eq!(
-            env.keys().collect::<Vec<_>>(),
-            ["CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS"]
-        );
+        assert_eq!(env.keys().collect::<Vec<_>>(), ["CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS"]);
     }
 
     #[test]
@@ -77,10 +72,7 @@ mod tests {
         // This machine (and CI) has no NVIDIA driver; where one exists the probe must succeed.
         match probe_live() {
             Ok(s) => assert_eq!(s.source, crate::snapshot::Source::Live),
-            Err(e) => assert_eq!(
-                e.to_string(),
-                "NVML could not be loaded (is the NVIDIA driver installed?)"
-            ),
+            Err(e) => assert_eq!(e.to_string(), "NVML could not be loaded (is the NVIDIA driver installed?)"),
         }
     }
 }

@@ -21,21 +21,13 @@ pub fn decode_version(code: i32) -> String {
 
 /// Where to look, in order: `NCCL_HOME/lib{,64}`, each `LD_LIBRARY_PATH` entry, the project
 /// venv's `nvidia/nccl/lib` (`DPO_TRAIN_VENV`, default `./.venv`), then common system dirs.
-pub fn candidates(
-    nccl_home: Option<&str>,
-    ld_library_path: Option<&str>,
-    venv: &Path,
-) -> Vec<PathBuf> {
+pub fn candidates(nccl_home: Option<&str>, ld_library_path: Option<&str>, venv: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if let Some(home) = nccl_home.filter(|h| !h.is_empty()) {
         out.push(Path::new(home).join("lib").join(SONAME));
         out.push(Path::new(home).join("lib64").join(SONAME));
     }
-    for dir in ld_library_path
-        .unwrap_or("")
-        .split(':')
-        .filter(|d| !d.is_empty())
-    {
+    for dir in ld_library_path.unwrap_or("").split(':').filter(|d| !d.is_empty()) {
         out.push(Path::new(dir).join(SONAME));
     }
     let lib = venv.join("lib");
@@ -43,10 +35,7 @@ pub fn candidates(
         .map(|rd| {
             rd.filter_map(Result::ok)
                 .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("python"))
-                })
+                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")))
                 .collect()
         })
         .unwrap_or_default();
@@ -54,13 +43,9 @@ pub fn candidates(
     for py in pythons {
         out.push(py.join("site-packages/nvidia/nccl/lib").join(SONAME));
     }
-    for dir in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/local/cuda/lib64",
-        "/usr/lib64",
-        "/usr/lib",
-    ] {
+    for dir in
+        ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/cuda/lib64", "/usr/lib64", "/usr/lib"]
+    {
         out.push(Path::new(dir).join(SONAME));
     }
     out
@@ -73,8 +58,7 @@ fn query(path: &Path) -> Result<i32, String> {
     // library stays loaded while the symbol is used below.
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| e.to_string())?;
     // SAFETY: `ncclGetVersion` has had this signature since NCCL 2.0 (`nccl.h`).
-    let get: libloading::Symbol<'_, GetVersion> =
-        unsafe { lib.get(b"ncclGetVersion\0") }.map_err(|e| e.to_string())?;
+    let get: libloading::Symbol<'_, GetVersion> = unsafe { lib.get(b"ncclGetVersion\0") }.map_err(|e| e.to_string())?;
     let mut code: c_int = 0;
     // SAFETY: the function writes one int through the valid pointer we pass.
     let rc = unsafe { get(&mut code) };
@@ -86,8 +70,7 @@ fn query(path: &Path) -> Result<i32, String> {
 
 /// Probes NCCL using the process environment.
 pub fn probe() -> Nccl {
-    let venv =
-        std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| PathBuf::from(".venv"), PathBuf::from);
+    let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| PathBuf::from(".venv"), PathBuf::from);
     let home = std::env::var("NCCL_HOME").ok();
     let ld = std::env::var("LD_LIBRARY_PATH").ok();
     probe_in(&candidates(home.as_deref(), ld.as_deref(), &venv))
@@ -95,10 +78,7 @@ pub fn probe() -> Nccl {
 
 /// Tries each existing candidate, then the system loader by soname.
 pub fn probe_in(paths: &[PathBuf]) -> Nccl {
-    let mut info = Nccl {
-        searched: paths.iter().map(|p| p.display().to_string()).collect(),
-        ..Nccl::default()
-    };
+    let mut info = Nccl { searched: paths.iter().map(|p| p.display().to_string()).collect(), ..Nccl::default() };
     let mut last_error = None;
     for p in paths.iter().filter(|p| p.is_file()) {
         match query(p) {
@@ -143,10 +123,7 @@ mod tests {
         assert_eq!(c[1], PathBuf::from("/opt/nccl/lib64/libnccl.so.2"));
         assert_eq!(c[2], PathBuf::from("/a/libnccl.so.2"));
         assert_eq!(c[3], PathBuf::from("/b/libnccl.so.2"));
-        assert_eq!(
-            c[4],
-            venv.join("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2")
-        );
+        assert_eq!(c[4], venv.join("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"));
         let _ = std::fs::remove_dir_all(&venv);
     }
 

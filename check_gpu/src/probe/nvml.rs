@@ -70,17 +70,10 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
     let notes = &mut snap.probe_notes;
     snap.system.driver_version = field(nvml.sys_driver_version(), "driver version", notes);
     snap.system.nvml_version = field(nvml.sys_nvml_version(), "NVML version", notes);
-    snap.system.cuda_driver_version =
-        field(nvml.sys_cuda_driver_version(), "CUDA driver version", notes).map(|v| {
-            format!(
-                "{}.{}",
-                nvml_wrapper::cuda_driver_version_major(v),
-                nvml_wrapper::cuda_driver_version_minor(v)
-            )
-        });
-    let count = nvml
-        .device_count()
-        .map_err(|source| ProbeError::DeviceCount { source })?;
+    snap.system.cuda_driver_version = field(nvml.sys_cuda_driver_version(), "CUDA driver version", notes).map(|v| {
+        format!("{}.{}", nvml_wrapper::cuda_driver_version_major(v), nvml_wrapper::cuda_driver_version_minor(v))
+    });
+    let count = nvml.device_count().map_err(|source| ProbeError::DeviceCount { source })?;
 
     // Links into something that is not one of our GPUs (an NVSwitch), per GPU.
     let mut switch_links = Vec::new();
@@ -96,10 +89,7 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             }
         };
         let notes = &mut snap.probe_notes;
-        let mut g = Gpu {
-            index: i,
-            ..Gpu::default()
-        };
+        let mut g = Gpu { index: i, ..Gpu::default() };
         g.name = field(dev.name(), &what("name"), notes);
         g.uuid = field(dev.uuid(), &what("uuid"), notes);
         g.pci_bus_id = field(dev.pci_info(), &what("PCI info"), notes).map(|p| p.bus_id);
@@ -108,41 +98,26 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             g.memory_used_bytes = Some(m.used);
             g.memory_free_bytes = Some(m.free);
         }
-        g.compute_capability = field(
-            dev.cuda_compute_capability(),
-            &what("compute capability"),
-            notes,
-        )
-        .map(|c| format!("{}.{}", c.major, c.minor));
-        g.architecture =
-            field(dev.architecture(), &what("architecture"), notes).map(|a| a.to_string());
+        g.compute_capability = field(dev.cuda_compute_capability(), &what("compute capability"), notes)
+            .map(|c| format!("{}.{}", c.major, c.minor));
+        g.architecture = field(dev.architecture(), &what("architecture"), notes).map(|a| a.to_string());
         g.pcie = Pcie {
             gen_current: field(dev.current_pcie_link_gen(), &what("PCIe gen"), notes),
             gen_max: field(dev.max_pcie_link_gen(), &what("PCIe max gen"), notes),
             width_current: field(dev.current_pcie_link_width(), &what("PCIe width"), notes),
             width_max: field(dev.max_pcie_link_width(), &what("PCIe max width"), notes),
         };
-        g.temperature_c = field(
-            dev.temperature(TemperatureSensor::Gpu),
-            &what("temperature"),
-            notes,
-        );
-        g.power_draw_w =
-            field(dev.power_usage(), &what("power draw"), notes).map(|mw| f64::from(mw) / 1000.0);
-        g.power_limit_w = field(dev.enforced_power_limit(), &what("power limit"), notes)
-            .map(|mw| f64::from(mw) / 1000.0);
+        g.temperature_c = field(dev.temperature(TemperatureSensor::Gpu), &what("temperature"), notes);
+        g.power_draw_w = field(dev.power_usage(), &what("power draw"), notes).map(|mw| f64::from(mw) / 1000.0);
+        g.power_limit_w =
+            field(dev.enforced_power_limit(), &what("power limit"), notes).map(|mw| f64::from(mw) / 1000.0);
         if let Some(u) = field(dev.utilization_rates(), &what("utilization"), notes) {
             g.utilization_gpu_pct = Some(u.gpu);
             g.utilization_memory_pct = Some(u.memory);
         }
-        g.throttle_reasons = field(
-            dev.current_throttle_reasons(),
-            &what("throttle reasons"),
-            notes,
-        )
-        .map(|r| crate::parse::query::throttle_names(r.bits()));
-        g.ecc_enabled =
-            field(dev.is_ecc_enabled(), &what("ECC mode"), notes).map(|e| e.currently_enabled);
+        g.throttle_reasons = field(dev.current_throttle_reasons(), &what("throttle reasons"), notes)
+            .map(|r| crate::parse::query::throttle_names(r.bits()));
+        g.ecc_enabled = field(dev.is_ecc_enabled(), &what("ECC mode"), notes).map(|e| e.currently_enabled);
         if g.ecc_enabled == Some(true) {
             g.ecc_uncorrected_volatile = field(
                 dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
@@ -155,17 +130,9 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
                 notes,
             );
         }
-        g.pending_page_retirement = field(
-            dev.are_pages_pending_retired(),
-            &what("page retirement"),
-            notes,
-        );
+        g.pending_page_retirement = field(dev.are_pages_pending_retired(), &what("page retirement"), notes);
         g.mig_enabled = field(dev.mig_mode(), &what("MIG mode"), notes).map(|m| m.current == 1);
-        g.persistence_mode = field(
-            dev.is_in_persistent_mode(),
-            &what("persistence mode"),
-            notes,
-        );
+        g.persistence_mode = field(dev.is_in_persistent_mode(), &what("persistence mode"), notes);
         g.processes = field(dev.running_compute_processes(), &what("processes"), notes).map(|ps| {
             ps.into_iter()
                 .map(|p| Process {
@@ -181,11 +148,7 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             g.numa_node = sysfs::numa_node(sysfs_root, bus);
             g.cpu_affinity = sysfs::local_cpulist(sysfs_root, bus);
         }
-        if let Some(mask) = field(
-            dev.cpu_affinity(AFFINITY_WORDS),
-            &what("CPU affinity"),
-            notes,
-        ) {
+        if let Some(mask) = field(dev.cpu_affinity(AFFINITY_WORDS), &what("CPU affinity"), notes) {
             // `c_ulong` is 32 bits on some targets, so the conversion is not useless everywhere.
             #[allow(clippy::useless_conversion)]
             let words: Vec<u64> = mask.iter().map(|&w| u64::from(w)).collect();
@@ -228,52 +191,20 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             };
             let notes = &mut snap.probe_notes;
             let what = |f: &str| format!("GPU {ia}-{ib} {f}");
-            let p2p_read = field(
-                da.p2p_status(&db, P2pCapabilitiesIndex::Read),
-                &what("P2P read"),
-                notes,
-            )
-            .map(p2p);
-            let p2p_write = field(
-                da.p2p_status(&db, P2pCapabilitiesIndex::Write),
-                &what("P2P write"),
-                notes,
-            )
-            .map(p2p);
-            let p2p_nvlink = field(
-                da.p2p_status(&db, P2pCapabilitiesIndex::NvLink),
-                &what("P2P NVLink"),
-                notes,
-            )
-            .map(p2p);
-            let direct_links = bus_ids[b]
-                .as_ref()
-                .map_or(0, |bid| direct[a].iter().filter(|r| *r == bid).count())
-                as u32;
-            let via_switch = if p2p_nvlink == Some(P2p::Ok) {
-                switch_links[a].min(switch_links[b]) as u32
-            } else {
-                0
-            };
+            let p2p_read = field(da.p2p_status(&db, P2pCapabilitiesIndex::Read), &what("P2P read"), notes).map(p2p);
+            let p2p_write = field(da.p2p_status(&db, P2pCapabilitiesIndex::Write), &what("P2P write"), notes).map(p2p);
+            let p2p_nvlink =
+                field(da.p2p_status(&db, P2pCapabilitiesIndex::NvLink), &what("P2P NVLink"), notes).map(p2p);
+            let direct_links =
+                bus_ids[b].as_ref().map_or(0, |bid| direct[a].iter().filter(|r| *r == bid).count()) as u32;
+            let via_switch = if p2p_nvlink == Some(P2p::Ok) { switch_links[a].min(switch_links[b]) as u32 } else { 0 };
             let nvlinks = direct_links.max(via_switch);
             let topo = nvml
                 .device_by_index(ib)
                 .ok()
                 .and_then(|db2| field(da.topology_common_ancestor(db2), &what("topology"), notes));
-            let link = if nvlinks > 0 {
-                Link::NvLink(nvlinks)
-            } else {
-                topo.map_or(Link::Unknown, level)
-            };
-            snap.pairs.push(Pair {
-                a: ia,
-                b: ib,
-                link,
-                nvlinks: Some(nvlinks),
-                p2p_read,
-                p2p_write,
-                p2p_nvlink,
-            });
+            let link = if nvlinks > 0 { Link::NvLink(nvlinks) } else { topo.map_or(Link::Unknown, level) };
+            snap.pairs.push(Pair { a: ia, b: ib, link, nvlinks: Some(nvlinks), p2p_read, p2p_write, p2p_nvlink });
         }
     }
     Ok(snap)

@@ -20,10 +20,7 @@ pub fn sysfs_bus_id(nvml_bus_id: &str) -> Option<String> {
 pub fn numa_node(root: &Path, nvml_bus_id: &str) -> Option<u32> {
     let dir = root.join(sysfs_bus_id(nvml_bus_id)?);
     let text = std::fs::read_to_string(dir.join("numa_node")).ok()?;
-    text.trim()
-        .parse::<i64>()
-        .ok()
-        .and_then(|n| u32::try_from(n).ok())
+    text.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 /// The device's `local_cpulist` (e.g. `0-15,32-47`).
@@ -43,14 +40,8 @@ mod tests {
 
     #[test]
     fn bus_id_conversion() {
-        assert_eq!(
-            sysfs_bus_id("00000000:07:00.0").as_deref(),
-            Some("0000:07:00.0")
-        );
-        assert_eq!(
-            sysfs_bus_id("00000001:B7:00.0").as_deref(),
-            Some("0001:b7:00.0")
-        );
+        assert_eq!(sysfs_bus_id("00000000:07:00.0").as_deref(), Some("0000:07:00.0"));
+        assert_eq!(sysfs_bus_id("00000001:B7:00.0").as_deref(), Some("0001:b7:00.0"));
         assert_eq!(sysfs_bus_id("garbage"), None);
     }
 
@@ -62,10 +53,7 @@ mod tests {
         std::fs::write(dev.join("numa_node"), "1\n").expect("write");
         std::fs::write(dev.join("local_cpulist"), "16-31,144-159\n").expect("write");
         assert_eq!(numa_node(&root, "00000000:07:00.0"), Some(1));
-        assert_eq!(
-            local_cpulist(&root, "00000000:07:00.0").as_deref(),
-            Some("16-31,144-159")
-        );
+        assert_eq!(local_cpulist(&root, "00000000:07:00.0").as_deref(), Some("16-31,144-159"));
         std::fs::write(dev.join("numa_node"), "-1\n").expect("write");
         assert_eq!(numa_node(&root, "00000000:07:00.0"), None);
         assert_eq!(numa_node(&root, "00000000:99:00.0"), None);
