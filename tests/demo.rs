@@ -8,9 +8,8 @@ use std::sync::atomic::AtomicBool;
 
 use dpo_train::config::TrainConfig;
 use dpo_train::report::{Split, read_metrics};
-use dpo_train::run::{RunRequest, run};
 
-use common::{Quiet, cpu};
+use common::{Quiet, run_alone};
 
 #[test]
 fn shortened_demo_learns_the_task() {
@@ -27,17 +26,7 @@ fn shortened_demo_learns_the_task() {
             ("num_samples".into(), "2".into()),
         ])
         .unwrap();
-    let interrupt = AtomicBool::new(false);
-    let req = RunRequest {
-        cfg,
-        config_name: "demo".into(),
-        resume: None,
-        sft_only: false,
-        device: cpu(),
-        interrupt: &interrupt,
-        workers: dpo_train::dist::Workers::single(),
-    };
-    let summary = run(req, &mut Quiet).unwrap();
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
 
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
     let eval: Vec<f64> =

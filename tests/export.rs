@@ -9,9 +9,8 @@ use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use dpo_train::config::TrainConfig;
-use dpo_train::run::{RunRequest, run};
 
-use common::{Quiet, cpu, fixtures};
+use common::{Quiet, cpu, fixtures, run_alone};
 
 /// The venv's python: `DPO_TRAIN_VENV` when set (CI), else the checkout's `.venv`.
 fn python() -> PathBuf {
@@ -44,17 +43,7 @@ fn final_model_loads_in_transformers_with_equal_logits() {
         out.path().display()
     );
     let cfg = TrainConfig::from_toml_str(&text, "test").unwrap();
-    let interrupt = AtomicBool::new(false);
-    let req = RunRequest {
-        cfg,
-        config_name: "test".into(),
-        resume: None,
-        sft_only: false,
-        device: cpu(),
-        interrupt: &interrupt,
-        workers: dpo_train::dist::Workers::single(),
-    };
-    let summary = run(req, &mut Quiet).unwrap();
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
     let final_dir = summary.run_dir.join("final");
     for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(final_dir.join(file).is_file(), "final/ lacks {file}");

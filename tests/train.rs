@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use dpo_train::config::TrainConfig;
 use dpo_train::report::{METRIC_NAMES, read_metrics};
-use dpo_train::run::{RunRequest, RunSummary, run};
+use dpo_train::run::RunSummary;
 use dpo_train::train::trainer::Progress;
 
-use common::{cpu, fixtures, max_diff, tensors};
+use common::{fixtures, max_diff, run_alone, tensors};
 
 /// Shows nothing; raises the interrupt flag once `stop_at` steps are done.
 struct StopAt<'a> {
@@ -63,17 +63,7 @@ fn fixture_config(output: &Path, name: &str) -> TrainConfig {
 
 fn train(cfg: TrainConfig, resume: Option<PathBuf>, stop_at: Option<u64>) -> RunSummary {
     let interrupt = AtomicBool::new(false);
-    let mut progress = StopAt { stop_at, interrupt: &interrupt };
-    let req = RunRequest {
-        cfg,
-        config_name: "test".into(),
-        resume: resume.map(Some),
-        sft_only: false,
-        device: cpu(),
-        interrupt: &interrupt,
-        workers: dpo_train::dist::Workers::single(),
-    };
-    run(req, &mut progress).unwrap()
+    run_alone(cfg, resume, false, &interrupt, &mut StopAt { stop_at, interrupt: &interrupt })
 }
 
 #[test]
@@ -156,17 +146,7 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     // Every step sees the whole (17-pair) set, so the logged losses are comparable.
     cfg.per_device_train_batch_size = 32;
     let interrupt = AtomicBool::new(false);
-    let mut progress = StopAt { stop_at: None, interrupt: &interrupt };
-    let req = RunRequest {
-        cfg,
-        config_name: "test".into(),
-        resume: None,
-        sft_only: true,
-        device: cpu(),
-        interrupt: &interrupt,
-        workers: dpo_train::dist::Workers::single(),
-    };
-    let summary = run(req, &mut progress).unwrap();
+    let summary = run_alone(cfg, None, true, &interrupt, &mut StopAt { stop_at: None, interrupt: &interrupt });
     assert_eq!(summary.sft.as_ref().unwrap().steps, 8);
     let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
     let losses: Vec<f64> = rows.iter().filter_map(|r| r.metric("loss")).collect();

@@ -2,8 +2,11 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use burn::tensor::Device;
+use dpo_train::config::TrainConfig;
+use dpo_train::run::{RunRequest, RunSummary, run};
 use dpo_train::train::trainer::Progress;
 
 /// `tests/fixtures/` of this checkout.
@@ -45,4 +48,25 @@ pub fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
 pub fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
     assert_eq!(a.iter().map(|t| &t.0).collect::<Vec<_>>(), b.iter().map(|t| &t.0).collect::<Vec<_>>());
     a.iter().zip(b).flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0.0, f32::max)
+}
+
+/// One training run in this process on the CPU (no data parallelism); `resume` continues that
+/// run directory, `sft_only` runs `dpo-train sft`.
+pub fn run_alone(
+    cfg: TrainConfig,
+    resume: Option<PathBuf>,
+    sft_only: bool,
+    interrupt: &AtomicBool,
+    progress: &mut dyn Progress,
+) -> RunSummary {
+    let req = RunRequest {
+        cfg,
+        config_name: "test".into(),
+        resume: resume.map(Some),
+        sft_only,
+        device: cpu(),
+        interrupt,
+        workers: dpo_train::dist::Workers::single(),
+    };
+    run(req, progress).unwrap()
 }
