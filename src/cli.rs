@@ -240,7 +240,7 @@ pub struct EvalArgs {
     /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// Reference model directory [default: the policy itself].
+    /// Reference model directory [default: a LoRA adapter's base with the adapter off, else the policy itself].
     #[arg(long, value_name = "DIR")]
     pub ref_model: Option<PathBuf>,
     /// Directory holding tokenizer.json and tokenizer_config.json [default: the policy's].

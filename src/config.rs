@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use burn::tensor::FloatDType;
+
 use crate::dpo::loss::{FDivergence, LossConfig, LossType};
+use crate::model::LoraSettings;
 
 /// Errors in a config file or a flag, each naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +213,23 @@ train_config! {
     reference_free: bool = false,
     /// Compute the reference log-probs once before training (cached on disk) and free the reference.
     precompute_ref_log_probs: bool = false,
+    // --- LoRA, precision, memory ---
+    /// LoRA rank: setting it trains low-rank adapters on a frozen base instead of every weight.
+    lora_r: Option<usize> = None,
+    /// LoRA α: the adapters' update is scaled by lora_alpha / lora_r.
+    lora_alpha: f64 = 32.0,
+    /// Dropout on the adapters' input during training.
+    lora_dropout: f64 = 0.05,
+    /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
+    lora_target_modules: Vec<String> = Vec::new(),
+    /// With LoRA, also write final/merged: the base with the adapters folded in, as a full HF model.
+    merge: bool = false,
+    /// bfloat16 mixed precision: half-precision weights and activations over f32 master weights and optimizer state.
+    bf16: bool = false,
+    /// float16 mixed precision, with dynamic loss scaling.
+    fp16: bool = false,
+    /// Recompute each decoder layer's activations in the backward pass instead of keeping them.
+    gradient_checkpointing: bool = false,
     // --- optimisation ---
     /// Peak learning rate of AdamW.
     learning_rate: f64 = 1e-6,
@@ -372,6 +392,13 @@ impl TrainConfig {
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
+        if self.bf16 && self.fp16 {
+            return invalid("fp16", "cannot be combined with `bf16`: choose one precision".to_owned());
+        }
+        self.lora().map_err(|(key, message)| ConfigError::Invalid { key, message })?;
+        if self.merge && self.lora_r.is_none() {
+            return invalid("merge", "needs LoRA (`lora_r`): a full fine-tune is already a merged model".to_owned());
+        }
         if self.reference_free && self.precompute_ref_log_probs {
             return invalid(
                 "precompute_ref_log_probs",
@@ -379,6 +406,22 @@ impl TrainConfig {
             );
         }
         Ok(())
+    }
+
+    /// The LoRA adapter to train; `None` for full fine-tuning.
+    pub fn lora(&self) -> Result<Option<LoraSettings>, (&'static str, String)> {
+        self.lora_r
+            .map(|r| LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules))
+            .transpose()
+    }
+
+    /// The dtype of weights and activations in the forward pass (master weights stay f32).
+    pub fn compute_dtype(&self) -> FloatDType {
+        match (self.bf16, self.fp16) {
+            (true, _) => FloatDType::BF16,
+            (_, true) => FloatDType::F16,
+            _ => FloatDType::F32,
+        }
     }
 
     /// The loss settings.

@@ -11,7 +11,7 @@ use crate::data::synth::{self, SynthConfig, TaskKind, is_correct_answer};
 use crate::generate::{SamplingConfig, generate, rng};
 use crate::model::{self, Llama, RandomInit};
 use crate::tokenizer::Tokenizer;
-use crate::train::checkpoint::write_model_dir;
+use crate::train::checkpoint::{ModelFiles, write_model_dir};
 
 /// The demo's configuration, embedded in the binary (also shipped as `configs/demo.toml`).
 pub const DEMO_CONFIG: &str = include_str!("../configs/demo.toml");
@@ -77,7 +77,7 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
             .resolve(&model_dir.join("config.json"))?;
         let init = RandomInit { seed, std: 0.02 };
         let model = Llama::load(&init, &resolved, device)?;
-        write_model_dir(&model_dir, &model, &config_json)?;
+        write_model_dir(&model_dir, &model, ModelFiles::Full { config_json: &config_json })?;
     }
     Ok(DemoAssets { model_dir, train, val, test })
 }

@@ -72,8 +72,10 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         (Some(dir), false) => Some(load_checked(dir, &tokenizer, &opts.device)?),
         (None, false) => None,
     };
-    // Without `--ref-model` the reference is the policy itself (every log-ratio is 0).
-    let reference: Option<&Llama> = match (&reference, opts.loss.reference_free) {
+    // Without `--ref-model` the reference is an adapter's base with the adapter switched off (as
+    // TRL does for a PEFT policy), or else the policy itself (every log-ratio is 0).
+    let base = (reference.is_none() && policy.has_lora()).then(|| policy.clone().without_lora());
+    let reference: Option<&Llama> = match (reference.as_ref().or(base.as_ref()), opts.loss.reference_free) {
         (Some(r), _) => Some(r),
         (None, false) => Some(&policy),
         (None, true) => None,
@@ -160,5 +162,5 @@ fn load_checked(dir: &Path, tokenizer: &Tokenizer, device: &Device) -> anyhow::R
         }
         .into());
     }
-    model::load_weights(dir, &cfg, device).with_context(context)
+    Ok(model::load(dir, device).with_context(context)?.1)
 }

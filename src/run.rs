@@ -130,7 +130,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let sft_dir = run_dir.join("sft");
     let (sft, start_dir) = if cfg.sft_steps == 0 {
         (None, model_dir.clone())
-    } else if sft_dir.join("final").join("model.safetensors").is_file() {
+    } else if ["model.safetensors", "adapter_model.safetensors"].iter().any(|f| sft_dir.join("final").join(f).is_file())
+    {
         progress.line(&format!("supervised warm-up already done: `{}`", sft_dir.join("final").display()));
         (None, sft_dir.join("final"))
     } else {

@@ -48,8 +48,9 @@ impl<'a> Workers<'a> {
         self.group.map_or(Ok(()), ProcessGroup::barrier)
     }
 
-    /// Sums every worker's accumulated gradients, bucketed, in parameter-name order. A worker
-    /// without pairs this step (the short end of an epoch) contributes zeros.
+    /// Sums every worker's accumulated gradients of the trainable parameters, bucketed, in
+    /// parameter-name order. A worker without pairs this step (the short end of an epoch)
+    /// contributes zeros.
     pub fn sum_grads<M: Module>(&self, grads: &mut GradAccumulator, model: &M) -> Result<(), DistError> {
         let Some(group) = self.group else { return Ok(()) };
         let mut shapes = ParamSizes::default();
@@ -106,7 +107,7 @@ pub fn shard(len: usize, world_size: usize, rank: usize) -> Vec<usize> {
     (rank..len).step_by(world_size.max(1)).collect()
 }
 
-/// Flattened parameter sizes by name, and the device they live on.
+/// Flattened sizes of the trainable parameters by name, and the device they live on.
 #[derive(Default)]
 struct ParamSizes {
     path: Vec<String>,
@@ -125,6 +126,10 @@ impl ModuleVisitor for ParamSizes {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let tensor = param.val();
+        // Frozen parameters (a LoRA base) have no gradient to synchronise.
+        if !tensor.is_require_grad() {
+            return;
+        }
         self.device.get_or_insert_with(|| tensor.device());
         self.sizes.push((self.path.join("."), tensor.shape().num_elements()));
     }

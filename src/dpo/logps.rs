@@ -105,8 +105,15 @@ pub struct TokenStats {
 /// # Shapes
 /// - batch.input_ids: `[2B, S]`; every output: `[2B]`
 pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
+    score_hidden(model, model.hidden_states(batch.input_ids.clone()), batch, with_stats)
+}
+
+/// [`score`] from the model's final hidden states (after the last norm).
+///
+/// # Shapes
+/// - hidden: `[2B, S, hidden]`; every output: `[2B]`
+pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
     let [rows, s] = batch.input_ids.dims();
-    let hidden = model.hidden_states(batch.input_ids.clone()); // [2B, S, hidden]
     let [_, _, h] = hidden.dims();
     // The last position predicts nothing that is scored.
     let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]

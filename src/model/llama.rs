@@ -9,14 +9,15 @@
 
 use std::path::Path;
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::{Embedding, Linear};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::nn::Embedding;
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, FloatDType, Int, Tensor};
 use serde::Deserialize;
 
+use super::linear::Linear;
 use super::rope::{Rope, RopeScaling};
 use super::weights::{NamedTensor, TensorSource, WeightsError};
 
@@ -42,6 +43,8 @@ pub enum ModelError {
     Unsupported { path: std::path::PathBuf, key: &'static str, found: String, supported: &'static str },
     #[error(transparent)]
     Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Adapter(#[from] super::lora::AdapterError),
 }
 
 /// `config.json` as Hugging Face writes it (key names kept); resolved once by [`HfConfig::resolve`].
@@ -249,7 +252,7 @@ impl HfConfig {
     }
 }
 
-/// Root-mean-square layer norm, computed in f32 (`LlamaRMSNorm`).
+/// Root-mean-square layer norm, computed in f32 whatever the input's dtype (`LlamaRMSNorm`).
 #[derive(Module, Debug)]
 pub struct RmsNorm {
     pub weight: Param<Tensor<1>>,
@@ -265,9 +268,11 @@ impl RmsNorm {
     /// # Shapes
     /// - x: `[..., N]` → `[..., N]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let dtype = FloatDType::from(x.dtype());
+        let x = x.cast(FloatDType::F32);
         let variance = x.clone().square().mean_dim(D - 1); // [..., 1]
-        let normed = x * (variance + self.eps).sqrt().recip();
-        normed * self.weight.val().unsqueeze::<D>()
+        let normed = (x * (variance + self.eps).sqrt().recip()).cast(dtype);
+        normed * self.weight.val().cast(dtype).unsqueeze::<D>()
     }
 }
 
@@ -283,7 +288,7 @@ fn load_linear(
     let weight = w.tensor(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose(); // [in, out]
     let bias =
         if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
-    Ok(Linear { weight: Param::from_tensor(weight), bias })
+    Ok(Linear { weight: Param::from_tensor(weight), bias, lora: None })
 }
 
 /// Multi-head self-attention with grouped-query key/value heads.
@@ -498,6 +503,10 @@ pub struct Llama {
     rope: Rope,
     #[module(skip)]
     sliding_window: Option<usize>,
+    /// The dtype activations are computed in (f32, or bf16/f16 for mixed precision); logits
+    /// leave the model as f32.
+    #[module(skip)]
+    compute_dtype: FloatDType,
 }
 
 impl Llama {
@@ -520,7 +529,66 @@ impl Llama {
             lm_head,
             rope: Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.max_position_embeddings, device),
             sliding_window: cfg.sliding_window,
+            compute_dtype: FloatDType::F32,
         })
+    }
+
+    /// Runs activations in `dtype` over whatever dtype the parameters are stored in (mixed
+    /// precision when they are f32: each weight is cast as it is used, the f32 copy stays master).
+    pub fn with_compute_dtype(mut self, dtype: FloatDType) -> Self {
+        self.compute_dtype = dtype;
+        self
+    }
+
+    /// The dtype activations are computed in.
+    pub fn compute_dtype(&self) -> FloatDType {
+        self.compute_dtype
+    }
+
+    /// Stores every parameter in `dtype` (a frozen model in half precision takes half the memory).
+    pub fn cast_params(self, dtype: FloatDType) -> Self {
+        self.map(&mut CastParams(dtype))
+    }
+
+    /// Every projection of the decoder layers under its HF module name
+    /// (`model.layers.0.self_attn.q_proj`), in layer order.
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            let (a, m) = (&layer.self_attn, &layer.mlp);
+            for (name, linear) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &m.gate_proj),
+                ("mlp.up_proj", &m.up_proj),
+                ("mlp.down_proj", &m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{name}"), linear));
+            }
+        }
+        out
+    }
+
+    /// [`Llama::linears`], mutably.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.model.layers.iter_mut().enumerate() {
+            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+            for (name, linear) in [
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+                ("self_attn.o_proj", &mut a.o_proj),
+                ("mlp.gate_proj", &mut m.gate_proj),
+                ("mlp.up_proj", &mut m.up_proj),
+                ("mlp.down_proj", &mut m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{name}"), linear));
+            }
+        }
+        out
     }
 
     /// Final hidden states, after the last norm.
@@ -532,10 +600,34 @@ impl Llama {
     /// If `S` exceeds `max_position_embeddings` or the sliding window; callers check
     /// [`Llama::max_sequence_length`] first.
     pub fn hidden_states(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
-        let mut x = self.model.embed_tokens.forward(input_ids); // [B, S, hidden]
+        let mut x = self.embed(input_ids); // [B, S, hidden]
         for layer in &self.model.layers {
             x = layer.forward(x, &self.rope, None);
         }
+        self.model.norm.forward(x)
+    }
+
+    /// Token embeddings in the compute dtype.
+    ///
+    /// # Shapes
+    /// - input_ids: `[B, S]` → `[B, S, hidden]`
+    pub fn embed(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
+        self.model.embed_tokens.forward(input_ids).cast(self.compute_dtype)
+    }
+
+    /// Decoder layer `i` over the whole sequence (no cache).
+    ///
+    /// # Shapes
+    /// - x: `[B, S, hidden]` → `[B, S, hidden]`
+    pub fn layer(&self, i: usize, x: Tensor<3>) -> Tensor<3> {
+        self.model.layers[i].forward(x, &self.rope, None)
+    }
+
+    /// The final norm.
+    ///
+    /// # Shapes
+    /// - x: `[B, S, hidden]` → `[B, S, hidden]`
+    pub fn final_norm(&self, x: Tensor<3>) -> Tensor<3> {
         self.model.norm.forward(x)
     }
 
@@ -544,7 +636,7 @@ impl Llama {
     /// # Shapes
     /// - input_ids: `[B, S]` (the prompt, then one token at a time) → `[B, V]`
     pub fn forward_cached(&self, input_ids: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
-        let mut x = self.model.embed_tokens.forward(input_ids); // [B, S, hidden]
+        let mut x = self.embed(input_ids); // [B, S, hidden]
         for (layer, layer_cache) in self.model.layers.iter().zip(cache.layers.iter_mut()) {
             x = layer.forward(x, &self.rope, Some(layer_cache));
         }
@@ -563,15 +655,20 @@ impl Llama {
         self.model.layers.len()
     }
 
-    /// Projects hidden states onto the vocabulary.
+    /// Projects hidden states onto the vocabulary; the logits are f32 whatever the compute dtype
+    /// (log-softmax and the loss run in f32).
     ///
     /// # Shapes
     /// - hidden: `[B, S, hidden]` → `[B, S, V]`
     pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.model.embed_tokens.weight.val().transpose().unsqueeze::<3>()), // [B, S, V]
-        }
+            None => {
+                let embed = self.model.embed_tokens.weight.val().cast(FloatDType::from(hidden.dtype()));
+                hidden.matmul(embed.transpose().unsqueeze::<3>()) // [B, S, V]
+            }
+        };
+        logits.cast(FloatDType::F32)
     }
 
     /// Next-token logits for every position.
@@ -590,8 +687,9 @@ impl Llama {
 }
 
 impl Llama {
-    /// Every parameter under its Hugging Face name and layout (linear weights back to `[out, in]`),
-    /// as f32 host values: what `model.safetensors` holds.
+    /// Every base parameter under its Hugging Face name and layout (linear weights back to
+    /// `[out, in]`), as f32 host values: what `model.safetensors` holds. Adapters are not included
+    /// (see [`Llama::adapter_tensors`] and [`Llama::merge_lora`]).
     pub fn export_tensors(&self) -> Vec<NamedTensor> {
         let mut visitor = Export { path: Vec::new(), out: Vec::new() };
         self.visit(&mut visitor);
@@ -614,6 +712,9 @@ impl ModuleVisitor for Export {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if self.path.iter().any(|p| p == "lora") {
+            return;
+        }
         let name = self.path.join(".");
         let tensor = param.val();
         // burn's `Linear` multiplies by `[in, out]`; HF stores `[out, in]` (see `load_linear`).
@@ -622,5 +723,17 @@ impl ModuleVisitor for Export {
         let shape = tensor.dims().to_vec();
         let values = crate::dpo::metrics::host(&tensor);
         self.out.push(NamedTensor { name, shape, values });
+    }
+}
+
+/// Casts every parameter to one dtype, keeping its id and whether it trains.
+struct CastParams(FloatDType);
+
+impl ModuleMapper for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, t, mapper) = param.consume();
+        let tracked = t.is_require_grad();
+        let t = t.cast(self.0).detach();
+        Param::from_mapped_value(id, if tracked { t.require_grad() } else { t }, mapper)
     }
 }

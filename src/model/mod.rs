@@ -1,19 +1,24 @@
-//! Hugging Face causal language models: `config.json` + safetensors → a burn module.
+//! Hugging Face causal language models: `config.json` + safetensors → a burn module, and PEFT
+//! LoRA adapter directories on top of one.
 
+pub mod linear;
 pub mod llama;
+pub mod lora;
 pub mod rope;
 pub mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 
 pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
+pub use lora::{AdapterConfig, AdapterError, AdapterInit, LoraSettings};
 pub use weights::{RandomInit, TensorSource, Weights};
 
-/// Reads and resolves `dir/config.json`.
+/// Reads and resolves `dir/config.json` (an adapter directory's base's).
 pub fn load_config(dir: &Path) -> Result<LlamaConfig, ModelError> {
-    HfConfig::from_dir(dir)?.resolve(&dir.join("config.json"))
+    let dir = base_dir(dir)?;
+    HfConfig::from_dir(&dir)?.resolve(&dir.join("config.json"))
 }
 
 /// Builds the model described by `cfg` from the safetensors in `dir`, weights as f32.
@@ -21,9 +26,49 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig, device: &Device) -> Result<Ll
     Llama::load(&Weights::open(dir)?, cfg, device)
 }
 
-/// Loads the model in `dir` onto `device`.
+/// Loads the model in `dir` onto `device`; an adapter directory loads its base with the adapter
+/// attached (its parameters require gradients on an autodiff device, nothing else changes).
 pub fn load(dir: &Path, device: &Device) -> Result<(LlamaConfig, Llama), ModelError> {
-    let cfg = load_config(dir)?;
-    let model = load_weights(dir, &cfg, device)?;
+    let base = base_dir(dir)?;
+    let cfg = HfConfig::from_dir(&base)?.resolve(&base.join("config.json"))?;
+    let mut model = load_weights(&base, &cfg, device)?;
+    if let Some(settings) = adapter_settings(dir)? {
+        let weights = lora::open_adapter_weights(dir)?;
+        model.add_lora(&settings, &AdapterInit::Saved(&weights), device)?;
+        model.set_lora_dropout(0.0);
+    }
     Ok((cfg, model))
+}
+
+/// The adapter of an adapter directory; `None` for a full model.
+pub fn adapter_settings(dir: &Path) -> Result<Option<LoraSettings>, ModelError> {
+    if !lora::is_adapter_dir(dir) {
+        return Ok(None);
+    }
+    Ok(Some(AdapterConfig::read(dir)?.1))
+}
+
+/// Where the full model lives: `dir` itself, or an adapter directory's `base_model_name_or_path`
+/// (as written; a relative path is tried from the working directory, then from `dir`).
+pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
+    if !lora::is_adapter_dir(dir) {
+        return Ok(dir.to_owned());
+    }
+    let (cfg, _) = AdapterConfig::read(dir)?;
+    let path = dir.join("adapter_config.json");
+    let Some(base) = cfg.base_model_name_or_path.filter(|b| !b.is_empty()) else {
+        return Err(ModelError::BadConfig {
+            path,
+            message: "`base_model_name_or_path` is missing: the adapter does not say which model it adapts".to_owned(),
+        });
+    };
+    let base = PathBuf::from(base);
+    let found = [base.clone(), dir.join(&base)].into_iter().find(|p| p.join("config.json").is_file());
+    found.ok_or_else(|| ModelError::BadConfig {
+        path,
+        message: format!(
+            "`base_model_name_or_path` = `{}` is not a local model directory (it needs `config.json`)",
+            base.display()
+        ),
+    })
 }

@@ -6,7 +6,7 @@
 
 use std::f64::consts::PI;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Tensor, TensorData};
 
 /// How the inverse frequencies are derived from `rope_theta`.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,8 +59,10 @@ impl Rope {
     /// - x: `[B, H, S, D]` → `[B, H, S, D]`
     pub fn apply(&self, x: Tensor<4>, offset: usize) -> Tensor<4> {
         let [_, _, s, d] = x.dims();
-        let cos = self.cos.clone().narrow(0, offset, s).reshape([1, 1, s, d]); // [1, 1, S, D]
-        let sin = self.sin.clone().narrow(0, offset, s).reshape([1, 1, s, d]); // [1, 1, S, D]
+        // In the input's dtype, as transformers casts cos/sin under mixed precision.
+        let dtype = FloatDType::from(x.dtype());
+        let cos = self.cos.clone().narrow(0, offset, s).reshape([1, 1, s, d]).cast(dtype); // [1, 1, S, D]
+        let sin = self.sin.clone().narrow(0, offset, s).reshape([1, 1, s, d]).cast(dtype); // [1, 1, S, D]
         let x1 = x.clone().narrow(3, 0, d / 2); // [B, H, S, D/2]
         let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, H, S, D/2]
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, S, D]

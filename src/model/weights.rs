@@ -164,7 +164,7 @@ pub struct RandomInit {
 
 impl TensorSource for RandomInit {
     fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
-        use rand::{RngExt, SeedableRng};
+        use rand::RngExt;
         let n: usize = shape.iter().product();
         if name.ends_with("norm.weight") {
             return Ok(vec![1.0; n]);
@@ -172,9 +172,7 @@ impl TensorSource for RandomInit {
         if name.ends_with(".bias") {
             return Ok(vec![0.0; n]);
         }
-        let name_hash =
-            name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ name_hash);
+        let mut rng = seeded_rng(self.seed, name);
         // Box–Muller: two uniforms give one standard normal.
         Ok((0..n)
             .map(|_| {
@@ -184,6 +182,15 @@ impl TensorSource for RandomInit {
             })
             .collect())
     }
+}
+
+/// A generator seeded from (`seed`, a tensor's name), so an initialisation does not depend on
+/// the order tensors are created in.
+pub fn seeded_rng(seed: u64, name: &str) -> rand_chacha::ChaCha8Rng {
+    use rand::SeedableRng;
+    let name_hash =
+        name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ name_hash)
 }
 
 /// Decodes little-endian f32/bf16/f16 bytes into f32 (exact for all three).

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use super::optim::{AdamW, Moments};
+use super::optim::{AdamW, LossScaler, Moments};
 use crate::fsutil::{replace_dir, write_atomic};
 use crate::model::weights::{NamedTensor, Weights, WeightsError, save_safetensors};
-use crate::model::{self, Llama};
+use crate::model::{self, Llama, LoraSettings};
 
 /// Errors reading or writing a checkpoint, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +30,17 @@ pub enum CheckpointError {
     Weights(#[from] WeightsError),
     #[error(transparent)]
     Model(#[from] model::ModelError),
+    #[error(transparent)]
+    Adapter(#[from] model::AdapterError),
+}
+
+/// What a checkpoint or `final/` holds of the model.
+#[derive(Debug, Clone, Copy)]
+pub enum ModelFiles<'a> {
+    /// `config.json` and `model.safetensors`: every weight.
+    Full { config_json: &'a str },
+    /// A PEFT adapter directory: only what trained, over the base in `base`.
+    Adapter { settings: &'a LoraSettings, base: &'a Path },
 }
 
 /// Where the loop stood.
@@ -42,6 +53,9 @@ pub struct TrainerState {
     pub elapsed_seconds: f64,
     /// Training tokens seen so far (TRL's `num_tokens`).
     pub num_tokens: f64,
+    /// fp16's dynamic loss scale.
+    #[serde(default)]
+    pub loss_scaler: Option<LossScaler>,
 }
 
 const STATE_FILE: &str = "trainer_state.json";
@@ -57,7 +71,7 @@ pub struct Saved {
 pub fn save(
     run_dir: &Path,
     model: &Llama,
-    model_config_json: &str,
+    files: ModelFiles,
     optimizer: &AdamW,
     state: &TrainerState,
     config_toml: &str,
@@ -74,7 +88,7 @@ pub fn save(
         std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
     }
     std::fs::create_dir_all(&staged).map_err(io(&staged))?;
-    write_model_dir(&staged, model, model_config_json)?;
+    write_model_dir(&staged, model, files)?;
     let moments: Vec<NamedTensor> = optimizer
         .moments
         .iter()
@@ -102,12 +116,20 @@ pub fn save(
     Ok(dest)
 }
 
-/// Writes an HF model directory: `config.json` and `model.safetensors` (f32).
-pub fn write_model_dir(dir: &Path, model: &Llama, model_config_json: &str) -> Result<(), CheckpointError> {
+/// Writes an HF model directory (`config.json` and `model.safetensors`, f32) or a PEFT adapter
+/// directory.
+pub fn write_model_dir(dir: &Path, model: &Llama, files: ModelFiles) -> Result<(), CheckpointError> {
     let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
-    write_atomic(&dir.join("config.json"), model_config_json.as_bytes()).map_err(io)?;
-    save_safetensors(&dir.join("model.safetensors"), &model.export_tensors())?;
+    match files {
+        ModelFiles::Full { config_json } => {
+            write_atomic(&dir.join("config.json"), config_json.as_bytes()).map_err(io)?;
+            save_safetensors(&dir.join("model.safetensors"), &model.export_tensors())?;
+        }
+        ModelFiles::Adapter { settings, base } => {
+            model::lora::save_adapter(dir, model, settings, &base.display().to_string())?;
+        }
+    }
     Ok(())
 }
 

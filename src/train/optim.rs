@@ -72,6 +72,50 @@ impl GradAccumulator {
     }
 }
 
+impl GradAccumulator {
+    /// Multiplies every gradient by `factor` (undoing a loss scale).
+    pub fn scale(&mut self, factor: f64) {
+        for g in self.grads.values_mut() {
+            *g = g.clone() * factor;
+        }
+    }
+}
+
+/// Dynamic loss scaling for fp16 training, as `torch.amp.GradScaler` with its defaults: the loss
+/// is multiplied by `scale` so small gradients survive in half precision; a step whose
+/// unscaled gradients overflow is skipped and the scale halved, and after 2000 clean steps in a
+/// row it doubles.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LossScaler {
+    pub scale: f64,
+    pub clean_steps: u64,
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        Self { scale: 65536.0, clean_steps: 0 }
+    }
+}
+
+impl LossScaler {
+    const GROWTH_INTERVAL: u64 = 2000;
+
+    /// Records a step whose gradients were `finite`; returns whether to apply it.
+    pub fn update(&mut self, finite: bool) -> bool {
+        if !finite {
+            self.scale *= 0.5;
+            self.clean_steps = 0;
+            return false;
+        }
+        self.clean_steps += 1;
+        if self.clean_steps == Self::GROWTH_INTERVAL {
+            self.scale *= 2.0;
+            self.clean_steps = 0;
+        }
+        true
+    }
+}
+
 impl AdamW {
     /// Applies one update with learning rate `lr` to every parameter that has a gradient.
     pub fn step<M: Module>(&mut self, model: M, grads: &GradAccumulator, lr: f64, cfg: &AdamWConfig) -> M {
@@ -197,6 +241,19 @@ mod tests {
         let mut small = accumulator(&[("a.weight", vec![0.3, 0.4])]);
         small.clip_global_norm(1.0);
         assert_eq!(crate::dpo::metrics::host(&small.grads["a.weight"]), vec![0.3, 0.4]);
+    }
+
+    #[test]
+    fn loss_scale_halves_on_overflow_and_doubles_after_clean_steps() {
+        let mut scaler = LossScaler::default();
+        assert!(!scaler.update(false));
+        assert_eq!(scaler.scale, 32768.0);
+        for _ in 0..1999 {
+            assert!(scaler.update(true));
+        }
+        assert_eq!(scaler.scale, 32768.0);
+        assert!(scaler.update(true));
+        assert_eq!(scaler.scale, 65536.0);
     }
 
     #[test]

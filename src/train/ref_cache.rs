@@ -1,7 +1,7 @@
 //! Precomputed reference log-probs (`precompute_ref_log_probs`): one pass of the reference over
 //! the training pairs before training, cached on disk under `<output_dir>/.ref_cache/` and keyed
-//! by everything the numbers depend on: the reference's weights, the tokenised data, `max_length`,
-//! `ld_alpha` and the tokenizer. A changed input changes the key; nothing stale is ever reused.
+//! by everything the numbers depend on: the reference's weights (adapters included) and precision,
+//! the tokenised data, `max_length`, `ld_alpha` and the tokenizer. A changed input changes the key; nothing stale is ever reused.
 
 use std::path::PathBuf;
 
@@ -51,7 +51,7 @@ pub fn load_or_compute(
 /// `<output_dir>/.ref_cache/<sha256 of the inputs>.safetensors`.
 fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow::Result<PathBuf> {
     let mut hash = Sha256::new();
-    for tensor in reference.export_tensors() {
+    for tensor in reference.export_tensors().into_iter().chain(reference.adapter_tensors()) {
         hash.update(tensor.name.as_bytes());
         for v in tensor.values {
             hash.update(v.to_le_bytes());
@@ -63,7 +63,9 @@ fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow
             ids.iter().for_each(|id| hash.update(id.to_le_bytes()));
         }
     }
-    hash.update(format!("{:?}|{:?}", collation.max_length, collation.ld_alpha).as_bytes());
+    hash.update(
+        format!("{:?}|{:?}|{:?}", collation.max_length, collation.ld_alpha, reference.compute_dtype()).as_bytes(),
+    );
     let tokenizer = stage.data.tokenizer_dir.join("tokenizer.json");
     hash.update(std::fs::read(&tokenizer).with_context(|| format!("cannot read `{}`", tokenizer.display()))?);
     let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();

@@ -10,10 +10,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::module::Module;
-use burn::tensor::Device;
+use burn::tensor::{Device, FloatDType};
 
-use super::checkpoint::{self, TrainerState};
-use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::backprop::{Checkpointing, forward_backward};
+use super::checkpoint::{self, ModelFiles, TrainerState};
+use super::optim::{AdamW, AdamWConfig, GradAccumulator, LossScaler};
+use super::policy::{PolicySpec, inference_copy};
 use super::ref_cache;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
@@ -25,7 +27,7 @@ use crate::dpo::loss::{PairScores, dpo_loss};
 use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs, host};
 use crate::eval::{metrics_of, score_pairs};
 use crate::generate::{SamplingConfig, generate, rng};
-use crate::model::{self, Llama};
+use crate::model::Llama;
 use crate::report::{self, MetricsRow, MetricsWriter, Sample, Split};
 use crate::tokenizer::Tokenizer;
 
@@ -137,8 +139,10 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         crate::fsutil::write_atomic(&dir.join("config.toml"), config_toml.as_bytes())
             .with_context(|| format!("cannot write `{}`", dir.join("config.toml").display()))?;
     }
-    let model_config_json = std::fs::read_to_string(stage.model_dir.join("config.json"))
-        .with_context(|| format!("cannot read `{}`", stage.model_dir.join("config.json").display()))?;
+    let spec = PolicySpec::new(cfg, stage.model_dir)?;
+    let config_path = spec.base_dir.join("config.json");
+    let model_config_json =
+        std::fs::read_to_string(&config_path).with_context(|| format!("cannot read `{}`", config_path.display()))?;
 
     // --- the plan: steps, batches, schedule ---
     let name = match stage.objective {
@@ -180,20 +184,38 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     // --- the models: policy (autodiff), reference (plain, frozen) ---
     let train_device = stage.device.clone().autodiff();
     let resume_from = if stage.resume { checkpoint::latest(dir) } else { None };
-    let (policy, mut optimizer, mut state) = match &resume_from {
+    let policy = spec.load_policy(resume_from.as_deref(), cfg.seed, &train_device)?;
+    let (mut optimizer, mut state) = match &resume_from {
         Some(ckpt) => {
             let saved = checkpoint::load_state(ckpt, &train_device)?;
-            let (_, policy) = model::load(ckpt, &train_device)?;
             progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
-            (policy, saved.optimizer, saved.state)
+            (saved.optimizer, saved.state)
         }
-        None => {
-            let (_, policy) = model::load(stage.model_dir, &train_device)
-                .with_context(|| format!("cannot load the model in `{}`", stage.model_dir.display()))?;
-            (policy, AdamW::default(), TrainerState { step: 0, epoch: 0.0, elapsed_seconds: 0.0, num_tokens: 0.0 })
-        }
+        None => (
+            AdamW::default(),
+            TrainerState {
+                step: 0,
+                epoch: 0.0,
+                elapsed_seconds: 0.0,
+                num_tokens: 0.0,
+                loss_scaler: (cfg.compute_dtype() == FloatDType::F16).then(LossScaler::default),
+            },
+        ),
     };
+    if let Some(lora) = &spec.lora {
+        progress.line(&format!(
+            "LoRA r={} alpha={} on {}: {} trainable parameters of {}",
+            lora.r,
+            lora.alpha,
+            lora.target_modules.join(","),
+            count_trainable(&policy),
+            policy.num_params()
+        ));
+    }
     let mut policy = workers.broadcast_params(policy)?;
+    let files = spec.files(&model_config_json);
+    let checkpointing = cfg.gradient_checkpointing;
+    let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let mut metrics_out = match (&resume_from, main) {
         (_, false) => None,
         (Some(_), true) => Some(MetricsWriter::resume(dir, state.step)?),
@@ -202,7 +224,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
 
     let references = match stage.objective {
         Objective::Sft => None,
-        Objective::Dpo => Some(References::prepare(stage, &eval_collation, progress)?),
+        Objective::Dpo => {
+            let reference =
+                if cfg.reference_free { None } else { Some(spec.reference(&policy, stage.ref_dir, stage.device)?) };
+            Some(References::prepare(stage, reference, &eval_collation, progress)?)
+        }
     };
 
     // --- the loop ---
@@ -214,8 +240,14 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let mut last_status = String::new();
     let mut interrupted = false;
     if let (Some(refs), true, 0) = (&references, cfg.eval_on_start, state.step) {
-        last_eval =
-            Some(refs.evaluate(&policy.valid(), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?);
+        last_eval = Some(refs.evaluate(
+            &inference_copy(&policy),
+            stage,
+            &state,
+            &eval_collation,
+            metrics_out.as_mut(),
+            progress,
+        )?);
     }
     while state.step < total_steps {
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
@@ -224,6 +256,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             break;
         }
         let lr = schedule.lr(state.step);
+        // Dropout masks follow (seed, step): the same on every rank, and after a resume. (The
+        // generator is process-wide: a run without dropout leaves it alone.)
+        if dropout {
+            stage.device.seed(cfg.seed.wrapping_add(state.step));
+        }
         let mine = rank_step(&sampler, state.step, world, workers.rank())?;
         let micro_batches = mine.micro_batches;
         let step_pairs = mine.step_pairs;
@@ -244,34 +281,63 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             Objective::Dpo => 0.0,
         };
         state.num_tokens += all_pairs.iter().map(|p| pair_tokens(p, cfg.max_length, stage.objective)).sum::<f64>();
-        for (ids, chunk) in micro_batches.iter().zip(&chunks) {
-            let loss = match (stage.objective, &references) {
+        let loss_scale = state.loss_scaler.map_or(1.0, |s| s.scale);
+        for (micro, (ids, chunk)) in micro_batches.iter().zip(&chunks).enumerate() {
+            let recompute = checkpointing.then(|| Checkpointing {
+                dropout_seed: dropout
+                    .then(|| cfg.seed ^ (state.step << 20) ^ ((micro as u64) << 8) ^ workers.rank() as u64),
+            });
+            match (stage.objective, &references) {
                 (Objective::Sft, _) => {
                     let batch = data::collate_chosen(chunk, pad_id, max_length);
                     window.count(&batch);
                     let device_batch = DeviceBatch::new(&batch, None, &train_device);
-                    let scores = score(&policy, &device_batch, false);
-                    let nll = -scores.token_logps.sum() / step_tokens.max(1.0);
-                    window.losses.push(nll.clone().detach());
-                    nll
+                    // Each micro-batch's loss is its share of the step's token mean.
+                    let (_, nll) =
+                        forward_backward(&policy, &device_batch, false, recompute, loss_scale, &mut grads, |scores| {
+                            -scores.token_logps.clone().sum() / step_tokens.max(1.0)
+                        });
+                    window.losses.push(nll);
                 }
                 (Objective::Dpo, Some(refs)) => {
                     let batch = data::collate(chunk, pad_id, max_length);
                     window.count(&batch);
                     let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &train_device);
                     let ref_rows = refs.train_rows(ids, &batch, loss_cfg.ld_alpha, stage.device);
-                    let scores = score(&policy, &device_batch, true);
-                    let loss = dpo_loss(&PairScores::from_scores(&device_batch, &scores, &ref_rows), &loss_cfg);
-                    window.pending.push((device_batch, scores, ref_rows, loss.clone().detach()));
-                    loss * (chunk.len() as f64 / step_pairs as f64)
+                    let share = chunk.len() as f64 / step_pairs as f64;
+                    let (scores, loss) = forward_backward(
+                        &policy,
+                        &device_batch,
+                        true,
+                        recompute,
+                        share * loss_scale,
+                        &mut grads,
+                        |scores| dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), &loss_cfg),
+                    );
+                    window.pending.push((device_batch, scores, ref_rows, loss));
                 }
                 (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
-            };
-            grads.add(&policy, &loss.backward());
+            }
         }
         workers.sum_grads(&mut grads, &policy)?;
+        let apply = match state.loss_scaler.as_mut() {
+            Some(scaler) => {
+                grads.scale(1.0 / scaler.scale);
+                // A host sync, as torch's GradScaler: an overflowing step must not be applied.
+                let finite = grads.global_norm().is_none_or(|n| n.into_scalar::<f32>().is_finite());
+                scaler.update(finite)
+            }
+            None => true,
+        };
         let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
-        policy = optimizer.step(policy, &grads, lr, &adamw);
+        if apply {
+            policy = optimizer.step(policy, &grads, lr, &adamw);
+        } else {
+            progress.line(&format!(
+                "fp16 gradients overflowed at step {}: step skipped, loss scale halved",
+                state.step + 1
+            ));
+        }
         window.steps += 1;
         state.step += 1;
         state.epoch = sampler.epoch_at(state.step);
@@ -293,7 +359,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
             let every = cfg.eval_every();
             if every > 0 && (state.step % every == 0 || state.step == total_steps) {
                 last_eval = Some(refs.evaluate(
-                    &policy.valid(),
+                    &inference_copy(&policy),
                     stage,
                     &state,
                     &eval_collation,
@@ -307,7 +373,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
                 let path = checkpoint::save(
                     dir,
                     &policy.valid(),
-                    &model_config_json,
+                    files,
                     &optimizer,
                     &state,
                     &config_toml,
@@ -321,12 +387,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     }
 
     // --- the end: checkpoint, final model, test, plots ---
-    let policy = policy.valid();
+    let policy = inference_copy(&policy);
     let saved_now =
         checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{}", state.step)));
     if main && !saved_now {
-        let path =
-            checkpoint::save(dir, &policy, &model_config_json, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
+        let path = checkpoint::save(dir, &policy, files, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
     if main {
@@ -341,7 +406,13 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     }
     let final_dir = dir.join("final");
     if main {
-        export_final(&final_dir, &policy, &model_config_json, &data.tokenizer_dir)?;
+        export_final(&final_dir, &policy, files, &data.tokenizer_dir)?;
+        if cfg.merge {
+            let merged = final_dir.join("merged");
+            let full = ModelFiles::Full { config_json: &model_config_json };
+            export_final(&merged, &inference_copy(&policy).merge_lora(), full, &data.tokenizer_dir)?;
+            progress.line(&format!("merged model written to `{}`", merged.display()));
+        }
     }
     let test = match &references {
         Some(refs) if !data.test.is_empty() => Some(refs.test(&policy, stage, &eval_collation, progress)?),
@@ -350,6 +421,22 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     // Every rank returns once the files rank 0 writes are complete.
     workers.barrier()?;
     Ok(StageOutcome { model_dir: final_dir, steps: state.step, interrupted, eval: last_eval, test })
+}
+
+/// Parameters that receive gradients.
+fn count_trainable(model: &Llama) -> usize {
+    struct Count(usize);
+    impl burn::module::ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::tensor::Tensor<D>>) {
+            let t = param.val();
+            if t.is_require_grad() {
+                self.0 += t.shape().num_elements();
+            }
+        }
+    }
+    let mut count = Count(0);
+    model.visit(&mut count);
+    count.0
 }
 
 /// The run's display name: its directory name.
@@ -363,13 +450,13 @@ fn scored_tokens(batch: &data::Batch) -> f64 {
     (0..batch.rows).map(|r| batch.completion_mask[r * s + 1..(r + 1) * s].iter().sum::<i64>() as f64).sum()
 }
 
-/// Writes `final/`: an HF model directory with the tokenizer files, atomically.
-fn export_final(final_dir: &Path, model: &Llama, model_config_json: &str, tokenizer_dir: &Path) -> anyhow::Result<()> {
+/// Writes `final/`: an HF model (or PEFT adapter) directory with the tokenizer files, atomically.
+fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenizer_dir: &Path) -> anyhow::Result<()> {
     let staged = final_dir.with_extension("partial");
     if staged.exists() {
         std::fs::remove_dir_all(&staged)?;
     }
-    checkpoint::write_model_dir(&staged, model, model_config_json)?;
+    checkpoint::write_model_dir(&staged, model, files)?;
     for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
         let src = tokenizer_dir.join(file);
         if src.is_file() {
@@ -473,10 +560,16 @@ struct References {
 }
 
 impl References {
-    fn prepare(stage: &Stage, collation: &Collation, progress: &mut dyn Progress) -> anyhow::Result<Self> {
+    /// `reference` is `None` for reference-free training.
+    fn prepare(
+        stage: &Stage,
+        reference: Option<Llama>,
+        collation: &Collation,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Self> {
         let cfg = stage.cfg;
         let data = stage.data;
-        if cfg.reference_free {
+        let Some(reference) = reference else {
             return Ok(Self {
                 model: None,
                 train: Some(RefLogps::zeros(data.train.len())),
@@ -486,10 +579,7 @@ impl References {
                 test_samples: Vec::new(),
                 reference_free: true,
             });
-        }
-        let ref_dir = stage.ref_dir.unwrap_or(stage.model_dir);
-        let (_, reference) = model::load(ref_dir, stage.device)
-            .with_context(|| format!("cannot load the reference model in `{}`", ref_dir.display()))?;
+        };
         progress.line(&format!("scoring {} held-out pairs under the reference", data.eval.len() + data.test.len()));
         let eval = sharded_reference_logps(&reference, &data.eval, collation, stage)?;
         let test = sharded_reference_logps(&reference, &data.test, collation, stage)?;

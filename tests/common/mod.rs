@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::Device;
@@ -69,4 +70,32 @@ pub fn run_alone(
         workers: dpo_train::dist::Workers::single(),
     };
     run(req, progress).unwrap()
+}
+
+/// The venv's python: `DPO_TRAIN_VENV` when set (CI), else the checkout's `.venv`.
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("DPO_TRAIN_VENV")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv"), PathBuf::from);
+    venv.join("bin/python")
+}
+
+/// transformers' f32 logits (PEFT's for an adapter directory) of `ids`, flattened, computed by
+/// `tests/gen/check_export.py` in the venv.
+pub fn reference_logits(dir: &Path, ids: &[Vec<i64>]) -> Vec<f32> {
+    let out = Command::new(python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gen/check_export.py"))
+        .arg(dir)
+        .arg(serde_json::to_string(ids).unwrap())
+        .output()
+        .expect("the venv's python runs (make ref-venv installs transformers and peft)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let logits: Vec<Vec<Vec<f32>>> = serde_json::from_value(value["logits"].clone()).unwrap();
+    logits.concat().concat()
+}
+
+/// The largest difference relative to max(|b|, 1).
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1.0)).fold(0.0, f32::max)
 }

@@ -2,19 +2,33 @@
 
 Usage: python tests/gen/check_export.py MODEL_DIR IDS_JSON
 IDS_JSON is a JSON list of token-id lists of equal length. Prints {"logits": [[[...]]]}.
-Used by tests/export.rs to check that `final/` loads in transformers with the same logits.
+MODEL_DIR is a full model, or a PEFT adapter, loaded with `PeftModel.from_pretrained` on the base
+named by its `base_model_name_or_path`. Used by tests/export.rs and tests/lora.rs to check that
+what a training run writes loads in transformers / PEFT with the same logits.
 """
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 
+def load(model_dir: str):
+    adapter = Path(model_dir) / "adapter_config.json"
+    if not adapter.is_file():
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    from peft import PeftModel
+
+    base_dir = json.loads(adapter.read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, model_dir)
+
+
 def main() -> None:
     model_dir, ids = sys.argv[1], json.loads(sys.argv[2])
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load(model_dir).eval()
     with torch.no_grad():
         logits = model(input_ids=torch.tensor(ids)).logits
     json.dump({"logits": logits.tolist()}, sys.stdout)

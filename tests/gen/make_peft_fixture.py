@@ -1,0 +1,69 @@
+#!/usr/bin/env python
+"""PEFT reference numbers for the LoRA tests (needs the reference venv: peft, transformers, torch).
+
+Run from the repository root after make_fixtures.py:
+
+    .venv/bin/python tests/gen/make_peft_fixture.py
+
+It writes, deterministically (seed 0, CPU, float32):
+
+  tests/fixtures/adapters/llama-lora/   a PEFT LoRA adapter (r=4, lora_alpha=8, every projection) on
+                                        tests/fixtures/models/llama, saved by `save_pretrained`, with
+                                        `init_lora_weights=False` so that B is random and the adapter
+                                        changes the logits; `base_model_name_or_path` is rewritten to
+                                        the relative path `../../models/llama`.
+  tests/fixtures/expected/logits_llama-lora.json
+                                        fp32 logits of the adapted model (PeftModel, eval mode) and of
+                                        the base with the adapter disabled, for two token sequences.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
+BASE = ROOT / "models" / "llama"
+OUT = ROOT / "adapters" / "llama-lora"
+IDS = [[11, 45, 201, 7, 99, 3, 150, 42], [300, 2, 17, 17, 88, 120, 5, 64]]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(base, config)
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    model.save_pretrained(str(OUT))
+    cfg_path = OUT / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = "../../models/llama"
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (OUT / "README.md").unlink(missing_ok=True)
+
+    # Reload from disk, as a user would, and record the logits.
+    base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(OUT)).eval()
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        with model.disable_adapter():
+            disabled = model(input_ids=ids).logits
+    payload = {"input_ids": IDS, "logits": adapted.tolist(), "base_logits": disabled.tolist()}
+    (ROOT / "expected" / "logits_llama-lora.json").write_text(json.dumps(payload) + "\n")
+    print(f"wrote {OUT} and expected/logits_llama-lora.json")
+
+
+if __name__ == "__main__":
+    main()

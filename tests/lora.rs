@@ -1,0 +1,221 @@
+//! LoRA, PEFT interoperability, mixed precision and activation checkpointing.
+//!
+//! PEFT's numbers come from the venv: `tests/gen/make_peft_fixture.py` wrote an adapter and its
+//! logits, and `tests/gen/check_export.py` loads what we write with `PeftModel.from_pretrained`.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+use burn::module::Module;
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use dpo_train::config::TrainConfig;
+use dpo_train::data::{self, TokenizedPair};
+use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::loss::{LossConfig, PairScores, dpo_loss};
+use dpo_train::model::{self, AdapterInit, Llama, LoraSettings};
+use dpo_train::report::{Split, read_metrics};
+use dpo_train::train::backprop::{Checkpointing, forward_backward};
+use dpo_train::train::optim::GradAccumulator;
+
+use common::{Quiet, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};
+
+const IDS: [[i64; 8]; 2] = [[11, 45, 201, 7, 99, 3, 150, 42], [300, 2, 17, 17, 88, 120, 5, 64]];
+
+fn ids() -> Vec<Vec<i64>> {
+    IDS.iter().map(|r| r.to_vec()).collect()
+}
+
+fn logits(model: &Llama, device: &Device) -> Vec<f32> {
+    let input = Tensor::<2, Int>::from_data(TensorData::new(IDS.concat(), [2, 8]), device);
+    let out = model.forward(input);
+    assert_eq!(out.dtype(), burn::tensor::DType::F32, "logits leave the model as f32");
+    out.into_data().convert::<f32>().as_slice::<f32>().unwrap().to_vec()
+}
+
+fn settings(r: usize, targets: &[&str]) -> LoraSettings {
+    let targets: Vec<String> = targets.iter().map(|t| (*t).to_owned()).collect();
+    LoraSettings::new(r, 2.0 * r as f64, 0.0, &targets).unwrap()
+}
+
+#[test]
+fn a_fresh_adapter_gives_exactly_the_base_outputs() {
+    let device = cpu();
+    let (_, base) = model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let before = logits(&base, &device);
+    let mut adapted = base.clone();
+    adapted.add_lora(&settings(8, &["all-linear"]), &AdapterInit::Fresh { seed: 3 }, &device).unwrap();
+    assert!(adapted.has_lora());
+    assert_eq!(logits(&adapted, &device), before, "B = 0 at initialisation");
+    // A is random (PEFT's Kaiming-uniform), so the adapter is not trivially empty.
+    let a = adapted.adapter_tensors();
+    assert_eq!(a.len(), 2 * 7 * adapted.num_layers());
+    assert!(a.iter().filter(|t| t.name.ends_with("lora_A.weight")).all(|t| t.values.iter().any(|v| *v != 0.0)));
+}
+
+#[test]
+fn a_peft_adapter_loads_with_peft_logits() {
+    let device = cpu();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/logits_llama-lora.json")).unwrap())
+            .unwrap();
+    let flat = |key: &str| -> Vec<f32> {
+        let v: Vec<Vec<Vec<f32>>> = serde_json::from_value(expected[key].clone()).unwrap();
+        v.concat().concat()
+    };
+    let (_, adapted) = model::load(&fixtures().join("adapters/llama-lora"), &device).unwrap();
+    let ours = logits(&adapted, &device);
+    let worst = max_rel_diff(&ours, &flat("logits"));
+    assert!(worst < 1e-4, "worst relative logit difference to PEFT {worst}");
+    // Switched off, the adapter leaves PEFT's base; the two differ, so the test has teeth.
+    let base = logits(&adapted.without_lora(), &device);
+    assert!(max_rel_diff(&base, &flat("base_logits")) < 1e-4);
+    assert!(max_rel_diff(&ours, &base) > 1e-3);
+}
+
+fn lora_config(out: &Path, model: &Path, extra: &str) -> TrainConfig {
+    let text = format!(
+        "model_name_or_path = \"{}\"\ntokenizer_name_or_path = \"{}\"\ntrain_file = \"{}\"\neval_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"lora\"\nlearning_rate = 1e-2\nmax_steps = 3\nper_device_train_batch_size = 4\nnum_samples = 0\nlogging_steps = 1\nsave_steps = 2\n{extra}",
+        model.display(),
+        fixtures().join("models/llama").display(),
+        fixtures().join("data/prefs.jsonl").display(),
+        fixtures().join("data/prefs.jsonl").display(),
+        out.display()
+    );
+    TrainConfig::from_toml_str(&text, "test").unwrap()
+}
+
+/// Only the adapters train; PEFT loads the result with our logits, and the merged model equals it.
+#[test]
+fn a_trained_adapter_loads_in_peft_and_merges() {
+    let out = tempfile::tempdir().unwrap();
+    let base_dir = fixtures().join("models/llama");
+    let cfg = lora_config(
+        out.path(),
+        &base_dir,
+        "lora_r = 4\nlora_alpha = 8\nlora_dropout = 0.1\nlora_target_modules = [\"q_proj\", \"v_proj\"]\nmerge = true\n",
+    );
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
+    let final_dir = summary.run_dir.join("final");
+    for file in ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged/model.safetensors"] {
+        assert!(final_dir.join(file).is_file(), "final/ lacks {file}");
+    }
+    assert!(!final_dir.join("model.safetensors").exists(), "a LoRA run exports the adapter, not the base");
+
+    // Checkpoints and the optimizer state hold the adapter alone.
+    let ckpt = summary.run_dir.join("checkpoints/step-2");
+    let moments = tensors(&ckpt.join("optimizer.safetensors"));
+    assert_eq!(moments.len(), 2 * 2 * 2 * 2, "A and B of q and v in 2 layers, two moments each");
+    assert!(moments.iter().all(|(name, _)| name.contains(".lora.")), "{:?}", moments.iter().map(|t| &t.0));
+    assert!(!ckpt.join("model.safetensors").exists());
+
+    let device = cpu();
+    let (_, trained) = model::load(&final_dir, &device).unwrap();
+    let ours = logits(&trained, &device);
+    let peft = reference_logits(&final_dir, &ids());
+    let worst = max_rel_diff(&ours, &peft);
+    assert!(worst < 1e-4, "worst relative logit difference to PEFT {worst}");
+    let (_, base) = model::load(&base_dir, &device).unwrap();
+    assert!(max_rel_diff(&ours, &logits(&base, &device)) > 1e-3, "training moved the adapted logits");
+
+    // The merged model: transformers computes the adapted logits from it; only q and v changed.
+    let merged = reference_logits(&final_dir.join("merged"), &ids());
+    assert!(max_rel_diff(&merged, &ours) < 1e-4);
+    let before = tensors(&base_dir.join("model.safetensors"));
+    let after = tensors(&final_dir.join("merged/model.safetensors"));
+    for ((name, b), (name2, a)) in before.iter().zip(&after) {
+        assert_eq!(name, name2);
+        let changed = b.iter().zip(a).any(|(x, y)| x != y);
+        let adapted = name.contains("q_proj.weight") || name.contains("v_proj.weight");
+        assert_eq!(changed, adapted, "{name}: changed {changed}");
+    }
+}
+
+/// Continuing a saved PEFT adapter: the reference is the model with that adapter as loaded.
+#[test]
+fn training_continues_a_peft_adapter_against_it_as_reference() {
+    let out = tempfile::tempdir().unwrap();
+    let adapter_dir = fixtures().join("adapters/llama-lora");
+    let cfg = lora_config(out.path(), &adapter_dir, "eval_on_start = true\n");
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
+    let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
+    let start = rows.iter().find(|r| r.split == Split::Eval && r.step == 0).unwrap();
+    for metric in ["rewards/chosen", "rewards/rejected", "rewards/margins"] {
+        assert_eq!(start.metric(metric), Some(0.0), "{metric} at step 0: policy = reference");
+    }
+    let end = rows.iter().rfind(|r| r.split == Split::Eval).unwrap();
+    assert!(end.metric("rewards/margins").unwrap().abs() > 0.0);
+    // The adapter kept its shape (r = 4 on every projection) and moved.
+    let (cfg, settings) = model::AdapterConfig::read(&summary.run_dir.join("final")).unwrap();
+    assert_eq!((cfg.r, settings.target_modules.len()), (4, 7));
+    let diff = common::max_diff(
+        &tensors(&adapter_dir.join("adapter_model.safetensors")),
+        &tensors(&summary.run_dir.join("final/adapter_model.safetensors")),
+    );
+    assert!(diff > 1e-4, "the adapter did not train");
+}
+
+fn pairs() -> Vec<TokenizedPair> {
+    let pair = |p: &[u32], c: &[u32], r: &[u32]| TokenizedPair {
+        line: 1,
+        prompt_ids: p.to_vec(),
+        chosen_ids: c.to_vec(),
+        rejected_ids: r.to_vec(),
+    };
+    vec![pair(&[11, 45, 201], &[7, 99, 3, 150], &[42, 8]), pair(&[300, 2], &[17, 17, 88], &[120, 5, 64, 9, 31])]
+}
+
+/// The gradients of one DPO micro-batch, keyed by parameter.
+fn dpo_grads(policy: &Llama, checkpointing: Option<Checkpointing>) -> GradAccumulator {
+    let device = cpu().autodiff();
+    let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None), None, &device);
+    let reference = vec![-20.0, -25.0, -22.0, -21.0];
+    let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
+    let mut grads = GradAccumulator::default();
+    forward_backward(policy, &batch, true, checkpointing, 1.0, &mut grads, |scores| {
+        dpo_loss(&PairScores::from_scores(&batch, scores, &reference), &loss)
+    });
+    grads
+}
+
+fn assert_same_grads(a: &GradAccumulator, b: &GradAccumulator) {
+    assert_eq!(a.grads.keys().collect::<Vec<_>>(), b.grads.keys().collect::<Vec<_>>());
+    for (name, g) in &a.grads {
+        let (x, y) = (dpo_train::dpo::metrics::host(g), dpo_train::dpo::metrics::host(&b.grads[name]));
+        let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+        assert!(worst < 1e-5, "{name}: gradients differ by {worst}");
+    }
+}
+
+#[test]
+fn activation_checkpointing_gives_the_plain_gradients() {
+    let device = cpu().autodiff();
+    let (_, full) = model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let plain = dpo_grads(&full, None);
+    assert!(plain.grads.contains_key("model.embed_tokens.weight") && plain.grads.len() > 10);
+    assert_same_grads(&plain, &dpo_grads(&full, Some(Checkpointing { dropout_seed: None })));
+
+    let mut lora = full.no_grad();
+    lora.add_lora(&settings(4, &["all-linear"]), &AdapterInit::Fresh { seed: 1 }, &device).unwrap();
+    let plain = dpo_grads(&lora, None);
+    assert_eq!(plain.grads.len(), 2 * 7 * lora.num_layers(), "only adapters receive gradients");
+    assert_same_grads(&plain, &dpo_grads(&lora, Some(Checkpointing { dropout_seed: None })));
+}
+
+/// Half precision is applied (the logits move) and stays close to f32; the logits are f32.
+/// (transformers' own bf16 logits of this model differ from its f32 ones by 0.08 relative.)
+#[test]
+fn mixed_precision_logits_are_close_to_f32() {
+    let device = cpu();
+    let (_, model) = model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let exact = logits(&model, &device);
+    for (dtype, tolerance) in [(FloatDType::BF16, 0.15), (FloatDType::F16, 5e-2)] {
+        let half = logits(&model.clone().with_compute_dtype(dtype), &device);
+        let worst = max_rel_diff(&half, &exact);
+        assert!(worst > 0.0 && worst < tolerance, "{dtype:?}: worst relative difference {worst}");
+        // A frozen copy stored in half precision computes the same as casting on the fly.
+        let stored = logits(&model.clone().cast_params(dtype).with_compute_dtype(dtype), &device);
+        assert_eq!(stored, half, "{dtype:?}");
+    }
+}
