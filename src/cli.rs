@@ -168,7 +168,7 @@ impl clap::Args for ConfigOverrides {
 /// `dpo-train generate` flags.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Model directory (config.json + safetensors + tokenizer files).
+    /// Model directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// Prompts: a text file with one prompt per line, or a .jsonl with a `prompt` field.
@@ -237,7 +237,7 @@ pub struct SynthArgs {
 /// `dpo-train eval` flags.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files).
+    /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// Reference model directory [default: a LoRA adapter's base with the adapter off, else the policy itself].
@@ -563,7 +563,7 @@ fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
 
 fn run_generate(args: GenerateArgs) -> anyhow::Result<()> {
     let prompts = read_prompts(&args.prompts)?;
-    let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let tokenizer = Tokenizer::from_dir(&crate::model::tokenizer_dir(&args.model)?)?;
     let Some((device, group, _)) = start_workers(&args.parallel, &[], std::time::Duration::from_secs(1800))? else {
         return Ok(());
     };

@@ -168,7 +168,7 @@ macro_rules! train_config {
 
 train_config! {
     // --- model and data ---
-    /// Policy to train: a Hugging Face directory, or `demo` for the embedded demo's random model.
+    /// Policy to train: a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo's random model.
     model_name_or_path: String = "demo".to_owned(),
     /// Reference model directory [default: a frozen copy of the starting policy].
     ref_model_name_or_path: Option<PathBuf> = None,

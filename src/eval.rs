@@ -64,8 +64,11 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
     if opts.batch_size == 0 {
         return Err(EvalError::BatchSize.into());
     }
-    let tokenizer_dir = opts.tokenizer.as_deref().unwrap_or(&opts.model);
-    let tokenizer = Tokenizer::from_dir(tokenizer_dir)?;
+    let tokenizer_dir = match &opts.tokenizer {
+        Some(dir) => dir.clone(),
+        None => model::tokenizer_dir(&opts.model)?,
+    };
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     let policy = load_checked(&opts.model, &tokenizer, &opts.device)?;
     let reference = match (&opts.ref_model, opts.loss.reference_free) {
         (_, true) => None,

@@ -6,14 +6,19 @@ use std::path::Path;
 /// Writes `data` to a temporary file beside `path` (creating the directory), syncs it, and
 /// renames it over `path`.
 pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |tmp| std::fs::File::create(tmp)?.write_all(data))
+}
+
+/// As [`write_atomic`], the file's content written by `write` to the temporary path it is given
+/// (for writers that stream a large file rather than hold it in memory).
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(data)?;
-        file.sync_all()?;
+        write(&tmp)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {

@@ -80,7 +80,10 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         (DEMO, Some(a)) => a.model_dir.clone(),
         (path, _) => PathBuf::from(path),
     };
-    let tokenizer_dir = cfg.tokenizer_name_or_path.clone().unwrap_or_else(|| model_dir.clone());
+    let tokenizer_dir = match &cfg.tokenizer_name_or_path {
+        Some(dir) => dir.clone(),
+        None => model::tokenizer_dir(&model_dir)?,
+    };
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     let vocab = model::load_config(&model_dir)?.vocab_size;
     if tokenizer.vocab_size() > vocab {

@@ -110,3 +110,76 @@ fn generate_is_seeded_and_greedy_is_deterministic() {
     let row: serde_json::Value = serde_json::from_str(greedy.lines().next().unwrap()).unwrap();
     assert_eq!(row["completions"][0], row["completions"][1]);
 }
+
+/// Every command `check-gpu` prints (the plan's and each alternative's flags) is one `dpo-train`
+/// accepts and validates: precision, LoRA, checkpointing and reference flags included.
+#[test]
+fn check_gpu_commands_are_accepted() {
+    use check_gpu::parse::{self, Input};
+    use check_gpu::{FineTune, ModelShape, PlanRequest, plan};
+    use clap::Parser;
+
+    let fixture = root().join("check_gpu/tests/fixtures");
+    let (tp, qp) = (fixture.join("t4x2-phb.topo.txt"), fixture.join("t4x2-phb.query.csv"));
+    let (topo, query) = (parse::read(&tp).unwrap(), parse::read(&qp).unwrap());
+    let snap = parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))
+        .unwrap();
+    let model = Some(ModelShape::from_param_count(1_500_000_000));
+    let mut commands = Vec::new();
+    for finetune in [FineTune::Full, FineTune::Lora { rank: 16 }] {
+        let p = plan(&snap, &PlanRequest { model: model.clone(), finetune, ..PlanRequest::default() });
+        if p.world_size > 0 {
+            commands.push(p.command.clone());
+        }
+        commands.extend(p.alternatives.iter().map(|a| format!("dpo-train {}", a.flags)));
+    }
+    assert!(commands.iter().any(|c| c.contains("--fp16") && c.contains("--lora-r 16")), "{commands:?}");
+    assert!(commands.iter().any(|c| c.contains("--gradient-checkpointing")), "{commands:?}");
+    for command in &commands {
+        let cli = dpo_train::cli::Cli::try_parse_from(command.split_whitespace())
+            .unwrap_or_else(|e| panic!("`{command}` does not parse: {e}"));
+        let cfg = dpo_train::config::TrainConfig::default().with_overrides(&cli.train.overrides.0).unwrap();
+        cfg.validate().unwrap_or_else(|e| panic!("`{command}`: {e}"));
+    }
+}
+
+#[test]
+fn precision_and_lora_errors_name_the_key() {
+    for (args, expected) in [
+        (vec!["--bf16", "--fp16"], "error: `fp16`: cannot be combined with `bf16`"),
+        (
+            vec!["--lora-r", "8", "--lora-target-modules", "q_proj,qkv"],
+            "error: `lora_target_modules`: unknown module `qkv`",
+        ),
+        (vec!["--lora-r", "0"], "error: `lora_r`: must be at least 1"),
+        (vec!["--lora-r", "8", "--lora-dropout", "1.5"], "error: `lora_dropout`: must be in [0, 1)"),
+        (vec!["--merge"], "error: `merge`: needs LoRA"),
+    ] {
+        let mut all = vec!["train"];
+        all.extend(args);
+        let err = one_line_error(&dpo_train(&all));
+        assert!(err.starts_with(expected), "{err}");
+    }
+}
+
+/// A PEFT adapter using a feature we do not implement is refused, naming the file and field.
+#[test]
+fn unsupported_adapter_is_refused_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = root().join("tests/fixtures/adapters/llama-lora");
+    let copy = dir.path().join("dora");
+    fs::create_dir(&copy).unwrap();
+    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    cfg["use_dora"] = serde_json::Value::Bool(true);
+    cfg["base_model_name_or_path"] =
+        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+    let config = copy.join("adapter_config.json");
+    fs::write(&config, cfg.to_string()).unwrap();
+    let data = root().join("tests/fixtures/data/prefs.jsonl");
+    let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("`{}`: `use_dora` = true is not supported", config.display())), "{stderr}");
+}

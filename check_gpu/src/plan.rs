@@ -22,6 +22,9 @@ pub const PLAN_SCHEMA_VERSION: u32 = 1;
 pub const BUSY_BYTES: u64 = 1024 * 1024 * 1024;
 /// Micro-batch cap when no model is given (TRL's default `per_device_train_batch_size`).
 pub const DEFAULT_MICRO_BATCH_CAP: u64 = 8;
+/// The projections the LoRA memory estimate counts (see [`crate::memory`]).
+const LORA_TARGETS: &str = "q_proj,k_proj,v_proj,o_proj";
+
 /// LoRA rank suggested when full fine-tuning does not fit.
 pub const SUGGESTED_LORA_RANK: u64 = 16;
 
@@ -447,7 +450,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
                 bytes(best_free)
             ));
             let lora = FineTune::Lora { rank: SUGGESTED_LORA_RANK };
-            let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK}");
+            let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK} --lora-target-modules {LORA_TARGETS}");
             // (description, dpo-train flags, check-gpu flags, settings), least intrusive first.
             let ckpt = ("--gradient-checkpointing", "--gradient-checkpointing");
             let pre = ("--precompute-ref-log-probs", "--reference precompute");
@@ -672,7 +675,8 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         Dtype::Fp32 => {}
     }
     if let FineTune::Lora { rank } = req.finetune {
-        cmd.push_str(&format!(" --lora-r {rank}"));
+        // The adapters the estimate counts (dpo-train's own default is q_proj,v_proj, as PEFT's).
+        cmd.push_str(&format!(" --lora-r {rank} --lora-target-modules {LORA_TARGETS}"));
     }
     if req.reference == Reference::Precompute {
         cmd.push_str(" --precompute-ref-log-probs");

@@ -146,7 +146,10 @@ fn t4_pair_full_fine_tuning_does_not_fit() {
     assert_eq!(v["world_size"], 0);
     assert!(warnings(&v)[0].starts_with("nothing fits: even micro-batch 1"), "{v}");
     let alts = v["alternatives"].as_array().expect("alternatives");
-    let lora = alts.iter().find(|a| a["flags"] == "--lora-r 16").expect("LoRA is suggested");
+    let lora = alts
+        .iter()
+        .find(|a| a["flags"] == "--lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj")
+        .expect("LoRA is suggested");
     assert_eq!(lora["fits"], true);
     assert!(alts.iter().any(|a| a["flags"] == "--gradient-checkpointing"));
     assert!(alts.iter().any(|a| a["flags"] == "--precompute-ref-log-probs"));

@@ -8,6 +8,7 @@
 //! serves f32 training, mixed precision over f32 master weights, and a frozen half-precision base.
 
 use burn::module::{Module, Param};
+use burn::tensor::module::linear;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 
 /// A linear layer, with an optional LoRA adapter.
@@ -42,12 +43,9 @@ impl Linear {
     /// - x: `[..., in]` → `[..., out]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = FloatDType::from(x.dtype());
-        let weight = self.weight.val().cast(dtype).unsqueeze::<D>(); // [1.., in, out]
-        let y = x.clone().matmul(weight); // [..., out]
-        let y = match &self.bias {
-            Some(bias) => y + bias.val().cast(dtype).unsqueeze::<D>(),
-            None => y,
-        };
+        let bias = self.bias.as_ref().map(|b| b.val().cast(dtype));
+        // burn's fused linear folds the leading dimensions into one GEMM.
+        let y = linear(x.clone(), self.weight.val().cast(dtype), bias); // [..., out]
         match &self.lora {
             Some(lora) => y + lora.forward(x),
             None => y,
@@ -76,8 +74,7 @@ impl Lora {
         } else {
             x
         };
-        let a = self.a.val().cast(dtype).unsqueeze::<D>(); // [1.., in, r]
-        let b = self.b.val().cast(dtype).unsqueeze::<D>(); // [1.., r, out]
-        x.matmul(a).matmul(b) * self.scale
+        let down = linear(x, self.a.val().cast(dtype), None); // [..., r]
+        linear(down, self.b.val().cast(dtype), None) * self.scale // [..., out]
     }
 }

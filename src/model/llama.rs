@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use super::linear::Linear;
 use super::rope::{Rope, RopeScaling};
-use super::weights::{NamedTensor, TensorSource, WeightsError};
+use super::weights::{NamedTensor, TensorSource, Values, WeightsError};
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -688,7 +688,7 @@ impl Llama {
 
 impl Llama {
     /// Every base parameter under its Hugging Face name and layout (linear weights back to
-    /// `[out, in]`), as f32 host values: what `model.safetensors` holds. Adapters are not included
+    /// `[out, in]`, converted to f32 as each is written): what `model.safetensors` holds. Adapters are not included
     /// (see [`Llama::adapter_tensors`] and [`Llama::merge_lora`]).
     pub fn export_tensors(&self) -> Vec<NamedTensor> {
         let mut visitor = Export { path: Vec::new(), out: Vec::new() };
@@ -718,10 +718,14 @@ impl ModuleVisitor for Export {
         let name = self.path.join(".");
         let tensor = param.val();
         // burn's `Linear` multiplies by `[in, out]`; HF stores `[out, in]` (see `load_linear`).
-        let is_linear = D == 2 && name != "model.embed_tokens.weight";
-        let tensor = if is_linear { tensor.transpose() } else { tensor };
-        let shape = tensor.dims().to_vec();
-        let values = crate::dpo::metrics::host(&tensor);
+        let transpose = D == 2 && name != "model.embed_tokens.weight";
+        let mut shape = tensor.dims().to_vec();
+        if transpose {
+            shape.reverse();
+        }
+        let rows = if D == 2 { shape[0] } else { 1 };
+        let matrix = if transpose { tensor.reshape([shape[1], shape[0]]) } else { tensor.reshape([rows, shape[D - 1]]) };
+        let values = Values::Device { tensor: matrix, transpose };
         self.out.push(NamedTensor { name, shape, values });
     }
 }

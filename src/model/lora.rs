@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::linear::Lora;
 use super::llama::Llama;
-use super::weights::{NamedTensor, Weights, WeightsError, save_safetensors, seeded_rng};
+use super::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors, seeded_rng};
 
 /// The projections an adapter can attach to, by their HF module names.
 pub const TARGET_MODULES: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
@@ -319,11 +319,11 @@ impl Llama {
         for (name, linear) in self.linears() {
             let Some(lora) = &linear.lora else { continue };
             for (kind, t) in [("lora_A", &lora.a), ("lora_B", &lora.b)] {
-                let t = t.val().transpose(); // [r, in] / [out, r]
+                let [rows, cols] = t.dims();
                 out.push(NamedTensor {
                     name: format!("{PEFT_PREFIX}{name}.{kind}.weight"),
-                    shape: t.dims().to_vec(),
-                    values: crate::dpo::metrics::host(&t),
+                    shape: vec![cols, rows], // [r, in] / [out, r]
+                    values: Values::Device { tensor: t.val(), transpose: true },
                 });
             }
         }

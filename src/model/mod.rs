@@ -48,6 +48,12 @@ pub fn adapter_settings(dir: &Path) -> Result<Option<LoraSettings>, ModelError> 
     Ok(Some(AdapterConfig::read(dir)?.1))
 }
 
+/// The directory whose tokenizer goes with the model in `dir`: `dir` itself, or for an adapter
+/// saved without tokenizer files, its base's.
+pub fn tokenizer_dir(dir: &Path) -> Result<PathBuf, ModelError> {
+    if dir.join("tokenizer.json").is_file() { Ok(dir.to_owned()) } else { base_dir(dir) }
+}
+
 /// Where the full model lives: `dir` itself, or an adapter directory's `base_model_name_or_path`
 /// (as written; a relative path is tried from the working directory, then from `dir`).
 pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {

@@ -212,24 +212,63 @@ struct ShardIndex {
 pub struct NamedTensor {
     pub name: String,
     pub shape: Vec<usize>,
-    pub values: Vec<f32>,
+    pub values: Values,
 }
 
 /// Writes `tensors` as one safetensors file (f32, `{"format": "pt"}` metadata as transformers
 /// writes), atomically: a temporary file in the same directory renamed over `path`.
 pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), WeightsError> {
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| t.values.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
-    let views = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| {
-            safetensors::tensor::TensorView::new(Dtype::F32, t.shape.clone(), b)
-                .map(|view| (t.name.clone(), view))
-                .map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
-    let data = safetensors::serialize(views, metadata)
-        .map_err(|source| WeightsError::BadFile { path: path.to_owned(), source })?;
-    crate::fsutil::write_atomic(path, &data).map_err(|source| WeightsError::Io { path: path.to_owned(), source })
+    let views = tensors.iter().map(|t| (t.name.clone(), t));
+    crate::fsutil::write_atomic_with(path, |tmp| {
+        safetensors::serialize_to_file(views, metadata, tmp).map_err(std::io::Error::other)
+    })
+    .map_err(|source| WeightsError::Io { path: path.to_owned(), source })
+}
+
+/// The values of a [`NamedTensor`]: on the host, or on the device until the moment they are
+/// written (a checkpoint then holds one tensor's host copy at a time, not the whole model's).
+pub enum Values {
+    Host(Vec<f32>),
+    /// A matrix (a vector as one row), saved transposed when `transpose`.
+    Device { tensor: Tensor<2>, transpose: bool },
+}
+
+impl Values {
+    /// The values as f32 on the host, in the saved layout.
+    pub fn to_vec(&self) -> Vec<f32> {
+        match self {
+            Values::Host(v) => v.clone(),
+            Values::Device { tensor, transpose } => {
+                let t = if *transpose { tensor.clone().transpose() } else { tensor.clone() };
+                let n = t.shape().num_elements();
+                crate::dpo::metrics::host(&t.reshape([n]))
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Values::Host(v) => v.len(),
+            Values::Device { tensor, .. } => tensor.shape().num_elements(),
+        }
+    }
+}
+
+impl safetensors::View for &NamedTensor {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Owned(self.values.to_vec().into_iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn data_len(&self) -> usize {
+        self.values.len() * 4
+    }
 }

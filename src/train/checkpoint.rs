@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::optim::{AdamW, LossScaler, Moments};
 use crate::fsutil::{replace_dir, write_atomic};
-use crate::model::weights::{NamedTensor, Weights, WeightsError, save_safetensors};
+use crate::model::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors};
 use crate::model::{self, Llama, LoraSettings};
 
 /// Errors reading or writing a checkpoint, naming the path.
@@ -96,7 +96,7 @@ pub fn save(
             [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)].map(|(kind, t)| NamedTensor {
                 name: format!("{name}.{kind}"),
                 shape: vec![t.dims()[0]],
-                values: crate::dpo::metrics::host(t),
+                values: Values::Device { tensor: t.clone().unsqueeze(), transpose: false },
             })
         })
         .collect();

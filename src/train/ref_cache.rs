@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::trainer::{Progress, Stage};
 use crate::dpo::logps::{Collation, RefLogps};
 use crate::model::Llama;
-use crate::model::weights::{NamedTensor, Weights, save_safetensors};
+use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors};
 
 /// The cached log-probs for this reference and data, or `compute`d (by every rank) and stored
 /// (by rank 0) when absent.
@@ -41,8 +41,8 @@ pub fn load_or_compute(
     save_safetensors(
         &path,
         &[
-            NamedTensor { name: "chosen".into(), shape: vec![n], values: logps.chosen.clone() },
-            NamedTensor { name: "rejected".into(), shape: vec![n], values: logps.rejected.clone() },
+            NamedTensor { name: "chosen".into(), shape: vec![n], values: Values::Host(logps.chosen.clone()) },
+            NamedTensor { name: "rejected".into(), shape: vec![n], values: Values::Host(logps.rejected.clone()) },
         ],
     )?;
     Ok(logps)
@@ -53,7 +53,7 @@ fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow
     let mut hash = Sha256::new();
     for tensor in reference.export_tensors().into_iter().chain(reference.adapter_tensors()) {
         hash.update(tensor.name.as_bytes());
-        for v in tensor.values {
+        for v in tensor.values.to_vec() {
             hash.update(v.to_le_bytes());
         }
     }
