@@ -30,7 +30,7 @@ test: build ref-venv
 	$(CARGO) build --release --benches
 
 bench: build
-	$(CARGO) bench --bench ddp
+	$(CARGO) bench
 
 build: venv gloo
 	$(CARGO) build --release --workspace

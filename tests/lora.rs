@@ -51,7 +51,9 @@ fn a_fresh_adapter_gives_exactly_the_base_outputs() {
     // A is random (PEFT's Kaiming-uniform), so the adapter is not trivially empty.
     let a = adapted.adapter_tensors();
     assert_eq!(a.len(), 2 * 7 * adapted.num_layers());
-    assert!(a.iter().filter(|t| t.name.ends_with("lora_A.weight")).all(|t| t.values.to_vec().iter().any(|v| *v != 0.0)));
+    assert!(
+        a.iter().filter(|t| t.name.ends_with("lora_A.weight")).all(|t| t.values.to_vec().iter().any(|v| *v != 0.0))
+    );
 }
 
 #[test]

@@ -117,39 +117,81 @@ pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_
     let [_, _, h] = hidden.dims();
     // The last position predicts nothing that is scored.
     let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]
-    let logits = model.lm_head(hidden); // [2B, S-1, V]
     let labels = batch.input_ids.clone().slice([0..rows, 1..s]); // [2B, S-1]
+    let chunk = (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * model.vocab_size())).max(1);
+    let parts: Vec<HeadChunk> = (0..rows)
+        .step_by(chunk)
+        .map(|start| {
+            let end = (start + chunk).min(rows);
+            let hidden = hidden.clone().slice([start..end, 0..s - 1, 0..h]);
+            head_chunk(model, hidden, labels.clone().slice([start..end, 0..s - 1]), with_stats)
+        })
+        .collect();
+    let cat = |pick: fn(&HeadChunk) -> Option<Tensor<2>>| -> Option<Tensor<2>> {
+        parts.iter().map(pick).collect::<Option<Vec<_>>>().map(|p| Tensor::cat(p, 0))
+    };
+    let token_logps =
+        cat(|c| Some(c.token_logps.clone())).unwrap_or_else(|| hidden.zeros_like().sum_dim(2).squeeze_dim(2));
 
-    let max = logits.clone().detach().max_dim(2); // [2B, S-1, 1]
-    let shifted = logits.clone() - max.clone(); // [2B, S-1, V]
-    let lse = shifted.clone().exp().sum_dim(2).log() + max; // [2B, S-1, 1]
-    let label_logits = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2)); // [2B, S-1, 1]
-    let token_logps = (label_logits - lse.clone()).squeeze_dim::<2>(2); // [2B, S-1]
-
-    let stats = with_stats.then(|| {
-        let z = logits.detach(); // [2B, S-1, V]
-        let [_, _, v] = z.dims();
-        let lse = lse.detach();
-        let p = (z.clone() - lse.clone()).exp(); // [2B, S-1, V]
-        // H = logsumexp(z) - Σ_v p_v z_v
-        let entropy = (lse - (p.clone() * z.clone()).sum_dim(2)).squeeze_dim::<2>(2); // [2B, S-1]
-        let log_sum_sq = p.square().sum_dim(2).log().squeeze_dim::<2>(2); // [2B, S-1]
-        let mean_logits = z.sum_dim(2).squeeze_dim::<2>(2) / v as f64; // [2B, S-1]
-        let row_sum = |t: Tensor<2>| (t * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1); // [2B]
-        let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
-        TokenStats {
-            entropy: row_sum(entropy),
-            mean_logits: row_sum(mean_logits),
-            wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
-            tokens,
+    let row_sum = |t: Tensor<2>| (t * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1); // [2B]
+    let stats = match (cat(|c| c.entropy.clone()), cat(|c| c.log_sum_sq.clone()), cat(|c| c.mean_logits.clone())) {
+        (Some(entropy), Some(log_sum_sq), Some(mean_logits)) => {
+            let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
+            Some(TokenStats {
+                entropy: row_sum(entropy),
+                mean_logits: row_sum(mean_logits),
+                wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
+                tokens,
+            })
         }
-    });
+        _ => None,
+    };
 
     SequenceScores {
         logps: (token_logps.clone() * batch.weights.clone()).sum_dim(1).squeeze_dim::<1>(1),
-        token_logps: (token_logps * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1),
+        token_logps: row_sum(token_logps),
         stats,
     }
+}
+
+/// Elements of the `[rows, S-1, V]` logits scored at once (64 MiB of f32). The LM head's
+/// vocabulary-wide intermediates are the largest tensors of a step; scoring a few rows at a time
+/// keeps one of them alive per row (the softmax autodiff needs), not several for the batch.
+const HEAD_CHUNK_ELEMENTS: usize = 1 << 24;
+
+/// Per-position results of the LM head over a few rows, each `[c, S-1]`.
+struct HeadChunk {
+    /// `log p(y_t)` (differentiable).
+    token_logps: Tensor<2>,
+    /// Detached statistics, with `with_stats`: predictive entropy, `log Σ_v p_v²` and the mean logit.
+    entropy: Option<Tensor<2>>,
+    log_sum_sq: Option<Tensor<2>>,
+    mean_logits: Option<Tensor<2>>,
+}
+
+/// `log p(y_t) = z_y - logsumexp(z)` at every position, without a full log-softmax tensor.
+///
+/// # Shapes
+/// - hidden: `[c, S-1, hidden]`, labels: `[c, S-1]`
+fn head_chunk(model: &Llama, hidden: Tensor<3>, labels: Tensor<2, Int>, with_stats: bool) -> HeadChunk {
+    let logits = model.lm_head(hidden); // [c, S-1, V]
+    let max = logits.clone().detach().max_dim(2); // [c, S-1, 1]
+    let shifted = logits.clone() - max.clone(); // [c, S-1, V]
+    let lse = shifted.exp().sum_dim(2).log() + max; // [c, S-1, 1]
+    let label_logits = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2)); // [c, S-1, 1]
+    let token_logps = (label_logits - lse.clone()).squeeze_dim::<2>(2); // [c, S-1]
+    if !with_stats {
+        return HeadChunk { token_logps, entropy: None, log_sum_sq: None, mean_logits: None };
+    }
+    let z = logits.detach(); // [c, S-1, V]
+    let [_, _, v] = z.dims();
+    let lse = lse.detach();
+    let p = (z.clone() - lse.clone()).exp(); // [c, S-1, V]
+    // H = logsumexp(z) - Σ_v p_v z_v
+    let entropy = (lse - (p.clone() * z.clone()).sum_dim(2)).squeeze_dim::<2>(2);
+    let log_sum_sq = p.square().sum_dim(2).log().squeeze_dim::<2>(2);
+    let mean_logits = z.sum_dim(2).squeeze_dim::<2>(2) / v as f64;
+    HeadChunk { token_logps, entropy: Some(entropy), log_sum_sq: Some(log_sum_sq), mean_logits: Some(mean_logits) }
 }
 
 /// The reference's sequence log-probs of every pair, in dataset order.

@@ -724,7 +724,8 @@ impl ModuleVisitor for Export {
             shape.reverse();
         }
         let rows = if D == 2 { shape[0] } else { 1 };
-        let matrix = if transpose { tensor.reshape([shape[1], shape[0]]) } else { tensor.reshape([rows, shape[D - 1]]) };
+        let matrix =
+            if transpose { tensor.reshape([shape[1], shape[0]]) } else { tensor.reshape([rows, shape[D - 1]]) };
         let values = Values::Device { tensor: matrix, transpose };
         self.out.push(NamedTensor { name, shape, values });
     }

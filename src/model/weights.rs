@@ -231,7 +231,10 @@ pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Weig
 pub enum Values {
     Host(Vec<f32>),
     /// A matrix (a vector as one row), saved transposed when `transpose`.
-    Device { tensor: Tensor<2>, transpose: bool },
+    Device {
+        tensor: Tensor<2>,
+        transpose: bool,
+    },
 }
 
 impl Values {

@@ -1,0 +1,188 @@
+//! `make bench` (memory): peak memory of DPO training on the medium model (hidden 768, 12
+//! layers, 32k vocabulary, 2 pairs of 512-token sequences per step, f32) for full fine-tuning,
+//! LoRA, a precomputed reference and activation checkpointing, next to `check-gpu`'s estimate
+//! for the same settings.
+//!
+//! Each configuration trains in its own process, which reports its peak resident set (`VmHWM`)
+//! and its resident set once libtorch is loaded, before any model (`VmRSS`); the difference is
+//! what training added, the quantity the estimate models (its CUDA-context term left out: there
+//! is no GPU here). The process runs with glibc's mmap threshold fixed at 64 KiB so that freed
+//! tensors leave the resident set, making it the CPU's analogue of CUDA's peak allocated bytes
+//! (`torch.cuda.max_memory_allocated`), which is what the estimate is for.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::AtomicBool;
+
+use burn::tensor::{Device, Tensor};
+use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, Reference, estimate, memory::CUDA_CONTEXT_BYTES};
+use dpo_train::config::TrainConfig;
+use dpo_train::run::{RunRequest, run};
+use dpo_train::train::trainer::Progress;
+
+const ROLE: &str = "DPO_TRAIN_BENCH_MEMORY_CONFIG";
+const MICRO_BATCH: u64 = 2;
+const SEQ_LEN: u64 = 512;
+const LORA_RANK: u64 = 16;
+
+struct Case {
+    name: &'static str,
+    keys: &'static str,
+    finetune: FineTune,
+    reference: Reference,
+    checkpointing: bool,
+}
+
+const CASES: [Case; 5] = [
+    Case {
+        name: "full fine-tuning",
+        keys: "",
+        finetune: FineTune::Full,
+        reference: Reference::Keep,
+        checkpointing: false,
+    },
+    Case {
+        name: "LoRA r=16 q,k,v,o",
+        keys: "lora_r = 16\nlora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\n",
+        finetune: FineTune::Lora { rank: LORA_RANK },
+        reference: Reference::Keep,
+        checkpointing: false,
+    },
+    Case {
+        name: "precomputed reference",
+        keys: "precompute_ref_log_probs = true\n",
+        finetune: FineTune::Full,
+        reference: Reference::Precompute,
+        checkpointing: false,
+    },
+    Case {
+        name: "activation checkpointing",
+        keys: "gradient_checkpointing = true\n",
+        finetune: FineTune::Full,
+        reference: Reference::Keep,
+        checkpointing: true,
+    },
+    Case {
+        name: "LoRA + checkpointing",
+        keys: "lora_r = 16\nlora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\ngradient_checkpointing = true\n",
+        finetune: FineTune::Lora { rank: LORA_RANK },
+        reference: Reference::Keep,
+        checkpointing: true,
+    },
+];
+
+fn main() {
+    if let Ok(config) = std::env::var(ROLE) {
+        child(Path::new(&config));
+        return;
+    }
+    let work = common::root().join("target/bench-assets");
+    std::fs::create_dir_all(&work).expect("target/bench-assets");
+    let model = common::model_dir(&work.join("medium"), &common::MEDIUM);
+    let data = common::long_pairs(&work.join("long-pairs.jsonl"), 8);
+    let shape = ModelShape::from_hf_dir(&model).expect("the model's config.json");
+    let out = tempfile::tempdir().expect("a temporary directory");
+
+    println!(
+        "peak memory, medium model ({:.0}M parameters), {MICRO_BATCH} pairs x {SEQ_LEN} tokens per step, f32",
+        shape.params as f64 / 1e6
+    );
+    println!("{:<26} {:>12} {:>12} {:>8}", "", "measured", "estimate", "ratio");
+    let mut worst: f64 = 0.0;
+    for case in &CASES {
+        let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
+        let text = format!(
+            "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\n{}",
+            model.display(),
+            data.display(),
+            out.path().join(case.name.replace(' ', "_")).display(),
+            case.keys
+        );
+        std::fs::write(&config, text).expect("the config is written");
+        let (baseline, peak) = measure(&config);
+        let measured = peak.saturating_sub(baseline);
+        let e = estimate(&MemoryRequest {
+            model: &shape,
+            micro_batch: MICRO_BATCH,
+            seq_len: SEQ_LEN,
+            dtype: Dtype::Fp32,
+            finetune: case.finetune,
+            reference: case.reference,
+            gradient_checkpointing: case.checkpointing,
+        });
+        let estimated = e.total - CUDA_CONTEXT_BYTES;
+        let ratio = estimated as f64 / measured as f64;
+        worst = worst.max((ratio - 1.0).abs());
+        println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
+    }
+    println!(
+        "largest estimate error: {:.0}% (libtorch's own resident set before loading a model is left out)",
+        worst * 100.0
+    );
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// (resident set before the model, peak resident set) of one training process, bytes.
+fn measure(config: &Path) -> (u64, u64) {
+    let out = Command::new(std::env::current_exe().expect("the bench binary"))
+        .env(ROLE, config)
+        // Every allocation above 64 KiB gets its own mapping, returned to the system when freed:
+        // the resident set then follows the live tensors (glibc's adaptive threshold otherwise
+        // keeps freed activations resident, up to 3x the live bytes on this workload).
+        .env("MALLOC_MMAP_THRESHOLD_", "65536")
+        .output()
+        .expect("the bench's child runs");
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(1);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut numbers = text.split_whitespace().filter_map(|w| w.parse::<u64>().ok());
+    match (numbers.next(), numbers.next()) {
+        (Some(baseline), Some(peak)) => (baseline, peak),
+        _ => panic!("unexpected child output: {text}"),
+    }
+}
+
+/// A `/proc/self/status` field in bytes.
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with(field)).expect("the field");
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("kB") * 1024
+}
+
+struct Quiet;
+
+impl Progress for Quiet {
+    fn start(&mut self, _stage: &str, _start: u64, _total: u64) {}
+    fn step(&mut self, _step: u64, _status: &str) {}
+    fn line(&mut self, _text: &str) {}
+}
+
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn child(config: &Path) {
+    let device = Device::libtorch();
+    // Load and initialise libtorch before taking the baseline.
+    let warm = Tensor::<2>::ones([64, 64], &device);
+    let _ = (warm.clone().matmul(warm)).sum().into_scalar::<f32>();
+    let baseline = status_bytes("VmRSS:");
+    let cfg = TrainConfig::from_toml_file(config).expect("the config parses");
+    cfg.validate().expect("the config is valid");
+    let interrupt = AtomicBool::new(false);
+    let req = RunRequest {
+        cfg,
+        config_name: "bench".into(),
+        resume: None,
+        sft_only: false,
+        device,
+        interrupt: &interrupt,
+        workers: dpo_train::dist::Workers::single(),
+    };
+    run(req, &mut Quiet).expect("training runs");
+    println!("{baseline} {}", status_bytes("VmHWM:"));
+}
