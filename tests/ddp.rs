@@ -93,6 +93,24 @@ fn two_and_three_workers_equal_one_process() {
     }
 }
 
+/// LoRA over two workers trains the adapters of one process: only they are all-reduced, and the
+/// reference is each worker's own base with the adapters off.
+#[test]
+fn lora_on_two_workers_equals_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = std::fs::read_to_string(write_config(dir.path(), 3)).unwrap();
+    let text: String =
+        full.lines().filter(|l| !l.starts_with("ref_model_name_or_path")).map(|l| format!("{l}\n")).collect();
+    let config = dir.path().join("lora.toml");
+    std::fs::write(&config, text + "lora_r = 4\nlora_dropout = 0.0\nlora_target_modules = [\"all-linear\"]\n").unwrap();
+    train(&config, "one", 1, 6);
+    train(&config, "two", 2, 3);
+    let adapter = |run: &str| tensors(&dir.path().join(run).join("final/adapter_model.safetensors"));
+    let diff = max_diff(&adapter("one"), &adapter("two"));
+    assert!(diff <= 1e-5, "adapters differ from one process by {diff}");
+    assert!(adapter("one").iter().any(|(n, v)| n.contains("lora_B") && v.iter().any(|x| *x != 0.0)), "B trained");
+}
+
 #[test]
 fn resume_with_another_world_size() {
     let dir = tempfile::tempdir().unwrap();
