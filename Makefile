@@ -18,7 +18,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test bench build venv ref-venv gloo check-gpu clean-venv
+.PHONY: demo test bench bench-trl build venv ref-venv gloo check-gpu clean-venv
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -30,7 +30,11 @@ test: build ref-venv
 	$(CARGO) build --release --benches
 
 bench: build
-	$(CARGO) bench
+	$(CARGO) bench --bench throughput --bench memory --bench ddp
+
+# dpo-train against TRL's DPOTrainer, side by side on this machine.
+bench-trl: build ref-venv
+	$(CARGO) bench --bench trl
 
 build: venv gloo
 	$(CARGO) build --release --workspace

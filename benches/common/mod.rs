@@ -103,3 +103,104 @@ pub fn long_pairs(path: &Path, n: usize) -> PathBuf {
     std::fs::write(path, lines.join("\n") + "\n").expect("the data is written");
     path.to_owned()
 }
+
+/// Training throughput measured from `metrics.csv`, from the end of step 1 (which pays for
+/// warm-up) to the end of the last step.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainRate {
+    pub pairs_per_second: f64,
+    pub tokens_per_second: f64,
+}
+
+/// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (no warm-up stage, evaluation,
+/// samples or intermediate checkpoints; constant learning rate) with `extra` flags, and times it.
+pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps: usize, extra: &[&str]) -> TrainRate {
+    let run = format!("run-{}", extra.join("").replace('-', ""));
+    let _ = std::fs::remove_dir_all(out.join(&run));
+    let (batch_s, steps_s) = (batch.to_string(), steps.to_string());
+    let mut args = vec![
+        "train",
+        "--model-name-or-path",
+        model.to_str().unwrap_or_default(),
+        "--train-file",
+        data.to_str().unwrap_or_default(),
+        "--output-dir",
+        out.to_str().unwrap_or_default(),
+        "--run-name",
+        &run,
+        "--max-length",
+        "512",
+        "--per-device-train-batch-size",
+        &batch_s,
+        "--max-steps",
+        &steps_s,
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "0",
+        "--eval-steps",
+        "0",
+        "--num-samples",
+        "0",
+        "--sft-steps",
+        "0",
+        "--lr-scheduler-type",
+        "constant",
+        "--learning-rate",
+        "1e-6",
+    ];
+    args.extend(extra);
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("dpo-train runs");
+    assert!(status.success(), "dpo-train {} failed", args.join(" "));
+    let rows = dpo_train::report::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
+    let train: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::report::Split::Train).collect();
+    let (first, last) = (train[0], train[train.len() - 1]);
+    let seconds = last.elapsed_seconds - first.elapsed_seconds;
+    let tokens = last.metric("num_tokens").unwrap_or(0.0) - first.metric("num_tokens").unwrap_or(0.0);
+    TrainRate { pairs_per_second: ((train.len() - 1) * batch) as f64 / seconds, tokens_per_second: tokens / seconds }
+}
+
+/// Model FLOPs of one token's forward pass, counted as in the PaLM paper (Chowdhery et al. 2022,
+/// appendix B): `2·N` for the `N` matrix-multiply parameters (the LM head included, embedding
+/// lookups excluded) plus `4·L·h·S` for attention scores and values over `S` positions.
+pub fn forward_flops_per_token(shape: &Shape, seq_len: usize) -> f64 {
+    let (h, l, i, v) = (shape.hidden as f64, shape.layers as f64, shape.intermediate as f64, shape.vocab as f64);
+    let n = l * (4.0 * h * h + 3.0 * h * i) + v * h;
+    2.0 * n + 4.0 * l * h * seq_len as f64
+}
+
+/// A DPO step per token: the policy's forward and backward (a backward costs two forwards) and,
+/// when it is computed every step, the reference's forward.
+pub fn dpo_flops_per_token(shape: &Shape, seq_len: usize, reference: bool) -> f64 {
+    forward_flops_per_token(shape, seq_len) * if reference { 4.0 } else { 3.0 }
+}
+
+/// The best of a few large square matrix products on the libtorch CPU backend in `dtype`,
+/// FLOP/s: the peak the utilisation is measured against.
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+pub fn matmul_peak(dtype: burn::tensor::FloatDType) -> f64 {
+    use burn::tensor::{Distribution, Tensor};
+    let device = Device::libtorch();
+    let mut best: f64 = 0.0;
+    for n in [1024usize, 2048, 3072] {
+        let a = Tensor::<2>::random([n, n], Distribution::Default, &device).cast(dtype);
+        let b = Tensor::<2>::random([n, n], Distribution::Default, &device).cast(dtype);
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let c = a.clone().matmul(b.clone());
+            let _ = c.slice([0..1, 0..1]).into_data();
+            best = best.max(2.0 * (n * n * n) as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    best
+}
+
+/// Threads libtorch uses for one operation (the TRL side is given the same).
+pub fn torch_threads() -> i32 {
+    tch::get_num_threads()
+}
