@@ -13,6 +13,7 @@ pub mod dpo;
 pub mod eval;
 pub mod fsutil;
 pub mod generate;
+pub mod malloc;
 pub mod model;
 pub mod report;
 pub mod run;

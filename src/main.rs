@@ -6,6 +6,7 @@ use clap::Parser;
 use dpo_train::cli::{Cli, run};
 
 fn main() -> ExitCode {
+    dpo_train::malloc::keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

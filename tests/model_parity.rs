@@ -1,7 +1,7 @@
 //! Logits of every supported architecture against transformers' float32 forward, on the tiny
 //! random models made by `tests/gen/make_fixtures.py` (llama with llama3 RoPE and tied embeddings,
 //! sharded mistral, qwen2 stored in bf16 with q/k/v biases, qwen3 stored in f16 with q/k norms
-//! and an explicit head_dim).
+//! and an explicit head_dim), for inference and for training forward passes.
 
 use std::path::PathBuf;
 
@@ -25,11 +25,18 @@ fn cpu() -> Device {
     Device::libtorch()
 }
 
+/// On the plain device (inference: torch's fused attention) and on the autodiff one (training:
+/// attention from differentiable operations).
 fn check(name: &str) {
+    check_on(name, &cpu());
+    check_on(name, &cpu().autodiff());
+}
+
+fn check_on(name: &str, device: &Device) {
     let dir = fixtures().join("models").join(name);
     let text = std::fs::read_to_string(fixtures().join(format!("expected/logits_{name}.json"))).unwrap();
     let expected: Expected = serde_json::from_str(&text).unwrap();
-    let device = cpu();
+    let device = device.clone();
     let (cfg, model) = dpo_train::model::load(&dir, &device).unwrap();
     let (b, s) = (expected.input_ids.len(), expected.input_ids[0].len());
     let ids: Vec<i64> = expected.input_ids.concat();
@@ -47,7 +54,7 @@ fn check(name: &str) {
             }
         }
     }
-    assert!(worst < 1e-4, "{name}: worst relative logit error {worst:e}");
+    assert!(worst < 1e-4, "{name} (autodiff: {}): worst relative logit error {worst:e}", device.is_autodiff());
 }
 
 #[test]

@@ -112,43 +112,23 @@ pub struct TrainRate {
     pub tokens_per_second: f64,
 }
 
-/// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (no warm-up stage, evaluation,
-/// samples or intermediate checkpoints; constant learning rate) with `extra` flags, and times it.
+/// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
+/// sigmoid loss, AdamW; no warm-up stage, evaluation, samples or intermediate checkpoints;
+/// constant learning rate) with `extra` flags, and times it.
 pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps: usize, extra: &[&str]) -> TrainRate {
-    let run = format!("run-{}", extra.join("").replace('-', ""));
+    let run = format!("run{}", extra.join("").replace('-', "_"));
     let _ = std::fs::remove_dir_all(out.join(&run));
-    let (batch_s, steps_s) = (batch.to_string(), steps.to_string());
-    let mut args = vec![
-        "train",
-        "--model-name-or-path",
-        model.to_str().unwrap_or_default(),
-        "--train-file",
-        data.to_str().unwrap_or_default(),
-        "--output-dir",
-        out.to_str().unwrap_or_default(),
-        "--run-name",
-        &run,
-        "--max-length",
-        "512",
-        "--per-device-train-batch-size",
-        &batch_s,
-        "--max-steps",
-        &steps_s,
-        "--logging-steps",
-        "1",
-        "--save-steps",
-        "0",
-        "--eval-steps",
-        "0",
-        "--num-samples",
-        "0",
-        "--sft-steps",
-        "0",
-        "--lr-scheduler-type",
-        "constant",
-        "--learning-rate",
-        "1e-6",
-    ];
+    let config = out.join(format!("{run}.toml"));
+    let text = format!(
+        "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\n\
+         max_length = 512\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\nlogging_steps = 1\n\
+         save_steps = 0\nnum_samples = 0\nlr_scheduler_type = \"constant\"\nlearning_rate = 1e-6\n",
+        model.display(),
+        data.display(),
+        out.display()
+    );
+    std::fs::write(&config, text).expect("the config is written");
+    let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
     let status = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
         .args(&args)

@@ -5,10 +5,11 @@
 //! completion token is scored from the last prompt position. Only the gathered label log-probs
 //! are kept: `log p(y) = z_y - logsumexp(z)`, never a full log-softmax tensor.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::data::{self, Batch, TokenizedPair};
 use crate::model::Llama;
+use crate::model::llama::project;
 
 /// A collated batch on the device, with the per-token weights of the summed log-probs.
 pub struct DeviceBatch {
@@ -119,12 +120,13 @@ pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_
     let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]
     let labels = batch.input_ids.clone().slice([0..rows, 1..s]); // [2B, S-1]
     let chunk = (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * model.vocab_size())).max(1);
+    let weight = model.head_weight(FloatDType::from(hidden.dtype())); // [hidden, V]
     let parts: Vec<HeadChunk> = (0..rows)
         .step_by(chunk)
         .map(|start| {
             let end = (start + chunk).min(rows);
             let hidden = hidden.clone().slice([start..end, 0..s - 1, 0..h]);
-            head_chunk(model, hidden, labels.clone().slice([start..end, 0..s - 1]), with_stats)
+            head_chunk(project(hidden, weight.clone()), labels.clone().slice([start..end, 0..s - 1]), with_stats)
         })
         .collect();
     let cat = |pick: fn(&HeadChunk) -> Option<Tensor<2>>| -> Option<Tensor<2>> {
@@ -172,9 +174,8 @@ struct HeadChunk {
 /// `log p(y_t) = z_y - logsumexp(z)` at every position, without a full log-softmax tensor.
 ///
 /// # Shapes
-/// - hidden: `[c, S-1, hidden]`, labels: `[c, S-1]`
-fn head_chunk(model: &Llama, hidden: Tensor<3>, labels: Tensor<2, Int>, with_stats: bool) -> HeadChunk {
-    let logits = model.lm_head(hidden); // [c, S-1, V]
+/// - logits: `[c, S-1, V]` (f32), labels: `[c, S-1]`
+fn head_chunk(logits: Tensor<3>, labels: Tensor<2, Int>, with_stats: bool) -> HeadChunk {
     let max = logits.clone().detach().max_dim(2); // [c, S-1, 1]
     let shifted = logits.clone() - max.clone(); // [c, S-1, V]
     let lse = shifted.exp().sum_dim(2).log() + max; // [c, S-1, 1]

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::Embedding;
-use burn::tensor::activation::silu;
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
@@ -357,12 +357,32 @@ impl Attention {
         };
         assert!(offset == 0 || s == 1, "a filled KV cache takes one token at a time");
         let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, T, D]
-        // One new query attends to every cached key; a fresh sequence is causal.
-        let options = AttentionModuleOptions { is_causal: s > 1, ..Default::default() };
-        let y = attention(q, k, v, None, None, options); // [B, H, S, D]
+        let y = if q.is_autodiff() {
+            causal_attention(q, k, v) // [B, H, S, D]
+        } else {
+            // One new query attends to every cached key; a fresh sequence is causal.
+            let options = AttentionModuleOptions { is_causal: s > 1, ..Default::default() };
+            attention(q, k, v, None, None, options) // [B, H, S, D] (torch's fused SDPA)
+        };
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
     }
+}
+
+/// Causal softmax attention from differentiable operations, for training: burn's autodiff has no
+/// fused attention, and its generic one scales the `S x S` scores and builds a boolean mask per
+/// call. Scaling the queries (`D` values a row) and adding one `-inf` bias costs fewer passes over
+/// the scores, forward and backward.
+///
+/// # Shapes
+/// - q, k, v: `[B, H, S, D]` → `[B, H, S, D]`
+fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let [_, _, s, d] = q.dims();
+    let dtype = FloatDType::from(q.dtype());
+    let bias: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
+    let bias = Tensor::<2>::from_data(burn::tensor::TensorData::new(bias, [s, s]), &q.device()).cast(dtype);
+    let scores = (q * (1.0 / (d as f64).sqrt())).matmul(k.swap_dims(2, 3)) + bias.unsqueeze::<4>(); // [B, H, S, S]
+    softmax(scores, 3).matmul(v)
 }
 
 /// One layer's keys and values for the positions seen so far.
@@ -661,14 +681,17 @@ impl Llama {
     /// # Shapes
     /// - hidden: `[B, S, hidden]` → `[B, S, V]`
     pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => {
-                let embed = self.model.embed_tokens.weight.val().cast(FloatDType::from(hidden.dtype()));
-                hidden.matmul(embed.transpose().unsqueeze::<3>()) // [B, S, V]
-            }
-        };
-        logits.cast(FloatDType::F32)
+        let weight = self.head_weight(FloatDType::from(hidden.dtype()));
+        project(hidden, weight)
+    }
+
+    /// The output projection `[hidden, V]` in `dtype` (the embedding, transposed, when tied).
+    /// Cast once and [`project`] a few rows at a time: the head's activations are the largest.
+    pub fn head_weight(&self, dtype: FloatDType) -> Tensor<2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val().cast(dtype),
+            None => self.model.embed_tokens.weight.val().cast(dtype).transpose(),
+        }
     }
 
     /// Next-token logits for every position.
@@ -729,6 +752,14 @@ impl ModuleVisitor for Export {
         let values = Values::Device { tensor: matrix, transpose };
         self.out.push(NamedTensor { name, shape, values });
     }
+}
+
+/// f32 logits of hidden states under an output projection from [`Llama::head_weight`].
+///
+/// # Shapes
+/// - hidden: `[B, S, hidden]`, weight: `[hidden, V]` → `[B, S, V]`
+pub fn project(hidden: Tensor<3>, weight: Tensor<2>) -> Tensor<3> {
+    burn::tensor::module::linear(hidden, weight, None).cast(FloatDType::F32)
 }
 
 /// Casts every parameter to one dtype, keeping its id and whether it trains.
