@@ -1,7 +1,7 @@
 //! `make bench-trl`: dpo-train against TRL's `DPOTrainer` (the venv's TRL 1.16, transformers,
 //! torch) on the same machine, in one run, side by side: the same medium model (saved in Hugging
 //! Face format, loaded by both), the same 512-token preference pairs, batch size, `max_length`,
-//! loss, optimizer, precision and number of threads. Each side trains 6 steps; steps 2..6 are
+//! loss, optimizer, precision and number of threads. Each side trains 10 steps; steps 2..10 are
 //! timed (`benches/trl_dpo.py` times TRL with a step callback, the same span as our
 //! `metrics.csv` gives).
 //!
@@ -16,7 +16,7 @@ use std::process::Command;
 use common::{MEDIUM, dpo_train_rate};
 
 const BATCH: usize = 2;
-const STEPS: usize = 6;
+const STEPS: usize = 10;
 
 fn python() -> PathBuf {
     let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| common::root().join(".venv"), PathBuf::from);

@@ -119,7 +119,7 @@ pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_
     // The last position predicts nothing that is scored.
     let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]
     let labels = batch.input_ids.clone().slice([0..rows, 1..s]); // [2B, S-1]
-    let chunk = (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * model.vocab_size())).max(1);
+    let chunk = head_chunk_rows(s, model.vocab_size());
     let weight = model.head_weight(FloatDType::from(hidden.dtype())); // [hidden, V]
     let parts: Vec<HeadChunk> = (0..rows)
         .step_by(chunk)
@@ -129,31 +129,39 @@ pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_
             head_chunk(project(hidden, weight.clone()), labels.clone().slice([start..end, 0..s - 1]), with_stats)
         })
         .collect();
-    let cat = |pick: fn(&HeadChunk) -> Option<Tensor<2>>| -> Option<Tensor<2>> {
-        parts.iter().map(pick).collect::<Option<Vec<_>>>().map(|p| Tensor::cat(p, 0))
-    };
-    let token_logps =
-        cat(|c| Some(c.token_logps.clone())).unwrap_or_else(|| hidden.zeros_like().sum_dim(2).squeeze_dim(2));
+    let token_logps = Tensor::cat(parts.iter().map(|c| c.token_logps.clone()).collect(), 0); // [2B, S-1]
+    let stats = with_stats.then(|| {
+        let cat = |pick: fn(&HeadChunk) -> Option<Tensor<2>>| -> Tensor<2> {
+            Tensor::cat(parts.iter().filter_map(pick).collect(), 0)
+        };
+        [cat(|c| c.entropy.clone()), cat(|c| c.log_sum_sq.clone()), cat(|c| c.mean_logits.clone())]
+    });
+    assemble(token_logps, stats, batch)
+}
 
+/// Sequence scores from per-position log-probs and, for the policy, the per-position entropy,
+/// `log Σ_v p_v²` and mean logit (each `[2B, S-1]`).
+pub fn assemble(token_logps: Tensor<2>, stats: Option<[Tensor<2>; 3]>, batch: &DeviceBatch) -> SequenceScores {
     let row_sum = |t: Tensor<2>| (t * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1); // [2B]
-    let stats = match (cat(|c| c.entropy.clone()), cat(|c| c.log_sum_sq.clone()), cat(|c| c.mean_logits.clone())) {
-        (Some(entropy), Some(log_sum_sq), Some(mean_logits)) => {
-            let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
-            Some(TokenStats {
-                entropy: row_sum(entropy),
-                mean_logits: row_sum(mean_logits),
-                wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
-                tokens,
-            })
+    let stats = stats.map(|[entropy, log_sum_sq, mean_logits]| {
+        let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
+        TokenStats {
+            entropy: row_sum(entropy),
+            mean_logits: row_sum(mean_logits),
+            wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
+            tokens,
         }
-        _ => None,
-    };
-
+    });
     SequenceScores {
         logps: (token_logps.clone() * batch.weights.clone()).sum_dim(1).squeeze_dim::<1>(1),
         token_logps: row_sum(token_logps),
         stats,
     }
+}
+
+/// Rows of a batch of `s` tokens whose logits are computed at once (see [`HEAD_CHUNK_ELEMENTS`]).
+pub fn head_chunk_rows(s: usize, vocab: usize) -> usize {
+    (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * vocab)).max(1)
 }
 
 /// Elements of the `[rows, S-1, V]` logits scored at once (64 MiB of f32). The LM head's

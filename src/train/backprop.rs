@@ -8,11 +8,14 @@
 //! holds one layer's activations instead of all of them; the price is one more forward pass.
 
 use burn::module::Module;
-use burn::tensor::Tensor;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::module::linear;
+use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
 
 use super::optim::GradAccumulator;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, score, score_hidden};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_chunk_rows};
 use crate::model::Llama;
+use crate::model::llama::project;
 
 /// Recompute activations in the backward pass. With LoRA dropout, `dropout_seed` reseeds the
 /// generator before each layer so the recomputation draws the first pass's masks.
@@ -33,10 +36,10 @@ pub fn forward_backward(
     loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
 ) -> (SequenceScores, Tensor<1>) {
     let Some(Checkpointing { dropout_seed }) = checkpointing else {
-        let scores = score(policy, batch, with_stats);
-        let loss = loss_of(&scores);
-        grads.add(policy, &(loss.clone() * scale).backward());
-        return (scores, loss.detach());
+        let hidden = policy.hidden_states(batch.input_ids.clone()); // [2B, S, hidden]
+        let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
+        grads.add(policy, &(hidden * dh).sum().backward());
+        return (scores, loss);
     };
     let plain_device = batch.input_ids.device().inner();
     let reseed = |layer: usize| {
@@ -57,11 +60,11 @@ pub fn forward_backward(
     }
     drop(frozen);
 
-    // The head: its backward yields the gradient at the top of the decoder.
+    // The head and the final norm: their backward yields the gradient at the top of the decoder.
     let top = Tensor::from_inner(x).require_grad(); // [2B, S, hidden]
-    let scores = score_hidden(policy, policy.final_norm(top.clone()), batch, with_stats);
-    let loss = loss_of(&scores);
-    let head = (loss.clone() * scale).backward();
+    let hidden = policy.final_norm(top.clone());
+    let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
+    let head = (hidden * dh).sum().backward();
     grads.add(policy, &head);
     let mut upstream = top.grad(&head);
 
@@ -80,5 +83,114 @@ pub fn forward_backward(
         let e = policy.embed(batch.input_ids.clone());
         grads.add(policy, &(e * Tensor::from_inner(dx)).sum().backward());
     }
-    (scores, loss.detach())
+    (scores, loss)
+}
+
+/// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would
+/// keep and revisit several vocabulary-wide tensors per row, where `∂ log p(y_t) / ∂ z_t =
+/// onehot(y_t) − p_t` needs one (the probabilities) and torch's fused log-softmax.
+///
+/// Adds the output projection's gradient to `grads` when it trains, and returns the scores (their
+/// log-probs a leaf of their own graph), the unscaled loss, and `∂(loss·scale) / ∂hidden`.
+///
+/// # Shapes
+/// - hidden: `[2B, S, h]` (the model's final hidden states) → gradient `[2B, S, h]`
+fn head_backward(
+    policy: &Llama,
+    hidden: Tensor<3>,
+    batch: &DeviceBatch,
+    with_stats: bool,
+    scale: f64,
+    grads: &mut GradAccumulator,
+    loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
+) -> (SequenceScores, Tensor<1>, Tensor<3>) {
+    let [rows, s, h] = hidden.dims();
+    let dtype = FloatDType::from(hidden.dtype());
+    let hidden = hidden.inner().slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, h], no graph
+    let labels = batch.input_ids.clone().inner().slice([0..rows, 1..s]); // [2B, S-1]
+    let weight = policy.head_weight(dtype).inner(); // [h, V]
+    let chunk = head_chunk_rows(s, policy.vocab_size());
+
+    // Forward, a few rows at a time, keeping the probabilities for the backward.
+    let mut parts = Vec::new();
+    for start in (0..rows).step_by(chunk) {
+        let end = (start + chunk).min(rows);
+        let logits = project(hidden.clone().slice([start..end, 0..s - 1, 0..h]), weight.clone()); // [c, S-1, V]
+        let labels = labels.clone().slice([start..end, 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+        let logp = log_softmax(logits.clone(), 2); // [c, S-1, V]
+        let token_logps = logp.clone().gather(2, labels.clone()).squeeze_dim::<2>(2); // [c, S-1]
+        let probs = logp.clone().exp(); // [c, S-1, V]
+        let stats = with_stats.then(|| {
+            let v = logits.dims()[2] as f64;
+            [
+                -(probs.clone() * logp).sum_dim(2).squeeze_dim::<2>(2),
+                probs.clone().square().sum_dim(2).log().squeeze_dim::<2>(2),
+                logits.sum_dim(2).squeeze_dim::<2>(2) / v,
+            ]
+        });
+        parts.push((token_logps, stats, probs, labels));
+    }
+    let token_logps = Tensor::cat(parts.iter().map(|p| p.0.clone()).collect(), 0); // [2B, S-1]
+    let stats = with_stats.then(|| {
+        let column =
+            |i: usize| Tensor::cat(parts.iter().filter_map(|p| p.1.as_ref().map(|s| s[i].clone())).collect(), 0);
+        [column(0), column(1), column(2)].map(Tensor::from_inner)
+    });
+
+    // The loss over a leaf holding the log-probs gives their gradient.
+    let leaf = Tensor::from_inner(token_logps).require_grad();
+    let scores = assemble(leaf.clone(), stats, batch);
+    let loss = loss_of(&scores);
+    let g = (loss.clone() * scale).backward();
+    let dlogp = match leaf.grad(&g) {
+        Some(d) => d, // [2B, S-1]
+        None => Tensor::zeros([rows, s - 1], &hidden.device()),
+    };
+
+    // Backward through softmax and the projection, chunk by chunk.
+    let trains = head_param(policy).is_require_grad();
+    let mut dh = Vec::new();
+    let mut dweight: Option<Tensor<2>> = None;
+    for (i, (_, _, probs, labels)) in parts.into_iter().enumerate() {
+        let start = i * chunk;
+        let end = (start + chunk).min(rows);
+        let d = dlogp.clone().slice([start..end, 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+        // ∂/∂z = d·(onehot(y) − p)
+        let dz = (-probs * d.clone()).scatter(2, labels, d, IndexingUpdateOp::Add); // [c, S-1, V]
+        let v = dz.dims()[2];
+        dh.push(linear(dz.clone().cast(dtype), weight.clone().transpose(), None)); // [c, S-1, h]
+        if trains {
+            let n = (end - start) * (s - 1);
+            let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]).reshape([n, h]).cast(FloatDType::F32);
+            let dw = x.transpose().matmul(dz.reshape([n, v])); // [h, V]
+            dweight = Some(match dweight {
+                Some(acc) => acc + dw,
+                None => dw,
+            });
+        }
+    }
+    if let Some(dw) = dweight {
+        // Under the parameter's name and layout: `lm_head.weight` is `[h, V]`, a tied embedding `[V, h]`.
+        let (name, dw) = match policy.lm_head {
+            Some(_) => ("lm_head.weight", dw),
+            None => ("model.embed_tokens.weight", dw.transpose()),
+        };
+        let dw = dw.reshape([h * policy.vocab_size()]);
+        let summed = match grads.grads.remove(name) {
+            Some(acc) => acc + dw,
+            None => dw,
+        };
+        grads.grads.insert(name.to_owned(), summed);
+    }
+    let dh = Tensor::cat(dh, 0); // [2B, S-1, h]
+    let dh = Tensor::cat(vec![dh, Tensor::<3>::zeros([rows, 1, h], &hidden.device()).cast(dtype)], 1); // [2B, S, h]
+    (scores, loss.detach(), Tensor::from_inner(dh))
+}
+
+/// The output projection's parameter: `lm_head`, or the embedding it is tied to.
+fn head_param(policy: &Llama) -> Tensor<2> {
+    match &policy.lm_head {
+        Some(head) => head.weight.val(),
+        None => policy.model.embed_tokens.weight.val(),
+    }
 }
