@@ -1,6 +1,9 @@
 //! One micro-batch's forward and backward pass, plain or with activation checkpointing per
 //! decoder layer.
 //!
+//! The LM head, the log-probs and the loss are differentiated by hand ([`head_backward`]); their
+//! gradient at the final hidden states enters the decoder's autodiff graph as `Σ h ⊙ ∂L/∂h`.
+//!
 //! Checkpointing runs the decoder once without a graph, keeping only each layer's input, then
 //! backpropagates one segment at a time from the top: the head (final norm, log-probs, loss)
 //! gives the gradient at the last layer's output; each layer is recomputed from its saved input
