@@ -30,7 +30,7 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig, device: &Device) -> Result<Ll
 /// attached (its parameters require gradients on an autodiff device, nothing else changes).
 pub fn load(dir: &Path, device: &Device) -> Result<(LlamaConfig, Llama), ModelError> {
     let base = base_dir(dir)?;
-    let cfg = HfConfig::from_dir(&base)?.resolve(&base.join("config.json"))?;
+    let cfg = load_config(&base)?;
     let mut model = load_weights(&base, &cfg, device)?;
     if let Some(settings) = adapter_settings(dir)? {
         let weights = lora::open_adapter_weights(dir)?;
