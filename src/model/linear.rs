@@ -44,8 +44,7 @@ impl Linear {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = FloatDType::from(x.dtype());
         let bias = self.bias.as_ref().map(|b| b.val().cast(dtype));
-        // burn's fused linear folds the leading dimensions into one GEMM.
-        let y = linear(x.clone(), self.weight.val().cast(dtype), bias); // [..., out]
+        let y = linear_rows(x.clone(), self.weight.val().cast(dtype), bias); // [..., out]
         match &self.lora {
             Some(lora) => y + lora.forward(x),
             None => y,
@@ -74,7 +73,22 @@ impl Lora {
         } else {
             x
         };
-        let down = linear(x, self.a.val().cast(dtype), None); // [..., r]
-        linear(down, self.b.val().cast(dtype), None) * self.scale // [..., out]
+        let down = linear_rows(x, self.a.val().cast(dtype), None); // [..., r]
+        linear_rows(down, self.b.val().cast(dtype), None) * self.scale // [..., out]
     }
+}
+
+/// `x·W + b` as one matrix product over every leading position. burn's `linear` keeps a batched
+/// input batched (`[B, S, in] @ [1, in, out]`), which torch runs as a `bmm` against the weight
+/// expanded per batch, and its half-precision (oneDNN) kernels copy that expansion on every call,
+/// forward and backward.
+///
+/// # Shapes
+/// - x: `[..., in]`, weight: `[in, out]`, bias: `[out]` → `[..., out]`
+pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let mut dims = x.dims();
+    let rows = dims[..D - 1].iter().product();
+    let y = linear(x.reshape([rows, dims[D - 1]]), weight, bias); // [rows, out]
+    dims[D - 1] = y.dims()[1];
+    y.reshape(dims)
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::Embedding;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
@@ -358,7 +358,7 @@ impl Attention {
         assert!(offset == 0 || s == 1, "a filled KV cache takes one token at a time");
         let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, T, D]
         let y = if q.is_autodiff() {
-            causal_attention(q, k, v) // [B, H, S, D]
+            super::fused::causal_attention(q, k, v) // [B, H, S, D]
         } else {
             // One new query attends to every cached key; a fresh sequence is causal.
             let options = AttentionModuleOptions { is_causal: s > 1, ..Default::default() };
@@ -367,22 +367,6 @@ impl Attention {
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
     }
-}
-
-/// Causal softmax attention from differentiable operations, for training: burn's autodiff has no
-/// fused attention, and its generic one scales the `S x S` scores and builds a boolean mask per
-/// call. Scaling the queries (`D` values a row) and adding one `-inf` bias costs fewer passes over
-/// the scores, forward and backward.
-///
-/// # Shapes
-/// - q, k, v: `[B, H, S, D]` → `[B, H, S, D]`
-fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let [_, _, s, d] = q.dims();
-    let dtype = FloatDType::from(q.dtype());
-    let bias: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
-    let bias = Tensor::<2>::from_data(burn::tensor::TensorData::new(bias, [s, s]), &q.device()).cast(dtype);
-    let scores = (q * (1.0 / (d as f64).sqrt())).matmul(k.swap_dims(2, 3)) + bias.unsqueeze::<4>(); // [B, H, S, S]
-    softmax(scores, 3).matmul(v)
 }
 
 /// One layer's keys and values for the positions seen so far.
@@ -759,7 +743,7 @@ impl ModuleVisitor for Export {
 /// # Shapes
 /// - hidden: `[B, S, hidden]`, weight: `[hidden, V]` → `[B, S, V]`
 pub fn project(hidden: Tensor<3>, weight: Tensor<2>) -> Tensor<3> {
-    burn::tensor::module::linear(hidden, weight, None).cast(FloatDType::F32)
+    super::linear::linear_rows(hidden, weight, None).cast(FloatDType::F32)
 }
 
 /// Casts every parameter to one dtype, keeping its id and whether it trains.

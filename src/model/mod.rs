@@ -1,6 +1,7 @@
 //! Hugging Face causal language models: `config.json` + safetensors → a burn module, and PEFT
 //! LoRA adapter directories on top of one.
 
+pub mod fused;
 pub mod linear;
 pub mod llama;
 pub mod lora;

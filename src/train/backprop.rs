@@ -12,12 +12,12 @@
 
 use burn::module::Module;
 use burn::tensor::activation::log_softmax;
-use burn::tensor::module::linear;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
 
 use super::optim::GradAccumulator;
 use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_chunk_rows};
 use crate::model::Llama;
+use crate::model::linear::linear_rows;
 use crate::model::llama::project;
 
 /// Recompute activations in the backward pass. With LoRA dropout, `dropout_seed` reseeds the
@@ -161,7 +161,7 @@ fn head_backward(
         // ∂/∂z = d·(onehot(y) − p)
         let dz = (-probs * d.clone()).scatter(2, labels, d, IndexingUpdateOp::Add); // [c, S-1, V]
         let v = dz.dims()[2];
-        dh.push(linear(dz.clone().cast(dtype), weight.clone().transpose(), None)); // [c, S-1, h]
+        dh.push(linear_rows(dz.clone().cast(dtype), weight.clone().transpose(), None)); // [c, S-1, h]
         if trains {
             let n = (end - start) * (s - 1);
             let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]).reshape([n, h]).cast(FloatDType::F32);

@@ -1,0 +1,118 @@
+//! Operations that run as one torch kernel with torch's own derivative, where burn's autodiff
+//! would assemble them from primitives and keep each intermediate for its backward.
+//!
+//! Causal attention is the one that matters: built from burn operations, training materialises
+//! the `[B, H, S, S]` scores several times over (scores, softmax, their gradients, and the copies
+//! half-precision matrix products make of transposed operands), which dominated a training step.
+//! torch's fused scaled-dot-product attention keeps one row block at a time and saves only the
+//! output and the log-sum-exp for its backward.
+//!
+//! The operations extend burn's `Dispatch` through a backend extension: on LibTorch they call the
+//! kernel; on `Autodiff<LibTorch>` they record one graph node whose backward asks torch's autograd
+//! (which ran the kernel from leaves requiring gradients) for the inputs' gradients.
+
+// burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
+// purpose, so the deprecation is expected here.
+#![allow(deprecated)]
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
+use burn::tensor::Tensor;
+use burn_tch::{LibTorch, TchTensor};
+
+/// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
+///
+/// # Shapes
+/// - q, k, v: `[B, H, S, D]` → `[B, H, S, D]`
+pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    let out = <burn::backend::Dispatch as FusedOps>::causal_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+    );
+    Tensor::from_dispatch(out)
+}
+
+/// The operations, per backend.
+#[backend_extension(LibTorch, Autodiff)]
+pub trait FusedOps: Backend {
+    /// See [`causal_attention`].
+    fn causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+/// `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)`.
+fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
+    tch::Tensor::scaled_dot_product_attention(q, k, v, None::<tch::Tensor>, 0.0, true, None, false)
+}
+
+impl FusedOps for LibTorch {
+    fn causal_attention(q: TchTensor, k: TchTensor, v: TchTensor) -> TchTensor {
+        TchTensor::new(sdpa_causal(&[q.tensor, k.tensor, v.tensor]))
+    }
+}
+
+impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
+    fn causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct CausalAttention;
+
+        impl Backward<LibTorch, 3> for CausalAttention {
+            type State = Recorded<3>;
+
+            fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let dy = grads.consume::<LibTorch>(&ops.node);
+                for (id, grad) in ops.state.gradients(dy, ops.parents.map(|p| p.map(|p| p.id))) {
+                    grads.register::<LibTorch>(id, grad);
+                }
+            }
+        }
+
+        let ((q, qn), (k, kn), (v, vn)) = (q.into_parts(), k.into_parts(), v.into_parts());
+        match CausalAttention.prepare::<C>([qn, kn, vn]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (out, recorded) = Recorded::run([q, k, v], sdpa_causal);
+                prep.finish(recorded, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(LibTorch::causal_attention(q, k, v)),
+        }
+    }
+}
+
+/// A torch computation recorded by torch's autograd: run from leaves that require gradients, so
+/// its output carries the graph that differentiates it.
+///
+/// Every handle keeps burn's storage reference, so burn never writes in place into a tensor torch
+/// saved for the backward.
+#[derive(Debug, Clone)]
+struct Recorded<const N: usize> {
+    leaves: [TchTensor; N],
+    output: TchTensor,
+}
+
+impl<const N: usize> Recorded<N> {
+    /// Runs `f` on `inputs` under torch's autograd; returns its output (without the graph) for burn.
+    fn run(inputs: [TchTensor; N], f: impl FnOnce(&[tch::Tensor; N]) -> tch::Tensor) -> (TchTensor, Self) {
+        let leaves =
+            inputs.map(|t| TchTensor { tensor: t.tensor.detach().set_requires_grad(true), storage: t.storage.clone() });
+        let output = TchTensor::new(f(&leaves.each_ref().map(|t| t.tensor.shallow_clone())));
+        let detached = TchTensor { tensor: output.tensor.detach(), storage: output.storage.clone() };
+        (detached, Self { leaves, output })
+    }
+
+    /// The gradients of the inputs with an id (those that need one), given the output's gradient.
+    fn gradients(self, dy: TchTensor, ids: [Option<NodeId>; N]) -> Vec<(NodeId, TchTensor)> {
+        let (ids, inputs): (Vec<_>, Vec<_>) =
+            ids.into_iter().zip(&self.leaves).filter_map(|(id, leaf)| id.map(|id| (id, &leaf.tensor))).unzip();
+        if inputs.is_empty() {
+            return Vec::new();
+        }
+        // `Σ y ⊙ dy` has `dy` as its gradient at `y`, so torch's backward from it is the chain rule's.
+        let surrogate = (&self.output.tensor * &dy.tensor).sum(None);
+        let grads = tch::Tensor::run_backward(&[surrogate], &inputs, false, false);
+        ids.into_iter().zip(grads.into_iter().map(TchTensor::new)).collect()
+    }
+}
