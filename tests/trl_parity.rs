@@ -148,3 +148,58 @@ fn reference_free_equals_a_zero_reference() {
     assert!((free.logps_chosen - with_ref.logps_chosen).abs() < 1e-6);
     assert!((free.loss - with_ref.loss).abs() > 1e-3, "the reference must matter");
 }
+
+/// TRL's gradients for one training batch (`tests/gen/make_grad_fixture.py`).
+#[derive(Deserialize)]
+struct GradFixture {
+    beta: f64,
+    loss: f64,
+    input_ids: Vec<Vec<i64>>,
+    completion_mask: Vec<Vec<i64>>,
+    ref_logps: Vec<f32>,
+    grads: BTreeMap<String, GradStats>,
+}
+
+#[derive(Deserialize)]
+struct GradStats {
+    norm: f64,
+    sum: f64,
+}
+
+/// The training step's loss and every parameter's gradient equal those of TRL's `compute_loss`
+/// backpropagated by torch, on TRL's own collated batch: this covers the hand-written LM-head
+/// backward, torch's attention backward and burn's autodiff through the rest of the model.
+#[test]
+fn a_training_batch_has_trls_gradients() {
+    let text = std::fs::read_to_string(fixtures().join("expected/trl_grads.json")).unwrap();
+    let fx: GradFixture = serde_json::from_str(&text).unwrap();
+    let device = cpu().autodiff();
+    let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let (rows, seq_len) = (fx.input_ids.len(), fx.input_ids[0].len());
+    let batch = dpo_train::data::Batch {
+        input_ids: fx.input_ids.concat(),
+        attention_mask: Vec::new(),
+        completion_mask: fx.completion_mask.concat(),
+        batch_size: rows / 2,
+        rows,
+        seq_len,
+    };
+    let batch = dpo_train::dpo::logps::DeviceBatch::new(&batch, None, &device);
+    let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
+    let mut grads = dpo_train::train::optim::GradAccumulator::default();
+    let (_, loss) =
+        dpo_train::train::backprop::forward_backward(&policy, &batch, true, None, 1.0, &mut grads, |scores| {
+            let pairs = dpo_train::dpo::loss::PairScores::from_scores(&batch, scores, &fx.ref_logps);
+            dpo_train::dpo::loss::dpo_loss(&pairs, &loss_cfg)
+        });
+    let loss = f64::from(dpo_train::dpo::metrics::host(&loss)[0]);
+    assert!(close(loss, fx.loss), "loss {loss}, TRL {}", fx.loss);
+    assert_eq!(grads.grads.keys().collect::<Vec<_>>(), fx.grads.keys().collect::<Vec<_>>());
+    for (name, want) in &fx.grads {
+        let g: Vec<f64> = dpo_train::dpo::metrics::host(&grads.grads[name]).into_iter().map(f64::from).collect();
+        let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let sum: f64 = g.iter().sum();
+        assert!((norm - want.norm).abs() <= 1e-4 * want.norm, "{name}: gradient norm {norm}, TRL {}", want.norm);
+        assert!((sum - want.sum).abs() <= 1e-4 * want.norm, "{name}: gradient sum {sum}, TRL {}", want.sum);
+    }
+}
