@@ -161,11 +161,13 @@ fn head_backward(
         // ∂/∂z = d·(onehot(y) − p)
         let dz = (-probs * d.clone()).scatter(2, labels, d, IndexingUpdateOp::Add); // [c, S-1, V]
         let v = dz.dims()[2];
-        dh.push(linear_rows(dz.clone().cast(dtype), weight.clone().transpose(), None)); // [c, S-1, h]
+        // Both products in the compute dtype, as autocast runs them; only the sum is kept in f32.
+        let dz = dz.cast(dtype);
+        dh.push(linear_rows(dz.clone(), weight.clone().transpose(), None)); // [c, S-1, h]
         if trains {
             let n = (end - start) * (s - 1);
-            let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]).reshape([n, h]).cast(FloatDType::F32);
-            let dw = x.transpose().matmul(dz.reshape([n, v])); // [h, V]
+            let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]).reshape([n, h]);
+            let dw = x.transpose().matmul(dz.reshape([n, v])).cast(FloatDType::F32); // [h, V]
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
                 None => dw,
