@@ -2,9 +2,12 @@
 //! [chosen; rejected] batch (TRL `DPOTrainer._compute_loss` and its fused LM head).
 //!
 //! Position `t` predicts token `t + 1`, so the completion mask is shifted by one: the first
-//! completion token is scored from the last prompt position. Only the gathered label log-probs
-//! are kept: `log p(y) = z_y - logsumexp(z)`, never a full log-softmax tensor.
+//! completion token is scored from the last prompt position. The LM head runs a few rows at a time
+//! on torch's fused log-softmax, so at most one row block's vocabulary-wide tensors are alive.
 
+use std::ops::Range;
+
+use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::data::{self, Batch, TokenizedPair};
@@ -114,29 +117,63 @@ pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceSc
 /// # Shapes
 /// - hidden: `[2B, S, hidden]`; every output: `[2B]`
 pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
-    let [rows, s] = batch.input_ids.dims();
-    let [_, _, h] = hidden.dims();
-    // The last position predicts nothing that is scored.
-    let hidden = hidden.slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, hidden]
-    let labels = batch.input_ids.clone().slice([0..rows, 1..s]); // [2B, S-1]
-    let chunk = head_chunk_rows(s, model.vocab_size());
     let weight = model.head_weight(FloatDType::from(hidden.dtype())); // [hidden, V]
-    let parts: Vec<HeadChunk> = (0..rows)
-        .step_by(chunk)
-        .map(|start| {
-            let end = (start + chunk).min(rows);
-            let hidden = hidden.clone().slice([start..end, 0..s - 1, 0..h]);
-            head_chunk(project(hidden, weight.clone()), labels.clone().slice([start..end, 0..s - 1]), with_stats)
-        })
-        .collect();
-    let token_logps = Tensor::cat(parts.iter().map(|c| c.token_logps.clone()).collect(), 0); // [2B, S-1]
+    let head = head_forward(hidden, weight, batch.input_ids.clone(), with_stats, false);
+    assemble(head.token_logps, head.stats, batch)
+}
+
+/// The LM head's results at every position that predicts a token.
+pub struct HeadForward {
+    /// `[2B, S-1]` `log p(y_t)`, differentiable when the inputs are.
+    pub token_logps: Tensor<2>,
+    /// With `with_stats`, detached, each `[2B, S-1]`: the predictive entropy, `log Σ_v p_v²` and
+    /// the mean logit.
+    pub stats: Option<[Tensor<2>; 3]>,
+    /// With `keep_probs`: each block of rows with its softmax `[c, S-1, V]`, for a hand-written
+    /// backward.
+    pub probs: Vec<(Range<usize>, Tensor<3>)>,
+}
+
+/// Runs the LM head over `hidden`, [`head_chunk_rows`] rows at a time, in f32 from the
+/// projection on.
+///
+/// # Shapes
+/// - hidden: `[2B, S, h]`, weight: `[h, V]`, input_ids: `[2B, S]`
+pub fn head_forward(
+    hidden: Tensor<3>,
+    weight: Tensor<2>,
+    input_ids: Tensor<2, Int>,
+    with_stats: bool,
+    keep_probs: bool,
+) -> HeadForward {
+    let [rows, s, h] = hidden.dims();
+    let v = weight.dims()[1];
+    let chunk = head_chunk_rows(s, v);
+    let mut token_logps = Vec::new();
+    let mut stats = Vec::new();
+    let mut probs = Vec::new();
+    for start in (0..rows).step_by(chunk) {
+        let end = (start + chunk).min(rows);
+        let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]); // [c, S-1, h]
+        let labels = input_ids.clone().slice([start..end, 1..s]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+        let logits = project(x, weight.clone()); // [c, S-1, V]
+        let logp = log_softmax(logits.clone(), 2); // [c, S-1, V]
+        token_logps.push(logp.clone().gather(2, labels).squeeze_dim::<2>(2)); // [c, S-1]
+        let p = (with_stats || keep_probs).then(|| logp.clone().detach().exp()); // [c, S-1, V]
+        if let (true, Some(p)) = (with_stats, &p) {
+            stats.push([
+                -(p.clone() * logp.detach()).sum_dim(2).squeeze_dim::<2>(2),
+                p.clone().square().sum_dim(2).log().squeeze_dim::<2>(2),
+                logits.detach().sum_dim(2).squeeze_dim::<2>(2) / v as f64,
+            ]);
+        }
+        probs.extend(p.filter(|_| keep_probs).map(|p| (start..end, p)));
+    }
     let stats = with_stats.then(|| {
-        let cat = |pick: fn(&HeadChunk) -> Option<Tensor<2>>| -> Tensor<2> {
-            Tensor::cat(parts.iter().filter_map(pick).collect(), 0)
-        };
-        [cat(|c| c.entropy.clone()), cat(|c| c.log_sum_sq.clone()), cat(|c| c.mean_logits.clone())]
+        let column = |i: usize| Tensor::cat(stats.iter().map(|s: &[Tensor<2>; 3]| s[i].clone()).collect(), 0);
+        [column(0), column(1), column(2)]
     });
-    assemble(token_logps, stats, batch)
+    HeadForward { token_logps: Tensor::cat(token_logps, 0), stats, probs }
 }
 
 /// Sequence scores from per-position log-probs and, for the policy, the per-position entropy,
@@ -160,48 +197,14 @@ pub fn assemble(token_logps: Tensor<2>, stats: Option<[Tensor<2>; 3]>, batch: &D
 }
 
 /// Rows of a batch of `s` tokens whose logits are computed at once (see [`HEAD_CHUNK_ELEMENTS`]).
-pub fn head_chunk_rows(s: usize, vocab: usize) -> usize {
+fn head_chunk_rows(s: usize, vocab: usize) -> usize {
     (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * vocab)).max(1)
 }
 
 /// Elements of the `[rows, S-1, V]` logits scored at once (64 MiB of f32). The LM head's
 /// vocabulary-wide intermediates are the largest tensors of a step; scoring a few rows at a time
-/// keeps one of them alive per row (the softmax autodiff needs), not several for the batch.
+/// keeps one of them alive per row (the softmax the backward needs), not several for the batch.
 const HEAD_CHUNK_ELEMENTS: usize = 1 << 24;
-
-/// Per-position results of the LM head over a few rows, each `[c, S-1]`.
-struct HeadChunk {
-    /// `log p(y_t)` (differentiable).
-    token_logps: Tensor<2>,
-    /// Detached statistics, with `with_stats`: predictive entropy, `log Σ_v p_v²` and the mean logit.
-    entropy: Option<Tensor<2>>,
-    log_sum_sq: Option<Tensor<2>>,
-    mean_logits: Option<Tensor<2>>,
-}
-
-/// `log p(y_t) = z_y - logsumexp(z)` at every position, without a full log-softmax tensor.
-///
-/// # Shapes
-/// - logits: `[c, S-1, V]` (f32), labels: `[c, S-1]`
-fn head_chunk(logits: Tensor<3>, labels: Tensor<2, Int>, with_stats: bool) -> HeadChunk {
-    let max = logits.clone().detach().max_dim(2); // [c, S-1, 1]
-    let shifted = logits.clone() - max.clone(); // [c, S-1, V]
-    let lse = shifted.exp().sum_dim(2).log() + max; // [c, S-1, 1]
-    let label_logits = logits.clone().gather(2, labels.unsqueeze_dim::<3>(2)); // [c, S-1, 1]
-    let token_logps = (label_logits - lse.clone()).squeeze_dim::<2>(2); // [c, S-1]
-    if !with_stats {
-        return HeadChunk { token_logps, entropy: None, log_sum_sq: None, mean_logits: None };
-    }
-    let z = logits.detach(); // [c, S-1, V]
-    let [_, _, v] = z.dims();
-    let lse = lse.detach();
-    let p = (z.clone() - lse.clone()).exp(); // [c, S-1, V]
-    // H = logsumexp(z) - Σ_v p_v z_v
-    let entropy = (lse - (p.clone() * z.clone()).sum_dim(2)).squeeze_dim::<2>(2);
-    let log_sum_sq = p.square().sum_dim(2).log().squeeze_dim::<2>(2);
-    let mean_logits = z.sum_dim(2).squeeze_dim::<2>(2) / v as f64;
-    HeadChunk { token_logps, entropy: Some(entropy), log_sum_sq: Some(log_sum_sq), mean_logits: Some(mean_logits) }
-}
 
 /// The reference's sequence log-probs of every pair, in dataset order.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -11,14 +11,12 @@
 //! holds one layer's activations instead of all of them; the price is one more forward pass.
 
 use burn::module::Module;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
 
 use super::optim::GradAccumulator;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_chunk_rows};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_forward};
 use crate::model::Llama;
 use crate::model::linear::linear_rows;
-use crate::model::llama::project;
 
 /// Recompute activations in the backward pass. With LoRA dropout, `dropout_seed` reseeds the
 /// generator before each layer so the recomputation draws the first pass's masks.
@@ -109,40 +107,14 @@ fn head_backward(
 ) -> (SequenceScores, Tensor<1>, Tensor<3>) {
     let [rows, s, h] = hidden.dims();
     let dtype = FloatDType::from(hidden.dtype());
-    let hidden = hidden.inner().slice([0..rows, 0..s - 1, 0..h]); // [2B, S-1, h], no graph
-    let labels = batch.input_ids.clone().inner().slice([0..rows, 1..s]); // [2B, S-1]
+    let hidden = hidden.inner(); // [2B, S, h], no graph
     let weight = policy.head_weight(dtype).inner(); // [h, V]
-    let chunk = head_chunk_rows(s, policy.vocab_size());
-
-    // Forward, a few rows at a time, keeping the probabilities for the backward.
-    let mut parts = Vec::new();
-    for start in (0..rows).step_by(chunk) {
-        let end = (start + chunk).min(rows);
-        let logits = project(hidden.clone().slice([start..end, 0..s - 1, 0..h]), weight.clone()); // [c, S-1, V]
-        let labels = labels.clone().slice([start..end, 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
-        let logp = log_softmax(logits.clone(), 2); // [c, S-1, V]
-        let token_logps = logp.clone().gather(2, labels.clone()).squeeze_dim::<2>(2); // [c, S-1]
-        let probs = logp.clone().exp(); // [c, S-1, V]
-        let stats = with_stats.then(|| {
-            let v = logits.dims()[2] as f64;
-            [
-                -(probs.clone() * logp).sum_dim(2).squeeze_dim::<2>(2),
-                probs.clone().square().sum_dim(2).log().squeeze_dim::<2>(2),
-                logits.sum_dim(2).squeeze_dim::<2>(2) / v,
-            ]
-        });
-        parts.push((token_logps, stats, probs, labels));
-    }
-    let token_logps = Tensor::cat(parts.iter().map(|p| p.0.clone()).collect(), 0); // [2B, S-1]
-    let stats = with_stats.then(|| {
-        let column =
-            |i: usize| Tensor::cat(parts.iter().filter_map(|p| p.1.as_ref().map(|s| s[i].clone())).collect(), 0);
-        [column(0), column(1), column(2)].map(Tensor::from_inner)
-    });
+    let input_ids = batch.input_ids.clone().inner(); // [2B, S]
+    let head = head_forward(hidden.clone(), weight.clone(), input_ids.clone(), with_stats, true);
 
     // The loss over a leaf holding the log-probs gives their gradient.
-    let leaf = Tensor::from_inner(token_logps).require_grad();
-    let scores = assemble(leaf.clone(), stats, batch);
+    let leaf = Tensor::from_inner(head.token_logps).require_grad();
+    let scores = assemble(leaf.clone(), head.stats.map(|stats| stats.map(Tensor::from_inner)), batch);
     let loss = loss_of(&scores);
     let g = (loss.clone() * scale).backward();
     let dlogp = match leaf.grad(&g) {
@@ -150,14 +122,13 @@ fn head_backward(
         None => Tensor::zeros([rows, s - 1], &hidden.device()),
     };
 
-    // Backward through softmax and the projection, chunk by chunk.
+    // Backward through softmax and the projection, block by block.
     let trains = head_param(policy).is_require_grad();
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
-    for (i, (_, _, probs, labels)) in parts.into_iter().enumerate() {
-        let start = i * chunk;
-        let end = (start + chunk).min(rows);
-        let d = dlogp.clone().slice([start..end, 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+    for (block, probs) in head.probs {
+        let d = dlogp.clone().slice([block.clone(), 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+        let labels = input_ids.clone().slice([block.clone(), 1..s]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
         // ∂/∂z = d·(onehot(y) − p)
         let dz = (-probs * d.clone()).scatter(2, labels, d, IndexingUpdateOp::Add); // [c, S-1, V]
         let v = dz.dims()[2];
@@ -165,8 +136,8 @@ fn head_backward(
         let dz = dz.cast(dtype);
         dh.push(linear_rows(dz.clone(), weight.clone().transpose(), None)); // [c, S-1, h]
         if trains {
-            let n = (end - start) * (s - 1);
-            let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]).reshape([n, h]);
+            let n = block.len() * (s - 1);
+            let x = hidden.clone().slice([block, 0..s - 1, 0..h]).reshape([n, h]);
             let dw = x.transpose().matmul(dz.reshape([n, v])).cast(FloatDType::F32); // [h, V]
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
