@@ -2,8 +2,10 @@
 //!
 //! Sources: Hugging Face "Model training anatomy" (bytes per parameter for fp32 and mixed
 //! precision), Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-//! Models" (activations per layer `s*b*h*(34 + 5*a*s/h)` bytes in half precision), and TRL's
-//! `DPOTrainer`, which runs chosen and rejected as one concatenated batch of `2*b` rows.
+//! Models" (activations per layer `s*b*h*(34 + 5*a*s/h)` bytes in half precision, of which
+//! `5*a*s/h` is the attention scores: dpo-train's fused attention, flash or memory-efficient,
+//! keeps only its output and log-sum-exp, so that term is left out), and TRL's `DPOTrainer`,
+//! which runs chosen and rejected as one concatenated batch of `2*b` rows.
 //!
 //! | term | full fine-tuning | LoRA rank r (q,k,v,o) |
 //! |---|---|---|
@@ -11,7 +13,7 @@
 //! | gradients | 4P (fp32) | 4A |
 //! | optimizer | 8P (AdamW m and v in fp32) | 8A |
 //! | reference | c*P, or 0 with precomputed log-probs | 0 (adapter disabled = base) |
-//! | activations | L * s*2b*h*(34 + 5*a*s/h) * c/2 | same |
+//! | activations | L * s*2b*h*34 * c/2 | same |
 //! | ... with checkpointing | L * 2*s*2b*h * c/2 + one layer's full activations | same |
 //! | logits | 2b*s*V*4 (fp32) | same |
 //!
@@ -130,8 +132,8 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
         }
     };
     let (s, rows, h) = (req.seq_len, 2 * req.micro_batch, m.hidden_size);
-    // Korthikanti et al.: s*b*h*(34 + 5*a*s/h) = s*b*(34*h + 5*a*s) bytes at 2 bytes per value.
-    let layer_full = s * rows * (34 * h + 5 * m.num_heads * s) * c / 2;
+    // Korthikanti et al. without the attention scores: s*b*h*34 bytes at 2 bytes per value.
+    let layer_full = s * rows * 34 * h * c / 2;
     let activations = if req.gradient_checkpointing {
         m.num_layers * 2 * s * rows * h * c / 2 + layer_full
     } else {
@@ -191,14 +193,14 @@ mod tests {
     fn activations_logits_and_overhead() {
         let m = shape();
         let e = estimate(&req(&m));
-        let (s, b2, h, a, l) = (1024, 2, m.hidden_size, m.num_heads, m.num_layers);
-        assert_eq!(e.activations, l * s * b2 * (34 * h + 5 * a * s));
+        let (s, b2, h, l) = (1024, 2, m.hidden_size, m.num_layers);
+        assert_eq!(e.activations, l * s * b2 * 34 * h);
         assert_eq!(e.logits, 2 * 1024 * m.vocab_size * 4);
         let sum = e.weights + e.gradients + e.optimizer + e.reference + e.activations + e.logits;
         assert_eq!(e.overhead, sum / 10 + CUDA_CONTEXT_BYTES);
         assert_eq!(e.total, sum + e.overhead);
         let ck = estimate(&MemoryRequest { gradient_checkpointing: true, ..req(&m) });
-        assert_eq!(ck.activations, l * 2 * s * b2 * h + s * b2 * (34 * h + 5 * a * s));
+        assert_eq!(ck.activations, l * 2 * s * b2 * h + s * b2 * 34 * h);
         assert!(ck.activations < e.activations);
         let two = estimate(&MemoryRequest { micro_batch: 2, ..req(&m) });
         assert_eq!(two.activations, 2 * e.activations);

@@ -386,7 +386,7 @@ fn act_formula(p: &Plan) -> String {
     if p.gradient_checkpointing {
         "L*2*s*2b*h + one layer (checkpointing)".to_string()
     } else {
-        "L*s*2b*h*(34+5*a*s/h) (Korthikanti 2022)".to_string()
+        "L*s*2b*h*34 (Korthikanti 2022, fused attention)".to_string()
     }
 }
 
