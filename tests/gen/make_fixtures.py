@@ -758,6 +758,20 @@ def run_trl():
     return results
 
 
+def completion_logps(model, batch):
+    """Per-sequence summed completion log-probs through TRL's fused LM head (DPOTrainer._compute_loss's path)."""
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    with torch.no_grad():
+        out = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            labels=labels,
+            fused_lm_head=True,
+            use_cache=False,
+        )
+    return out.log_probs.sum(dim=1)
+
+
 def dump_tokenized(trainer, raw_rows, ds_key, args):
     ds = trainer.eval_dataset
     out_rows = []
@@ -775,21 +789,12 @@ def dump_tokenized(trainer, raw_rows, ds_key, args):
     # Per-sequence summed completion log-probs of policy and reference, computed through TRL's own fused LM head on
     # exactly this batch (same path as DPOTrainer._compute_loss with ld_alpha=None), for debugging the Rust side.
     per_seq = {}
-    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
-    with torch.no_grad():
-        for tag, m in (("policy", trainer.model), ("ref", trainer.ref_model)):
-            m.eval()
-            out = m(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                labels=labels,
-                fused_lm_head=True,
-                use_cache=False,
-            )
-            logps = out.log_probs.sum(dim=1)
-            n = logps.shape[0] // 2
-            per_seq[f"{tag}_chosen_logps"] = f32list(logps[:n])
-            per_seq[f"{tag}_rejected_logps"] = f32list(logps[n:])
+    for tag, m in (("policy", trainer.model), ("ref", trainer.ref_model)):
+        m.eval()
+        logps = completion_logps(m, batch)
+        n = logps.shape[0] // 2
+        per_seq[f"{tag}_chosen_logps"] = f32list(logps[:n])
+        per_seq[f"{tag}_rejected_logps"] = f32list(logps[n:])
     return {
         "dataset": DATASETS[ds_key],
         "max_length": args.max_length,

@@ -21,7 +21,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import EXP_DIR, FIX, load_llama_pair, load_tokenizer, make_config, read_jsonl, TOK_DIR  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    EXP_DIR,
+    FIX,
+    TOK_DIR,
+    completion_logps,
+    load_llama_pair,
+    load_tokenizer,
+    make_config,
+    read_jsonl,
+)
 
 
 def main():
@@ -46,16 +55,7 @@ def main():
         model.zero_grad()
         loss = trainer.compute_loss(model, dict(batch))
         loss.backward()
-        labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
-        with torch.no_grad():
-            out = trainer.ref_model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                labels=labels,
-                fused_lm_head=True,
-                use_cache=False,
-            )
-            ref_logps = out.log_probs.sum(dim=1)
+        ref_logps = completion_logps(trainer.ref_model, batch)
         grads = {
             name: {"norm": p.grad.double().norm().item(), "sum": p.grad.double().sum().item()}
             for name, p in model.named_parameters()
