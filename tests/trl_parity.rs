@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use burn::tensor::Device;
-use dpo_train::data::Columns;
-use dpo_train::dpo::loss::{FDivergence, LossConfig, LossType};
+use dpo_train::data::{Batch, Columns};
+use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::loss::{FDivergence, LossConfig, LossType, PairScores, dpo_loss};
+use dpo_train::dpo::metrics::host;
 use dpo_train::eval::{EvalOptions, evaluate};
+use dpo_train::train::backprop::forward_backward;
+use dpo_train::train::optim::GradAccumulator;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -176,7 +180,7 @@ fn a_training_batch_has_trls_gradients() {
     let device = cpu().autodiff();
     let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
     let (rows, seq_len) = (fx.input_ids.len(), fx.input_ids[0].len());
-    let batch = dpo_train::data::Batch {
+    let batch = Batch {
         input_ids: fx.input_ids.concat(),
         attention_mask: Vec::new(),
         completion_mask: fx.completion_mask.concat(),
@@ -184,19 +188,18 @@ fn a_training_batch_has_trls_gradients() {
         rows,
         seq_len,
     };
-    let batch = dpo_train::dpo::logps::DeviceBatch::new(&batch, None, &device);
+    let batch = DeviceBatch::new(&batch, None, &device);
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
-    let mut grads = dpo_train::train::optim::GradAccumulator::default();
-    let (_, loss) =
-        dpo_train::train::backprop::forward_backward(&policy, &batch, true, None, 1.0, &mut grads, |scores| {
-            let pairs = dpo_train::dpo::loss::PairScores::from_scores(&batch, scores, &fx.ref_logps);
-            dpo_train::dpo::loss::dpo_loss(&pairs, &loss_cfg)
-        });
-    let loss = f64::from(dpo_train::dpo::metrics::host(&loss)[0]);
+    let mut grads = GradAccumulator::default();
+    let (_, loss) = forward_backward(&policy, &batch, true, None, 1.0, &mut grads, |scores| {
+        let pairs = PairScores::from_scores(&batch, scores, &fx.ref_logps);
+        dpo_loss(&pairs, &loss_cfg)
+    });
+    let loss = f64::from(host(&loss)[0]);
     assert!(close(loss, fx.loss), "loss {loss}, TRL {}", fx.loss);
     assert_eq!(grads.grads.keys().collect::<Vec<_>>(), fx.grads.keys().collect::<Vec<_>>());
     for (name, want) in &fx.grads {
-        let g: Vec<f64> = dpo_train::dpo::metrics::host(&grads.grads[name]).into_iter().map(f64::from).collect();
+        let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
         let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
         let sum: f64 = g.iter().sum();
         assert!((norm - want.norm).abs() <= 1e-4 * want.norm, "{name}: gradient norm {norm}, TRL {}", want.norm);
