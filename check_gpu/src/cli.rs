@@ -17,6 +17,9 @@ use crate::snapshot::{Snapshot, SnapshotError};
 
 /// Exit code for malformed input files or flags.
 pub const EXIT_BAD_INPUT: u8 = 3;
+/// The largest batch or sequence length accepted (2^20): far beyond any real run, small enough
+/// that every memory product stays exact in 64 bits.
+const MAX_COUNT: u64 = 1 << 20;
 
 /// Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan a data-parallel dpo-train run.
 ///
@@ -39,20 +42,20 @@ pub struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Model size, e.g. `1.5B`, `500M`, `7e9` (shape taken from the nearest well-known model).
+    /// Model size, e.g. `1.5B`, `500M`, `7e9`, up to 1e15 (shape taken from the nearest well-known model).
     #[arg(long, value_name = "N", conflicts_with = "model")]
     pub model_params: Option<String>,
     /// Hugging Face model directory (its config.json gives the exact shape).
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
-    /// Preference pairs per optimizer step over all GPUs.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub global_batch: u64,
-    /// Tokens per sequence (prompt + completion), dpo-train's --max-length.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Tokens per sequence (prompt + completion), dpo-train's --max-length (1 to 1048576).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub seq_len: u64,
-    /// Train LoRA adapters of this rank on q,k,v,o instead of full fine-tuning.
-    #[arg(long, value_name = "RANK", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Train LoRA adapters of this rank on q,k,v,o instead of full fine-tuning (1 to 65536).
+    #[arg(long, value_name = "RANK", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub lora: Option<u64>,
     /// Training precision [default: bf16, or fp16 on GPUs older than compute capability 8.0].
     #[arg(long, value_enum)]
@@ -63,11 +66,11 @@ pub struct Args {
     /// Plan with activation checkpointing (recompute activations in the backward pass).
     #[arg(long)]
     pub gradient_checkpointing: bool,
-    /// Use at most this many GPUs (the best-connected ones).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    /// Use at most this many GPUs (the best-connected ones; 1 to 65536).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub world_size: Option<u64>,
-    /// Global batch the learning rate was tuned at, for the scaling factors.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Global batch the learning rate was tuned at, for the scaling factors (1 to 1048576).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub lr_base_batch: u64,
     /// How CUDA_VISIBLE_DEVICES names the GPUs.
     #[arg(long, value_enum, default_value = "index")]
@@ -114,6 +117,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     };
     Ok(PlanRequest {
         model,
+        model_dir: args.model.clone(),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,
@@ -174,8 +178,9 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
                 render::json(None, &p)
             } else {
                 format!(
-                    "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n",
-                    p.command
+                    "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)\n",
+                    p.command,
+                    crate::plan::CONFIG_PLACEHOLDER
                 )
             };
             if let (Some(path), false) = (&args.save, args.json) {

@@ -114,35 +114,40 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
     let m = req.model;
     let p = m.params;
     let c = req.dtype.bytes();
+    // Saturating throughout: absurd inputs (a 2^60-token sequence) give an estimate that fits
+    // nowhere, never one that wraps around to "ready".
+    let mul = |x: &[u64]| x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y));
     let (weights, gradients, optimizer, reference) = match req.finetune {
         FineTune::Full => {
             let weights = match req.dtype {
-                Dtype::Fp32 => 4 * p,
-                Dtype::Bf16 | Dtype::Fp16 => (2 + 4) * p,
+                Dtype::Fp32 => mul(&[4, p]),
+                Dtype::Bf16 | Dtype::Fp16 => mul(&[2 + 4, p]),
             };
             let reference = match req.reference {
-                Reference::Keep => c * p,
+                Reference::Keep => mul(&[c, p]),
                 Reference::Precompute => 0,
             };
-            (weights, 4 * p, 8 * p, reference)
+            (weights, mul(&[4, p]), mul(&[8, p]), reference)
         }
         FineTune::Lora { rank } => {
             let a = m.lora_params(rank);
-            (c * p + 4 * a, 4 * a, 8 * a, 0)
+            (mul(&[c, p]).saturating_add(mul(&[4, a])), mul(&[4, a]), mul(&[8, a]), 0)
         }
     };
-    let (s, rows, h) = (req.seq_len, 2 * req.micro_batch, m.hidden_size);
+    let (s, rows, h) = (req.seq_len, req.micro_batch.saturating_mul(2), m.hidden_size);
     // Korthikanti et al. without the attention scores: s*b*h*34 bytes at 2 bytes per value.
-    let layer_full = s * rows * 34 * h * c / 2;
+    let layer_full = mul(&[s, rows, 34, h, c]) / 2;
     let activations = if req.gradient_checkpointing {
-        m.num_layers * 2 * s * rows * h * c / 2 + layer_full
+        (mul(&[m.num_layers, 2, s, rows, h, c]) / 2).saturating_add(layer_full)
     } else {
-        m.num_layers * layer_full
+        mul(&[m.num_layers, layer_full])
     };
-    let logits = rows * s * m.vocab_size * 4;
-    let sum = weights + gradients + optimizer + reference + activations + logits;
-    let overhead = sum * OVERHEAD_PERCENT / 100 + CUDA_CONTEXT_BYTES;
-    MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total: sum + overhead }
+    let logits = mul(&[rows, s, m.vocab_size, 4]);
+    let sum =
+        [weights, gradients, optimizer, reference, activations, logits].iter().fold(0u64, |a, &b| a.saturating_add(b));
+    let overhead = (sum.saturating_mul(OVERHEAD_PERCENT) / 100).saturating_add(CUDA_CONTEXT_BYTES);
+    let total = sum.saturating_add(overhead);
+    MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total }
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ pub enum ModelError {
     /// `--model-params` text that is not a count.
     #[error("Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
     Count(String),
+    /// `--model-params` outside the range the estimate handles.
+    #[error("Parameter count `{0}` is out of range: expected 1 to 1e15 (`1000T`)")]
+    CountRange(String),
 }
 
 /// The numbers the memory estimate needs.
@@ -90,17 +93,21 @@ impl ModelShape {
             self.intermediate_size,
             self.vocab_size,
         );
-        let attn = h * a * d + 2 * h * kv * d + a * d * h + if self.qkv_bias { a * d + 2 * kv * d } else { 0 };
-        let layer = attn + 3 * h * i + 2 * h;
-        let lm_head = if self.tied_embeddings { 0 } else { v * h };
-        v * h + self.num_layers * layer + h + lm_head
+        // Saturating: a config.json with absurd sizes gives a count that fits nowhere, not a wrap.
+        let m = |x: &[u64]| x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y));
+        let sum = |x: &[u64]| x.iter().fold(0u64, |acc, &y| acc.saturating_add(y));
+        let bias = if self.qkv_bias { sum(&[m(&[a, d]), m(&[2, kv, d])]) } else { 0 };
+        let attn = sum(&[m(&[h, a, d]), m(&[2, h, kv, d]), m(&[a, d, h]), bias]);
+        let layer = sum(&[attn, m(&[3, h, i]), m(&[2, h])]);
+        let lm_head = if self.tied_embeddings { 0 } else { m(&[v, h]) };
+        sum(&[m(&[v, h]), m(&[self.num_layers, layer]), h, lm_head])
     }
 
     /// LoRA adapter parameters for rank `r` on q, k, v and o: `r*(d_in + d_out)` per matrix.
     pub fn lora_params(&self, rank: u64) -> u64 {
         let (h, q, kv) = (self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim);
-        let per_layer = rank * (h + q) + 2 * rank * (h + kv) + rank * (q + h);
-        self.num_layers * per_layer
+        let per_layer = (h + q).saturating_add(h + kv).saturating_add(h + kv).saturating_add(q + h);
+        self.num_layers.saturating_mul(rank).saturating_mul(per_layer)
     }
 
     /// Reads `DIR/config.json` (or a path to the file itself).
@@ -224,8 +231,11 @@ pub fn parse_param_count(text: &str) -> Result<u64, ModelError> {
     };
     let value: f64 = num.trim().parse().map_err(|_| bad())?;
     let n = value * mult;
-    if !n.is_finite() || !(1.0..=1e15).contains(&n) {
+    if n.is_nan() {
         return Err(bad());
+    }
+    if !(1.0..=1e15).contains(&n) {
+        return Err(ModelError::CountRange(text.to_string()));
     }
     Ok(n.round() as u64)
 }

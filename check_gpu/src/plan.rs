@@ -38,11 +38,17 @@ pub enum DeviceIds {
     Uuid,
 }
 
+/// The config file the printed `dpo-train` command names: the user writes it (their data, and
+/// any key they change from TRL's defaults).
+pub const CONFIG_PLACEHOLDER: &str = "YOUR_CONFIG.toml";
+
 /// The training run to plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanRequest {
     /// `None`: no memory check, micro-batch capped at [`DEFAULT_MICRO_BATCH_CAP`].
     pub model: Option<ModelShape>,
+    /// The model directory given with `--model`: the command trains it.
+    pub model_dir: Option<std::path::PathBuf>,
     /// Preference pairs per optimizer step, over all GPUs.
     pub global_batch: u64,
     /// `--max-length`.
@@ -63,6 +69,7 @@ impl Default for PlanRequest {
     fn default() -> Self {
         PlanRequest {
             model: None,
+            model_dir: None,
             global_batch: 64,
             seq_len: 1024,
             dtype: None,
@@ -192,7 +199,7 @@ impl Plan {
             model: req.model.clone(),
             topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
             env: BTreeMap::new(),
-            command: format!("dpo-train --devices cpu:{}", cpus.max(1)),
+            command: format!("{} --devices cpu:{}", command_head(req), cpus.max(1)),
             warnings: vec![reason],
             notes: Vec::new(),
             alternatives: Vec::new(),
@@ -336,6 +343,25 @@ pub fn list(gpus: &[u32]) -> String {
 /// Parses `550.40.07` into comparable numbers.
 fn driver_tuple(v: &str) -> Vec<u32> {
     v.split('.').map(|p| p.trim().parse().unwrap_or(0)).collect()
+}
+
+/// `dpo-train train --config YOUR_CONFIG.toml`, and the model when `--model` named one.
+fn command_head(req: &PlanRequest) -> String {
+    let mut head = format!("dpo-train train --config {CONFIG_PLACEHOLDER}");
+    if let Some(dir) = &req.model_dir {
+        head.push_str(&format!(" --model-name-or-path {}", shell_word(&dir.display().to_string())));
+    }
+    head
+}
+
+/// `text` as one shell word: quoted when it holds anything but plain path characters.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
@@ -559,7 +585,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
 
     // 6. Batch split.
     let wu = w as u64;
-    let per_rank = if global.is_multiple_of(wu) { global / wu } else { ((global + wu / 2) / wu).max(1) };
+    let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
     let effective = per_rank * wu;
     if effective != global {
         let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d)).unwrap_or(1);
@@ -664,16 +690,18 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         }
     }
 
-    // 8. Command.
+    // 8. Command: every setting the plan assumed, spelled out (dpo-train's own defaults are
+    // TRL's: bf16 and gradient checkpointing on).
     let mut cmd = format!(
-        "dpo-train --gpus {w} --per-device-train-batch-size {micro} --gradient-accumulation-steps {accum} --global-batch-size {effective} --max-length {}",
+        "{} --gpus {w} --per-device-train-batch-size {micro} --gradient-accumulation-steps {accum} --global-batch-size {effective} --max-length {}",
+        command_head(req),
         req.seq_len
     );
-    match dtype {
-        Dtype::Bf16 => cmd.push_str(" --bf16"),
-        Dtype::Fp16 => cmd.push_str(" --fp16"),
-        Dtype::Fp32 => {}
-    }
+    cmd.push_str(match dtype {
+        Dtype::Bf16 => " --bf16",
+        Dtype::Fp16 => " --fp16",
+        Dtype::Fp32 => " --bf16 false",
+    });
     if let FineTune::Lora { rank } = req.finetune {
         // The adapters the estimate counts (dpo-train's own default is q_proj,v_proj, as PEFT's).
         cmd.push_str(&format!(" --lora-r {rank} --lora-target-modules {LORA_TARGETS}"));
@@ -681,9 +709,11 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     if req.reference == Reference::Precompute {
         cmd.push_str(" --precompute-ref-log-probs");
     }
-    if req.gradient_checkpointing {
-        cmd.push_str(" --gradient-checkpointing");
-    }
+    cmd.push_str(if req.gradient_checkpointing {
+        " --gradient-checkpointing"
+    } else {
+        " --gradient-checkpointing false"
+    });
 
     let status = if warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
     Plan {
@@ -832,7 +862,7 @@ mod tests {
         s.system.cpu_count = Some(12);
         let p = plan(&s, &PlanRequest::default());
         assert_eq!(p.status, Status::NotReady);
-        assert_eq!(p.command, "dpo-train --devices cpu:12");
+        assert_eq!(p.command, "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12");
         assert_eq!(p.status.exit_code(), 2);
     }
 

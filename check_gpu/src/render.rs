@@ -350,6 +350,11 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
             let _ = writeln!(o, "  export {k}={v}");
         }
         let _ = writeln!(o, "  {}", plan.command);
+        let _ = writeln!(
+            o,
+            "  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)",
+            crate::plan::CONFIG_PLACEHOLDER
+        );
     }
     o
 }

@@ -97,7 +97,7 @@ fn dgx_a100_uses_all_eight() {
     assert!(v["env"].get("NCCL_P2P_DISABLE").is_none());
     assert_eq!(
         v["command"],
-        "dpo-train --gpus 8 --per-device-train-batch-size 8 --gradient-accumulation-steps 1 --global-batch-size 64 --max-length 1024 --bf16"
+        "dpo-train train --config YOUR_CONFIG.toml --gpus 8 --per-device-train-batch-size 8 --gradient-accumulation-steps 1 --global-batch-size 64 --max-length 1024 --bf16 --gradient-checkpointing false"
     );
 }
 
@@ -163,7 +163,12 @@ fn t4_pair_with_lora_is_ready() {
     assert_eq!(gpus(&v), vec![0, 1]);
     assert_eq!(split(&v), (2, 2, 16, 64));
     let cmd = v["command"].as_str().expect("command");
-    assert!(cmd.contains("--fp16") && cmd.contains("--lora-r 16") && cmd.starts_with("dpo-train --gpus 2 "), "{cmd}");
+    assert!(
+        cmd.contains("--fp16")
+            && cmd.contains("--lora-r 16")
+            && cmd.starts_with("dpo-train train --config YOUR_CONFIG.toml --gpus 2 "),
+        "{cmd}"
+    );
     assert_eq!(v["env"]["OMP_NUM_THREADS"], "4");
 }
 
@@ -327,10 +332,15 @@ fn live_probe_without_driver() {
     assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
     if stdout.contains("NVML could not be loaded") {
         assert_eq!(out.status.code(), Some(2), "{stdout}");
-        assert!(stdout.contains("dpo-train --devices cpu:"), "{stdout}");
+        assert!(stdout.contains("dpo-train train --config YOUR_CONFIG.toml --devices cpu:"), "{stdout}");
         let (code, v) = json_of(&run(&["--json"]));
         assert_eq!(code, 2);
-        assert!(v["command"].as_str().expect("command").starts_with("dpo-train --devices cpu:"));
+        assert!(
+            v["command"]
+                .as_str()
+                .expect("command")
+                .starts_with("dpo-train train --config YOUR_CONFIG.toml --devices cpu:")
+        );
         assert!(warnings(&v)[0].starts_with("NVML could not be loaded"));
     } else {
         // A machine with the driver: the probe must produce a report.
@@ -376,4 +386,52 @@ fn bad_inputs_exit_3_with_one_line() {
     assert_eq!(run(&["--no-such-flag"]).status.code(), Some(3));
     assert_eq!(run(&["--global-batch", "0"]).status.code(), Some(3));
     assert_eq!(run(&["--help"]).status.code(), Some(0));
+}
+
+/// Values at the edge of u64 are refused with the accepted range, never wrapped into a plan.
+#[test]
+fn huge_values_are_refused_with_their_range() {
+    let topo = fixture("t4x2-phb.topo.txt");
+    let topo = topo.to_str().expect("utf-8 path");
+    for (flag, value, range) in [
+        ("--seq-len", "18446744073709551615", "1..=1048576"),
+        ("--global-batch", "18446744073709551615", "1..=1048576"),
+        ("--lr-base-batch", "1048577", "1..=1048576"),
+        ("--lora", "100000", "1..=65536"),
+    ] {
+        let out = run(&["--topo", topo, "--model-params", "1.5B", flag, value]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(range), "{flag} {value}: {stderr}");
+    }
+    let out = run(&["--topo", topo, "--model-params", "1e30"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("Parameter count `1e30` is out of range: expected 1 to 1e15"), "{stderr}");
+    // The largest accepted values plan without overflow: a 1e15-parameter model fits nowhere.
+    let (code, v) =
+        plan_json("t4x2-phb", &["--model-params", "1e15", "--seq-len", "1048576", "--global-batch", "1048576"]);
+    assert_eq!(code, 2, "{v}");
+    assert!(warnings(&v).iter().any(|w| w.starts_with("nothing fits")), "{v}");
+}
+
+/// With `--model DIR` the command trains that directory; the config file is named where it goes.
+#[test]
+fn the_command_names_the_model_directory_and_the_config() {
+    let dir = std::env::temp_dir().join(format!("check-gpu-model-{}", std::process::id()));
+    let model = dir.join("my model");
+    std::fs::create_dir_all(&model).expect("temp dir");
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"model_type":"qwen2","hidden_size":896,"num_hidden_layers":24,"num_attention_heads":14,
+            "num_key_value_heads":2,"intermediate_size":4864,"vocab_size":151936,"tie_word_embeddings":true}"#,
+    )
+    .expect("write");
+    let (code, v) = plan_json("t4x2-phb", &["--model", model.to_str().expect("utf-8 path"), "--lora", "8"]);
+    assert!(code <= 1, "{v}");
+    let cmd = v["command"].as_str().expect("command");
+    let head =
+        format!("dpo-train train --config YOUR_CONFIG.toml --model-name-or-path '{}' --gpus 2 ", model.display());
+    assert!(cmd.starts_with(&head), "{cmd}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
