@@ -24,11 +24,22 @@ fn values(t: Tensor<2>) -> Vec<f32> {
     t.into_data().convert::<f32>().as_slice::<f32>().unwrap().to_vec()
 }
 
+/// The models generation runs on: loaded on the plain device (`generate`), on the autodiff device
+/// (the training policy), and the training policy's inference copy (`valid()`, what the in-training
+/// sampler decodes with). A cached step has one query and several keys: each must see every key.
+fn models_to_decode(name: &str) -> Vec<(&'static str, dpo_train::model::Llama)> {
+    use burn::module::Module;
+    let (_, plain) = model::load(&model_dir(name), &cpu()).unwrap();
+    let (_, trained) = model::load(&model_dir(name), &cpu().autodiff()).unwrap();
+    vec![("plain", plain), ("inference copy of an autodiff model", trained.valid()), ("autodiff", trained)]
+}
+
 #[test]
 fn cached_logits_equal_full_forward_logits() {
-    for name in ["llama", "qwen3", "mistral"] {
-        let device = cpu();
-        let (_, model) = model::load(&model_dir(name), &device).unwrap();
+    for (name, (kind, model)) in
+        ["llama", "qwen3", "mistral"].into_iter().flat_map(|n| models_to_decode(n).into_iter().map(move |m| (n, m)))
+    {
+        let device = if kind == "autodiff" { cpu().autodiff() } else { cpu() };
         let tokens: Vec<u32> = vec![5, 17, 42, 99, 7, 3, 250, 11];
         let mut cache = KvCache::new(model.num_layers());
         let mut cached = values(model.forward_cached(ids(&tokens[..3], &device), &mut cache));
@@ -37,7 +48,7 @@ fn cached_logits_equal_full_forward_logits() {
             let [_, _, v] = full.dims();
             let last = values(full.narrow(1, t - 1, 1).reshape([1, v]));
             let worst = last.iter().zip(&cached).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{name} position {t}: {worst}");
+            assert!(worst < 1e-4, "{name} ({kind}) position {t}: {worst}");
             cached = values(model.forward_cached(ids(&tokens[t..t + 1], &device), &mut cache));
         }
         assert_eq!(cache.len(), tokens.len());
@@ -46,11 +57,17 @@ fn cached_logits_equal_full_forward_logits() {
 
 #[test]
 fn greedy_generation_equals_argmax_of_full_forwards() {
-    let device = cpu();
-    let (_, model) = model::load(&model_dir("llama"), &device).unwrap();
+    for (kind, model) in models_to_decode("llama") {
+        let device = if kind == "autodiff" { cpu().autodiff() } else { cpu() };
+        greedy_equals_argmax(&model, &device, kind);
+    }
+}
+
+fn greedy_equals_argmax(model: &dpo_train::model::Llama, device: &Device, kind: &str) {
+    let (model, device) = (model, device.clone());
     let prompt = vec![30u32, 61, 7, 88];
     let eos = 2;
-    let out = generate(&model, &prompt, 2, eos, &SamplingConfig::greedy(12), &mut rng(0), &device);
+    let out = generate(model, &prompt, 2, eos, &SamplingConfig::greedy(12), &mut rng(0), &device);
     assert_eq!(out[0], out[1], "greedy rows of one prompt agree");
     let mut seq = prompt.clone();
     let mut expected = Vec::new();
@@ -65,5 +82,5 @@ fn greedy_generation_equals_argmax_of_full_forwards() {
         expected.push(next);
         seq.push(next);
     }
-    assert_eq!(out[0], expected);
+    assert_eq!(out[0], expected, "{kind}");
 }

@@ -26,8 +26,11 @@ use burn_tch::{LibTorch, TchTensor};
 
 /// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
 ///
+/// The `Sq` queries are the last `Sq` of the `Sk` key positions (a KV-cache step has one query
+/// and every earlier key): query `i` sees keys `0..=i + Sk - Sq`.
+///
 /// # Shapes
-/// - q, k, v: `[B, H, S, D]` → `[B, H, S, D]`
+/// - q: `[B, H, Sq, D]`, k, v: `[B, H, Sk, D]` with `Sq <= Sk` → `[B, H, Sq, D]`
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let out = <burn::backend::Dispatch as FusedOps>::causal_attention(
         q.into_dispatch(),
@@ -44,9 +47,23 @@ pub trait FusedOps: Backend {
     fn causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)`.
+/// `torch.nn.functional.scaled_dot_product_attention` with the causal mask aligned to the last
+/// query (see [`causal_attention`]). torch's `is_causal` aligns it to the first, which is right
+/// only when `Sq == Sk`: one query attends to every key, other shapes get an explicit mask.
 fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
-    tch::Tensor::scaled_dot_product_attention(q, k, v, None::<tch::Tensor>, 0.0, true, None, false)
+    let (sq, sk) = (q.size()[2], k.size()[2]);
+    let sdpa = |mask: Option<tch::Tensor>, is_causal| {
+        tch::Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, None, false)
+    };
+    match sq {
+        _ if sq == sk => sdpa(None, true),
+        1 => sdpa(None, false),
+        _ => {
+            // `true` where a query may look: key j <= i + (Sk - Sq).
+            let visible = tch::Tensor::ones([sq, sk], (tch::Kind::Bool, q.device())).tril(sk - sq); // [Sq, Sk]
+            sdpa(Some(visible), false)
+        }
+    }
 }
 
 impl FusedOps for LibTorch {
@@ -114,5 +131,42 @@ impl<const N: usize> Recorded<N> {
         let surrogate = (&self.output.tensor * &dy.tensor).sum(None);
         let grads = tch::Tensor::run_backward(&[surrogate], &inputs, false, false);
         ids.into_iter().zip(grads.into_iter().map(TchTensor::new)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, activation::softmax};
+
+    use super::causal_attention;
+
+    /// Attention written out: scores, the mask aligned to the last query, softmax, values.
+    fn reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+        let [_, _, sq, d] = q.dims();
+        let sk = k.dims()[2];
+        let scores = q.matmul(k.swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, Sq, Sk]
+        let mask: Vec<f32> = (0..sq)
+            .flat_map(|i| (0..sk).map(move |j| if j <= i + sk - sq { 0.0 } else { f32::NEG_INFINITY }))
+            .collect();
+        let mask = Tensor::<2>::from_data(burn::tensor::TensorData::new(mask, [sq, sk]), &scores.device());
+        softmax(scores + mask.reshape([1, 1, sq, sk]), 3).matmul(v) // [B, H, Sq, D]
+    }
+
+    #[allow(deprecated)] // burn's libtorch device: this project's backend
+    fn devices() -> [Device; 2] {
+        [Device::libtorch(), Device::libtorch().autodiff()]
+    }
+
+    #[test]
+    fn a_query_shorter_than_its_keys_sees_every_earlier_key() {
+        for device in devices() {
+            for (sq, sk) in [(7, 7), (1, 7), (3, 7), (1, 1)] {
+                let t = |s| Tensor::<4>::random([2, 3, s, 8], Distribution::Normal(0.0, 1.0), &device);
+                let (q, k, v) = (t(sq), t(sk), t(sk));
+                let fused = causal_attention(q.clone(), k.clone(), v.clone());
+                let diff = (fused - reference(q, k, v)).abs().max().into_scalar::<f32>();
+                assert!(diff < 1e-5, "Sq {sq}, Sk {sk}, autodiff {}: max difference {diff}", device.is_autodiff());
+            }
+        }
     }
 }

@@ -12,8 +12,6 @@ use std::path::Path;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::Embedding;
 use burn::tensor::activation::silu;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
 use serde::Deserialize;
 
@@ -100,6 +98,18 @@ pub enum Family {
     Mistral,
     Qwen2,
     Qwen3,
+}
+
+impl Family {
+    /// The `model_type` of `config.json`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
 }
 
 /// A resolved configuration: no optional values left, every family switch explicit.
@@ -357,13 +367,8 @@ impl Attention {
         };
         assert!(offset == 0 || s == 1, "a filled KV cache takes one token at a time");
         let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, T, D]
-        let y = if q.is_autodiff() {
-            super::fused::causal_attention(q, k, v) // [B, H, S, D]
-        } else {
-            // One new query attends to every cached key; a fresh sequence is causal.
-            let options = AttentionModuleOptions { is_causal: s > 1, ..Default::default() };
-            attention(q, k, v, None, None, options) // [B, H, S, D] (torch's fused SDPA)
-        };
+        // The S new queries are the last S of the T positions (one at a time with a filled cache).
+        let y = super::fused::causal_attention(q, k, v); // [B, H, S, D]
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
     }

@@ -42,10 +42,11 @@ impl Rope {
             }
         }
         let shape = [max_positions, head_dim];
-        Self {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
-        }
+        // Constants, never differentiated: kept off the autodiff graph even when the model is
+        // built on an autodiff device, so `Module::valid` (which does not visit them) yields a
+        // model with no autodiff tensor left.
+        let table = |values| Tensor::from_data(TensorData::new(values, shape), device).without_autodiff();
+        Self { cos: table(cos), sin: table(sin) }
     }
 
     /// Number of positions the tables cover.
