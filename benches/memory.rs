@@ -59,14 +59,14 @@ const CASES: [Case; 5] = [
     },
     Case {
         name: "activation checkpointing",
-        keys: "gradient_checkpointing = true\n",
+        keys: "",
         finetune: FineTune::Full,
         reference: Reference::Keep,
         checkpointing: true,
     },
     Case {
         name: "LoRA + checkpointing",
-        keys: "lora_r = 16\nlora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\ngradient_checkpointing = true\n",
+        keys: "lora_r = 16\nlora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\n",
         finetune: FineTune::Lora { rank: LORA_RANK },
         reference: Reference::Keep,
         checkpointing: true,
@@ -94,10 +94,11 @@ fn main() {
     for case in &CASES {
         let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
         let text = format!(
-            "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\n{}",
+            "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = false\ngradient_checkpointing = {}\n{}",
             model.display(),
             data.display(),
             out.path().join(case.name.replace(' ', "_")).display(),
+            case.checkpointing,
             case.keys
         );
         std::fs::write(&config, text).expect("the config is written");
@@ -182,6 +183,7 @@ fn child(config: &Path) {
         device,
         interrupt: &interrupt,
         workers: dpo_train::dist::Workers::single(),
+        config_description: String::new(),
     };
     run(req, &mut Quiet).expect("training runs");
     println!("{baseline} {}", status_bytes("VmHWM:"));

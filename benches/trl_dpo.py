@@ -53,6 +53,7 @@ def main() -> None:
             use_cpu=True,
             report_to=[],
             bf16=a.bf16,
+            gradient_checkpointing=False,  # TRL 1.16 turns it on by default; dpo-train runs without it here
             per_device_train_batch_size=a.batch_size,
             gradient_accumulation_steps=1,
             max_steps=a.steps,

@@ -114,7 +114,8 @@ pub struct TrainRate {
 
 /// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
 /// sigmoid loss, AdamW; no warm-up stage, evaluation, samples or intermediate checkpoints;
-/// constant learning rate) with `extra` flags, and times it.
+/// constant learning rate; f32 without activation checkpointing unless `extra` says otherwise)
+/// with `extra` flags, and times it.
 pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps: usize, extra: &[&str]) -> TrainRate {
     let run = format!("run{}", extra.join("").replace('-', "_"));
     let _ = std::fs::remove_dir_all(out.join(&run));
@@ -122,7 +123,8 @@ pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps
     let text = format!(
         "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\n\
          max_length = 512\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\nlogging_steps = 1\n\
-         save_steps = 0\nnum_samples = 0\nlr_scheduler_type = \"constant\"\nlearning_rate = 1e-6\n",
+         save_steps = 0\nnum_samples = 0\nlr_scheduler_type = \"constant\"\nlearning_rate = 1e-6\n\
+         bf16 = false\ngradient_checkpointing = false\n",
         model.display(),
         data.display(),
         out.display()

@@ -3,8 +3,15 @@
 //!
 //! Every key is declared once, in [`train_config!`], which yields the serde struct, its defaults,
 //! its documentation and a kebab-case CLI flag (`per_device_train_batch_size` →
-//! `--per-device-train-batch-size`). Flags override the file; [`TrainConfig::validate`] then runs once
-//! and the rest of the program only reads the result.
+//! `--per-device-train-batch-size`). The defaults are TRL 1.16's `DPOConfig` defaults wherever TRL
+//! has the key (a key the user leaves out behaves as in TRL); the demo's settings live in
+//! `configs/demo.toml` and apply only to the demo. [`layers`] stacks defaults, a file and flags,
+//! remembers where each value came from, and validates once; the rest of the program only reads
+//! the result.
+
+pub mod layers;
+
+pub use layers::{ConfigFile, Layered, Origin};
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +37,10 @@ pub enum ConfigError {
     Flag { flag: String, message: String },
     #[error("`{key}`: {message}")]
     Invalid { key: &'static str, message: String },
+    /// An invalid value, located where the user set it: `` `c.toml`, line 3: `beta` `` or
+    /// `` `--beta` ``.
+    #[error("{place}: {message}")]
+    At { place: String, key: &'static str, message: String },
 }
 
 /// The learning-rate schedule after warm-up (transformers' `lr_scheduler_type`).
@@ -65,12 +76,25 @@ impl LrScaling {
     }
 }
 
+impl std::fmt::Display for LrScaling {
+    /// The config's spelling (`none`, `linear`, `sqrt`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Linear => "linear",
+            Self::Sqrt => "sqrt",
+        })
+    }
+}
+
 /// How a value of a key is typed on the command line.
 pub trait FlagValue {
     /// Converts the flag's text into the TOML value the file would hold.
     fn parse_flag(text: &str) -> Result<toml::Value, String>;
     /// A short name of the expected type, for `--help`.
     const KIND: &'static str;
+    /// A bare flag (`--bf16`) means `true`.
+    const IS_BOOL: bool = false;
 }
 
 macro_rules! flag_value {
@@ -99,7 +123,6 @@ flag_value! {
     u64 => "INT", int;
     usize => "INT", int;
     i64 => "INT", int;
-    bool => "BOOL", |t: &str| t.parse::<bool>().map(toml::Value::Boolean).map_err(|_| format!("expected true or false, got `{t}`"));
     String => "TEXT", string;
     PathBuf => "PATH", string;
     LossType => "TYPE", string;
@@ -108,8 +131,17 @@ flag_value! {
     LrScaling => "TYPE", string;
 }
 
+impl FlagValue for bool {
+    const KIND: &'static str = "BOOL";
+    const IS_BOOL: bool = true;
+    fn parse_flag(text: &str) -> Result<toml::Value, String> {
+        text.parse::<bool>().map(toml::Value::Boolean).map_err(|_| format!("expected true or false, got `{text}`"))
+    }
+}
+
 impl<T: FlagValue> FlagValue for Option<T> {
     const KIND: &'static str = T::KIND;
+    const IS_BOOL: bool = T::IS_BOOL;
     fn parse_flag(text: &str) -> Result<toml::Value, String> {
         T::parse_flag(text)
     }
@@ -153,7 +185,7 @@ macro_rules! train_config {
                 name: stringify!($name),
                 kind: <$ty as FlagValue>::KIND,
                 doc: $doc,
-                is_bool: stringify!($ty).as_bytes()[0] == b'b' && stringify!($ty).len() == 4,
+                is_bool: <$ty as FlagValue>::IS_BOOL,
             }, )*
         ];
 
@@ -168,15 +200,15 @@ macro_rules! train_config {
 
 train_config! {
     // --- model and data ---
-    /// Policy to train: a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo's random model.
-    model_name_or_path: String = "demo".to_owned(),
+    /// Policy to train (required): a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo.
+    model_name_or_path: String = String::new(),
     /// Reference model directory [default: a frozen copy of the starting policy].
     ref_model_name_or_path: Option<PathBuf> = None,
     /// Directory with tokenizer.json [default: the policy's directory].
     tokenizer_name_or_path: Option<PathBuf> = None,
-    /// Training preference data (.jsonl, .json, .csv), or `demo` for the synthetic demo task.
-    train_file: String = "demo".to_owned(),
-    /// Held-out data for evaluations and samples [default: none, or the demo's validation split].
+    /// Training preference data (required): .jsonl, .json or .csv, or `demo` for the synthetic demo task.
+    train_file: String = String::new(),
+    /// Held-out data for evaluations and samples [default: none: no evaluation].
     eval_file: Option<String> = None,
     /// Test data, scored and sampled once at the end.
     test_file: Option<String> = None,
@@ -224,14 +256,14 @@ train_config! {
     lora_target_modules: Vec<String> = Vec::new(),
     /// With LoRA, also write final/merged: the base with the adapters folded in, as a full HF model.
     merge: bool = false,
-    /// bfloat16 mixed precision: half-precision weights and activations over f32 master weights and optimizer state.
-    bf16: bool = false,
+    /// bfloat16 mixed precision: half-precision weights and activations over f32 master weights and optimizer state [default: true unless fp16, as TRL].
+    bf16: Option<bool> = None,
     /// float16 mixed precision, with dynamic loss scaling.
     fp16: bool = false,
-    /// Recompute each decoder layer's activations in the backward pass instead of keeping them.
-    gradient_checkpointing: bool = false,
+    /// Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's default: on).
+    gradient_checkpointing: bool = true,
     // --- optimisation ---
-    /// Peak learning rate of AdamW.
+    /// Peak learning rate of AdamW (> 0).
     learning_rate: f64 = 1e-6,
     /// Decoupled weight decay (not applied to norms, biases and embeddings).
     weight_decay: f64 = 0.0,
@@ -323,23 +355,37 @@ impl TrainConfig {
             let value = parse_key(key, text)
                 .ok_or_else(|| ConfigError::Flag { flag: flag.clone(), message: "unknown option".to_owned() })?
                 .map_err(|message| ConfigError::Flag { flag: flag.clone(), message })?;
+            // Checked alone, so a bad value is blamed on its own flag.
+            let alone = toml::Table::from_iter([(key.clone(), value.clone())]);
+            toml::Value::Table(alone)
+                .try_into::<Self>()
+                .map_err(|e| ConfigError::Flag { flag: flag.clone(), message: with_suggestion(e.message()) })?;
             table.insert(key.clone(), value);
         }
-        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Flag {
-            flag: overrides.last().map(|(k, _)| k.replace('_', "-")).unwrap_or_default(),
-            message: e.message().to_owned(),
-        })
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid { key: "config", message: e.message().to_owned() })
     }
 
-    /// Rejects values out of range, naming the key.
+    /// Rejects missing and out-of-range values, naming the key ([`Layered::validate`] adds where
+    /// the value was set).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
-        self.loss().validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
-        if !(self.learning_rate >= 0.0 && self.learning_rate.is_finite()) {
-            return invalid("learning_rate", format!("must be >= 0, got {}", self.learning_rate));
+        if self.model_name_or_path.is_empty() {
+            return invalid(
+                "model_name_or_path",
+                "is required: a Hugging Face model directory (`--model DIR`), or `demo`".to_owned(),
+            );
         }
-        if !(self.sft_learning_rate >= 0.0 && self.sft_learning_rate.is_finite()) {
-            return invalid("sft_learning_rate", format!("must be >= 0, got {}", self.sft_learning_rate));
+        if self.train_file.is_empty() {
+            return invalid("train_file", "is required: the training preference data (`--data FILE`)".to_owned());
+        }
+        self.loss().validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return invalid("learning_rate", format!("must be > 0, got {}", self.learning_rate));
+        }
+        if self.sft_steps > 0 && !(self.sft_learning_rate > 0.0 && self.sft_learning_rate.is_finite()) {
+            return invalid("sft_learning_rate", format!("must be > 0, got {}", self.sft_learning_rate));
         }
         if self.weight_decay < 0.0 {
             return invalid("weight_decay", format!("must be >= 0, got {}", self.weight_decay));
@@ -392,7 +438,7 @@ impl TrainConfig {
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
-        if self.bf16 && self.fp16 {
+        if self.bf16 == Some(true) && self.fp16 {
             return invalid("fp16", "cannot be combined with `bf16`: choose one precision".to_owned());
         }
         self.lora().map_err(|(key, message)| ConfigError::Invalid { key, message })?;
@@ -415,9 +461,14 @@ impl TrainConfig {
             .transpose()
     }
 
+    /// Whether bf16 mixed precision is on: as set, else on unless fp16 is (TRL's `bf16 = not fp16`).
+    pub fn bf16(&self) -> bool {
+        self.bf16.unwrap_or(!self.fp16)
+    }
+
     /// The dtype of weights and activations in the forward pass (master weights stay f32).
     pub fn compute_dtype(&self) -> FloatDType {
-        match (self.bf16, self.fp16) {
+        match (self.bf16(), self.fp16) {
             (true, _) => FloatDType::BF16,
             (_, true) => FloatDType::F16,
             _ => FloatDType::F32,
@@ -454,8 +505,33 @@ impl TrainConfig {
 /// Turns a TOML error into one line naming the file, line and key.
 fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
     let line = e.span().map_or(0, |span| text[..span.start.min(text.len())].matches('\n').count() + 1);
-    let message = e.message().lines().next().unwrap_or("invalid TOML").to_owned();
-    ConfigError::Toml { path: origin.to_owned(), line, message }
+    let message = e.message().lines().next().unwrap_or("invalid TOML");
+    ConfigError::Toml { path: origin.to_owned(), line, message: with_suggestion(message) }
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`, ..." (all 60-odd keys) becomes "unknown
+/// key `x`; did you mean `a`?"; an unknown variant gets the same hint when one is close.
+fn with_suggestion(message: &str) -> String {
+    let quoted = |s: &str| -> Vec<String> { s.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
+    let (kind, rest) = if let Some(rest) = message.strip_prefix("unknown field ") {
+        ("key", rest)
+    } else if let Some(rest) = message.strip_prefix("unknown variant ") {
+        ("value", rest)
+    } else {
+        return message.to_owned();
+    };
+    let names = quoted(rest);
+    let Some((given, candidates)) = names.split_first() else { return message.to_owned() };
+    let closest = candidates
+        .iter()
+        .map(|c| (strsim::levenshtein(given, c), c))
+        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
+        .min_by_key(|(d, _)| *d);
+    match (closest, kind) {
+        (Some((_, best)), _) => format!("unknown {kind} `{given}`; did you mean `{best}`?"),
+        (None, "key") => format!("unknown key `{given}` (`dpo-train --help` lists every key)"),
+        (None, _) => message.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -493,31 +569,33 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_line() {
         let err = TrainConfig::from_toml_str("beta = 0.1\nlearning_rat = 1e-5\n", "c.toml").unwrap_err();
-        assert_eq!(
-            err.to_string().split(',').take(2).collect::<Vec<_>>().join(","),
-            "`c.toml`, line 2: unknown field `learning_rat`"
-        );
+        assert_eq!(err.to_string(), "`c.toml`, line 2: unknown key `learning_rat`; did you mean `learning_rate`?");
+        let err = TrainConfig::from_toml_str("temperature = 1\n", "c.toml").unwrap_err();
+        assert_eq!(err.to_string(), "`c.toml`, line 1: unknown key `temperature` (`dpo-train --help` lists every key)");
         let err = TrainConfig::from_toml_str("beta = \"high\"\n", "c.toml").unwrap_err();
         assert!(err.to_string().starts_with("`c.toml`, line 1: "), "{err}");
         let err = TrainConfig::default().with_overrides(&[("beta".into(), "x".into())]).unwrap_err();
         assert_eq!(err.to_string(), "`--beta`: expected a number, got `x`");
         let err = TrainConfig::default().with_overrides(&[("loss_type".into(), "sigmoidd".into())]).unwrap_err();
-        assert!(err.to_string().starts_with("`--loss-type`: unknown variant `sigmoidd`"), "{err}");
+        assert_eq!(err.to_string(), "`--loss-type`: unknown value `sigmoidd`; did you mean `sigmoid`?");
     }
 
     #[test]
     fn out_of_range_values_are_rejected_by_key() {
         let check = |toml: &str, key: &str| {
-            let err = TrainConfig::from_toml_str(toml, "c.toml").unwrap().validate().unwrap_err();
+            let toml = format!("model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n{toml}");
+            let err = TrainConfig::from_toml_str(&toml, "c.toml").unwrap().validate().unwrap_err();
             assert!(err.to_string().starts_with(&format!("`{key}`")), "{toml}: {err}");
         };
         check("learning_rate = -1e-5", "learning_rate");
+        check("learning_rate = 0.0", "learning_rate");
         check("beta = 0.0", "beta");
         check("beta = -0.1", "beta");
         check("loss_type = [\"robust\"]\nlabel_smoothing = 0.5", "label_smoothing");
         check("per_device_train_batch_size = 0", "per_device_train_batch_size");
         check("gradient_accumulation_steps = 0", "gradient_accumulation_steps");
         check("warmup_ratio = 1.5", "warmup_ratio");
-        assert!(TrainConfig::default().validate().is_ok());
+        let required = TrainConfig::default().validate().unwrap_err();
+        assert!(required.to_string().starts_with("`model_name_or_path`: is required"), "{required}");
     }
 }
