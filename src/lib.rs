@@ -21,13 +21,24 @@ pub mod tokenizer;
 pub mod train;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,
-/// model files), 2 for failures of the run itself.
+/// model files), 2 for failures of the run itself (a full disk, a lost worker).
 pub fn exit_code(err: &anyhow::Error) -> u8 {
+    let runtime = err.chain().any(|e| {
+        matches!(e.downcast_ref(), Some(model::weights::WeightsError::Write { .. }))
+            || matches!(e.downcast_ref(), Some(train::checkpoint::CheckpointError::Write { .. }))
+    });
+    if runtime {
+        return 2;
+    }
     let user_input = err.chain().any(|e| {
         e.is::<data::DataError>()
             || e.is::<tokenizer::TokenizerError>()
             || e.is::<model::ModelError>()
+            || e.is::<model::CompatError>()
+            || e.is::<model::AdapterError>()
             || e.is::<model::weights::WeightsError>()
+            || e.is::<generate::GenerateError>()
+            || e.is::<dist::EnvError>()
             || e.is::<dpo::loss::LossConfigError>()
             || e.is::<eval::EvalError>()
             || e.is::<config::ConfigError>()

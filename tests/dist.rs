@@ -32,7 +32,7 @@ fn run(world: usize, role: &str, extra: &[(&str, &str)]) -> (Result<(), LaunchEr
         vars.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         vars
     };
-    let result = dist::launch(world, env, &worker_args());
+    let result = dist::launch(world, env, &worker_args()).map(|_| ());
     (result, started.elapsed())
 }
 

@@ -6,13 +6,21 @@
 //! Local rank 0's stdout and stderr appear live; the other ranks' stdout is dropped and the last
 //! lines of their stderr are kept for the error report. When a worker fails, the others are killed
 //! (torchrun's default "fail fast"), so one lost rank cannot leave the rest waiting on a collective.
+//!
+//! Interrupts: the workers run in their own process group, so a Ctrl-C at the terminal reaches
+//! only the launcher, which forwards each SIGINT (or SIGTERM) it gets to every worker once; the
+//! workers agree to stop, save one checkpoint together and exit 130, and the launch reports
+//! [`LaunchOutcome::Interrupted`]. A worker dies with its launcher (`PR_SET_PDEATHSIG`), so a
+//! killed launcher never leaves workers behind.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,6 +34,17 @@ const READER_GRACE: Duration = Duration::from_secs(2);
 
 /// The variable that carries the per-rank thread count to dpo-train (besides `OMP_NUM_THREADS`).
 pub const THREADS_VAR: &str = "DPO_TRAIN_THREADS";
+/// The exit code of a process stopped by an interrupt (128 + SIGINT, as shells report it).
+pub const INTERRUPTED_EXIT: i32 = 130;
+
+/// How a launch ended when no worker failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchOutcome {
+    /// Every worker finished.
+    Finished,
+    /// The workers stopped on an interrupt (exit 130), after saving.
+    Interrupted,
+}
 
 /// This node's part of a multi-node job (`torchrun --nnodes --node-rank --master-addr
 /// --master-port`). Global rank = `node_rank * nproc_per_node + local_rank`.
@@ -100,18 +119,21 @@ pub fn launch(
     world_size: usize,
     per_rank_env: impl Fn(usize) -> Vec<(String, String)>,
     args: &[OsString],
-) -> Result<(), LaunchError> {
-    launch_node(&NodeSpec::local(world_size)?, per_rank_env, args)
+) -> Result<LaunchOutcome, LaunchError> {
+    launch_node(&NodeSpec::local(world_size)?, per_rank_env, args, &AtomicUsize::new(0))
 }
 
 /// Runs this node's `nproc_per_node` workers of a (possibly multi-node) job and waits for them.
+/// Each increment of `interrupts` (the launcher's own Ctrl-C / SIGTERM count) is forwarded to
+/// every worker as one SIGINT.
 pub fn launch_node(
     spec: &NodeSpec,
     per_rank_env: impl Fn(usize) -> Vec<(String, String)>,
     args: &[OsString],
-) -> Result<(), LaunchError> {
+    interrupts: &AtomicUsize,
+) -> Result<LaunchOutcome, LaunchError> {
     let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
-    run_workers(&program, spec, &per_rank_env, args)
+    run_workers(&program, spec, &per_rank_env, args, interrupts)
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; another process could take it in between,
@@ -153,7 +175,8 @@ fn run_workers(
     spec: &NodeSpec,
     per_rank_env: &dyn Fn(usize) -> Vec<(String, String)>,
     args: &[OsString],
-) -> Result<(), LaunchError> {
+    interrupts: &AtomicUsize,
+) -> Result<LaunchOutcome, LaunchError> {
     if spec.nproc_per_node == 0 || spec.nnodes == 0 {
         return Err(LaunchError::Invalid("at least one node and one process per node are needed".into()));
     }
@@ -183,7 +206,20 @@ fn run_workers(
             .envs(per_rank_env(rank))
             .stdin(Stdio::null())
             .stdout(if local_rank == 0 { Stdio::inherit() } else { Stdio::null() })
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // Its own process group: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
+            .process_group(0);
+        // SAFETY: `prctl` is async-signal-safe and touches no memory of the parent; it runs in the
+        // forked child before `exec`.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Die with the launcher (it is the only one that watches the workers).
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = match cmd.spawn() {
             Ok(child) => child,
             Err(source) => {
@@ -201,7 +237,14 @@ fn run_workers(
     }
 
     let mut running: Vec<bool> = vec![true; workers.len()];
+    let mut forwarded = 0;
+    let mut interrupted = false;
     while running.iter().any(|&r| r) {
+        let asked = interrupts.load(Ordering::SeqCst);
+        if asked > forwarded {
+            forwarded = asked;
+            signal_running(&mut workers, &running, libc::SIGINT);
+        }
         for (i, worker) in workers.iter_mut().enumerate() {
             if !running[i] {
                 continue;
@@ -216,7 +259,10 @@ fn run_workers(
                 }
             };
             running[i] = false;
-            if !status.success() {
+            // Every rank stops on an interrupt together (they agree before each step).
+            if status.code() == Some(INTERRUPTED_EXIT) {
+                interrupted = true;
+            } else if !status.success() {
                 let (rank, last_line) = (worker.rank, worker.last_line());
                 kill_all(&mut workers);
                 return Err(LaunchError::RankFailed { rank, status: describe(status), last_line });
@@ -227,7 +273,18 @@ fn run_workers(
     for worker in &mut workers {
         worker.last_line();
     }
-    Ok(())
+    Ok(if interrupted { LaunchOutcome::Interrupted } else { LaunchOutcome::Finished })
+}
+
+/// Sends `signal` to every worker still running.
+fn signal_running(workers: &mut [Worker], running: &[bool], signal: i32) {
+    for (worker, _) in workers.iter_mut().zip(running).filter(|(_, r)| **r) {
+        if let Ok(pid) = i32::try_from(worker.child.id()) {
+            // SAFETY: `kill` has no memory effects; the pid is our unreaped child, so it cannot
+            // have been reused by another process.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
 }
 
 /// Copies a worker's stderr line by line into `tail` (the last [`KEPT_LINES`]), echoing it to
@@ -287,7 +344,7 @@ mod tests {
     #[test]
     fn invalid_specs_are_rejected_before_spawning() {
         let spec = NodeSpec { nnodes: 2, node_rank: 2, nproc_per_node: 1, master_addr: "n0".into(), master_port: 1 };
-        let err = launch_node(&spec, |_| Vec::new(), &[]).unwrap_err();
+        let err = launch_node(&spec, |_| Vec::new(), &[], &AtomicUsize::new(0)).unwrap_err();
         assert_eq!(err.to_string(), "Invalid launch: node rank 2 is not below the node count 2");
         assert!(free_port().unwrap() > 0);
     }

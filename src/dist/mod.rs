@@ -22,7 +22,7 @@ pub mod workers;
 mod bridge;
 
 pub use env::{EnvError, EnvSource, WorkerEnv};
-pub use launcher::{LaunchError, NodeSpec, launch, launch_node};
+pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};
 pub use process_group::{Backend, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth};
 pub use sampler::{RankStep, ShardError, rank_step, shard_step};
 pub use slurm::{SlurmOptions, sbatch_script};

@@ -1,0 +1,308 @@
+//! Every flag of `dpo-train`, declared once with its help text (as ripgrep's `flags/defs.rs`):
+//! the subcommands, the config-key flags generated from [`crate::config::KEYS`], and the device
+//! and data-parallel flags. Parsing only; nothing here does I/O.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::KEYS;
+use crate::dpo::loss::LossConfig;
+
+/// Direct Preference Optimization for Hugging Face Llama-family models.
+///
+/// Bare `dpo-train` runs the embedded demo (synthetic task, random model, SFT warm-up, DPO) in a
+/// few minutes on a CPU. `dpo-train train --model DIR --data FILE` trains your model with TRL's
+/// DPOConfig defaults for every key you do not set (in `--config FILE` or as flags).
+#[derive(Debug, Parser)]
+#[command(name = "dpo-train", version, about, long_about, max_term_width = 100, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train with DPO (after an optional supervised warm-up): the main job.
+    Train(TrainArgs),
+    /// Supervised fine-tuning on the chosen completions (NLL), to warm up a base model.
+    Sft(TrainArgs),
+    /// Evaluate a policy against a reference on a preference dataset: TRL's loss and metrics.
+    Eval(EvalArgs),
+    /// Sample completions of prompts with a KV cache.
+    Generate(GenerateArgs),
+    /// Re-render a run's plots from metrics.csv, or overlay several runs.
+    Plot(PlotArgs),
+    /// Data utilities.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Print an sbatch script that runs `dpo-train train` on a SLURM cluster, one task per GPU.
+    Slurm(SlurmArgs),
+}
+
+/// `dpo-train slurm` flags.
+#[derive(Debug, Args)]
+pub struct SlurmArgs {
+    /// Nodes to allocate.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// GPUs (and so tasks) per node.
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: usize,
+    /// The training config the job runs.
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Wall-clock limit (SLURM syntax).
+    #[arg(long, default_value = "24:00:00")]
+    pub time: String,
+    /// Partition [default: the cluster's].
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Job name.
+    #[arg(long, default_value = "dpo-train")]
+    pub job_name: String,
+    /// CPU cores per task.
+    #[arg(long, default_value_t = 8)]
+    pub cpus_per_task: usize,
+    /// Host memory per GPU (SLURM syntax).
+    #[arg(long, default_value = "64G")]
+    pub mem_per_gpu: String,
+}
+
+/// `dpo-train train` / `sft` flags: a config file, then one flag per config key.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// TOML config (keys as TRL's DPOConfig); keys it leaves out take TRL's defaults [default:
+    /// the embedded demo's config when no model is given, else none].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue a run from its latest checkpoint, with the config it saved: RUN_DIR, or without
+    /// a value the newest run under output_dir.
+    #[arg(long, value_name = "RUN_DIR", num_args = 0..=1)]
+    pub resume: Option<Option<PathBuf>>,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+    #[command(flatten)]
+    pub overrides: ConfigOverrides,
+}
+
+/// Where a command runs: one device, or one worker process per device.
+#[derive(Debug, Args)]
+pub struct ParallelArgs {
+    /// Where to run: `cpu`, `cuda` or `cuda:N` (a torchrun/SLURM worker takes `cuda:LOCAL_RANK`).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceArg,
+    /// Data-parallel over CUDA devices: a count (`2`: devices 0 and 1), a list (`0,2`; `3,` is
+    /// device 3 alone), or `auto` (the devices check-gpu selects). One device runs as one process.
+    #[arg(long, value_name = "N|LIST|auto", conflicts_with = "devices")]
+    pub gpus: Option<String>,
+    /// Data-parallel over CPU processes: `cpu:N` (the cores are divided between them).
+    #[arg(long, value_name = "cpu:N")]
+    pub devices: Option<String>,
+    /// Nodes of a multi-node job started by hand on every node (with --node-rank, --master-addr).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index in a multi-node job.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Address of node 0 in a multi-node job.
+    #[arg(long)]
+    pub master_addr: Option<String>,
+    /// Rendezvous port on node 0 [default: a free one on a single node, 29500 across nodes].
+    #[arg(long)]
+    pub master_port: Option<u16>,
+}
+
+/// `--<key> VALUE` for every config key, applied on top of the file. The model and data keys
+/// also answer to `eval`'s and `generate`'s short names (`--model`, `--ref-model`, `--data`,
+/// `--tokenizer`).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigOverrides(pub Vec<(String, String)>);
+
+impl clap::FromArgMatches for ConfigOverrides {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut out = Self::default();
+        out.update_from_arg_matches(matches)?;
+        Ok(out)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for key in KEYS {
+            if let Some(value) = matches.get_one::<String>(key.name) {
+                self.0.push((key.name.to_owned(), value.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for ConfigOverrides {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        KEYS.iter().fold(cmd.next_help_heading("Config keys (override the file)"), |cmd, key| {
+            let arg = clap::Arg::new(key.name)
+                .long(key.name.replace('_', "-"))
+                .visible_aliases(short_names(key.name))
+                .value_name(key.kind)
+                .help(key.doc.trim())
+                // `-1e-5` is a value here, not a flag.
+                .allow_hyphen_values(matches!(key.kind, "NUM" | "INT" | "LIST"))
+                .action(clap::ArgAction::Set);
+            cmd.arg(if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg })
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// The names `eval` and `generate` use for the same things.
+fn short_names(key: &str) -> &'static [&'static str] {
+    match key {
+        "model_name_or_path" => &["model"],
+        "ref_model_name_or_path" => &["ref-model"],
+        "tokenizer_name_or_path" => &["tokenizer"],
+        "train_file" => &["data"],
+        _ => &[],
+    }
+}
+
+/// `dpo-train generate` flags.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Prompts: a text file with one prompt per line, or a .jsonl with a `prompt` field.
+    #[arg(long, value_name = "FILE")]
+    pub prompts: PathBuf,
+    /// Tokens to generate per sample.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 decodes greedily.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Nucleus sampling: keep the smallest token set of this total probability.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: usize,
+    /// Seed of the sampler (prompt i samples from seed + i, whatever the device count).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
+    /// Print one JSON object per prompt instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `dpo-train plot` flags.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// Run directories (each with metrics.csv); several are overlaid.
+    #[arg(required = true, value_name = "RUN_DIR")]
+    pub runs: Vec<PathBuf>,
+    /// Where overlaid plots go [default: the first run's `compare/`].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// `dpo-train data` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Write the demo's synthetic preference data (train/val/test JSONL).
+    Synth(SynthArgs),
+}
+
+/// `dpo-train data synth` flags.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output: a .jsonl file (the train split; val/test beside it) or a directory.
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Training pairs.
+    #[arg(long, default_value_t = 2000)]
+    pub train: usize,
+    /// Validation pairs.
+    #[arg(long, default_value_t = 200)]
+    pub val: usize,
+    /// Test pairs.
+    #[arg(long, default_value_t = 200)]
+    pub test: usize,
+}
+
+/// `dpo-train eval` flags.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Reference model directory [default: a LoRA adapter's base with the adapter off, else the policy itself].
+    #[arg(long, value_name = "DIR")]
+    pub ref_model: Option<PathBuf>,
+    /// Directory holding tokenizer.json and tokenizer_config.json [default: the policy's].
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
+    /// Preference data: .jsonl, .json (an array) or .csv.
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
+    /// Skip malformed rows (reporting their lines) instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
+    #[command(flatten)]
+    pub loss: LossConfig,
+    /// Tokens kept per sequence, prompt included (truncation keeps the start).
+    #[arg(long, default_value_t = 1024)]
+    pub max_length: usize,
+    /// Pairs per forward pass; results do not depend on it.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Where to run: `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceArg,
+    /// Print one JSON object whose keys are TRL's metric names.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Dataset column names.
+#[derive(Debug, Args)]
+pub struct ColumnArgs {
+    /// Column holding the prompt (absent: the shared prefix of chosen and rejected).
+    #[arg(long, default_value = "prompt")]
+    pub prompt_column: String,
+    /// Column holding the preferred completion.
+    #[arg(long, default_value = "chosen")]
+    pub chosen_column: String,
+    /// Column holding the dispreferred completion.
+    #[arg(long, default_value = "rejected")]
+    pub rejected_column: String,
+}
+
+/// A parsed `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda(usize),
+}
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    match s {
+        "cpu" => Ok(DeviceArg::Cpu),
+        "cuda" => Ok(DeviceArg::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|i| i.parse().ok())
+            .map(DeviceArg::Cuda)
+            .ok_or_else(|| format!("expected `cpu`, `cuda` or `cuda:N`, got `{s}`")),
+    }
+}

@@ -1,0 +1,261 @@
+//! Where a command runs: alone on one device, as one worker of a job (started by our launcher,
+//! torchrun or SLURM), or as the launcher of this node's workers.
+//!
+//! Two rules keep a job finite: a process that has worker variables never launches, whatever the
+//! world size (our launcher sets them, so a worker cannot start workers), and a single device runs
+//! as one process with no launcher at all (`--devices cpu:1`, `--gpus 1`, `--gpus 3`).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use burn::tensor::Device;
+
+use super::args::{DeviceArg, ParallelArgs};
+use super::interrupt;
+use crate::dist::launcher::{LaunchOutcome, THREADS_VAR, free_port};
+use crate::dist::{self, Backend, DistConfig, EnvSource, NodeSpec, ProcessGroup, WorkerEnv};
+
+/// Bad device or data-parallel flags, named.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchFlagError {
+    #[error("`--devices {0}`: expected `cpu:N` with N >= 1")]
+    Devices(String),
+    #[error("`--gpus {0}`: expected a count, a comma-separated list of indices, or `auto`")]
+    Gpus(String),
+    #[error("`--gpus {spec}`: {found} CUDA device(s) found; run on CPU processes with `--devices cpu:{wanted}`")]
+    TooFewGpus { spec: String, found: usize, wanted: usize },
+    #[error("`--gpus auto`: {0}")]
+    Auto(String),
+    #[error("`--device {device}`: {found} CUDA device(s) found; run with `--device cpu`")]
+    NoCuda { device: String, found: usize },
+}
+
+/// What this process does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Runs by itself on this device.
+    Alone(DeviceArg),
+    /// One rank of a job of several processes, on this device.
+    Worker(DeviceArg),
+    /// Starts this node's workers and waits for them.
+    Launcher(LaunchPlan),
+}
+
+/// What a launcher starts: processes per node and the devices they see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchPlan {
+    pub nproc: usize,
+    pub cuda: bool,
+    /// `CUDA_VISIBLE_DEVICES` for every worker (each takes the device of its local rank).
+    pub visible: Option<String>,
+}
+
+/// Decides this process's role from its flags and worker variables; `cuda_devices` counts the
+/// CUDA devices torch sees (asked only when a CUDA device is involved).
+pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> usize) -> Result<Role, LaunchFlagError> {
+    if worker.source != EnvSource::Single {
+        // Started by a launcher: the job is already laid out; never launch again.
+        let device = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) {
+            check_cuda(DeviceArg::Cuda(worker.local_rank), &cuda_devices)?
+        } else {
+            DeviceArg::Cpu
+        };
+        return Ok(if worker.is_distributed() { Role::Worker(device) } else { Role::Alone(device) });
+    }
+    let single_node = par.nnodes <= 1;
+    if let Some(spec) = &par.devices {
+        let n = spec.strip_prefix("cpu:").and_then(|n| n.parse::<usize>().ok()).filter(|&n| n >= 1);
+        let nproc = n.ok_or_else(|| LaunchFlagError::Devices(spec.clone()))?;
+        if nproc == 1 && single_node {
+            return Ok(Role::Alone(DeviceArg::Cpu));
+        }
+        return Ok(Role::Launcher(LaunchPlan { nproc, cuda: false, visible: None }));
+    }
+    if let Some(spec) = &par.gpus {
+        let found = cuda_devices();
+        let ids = gpu_ids(spec, found)?;
+        if let ([only], true) = (ids.as_slice(), single_node) {
+            return Ok(Role::Alone(DeviceArg::Cuda(*only)));
+        }
+        let visible = ids.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        return Ok(Role::Launcher(LaunchPlan { nproc: ids.len(), cuda: true, visible: Some(visible) }));
+    }
+    Ok(Role::Alone(check_cuda(par.device, &cuda_devices)?))
+}
+
+/// The CUDA device indices of a `--gpus` value.
+fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
+    let ids: Vec<usize> = if spec == "auto" {
+        let snapshot = check_gpu::probe_live().map_err(|e| LaunchFlagError::Auto(e.to_string()))?;
+        let plan = check_gpu::plan(&snapshot, &check_gpu::PlanRequest::default());
+        if plan.gpus.is_empty() {
+            return Err(LaunchFlagError::Auto("check-gpu selected no usable GPU".into()));
+        }
+        plan.gpus.iter().map(|&g| g as usize).collect()
+    } else if let Ok(n) = spec.parse::<usize>() {
+        (0..n).collect()
+    } else {
+        // `3,` is the one-element list (a bare `3` is a count).
+        spec.strip_suffix(',')
+            .unwrap_or(spec)
+            .split(',')
+            .map(|i| i.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| LaunchFlagError::Gpus(spec.to_owned()))?
+    };
+    if ids.is_empty() {
+        return Err(LaunchFlagError::Gpus(spec.to_owned()));
+    }
+    if ids.iter().any(|&i| i >= found) {
+        return Err(LaunchFlagError::TooFewGpus { spec: spec.to_owned(), found, wanted: ids.len() });
+    }
+    Ok(ids)
+}
+
+/// A CUDA device must exist before anything touches it (torch would abort the process).
+fn check_cuda(device: DeviceArg, cuda_devices: &impl Fn() -> usize) -> Result<DeviceArg, LaunchFlagError> {
+    match device {
+        DeviceArg::Cuda(i) => {
+            let found = cuda_devices();
+            if i < found { Ok(device) } else { Err(LaunchFlagError::NoCuda { device: format!("cuda:{i}"), found }) }
+        }
+        DeviceArg::Cpu => Ok(device),
+    }
+}
+
+/// The burn device of a checked [`DeviceArg`].
+#[allow(deprecated)] // burn marks its libtorch devices deprecated; libtorch is this project's backend.
+pub fn device(arg: DeviceArg) -> Device {
+    match arg {
+        DeviceArg::Cpu => Device::libtorch(),
+        DeviceArg::Cuda(i) => Device::libtorch_cuda(i),
+    }
+}
+
+/// A plain `--device` checked for existence: for the commands that never launch.
+pub fn single_device(arg: DeviceArg) -> Result<Device, LaunchFlagError> {
+    Ok(device(check_cuda(arg, &cuda_device_count)?))
+}
+
+fn cuda_device_count() -> usize {
+    usize::try_from(tch::Cuda::device_count()).unwrap_or(0)
+}
+
+/// Where this process ended up.
+pub enum Placed {
+    /// It launched the workers, which ran the command.
+    Launched(LaunchOutcome),
+    /// It runs the command itself: on `device`, in `group` when one of several ranks.
+    Here { device: Device, group: Option<ProcessGroup>, worker: WorkerEnv },
+}
+
+/// Places this process ([`role`]): launches the workers (with this command line plus
+/// `extra_args`) and waits, or returns the device and process group to run on.
+pub fn place(par: &ParallelArgs, extra_args: &[OsString], timeout: Duration) -> anyhow::Result<Placed> {
+    let worker = dist::env::detect()?;
+    let device_arg = match role(par, &worker, cuda_device_count)? {
+        Role::Launcher(plan) => return launch(par, &plan, extra_args).map(Placed::Launched),
+        Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
+        Role::Worker(device_arg) => device_arg,
+    };
+    if let Some(threads) = std::env::var(THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
+        tch::set_num_threads(threads);
+    }
+    let group = ProcessGroup::new(&DistConfig {
+        rank: worker.rank,
+        world_size: worker.world_size,
+        local_rank: worker.local_rank,
+        master_addr: worker.master_addr.clone(),
+        master_port: worker.master_port,
+        backend: if matches!(device_arg, DeviceArg::Cuda(_)) { Backend::Nccl } else { Backend::Gloo },
+        timeout,
+    })?;
+    Ok(Placed::Here { device: device(device_arg), group: Some(group), worker })
+}
+
+/// Starts this node's workers and waits for them.
+fn launch(par: &ParallelArgs, plan: &LaunchPlan, extra_args: &[OsString]) -> anyhow::Result<LaunchOutcome> {
+    let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    argv.extend(extra_args.iter().cloned());
+    let spec = NodeSpec {
+        nnodes: par.nnodes,
+        node_rank: par.node_rank,
+        nproc_per_node: plan.nproc,
+        master_addr: par.master_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+        master_port: match par.master_port {
+            Some(port) => port,
+            None if par.nnodes > 1 => dist::env::DEFAULT_MASTER_PORT,
+            None => free_port()?,
+        },
+    };
+    eprintln!(
+        "launching {} {} worker(s) on node {} of {} (world size {})",
+        plan.nproc,
+        if plan.cuda { "CUDA" } else { "CPU" },
+        spec.node_rank,
+        spec.nnodes,
+        spec.world_size()
+    );
+    interrupt::install()?;
+    let interrupts = interrupt::forward_to_workers();
+    let visible = plan.visible.clone();
+    let env = |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect();
+    Ok(dist::launch_node(&spec, env, &argv, interrupts)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(devices: Option<&str>, gpus: Option<&str>, device: DeviceArg) -> ParallelArgs {
+        ParallelArgs {
+            device,
+            gpus: gpus.map(str::to_owned),
+            devices: devices.map(str::to_owned),
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: None,
+            master_port: None,
+        }
+    }
+
+    fn worker(world_size: usize, local_rank: usize) -> WorkerEnv {
+        WorkerEnv { rank: local_rank, local_rank, world_size, source: EnvSource::Torchrun, ..WorkerEnv::single() }
+    }
+
+    #[test]
+    fn one_device_runs_alone() {
+        let single = WorkerEnv::single();
+        assert_eq!(
+            role(&flags(Some("cpu:1"), None, DeviceArg::Cpu), &single, || 0).unwrap(),
+            Role::Alone(DeviceArg::Cpu)
+        );
+        let one_gpu = role(&flags(None, Some("1"), DeviceArg::Cpu), &single, || 1).unwrap();
+        assert_eq!(one_gpu, Role::Alone(DeviceArg::Cuda(0)));
+        let third = role(&flags(None, Some("2,"), DeviceArg::Cpu), &single, || 4).unwrap();
+        assert_eq!(third, Role::Alone(DeviceArg::Cuda(2)));
+        let bad = role(&flags(None, Some("0,x"), DeviceArg::Cpu), &single, || 4);
+        assert!(matches!(bad, Err(LaunchFlagError::Gpus(_))), "{bad:?}");
+        let listed = role(&flags(None, Some("0,3"), DeviceArg::Cpu), &single, || 4).unwrap();
+        assert_eq!(listed, Role::Launcher(LaunchPlan { nproc: 2, cuda: true, visible: Some("0,3".into()) }));
+    }
+
+    #[test]
+    fn a_started_worker_never_launches_whatever_its_world_size() {
+        for world in [1, 2, 4] {
+            let r = role(&flags(Some("cpu:4"), None, DeviceArg::Cpu), &worker(world, 0), || 0).unwrap();
+            let expected = if world == 1 { Role::Alone(DeviceArg::Cpu) } else { Role::Worker(DeviceArg::Cpu) };
+            assert_eq!(r, expected, "world size {world}");
+            let r = role(&flags(None, Some("4"), DeviceArg::Cpu), &worker(world, world - 1), || 4).unwrap();
+            assert!(!matches!(r, Role::Launcher(_)), "world size {world}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_cuda_device_is_refused_before_torch_sees_it() {
+        let err = role(&flags(None, None, DeviceArg::Cuda(0)), &WorkerEnv::single(), || 0).unwrap_err();
+        assert_eq!(err.to_string(), "`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`");
+        let err = role(&flags(None, Some("2"), DeviceArg::Cpu), &WorkerEnv::single(), || 1).unwrap_err();
+        assert_eq!(err.to_string(), "`--gpus 2`: 1 CUDA device(s) found; run on CPU processes with `--devices cpu:2`");
+    }
+}

@@ -1,0 +1,95 @@
+//! The `dpo-train` command line: [`args`] declares every flag, [`launch`] places the process
+//! (alone, one worker, or the launcher of the workers), and one module per command runs it.
+//! `main.rs` only parses and turns an error into one line and an exit code.
+
+pub mod args;
+pub mod eval;
+pub mod generate;
+pub mod interrupt;
+pub mod launch;
+pub mod progress;
+pub mod train;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+pub use args::{Cli, Command, DataCommand, DeviceArg, PlotArgs, SynthArgs};
+pub use launch::LaunchFlagError;
+
+use crate::data::synth::{self, SynthConfig};
+
+/// The exit code of a run stopped by Ctrl-C or SIGTERM after saving a checkpoint.
+pub const INTERRUPTED: u8 = 130;
+
+/// Runs the parsed command; the exit code says whether it finished or was interrupted.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        None => train::run_train(cli.train, false),
+        Some(Command::Train(args)) => train::run_train(args, false),
+        Some(Command::Sft(args)) => train::run_train(args, true),
+        Some(Command::Eval(args)) => eval::run_eval(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Generate(args)) => generate::run_generate(args),
+        Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Slurm(args)) => {
+            let script = crate::dist::sbatch_script(&crate::dist::SlurmOptions {
+                nodes: args.nodes,
+                gpus_per_node: args.gpus_per_node,
+                config: args.config,
+                time: args.time,
+                partition: args.partition,
+                job_name: args.job_name,
+                cpus_per_task: args.cpus_per_task,
+                mem_per_gpu: args.mem_per_gpu,
+            });
+            print!("{script}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
+    let written = if let [run] = args.runs.as_slice() {
+        crate::report::render_run(run, &crate::report::plot_meta_from_run(run))?
+    } else {
+        let runs = args
+            .runs
+            .iter()
+            .map(|dir| {
+                let rows = crate::report::read_metrics(&dir.join(crate::report::METRICS_FILE))?;
+                Ok((crate::report::plot_meta_from_run(dir).run_name, rows))
+            })
+            .collect::<Result<Vec<_>, crate::report::ReportError>>()?;
+        let out = args.out.unwrap_or_else(|| args.runs[0].join("compare"));
+        std::fs::create_dir_all(&out).with_context(|| format!("cannot create `{}`", out.display()))?;
+        crate::report::render_comparison(&runs, &out, "comparison")?
+    };
+    let mut out = std::io::stdout().lock();
+    for path in written {
+        writeln!(out, "{}", path.display())?;
+    }
+    Ok(())
+}
+
+fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
+    let cfg =
+        SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
+    let data = synth::generate(&cfg);
+    let written = if args.out.extension().is_some_and(|e| e == "jsonl") {
+        let stem = args.out.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let sibling = |split: &str| args.out.with_file_name(format!("{stem}_{split}.jsonl"));
+        synth::write_jsonl(&args.out, &data.train)?;
+        synth::write_jsonl(&sibling("val"), &data.val)?;
+        synth::write_jsonl(&sibling("test"), &data.test)?;
+        [args.out.clone(), sibling("val"), sibling("test")]
+    } else {
+        synth::write_splits(&args.out, &data)?
+    };
+    let mut out = std::io::stdout().lock();
+    for (path, n) in written.iter().zip([data.train.len(), data.val.len(), data.test.len()]) {
+        writeln!(out, "{} ({n} pairs)", path.display())?;
+    }
+    Ok(())
+}

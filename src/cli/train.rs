@@ -1,0 +1,165 @@
+//! `dpo-train train` and `dpo-train sft` (bare `dpo-train` is `train`): resolve the config's
+//! layers, place this process (alone, one worker, or the launcher of the workers), run, and print
+//! the summary.
+//!
+//! Which file is the config: `--resume`'s saved `config.toml`, else `--config`, else the embedded
+//! demo when no model is named (bare `dpo-train`, or `--model demo`), else none: a user's model
+//! trains with TRL's `DPOConfig` defaults for every key they do not set.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::args::TrainArgs;
+use super::launch::{Placed, place};
+use super::progress::{ConsoleProgress, Silent};
+use super::{INTERRUPTED, interrupt};
+use crate::config::{ConfigError, ConfigFile, Layered};
+use crate::demo::{DEMO, DEMO_CONFIG};
+use crate::dist::{LaunchOutcome, Workers};
+use crate::run::{RunRequest, RunSummary};
+use crate::train::trainer::Progress;
+
+/// Runs `train` (or `sft` with `sft_only`); 130 when interrupted.
+pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
+    let (layered, name, resume) = resolve(&args)?;
+    layered.validate()?;
+    let mut cfg = layered.cfg.clone();
+    let interrupt = interrupt::install()?;
+    // Every worker must write into one run directory: the launcher names it for its workers.
+    let new_run = cfg.run_name.is_none() && resume.is_none();
+    let launched_name = new_run.then(|| format!("{}-{name}", crate::run::timestamp()));
+    let extra: Vec<OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
+    let (device, mut group, worker) = match place(&args.parallel, &extra, Duration::from_secs(cfg.ddp_timeout))? {
+        Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
+        Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
+        Placed::Here { device, group, worker } => (device, group, worker),
+    };
+    if new_run && worker.is_distributed() {
+        // torchrun or SLURM workers, unnamed: the job's id is the one name every rank agrees on.
+        let job = ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|id| id != "none"));
+        cfg.run_name = Some(format!("{name}-job-{}", job.unwrap_or_else(|| worker.master_port.to_string())));
+    }
+    if let Some(g) = group.as_mut() {
+        g.set_bucket_bytes(cfg.ddp_bucket_cap_mb << 20)?;
+    }
+    let workers = Workers { group: group.as_ref() };
+    let mut console = ConsoleProgress::default();
+    let mut silent = Silent;
+    let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
+    let config_description = format!("effective config ({}):\n{}", layered.sources(), indent(&layered.describe()));
+    let request = RunRequest {
+        cfg,
+        config_name: name,
+        resume: resume.map(Some),
+        sft_only,
+        device,
+        interrupt,
+        workers,
+        config_description,
+    };
+    let summary = crate::run::run(request, progress).map_err(|e| match e.downcast::<ConfigError>() {
+        Ok(config) => layered.locate(config).into(),
+        Err(other) => other,
+    })?;
+    console.finish();
+    if workers.is_main() {
+        print_summary(&summary)?;
+    }
+    Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
+}
+
+/// The config layers, the run's default name, and the run directory to resume.
+fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>)> {
+    let flags = &args.overrides.0;
+    let (file, name) = match &args.config {
+        Some(path) => (Some(ConfigFile::read(path)?), stem(path)),
+        None if is_demo(flags) => {
+            let demo = ConfigFile { name: "configs/demo.toml (embedded)".into(), text: DEMO_CONFIG.into() };
+            (Some(demo), DEMO.to_owned())
+        }
+        None => {
+            let model = flags.iter().rev().find(|(k, _)| k == "model_name_or_path").map(|(_, v)| v.as_str());
+            (None, model.map_or_else(|| "run".to_owned(), |m| stem(Path::new(m))))
+        }
+    };
+    let dir = match &args.resume {
+        None => return Ok((Layered::new(file, flags)?, name, None)),
+        Some(Some(dir)) => dir.clone(),
+        // The newest run under the output_dir the config and flags name.
+        Some(None) => newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
+    };
+    // A resumed run continues with the config it saved; flags still override it.
+    let saved = dir.join("config.toml");
+    if !saved.is_file() {
+        anyhow::bail!(ConfigError::Invalid {
+            key: "resume",
+            message: format!("`{}` is not a run directory (no config.toml in it)", dir.display()),
+        });
+    }
+    Ok((Layered::new(Some(ConfigFile::read(&saved)?), flags)?, String::new(), Some(dir)))
+}
+
+/// The demo runs when no model is named, or the model is `demo`.
+fn is_demo(flags: &[(String, String)]) -> bool {
+    let last = |key: &str| flags.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    match last("model_name_or_path") {
+        Some(model) => model == DEMO,
+        None => last("train_file").is_none(),
+    }
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem().map_or_else(|| "run".to_owned(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The most recently modified run directory (one with a `config.toml`) under `output_dir`.
+fn newest_run(output_dir: &Path) -> anyhow::Result<PathBuf> {
+    let newest = std::fs::read_dir(output_dir)
+        .with_context(|| format!("cannot list `{}` to find a run to resume", output_dir.display()))?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("config.toml").is_file())
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+    newest.map(|e| e.path()).with_context(|| format!("no run to resume under `{}`", output_dir.display()))
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "run: {}", summary.run_dir.display())?;
+    if let Some(sft) = &summary.sft {
+        writeln!(out, "sft: {} steps -> {}", sft.steps, sft.model_dir.display())?;
+    }
+    if let Some(dpo) = &summary.dpo {
+        writeln!(out, "dpo: {} steps -> {}", dpo.steps, dpo.model_dir.display())?;
+        // Only what was measured: a run without eval_file / test_file has no such line.
+        for (label, metrics) in [("eval", &dpo.eval), ("test", &dpo.test)] {
+            if let Some(m) = metrics {
+                writeln!(
+                    out,
+                    "{label}: loss {:.4}  rewards/accuracies {:.3}  rewards/margins {:.4}  rewards/chosen {:.4}  rewards/rejected {:.4}",
+                    m.loss, m.rewards_accuracies, m.rewards_margins, m.rewards_chosen, m.rewards_rejected
+                )?;
+            }
+        }
+    }
+    if let Some(((c0, n0), (c1, n1))) = summary.demo_arithmetic {
+        let pct = |c: usize, n: usize| 100.0 * c as f64 / n.max(1) as f64;
+        writeln!(
+            out,
+            "held-out arithmetic answered correctly (greedy): after SFT {c0}/{n0} ({:.1}%), after DPO {c1}/{n1} ({:.1}%)",
+            pct(c0, n0),
+            pct(c1, n1)
+        )?;
+    }
+    Ok(())
+}
