@@ -13,7 +13,7 @@ use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport, Tokeni
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::loss::{LossConfig, dpo_loss};
 use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs};
-use crate::model::{self, Llama};
+use crate::model::{self, Llama, compat};
 use crate::tokenizer::Tokenizer;
 
 /// Inputs that cannot be evaluated together.
@@ -21,10 +21,6 @@ use crate::tokenizer::Tokenizer;
 pub enum EvalError {
     #[error("`batch_size` must be at least 1")]
     BatchSize,
-    #[error("`{}` has a sequence of {longest} tokens but the model handles at most {limit}: pass `--max-length {limit}` or less", data.display())]
-    TooLong { data: PathBuf, longest: usize, limit: usize },
-    #[error("the tokenizer has {tokens} tokens but the model in `{}` embeds only {vocab_size} (`vocab_size`)", dir.display())]
-    Vocab { tokens: usize, dir: PathBuf, vocab_size: usize },
 }
 
 /// What to evaluate and how.
@@ -69,11 +65,33 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         None => model::tokenizer_dir(&opts.model)?,
     };
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
-    let policy = load_checked(&opts.model, &tokenizer, &opts.device)?;
-    let reference = match (&opts.ref_model, opts.loss.reference_free) {
-        (_, true) => None,
-        (Some(dir), false) => Some(load_checked(dir, &tokenizer, &opts.device)?),
-        (None, false) => None,
+    // Every check that reads only config.json and the data runs before a weight is loaded.
+    let policy_cfg = checked_config(&opts.model, &tokenizer)?;
+    let ref_cfg = match (&opts.ref_model, opts.loss.reference_free) {
+        (Some(dir), false) => {
+            let ref_cfg = checked_config(dir, &tokenizer)?;
+            compat::check_reference((&opts.model, &policy_cfg), (dir, &ref_cfg))?;
+            Some((dir, ref_cfg))
+        }
+        _ => None,
+    };
+    let loaded = data::load_preferences(
+        &opts.data,
+        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows },
+    )?;
+    let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
+        .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;
+    let longest =
+        pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
+    compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
+    if let Some((dir, ref_cfg)) = &ref_cfg {
+        compat::check_length(ref_cfg, dir, longest, &opts.data)?;
+    }
+
+    let policy = load(&opts.model, &opts.device)?;
+    let reference = match &ref_cfg {
+        Some((dir, _)) => Some(load(dir, &opts.device)?),
+        None => None,
     };
     // Without `--ref-model` the reference is an adapter's base with the adapter switched off (as
     // TRL does for a PEFT policy), or else the policy itself (every log-ratio is 0).
@@ -83,19 +101,6 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         (None, false) => Some(&policy),
         (None, true) => None,
     };
-
-    let loaded = data::load_preferences(
-        &opts.data,
-        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows },
-    )?;
-    let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
-        .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;
-    let longest =
-        pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
-    let limit = policy.max_sequence_length();
-    if opts.max_length.map_or(longest, |m| longest.min(m)) > limit {
-        return Err(EvalError::TooLong { data: opts.data.clone(), longest, limit }.into());
-    }
 
     let collation = Collation {
         batch_size: opts.batch_size,
@@ -153,17 +158,13 @@ pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, device: &Device) -> M
     sums.finish()
 }
 
-/// Loads a model after checking that every token id the tokenizer can produce has an embedding row.
-fn load_checked(dir: &Path, tokenizer: &Tokenizer, device: &Device) -> anyhow::Result<Llama> {
-    let context = || format!("cannot load the model in `{}`", dir.display());
-    let cfg = model::load_config(dir).with_context(context)?;
-    if tokenizer.vocab_size() > cfg.vocab_size {
-        return Err(EvalError::Vocab {
-            tokens: tokenizer.vocab_size(),
-            dir: dir.to_owned(),
-            vocab_size: cfg.vocab_size,
-        }
-        .into());
-    }
-    Ok(model::load(dir, device).with_context(context)?.1)
+/// The resolved config of the model in `dir`, checked to embed every id of the tokenizer.
+fn checked_config(dir: &Path, tokenizer: &Tokenizer) -> anyhow::Result<model::LlamaConfig> {
+    let cfg = model::load_config(dir).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+    compat::check_vocab(&cfg, dir, tokenizer.vocab_size())?;
+    Ok(cfg)
+}
+
+fn load(dir: &Path, device: &Device) -> anyhow::Result<Llama> {
+    Ok(model::load(dir, device).with_context(|| format!("cannot load the model in `{}`", dir.display()))?.1)
 }

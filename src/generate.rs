@@ -4,12 +4,69 @@
 //! One prompt at a time, its `num_samples` continuations decoded together as one batch: rows of
 //! one prompt share a length, so no left padding or attention mask is needed.
 
+use std::path::{Path, PathBuf};
+
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::model::Llama;
 use crate::model::llama::KvCache;
+
+/// A prompts file that cannot be generated from, named by file and line.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{}`, line {line}: {message}", path.display())]
+    BadPrompt { path: PathBuf, line: usize, message: String },
+    #[error("`{}` holds no prompt", path.display())]
+    NoPrompts { path: PathBuf },
+    #[error(
+        "`{}`, line {line}: the prompt has {tokens} tokens but the model handles at most {limit} (`{key}`): no room to generate",
+        path.display()
+    )]
+    PromptTooLong { path: PathBuf, line: usize, tokens: usize, limit: usize, key: &'static str },
+}
+
+/// One prompt and the line it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub line: usize,
+    pub text: String,
+}
+
+/// One prompt per non-blank line of a text file (`\n` written as two characters becomes a
+/// newline), or the `prompt` field of each row of a `.jsonl` file.
+pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, GenerateError> {
+    let text = std::fs::read_to_string(path).map_err(|source| GenerateError::Read { path: path.to_owned(), source })?;
+    let jsonl = path.extension().is_some_and(|e| e == "jsonl");
+    let bad =
+        |line, message: &str| GenerateError::BadPrompt { path: path.to_owned(), line, message: message.to_owned() };
+    let prompts = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, line)| {
+            let text = if jsonl {
+                let value: serde_json::Value = serde_json::from_str(line).map_err(|_| bad(i + 1, "malformed JSON"))?;
+                let prompt = value.get("prompt").and_then(|p| p.as_str());
+                prompt.ok_or_else(|| bad(i + 1, "field `prompt` is missing or not a string"))?.to_owned()
+            } else {
+                line.replace("\\n", "\n")
+            };
+            Ok(Prompt { line: i + 1, text })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if prompts.is_empty() {
+        return Err(GenerateError::NoPrompts { path: path.to_owned() });
+    }
+    Ok(prompts)
+}
 
 /// How tokens are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]

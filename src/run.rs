@@ -12,7 +12,7 @@ use crate::config::TrainConfig;
 use crate::data::{self, Columns, LoadOptions, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::dist::Workers;
-use crate::model;
+use crate::model::{self, compat};
 use crate::tokenizer::Tokenizer;
 use crate::train::trainer::{Objective, Progress, RunData, Stage, StageOutcome, run_stage};
 
@@ -29,6 +29,9 @@ pub struct RunRequest<'a> {
     pub interrupt: &'a AtomicBool,
     /// The data-parallel workers this process is one of (rank 0 writes every file).
     pub workers: Workers<'a>,
+    /// The effective config as shown at the start (where each value came from), printed once
+    /// the inputs are checked; empty to print nothing.
+    pub config_description: String,
 }
 
 /// How the run went.
@@ -56,58 +59,19 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     // Every rank checked for an earlier run before rank 0 creates anything.
     workers.barrier()?;
     let cfg = &req.cfg;
+    let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
+    // Models, tokenizer and data are checked before the run directory exists: a refused run
+    // leaves nothing behind. Their notes follow the config.
+    let mut notes = Lines::default();
+    let (model_dir, data) = load_inputs(cfg, demo_assets.as_ref(), &mut notes)?;
     if workers.is_main() {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
     }
-    progress.line(&format!("run directory `{}`", run_dir.display()));
-
-    let uses_demo = cfg.model_name_or_path == DEMO
-        || [Some(&cfg.train_file), cfg.eval_file.as_ref(), cfg.test_file.as_ref()].contains(&Some(&DEMO.to_owned()));
-    let demo_assets = if uses_demo {
-        progress.line("building the demo's data, tokenizer and random model");
-        // Rank 0 builds the assets; the others read them once it is done.
-        let assets =
-            if workers.is_main() { Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?) } else { None };
-        workers.barrier()?;
-        match assets {
-            Some(a) => Some(a),
-            None => Some(demo::prepare(&run_dir.join("demo"), cfg.seed, &req.device)?),
-        }
-    } else {
-        None
-    };
-    let model_dir = match (cfg.model_name_or_path.as_str(), &demo_assets) {
-        (DEMO, Some(a)) => a.model_dir.clone(),
-        (path, _) => PathBuf::from(path),
-    };
-    let tokenizer_dir = match &cfg.tokenizer_name_or_path {
-        Some(dir) => dir.clone(),
-        None => model::tokenizer_dir(&model_dir)?,
-    };
-    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
-    let vocab = model::load_config(&model_dir)?.vocab_size;
-    if tokenizer.vocab_size() > vocab {
-        anyhow::bail!(crate::eval::EvalError::Vocab {
-            tokens: tokenizer.vocab_size(),
-            dir: model_dir,
-            vocab_size: vocab
-        });
+    if !req.config_description.is_empty() {
+        progress.line(&req.config_description);
     }
-    let mut split = |file: Option<&String>, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
-        let path = match (file.map(String::as_str), &demo_assets) {
-            (None, _) => return Ok(Vec::new()),
-            (Some(DEMO), Some(a)) => pick(a).clone(),
-            (Some(path), _) => PathBuf::from(path),
-        };
-        load_pairs(&path, cfg, &tokenizer, progress)
-    };
-    let data = RunData {
-        train: split(Some(&cfg.train_file), |a| &a.train)?,
-        eval: split(cfg.eval_file.as_ref(), |a| &a.val)?,
-        test: split(cfg.test_file.as_ref(), |a| &a.test)?,
-        tokenizer,
-        tokenizer_dir,
-    };
+    progress.line(&format!("run directory `{}`", run_dir.display()));
+    notes.0.iter().for_each(|line| progress.line(line));
 
     let max_steps = (cfg.max_steps > 0).then_some(cfg.max_steps as u64);
     let base = Stage {
@@ -167,6 +131,100 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     Ok(RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic })
 }
 
+/// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and
+/// each other.
+fn check_models(
+    model_dir: &Path,
+    ref_dir: Option<&Path>,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<Vec<(PathBuf, model::LlamaConfig)>> {
+    let load = |dir: &Path| -> anyhow::Result<model::LlamaConfig> {
+        let loaded =
+            model::load_config(dir).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+        compat::check_vocab(&loaded, dir, tokenizer.vocab_size())?;
+        Ok(loaded)
+    };
+    let mut models = vec![(model_dir.to_owned(), load(model_dir)?)];
+    if let Some(dir) = ref_dir {
+        let reference = load(dir)?;
+        compat::check_reference((model_dir, &models[0].1), (dir, &reference))?;
+        models.push((dir.to_owned(), reference));
+    }
+    Ok(models)
+}
+
+/// Whether any part of the run is the demo's.
+fn uses_demo(cfg: &TrainConfig) -> bool {
+    cfg.model_name_or_path == DEMO
+        || [Some(&cfg.train_file), cfg.eval_file.as_ref(), cfg.test_file.as_ref()].contains(&Some(&DEMO.to_owned()))
+}
+
+/// The demo's data, tokenizer and random model under `<run>/demo/`: rank 0 builds them, the
+/// others read them once it is done.
+fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -> anyhow::Result<DemoAssets> {
+    progress.line("building the demo's data, tokenizer and random model");
+    let dir = run_dir.join("demo");
+    if req.workers.is_main() {
+        demo::prepare(&dir, req.cfg.seed, &req.device)?;
+    }
+    req.workers.barrier()?;
+    demo::prepare(&dir, req.cfg.seed, &req.device)
+}
+
+/// The starting model's directory and the tokenised data, every model checked against the
+/// tokenizer, each other and the data's lengths.
+fn load_inputs(
+    cfg: &TrainConfig,
+    demo_assets: Option<&DemoAssets>,
+    notes: &mut dyn Progress,
+) -> anyhow::Result<(PathBuf, RunData)> {
+    let model_dir = match (cfg.model_name_or_path.as_str(), demo_assets) {
+        (DEMO, Some(a)) => a.model_dir.clone(),
+        (path, _) => PathBuf::from(path),
+    };
+    let tokenizer_dir = match &cfg.tokenizer_name_or_path {
+        Some(dir) => dir.clone(),
+        None => model::tokenizer_dir(&model_dir)?,
+    };
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
+    let models = check_models(&model_dir, cfg.ref_model_name_or_path.as_deref(), &tokenizer)?;
+    if let (Some(note), None) = (compat::spare_rows_note(&models[0].1, &model_dir, tokenizer.vocab_size()), demo_assets)
+    {
+        notes.line(&format!("note: {note}"));
+    }
+    let mut split = |file: Option<&String>, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
+        let path = match (file.map(String::as_str), demo_assets) {
+            (None, _) => return Ok(Vec::new()),
+            (Some(DEMO), Some(a)) => pick(a).clone(),
+            (Some(path), _) => PathBuf::from(path),
+        };
+        let pairs = load_pairs(&path, cfg, &tokenizer, notes)?;
+        let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
+        for (dir, model_cfg) in &models {
+            compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
+        }
+        Ok(pairs)
+    };
+    let (train, eval, test) = (
+        split(Some(&cfg.train_file), |a| &a.train)?,
+        split(cfg.eval_file.as_ref(), |a| &a.val)?,
+        split(cfg.test_file.as_ref(), |a| &a.test)?,
+    );
+    Ok((model_dir, RunData { train, eval, test, tokenizer, tokenizer_dir }))
+}
+
+/// Lines kept to be shown later.
+#[derive(Default)]
+struct Lines(Vec<String>);
+
+impl Progress for Lines {
+    fn start(&mut self, _stage: &str, _start_step: u64, _total_steps: u64) {}
+    fn step(&mut self, _step: u64, _status: &str) {}
+    fn line(&mut self, text: &str) {
+        self.0.push(text.to_owned());
+    }
+}
+
 /// Reads and tokenises one preference file, reporting what was skipped or dropped.
 fn load_pairs(
     path: &Path,
@@ -192,6 +250,16 @@ fn load_pairs(
             path.display(),
             report.dropped_prompt_too_long.len(),
             cfg.max_length
+        ));
+    }
+    if !report.identical.is_empty() {
+        let lines: Vec<String> = report.identical.iter().take(10).map(usize::to_string).collect();
+        let more = if report.identical.len() > 10 { ", ..." } else { "" };
+        progress.line(&format!(
+            "warning: `{}`: {} pairs have chosen identical to rejected (lines {}{more}): each adds ln 2 to the loss and no gradient",
+            path.display(),
+            report.identical.len(),
+            lines.join(", ")
         ));
     }
     if report.truncated > 0 {

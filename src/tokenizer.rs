@@ -226,6 +226,41 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The first ids of `text` when only `keep` of them are needed (keep_start truncation): at
+    /// least `keep + 1` of them (so a caller sees that the text is longer), or all when fewer.
+    ///
+    /// A long text is encoded by prefixes: tokenisation is local (pre-tokenisers split on spaces
+    /// and punctuation), so a cut far behind the kept ids cannot change them. A prefix is taken
+    /// only once a prefix twice as long agrees on those ids; otherwise the whole text is encoded.
+    /// One 20 MB row then costs a few thousand ids, not the tokenizer's working set for millions.
+    pub fn encode_head(&self, text: &str, special: bool, keep: usize) -> Result<Vec<u32>, TokenizerError> {
+        // Far more bytes than `keep` tokens take in any real vocabulary.
+        let mut cut = keep.saturating_add(1).saturating_mul(32);
+        while cut.saturating_mul(2) < text.len() {
+            let head = self.encode_inner(&text[..text.floor_char_boundary(cut)], special)?;
+            if head.len() > keep {
+                let longer = self.encode_inner(&text[..text.floor_char_boundary(cut * 2)], special)?;
+                if longer.len() > keep && head[..=keep] == longer[..=keep] {
+                    return Ok(head[..=keep].to_vec());
+                }
+            }
+            cut = cut.saturating_mul(4);
+        }
+        self.encode_inner(text, special)
+    }
+
+    /// [`Tokenizer::encode_chat`], of which only the first `keep` ids are needed (see
+    /// [`Tokenizer::encode_head`]).
+    pub fn encode_chat_head(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        keep: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode_head(&text, false, keep)
+    }
+
     /// Text of `ids`; with `clean_up_tokenization_spaces` set in `tokenizer_config.json` the spaces
     /// before punctuation are removed as transformers does.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {

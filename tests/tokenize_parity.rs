@@ -119,8 +119,11 @@ fn check_dataset(data: &str, expected: &str) {
     assert_eq!(pairs.len(), fx.num_rows_after_preprocessing, "{data}");
     for (i, (pair, want)) in pairs.iter().zip(&fx.rows).enumerate() {
         assert_eq!(pair.prompt_ids, want.prompt_input_ids, "{data} row {i} prompt");
-        assert_eq!(pair.chosen_ids, want.chosen_input_ids, "{data} row {i} chosen");
-        assert_eq!(pair.rejected_ids, want.rejected_input_ids, "{data} row {i} rejected");
+        // With max_length, completions are kept as far as TRL's collator keeps them (keep_start).
+        let room = fx.max_length.map_or(usize::MAX, |m| m - want.prompt_input_ids.len());
+        let kept = |ids: &[u32]| ids[..ids.len().min(room)].to_vec();
+        assert_eq!(pair.chosen_ids, kept(&want.chosen_input_ids), "{data} row {i} chosen");
+        assert_eq!(pair.rejected_ids, kept(&want.rejected_input_ids), "{data} row {i} rejected");
     }
     assert_eq!(tok.pad_id(), fx.pad_token_id);
     let batch = collate(&pairs, tok.pad_id(), fx.max_length);

@@ -18,9 +18,10 @@
 //! 4. With `max_length` (keep_start, TRL's only supported mode), rows whose prompt ids alone have
 //!    `max_length` tokens or more are dropped (lines 1137-1140) and counted.
 //!
-//! Truncation itself happens in the collator (`DataCollatorForPreference.torch_call`, lines
-//! 152-166, see [`super::batch::collate`]); the pairs returned here are untruncated, like TRL's
-//! dataset, and [`TokenizeReport::truncated`] counts the sequences the collator will cut.
+//! Truncation itself happens in TRL's collator (`DataCollatorForPreference.torch_call`, lines
+//! 152-166, see [`super::batch::collate`]); with `max_length` the completions returned here are
+//! already cut to what that collator keeps (keep_start), so a huge row costs `max_length` ids and
+//! not its full length. [`TokenizeReport::truncated`] counts the sequences cut.
 
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
@@ -53,6 +54,9 @@ pub struct TokenizeReport {
     /// Number of sequences (a chosen or a rejected one, prompt included) longer than `max_length`,
     /// which collation truncates (keep_start).
     pub truncated: usize,
+    /// Lines of pairs whose chosen and rejected sequences are identical (after truncation): each
+    /// adds ln 2 to the sigmoid loss and no gradient.
+    pub identical: Vec<usize>,
 }
 
 /// Tokenises `rows` as TRL's `DPOTrainer` does (see the module doc).
@@ -71,16 +75,20 @@ pub fn tokenize(
     let mut pairs = Vec::with_capacity(rows.len());
     let mut report = TokenizeReport::default();
     for row in rows {
-        let pair = tokenize_row(row, tok, &mut report)?;
+        let mut pair = tokenize_row(row, tok, max_length, &mut report)?;
         if let Some(max) = max_length {
             // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
             if pair.prompt_ids.len() >= max {
                 report.dropped_prompt_too_long.push(row.line);
                 continue;
             }
-            let p = pair.prompt_ids.len();
-            report.truncated +=
-                usize::from(p + pair.chosen_ids.len() > max) + usize::from(p + pair.rejected_ids.len() > max);
+            let room = max - pair.prompt_ids.len();
+            report.truncated += usize::from(pair.chosen_ids.len() > room) + usize::from(pair.rejected_ids.len() > room);
+            pair.chosen_ids.truncate(room);
+            pair.rejected_ids.truncate(room);
+        }
+        if pair.chosen_ids == pair.rejected_ids {
+            report.identical.push(row.line);
         }
         pairs.push(pair);
     }
@@ -95,16 +103,23 @@ pub fn tokenize(
     Ok((pairs, report))
 }
 
-/// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here).
-fn tokenize_row(row: &PreferenceRow, tok: &Tokenizer, report: &mut TokenizeReport) -> Result<TokenizedPair, DataError> {
+/// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here). With `max_length`
+/// only the ids truncation keeps are computed exactly (see [`Tokenizer::encode_head`]).
+fn tokenize_row(
+    row: &PreferenceRow,
+    tok: &Tokenizer,
+    max_length: Option<usize>,
+    report: &mut TokenizeReport,
+) -> Result<TokenizedPair, DataError> {
     let err = |field: &'static str| move |source| DataError::Tokenize { line: row.line, field, source };
+    let keep = max_length.unwrap_or(usize::MAX);
     let (prompt_ids, chosen_full, rejected_full) = match (&row.prompt, &row.chosen, &row.rejected) {
         (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
             let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
             (
-                tok.encode_chat(p, true).map_err(err("prompt"))?,
-                tok.encode_chat(&joined(c), false).map_err(err("chosen"))?,
-                tok.encode_chat(&joined(r), false).map_err(err("rejected"))?,
+                tok.encode_chat_head(p, true, keep).map_err(err("prompt"))?,
+                tok.encode_chat_head(&joined(c), false, keep).map_err(err("chosen"))?,
+                tok.encode_chat_head(&joined(r), false, keep).map_err(err("rejected"))?,
             )
         }
         (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => {
@@ -113,9 +128,9 @@ fn tokenize_row(row: &PreferenceRow, tok: &Tokenizer, report: &mut TokenizeRepor
                 if s.ends_with(eos) { s.to_string() } else { format!("{s}{eos}") }
             };
             (
-                tok.encode_with_special_tokens(p).map_err(err("prompt"))?,
-                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(c))).map_err(err("chosen"))?,
-                tok.encode_with_special_tokens(&format!("{p}{}", with_eos(r))).map_err(err("rejected"))?,
+                tok.encode_head(p, true, keep).map_err(err("prompt"))?,
+                tok.encode_head(&format!("{p}{}", with_eos(c)), true, keep).map_err(err("chosen"))?,
+                tok.encode_head(&format!("{p}{}", with_eos(r)), true, keep).map_err(err("rejected"))?,
             )
         }
         // The loader never mixes kinds within a row; a hand-built row might.

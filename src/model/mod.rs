@@ -1,6 +1,7 @@
 //! Hugging Face causal language models: `config.json` + safetensors → a burn module, and PEFT
 //! LoRA adapter directories on top of one.
 
+pub mod compat;
 pub mod fused;
 pub mod linear;
 pub mod llama;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 
+pub use compat::CompatError;
 pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
 pub use lora::{AdapterConfig, AdapterError, AdapterInit, LoraSettings};
 pub use weights::{RandomInit, TensorSource, Weights};
