@@ -21,6 +21,13 @@ pub enum WeightsError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing failed (a full disk, a file-size limit): a failure of the run, not of its input.
+    #[error("cannot write `{path}`")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("`{path}` is not a valid safetensors index: {message}")]
     BadIndex { path: PathBuf, message: String },
     #[error("`{path}` is not a valid safetensors file")]
@@ -221,9 +228,13 @@ pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Weig
     let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
     let views = tensors.iter().map(|t| (t.name.clone(), t));
     crate::fsutil::write_atomic_with(path, |tmp| {
-        safetensors::serialize_to_file(views, metadata, tmp).map_err(std::io::Error::other)
+        safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
+            // The I/O error itself, so the cause is reported once.
+            safetensors::SafeTensorError::IoError(io) => io,
+            other => std::io::Error::other(other),
+        })
     })
-    .map_err(|source| WeightsError::Io { path: path.to_owned(), source })
+    .map_err(|source| WeightsError::Write { path: path.to_owned(), source })
 }
 
 /// The values of a [`NamedTensor`]: on the host, or on the device until the moment they are

@@ -200,33 +200,14 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    /// Opens `<dir>/metrics.csv` for appending, creating it with a header when it is new or empty.
-    ///
-    /// An existing file must start with this version's header (so columns never shift).
+    /// Starts `<dir>/metrics.csv` afresh with its header: a stage that starts at step 0 (even
+    /// again, after a run that died before its first checkpoint) never logs a step twice.
     pub fn create(dir: &Path) -> Result<Self, ReportError> {
         let path = dir.join(METRICS_FILE);
-        let has_content = match std::fs::metadata(&path) {
-            Ok(meta) => meta.len() > 0,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(ReportError::io("read", &path, e)),
-        };
-        let lines = if has_content {
-            check_header(&path)?;
-            let text = std::fs::read(&path).map_err(|e| ReportError::io("read", &path, e))?;
-            text.iter().filter(|b| **b == b'\n').count() as u64
-        } else {
-            0
-        };
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| ReportError::io("open for appending", &path, e))?;
+        let file = File::create(&path).map_err(|e| ReportError::io("create", &path, e))?;
         let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        let mut this = Self { path, writer, lines };
-        if !has_content {
-            this.write_record(&header())?;
-        }
+        let mut this = Self { path, writer, lines: 0 };
+        this.write_record(&header())?;
         Ok(this)
     }
 
@@ -234,29 +215,34 @@ impl MetricsWriter {
     /// rows logged after it (which the resumed run will log again) are dropped first.
     ///
     /// The kept rows are written to `metrics.csv.tmp` and renamed over the original, so the file
-    /// is never half-rewritten. A missing file is created as by [`MetricsWriter::create`].
+    /// is never half-rewritten. A missing file is created as by [`MetricsWriter::create`]; an
+    /// existing one must start with this version's header (so columns never shift).
     pub fn resume(dir: &Path, keep_through_step: u64) -> Result<Self, ReportError> {
         let path = dir.join(METRICS_FILE);
-        if path.exists() {
-            let rows = read_metrics(&path)?;
-            let tmp = tmp_path(&path);
-            {
-                let file = File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
-                let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-                let mut out = Self { path: tmp.clone(), writer, lines: 0 };
-                out.write_record(&header())?;
-                for row in rows.iter().filter(|r| r.step <= keep_through_step) {
-                    out.append(row)?;
-                }
-                let file = out
-                    .writer
-                    .into_inner()
-                    .map_err(|e| ReportError::io("write", &tmp, std::io::Error::other(e.to_string())))?;
-                file.sync_all().map_err(|e| ReportError::io("write", &tmp, e))?;
-            }
-            std::fs::rename(&tmp, &path).map_err(|e| ReportError::io("rename into place", &path, e))?;
+        if !path.exists() {
+            return Self::create(dir);
         }
-        Self::create(dir)
+        let rows = read_metrics(&path)?;
+        let tmp = tmp_path(&path);
+        {
+            let file = File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
+            let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
+            let mut out = Self { path: tmp.clone(), writer, lines: 0 };
+            out.write_record(&header())?;
+            for row in rows.iter().filter(|r| r.step <= keep_through_step) {
+                out.append(row)?;
+            }
+            let file = out
+                .writer
+                .into_inner()
+                .map_err(|e| ReportError::io("write", &tmp, std::io::Error::other(e.to_string())))?;
+            file.sync_all().map_err(|e| ReportError::io("write", &tmp, e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| ReportError::io("rename into place", &path, e))?;
+        let file =
+            OpenOptions::new().append(true).open(&path).map_err(|e| ReportError::io("open for appending", &path, e))?;
+        let lines = 1 + rows.iter().filter(|r| r.step <= keep_through_step).count() as u64;
+        Ok(Self { path, writer: csv::WriterBuilder::new().has_headers(false).from_writer(file), lines })
     }
 
     /// The file being written.
@@ -388,12 +374,12 @@ mod tests {
     }
 
     #[test]
-    fn create_appends_without_a_second_header() {
+    fn create_starts_afresh() {
         let dir = tempfile::tempdir().unwrap();
         MetricsWriter::create(dir.path()).unwrap().append(&row(1, Split::Train)).unwrap();
-        MetricsWriter::create(dir.path()).unwrap().append(&row(2, Split::Train)).unwrap();
+        MetricsWriter::create(dir.path()).unwrap().append(&row(1, Split::Train)).unwrap();
         let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
-        assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1]);
     }
 
     #[test]
@@ -472,7 +458,7 @@ mod tests {
         std::fs::write(&path, "step,loss\n1,0.5\n").unwrap();
         let err = read_metrics(&path).unwrap_err();
         assert!(err.to_string().starts_with("Unexpected header in `"));
-        assert!(MetricsWriter::create(dir.path()).is_err());
+        assert!(MetricsWriter::resume(dir.path(), 1).is_err());
     }
 
     #[test]

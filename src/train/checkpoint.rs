@@ -87,8 +87,35 @@ pub fn save(
     if staged.exists() {
         std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
     }
-    std::fs::create_dir_all(&staged).map_err(io(&staged))?;
-    write_model_dir(&staged, model, files)?;
+    let written = write_checkpoint(&staged, model, files, optimizer, state, config_toml)
+        .and_then(|()| replace_dir(&staged, &dest).map_err(io(&dest)));
+    if let Err(err) = written {
+        // A failed save (a full disk) leaves nothing half-written behind; the previous
+        // checkpoints are untouched.
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(err);
+    }
+    if let Some(keep) = keep {
+        let all = list(run_dir);
+        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
+            std::fs::remove_dir_all(old).map_err(io(old))?;
+        }
+    }
+    Ok(dest)
+}
+
+/// Every file of a checkpoint, into the staging directory `dir`.
+fn write_checkpoint(
+    dir: &Path,
+    model: &Llama,
+    files: ModelFiles,
+    optimizer: &AdamW,
+    state: &TrainerState,
+    config_toml: &str,
+) -> Result<(), CheckpointError> {
+    let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    write_model_dir(dir, model, files)?;
     let moments: Vec<NamedTensor> = optimizer
         .moments
         .iter()
@@ -100,20 +127,11 @@ pub fn save(
             })
         })
         .collect();
-    save_safetensors(&staged.join(OPTIMIZER_FILE), &moments)?;
+    save_safetensors(&dir.join(OPTIMIZER_FILE), &moments)?;
     let full_state = StateFile { trainer: state.clone(), optimizer_step: optimizer.step };
-    let json = serde_json::to_vec_pretty(&full_state)
-        .map_err(|e| CheckpointError::Write { path: staged.clone(), source: e.into() })?;
-    write_atomic(&staged.join(STATE_FILE), &json).map_err(io(&staged))?;
-    write_atomic(&staged.join("config.toml"), config_toml.as_bytes()).map_err(io(&staged))?;
-    replace_dir(&staged, &dest).map_err(io(&dest))?;
-    if let Some(keep) = keep {
-        let all = list(run_dir);
-        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-            std::fs::remove_dir_all(old).map_err(io(old))?;
-        }
-    }
-    Ok(dest)
+    let json = serde_json::to_vec_pretty(&full_state).map_err(|e| io(e.into()))?;
+    write_atomic(&dir.join(STATE_FILE), &json).map_err(io)?;
+    write_atomic(&dir.join("config.toml"), config_toml.as_bytes()).map_err(io)
 }
 
 /// Writes an HF model directory (`config.json` and `model.safetensors`, f32) or a PEFT adapter

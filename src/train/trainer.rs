@@ -155,7 +155,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
     let lr_factor = cfg.lr_scaling.factor(world);
     progress.line(&format!(
-        "{name}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} ({:?} scaling)",
+        "{name}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} (lr_scaling = {})",
         sampler.global_batch,
         sampler.micro_batch,
         sampler.global_batch / (sampler.micro_batch * world),
@@ -218,6 +218,8 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let mut metrics_out = match (&resume_from, main) {
         (_, false) => None,
+        // A resumed stage keeps the rows up to its checkpoint; a stage started afresh (again, after
+        // dying before its first checkpoint) starts an empty file: no step is ever logged twice.
         (Some(_), true) => Some(MetricsWriter::resume(dir, state.step)?),
         (None, true) => Some(MetricsWriter::create(dir)?),
     };
@@ -240,14 +242,8 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let mut last_status = String::new();
     let mut interrupted = false;
     if let (Some(refs), true, 0) = (&references, cfg.eval_on_start, state.step) {
-        last_eval = Some(refs.evaluate(
-            &inference_copy(&policy),
-            stage,
-            &state,
-            &eval_collation,
-            metrics_out.as_mut(),
-            progress,
-        )?);
+        last_eval =
+            refs.evaluate(&inference_copy(&policy), stage, &state, &eval_collation, metrics_out.as_mut(), progress)?;
     }
     while state.step < total_steps {
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
@@ -358,14 +354,14 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         if let Some(refs) = &references {
             let every = cfg.eval_every();
             if every > 0 && (state.step % every == 0 || state.step == total_steps) {
-                last_eval = Some(refs.evaluate(
+                last_eval = refs.evaluate(
                     &inference_copy(&policy),
                     stage,
                     &state,
                     &eval_collation,
                     metrics_out.as_mut(),
                     progress,
-                )?);
+                )?;
             }
         }
         if cfg.save_steps > 0 && state.step % cfg.save_steps == 0 && state.step < total_steps {
@@ -454,16 +450,25 @@ fn scored_tokens(batch: &data::Batch) -> f64 {
 fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenizer_dir: &Path) -> anyhow::Result<()> {
     let staged = final_dir.with_extension("partial");
     if staged.exists() {
-        std::fs::remove_dir_all(&staged)?;
+        std::fs::remove_dir_all(&staged).with_context(|| format!("cannot remove `{}`", staged.display()))?;
     }
-    checkpoint::write_model_dir(&staged, model, files)?;
-    for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
-        let src = tokenizer_dir.join(file);
-        if src.is_file() {
-            std::fs::copy(&src, staged.join(file)).with_context(|| format!("cannot copy `{}`", src.display()))?;
+    let written = (|| -> anyhow::Result<()> {
+        checkpoint::write_model_dir(&staged, model, files)?;
+        for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
+            let src = tokenizer_dir.join(file);
+            if src.is_file() {
+                let dest = staged.join(file);
+                std::fs::copy(&src, &dest).with_context(|| format!("cannot write `{}`", dest.display()))?;
+            }
         }
+        crate::fsutil::replace_dir(&staged, final_dir)
+            .with_context(|| format!("cannot write `{}`", final_dir.display()))
+    })();
+    if written.is_err() {
+        // Nothing half-written stays behind.
+        let _ = std::fs::remove_dir_all(&staged);
     }
-    crate::fsutil::replace_dir(&staged, final_dir).with_context(|| format!("cannot write `{}`", final_dir.display()))
+    written
 }
 
 /// What the steps since the last log did, kept on the device until the log reads it.
@@ -580,7 +585,10 @@ impl References {
                 reference_free: true,
             });
         };
-        progress.line(&format!("scoring {} held-out pairs under the reference", data.eval.len() + data.test.len()));
+        let held_out = data.eval.len() + data.test.len();
+        if held_out > 0 {
+            progress.line(&format!("scoring {held_out} held-out pairs under the reference"));
+        }
         let eval = sharded_reference_logps(&reference, &data.eval, collation, stage)?;
         let test = sharded_reference_logps(&reference, &data.test, collation, stage)?;
         let main = stage.workers.is_main();
@@ -609,6 +617,8 @@ impl References {
         }
     }
 
+    /// The held-out metrics (rank 0 also logs them and rewrites the samples); `None` without
+    /// held-out data.
     fn evaluate(
         &self,
         policy: &Llama,
@@ -617,12 +627,12 @@ impl References {
         collation: &Collation,
         out: Option<&mut MetricsWriter>,
         progress: &mut dyn Progress,
-    ) -> anyhow::Result<Metrics> {
+    ) -> anyhow::Result<Option<Metrics>> {
         if stage.data.eval.is_empty() {
-            return Ok(MetricSums::default().finish());
+            return Ok(None);
         }
         let metrics = sharded_metrics(policy, &stage.data.eval, &self.eval, collation, stage)?;
-        let Some(out) = out else { return Ok(metrics) };
+        let Some(out) = out else { return Ok(Some(metrics)) };
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
         for (name, value) in metrics.named() {
             row.set_metric(name, value);
@@ -641,7 +651,7 @@ impl References {
             &self.eval_samples,
             &format!("step {}", state.step),
         )?;
-        Ok(metrics)
+        Ok(Some(metrics))
     }
 
     fn test(
