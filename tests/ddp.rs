@@ -15,7 +15,7 @@ fn write_config(dir: &Path, max_steps: u64) -> PathBuf {
     let path = dir.join("ddp.toml");
     let text = format!(
         "model_name_or_path = \"{m}\"\nref_model_name_or_path = \"{r}\"\ntrain_file = \"{d}\"\neval_file = \"{d}\"\n\
-         output_dir = \"{o}\"\nlearning_rate = 1e-3\nweight_decay = 0.01\nmax_grad_norm = 0.5\n\
+         output_dir = \"{o}\"\nbf16 = false\ngradient_checkpointing = false\nlearning_rate = 1e-3\nweight_decay = 0.01\nmax_grad_norm = 0.5\n\
          per_device_train_batch_size = 1\nglobal_batch_size = 6\nmax_steps = {max_steps}\nlogging_steps = 1\n\
          eval_steps = 2\nsave_steps = 0\nnum_samples = 1\nmax_new_tokens = 4\nseed = 11\nddp_timeout = 60\n",
         m = fixtures().join("models/llama").display(),

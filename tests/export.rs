@@ -15,7 +15,7 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     let out = tempfile::tempdir().unwrap();
     let fixtures = fixtures();
     let text = format!(
-        "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"export\"\nlearning_rate = 1e-2\nmax_steps = 2\nper_device_train_batch_size = 4\nnum_samples = 0\n",
+        "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"export\"\nbf16 = false\ngradient_checkpointing = false\nlearning_rate = 1e-2\nmax_steps = 2\nper_device_train_batch_size = 4\nnum_samples = 0\n",
         fixtures.join("models/qwen2").display(),
         fixtures.join("data/prefs.jsonl").display(),
         out.path().display()

@@ -78,7 +78,7 @@ fn a_peft_adapter_loads_with_peft_logits() {
 
 fn lora_config(out: &Path, model: &Path, extra: &str) -> TrainConfig {
     let text = format!(
-        "model_name_or_path = \"{}\"\ntokenizer_name_or_path = \"{}\"\ntrain_file = \"{}\"\neval_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"lora\"\nlearning_rate = 1e-2\nmax_steps = 3\nper_device_train_batch_size = 4\nnum_samples = 0\nlogging_steps = 1\nsave_steps = 2\n{extra}",
+        "model_name_or_path = \"{}\"\ntokenizer_name_or_path = \"{}\"\ntrain_file = \"{}\"\neval_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"lora\"\nbf16 = false\ngradient_checkpointing = false\nlearning_rate = 1e-2\nmax_steps = 3\nper_device_train_batch_size = 4\nnum_samples = 0\nlogging_steps = 1\nsave_steps = 2\n{extra}",
         model.display(),
         fixtures().join("models/llama").display(),
         fixtures().join("data/prefs.jsonl").display(),

@@ -68,6 +68,7 @@ pub fn run_alone(
         device: cpu(),
         interrupt,
         workers: dpo_train::dist::Workers::single(),
+        config_description: String::new(),
     };
     run(req, progress).unwrap()
 }

@@ -1,0 +1,537 @@
+//! A researcher's first real run, as they would walk it: their own model directory and data, no
+//! `--config`, one device and several, Ctrl-C in the middle, a full disk, bad files. Each test runs
+//! the `dpo-train` binary and checks what the user sees: the exit code, the one-line error, the
+//! files written, the processes left.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{fixtures, max_diff, tensors};
+
+fn model() -> PathBuf {
+    fixtures().join("models/llama")
+}
+
+fn data() -> PathBuf {
+    fixtures().join("data/prefs.jsonl")
+}
+
+fn dpo_train() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpo-train"));
+    cmd.env_remove("RANK").env_remove("WORLD_SIZE").env_remove("SLURM_PROCID");
+    cmd
+}
+
+/// Runs to the end; a run still going after `limit` is killed and fails the test (a liveness
+/// bound: the endless launch chain this guards against never ends).
+fn finish(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("dpo-train starts");
+    wait_or_kill(child, limit)
+}
+
+fn wait_or_kill(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!("still running after {limit:?}; stderr: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn train<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(args);
+    finish(cmd, Duration::from_secs(120))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The one line a bad input gets, with exit code 1.
+fn one_line_error(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    err.trim_end().to_owned()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// The flags of a short f32 run of `model` on `data` into `out/name`, plus `extra`.
+fn short_run(out: &Path, name: &str, model: &Path, data: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--model",
+        s(model),
+        "--data",
+        s(data),
+        "--output-dir",
+        s(out),
+        "--run-name",
+        name,
+        "--max-steps",
+        "3",
+        "--per-device-train-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--bf16",
+        "false",
+        "--gradient-checkpointing",
+        "false",
+        "--num-samples",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    args.into_iter().map(str::to_owned).collect()
+}
+
+// --- 1. one device is one process -------------------------------------------------------------
+
+/// `--devices cpu:1` runs as one process (no launcher, no worker launching workers) and trains the
+/// same parameters as a plain run; so does a process that has worker variables of a world of 1
+/// (torchrun --nproc-per-node 1) whatever launch flags it carries.
+#[test]
+fn one_device_is_one_process_and_trains_like_a_plain_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let args = short_run(dir.path(), name, &model(), &data(), extra);
+        let mut cmd = dpo_train();
+        cmd.arg("train").args(&args).envs(env.iter().copied());
+        let out = finish(cmd, Duration::from_secs(120));
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("launching"), "{name} launched workers: {}", stderr(&out));
+        tensors(&dir.path().join(name).join("final/model.safetensors"))
+    };
+    let plain = run("plain", &[], &[]);
+    let one_cpu = run("cpu1", &["--devices", "cpu:1"], &[]);
+    assert_eq!(max_diff(&plain, &one_cpu), 0.0);
+    let torchrun_of_one = [
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29999"),
+    ];
+    let worker = run("worker", &["--devices", "cpu:2"], &torchrun_of_one);
+    assert_eq!(max_diff(&plain, &worker), 0.0);
+}
+
+// --- 2. a user's model trains with TRL's defaults ----------------------------------------------
+
+/// No `--config`: the user's model and data train with TRL's DPOConfig defaults; nothing of the
+/// demo is built or used, and the start lists where every value came from.
+#[test]
+fn a_users_model_trains_with_trls_defaults_without_a_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train(&["--model", s(&model()), "--data", s(&data()), "--output-dir", s(dir.path()), "--max-steps", "2"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("demo"), "the demo leaked into a user's run: {err}");
+    assert!(err.contains("effective config (flags, and TRL's DPOConfig defaults for the rest)"), "{err}");
+    let origin = |key: &str| err.lines().find(|l| l.trim_start().starts_with(&format!("{key} = "))).map(str::to_owned);
+    assert!(origin("model_name_or_path").is_some_and(|l| l.ends_with("# flag")), "{err}");
+    assert!(origin("learning_rate").is_some_and(|l| l.contains("= 1e-6") && l.ends_with("# default")), "{err}");
+    assert!(origin("bf16").is_some_and(|l| l.contains("= true") && l.ends_with("# default")), "{err}");
+    let runs: Vec<PathBuf> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert!(run.file_name().unwrap().to_string_lossy().ends_with("-llama"), "{run:?}");
+    assert!(!run.join("demo").exists() && !run.join("sft").exists());
+    let saved = dpo_train::config::TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
+    assert_eq!((saved.beta, saved.learning_rate, saved.max_length, saved.sft_steps), (0.1, 1e-6, 1024, 0));
+    assert_eq!(saved.loss_type, vec![dpo_train::dpo::loss::LossType::Sigmoid]);
+    assert!(saved.eval_file.is_none() && saved.test_file.is_none() && saved.warmup_steps == 0);
+    // No evaluation ran, so the summary shows none.
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(!summary.contains("eval:") && !summary.contains("test:"), "{summary}");
+    assert!(run.join("final/model.safetensors").is_file());
+}
+
+/// TRL 1.16's DPOConfig defaults, read from TRL itself (`tests/gen/make_trl_defaults.py`), are
+/// dpo-train's for every key the two share.
+#[test]
+fn defaults_are_trls() {
+    let text = fs::read_to_string(fixtures().join("expected/trl_config_defaults.json")).unwrap();
+    let trl: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ours = toml::Value::try_from(dpo_train::config::TrainConfig::default()).unwrap();
+    let mut compared = 0;
+    for (key, expected) in trl.as_object().unwrap().iter().filter(|(k, _)| !k.starts_with('_')) {
+        let found = match (key.as_str(), ours.get(key)) {
+            ("bf16", _) => serde_json::json!(dpo_train::config::TrainConfig::default().bf16()),
+            // TRL's `None` is "not set": an empty list or an absent key here.
+            ("loss_weights", Some(v)) => serde_json::json!(v.as_array().filter(|a| !a.is_empty())),
+            (_, Some(v)) => serde_json::to_value(v).unwrap(),
+            (_, None) => serde_json::Value::Null,
+        };
+        let equal = match (found.as_f64(), expected.as_f64()) {
+            (Some(a), Some(b)) => a == b,
+            _ => &found == expected,
+        };
+        assert!(equal, "`{key}`: dpo-train {found}, TRL {expected}");
+        compared += 1;
+    }
+    assert!(compared >= 25, "only {compared} keys compared");
+}
+
+/// Every command `check-gpu` prints, with the GPUs swapped for as many CPU processes and its
+/// placeholder config holding only the data, trains the fixture model (TRL's defaults elsewhere).
+#[test]
+fn check_gpus_commands_run_as_printed() {
+    use check_gpu::parse::{self, Input};
+    use check_gpu::{FineTune, ModelShape, PlanRequest, plan};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("YOUR_CONFIG.toml");
+    let out_dir = dir.path().join("runs");
+    fs::write(
+        &config,
+        format!("train_file = \"{}\"\noutput_dir = \"{}\"\nmax_steps = 1\n", data().display(), out_dir.display()),
+    )
+    .unwrap();
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("check_gpu/tests/fixtures");
+    let (tp, qp) = (fixture.join("t4x2-phb.topo.txt"), fixture.join("t4x2-phb.query.csv"));
+    let (topo, query) = (parse::read(&tp).unwrap(), parse::read(&qp).unwrap());
+    let snap = parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))
+        .unwrap();
+    let shape = Some(ModelShape::from_hf_dir(&model()).unwrap());
+    let mut commands = Vec::new();
+    for finetune in [FineTune::Full, FineTune::Lora { rank: 4 }] {
+        let req = PlanRequest { model: shape.clone(), model_dir: Some(model()), finetune, ..PlanRequest::default() };
+        commands.push(plan(&snap, &req).command);
+    }
+    let no_gpu = PlanRequest { model_dir: Some(model()), ..PlanRequest::default() };
+    commands.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()).command);
+    for (i, command) in commands.iter().enumerate() {
+        let words: Vec<String> = command
+            .split_whitespace()
+            .map(|w| w.replace("YOUR_CONFIG.toml", s(&config)))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace("--gpus ", "--devices cpu:")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(words[0], "dpo-train", "{command}");
+        let name = format!("cmd{i}");
+        let mut cmd = dpo_train();
+        cmd.args(&words[1..]).args(["--run-name", &name]);
+        let out = finish(cmd, Duration::from_secs(180));
+        assert!(out.status.success(), "`{command}`: {}", stderr(&out));
+        let saved = dpo_train::config::TrainConfig::from_toml_file(&out_dir.join(&name).join("config.toml")).unwrap();
+        assert_eq!(saved.model_name_or_path, model().display().to_string(), "{command}");
+        assert_eq!((saved.beta, saved.learning_rate), (0.1, 1e-6), "{command}");
+        assert!(out_dir.join(&name).join("final").is_dir(), "{command}");
+    }
+}
+
+// --- 5. bad and interrupted runs ---------------------------------------------------------------
+
+/// A copy of the fixture model whose `config.json` is edited by `edit` (the weights are not read
+/// before the check that refuses it).
+fn edited_model(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let copy = dir.join(name);
+    fs::create_dir_all(&copy).unwrap();
+    for entry in fs::read_dir(model()).unwrap() {
+        let path = entry.unwrap().path();
+        fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(copy.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    fs::write(copy.join("config.json"), cfg.to_string()).unwrap();
+    copy
+}
+
+/// Sequences beyond the model's positions, vocabularies the tokenizer overflows, a reference of
+/// another shape, a CUDA device that is not there: one line each, exit 1, for every command.
+#[test]
+fn inputs_the_model_cannot_take_are_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("long.jsonl");
+    let words = "the sea is wide and the wind is free ".repeat(60);
+    fs::write(&long, format!("{}\n", serde_json::json!({"prompt": "Q:", "chosen": words, "rejected": " no"}))).unwrap();
+    let (m, d, o) = (model(), data(), dir.path().join("runs"));
+    let base = ["--output-dir", s(&o), "--max-steps", "1"];
+    let err = one_line_error(&train(&[&["--model", s(&m), "--data", s(&long)][..], &base].concat()));
+    assert!(err.contains(&format!("`{}` has a sequence of", long.display())), "{err}");
+    assert!(err.ends_with("handles at most 256 (`max_position_embeddings`): pass `--max-length 256` or less"), "{err}");
+    let eval = |args: &[&str]| {
+        let mut cmd = dpo_train();
+        cmd.arg("eval").args(args);
+        finish(cmd, Duration::from_secs(60))
+    };
+    let err = one_line_error(&eval(&["--model", s(&m), "--data", s(&long)]));
+    assert!(err.contains("handles at most 256 (`max_position_embeddings`)"), "{err}");
+
+    let small = edited_model(dir.path(), "small-vocab", |c| c["vocab_size"] = 300.into());
+    let expected =
+        format!("the tokenizer has 380 tokens but the model in `{}` embeds only 300 (`vocab_size`)", small.display());
+    let err =
+        one_line_error(&train(&[&["--model", s(&m), "--ref-model", s(&small), "--data", s(&d)][..], &base].concat()));
+    assert!(err.ends_with(&expected), "{err}");
+    let prompts = dir.path().join("prompts.txt");
+    fs::write(&prompts, "Hello\n").unwrap();
+    let mut cmd = dpo_train();
+    cmd.args(["generate", "--model", s(&small), "--prompts", s(&prompts)]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(60)));
+    assert!(err.ends_with(&expected), "{err}");
+
+    let other_vocab = edited_model(dir.path(), "bigger-vocab", |c| c["vocab_size"] = 448.into());
+    let err = one_line_error(&train(
+        &[&["--model", s(&m), "--ref-model", s(&other_vocab), "--data", s(&d)][..], &base].concat(),
+    ));
+    assert!(
+        err.ends_with(&format!(
+            "the reference in `{}` (vocab_size 448) does not match the policy in `{}` (vocab_size 384): its vocabulary differs",
+            other_vocab.display(),
+            m.display()
+        )),
+        "{err}"
+    );
+    let other_family = edited_model(dir.path(), "qwen-shaped", |c| c["model_type"] = "qwen2".into());
+    let err = one_line_error(&eval(&["--model", s(&m), "--ref-model", s(&other_family), "--data", s(&d)]));
+    assert!(
+        err.contains("(model_type qwen2) does not match the policy") && err.ends_with("its architecture differs"),
+        "{err}"
+    );
+
+    let err = one_line_error(&train(&[&["--model", s(&m), "--data", s(&d), "--device", "cuda"][..], &base].concat()));
+    assert!(err.ends_with("`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`"), "{err}");
+    let err = one_line_error(&eval(&["--model", s(&m), "--data", s(&d), "--device", "cuda:1"]));
+    assert!(err.ends_with("`--device cuda:1`: 0 CUDA device(s) found; run with `--device cpu`"), "{err}");
+    assert!(!o.exists(), "a refused run wrote `{}`", o.display());
+}
+
+/// `generate` says when the model's positions cut a completion short, and refuses a prompt that
+/// leaves no room.
+#[test]
+fn generate_names_the_position_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    let long = "the sea is wide and the wind is free ".repeat(15);
+    fs::write(&prompts, format!("Hello\n{long}\n")).unwrap();
+    let mut cmd = dpo_train();
+    cmd.args([
+        "generate",
+        "--model",
+        s(&model()),
+        "--prompts",
+        s(&prompts),
+        "--max-new-tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]);
+    let out = finish(cmd, Duration::from_secs(60));
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("`{}`, line 2: the prompt has", prompts.display())) && err.contains("at most"),
+        "{err}"
+    );
+    fs::write(&prompts, format!("Hello\n{}\n", long.repeat(2))).unwrap();
+    let mut cmd = dpo_train();
+    cmd.args(["generate", "--model", s(&model()), "--prompts", s(&prompts)]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(60)));
+    assert!(err.contains(", line 2: the prompt has") && err.ends_with("no room to generate"), "{err}");
+}
+
+/// Bad flags, worker variables and config values: one line, exit 1, named where they were set.
+#[test]
+fn bad_flags_variables_and_values_exit_1_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = one_line_error(&train(&["--learning-rat", "1e-5"]));
+    assert!(
+        err.starts_with("error: unexpected argument '--learning-rat' found") && err.contains("--learning-rate"),
+        "{err}"
+    );
+    let mut cmd = dpo_train();
+    cmd.args(["train", "--model", s(&model()), "--data", s(&data())]).env("RANK", "x").env("WORLD_SIZE", "2");
+    let err = one_line_error(&finish(cmd, Duration::from_secs(60)));
+    assert!(err.contains("`LOCAL_RANK` is not set") || err.contains("`RANK` is `x`"), "{err}");
+    let config = dir.path().join("c.toml");
+    fs::write(
+        &config,
+        format!("model_name_or_path = \"{}\"\ntrain_file = \"x.jsonl\"\n\nlearning_rate = -1.0\n", model().display()),
+    )
+    .unwrap();
+    let err = one_line_error(&train(&["--config", s(&config)]));
+    assert_eq!(err, format!("error: `{}`, line 4: `learning_rate`: must be > 0, got -1", config.display()));
+    let err = one_line_error(&train(&["--config", s(&config), "--learning-rate", "0"]));
+    assert_eq!(err, "error: `--learning-rate`: must be > 0, got 0");
+    fs::write(&config, "learning_rat = 1e-5\n").unwrap();
+    let err = one_line_error(&train(&["--config", s(&config)]));
+    assert_eq!(
+        err,
+        format!("error: `{}`, line 1: unknown key `learning_rat`; did you mean `learning_rate`?", config.display())
+    );
+    let err = one_line_error(&train(&["--data", s(&data())]));
+    assert!(err.starts_with("error: `model_name_or_path`: is required"), "{err}");
+}
+
+/// A run that died before its first checkpoint, started again under its name, logs each step
+/// once; `--resume` without a directory continues the newest run and keeps the metrics to its
+/// checkpoint.
+#[test]
+fn restarts_and_resumes_log_each_step_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = short_run(dir.path(), "again", &model(), &data(), &["--logging-steps", "1", "--save-steps", "0"]);
+    assert!(train(&args).status.success());
+    // The state of a run that died after logging, before any checkpoint.
+    fs::remove_dir_all(dir.path().join("again/checkpoints")).unwrap();
+    fs::remove_dir_all(dir.path().join("again/final")).unwrap();
+    let out = train(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = |run: &str| -> Vec<(u64, String)> {
+        let rows = dpo_train::report::read_metrics(&dir.path().join(run).join("metrics.csv")).unwrap();
+        rows.iter().map(|r| (r.step, format!("{:?}", r.split))).collect()
+    };
+    assert_eq!(steps("again").iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3]);
+
+    let out = train(&["--resume", "--output-dir", s(dir.path()), "--max-steps", "5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resuming dpo from"), "{}", stderr(&out));
+    assert_eq!(steps("again").iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+}
+
+/// A file-size limit (as a full disk) while a checkpoint is written: exit 2, one line that says
+/// it was a write and gives the cause once, and no half-written checkpoint left behind.
+#[test]
+fn a_failed_checkpoint_write_is_reported_and_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = short_run(dir.path(), "full", &model(), &data(), &["--save-steps", "2"]);
+    // The model file is 396 KB: a 200 KiB limit stops the first checkpoint.
+    let mut cmd = Command::new("bash");
+    cmd.args(["-c", "ulimit -f 200; exec \"$0\" train \"$@\"", env!("CARGO_BIN_EXE_dpo-train")]).args(&args);
+    let out = finish(cmd, Duration::from_secs(120));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: cannot write `") && last.ends_with("File too large (os error 27)"), "{err}");
+    assert_eq!(last.matches("os error").count(), 1, "{last}");
+    let leftovers: Vec<String> = fs::read_dir(dir.path().join("full/checkpoints"))
+        .map(|entries| entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM to the launcher of `--devices cpu:2`, alone or with its whole process
+/// group: the workers save one checkpoint together, the job exits 130, and no worker is left.
+#[test]
+fn an_interrupted_multi_process_run_saves_and_exits_130() {
+    for (signal, group) in [(libc::SIGINT, false), (libc::SIGINT, true), (libc::SIGTERM, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let extra = ["--devices", "cpu:2", "--logging-steps", "1", "--save-steps", "0"];
+        let mut args = short_run(dir.path(), "stop", &model(), &data(), &extra);
+        let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
+        args[steps] = "100000".into();
+        let mut cmd = dpo_train();
+        cmd.arg("train").args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+        let child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        let metrics = dir.path().join("stop/metrics.csv");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
+            assert!(Instant::now() < deadline, "the workers never trained");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let workers = children_of(pid);
+        assert_eq!(workers.len(), 2, "{workers:?}");
+        // SAFETY: signals to our own child (or its process group).
+        unsafe { libc::kill(if group { -pid } else { pid }, signal) };
+        let out = wait_or_kill(child, Duration::from_secs(90));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(130), "signal {signal}, group {group}: {err}");
+        assert!(err.contains("interrupted at step"), "{err}");
+        let saved = dpo_train::train::checkpoint::list(&dir.path().join("stop"));
+        assert_eq!(saved.len(), 1, "signal {signal}, group {group}: {saved:?}");
+        for worker in workers {
+            assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");
+        }
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`; comm may hold spaces, so read after the last `)`.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|pp| pp.parse().ok())
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// Pairs whose chosen equals rejected are named (they add ln 2 and no gradient); a huge row does
+/// not cost memory beyond the `max_length` tokens kept.
+#[test]
+fn identical_pairs_are_named_and_huge_rows_stay_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("same.jsonl");
+    let mut text = fs::read_to_string(data()).unwrap();
+    text.push_str(&format!("{}\n", serde_json::json!({"prompt": "Say hi.", "chosen": " Hi.", "rejected": " Hi."})));
+    fs::write(&file, &text).unwrap();
+    let lines = text.lines().count();
+    let out = train(&short_run(dir.path(), "same", &model(), &file, &[]));
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&format!("1 pairs have chosen identical to rejected (lines {lines})")), "{err}");
+
+    // One 20 MB row, of which 64 tokens are kept.
+    let huge = dir.path().join("huge.jsonl");
+    let words = "the sea is wide and the wind is free ".repeat(20 << 20 >> 5);
+    let row = serde_json::json!({"prompt": "Q:", "chosen": words, "rejected": " no"});
+    fs::write(&huge, format!("{row}\n{}", fs::read_to_string(data()).unwrap())).unwrap();
+    let mut cmd = dpo_train();
+    cmd.args(["eval", "--model", s(&model()), "--data", s(&huge), "--max-length", "64"]);
+    let (out, peak) = finish_measuring_memory(cmd, Duration::from_secs(300));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(peak < 2 << 30, "a 20 MB row took {} MB of memory", peak >> 20);
+}
+
+/// Runs to the end (bounded as [`finish`]) and returns the output and the process's peak
+/// resident memory in bytes, from `wait4`.
+#[allow(clippy::zombie_processes)] // reaped by `wait4`, which clippy does not see
+fn finish_measuring_memory(mut cmd: Command, limit: Duration) -> (Output, u64) {
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("dpo-train starts");
+    let pid = child.id() as i32;
+    let mut stderr_pipe = child.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr_pipe, &mut text);
+        text
+    });
+    let deadline = Instant::now() + limit;
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    loop {
+        // SAFETY: wait4 on our own child, writing into locals.
+        let done = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if done == pid {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stderr = reader.join().unwrap_or_default();
+    let status = std::os::unix::process::ExitStatusExt::from_raw(status);
+    let peak = u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024;
+    (Output { status, stdout: Vec::new(), stderr }, peak)
+}
