@@ -18,10 +18,23 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-trl build venv ref-venv gloo check-gpu clean-venv
+.PHONY: demo test bench bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
+
+# results/example/: the demo's run kept in the repository (plots, metrics, samples, summary.txt
+# naming the machine), whose numbers the README states. Regenerate it after any change to the
+# numerics, then copy the table from summary.txt and metrics.csv into the README.
+example: build
+	rm -rf results/example
+	$(CARGO) run --release --quiet --bin dpo-train -- --output-dir results --run-name example
+	rm -rf results/example/checkpoints results/example/final results/example/sft results/example/demo
+
+# A fresh demo against results/example/ and the README (number for number on the machine kind
+# that made it; the learning thresholds anywhere). `make test` runs the same test.
+check-example: build
+	$(CARGO) test --release --test demo
 
 test: build ref-venv
 	$(CARGO) test --release --workspace --no-fail-fast

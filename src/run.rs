@@ -50,6 +50,54 @@ impl RunSummary {
     pub fn interrupted(&self) -> bool {
         [&self.sft, &self.dpo].into_iter().flatten().any(|s| s.interrupted)
     }
+
+    /// What the run did, as printed at its end (and kept in `summary.txt`): the stages, the last
+    /// held-out and test metrics when there were such data, the demo's arithmetic.
+    pub fn text(&self) -> String {
+        let mut out = format!("run: {}\n", self.run_dir.display());
+        if let Some(sft) = &self.sft {
+            out += &format!("sft: {} steps -> {}\n", sft.steps, sft.model_dir.display());
+        }
+        if let Some(dpo) = &self.dpo {
+            out += &format!("dpo: {} steps -> {}\n", dpo.steps, dpo.model_dir.display());
+            for (label, metrics) in [("eval", &dpo.eval), ("test", &dpo.test)] {
+                if let Some(m) = metrics {
+                    out += &format!(
+                        "{label}: loss {:.4}  rewards/accuracies {:.3}  rewards/margins {:.4}  rewards/chosen {:.4}  rewards/rejected {:.4}\n",
+                        m.loss, m.rewards_accuracies, m.rewards_margins, m.rewards_chosen, m.rewards_rejected
+                    );
+                }
+            }
+        }
+        if let Some(((c0, n0), (c1, n1))) = self.demo_arithmetic {
+            let pct = |c: usize, n: usize| 100.0 * c as f64 / n.max(1) as f64;
+            out += &format!(
+                "held-out arithmetic answered correctly (greedy): after SFT {c0}/{n0} ({:.1}%), after DPO {c1}/{n1} ({:.1}%)\n",
+                pct(c0, n0),
+                pct(c1, n1)
+            );
+        }
+        out
+    }
+}
+
+/// The CPU and thread count a run's numbers came from: float results differ between instruction
+/// sets (AVX2, AVX-512, AMX take other kernels), so a result is reproducible on the same kind.
+pub fn machine() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let flags = field("flags");
+    let isa: Vec<&str> = ["avx2", "avx512f", "avx512_bf16", "amx_bf16"]
+        .into_iter()
+        .filter(|f| flags.split(' ').any(|x| x == *f))
+        .collect();
+    format!("{} ({}), {} torch threads", field("model name"), isa.join(" "), tch::get_num_threads())
 }
 
 /// Runs the request to its end.
@@ -128,7 +176,14 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         }
         _ => None,
     };
-    Ok(RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic })
+    let summary = RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic };
+    if workers.is_main() && !summary.interrupted() {
+        let path = summary.run_dir.join("summary.txt");
+        let text = format!("{}machine: {}\n", summary.text(), machine());
+        crate::fsutil::write_atomic(&path, text.as_bytes())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(summary)
 }
 
 /// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and

@@ -134,32 +134,7 @@ fn indent(text: &str) -> String {
 }
 
 fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "run: {}", summary.run_dir.display())?;
-    if let Some(sft) = &summary.sft {
-        writeln!(out, "sft: {} steps -> {}", sft.steps, sft.model_dir.display())?;
-    }
-    if let Some(dpo) = &summary.dpo {
-        writeln!(out, "dpo: {} steps -> {}", dpo.steps, dpo.model_dir.display())?;
-        // Only what was measured: a run without eval_file / test_file has no such line.
-        for (label, metrics) in [("eval", &dpo.eval), ("test", &dpo.test)] {
-            if let Some(m) = metrics {
-                writeln!(
-                    out,
-                    "{label}: loss {:.4}  rewards/accuracies {:.3}  rewards/margins {:.4}  rewards/chosen {:.4}  rewards/rejected {:.4}",
-                    m.loss, m.rewards_accuracies, m.rewards_margins, m.rewards_chosen, m.rewards_rejected
-                )?;
-            }
-        }
-    }
-    if let Some(((c0, n0), (c1, n1))) = summary.demo_arithmetic {
-        let pct = |c: usize, n: usize| 100.0 * c as f64 / n.max(1) as f64;
-        writeln!(
-            out,
-            "held-out arithmetic answered correctly (greedy): after SFT {c0}/{n0} ({:.1}%), after DPO {c1}/{n1} ({:.1}%)",
-            pct(c0, n0),
-            pct(c1, n1)
-        )?;
-    }
+    // Only what was measured: a run without eval_file / test_file has no such line.
+    std::io::stdout().lock().write_all(summary.text().as_bytes())?;
     Ok(())
 }
