@@ -182,7 +182,7 @@ fn child(config: &Path) {
         sft_only: false,
         device,
         interrupt: &interrupt,
-        workers: dpo_train::dist::Workers::single(),
+        workers: dpo_train::train::Workers::single(),
         config_description: String::new(),
     };
     run(req, &mut Quiet).expect("training runs");

@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use burn::tensor::{Device, FloatDType};
 use common::{MEDIUM, SMALL, Shape, dpo_flops_per_token, dpo_train_rate, forward_flops_per_token, matmul_peak};
-use dpo_train::dpo::loss::LossConfig;
+use dpo_train::config::LossConfig;
+use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::eval::{EvalOptions, evaluate};
-use dpo_train::generate::{SamplingConfig, generate, rng};
-use dpo_train::tokenizer::Tokenizer;
+use dpo_train::model::generate::{SamplingConfig, generate, rng};
 
 const SEQ_LEN: usize = 512;
 

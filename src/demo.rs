@@ -8,9 +8,9 @@ use burn::tensor::Device;
 
 use crate::data::bpe::{self, train_tokenizer};
 use crate::data::synth::{self, SynthConfig, TaskKind, is_correct_answer};
-use crate::generate::{SamplingConfig, generate, rng};
+use crate::data::tokenizer::Tokenizer;
+use crate::model::generate::{SamplingConfig, generate, rng};
 use crate::model::{self, Llama, RandomInit};
-use crate::tokenizer::Tokenizer;
 use crate::train::checkpoint::{ModelFiles, write_model_dir};
 
 /// The demo's configuration, embedded in the binary (also shipped as `configs/demo.toml`).

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use burn::tensor::Device;
 
-use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport, TokenizedPair};
-use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
-use crate::dpo::loss::{LossConfig, dpo_loss};
-use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs};
+use crate::config::LossConfig;
+use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport, Tokenizer};
+use crate::dpo::logps::{Collation, RefLogps, reference_logps};
+use crate::dpo::metrics::Metrics;
+use crate::dpo::score::evaluate_pairs;
 use crate::model::{self, Llama, compat};
-use crate::tokenizer::Tokenizer;
 
 /// Inputs that cannot be evaluated together.
 #[derive(Debug, thiserror::Error)]
@@ -114,48 +114,6 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
     };
     let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, &collation, &opts.loss, &opts.device);
     Ok(EvalReport { metrics, pairs: pairs.len(), skipped: loaded.skipped, tokenize })
-}
-
-/// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs. The
-/// loss is computed once over every pair, so the batch size only bounds memory.
-pub fn evaluate_pairs(
-    policy: &Llama,
-    pairs: &[TokenizedPair],
-    ref_logps: &RefLogps,
-    collation: &Collation,
-    loss: &LossConfig,
-    device: &Device,
-) -> Metrics {
-    let indices: Vec<usize> = (0..pairs.len()).collect();
-    metrics_of(&score_pairs(policy, pairs, &indices, ref_logps, collation, device), loss, device)
-}
-
-/// Scores the pairs at `indices` (in that order) under `policy`.
-pub fn score_pairs(
-    policy: &Llama,
-    pairs: &[TokenizedPair],
-    indices: &[usize],
-    ref_logps: &RefLogps,
-    collation: &Collation,
-    device: &Device,
-) -> ScoredPairs {
-    let mut scored = ScoredPairs::default();
-    for chunk in indices.chunks(collation.batch_size.max(1)) {
-        let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
-        let batch = data::collate(&chunk_pairs, collation.pad_id, collation.max_length);
-        let batch = DeviceBatch::new(&batch, collation.ld_alpha, device);
-        let policy_scores = score(policy, &batch, true);
-        scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
-    }
-    scored
-}
-
-/// The loss over every scored pair at once, and the metrics.
-pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, device: &Device) -> Metrics {
-    let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
-    let mut sums = MetricSums::default();
-    sums.add(scored, value, loss.beta);
-    sums.finish()
 }
 
 /// The resolved config of the model in `dir`, checked to embed every id of the tokenizer.

@@ -5,6 +5,7 @@
 //! metrics) → [`eval`]; [`cli`] parses flags into those modules' options.
 
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod data;
 pub mod demo;
@@ -12,12 +13,11 @@ pub mod dist;
 pub mod dpo;
 pub mod eval;
 pub mod fsutil;
-pub mod generate;
+
 pub mod malloc;
 pub mod model;
 pub mod report;
 pub mod run;
-pub mod tokenizer;
 pub mod train;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,
@@ -32,14 +32,14 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     }
     let user_input = err.chain().any(|e| {
         e.is::<data::DataError>()
-            || e.is::<tokenizer::TokenizerError>()
+            || e.is::<data::tokenizer::TokenizerError>()
             || e.is::<model::ModelError>()
             || e.is::<model::CompatError>()
             || e.is::<model::AdapterError>()
             || e.is::<model::weights::WeightsError>()
-            || e.is::<generate::GenerateError>()
+            || e.is::<model::generate::GenerateError>()
             || e.is::<dist::EnvError>()
-            || e.is::<dpo::loss::LossConfigError>()
+            || e.is::<config::LossConfigError>()
             || e.is::<eval::EvalError>()
             || e.is::<config::ConfigError>()
             || e.is::<cli::LaunchFlagError>()

@@ -9,11 +9,11 @@ use anyhow::Context;
 use burn::tensor::Device;
 
 use crate::config::TrainConfig;
+use crate::data::tokenizer::Tokenizer;
 use crate::data::{self, Columns, LoadOptions, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
-use crate::dist::Workers;
 use crate::model::{self, compat};
-use crate::tokenizer::Tokenizer;
+use crate::train::Workers;
 use crate::train::trainer::{Objective, Progress, RunData, Stage, StageOutcome, run_stage};
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
@@ -345,7 +345,11 @@ fn run_dir(req: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
             Ok((dir, true))
         }
         None => {
-            let name = req.cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", timestamp(), req.config_name));
+            let name = req
+                .cfg
+                .run_name
+                .clone()
+                .unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), req.config_name));
             let dir = req.cfg.output_dir.join(name);
             if crate::train::checkpoint::latest(&dir).is_some() {
                 anyhow::bail!(
@@ -357,21 +361,4 @@ fn run_dir(req: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
             Ok((dir, false))
         }
     }
-}
-
-/// `YYYYMMDD-HHMMSS` in UTC.
-pub fn timestamp() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}{month:02}{day:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
 }

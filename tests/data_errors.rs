@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::data::{LoadOptions, load_preferences, tokenize};
-use dpo_train::tokenizer::Tokenizer;
 
 /// Writes `contents` to a fresh file `name` in this test's temporary directory.
 fn write(test: &str, name: &str, contents: &[u8]) -> PathBuf {

@@ -150,8 +150,8 @@ fn a_users_model_trains_with_trls_defaults_without_a_config() {
     assert!(run.file_name().unwrap().to_string_lossy().ends_with("-llama"), "{run:?}");
     assert!(!run.join("demo").exists() && !run.join("sft").exists());
     let saved = dpo_train::config::TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
-    assert_eq!((saved.beta, saved.learning_rate, saved.max_length, saved.sft_steps), (0.1, 1e-6, 1024, 0));
-    assert_eq!(saved.loss_type, vec![dpo_train::dpo::loss::LossType::Sigmoid]);
+    assert_eq!((saved.loss.beta, saved.learning_rate, saved.max_length, saved.sft_steps), (0.1, 1e-6, 1024, 0));
+    assert_eq!(saved.loss.loss_type, vec![dpo_train::config::LossType::Sigmoid]);
     assert!(saved.eval_file.is_none() && saved.test_file.is_none() && saved.warmup_steps == 0);
     // No evaluation ran, so the summary shows none.
     let summary = String::from_utf8_lossy(&out.stdout);
@@ -231,7 +231,7 @@ fn check_gpus_commands_run_as_printed() {
         assert!(out.status.success(), "`{command}`: {}", stderr(&out));
         let saved = dpo_train::config::TrainConfig::from_toml_file(&out_dir.join(&name).join("config.toml")).unwrap();
         assert_eq!(saved.model_name_or_path, model().display().to_string(), "{command}");
-        assert_eq!((saved.beta, saved.learning_rate), (0.1, 1e-6), "{command}");
+        assert_eq!((saved.loss.beta, saved.learning_rate), (0.1, 1e-6), "{command}");
         assert!(out_dir.join(&name).join("final").is_dir(), "{command}");
     }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use dpo_train::generate::{SamplingConfig, generate, rng};
+use dpo_train::model::generate::{SamplingConfig, generate, rng};
 use dpo_train::model::{self, llama::KvCache};
 
 fn model_dir(name: &str) -> PathBuf {

@@ -10,11 +10,13 @@ use std::sync::atomic::AtomicBool;
 
 use burn::module::Module;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use dpo_train::config::LoraSettings;
+use dpo_train::config::LossConfig;
 use dpo_train::config::TrainConfig;
 use dpo_train::data::{self, TokenizedPair};
 use dpo_train::dpo::logps::DeviceBatch;
-use dpo_train::dpo::loss::{LossConfig, PairScores, dpo_loss};
-use dpo_train::model::{self, AdapterInit, Llama, LoraSettings};
+use dpo_train::dpo::loss::{PairScores, dpo_loss};
+use dpo_train::model::{self, AdapterInit, Llama};
 use dpo_train::report::{Split, read_metrics};
 use dpo_train::train::backprop::{Checkpointing, forward_backward};
 use dpo_train::train::optim::GradAccumulator;
@@ -210,7 +212,7 @@ fn the_hand_written_head_backward_equals_autodiff() {
 fn assert_same_grads(a: &GradAccumulator, b: &GradAccumulator) {
     assert_eq!(a.grads.keys().collect::<Vec<_>>(), b.grads.keys().collect::<Vec<_>>());
     for (name, g) in &a.grads {
-        let (x, y) = (dpo_train::dpo::metrics::host(g), dpo_train::dpo::metrics::host(&b.grads[name]));
+        let (x, y) = (dpo_train::model::host(g), dpo_train::model::host(&b.grads[name]));
         let worst = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
         assert!(worst < 1e-5, "{name}: gradients differ by {worst}");
     }

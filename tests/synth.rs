@@ -4,8 +4,8 @@
 
 use dpo_train::data::bpe::{DEFAULT_VOCAB_SIZE, train_tokenizer};
 use dpo_train::data::synth::{SynthConfig, SynthPair, TaskKind, generate, write_splits};
+use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::data::{LoadOptions, Text, load_preferences, tokenize};
-use dpo_train::tokenizer::Tokenizer;
 
 fn texts(pairs: &[SynthPair]) -> Vec<String> {
     pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]).collect()

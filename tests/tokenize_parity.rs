@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use dpo_train::data::tokenizer::{Message, Tokenizer};
 use dpo_train::data::{LoadOptions, collate, load_preferences, tokenize};
-use dpo_train::tokenizer::{Message, Tokenizer};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {

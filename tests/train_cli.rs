@@ -138,8 +138,8 @@ fn check_gpu_commands_are_accepted() {
         let cli = dpo_train::cli::Cli::try_parse_from(command.split_whitespace())
             .unwrap_or_else(|e| panic!("`{command}` does not parse: {e}"));
         let overrides = match &cli.command {
-            Some(dpo_train::cli::Command::Train(args)) => &args.overrides.0,
-            _ => &cli.train.overrides.0,
+            Some(dpo_train::cli::Command::Train(args)) => &args.overrides.values,
+            _ => &cli.train.overrides.values,
         };
         // What YOUR_CONFIG.toml would hold: the model and the data.
         let base = dpo_train::config::TrainConfig {

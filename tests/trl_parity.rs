@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use burn::tensor::Device;
+use dpo_train::config::{FDivergence, LossConfig, LossType};
 use dpo_train::data::{Batch, Columns};
 use dpo_train::dpo::logps::DeviceBatch;
-use dpo_train::dpo::loss::{FDivergence, LossConfig, LossType, PairScores, dpo_loss};
-use dpo_train::dpo::metrics::host;
+use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
+use dpo_train::model::host;
 use dpo_train::train::backprop::forward_backward;
 use dpo_train::train::optim::GradAccumulator;
 use serde::Deserialize;

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::KEYS;
-use crate::dpo::loss::LossConfig;
+use crate::config::{KEYS, KeyDoc, Section};
 
 /// Direct Preference Optimization for Hugging Face Llama-family models.
 ///
@@ -115,13 +114,54 @@ pub struct ParallelArgs {
     pub master_port: Option<u16>,
 }
 
-/// `--<key> VALUE` for every config key, applied on top of the file. The model and data keys
-/// also answer to `eval`'s and `generate`'s short names (`--model`, `--ref-model`, `--data`,
-/// `--tokenizer`).
-#[derive(Debug, Clone, Default)]
-pub struct ConfigOverrides(pub Vec<(String, String)>);
+/// `--<key> VALUE` for every config key of `S` ([`AllKeys`] for `train`, [`LossKeys`] for
+/// `eval`), generated from [`KEYS`] with its help text, and applied on top of the file. The model
+/// and data keys also answer to `eval`'s and `generate`'s short names (`--model`, `--ref-model`,
+/// `--data`, `--tokenizer`).
+#[derive(Debug, Clone)]
+pub struct KeyFlags<S> {
+    /// `(key, text)` in snake_case, in the order of [`KEYS`].
+    pub values: Vec<(String, String)>,
+    selection: std::marker::PhantomData<S>,
+}
 
-impl clap::FromArgMatches for ConfigOverrides {
+/// Every key: `train`'s and `sft`'s flags.
+pub type ConfigOverrides = KeyFlags<AllKeys>;
+/// The loss keys: `eval`'s flags.
+pub type LossFlags = KeyFlags<LossKeys>;
+
+/// Which keys a [`KeyFlags`] declares.
+pub trait KeySelection {
+    const HEADING: &'static str;
+    fn includes(key: &KeyDoc) -> bool;
+}
+
+#[derive(Debug, Clone)]
+pub struct AllKeys;
+#[derive(Debug, Clone)]
+pub struct LossKeys;
+
+impl KeySelection for AllKeys {
+    const HEADING: &'static str = "Config keys (override the file)";
+    fn includes(_: &KeyDoc) -> bool {
+        true
+    }
+}
+
+impl KeySelection for LossKeys {
+    const HEADING: &'static str = "Loss (TRL's DPOConfig keys)";
+    fn includes(key: &KeyDoc) -> bool {
+        key.section == Section::Loss
+    }
+}
+
+impl<S> Default for KeyFlags<S> {
+    fn default() -> Self {
+        Self { values: Vec::new(), selection: std::marker::PhantomData }
+    }
+}
+
+impl<S: KeySelection> clap::FromArgMatches for KeyFlags<S> {
     fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
         let mut out = Self::default();
         out.update_from_arg_matches(matches)?;
@@ -129,18 +169,18 @@ impl clap::FromArgMatches for ConfigOverrides {
     }
 
     fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-        for key in KEYS {
+        for key in KEYS.iter().filter(|k| S::includes(k)) {
             if let Some(value) = matches.get_one::<String>(key.name) {
-                self.0.push((key.name.to_owned(), value.clone()));
+                self.values.push((key.name.to_owned(), value.clone()));
             }
         }
         Ok(())
     }
 }
 
-impl clap::Args for ConfigOverrides {
+impl<S: KeySelection> clap::Args for KeyFlags<S> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        KEYS.iter().fold(cmd.next_help_heading("Config keys (override the file)"), |cmd, key| {
+        KEYS.iter().filter(|k| S::includes(k)).fold(cmd.next_help_heading(S::HEADING), |cmd, key| {
             let arg = clap::Arg::new(key.name)
                 .long(key.name.replace('_', "-"))
                 .visible_aliases(short_names(key.name))
@@ -259,7 +299,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub skip_bad_rows: bool,
     #[command(flatten)]
-    pub loss: LossConfig,
+    pub loss: LossFlags,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     #[arg(long, default_value_t = 1024)]
     pub max_length: usize,

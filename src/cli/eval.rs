@@ -4,6 +4,7 @@ use std::io::Write;
 
 use super::args::EvalArgs;
 use super::launch::single_device;
+use crate::config::TrainConfig;
 use crate::data::Columns;
 use crate::eval::{EvalOptions, EvalReport, evaluate};
 
@@ -20,7 +21,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
             rejected: args.columns.rejected_column,
         },
         skip_bad_rows: args.skip_bad_rows,
-        loss: args.loss,
+        loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
         max_length: Some(args.max_length),
         batch_size: args.batch_size,
         device: single_device(args.device)?,

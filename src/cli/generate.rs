@@ -10,10 +10,11 @@ use anyhow::Context;
 use super::INTERRUPTED;
 use super::args::GenerateArgs;
 use super::launch::{Placed, place};
-use crate::dist::{LaunchOutcome, Workers};
-use crate::generate::{GenerateError, SamplingConfig, generate, read_prompts, rng};
+use crate::data::tokenizer::Tokenizer;
+use crate::dist::LaunchOutcome;
+use crate::model::generate::{GenerateError, SamplingConfig, generate, read_prompts, rng};
 use crate::model::{self, compat};
-use crate::tokenizer::Tokenizer;
+use crate::train::Workers;
 
 /// Runs `generate`.
 pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
@@ -97,7 +98,7 @@ fn gather_completions(
     let mut out = vec![Vec::new(); prompts];
     for (rank, part) in parts.iter().enumerate() {
         let mut values = part.iter().map(|&v| v as usize);
-        for index in crate::dist::workers::shard(prompts, group.world_size(), rank) {
+        for index in crate::train::workers::shard(prompts, group.world_size(), rank) {
             let count = values.next().unwrap_or(0);
             out[index] = (0..count)
                 .map(|_| {

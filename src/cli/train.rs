@@ -20,8 +20,9 @@ use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
 use crate::config::{ConfigError, ConfigFile, Layered};
 use crate::demo::{DEMO, DEMO_CONFIG};
-use crate::dist::{LaunchOutcome, Workers};
+use crate::dist::LaunchOutcome;
 use crate::run::{RunRequest, RunSummary};
+use crate::train::Workers;
 use crate::train::trainer::Progress;
 
 /// Runs `train` (or `sft` with `sft_only`); 130 when interrupted.
@@ -32,7 +33,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers.
     let new_run = cfg.run_name.is_none() && resume.is_none();
-    let launched_name = new_run.then(|| format!("{}-{name}", crate::run::timestamp()));
+    let launched_name = new_run.then(|| format!("{}-{name}", crate::clock::timestamp()));
     let extra: Vec<OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
     let (device, mut group, worker) = match place(&args.parallel, &extra, Duration::from_secs(cfg.ddp_timeout))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
@@ -77,7 +78,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 
 /// The config layers, the run's default name, and the run directory to resume.
 fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>)> {
-    let flags = &args.overrides.0;
+    let flags = &args.overrides.values;
     let (file, name) = match &args.config {
         Some(path) => (Some(ConfigFile::read(path)?), stem(path)),
         None if is_demo(flags) => {

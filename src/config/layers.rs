@@ -51,14 +51,7 @@ impl ConfigFile {
 
     /// The 1-based line that sets `key`, when one does.
     fn line_of(&self, key: &str) -> Option<usize> {
-        self.text
-            .lines()
-            .position(|line| {
-                let line = line.trim_start();
-                let rest = line.strip_prefix(key).or_else(|| line.strip_prefix(&format!("\"{key}\"")));
-                rest.is_some_and(|r| r.trim_start().starts_with('='))
-            })
-            .map(|i| i + 1)
+        super::line_of(&self.text, key)
     }
 }
 
@@ -167,7 +160,7 @@ mod tests {
     #[test]
     fn each_value_knows_its_layer() {
         let l = Layered::new(file("beta = 0.2\nmax_length = 512\n"), &[("max_length".into(), "256".into())]).unwrap();
-        assert_eq!((l.cfg.beta, l.cfg.max_length, l.cfg.learning_rate), (0.2, 256, 1e-6));
+        assert_eq!((l.cfg.loss.beta, l.cfg.max_length, l.cfg.learning_rate), (0.2, 256, 1e-6));
         assert_eq!(l.origin("beta"), Origin::File);
         assert_eq!(l.origin("max_length"), Origin::Flag);
         assert_eq!(l.origin("learning_rate"), Origin::Default);
@@ -191,8 +184,8 @@ mod tests {
     #[test]
     fn trls_defaults_apply_to_what_nobody_set() {
         let cfg = TrainConfig::default();
-        assert_eq!((cfg.beta, cfg.learning_rate, cfg.max_length), (0.1, 1e-6, 1024));
-        assert_eq!(cfg.loss_type, vec![crate::dpo::loss::LossType::Sigmoid]);
+        assert_eq!((cfg.loss.beta, cfg.learning_rate, cfg.max_length), (0.1, 1e-6, 1024));
+        assert_eq!(cfg.loss.loss_type, vec![crate::config::LossType::Sigmoid]);
         assert_eq!((cfg.warmup_steps, cfg.warmup_ratio, cfg.sft_steps), (0, 0.0, 0));
         assert_eq!(
             (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.num_train_epochs),

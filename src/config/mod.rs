@@ -9,18 +9,21 @@
 //! remembers where each value came from, and validates once; the rest of the program only reads
 //! the result.
 
+pub mod keys;
 pub mod layers;
+pub mod lora;
+pub mod loss;
 
+pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
+pub use lora::LoraSettings;
+pub use loss::{FDivergence, LossConfigError, LossType};
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use burn::tensor::FloatDType;
-
-use crate::dpo::loss::{FDivergence, LossConfig, LossType};
-use crate::model::LoraSettings;
 
 /// Errors in a config file or a flag, each naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -87,118 +90,75 @@ impl std::fmt::Display for LrScaling {
     }
 }
 
-/// How a value of a key is typed on the command line.
-pub trait FlagValue {
-    /// Converts the flag's text into the TOML value the file would hold.
-    fn parse_flag(text: &str) -> Result<toml::Value, String>;
-    /// A short name of the expected type, for `--help`.
-    const KIND: &'static str;
-    /// A bare flag (`--bf16`) means `true`.
-    const IS_BOOL: bool = false;
-}
-
-macro_rules! flag_value {
-    ($($t:ty => $kind:literal, $parse:expr;)*) => {$(
-        impl FlagValue for $t {
-            const KIND: &'static str = $kind;
-            fn parse_flag(text: &str) -> Result<toml::Value, String> {
-                $parse(text)
-            }
-        }
-    )*};
-}
-
-fn int(text: &str) -> Result<toml::Value, String> {
-    text.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| format!("expected an integer, got `{text}`"))
-}
-fn float(text: &str) -> Result<toml::Value, String> {
-    text.trim().parse::<f64>().map(toml::Value::Float).map_err(|_| format!("expected a number, got `{text}`"))
-}
-fn string(text: &str) -> Result<toml::Value, String> {
-    Ok(toml::Value::String(text.to_owned()))
-}
-
-flag_value! {
-    f64 => "NUM", float;
-    u64 => "INT", int;
-    usize => "INT", int;
-    i64 => "INT", int;
-    String => "TEXT", string;
-    PathBuf => "PATH", string;
-    LossType => "TYPE", string;
-    FDivergence => "TYPE", string;
-    SchedulerType => "TYPE", string;
-    LrScaling => "TYPE", string;
-}
-
-impl FlagValue for bool {
-    const KIND: &'static str = "BOOL";
-    const IS_BOOL: bool = true;
-    fn parse_flag(text: &str) -> Result<toml::Value, String> {
-        text.parse::<bool>().map(toml::Value::Boolean).map_err(|_| format!("expected true or false, got `{text}`"))
-    }
-}
-
-impl<T: FlagValue> FlagValue for Option<T> {
-    const KIND: &'static str = T::KIND;
-    const IS_BOOL: bool = T::IS_BOOL;
-    fn parse_flag(text: &str) -> Result<toml::Value, String> {
-        T::parse_flag(text)
-    }
-}
-
-impl<T: FlagValue> FlagValue for Vec<T> {
-    const KIND: &'static str = "LIST";
-    fn parse_flag(text: &str) -> Result<toml::Value, String> {
-        text.split(',').map(|item| T::parse_flag(item.trim())).collect::<Result<Vec<_>, _>>().map(toml::Value::Array)
-    }
-}
-
-/// One documented key.
-#[derive(Debug, Clone, Copy)]
-pub struct KeyDoc {
-    pub name: &'static str,
-    pub kind: &'static str,
-    pub doc: &'static str,
-    /// `bool` keys may be given as a bare flag (`--bf16`).
-    pub is_bool: bool,
-}
-
 macro_rules! train_config {
-    ($( #[doc = $doc:literal] $name:ident : $ty:ty = $default:expr, )*) => {
+    (
+        run { $( #[doc = $doc:literal] $name:ident : $ty:ty = $default:expr, )* }
+        loss { $( #[doc = $ldoc:literal] $lname:ident : $lty:ty = $ldefault:expr, )* }
+        rest { $( #[doc = $rdoc:literal] $rname:ident : $rty:ty = $rdefault:expr, )* }
+    ) => {
         /// The effective configuration of a run (see the module doc).
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-        #[serde(deny_unknown_fields, default)]
+        #[serde(default)]
         pub struct TrainConfig {
             $( #[doc = $doc] pub $name: $ty, )*
+            /// The loss keys, flat in the file as in TRL.
+            #[serde(flatten)]
+            pub loss: LossConfig,
+            $( #[doc = $rdoc] pub $rname: $rty, )*
+        }
+
+        /// Everything that shapes the DPO loss (validated by [`LossConfig::validate`]); its keys are
+        /// [`TrainConfig`]'s too, and `dpo-train eval`'s flags.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct LossConfig {
+            $( #[doc = $ldoc] pub $lname: $lty, )*
         }
 
         impl Default for TrainConfig {
             fn default() -> Self {
-                Self { $( $name: $default, )* }
+                Self { $( $name: $default, )* loss: LossConfig::default(), $( $rname: $rdefault, )* }
+            }
+        }
+
+        impl Default for LossConfig {
+            fn default() -> Self {
+                Self { $( $lname: $ldefault, )* }
             }
         }
 
         /// Every key, in declaration order.
         pub const KEYS: &[KeyDoc] = &[
-            $( KeyDoc {
-                name: stringify!($name),
-                kind: <$ty as FlagValue>::KIND,
-                doc: $doc,
-                is_bool: <$ty as FlagValue>::IS_BOOL,
-            }, )*
+            $( key_doc!($name, $ty, $doc, Section::Run), )*
+            $( key_doc!($lname, $lty, $ldoc, Section::Loss), )*
+            $( key_doc!($rname, $rty, $rdoc, Section::Run), )*
         ];
 
         fn parse_key(key: &str, text: &str) -> Option<Result<toml::Value, String>> {
             match key {
                 $( stringify!($name) => Some(<$ty as FlagValue>::parse_flag(text)), )*
+                $( stringify!($lname) => Some(<$lty as FlagValue>::parse_flag(text)), )*
+                $( stringify!($rname) => Some(<$rty as FlagValue>::parse_flag(text)), )*
                 _ => None,
             }
         }
     };
 }
 
+macro_rules! key_doc {
+    ($name:ident, $ty:ty, $doc:literal, $section:expr) => {
+        KeyDoc {
+            name: stringify!($name),
+            kind: <$ty as FlagValue>::KIND,
+            doc: $doc,
+            is_bool: <$ty as FlagValue>::IS_BOOL,
+            section: $section,
+        }
+    };
+}
+
 train_config! {
+    run {
     // --- model and data ---
     /// Policy to train (required): a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo.
     model_name_or_path: String = String::new(),
@@ -222,6 +182,8 @@ train_config! {
     skip_bad_rows: bool = false,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     max_length: usize = 1024,
+    }
+    loss {
     // --- DPO ---
     /// Temperature of the implicit reward.
     beta: f64 = 0.1,
@@ -243,6 +205,8 @@ train_config! {
     use_weighting: bool = false,
     /// Train without a reference model (reference log-probs taken as 0).
     reference_free: bool = false,
+    }
+    rest {
     /// Compute the reference log-probs once before training (cached on disk) and free the reference.
     precompute_ref_log_probs: bool = false,
     // --- LoRA, precision, memory ---
@@ -326,6 +290,7 @@ train_config! {
     num_samples: usize = 8,
     /// Tokens generated per sample.
     max_new_tokens: usize = 32,
+    }
 }
 
 impl TrainConfig {
@@ -337,6 +302,17 @@ impl TrainConfig {
 
     /// Parses TOML text; `origin` names it in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        // The loss keys are a flattened struct, which serde cannot combine with
+        // `deny_unknown_fields`: unknown keys are refused here, with the closest known one.
+        let table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
+        if let Some(key) = table.keys().find(|k| !KEYS.iter().any(|d| d.name == k.as_str())) {
+            let candidates: Vec<&str> = KEYS.iter().map(|d| d.name).collect();
+            let message = match closest(key, &candidates) {
+                Some(best) => format!("unknown key `{key}`; did you mean `{best}`?"),
+                None => format!("unknown key `{key}` (`dpo-train --help` lists every key)"),
+            };
+            return Err(ConfigError::Toml { path: origin.to_owned(), line: line_of(text, key).unwrap_or(0), message });
+        }
         toml::from_str(text).map_err(|e| toml_error(e, text, origin))
     }
 
@@ -380,7 +356,7 @@ impl TrainConfig {
         if self.train_file.is_empty() {
             return invalid("train_file", "is required: the training preference data (`--data FILE`)".to_owned());
         }
-        self.loss().validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
+        self.loss.validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
             return invalid("learning_rate", format!("must be > 0, got {}", self.learning_rate));
         }
@@ -445,7 +421,7 @@ impl TrainConfig {
         if self.merge && self.lora_r.is_none() {
             return invalid("merge", "needs LoRA (`lora_r`): a full fine-tune is already a merged model".to_owned());
         }
-        if self.reference_free && self.precompute_ref_log_probs {
+        if self.loss.reference_free && self.precompute_ref_log_probs {
             return invalid(
                 "precompute_ref_log_probs",
                 "has no reference to precompute with `reference_free`".to_owned(),
@@ -475,22 +451,6 @@ impl TrainConfig {
         }
     }
 
-    /// The loss settings.
-    pub fn loss(&self) -> LossConfig {
-        LossConfig {
-            beta: self.beta,
-            loss_type: self.loss_type.clone(),
-            loss_weights: self.loss_weights.clone(),
-            label_smoothing: self.label_smoothing,
-            f_divergence_type: self.f_divergence_type,
-            f_alpha_divergence_coef: self.f_alpha_divergence_coef,
-            ld_alpha: self.ld_alpha,
-            discopop_tau: self.discopop_tau,
-            reference_free: self.reference_free,
-            use_weighting: self.use_weighting,
-        }
-    }
-
     /// Evaluation cadence in steps (0: never during training).
     pub fn eval_every(&self) -> u64 {
         self.eval_steps.unwrap_or(self.logging_steps)
@@ -509,29 +469,37 @@ fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
     ConfigError::Toml { path: origin.to_owned(), line, message: with_suggestion(message) }
 }
 
-/// serde's "unknown field `x`, expected one of `a`, `b`, ..." (all 60-odd keys) becomes "unknown
-/// key `x`; did you mean `a`?"; an unknown variant gets the same hint when one is close.
+/// serde's "unknown variant `x`, expected one of `a`, `b`, ..." becomes "unknown value `x`; did
+/// you mean `a`?" when one is close.
 fn with_suggestion(message: &str) -> String {
-    let quoted = |s: &str| -> Vec<String> { s.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
-    let (kind, rest) = if let Some(rest) = message.strip_prefix("unknown field ") {
-        ("key", rest)
-    } else if let Some(rest) = message.strip_prefix("unknown variant ") {
-        ("value", rest)
-    } else {
-        return message.to_owned();
-    };
-    let names = quoted(rest);
+    let Some(rest) = message.strip_prefix("unknown variant ") else { return message.to_owned() };
+    let names: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
     let Some((given, candidates)) = names.split_first() else { return message.to_owned() };
-    let closest = candidates
-        .iter()
-        .map(|c| (strsim::levenshtein(given, c), c))
-        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
-        .min_by_key(|(d, _)| *d);
-    match (closest, kind) {
-        (Some((_, best)), _) => format!("unknown {kind} `{given}`; did you mean `{best}`?"),
-        (None, "key") => format!("unknown key `{given}` (`dpo-train --help` lists every key)"),
-        (None, _) => message.to_owned(),
+    match closest(given, candidates) {
+        Some(best) => format!("unknown value `{given}`; did you mean `{best}`?"),
+        None => message.to_owned(),
     }
+}
+
+/// The candidate a misspelling most likely meant: within a third of its length in edits.
+fn closest<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::levenshtein(given, c), *c))
+        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// The 1-based line of a flat TOML file that sets `key`, when one does.
+pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            let rest = line.strip_prefix(key).or_else(|| line.strip_prefix(&format!("\"{key}\"")));
+            rest.is_some_and(|r| r.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 #[cfg(test)]
@@ -559,10 +527,10 @@ mod tests {
                 ("output_dir".into(), "/tmp/x".into()),
             ])
             .unwrap();
-        assert_eq!(cfg.beta, 0.2);
+        assert_eq!(cfg.loss.beta, 0.2);
         assert_eq!(cfg.per_device_train_batch_size, 4);
-        assert_eq!(cfg.loss_type, vec![LossType::Sigmoid, LossType::Sft]);
-        assert_eq!(cfg.loss_weights, vec![1.0, 0.5]);
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Sigmoid, LossType::Sft]);
+        assert_eq!(cfg.loss.loss_weights, vec![1.0, 0.5]);
         assert_eq!(cfg.output_dir, PathBuf::from("/tmp/x"));
     }
 

@@ -7,7 +7,7 @@
 //! first word gets no prefix space (`add_prefix_space=False`), so a prompt's tokens are a prefix of
 //! prompt+completion's. The special tokens are `<|endoftext|>` (the eos token) and `<|pad|>`; there
 //! is no bos token and no chat template. The files written are those
-//! [`crate::tokenizer::Tokenizer::from_dir`] reads: `tokenizer.json` and `tokenizer_config.json`.
+//! [`crate::data::tokenizer::Tokenizer::from_dir`] reads: `tokenizer.json` and `tokenizer_config.json`.
 //!
 //! Training is deterministic: `tokenizers`' BPE trainer sorts the alphabet and breaks ties between
 //! equally frequent pairs by pair id, and the JSON it writes lists the vocabulary by id.
@@ -144,7 +144,7 @@ fn tokenizer_config(tokenizer: &BpeTokenizer) -> String {
 mod tests {
     use super::*;
     use crate::data::synth::{SynthConfig, generate};
-    use crate::tokenizer::Tokenizer;
+    use crate::data::tokenizer::Tokenizer;
 
     fn corpus() -> Vec<String> {
         let data = generate(&SynthConfig::default());

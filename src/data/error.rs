@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use crate::tokenizer::TokenizerError;
+use crate::data::tokenizer::TokenizerError;
 
 /// Everything that can stop loading or tokenising a preference dataset.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::{DataError, RowProblem};
-use crate::tokenizer::Message;
+use crate::data::tokenizer::Message;
 
 /// The column (field) names of the three parts of a preference row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,8 +12,10 @@ pub mod error;
 pub mod load;
 pub mod synth;
 pub mod tokenize;
+pub mod tokenizer;
 
 pub use batch::{Batch, batches, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{Columns, LoadOptions, Loaded, PreferenceRow, SkippedRow, Text, load_preferences};
 pub use tokenize::{TokenizeReport, TokenizedPair, common_prefix_length, tokenize};
+pub use tokenizer::{Message, Tokenizer, TokenizerError};

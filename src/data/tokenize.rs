@@ -25,7 +25,7 @@
 
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
-use crate::tokenizer::{Message, Tokenizer};
+use crate::data::tokenizer::{Message, Tokenizer};
 
 /// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,7 +157,7 @@ pub fn common_prefix_length(a: &[u32], b: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::test_support::{CHATML, write_test_tokenizer};
+    use crate::data::tokenizer::test_support::{CHATML, write_test_tokenizer};
     use std::path::PathBuf;
 
     fn tokenizer(name: &str) -> Tokenizer {

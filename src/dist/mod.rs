@@ -6,8 +6,6 @@
 //!   barrier, all-gather — following `torch.distributed` and DDP's gradient buckets.
 //! - [`env`]: which rank this process is, from torchrun's or SLURM's variables.
 //! - [`launcher`]: `torchrun --nproc-per-node` for this binary: one worker process per rank.
-//! - [`sampler`]: each rank's disjoint share of a step's micro-batches, so W ranks see exactly the
-//!   batches one device sees.
 //! - [`slurm`]: the sbatch script for a multi-node job.
 //!
 //! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] touches it.
@@ -15,15 +13,11 @@
 pub mod env;
 pub mod launcher;
 pub mod process_group;
-pub mod sampler;
 pub mod slurm;
-pub mod workers;
 
 mod bridge;
 
 pub use env::{EnvError, EnvSource, WorkerEnv};
 pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};
 pub use process_group::{Backend, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth};
-pub use sampler::{RankStep, ShardError, rank_step, shard_step};
 pub use slurm::{SlurmOptions, sbatch_script};
-pub use workers::Workers;

@@ -240,7 +240,7 @@ pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Colla
     for chunk in pairs.chunks(collation.batch_size.max(1)) {
         let batch =
             DeviceBatch::new(&data::collate(chunk, collation.pad_id, collation.max_length), collation.ld_alpha, device);
-        let logps = crate::dpo::metrics::host(&score(model, &batch, false).logps);
+        let logps = crate::model::host(&score(model, &batch, false).logps);
         let b = chunk.len();
         out.chosen.extend_from_slice(&logps[..b]);
         out.rejected.extend_from_slice(&logps[b..]);

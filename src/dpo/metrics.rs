@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::logps::{DeviceBatch, SequenceScores};
 use super::loss::PairScores;
+use crate::model::host;
 
 /// Per-row values of one side (chosen or rejected), copied to the host.
 #[derive(Debug, Clone, Default)]
@@ -130,12 +131,6 @@ impl ScoredPairs {
             rejected_wpo: t(&self.rejected.wpo),
         }
     }
-}
-
-/// A tensor's values on the host, as f32, in row-major order.
-pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
-    // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
-    t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
 }
 
 /// Running sums behind every metric. Sums are f64 so long runs do not lose precision.

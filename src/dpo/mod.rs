@@ -1,11 +1,12 @@
 //! Direct Preference Optimization (Rafailov et al. 2023) as TRL 1.16's `DPOTrainer` computes it:
 //! the concatenated [chosen; rejected] forward ([`logps`]), every loss type ([`loss`]) and the
-//! logged metrics ([`metrics`]).
+//! logged metrics ([`metrics`]), and the scoring of whole datasets ([`score`]).
 
 pub mod logps;
 pub mod loss;
 pub mod metrics;
+pub mod score;
 
 pub use logps::{DeviceBatch, SequenceScores};
-pub use loss::{FDivergence, LossConfig, LossType};
+
 pub use metrics::{MetricSums, Metrics};

@@ -17,11 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::linear::Lora;
 use super::llama::Llama;
 use super::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors, seeded_rng};
-
-/// The projections an adapter can attach to, by their HF module names.
-pub const TARGET_MODULES: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
-/// PEFT's default for the llama, mistral, qwen2 and qwen3 model types.
-pub const DEFAULT_TARGET_MODULES: [&str; 2] = ["q_proj", "v_proj"];
+use crate::config::LoraSettings;
 
 const CONFIG_FILE: &str = "adapter_config.json";
 const WEIGHTS_FILE: &str = "adapter_model.safetensors";
@@ -43,59 +39,6 @@ pub enum AdapterError {
     Unsupported { path: PathBuf, field: &'static str, found: String, supported: &'static str },
     #[error(transparent)]
     Weights(#[from] WeightsError),
-}
-
-/// The adapter's shape: rank, scaling, dropout and which projections carry one.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoraSettings {
-    pub r: usize,
-    pub alpha: f64,
-    pub dropout: f64,
-    /// Module names from [`TARGET_MODULES`], in that order.
-    pub target_modules: Vec<String>,
-    /// rsLoRA scales by `α/√r` instead of `α/r` (Kalajdzievski 2023).
-    pub use_rslora: bool,
-}
-
-impl LoraSettings {
-    /// Validated settings; `targets` may hold `all-linear` (every projection, as PEFT). An error
-    /// names the config key at fault.
-    pub fn new(r: usize, alpha: f64, dropout: f64, targets: &[String]) -> Result<Self, (&'static str, String)> {
-        if r == 0 {
-            return Err(("lora_r", "must be at least 1".to_owned()));
-        }
-        if !(alpha > 0.0 && alpha.is_finite()) {
-            return Err(("lora_alpha", format!("must be > 0, got {alpha}")));
-        }
-        if !(0.0..1.0).contains(&dropout) {
-            return Err(("lora_dropout", format!("must be in [0, 1), got {dropout}")));
-        }
-        let target_modules = resolve_targets(targets).map_err(|m| ("lora_target_modules", m))?;
-        Ok(Self { r, alpha, dropout, target_modules, use_rslora: false })
-    }
-
-    /// The factor on `A·B`.
-    pub fn scale(&self) -> f64 {
-        if self.use_rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
-    }
-
-    fn targets(&self, module: &str) -> bool {
-        self.target_modules.iter().any(|t| t == module)
-    }
-}
-
-/// `all-linear` or a list of [`TARGET_MODULES`] → the names, deduplicated, in canonical order.
-fn resolve_targets(targets: &[String]) -> Result<Vec<String>, String> {
-    if targets.is_empty() {
-        return Ok(DEFAULT_TARGET_MODULES.map(str::to_owned).to_vec());
-    }
-    if targets.iter().any(|t| t == "all-linear") {
-        return Ok(TARGET_MODULES.map(str::to_owned).to_vec());
-    }
-    if let Some(bad) = targets.iter().find(|t| !TARGET_MODULES.contains(&t.as_str())) {
-        return Err(format!("unknown module `{bad}`; use {} or all-linear", TARGET_MODULES.join(", ")));
-    }
-    Ok(TARGET_MODULES.iter().filter(|m| targets.iter().any(|t| t == *m)).map(|m| (*m).to_owned()).collect())
 }
 
 /// `adapter_config.json`. Fields PEFT requires are written; on reading, any feature this

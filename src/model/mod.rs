@@ -3,6 +3,7 @@
 
 pub mod compat;
 pub mod fused;
+pub mod generate;
 pub mod linear;
 pub mod llama;
 pub mod lora;
@@ -11,11 +12,13 @@ pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::Device;
+use burn::tensor::{Device, Tensor};
+
+use crate::config::LoraSettings;
 
 pub use compat::CompatError;
 pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
-pub use lora::{AdapterConfig, AdapterError, AdapterInit, LoraSettings};
+pub use lora::{AdapterConfig, AdapterError, AdapterInit};
 pub use weights::{RandomInit, TensorSource, Weights};
 
 /// Reads and resolves `dir/config.json` (an adapter directory's base's).
@@ -80,4 +83,10 @@ pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
             base.display()
         ),
     })
+}
+
+/// A tensor's values on the host, as f32, in row-major order.
+pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
+    // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
+    t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
 }

@@ -256,7 +256,7 @@ impl Values {
             Values::Device { tensor, transpose } => {
                 let t = if *transpose { tensor.clone().transpose() } else { tensor.clone() };
                 let n = t.shape().num_elements();
-                crate::dpo::metrics::host(&t.reshape([n]))
+                crate::model::host(&t.reshape([n]))
             }
         }
     }

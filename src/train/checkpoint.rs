@@ -11,9 +11,10 @@ use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::optim::{AdamW, LossScaler, Moments};
+use crate::config::LoraSettings;
 use crate::fsutil::{replace_dir, write_atomic};
 use crate::model::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors};
-use crate::model::{self, Llama, LoraSettings};
+use crate::model::{self, Llama};
 
 /// Errors reading or writing a checkpoint, naming the path.
 #[derive(Debug, thiserror::Error)]

@@ -12,3 +12,7 @@ pub mod ref_cache;
 pub mod sampler;
 pub mod schedule;
 pub mod trainer;
+pub mod workers;
+
+pub use sampler::{RankStep, Sampler, ShardError, rank_step, shard_step};
+pub use workers::Workers;

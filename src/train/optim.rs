@@ -233,14 +233,14 @@ mod tests {
         let norm = acc.clip_global_norm(6.5).unwrap().into_scalar::<f32>();
         assert!((norm - 13.0).abs() < 1e-6);
         let coef = 6.5 / (13.0 + 1e-6);
-        let a = crate::dpo::metrics::host(&acc.grads["a.weight"]);
-        let b = crate::dpo::metrics::host(&acc.grads["b.weight"]);
+        let a = crate::model::host(&acc.grads["a.weight"]);
+        let b = crate::model::host(&acc.grads["b.weight"]);
         assert!((a[0] - 3.0 * coef).abs() < 1e-6 && (a[1] - 4.0 * coef).abs() < 1e-6);
         assert!((b[0] - 12.0 * coef).abs() < 1e-6);
         // Under the limit nothing changes.
         let mut small = accumulator(&[("a.weight", vec![0.3, 0.4])]);
         small.clip_global_norm(1.0);
-        assert_eq!(crate::dpo::metrics::host(&small.grads["a.weight"]), vec![0.3, 0.4]);
+        assert_eq!(crate::model::host(&small.grads["a.weight"]), vec![0.3, 0.4]);
     }
 
     #[test]

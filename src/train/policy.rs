@@ -13,8 +13,9 @@ use burn::module::Module;
 use burn::tensor::{Device, FloatDType};
 
 use super::checkpoint::ModelFiles;
+use crate::config::LoraSettings;
 use crate::config::TrainConfig;
-use crate::model::{self, AdapterInit, Llama, LoraSettings, lora};
+use crate::model::{self, AdapterInit, Llama, lora};
 
 /// What trains in a stage.
 #[derive(Debug, Clone)]

@@ -12,24 +12,26 @@ use anyhow::Context;
 use burn::module::Module;
 use burn::tensor::{Device, FloatDType};
 
+use super::Workers;
 use super::backprop::{Checkpointing, forward_backward};
 use super::checkpoint::{self, ModelFiles, TrainerState};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator, LossScaler};
 use super::policy::{PolicySpec, inference_copy};
 use super::ref_cache;
 use super::sampler::Sampler;
+use super::sampler::rank_step;
 use super::schedule::Schedule;
 use crate::config::TrainConfig;
+use crate::data::tokenizer::Tokenizer;
 use crate::data::{self, TokenizedPair};
-use crate::dist::{Workers, rank_step};
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::loss::{PairScores, dpo_loss};
-use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs, host};
-use crate::eval::{metrics_of, score_pairs};
-use crate::generate::{SamplingConfig, generate, rng};
+use crate::dpo::metrics::{MetricSums, Metrics, ScoredPairs};
+use crate::dpo::score::{metrics_of, score_pairs};
 use crate::model::Llama;
+use crate::model::generate::{SamplingConfig, generate, rng};
+use crate::model::host;
 use crate::report::{self, MetricsRow, MetricsWriter, Sample, Split};
-use crate::tokenizer::Tokenizer;
 
 /// What a stage optimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +177,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         epsilon: cfg.adam_epsilon,
         weight_decay: cfg.weight_decay,
     };
-    let loss_cfg = cfg.loss();
+    let loss_cfg = cfg.loss.clone();
     let pad_id = data.tokenizer.pad_id();
     let max_length = Some(cfg.max_length);
     let eval_collation =
@@ -227,8 +229,11 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
     let references = match stage.objective {
         Objective::Sft => None,
         Objective::Dpo => {
-            let reference =
-                if cfg.reference_free { None } else { Some(spec.reference(&policy, stage.ref_dir, stage.device)?) };
+            let reference = if cfg.loss.reference_free {
+                None
+            } else {
+                Some(spec.reference(&policy, stage.ref_dir, stage.device)?)
+            };
             Some(References::prepare(stage, reference, &eval_collation, progress)?)
         }
     };
@@ -343,7 +348,7 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         if state.step % cfg.logging_steps == 0 || state.step == total_steps {
             // Reading the values back is a host sync: it happens on logging steps only.
             let norm = grad_norm.map(|n| n.into_scalar::<f32>() as f64);
-            let (row, status) = window.finish(&state, lr, norm, stage.objective, cfg.beta, workers)?;
+            let (row, status) = window.finish(&state, lr, norm, stage.objective, cfg.loss.beta, workers)?;
             if let Some(out) = metrics_out.as_mut() {
                 out.append(&row)?;
             }
@@ -391,7 +396,8 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         progress.line(&format!("saved `{}`", path.display()));
     }
     if main {
-        let meta = report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.beta };
+        let meta =
+            report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.loss.beta };
         report::render_run(dir, &meta)?;
     }
     if interrupted {
@@ -699,7 +705,7 @@ impl References {
                     chosen: tok.decode(&pair.chosen_ids, true)?,
                 })
             })
-            .collect::<Result<Vec<_>, crate::tokenizer::TokenizerError>>()?;
+            .collect::<Result<Vec<_>, crate::data::tokenizer::TokenizerError>>()?;
         report::write_samples(&stage.dir.join(file), title, &samples)?;
         Ok(())
     }
@@ -730,7 +736,7 @@ fn sharded_metrics(
     let workers = stage.workers;
     let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, stage.device);
     let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
-    Ok(metrics_of(&scored, &stage.cfg.loss(), stage.device))
+    Ok(metrics_of(&scored, &stage.cfg.loss, stage.device))
 }
 
 /// Greedy completions of the first `num_samples` prompts of `pairs`.

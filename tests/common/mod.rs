@@ -67,7 +67,7 @@ pub fn run_alone(
         sft_only,
         device: cpu(),
         interrupt,
-        workers: dpo_train::dist::Workers::single(),
+        workers: dpo_train::train::Workers::single(),
         config_description: String::new(),
     };
     run(req, progress).unwrap()

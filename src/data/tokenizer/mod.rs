@@ -1,4 +1,5 @@
-//! Hugging Face tokenizers: `tokenizer.json`, special tokens and chat templates.
+//! Hugging Face tokenizers: `tokenizer.json`, special tokens and chat templates ([`chat`],
+//! whose `tojson` is Python's `json.dumps`, [`pyjson`]).
 //!
 //! Follows transformers 5's `TokenizersBackend` (`tokenization_utils_tokenizers.py`: special tokens
 //! from `tokenizer_config.json`, missing ones added as special tokens; `tokenizer.json`'s
@@ -10,14 +11,15 @@
 //! The pad token falls back to the eos token as TRL's `DPOTrainer.__init__` does
 //! (`trl/trainer/dpo_trainer.py`, `if self._tokenizer.pad_token is None`).
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+mod chat;
+mod pyjson;
 
-use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
-use minijinja::{Environment, ErrorKind};
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 use tokenizers::AddedToken;
+
+use chat::{ChatTemplate, chat_template};
 
 /// Errors from loading a tokenizer directory, encoding, decoding or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
@@ -112,14 +114,6 @@ pub struct Tokenizer {
     other_special: Vec<(String, String)>,
     chat_template: ChatTemplate,
     clean_up_tokenization_spaces: bool,
-}
-
-/// Where the chat template came from and what it is.
-#[derive(Debug, Clone)]
-enum ChatTemplate {
-    None,
-    NoDefault,
-    Source { path: PathBuf, source: String },
 }
 
 /// The keys of `tokenizer_config.json` that name special tokens, as in transformers'
@@ -287,27 +281,12 @@ impl Tokenizer {
         if messages.is_empty() {
             return Err(TokenizerError::EmptyConversation);
         }
-        let env = template_env();
-        let template = env
-            .template_from_str(source)
-            .map_err(|source| TokenizerError::TemplateSyntax { path: path.clone(), source })?;
-        let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
-        let mut ctx: Vec<(&str, Value)> = vec![
-            ("messages", Value::from(messages)),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("tools", Value::from(())),
-            ("documents", Value::from(())),
-            ("eos_token", Value::from(self.eos_token.clone())),
-            ("pad_token", Value::from(self.pad_token.clone())),
-        ];
+        let mut specials = vec![("eos_token", self.eos_token.as_str()), ("pad_token", self.pad_token.as_str())];
         if let Some(bos) = &self.bos_token {
-            ctx.push(("bos_token", Value::from(bos.clone())));
+            specials.push(("bos_token", bos));
         }
-        for (k, v) in &self.other_special {
-            ctx.push((k.as_str(), Value::from(v.clone())));
-        }
-        let ctx: Value = ctx.into_iter().collect();
-        template.render(ctx).map_err(|source| TokenizerError::TemplateRender { path: path.clone(), source })
+        specials.extend(self.other_special.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        chat::render(path, source, messages, add_generation_prompt, &specials)
     }
 
     /// Token ids of the rendered chat, without special tokens, as
@@ -408,347 +387,6 @@ fn bool_field(
             expected: "must be true or false",
         }),
     }
-}
-
-/// `chat_template.jinja` if present, else `chat_template` of `tokenizer_config.json` (a string, or
-/// a list of `{name, template}` from which `default` is used).
-fn chat_template(
-    dir: &Path,
-    cfg: &serde_json::Map<String, serde_json::Value>,
-    cfg_path: &Path,
-) -> Result<ChatTemplate, TokenizerError> {
-    let jinja = dir.join("chat_template.jinja");
-    if jinja.exists() {
-        let source =
-            std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Read { path: jinja.clone(), source })?;
-        return Ok(ChatTemplate::Source { path: jinja, source });
-    }
-    let bad = |expected| TokenizerError::ConfigField {
-        path: cfg_path.to_path_buf(),
-        field: "chat_template".into(),
-        expected,
-    };
-    match cfg.get("chat_template") {
-        None | Some(serde_json::Value::Null) => Ok(ChatTemplate::None),
-        Some(serde_json::Value::String(s)) => {
-            Ok(ChatTemplate::Source { path: cfg_path.to_path_buf(), source: s.clone() })
-        }
-        Some(serde_json::Value::Array(items)) => {
-            for item in items {
-                let name = item.get("name").and_then(|v| v.as_str());
-                let template = item.get("template").and_then(|v| v.as_str());
-                match (name, template) {
-                    (Some("default"), Some(t)) => {
-                        return Ok(ChatTemplate::Source { path: cfg_path.to_path_buf(), source: t.to_string() });
-                    }
-                    (Some(_), Some(_)) => {}
-                    _ => {
-                        return Err(bad("entries must be `{\"name\": .., \"template\": ..}` strings"));
-                    }
-                }
-            }
-            Ok(ChatTemplate::NoDefault)
-        }
-        Some(_) => Err(bad("must be a string or a list of `{name, template}` objects")),
-    }
-}
-
-/// The Jinja environment transformers compiles chat templates in.
-fn template_env() -> Environment<'static> {
-    let mut env = Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
-        Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-    });
-    env.add_function("strftime_now", |format: String| {
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        strftime(&format, secs)
-    });
-    env.add_filter("tojson", tojson);
-    env
-}
-
-/// A message as the template sees it: a map whose keys iterate as `role`, `content` (Python dict
-/// order), which `tojson` and `items()` rely on.
-#[derive(Debug)]
-struct MessageValue(Message);
-
-impl Object for MessageValue {
-    fn repr(self: &Arc<Self>) -> ObjectRepr {
-        ObjectRepr::Map
-    }
-
-    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match key.as_str()? {
-            "role" => Some(Value::from(self.0.role.clone())),
-            "content" => Some(Value::from(self.0.content.clone())),
-            _ => None,
-        }
-    }
-
-    fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
-    }
-}
-
-/// transformers' `tojson` filter: `json.dumps(x, ensure_ascii=False, indent=None, separators=None,
-/// sort_keys=False)`, without Jinja's HTML escaping.
-fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
-    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    let indent: Option<Value> = kwargs.get("indent")?;
-    let separators: Option<Vec<String>> = kwargs.get("separators")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    kwargs.assert_all_used()?;
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => match (v.as_i64(), v.as_str()) {
-            (Some(n), _) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
-            (None, Some(s)) => Some(s.to_string()),
-            _ => {
-                return Err(minijinja::Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: `indent` must be an integer or a string",
-                ));
-            }
-        },
-    };
-    // Python's defaults: (", ", ": ") without indent, (",", ": ") with one.
-    let (item_sep, key_sep) = match separators.as_deref() {
-        Some([a, b]) => (a.clone(), b.clone()),
-        Some(_) => {
-            return Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: `separators` must be a pair of strings",
-            ));
-        }
-        None if indent.is_some() => (",".to_string(), ": ".to_string()),
-        None => (", ".to_string(), ": ".to_string()),
-    };
-    let opts = JsonOpts {
-        ensure_ascii: ensure_ascii.unwrap_or(false),
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys: sort_keys.unwrap_or(false),
-    };
-    let mut out = String::new();
-    py_json(value, &opts, 0, &mut out)?;
-    Ok(out)
-}
-
-struct JsonOpts {
-    ensure_ascii: bool,
-    indent: Option<String>,
-    item_sep: String,
-    key_sep: String,
-    sort_keys: bool,
-}
-
-fn py_json(value: &Value, opts: &JsonOpts, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
-    match value.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if let Some(i) = value.as_i64() {
-                let _ = write!(out, "{i}");
-            } else {
-                let f = f64::try_from(value.clone())?;
-                if f.is_nan() {
-                    out.push_str("NaN");
-                } else if f.is_infinite() {
-                    out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
-                } else if f.fract() == 0.0 && f.abs() < 1e16 {
-                    let _ = write!(out, "{f:.1}");
-                } else {
-                    let _ = write!(out, "{f}");
-                }
-            }
-        }
-        ValueKind::String => py_json_str(value.as_str().unwrap_or_default(), opts, out),
-        ValueKind::Map => {
-            let mut items = Vec::new();
-            for key in value.try_iter()? {
-                let item = value.get_item(&key)?;
-                let key = match key.as_str() {
-                    Some(s) => s.to_string(),
-                    None => key.to_string(),
-                };
-                items.push((key, item));
-            }
-            if opts.sort_keys {
-                items.sort_by(|a, b| a.0.cmp(&b.0));
-            }
-            if items.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, (k, v)) in items.iter().enumerate() {
-                py_json_sep(opts, level + 1, i == 0, out);
-                py_json_str(k, opts, out);
-                out.push_str(&opts.key_sep);
-                py_json(v, opts, level + 1, out)?;
-            }
-            py_json_close(opts, level, out);
-            out.push('}');
-        }
-        _ => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                py_json_sep(opts, level + 1, i == 0, out);
-                py_json(v, opts, level + 1, out)?;
-            }
-            py_json_close(opts, level, out);
-            out.push(']');
-        }
-    }
-    Ok(())
-}
-
-fn py_json_sep(opts: &JsonOpts, level: usize, first: bool, out: &mut String) {
-    match &opts.indent {
-        Some(ind) => {
-            if !first {
-                out.push_str(&opts.item_sep);
-            }
-            out.push('\n');
-            out.push_str(&ind.repeat(level));
-        }
-        None => {
-            if !first {
-                out.push_str(&opts.item_sep);
-            }
-        }
-    }
-}
-
-fn py_json_close(opts: &JsonOpts, level: usize, out: &mut String) {
-    if let Some(ind) = &opts.indent {
-        out.push('\n');
-        out.push_str(&ind.repeat(level));
-    }
-}
-
-fn py_json_str(s: &str, opts: &JsonOpts, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c if opts.ensure_ascii && (c as u32) > 0x7e => {
-                let mut buf = [0u16; 2];
-                for unit in c.encode_utf16(&mut buf) {
-                    let _ = write!(out, "\\u{unit:04x}");
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// Python's `datetime.now().strftime(format)` for the common directives, in UTC (the time zone of
-/// training hosts as a rule); unknown directives are kept as written, as glibc does.
-fn strftime(format: &str, unix_secs: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
-    let days = (unix_secs / 86_400) as i64;
-    let secs = unix_secs % 86_400;
-    let (hour, minute, second) = (secs / 3600, (secs % 3600) / 60, secs % 60);
-    let (year, month, day) = civil_from_days(days);
-    // 1970-01-01 was a Thursday (index 3 with Monday = 0).
-    let weekday = (days + 3).rem_euclid(7) as usize;
-    let day_of_year = days - days_from_civil(year, 1, 1) + 1;
-    let month_name = MONTHS[(month - 1) as usize];
-    let day_name = DAYS[weekday];
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let Some(d) = chars.next() else {
-            out.push('%');
-            break;
-        };
-        let _ = match d {
-            'Y' => write!(out, "{year}"),
-            'y' => write!(out, "{:02}", year.rem_euclid(100)),
-            'm' => write!(out, "{month:02}"),
-            'd' => write!(out, "{day:02}"),
-            'e' => write!(out, "{day:2}"),
-            'B' => write!(out, "{month_name}"),
-            'b' | 'h' => write!(out, "{}", &month_name[..3]),
-            'A' => write!(out, "{day_name}"),
-            'a' => write!(out, "{}", &day_name[..3]),
-            'H' => write!(out, "{hour:02}"),
-            'I' => write!(out, "{:02}", if hour % 12 == 0 { 12 } else { hour % 12 }),
-            'p' => write!(out, "{}", if hour < 12 { "AM" } else { "PM" }),
-            'M' => write!(out, "{minute:02}"),
-            'S' => write!(out, "{second:02}"),
-            'j' => write!(out, "{day_of_year:03}"),
-            'F' => write!(out, "{year}-{month:02}-{day:02}"),
-            'T' => write!(out, "{hour:02}:{minute:02}:{second:02}"),
-            '%' => write!(out, "%"),
-            other => write!(out, "%{other}"),
-        };
-    }
-    out
-}
-
-/// Days since 1970-01-01 to (year, month, day), H. Hinnant's `civil_from_days`.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// (year, month, day) to days since 1970-01-01, H. Hinnant's `days_from_civil`.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// transformers' `clean_up_tokenization`: removes spaces before punctuation and contractions.
@@ -933,26 +571,6 @@ mod tests {
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let m = msgs(&[("user", "a"), ("user", "b")]);
         assert_eq!(tok.apply_chat_template(&m, false).unwrap(), "U:a\nU:b\n");
-    }
-
-    #[test]
-    fn tojson_options() {
-        let env = template_env();
-        let out = env
-            .render_str(
-                "{{ x | tojson(indent=2) }}|{{ y | tojson(sort_keys=true) }}|{{ 'é' | tojson(ensure_ascii=true) }}",
-                minijinja::context! { x => vec![1, 2], y => minijinja::context!{ b => 1.5, a => true } },
-            )
-            .unwrap();
-        assert_eq!(out, "[\n  1,\n  2\n]|{\"a\": true, \"b\": 1.5}|\"\\u00e9\"");
-    }
-
-    #[test]
-    fn strftime_known_date() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
-        let secs = 1_709_211_909;
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S %A %b %j %%", secs), "2024-02-29 13:05:09 Thursday Feb 060 %");
-        assert_eq!(strftime("%d %B %Y", 0), "01 January 1970");
     }
 
     #[test]

@@ -4,8 +4,8 @@
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 
-use super::{DistError, ProcessGroup};
-use crate::train::optim::GradAccumulator;
+use super::optim::GradAccumulator;
+use crate::dist::{DistError, ProcessGroup};
 
 /// One process of a job, or the whole job when `group` is `None`.
 #[derive(Clone, Copy)]

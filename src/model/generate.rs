@@ -10,8 +10,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::model::Llama;
-use crate::model::llama::KvCache;
+use super::Llama;
+use super::llama::KvCache;
 
 /// A prompts file that cannot be generated from, named by file and line.
 #[derive(Debug, thiserror::Error)]
@@ -110,7 +110,7 @@ pub fn generate(
     let mut input = Tensor::<2, Int>::from_data(TensorData::new(ids, [n, prompt.len()]), device); // [N, P]
     let mut done = vec![false; n];
     for _ in 0..steps {
-        let logits = crate::dpo::metrics::host(&model.forward_cached(input, &mut cache)); // [N, V]
+        let logits = super::host(&model.forward_cached(input, &mut cache)); // [N, V]
         let v = logits.len() / n;
         let mut next = Vec::with_capacity(n);
         for (row, finished) in done.iter_mut().enumerate() {

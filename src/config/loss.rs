@@ -1,0 +1,151 @@
+//! The loss settings' types: TRL's `loss_type` and `f_divergence_type` values, and the checks TRL
+//! makes on them. [`LossConfig`] itself is declared with every other key in [`super`].
+
+use serde::{Deserialize, Serialize};
+
+use super::LossConfig;
+
+/// TRL's `loss_type` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    /// DPO (Rafailov et al. 2023): `-log σ(βδ)`.
+    Sigmoid,
+    /// SLiC (Zhao et al. 2023): `relu(1 - βδ)`.
+    Hinge,
+    /// IPO (Azar et al. 2023): `(δ̄ - 1/(2β))²` on per-token averaged log-ratios.
+    Ipo,
+    /// EXO (Ji et al. 2024), pairwise, with `label_smoothing` as ε.
+    ExoPair,
+    /// NCA (Chen et al. 2024), pairwise.
+    NcaPair,
+    /// Robust DPO (Chowdhury et al. 2024): unbiased under label-flip rate `label_smoothing`.
+    Robust,
+    /// BCO (Jung et al. 2024), pairwise, without a running reward mean (as TRL 1.16).
+    BcoPair,
+    /// SPPO (Wu et al. 2024), hard-label version.
+    SppoHard,
+    /// AOT (Melnyk et al. 2024), paired: sorted log-ratio differences.
+    Aot,
+    /// AOT, unpaired: chosen and rejected log-ratios sorted separately.
+    AotUnpaired,
+    /// APO-zero (D'Oosterlinck et al. 2024).
+    ApoZero,
+    /// APO-down (D'Oosterlinck et al. 2024).
+    ApoDown,
+    /// DiscoPOP (Chris Lu et al. 2024), with `discopop_tau`.
+    Discopop,
+    /// Negative log-likelihood of the chosen completions, a token mean (RPO's extra term).
+    Sft,
+    /// Sigmoid loss on per-token averaged log-ratios.
+    SigmoidNorm,
+}
+
+impl LossType {
+    /// The name TRL uses, for messages and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sigmoid => "sigmoid",
+            Self::Hinge => "hinge",
+            Self::Ipo => "ipo",
+            Self::ExoPair => "exo_pair",
+            Self::NcaPair => "nca_pair",
+            Self::Robust => "robust",
+            Self::BcoPair => "bco_pair",
+            Self::SppoHard => "sppo_hard",
+            Self::Aot => "aot",
+            Self::AotUnpaired => "aot_unpaired",
+            Self::ApoZero => "apo_zero",
+            Self::ApoDown => "apo_down",
+            Self::Discopop => "discopop",
+            Self::Sft => "sft",
+            Self::SigmoidNorm => "sigmoid_norm",
+        }
+    }
+
+    /// Loss types that accept an f-divergence other than reverse KL (TRL's `__init__` check).
+    fn allows_f_divergence(self) -> bool {
+        matches!(
+            self,
+            Self::Sigmoid
+                | Self::SigmoidNorm
+                | Self::Hinge
+                | Self::Ipo
+                | Self::ExoPair
+                | Self::Robust
+                | Self::Discopop
+                | Self::Sft
+        )
+    }
+}
+
+/// TRL's `f_divergence_type` (Wang et al. 2023, "Beyond Reverse KL").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FDivergence {
+    #[default]
+    ReverseKl,
+    ForwardKl,
+    JsDivergence,
+    AlphaDivergence,
+}
+
+/// A loss setting out of range, named by its config key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("`{key}`: {message}")]
+pub struct LossConfigError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl LossConfig {
+    /// Rejects settings TRL rejects, and values that make a formula meaningless.
+    pub fn validate(&self) -> Result<(), LossConfigError> {
+        let err = |key, message: String| Err(LossConfigError { key, message });
+        if !(self.beta > 0.0 && self.beta.is_finite()) {
+            return err("beta", format!("must be > 0, got {}", self.beta));
+        }
+        if self.loss_type.is_empty() {
+            return err("loss_type", "needs at least one loss type".to_owned());
+        }
+        if !self.loss_weights.is_empty() && self.loss_weights.len() != self.loss_type.len() {
+            return err(
+                "loss_weights",
+                format!("has {} weights for {} loss types", self.loss_weights.len(), self.loss_type.len()),
+            );
+        }
+        if !(0.0..1.0).contains(&self.label_smoothing) {
+            return err("label_smoothing", format!("must be in [0, 1), got {}", self.label_smoothing));
+        }
+        if self.loss_type.contains(&LossType::Robust) && self.label_smoothing >= 0.5 {
+            return err("label_smoothing", format!("must be < 0.5 with `robust`, got {}", self.label_smoothing));
+        }
+        if self.loss_type.contains(&LossType::ExoPair) && self.label_smoothing == 0.0 {
+            return err("label_smoothing", "must be > 0 with `exo_pair` (it is EXO's ε)".to_owned());
+        }
+        if self.f_divergence_type != FDivergence::ReverseKl
+            && let Some(t) = self.loss_type.iter().find(|t| !t.allows_f_divergence())
+        {
+            return err("f_divergence_type", format!("`{}` only supports `reverse_kl`", t.name()));
+        }
+        if let Some(alpha) = self.ld_alpha
+            && !(0.0..=1.0).contains(&alpha)
+        {
+            return err("ld_alpha", format!("must be in [0, 1], got {alpha}"));
+        }
+        if self.use_weighting
+            && let Some(t) = self.loss_type.iter().find(|t| matches!(t, LossType::Aot | LossType::AotUnpaired))
+        {
+            return err("use_weighting", format!("is not defined for `{}`", t.name()));
+        }
+        if self.discopop_tau <= 0.0 {
+            return err("discopop_tau", format!("must be > 0, got {}", self.discopop_tau));
+        }
+        Ok(())
+    }
+
+    /// `(loss type, weight)` pairs.
+    pub fn weighted_types(&self) -> impl Iterator<Item = (LossType, f64)> + '_ {
+        self.loss_type.iter().enumerate().map(|(i, &t)| (t, self.loss_weights.get(i).copied().unwrap_or(1.0)))
+    }
+}
