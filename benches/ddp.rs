@@ -79,7 +79,7 @@ fn train_rate(exe: &str, dir: &Path, world: usize) -> f64 {
         }
         if attempt == 1 {
             // Read the trainer's own rate for the 60 steps (start-up excluded).
-            let rows = dpo_train::report::read_metrics(&dir.join(&run).join("metrics.csv")).expect("metrics.csv");
+            let rows = dpo_train::train::log::read_metrics(&dir.join(&run).join("metrics.csv")).expect("metrics.csv");
             return rows
                 .iter()
                 .rev()

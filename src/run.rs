@@ -13,6 +13,7 @@ use crate::data::tokenizer::Tokenizer;
 use crate::data::{self, Columns, LoadOptions, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::model::{self, compat};
+use crate::report;
 use crate::train::Workers;
 use crate::train::trainer::{Objective, Progress, RunData, Stage, StageOutcome, run_stage};
 
@@ -138,6 +139,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     };
     if req.sft_only {
         let outcome = run_stage(&Stage { objective: Objective::Sft, ..base }, progress)?;
+        render_plots(&run_dir, cfg, workers)?;
         return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
     }
 
@@ -158,6 +160,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
             ..base
         };
         let outcome = run_stage(&sft_stage, progress)?;
+        render_plots(&sft_dir, cfg, workers)?;
         if outcome.interrupted {
             return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
         }
@@ -165,6 +168,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         (Some(outcome), dir)
     };
     let dpo = run_stage(&Stage { model_dir: &start_dir, ..base }, progress)?;
+    render_plots(&run_dir, cfg, workers)?;
 
     let demo_arithmetic = match (&demo_assets, dpo.interrupted || !workers.is_main()) {
         (Some(assets), false) => {
@@ -206,6 +210,16 @@ fn check_models(
         models.push((dir.to_owned(), reference));
     }
     Ok(models)
+}
+
+/// Draws a stage's plots from its `metrics.csv` (rank 0 writes every file).
+fn render_plots(dir: &Path, cfg: &TrainConfig, workers: Workers) -> anyhow::Result<()> {
+    if workers.is_main() {
+        let run_name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let meta = report::PlotMeta { run_name, model: cfg.model_name_or_path.clone(), beta: cfg.loss.beta };
+        report::render_run(dir, &meta)?;
+    }
+    Ok(())
 }
 
 /// Whether any part of the run is the demo's.

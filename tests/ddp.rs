@@ -60,11 +60,11 @@ fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
 }
 
 fn metric_rows(run_dir: &Path) -> Vec<(u64, String, Vec<f64>)> {
-    dpo_train::report::read_metrics(&run_dir.join("metrics.csv"))
+    dpo_train::train::log::read_metrics(&run_dir.join("metrics.csv"))
         .unwrap()
         .into_iter()
         .map(|r| {
-            let values = dpo_train::report::METRIC_NAMES.iter().map(|n| r.metric(n).unwrap_or(0.0)).collect();
+            let values = dpo_train::train::log::METRIC_NAMES.iter().map(|n| r.metric(n).unwrap_or(0.0)).collect();
             (r.step, r.split.as_str().to_owned(), values)
         })
         .collect()

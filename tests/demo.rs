@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use dpo_train::config::TrainConfig;
-use dpo_train::report::{Split, read_metrics};
+use dpo_train::train::log::{Split, read_metrics};
 
 use common::{Quiet, run_alone};
 

@@ -395,7 +395,7 @@ fn restarts_and_resumes_log_each_step_once() {
     let out = train(&args);
     assert!(out.status.success(), "{}", stderr(&out));
     let steps = |run: &str| -> Vec<(u64, String)> {
-        let rows = dpo_train::report::read_metrics(&dir.path().join(run).join("metrics.csv")).unwrap();
+        let rows = dpo_train::train::log::read_metrics(&dir.path().join(run).join("metrics.csv")).unwrap();
         rows.iter().map(|r| (r.step, format!("{:?}", r.split))).collect()
     };
     assert_eq!(steps("again").iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3]);

@@ -17,8 +17,8 @@ use dpo_train::data::{self, TokenizedPair};
 use dpo_train::dpo::logps::DeviceBatch;
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::model::{self, AdapterInit, Llama};
-use dpo_train::report::{Split, read_metrics};
 use dpo_train::train::backprop::{Checkpointing, forward_backward};
+use dpo_train::train::log::{Split, read_metrics};
 use dpo_train::train::optim::GradAccumulator;
 
 use common::{Quiet, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use dpo_train::report::{
-    DASHBOARD_SIZE, MetricsRow, MetricsWriter, PLOT_FILES, PLOT_SIZE, PlotMeta, Sample, Split, plot_meta_from_run,
-    read_metrics, render_comparison, render_run, write_samples,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, plot_meta_from_run, render_comparison, render_run,
 };
+use dpo_train::train::log::{MetricsRow, MetricsWriter, Split, read_metrics};
+use dpo_train::train::samples::{Sample, write_samples};
 
 /// Width and height from a PNG's IHDR chunk, after checking the signature and chunk type.
 fn png_size(path: &Path) -> (u32, u32) {

@@ -139,8 +139,8 @@ pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps
         .status()
         .expect("dpo-train runs");
     assert!(status.success(), "dpo-train {} failed", args.join(" "));
-    let rows = dpo_train::report::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
-    let train: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::report::Split::Train).collect();
+    let rows = dpo_train::train::log::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
+    let train: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::train::log::Split::Train).collect();
     let (first, last) = (train[0], train[train.len() - 1]);
     let seconds = last.elapsed_seconds - first.elapsed_seconds;
     let tokens = last.metric("num_tokens").unwrap_or(0.0) - first.metric("num_tokens").unwrap_or(0.0);

@@ -58,7 +58,7 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
             .runs
             .iter()
             .map(|dir| {
-                let rows = crate::report::read_metrics(&dir.join(crate::report::METRICS_FILE))?;
+                let rows = crate::train::log::read_metrics(&dir.join(crate::train::log::METRICS_FILE))?;
                 Ok((crate::report::plot_meta_from_run(dir).run_name, rows))
             })
             .collect::<Result<Vec<_>, crate::report::ReportError>>()?;

@@ -18,7 +18,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::ReportError;
-use super::metrics::{METRICS_FILE, MetricsRow, Split, read_metrics};
+use crate::train::log::{METRICS_FILE, MetricsRow, Split, read_metrics};
 
 /// Size in pixels (width, height) of each single-panel PNG.
 pub const PLOT_SIZE: (u32, u32) = (1000, 600);

@@ -6,10 +6,12 @@
 
 pub mod backprop;
 pub mod checkpoint;
+pub mod log;
 pub mod optim;
 pub mod policy;
 pub mod ref_cache;
 pub mod sampler;
+pub mod samples;
 pub mod schedule;
 pub mod trainer;
 pub mod workers;

@@ -15,11 +15,13 @@ use burn::tensor::{Device, FloatDType};
 use super::Workers;
 use super::backprop::{Checkpointing, forward_backward};
 use super::checkpoint::{self, ModelFiles, TrainerState};
+use super::log::{MetricsRow, MetricsWriter, Split};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator, LossScaler};
 use super::policy::{PolicySpec, inference_copy};
 use super::ref_cache;
 use super::sampler::Sampler;
 use super::sampler::rank_step;
+use super::samples::{Sample, write_samples};
 use super::schedule::Schedule;
 use crate::config::TrainConfig;
 use crate::data::tokenizer::Tokenizer;
@@ -31,7 +33,6 @@ use crate::dpo::score::{metrics_of, score_pairs};
 use crate::model::Llama;
 use crate::model::generate::{SamplingConfig, generate, rng};
 use crate::model::host;
-use crate::report::{self, MetricsRow, MetricsWriter, Sample, Split};
 
 /// What a stage optimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,11 +396,6 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
         let path = checkpoint::save(dir, &policy, files, &optimizer, &state, &config_toml, cfg.save_total_limit)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
-    if main {
-        let meta =
-            report::PlotMeta { run_name: run_label(dir), model: cfg.model_name_or_path.clone(), beta: cfg.loss.beta };
-        report::render_run(dir, &meta)?;
-    }
     if interrupted {
         workers.barrier()?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
@@ -439,11 +435,6 @@ fn count_trainable(model: &Llama) -> usize {
     let mut count = Count(0);
     model.visit(&mut count);
     count.0
-}
-
-/// The run's display name: its directory name.
-fn run_label(dir: &Path) -> String {
-    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Completion tokens scored in a batch.
@@ -706,7 +697,7 @@ impl References {
                 })
             })
             .collect::<Result<Vec<_>, crate::data::tokenizer::TokenizerError>>()?;
-        report::write_samples(&stage.dir.join(file), title, &samples)?;
+        write_samples(&stage.dir.join(file), title, &samples)?;
         Ok(())
     }
 }

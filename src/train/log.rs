@@ -10,7 +10,58 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use super::{ReportError, tmp_path};
+/// Errors writing or reading a run's log files (`metrics.csv`, the sample files), each naming the
+/// file.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// A filesystem operation failed.
+    #[error("Failed to {action} `{path}`")]
+    Io {
+        /// What was attempted ("read", "create", "write", "rename into place", ...).
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CSV layer failed to read or write a record.
+    #[error("Malformed CSV in `{path}` at line {line}")]
+    Csv {
+        path: PathBuf,
+        line: u64,
+        #[source]
+        source: csv::Error,
+    },
+    /// The first line of an existing `metrics.csv` is not the header this version writes.
+    #[error("Unexpected header in `{path}`: expected `{expected}`, found `{found}`")]
+    Header { path: PathBuf, expected: String, found: String },
+    /// A row has the wrong number of fields.
+    #[error("Row at line {line} of `{path}` has {found} fields, expected {expected}")]
+    FieldCount { path: PathBuf, line: u64, found: usize, expected: usize },
+    /// A cell does not parse as its column's type.
+    #[error("Invalid value `{value}` in column `{column}` at line {line} of `{path}`")]
+    Value { path: PathBuf, line: u64, column: &'static str, value: String },
+    /// A row handed to [`MetricsWriter::append`] does not carry exactly the 11 TRL metrics.
+    #[error("Metrics row for step {step} has {found} metric values, expected {expected} for `{path}`")]
+    MetricCount { path: PathBuf, step: u64, found: usize, expected: usize },
+}
+
+impl LogError {
+    fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io { action, path: path.to_path_buf(), source }
+    }
+}
+
+/// `<path>.tmp`: the name a file is written under before it is renamed into place.
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// Writes `bytes` to `path` atomically (see [`crate::fsutil::write_atomic`]).
+pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LogError> {
+    crate::fsutil::write_atomic(path, bytes).map_err(|e| LogError::io("write", path, e))
+}
 
 /// TRL's metric names, in column order (columns 4..=14 of `metrics.csv`).
 pub const METRIC_NAMES: [&str; 11] = [
@@ -133,9 +184,9 @@ impl MetricsRow {
     }
 
     /// Parses one record; `line` is only used in errors.
-    fn from_record(record: &csv::StringRecord, path: &Path, line: u64) -> Result<Self, ReportError> {
+    fn from_record(record: &csv::StringRecord, path: &Path, line: u64) -> Result<Self, LogError> {
         if record.len() != N_COLUMNS {
-            return Err(ReportError::FieldCount {
+            return Err(LogError::FieldCount {
                 path: path.to_path_buf(),
                 line,
                 found: record.len(),
@@ -143,17 +194,17 @@ impl MetricsRow {
             });
         }
         let names = header();
-        let bad = |i: usize| ReportError::Value {
+        let bad = |i: usize| LogError::Value {
             path: path.to_path_buf(),
             line,
             column: names[i],
             value: record[i].to_string(),
         };
-        let opt = |i: usize| -> Result<Option<f64>, ReportError> {
+        let opt = |i: usize| -> Result<Option<f64>, LogError> {
             let cell = record[i].trim();
             if cell.is_empty() { Ok(None) } else { cell.parse::<f64>().map(Some).map_err(|_| bad(i)) }
         };
-        let req = |i: usize| -> Result<f64, ReportError> { opt(i)?.ok_or_else(|| bad(i)) };
+        let req = |i: usize| -> Result<f64, LogError> { opt(i)?.ok_or_else(|| bad(i)) };
 
         let step = record[0].trim().parse::<u64>().map_err(|_| bad(0))?;
         let epoch = req(1)?;
@@ -202,9 +253,9 @@ pub struct MetricsWriter {
 impl MetricsWriter {
     /// Starts `<dir>/metrics.csv` afresh with its header: a stage that starts at step 0 (even
     /// again, after a run that died before its first checkpoint) never logs a step twice.
-    pub fn create(dir: &Path) -> Result<Self, ReportError> {
+    pub fn create(dir: &Path) -> Result<Self, LogError> {
         let path = dir.join(METRICS_FILE);
-        let file = File::create(&path).map_err(|e| ReportError::io("create", &path, e))?;
+        let file = File::create(&path).map_err(|e| LogError::io("create", &path, e))?;
         let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
         let mut this = Self { path, writer, lines: 0 };
         this.write_record(&header())?;
@@ -217,7 +268,7 @@ impl MetricsWriter {
     /// The kept rows are written to `metrics.csv.tmp` and renamed over the original, so the file
     /// is never half-rewritten. A missing file is created as by [`MetricsWriter::create`]; an
     /// existing one must start with this version's header (so columns never shift).
-    pub fn resume(dir: &Path, keep_through_step: u64) -> Result<Self, ReportError> {
+    pub fn resume(dir: &Path, keep_through_step: u64) -> Result<Self, LogError> {
         let path = dir.join(METRICS_FILE);
         if !path.exists() {
             return Self::create(dir);
@@ -225,7 +276,7 @@ impl MetricsWriter {
         let rows = read_metrics(&path)?;
         let tmp = tmp_path(&path);
         {
-            let file = File::create(&tmp).map_err(|e| ReportError::io("create", &tmp, e))?;
+            let file = File::create(&tmp).map_err(|e| LogError::io("create", &tmp, e))?;
             let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
             let mut out = Self { path: tmp.clone(), writer, lines: 0 };
             out.write_record(&header())?;
@@ -235,12 +286,12 @@ impl MetricsWriter {
             let file = out
                 .writer
                 .into_inner()
-                .map_err(|e| ReportError::io("write", &tmp, std::io::Error::other(e.to_string())))?;
-            file.sync_all().map_err(|e| ReportError::io("write", &tmp, e))?;
+                .map_err(|e| LogError::io("write", &tmp, std::io::Error::other(e.to_string())))?;
+            file.sync_all().map_err(|e| LogError::io("write", &tmp, e))?;
         }
-        std::fs::rename(&tmp, &path).map_err(|e| ReportError::io("rename into place", &path, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| LogError::io("rename into place", &path, e))?;
         let file =
-            OpenOptions::new().append(true).open(&path).map_err(|e| ReportError::io("open for appending", &path, e))?;
+            OpenOptions::new().append(true).open(&path).map_err(|e| LogError::io("open for appending", &path, e))?;
         let lines = 1 + rows.iter().filter(|r| r.step <= keep_through_step).count() as u64;
         Ok(Self { path, writer: csv::WriterBuilder::new().has_headers(false).from_writer(file), lines })
     }
@@ -251,9 +302,9 @@ impl MetricsWriter {
     }
 
     /// Appends one row and flushes it to the file.
-    pub fn append(&mut self, row: &MetricsRow) -> Result<(), ReportError> {
+    pub fn append(&mut self, row: &MetricsRow) -> Result<(), LogError> {
         if row.metrics.len() != METRIC_NAMES.len() {
-            return Err(ReportError::MetricCount {
+            return Err(LogError::MetricCount {
                 path: self.path.clone(),
                 step: row.step,
                 found: row.metrics.len(),
@@ -264,34 +315,34 @@ impl MetricsWriter {
     }
 
     /// Writes and flushes one record.
-    fn write_record<S: AsRef<[u8]>>(&mut self, cells: &[S]) -> Result<(), ReportError> {
+    fn write_record<S: AsRef<[u8]>>(&mut self, cells: &[S]) -> Result<(), LogError> {
         self.lines += 1;
-        self.writer.write_record(cells).map_err(|source| ReportError::Csv {
+        self.writer.write_record(cells).map_err(|source| LogError::Csv {
             path: self.path.clone(),
             line: self.lines,
             source,
         })?;
-        self.writer.flush().map_err(|e| ReportError::io("write", &self.path, e))
+        self.writer.flush().map_err(|e| LogError::io("write", &self.path, e))
     }
 }
 
 /// Checks that the first line of `path` is the header this version writes.
-fn check_header(path: &Path) -> Result<(), ReportError> {
-    let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
+fn check_header(path: &Path) -> Result<(), LogError> {
+    let file = File::open(path).map_err(|e| LogError::io("read", path, e))?;
     let mut first = String::new();
-    BufReader::new(file).read_line(&mut first).map_err(|e| ReportError::io("read", path, e))?;
+    BufReader::new(file).read_line(&mut first).map_err(|e| LogError::io("read", path, e))?;
     let found = first.trim_end_matches(['\r', '\n']);
     let expected = header().join(",");
     if found != expected {
-        return Err(ReportError::Header { path: path.to_path_buf(), expected, found: found.to_string() });
+        return Err(LogError::Header { path: path.to_path_buf(), expected, found: found.to_string() });
     }
     Ok(())
 }
 
 /// Reads every row of a `metrics.csv`; errors name the file and the 1-based line.
-pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, ReportError> {
+pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
     check_header(path)?;
-    let file = File::open(path).map_err(|e| ReportError::io("read", path, e))?;
+    let file = File::open(path).map_err(|e| LogError::io("read", path, e))?;
     let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(file);
     let mut rows = Vec::new();
     let mut record = csv::StringRecord::new();
@@ -307,9 +358,9 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, ReportError> {
                         let csv::ErrorKind::Io(e) = source.into_kind() else {
                             unreachable!("matched `Io` just above");
                         };
-                        ReportError::io("read", path, e)
+                        LogError::io("read", path, e)
                     }
-                    _ => ReportError::Csv { path: path.to_path_buf(), line, source },
+                    _ => LogError::Csv { path: path.to_path_buf(), line, source },
                 });
             }
         }
@@ -469,5 +520,26 @@ mod tests {
         assert_eq!(format_f64(1e20), "1e20");
         assert_eq!(format_f64(f64::NAN), "NaN");
         assert_eq!(format_f64(f64::NEG_INFINITY), "-inf");
+    }
+
+    #[test]
+    fn atomic_write_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.txt");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["a.txt"]);
+    }
+
+    #[test]
+    fn io_error_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_a_dir = dir.path().join("file");
+        std::fs::write(&not_a_dir, b"").unwrap();
+        let path = not_a_dir.join("x.png");
+        let err = write_atomic(&path, b"").unwrap_err();
+        assert_eq!(err.to_string(), format!("Failed to write `{}`", path.display()));
     }
 }

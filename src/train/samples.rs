@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{ReportError, write_atomic};
+use super::log::{LogError, write_atomic};
 
 /// One held-out prompt with three answers to compare.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ const INDENT: &str = "    ";
 /// Layout: the title line, a `=` rule, then per sample `[i/n]` with `PROMPT:`, `POLICY:`,
 /// `REFERENCE:` and `CHOSEN:` sections whose text is indented by four spaces, each sample
 /// followed by a `-` rule.
-pub fn write_samples(path: &Path, title: &str, samples: &[Sample]) -> Result<(), ReportError> {
+pub fn write_samples(path: &Path, title: &str, samples: &[Sample]) -> Result<(), LogError> {
     write_atomic(path, format_samples(title, samples).as_bytes())
 }
 
