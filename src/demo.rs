@@ -73,8 +73,7 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
         // Round the embedding up to a multiple of 64, as model vocabularies usually are.
         let config = model_config(tokenizer.vocab_size().div_ceil(64) * 64);
         let config_json = serde_json::to_string_pretty(&config)?;
-        let resolved = model::HfConfig::from_json(&config_json, &model_dir.join("config.json"))?
-            .resolve(&model_dir.join("config.json"))?;
+        let resolved = model::LlamaConfig::parse(&config_json, &model_dir.join("config.json"))?;
         let init = RandomInit { seed, std: 0.02 };
         let model = Llama::load(&init, &resolved, device)?;
         write_model_dir(&model_dir, &model, ModelFiles::Full { config_json: &config_json })?;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
-use dpo_train::model::{HfConfig, Llama, RandomInit};
+use dpo_train::model::{Llama, LlamaConfig, RandomInit};
 use dpo_train::train::checkpoint::{ModelFiles, write_model_dir};
 
 /// The checkout's root.
@@ -53,7 +53,7 @@ pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
         "torch_dtype": "float32",
     })
     .to_string();
-    let cfg = HfConfig::from_json(&config, Path::new("config.json")).and_then(|c| c.resolve(Path::new("config.json")));
+    let cfg = LlamaConfig::parse(&config, Path::new("config.json"));
     let cfg = cfg.expect("the benchmark's model config is valid");
     let model = Llama::load(&RandomInit { seed: 0, std: 0.02 }, &cfg, &Device::libtorch()).expect("random init");
     write_model_dir(dir, &model, ModelFiles::Full { config_json: &config }).expect("the model is written");

@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use hf_config::HfConfig;
 use serde::{Deserialize, Serialize};
 
 /// Errors reading a model description.
@@ -62,26 +63,6 @@ pub struct ModelShape {
     pub qkv_bias: bool,
 }
 
-/// The subset of `config.json` used here; key names as in `transformers`.
-#[derive(Debug, Deserialize)]
-struct HfConfig {
-    model_type: Option<String>,
-    hidden_size: u64,
-    num_hidden_layers: u64,
-    num_attention_heads: u64,
-    /// Defaults to `num_attention_heads` (multi-head attention).
-    num_key_value_heads: Option<u64>,
-    /// Defaults to `hidden_size / num_attention_heads`.
-    head_dim: Option<u64>,
-    intermediate_size: u64,
-    vocab_size: u64,
-    /// `transformers` defaults this to false for Llama; Qwen2 small models set it true.
-    #[serde(default)]
-    tie_word_embeddings: bool,
-    #[serde(default)]
-    attention_bias: Option<bool>,
-}
-
 impl ModelShape {
     /// Counts parameters from the shape fields (see the module doc for the formula).
     pub fn count_params(&self) -> u64 {
@@ -119,7 +100,7 @@ impl ModelShape {
 
     /// Parses `config.json` text; `path` names it in errors.
     pub fn from_hf_json(text: &str, path: &Path) -> Result<ModelShape, ModelError> {
-        let cfg: HfConfig = serde_json::from_str(text).map_err(|e| {
+        let cfg = HfConfig::parse(text).map_err(|e| {
             let m = e.to_string();
             let message = m.rfind(" at line ").map_or(m.clone(), |i| m[..i].to_string());
             ModelError::Json { path: path.to_path_buf(), line: e.line().max(1), column: e.column(), message }
@@ -136,15 +117,15 @@ impl ModelShape {
                 return Err(invalid(key, "greater than zero"));
             }
         }
-        let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
+        let kv = cfg.kv_heads();
         if kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
             return Err(invalid("num_key_value_heads", "a divisor of num_attention_heads"));
         }
-        let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads);
+        let head_dim = cfg.head_dim();
         if head_dim == 0 {
             return Err(invalid("head_dim", "greater than zero"));
         }
-        let qkv_bias = cfg.attention_bias.unwrap_or(cfg.model_type.as_deref() == Some("qwen2"));
+        let qkv_bias = cfg.qkv_bias();
         let mut shape = ModelShape {
             source: format!("from {}", path.display()),
             params: 0,

@@ -11,8 +11,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 use crate::data::{self, Batch, TokenizedPair};
-use crate::model::Llama;
-use crate::model::llama::project;
+use crate::model::{Llama, LmHead};
 
 /// A collated batch on the device, with the per-token weights of the summed log-probs.
 pub struct DeviceBatch {
@@ -117,8 +116,8 @@ pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceSc
 /// # Shapes
 /// - hidden: `[2B, S, hidden]`; every output: `[2B]`
 pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
-    let weight = model.head_weight(FloatDType::from(hidden.dtype())); // [hidden, V]
-    let head = head_forward(hidden, weight, batch.input_ids.clone(), with_stats, false);
+    let head = model.head(FloatDType::from(hidden.dtype()));
+    let head = head_forward(hidden, &head, batch.input_ids.clone(), with_stats, false);
     assemble(head.token_logps, head.stats, batch)
 }
 
@@ -138,16 +137,16 @@ pub struct HeadForward {
 /// projection on.
 ///
 /// # Shapes
-/// - hidden: `[2B, S, h]`, weight: `[h, V]`, input_ids: `[2B, S]`
+/// - hidden: `[2B, S, h]`, head weight: `[h, V]`, input_ids: `[2B, S]`
 pub fn head_forward(
     hidden: Tensor<3>,
-    weight: Tensor<2>,
+    head: &LmHead,
     input_ids: Tensor<2, Int>,
     with_stats: bool,
     keep_probs: bool,
 ) -> HeadForward {
     let [rows, s, h] = hidden.dims();
-    let v = weight.dims()[1];
+    let v = head.weight.dims()[1];
     let chunk = head_chunk_rows(s, v);
     let mut token_logps = Vec::new();
     let mut stats = Vec::new();
@@ -156,7 +155,7 @@ pub fn head_forward(
         let end = (start + chunk).min(rows);
         let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]); // [c, S-1, h]
         let labels = input_ids.clone().slice([start..end, 1..s]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
-        let logits = project(x, weight.clone()); // [c, S-1, V]
+        let logits = head.project(x); // [c, S-1, V]
         let logp = log_softmax(logits.clone(), 2); // [c, S-1, V]
         token_logps.push(logp.clone().gather(2, labels).squeeze_dim::<2>(2)); // [c, S-1]
         let p = (with_stats || keep_probs).then(|| logp.clone().detach().exp()); // [c, S-1, V]

@@ -9,87 +9,21 @@
 
 use std::path::Path;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
 use burn::tensor::activation::silu;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
-use serde::Deserialize;
+use hf_config::HfConfig;
 
+use super::ModelError;
+use super::head::LmHead;
+use super::hf::load_linear;
 use super::linear::Linear;
 use super::rope::{Rope, RopeScaling};
-use super::weights::{NamedTensor, TensorSource, Values, WeightsError};
+use super::weights::TensorSource;
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
-
-/// Errors raised while reading `config.json` or building the model from its weights.
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights")]
-    NoConfig { path: std::path::PathBuf },
-    #[error("cannot read `{path}`")]
-    Io {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("`{path}`: {message}")]
-    BadConfig { path: std::path::PathBuf, message: String },
-    #[error("`{path}`: unsupported `model_type` `{found}`; supported: {}", SUPPORTED_MODEL_TYPES.join(", "))]
-    UnsupportedModelType { path: std::path::PathBuf, found: String },
-    #[error("`{path}`: unsupported `{key}` = {found}; supported: {supported}")]
-    Unsupported { path: std::path::PathBuf, key: &'static str, found: String, supported: &'static str },
-    #[error(transparent)]
-    Weights(#[from] WeightsError),
-    #[error(transparent)]
-    Adapter(#[from] super::lora::AdapterError),
-}
-
-/// `config.json` as Hugging Face writes it (key names kept); resolved once by [`HfConfig::resolve`].
-#[derive(Debug, Clone, Deserialize)]
-pub struct HfConfig {
-    pub model_type: String,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    /// Grouped-query attention; equal to `num_attention_heads` when absent.
-    pub num_key_value_heads: Option<usize>,
-    /// Width of one head; `hidden_size / num_attention_heads` when absent.
-    pub head_dim: Option<usize>,
-    #[serde(default = "default_rms_norm_eps")]
-    pub rms_norm_eps: f64,
-    /// Older configs keep `rope_theta` at the top level; transformers 5 moves it into `rope_parameters`.
-    pub rope_theta: Option<f64>,
-    pub rope_scaling: Option<serde_json::Value>,
-    pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default = "default_max_positions")]
-    pub max_position_embeddings: usize,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
-    /// Llama/Qwen3: biases on q, k, v and o.
-    #[serde(default)]
-    pub attention_bias: bool,
-    /// Llama: biases on the MLP projections.
-    #[serde(default)]
-    pub mlp_bias: bool,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    pub sliding_window: Option<usize>,
-    #[serde(default)]
-    pub use_sliding_window: bool,
-}
-
-fn default_rms_norm_eps() -> f64 {
-    1e-6
-}
-fn default_max_positions() -> usize {
-    2048
-}
-fn default_act() -> String {
-    "silu".to_owned()
-}
 
 /// Which of the supported families a checkpoint belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,127 +73,128 @@ pub struct LlamaConfig {
     pub sliding_window: Option<usize>,
 }
 
-impl HfConfig {
-    /// Reads `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
+impl LlamaConfig {
+    /// Reads and resolves `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
         if !path.is_file() {
             return Err(ModelError::NoConfig { path });
         }
         let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
-        Self::from_json(&text, &path)
+        Self::parse(&text, &path)
     }
 
-    /// Parses `config.json` text; `path` names it in errors.
-    pub fn from_json(text: &str, path: &Path) -> Result<Self, ModelError> {
-        serde_json::from_str(text).map_err(|e| ModelError::BadConfig { path: path.to_owned(), message: e.to_string() })
+    /// Parses and resolves `config.json` text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ModelError> {
+        let hf = HfConfig::parse(text)
+            .map_err(|e| ModelError::BadConfig { path: path.to_owned(), message: e.to_string() })?;
+        Self::from_hf(&hf, path)
     }
 
-    /// Checks every value against what the model implements and fills in the defaults.
-    /// `path` only names the file in errors.
-    pub fn resolve(&self, path: &Path) -> Result<LlamaConfig, ModelError> {
+    /// Checks every value of `config.json` against what the model implements and fills in the
+    /// defaults. `path` only names the file in errors.
+    pub fn from_hf(hf: &HfConfig, path: &Path) -> Result<Self, ModelError> {
         let path = path.to_owned();
-        let family = match self.model_type.as_str() {
-            "llama" => Family::Llama,
-            "mistral" => Family::Mistral,
-            "qwen2" => Family::Qwen2,
-            "qwen3" => Family::Qwen3,
-            other => return Err(ModelError::UnsupportedModelType { path, found: other.to_owned() }),
+        let family = match hf.model_type.as_deref() {
+            Some("llama") => Family::Llama,
+            Some("mistral") => Family::Mistral,
+            Some("qwen2") => Family::Qwen2,
+            Some("qwen3") => Family::Qwen3,
+            Some(other) => return Err(ModelError::UnsupportedModelType { path, found: other.to_owned() }),
+            None => return Err(ModelError::BadConfig { path, message: "missing field `model_type`".to_owned() }),
         };
-        if self.hidden_act != "silu" {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        if hf.hidden_act != "silu" {
             return Err(ModelError::Unsupported {
                 path,
                 key: "hidden_act",
-                found: format!("`{}`", self.hidden_act),
+                found: format!("`{}`", hf.hidden_act),
                 supported: "`silu`",
             });
         }
-        let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
-        if self.num_attention_heads == 0 || num_kv_heads == 0 || !self.num_attention_heads.is_multiple_of(num_kv_heads)
-        {
+        let (num_heads, num_kv_heads) = (size(hf.num_attention_heads), size(hf.kv_heads()));
+        if num_heads == 0 || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
             return Err(ModelError::BadConfig {
                 path,
                 message: format!(
-                    "`num_attention_heads` ({}) must be a positive multiple of `num_key_value_heads` ({num_kv_heads})",
-                    self.num_attention_heads
+                    "`num_attention_heads` ({num_heads}) must be a positive multiple of `num_key_value_heads` ({num_kv_heads})"
                 ),
             });
         }
-        let head_dim = self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads);
+        let head_dim = size(hf.head_dim());
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(ModelError::BadConfig {
                 path,
                 message: format!("`head_dim` must be even and positive, got {head_dim}"),
             });
         }
-        let (rope_theta, rope_scaling) = self.rope(&path)?;
+        let (rope_theta, rope_scaling) = rope(hf, &path)?;
         // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window`.
         let sliding_window = match family {
-            Family::Mistral => self.sliding_window,
-            Family::Qwen2 | Family::Qwen3 if self.use_sliding_window => self.sliding_window,
+            Family::Mistral => hf.sliding_window.map(size),
+            Family::Qwen2 | Family::Qwen3 if hf.use_sliding_window => hf.sliding_window.map(size),
             _ => None,
         };
+        let attention_bias = hf.attention_bias.unwrap_or(false);
         Ok(LlamaConfig {
             family,
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_layers: self.num_hidden_layers,
-            num_heads: self.num_attention_heads,
+            vocab_size: size(hf.vocab_size),
+            hidden_size: size(hf.hidden_size),
+            intermediate_size: size(hf.intermediate_size),
+            num_layers: size(hf.num_hidden_layers),
+            num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: self.rms_norm_eps,
+            rms_norm_eps: hf.rms_norm_eps,
             rope_theta,
             rope_scaling,
-            max_position_embeddings: self.max_position_embeddings,
-            tie_word_embeddings: self.tie_word_embeddings,
-            qkv_bias: family == Family::Qwen2 || self.attention_bias,
-            o_bias: family != Family::Qwen2 && self.attention_bias,
-            mlp_bias: self.mlp_bias,
+            max_position_embeddings: size(hf.max_position_embeddings),
+            tie_word_embeddings: hf.tie_word_embeddings,
+            qkv_bias: hf.qkv_bias(),
+            o_bias: family != Family::Qwen2 && attention_bias,
+            mlp_bias: hf.mlp_bias,
             qk_norm: family == Family::Qwen3,
             sliding_window,
         })
     }
+}
 
-    /// `rope_theta` and the scaling type, from either the old (`rope_theta` + `rope_scaling`) or
-    /// the transformers 5 (`rope_parameters`) layout.
-    fn rope(&self, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
-        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref()).filter(|v| !v.is_null());
-        let get = |key: &str| params.and_then(|p| p.get(key)).and_then(|v| v.as_f64());
-        let theta = self.rope_theta.or_else(|| get("rope_theta")).unwrap_or(10_000.0);
-        let rope_type = params
-            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
-        let scaling = match rope_type {
-            "default" => RopeScaling::Default,
-            "llama3" => {
-                let need = |key: &'static str| {
-                    get(key).ok_or_else(|| ModelError::BadConfig {
-                        path: path.to_owned(),
-                        message: format!("`llama3` rope scaling needs `{key}`"),
-                    })
-                };
-                RopeScaling::Llama3 {
-                    factor: need("factor")?,
-                    low_freq_factor: need("low_freq_factor")?,
-                    high_freq_factor: need("high_freq_factor")?,
-                    original_max_position_embeddings: get("original_max_position_embeddings")
-                        .map(|v| v as usize)
-                        .unwrap_or(self.max_position_embeddings),
-                }
-            }
-            other => {
-                return Err(ModelError::Unsupported {
+/// `rope_theta` and the scaling type, from either the old (`rope_theta` + `rope_scaling`) or the
+/// transformers 5 (`rope_parameters`) layout.
+fn rope(hf: &HfConfig, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
+    let params = hf.rope_parameters.as_ref().or(hf.rope_scaling.as_ref()).filter(|v| !v.is_null());
+    let get = |key: &str| params.and_then(|p| p.get(key)).and_then(|v| v.as_f64());
+    let theta = hf.rope_theta.or_else(|| get("rope_theta")).unwrap_or(10_000.0);
+    let rope_type =
+        params.and_then(|p| p.get("rope_type").or_else(|| p.get("type"))).and_then(|v| v.as_str()).unwrap_or("default");
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "llama3" => {
+            let need = |key: &'static str| {
+                get(key).ok_or_else(|| ModelError::BadConfig {
                     path: path.to_owned(),
-                    key: "rope_type",
-                    found: format!("`{other}`"),
-                    supported: "`default`, `llama3`",
-                });
+                    message: format!("`llama3` rope scaling needs `{key}`"),
+                })
+            };
+            RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position_embeddings: get("original_max_position_embeddings")
+                    .map(|v| v as usize)
+                    .unwrap_or(usize::try_from(hf.max_position_embeddings).unwrap_or(usize::MAX)),
             }
-        };
-        Ok((theta, scaling))
-    }
+        }
+        other => {
+            return Err(ModelError::Unsupported {
+                path: path.to_owned(),
+                key: "rope_type",
+                found: format!("`{other}`"),
+                supported: "`default`, `llama3`",
+            });
+        }
+    };
+    Ok((theta, scaling))
 }
 
 /// Root-mean-square layer norm, computed in f32 whatever the input's dtype (`LlamaRMSNorm`).
@@ -284,21 +219,6 @@ impl RmsNorm {
         let normed = (x * (variance + self.eps).sqrt().recip()).cast(dtype);
         normed * self.weight.val().cast(dtype).unsqueeze::<D>()
     }
-}
-
-/// A linear layer from an HF `[out, in]` weight (and optional bias) under `prefix`.
-fn load_linear(
-    w: &dyn TensorSource,
-    prefix: &str,
-    d_in: usize,
-    d_out: usize,
-    bias: bool,
-    device: &Device,
-) -> Result<Linear, ModelError> {
-    let weight = w.tensor(&format!("{prefix}.weight"), [d_out, d_in], device)?.transpose(); // [in, out]
-    let bias =
-        if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
-    Ok(Linear { weight: Param::from_tensor(weight), bias, lora: None })
 }
 
 /// Multi-head self-attention with grouped-query key/value heads.
@@ -651,7 +571,7 @@ impl Llama {
         }
         let [b, s, _] = x.dims();
         let last = self.model.norm.forward(x.narrow(1, s - 1, 1)); // [B, 1, hidden]
-        self.lm_head(last).reshape([b, self.vocab_size()]) // [B, V]
+        self.head(FloatDType::from(last.dtype())).project(last).reshape([b, self.vocab_size()]) // [B, V]
     }
 
     /// Rows of the output projection.
@@ -664,22 +584,11 @@ impl Llama {
         self.model.layers.len()
     }
 
-    /// Projects hidden states onto the vocabulary; the logits are f32 whatever the compute dtype
-    /// (log-softmax and the loss run in f32).
-    ///
-    /// # Shapes
-    /// - hidden: `[B, S, hidden]` → `[B, S, V]`
-    pub fn lm_head(&self, hidden: Tensor<3>) -> Tensor<3> {
-        let weight = self.head_weight(FloatDType::from(hidden.dtype()));
-        project(hidden, weight)
-    }
-
-    /// The output projection `[hidden, V]` in `dtype` (the embedding, transposed, when tied).
-    /// Cast once and [`project`] a few rows at a time: the head's activations are the largest.
-    pub fn head_weight(&self, dtype: FloatDType) -> Tensor<2> {
+    /// The output projection in `dtype` (see [`LmHead`]).
+    pub fn head(&self, dtype: FloatDType) -> LmHead {
         match &self.lm_head {
-            Some(head) => head.weight.val().cast(dtype),
-            None => self.model.embed_tokens.weight.val().cast(dtype).transpose(),
+            Some(head) => LmHead::new(head.weight.val(), false, dtype),
+            None => LmHead::new(self.model.embed_tokens.weight.val(), true, dtype),
         }
     }
 
@@ -688,7 +597,8 @@ impl Llama {
     /// # Shapes
     /// - input_ids: `[B, S]` → `[B, S, V]`
     pub fn forward(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
-        self.lm_head(self.hidden_states(input_ids))
+        let hidden = self.hidden_states(input_ids); // [B, S, hidden]
+        self.head(FloatDType::from(hidden.dtype())).project(hidden)
     }
 
     /// The longest sequence a forward pass accepts.
@@ -696,59 +606,6 @@ impl Llama {
         let positions = self.rope.max_positions();
         self.sliding_window.map_or(positions, |w| w.min(positions))
     }
-}
-
-impl Llama {
-    /// Every base parameter under its Hugging Face name and layout (linear weights back to
-    /// `[out, in]`, converted to f32 as each is written): what `model.safetensors` holds. Adapters are not included
-    /// (see [`Llama::adapter_tensors`] and [`Llama::merge_lora`]).
-    pub fn export_tensors(&self) -> Vec<NamedTensor> {
-        let mut visitor = Export { path: Vec::new(), out: Vec::new() };
-        self.visit(&mut visitor);
-        visitor.out
-    }
-}
-
-struct Export {
-    path: Vec<String>,
-    out: Vec<NamedTensor>,
-}
-
-impl ModuleVisitor for Export {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if self.path.iter().any(|p| p == "lora") {
-            return;
-        }
-        let name = self.path.join(".");
-        let tensor = param.val();
-        // burn's `Linear` multiplies by `[in, out]`; HF stores `[out, in]` (see `load_linear`).
-        let transpose = D == 2 && name != "model.embed_tokens.weight";
-        let mut shape = tensor.dims().to_vec();
-        if transpose {
-            shape.reverse();
-        }
-        let rows = if D == 2 { shape[0] } else { 1 };
-        let matrix =
-            if transpose { tensor.reshape([shape[1], shape[0]]) } else { tensor.reshape([rows, shape[D - 1]]) };
-        let values = Values::Device { tensor: matrix, transpose };
-        self.out.push(NamedTensor { name, shape, values });
-    }
-}
-
-/// f32 logits of hidden states under an output projection from [`Llama::head_weight`].
-///
-/// # Shapes
-/// - hidden: `[B, S, hidden]`, weight: `[hidden, V]` → `[B, S, V]`
-pub fn project(hidden: Tensor<3>, weight: Tensor<2>) -> Tensor<3> {
-    super::linear::linear_rows(hidden, weight, None).cast(FloatDType::F32)
 }
 
 /// Casts every parameter to one dtype, keeping its id and whether it trains.

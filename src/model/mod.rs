@@ -4,9 +4,12 @@
 pub mod compat;
 pub mod fused;
 pub mod generate;
+pub mod head;
+pub mod hf;
 pub mod linear;
 pub mod llama;
 pub mod lora;
+pub mod params;
 pub mod rope;
 pub mod weights;
 
@@ -15,16 +18,40 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor};
 
 use crate::config::LoraSettings;
+use weights::WeightsError;
 
 pub use compat::CompatError;
-pub use llama::{HfConfig, Llama, LlamaConfig, ModelError};
+pub use head::LmHead;
+pub use llama::{Llama, LlamaConfig};
 pub use lora::{AdapterConfig, AdapterError, AdapterInit};
 pub use weights::{RandomInit, TensorSource, Weights};
 
+/// Errors raised while reading `config.json` or building the model from its weights.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights")]
+    NoConfig { path: std::path::PathBuf },
+    #[error("cannot read `{path}`")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`: {message}")]
+    BadConfig { path: std::path::PathBuf, message: String },
+    #[error("`{path}`: unsupported `model_type` `{found}`; supported: {}", llama::SUPPORTED_MODEL_TYPES.join(", "))]
+    UnsupportedModelType { path: std::path::PathBuf, found: String },
+    #[error("`{path}`: unsupported `{key}` = {found}; supported: {supported}")]
+    Unsupported { path: std::path::PathBuf, key: &'static str, found: String, supported: &'static str },
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Adapter(#[from] lora::AdapterError),
+}
+
 /// Reads and resolves `dir/config.json` (an adapter directory's base's).
 pub fn load_config(dir: &Path) -> Result<LlamaConfig, ModelError> {
-    let dir = base_dir(dir)?;
-    HfConfig::from_dir(&dir)?.resolve(&dir.join("config.json"))
+    LlamaConfig::read(&base_dir(dir)?)
 }
 
 /// Builds the model described by `cfg` from the safetensors in `dir`, weights as f32.

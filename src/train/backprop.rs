@@ -108,9 +108,9 @@ fn head_backward(
     let [rows, s, h] = hidden.dims();
     let dtype = FloatDType::from(hidden.dtype());
     let hidden = hidden.inner(); // [2B, S, h], no graph
-    let weight = policy.head_weight(dtype).inner(); // [h, V]
+    let lm_head = policy.head(dtype).inner(); // weight [h, V]
     let input_ids = batch.input_ids.clone().inner(); // [2B, S]
-    let head = head_forward(hidden.clone(), weight.clone(), input_ids.clone(), with_stats, true);
+    let head = head_forward(hidden.clone(), &lm_head, input_ids.clone(), with_stats, true);
 
     // The loss over a leaf holding the log-probs gives their gradient.
     let leaf = Tensor::from_inner(head.token_logps).require_grad();
@@ -123,7 +123,7 @@ fn head_backward(
     };
 
     // Backward through softmax and the projection, block by block.
-    let trains = head_param(policy).is_require_grad();
+    let trains = lm_head.trains;
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
     for (block, probs) in head.probs {
@@ -134,7 +134,7 @@ fn head_backward(
         let v = dz.dims()[2];
         // Both products in the compute dtype, as autocast runs them; only the sum is kept in f32.
         let dz = dz.cast(dtype);
-        dh.push(linear_rows(dz.clone(), weight.clone().transpose(), None)); // [c, S-1, h]
+        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [c, S-1, h]
         if trains {
             let n = block.len() * (s - 1);
             let x = hidden.clone().slice([block, 0..s - 1, 0..h]).reshape([n, h]);
@@ -146,27 +146,14 @@ fn head_backward(
         }
     }
     if let Some(dw) = dweight {
-        // Under the parameter's name and layout: `lm_head.weight` is `[h, V]`, a tied embedding `[V, h]`.
-        let (name, dw) = match policy.lm_head {
-            Some(_) => ("lm_head.weight", dw),
-            None => ("model.embed_tokens.weight", dw.transpose()),
-        };
-        let dw = dw.reshape([h * policy.vocab_size()]);
-        let summed = match grads.grads.remove(name) {
+        let dw = lm_head.param_grad(dw); // under the parameter's own name and layout
+        let summed = match grads.grads.remove(lm_head.param_name) {
             Some(acc) => acc + dw,
             None => dw,
         };
-        grads.grads.insert(name.to_owned(), summed);
+        grads.grads.insert(lm_head.param_name.to_owned(), summed);
     }
     let dh = Tensor::cat(dh, 0); // [2B, S-1, h]
     let dh = Tensor::cat(vec![dh, Tensor::<3>::zeros([rows, 1, h], &hidden.device()).cast(dtype)], 1); // [2B, S, h]
     (scores, loss.detach(), Tensor::from_inner(dh))
-}
-
-/// The output projection's parameter: `lm_head`, or the embedding it is tied to.
-fn head_param(policy: &Llama) -> Tensor<2> {
-    match &policy.lm_head {
-        Some(head) => head.weight.val(),
-        None => policy.model.embed_tokens.weight.val(),
-    }
 }

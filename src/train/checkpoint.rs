@@ -143,7 +143,7 @@ pub fn write_model_dir(dir: &Path, model: &Llama, files: ModelFiles) -> Result<(
     match files {
         ModelFiles::Full { config_json } => {
             write_atomic(&dir.join("config.json"), config_json.as_bytes()).map_err(io)?;
-            save_safetensors(&dir.join("model.safetensors"), &model.export_tensors())?;
+            save_safetensors(&dir.join("model.safetensors"), &model::hf::export_tensors(model))?;
         }
         ModelFiles::Adapter { settings, base } => {
             model::lora::save_adapter(dir, model, settings, &base.display().to_string())?;

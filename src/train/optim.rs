@@ -7,8 +7,10 @@
 
 use std::collections::BTreeMap;
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::Module;
 use burn::tensor::{Gradients, Tensor};
+
+use crate::model::params;
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,8 +51,14 @@ pub struct GradAccumulator {
 impl GradAccumulator {
     /// Adds the gradients of one backward pass.
     pub fn add<M: Module>(&mut self, model: &M, grads: &Gradients) {
-        let mut visitor = Collect { path: Vec::new(), grads, into: &mut self.grads };
-        model.visit(&mut visitor);
+        params::visit(model, Some(grads), |p| {
+            let Some(grad) = p.grad else { return };
+            let summed = match self.grads.remove(&p.name) {
+                Some(acc) => acc + grad,
+                None => grad,
+            };
+            self.grads.insert(p.name, summed);
+        });
     }
 
     /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
@@ -120,85 +128,25 @@ impl AdamW {
     /// Applies one update with learning rate `lr` to every parameter that has a gradient.
     pub fn step<M: Module>(&mut self, model: M, grads: &GradAccumulator, lr: f64, cfg: &AdamWConfig) -> M {
         self.step += 1;
-        let mut mapper = Update { path: Vec::new(), grads, state: self, lr, cfg: *cfg };
-        model.map(&mut mapper)
-    }
-}
-
-struct Collect<'a> {
-    path: Vec<String>,
-    grads: &'a Gradients,
-    into: &'a mut BTreeMap<String, Tensor<1>>,
-}
-
-impl ModuleVisitor for Collect<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let Some(grad) = param.val().grad(self.grads) else { return };
-        let n = grad.shape().num_elements();
-        let grad = grad.reshape([n]); // [N]
-        let name = self.path.join(".");
-        let summed = match self.into.remove(&name) {
-            Some(acc) => acc + grad,
-            None => grad,
-        };
-        self.into.insert(name, summed);
-    }
-}
-
-struct Update<'a> {
-    path: Vec<String>,
-    grads: &'a GradAccumulator,
-    state: &'a mut AdamW,
-    lr: f64,
-    cfg: AdamWConfig,
-}
-
-impl ModuleMapper for Update<'_> {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let name = self.path.join(".");
-        let Some(grad) = self.grads.grads.get(&name) else { return param };
-        let (id, tensor, mapper): (ParamId, Tensor<D>, _) = param.consume();
-        let shape = tensor.dims();
-        let tracked = tensor.is_require_grad();
-        let p = tensor.inner().reshape([grad.dims()[0]]); // [N]
-        let grad = grad.clone().inner();
-        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = self.cfg;
-        let t = self.state.step as i32;
-
-        let moments = self
-            .state
-            .moments
-            .remove(&name)
-            .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
-        let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
-        let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
-        // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
-        let p = if weight_decay > 0.0 && decays(&name) { p * (1.0 - self.lr * weight_decay) } else { p };
-        let bias1 = 1.0 - beta1.powi(t);
-        let bias2 = 1.0 - beta2.powi(t);
-        let denom = exp_avg_sq.clone().sqrt() / bias2.sqrt() + epsilon;
-        let p = p - exp_avg.clone() / denom * (self.lr / bias1);
-        self.state.moments.insert(name, Moments { exp_avg, exp_avg_sq });
-
-        let p = Tensor::<D>::from_inner(p.reshape(shape));
-        let p = if tracked { p.require_grad() } else { p };
-        Param::from_mapped_value(id, p, mapper)
+        let t = self.step as i32;
+        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = *cfg;
+        params::map(model, |name, p| {
+            let grad = grads.grads.get(name)?.clone().inner(); // [N]
+            let moments = self
+                .moments
+                .remove(name)
+                .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
+            let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
+            let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
+            // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
+            let p = if weight_decay > 0.0 && decays(name) { p * (1.0 - lr * weight_decay) } else { p };
+            let bias1 = 1.0 - beta1.powi(t);
+            let bias2 = 1.0 - beta2.powi(t);
+            let denom = exp_avg_sq.clone().sqrt() / bias2.sqrt() + epsilon;
+            let p = p - exp_avg.clone() / denom * (lr / bias1);
+            self.moments.insert(name.to_owned(), Moments { exp_avg, exp_avg_sq });
+            Some(p)
+        })
     }
 }
 

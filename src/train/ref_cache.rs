@@ -51,7 +51,7 @@ pub fn load_or_compute(
 /// `<output_dir>/.ref_cache/<sha256 of the inputs>.safetensors`.
 fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow::Result<PathBuf> {
     let mut hash = Sha256::new();
-    for tensor in reference.export_tensors().into_iter().chain(reference.adapter_tensors()) {
+    for tensor in crate::model::hf::export_tensors(reference).into_iter().chain(reference.adapter_tensors()) {
         hash.update(tensor.name.as_bytes());
         for v in tensor.values.to_vec() {
             hash.update(v.to_le_bytes());

@@ -423,18 +423,9 @@ pub fn run_stage(stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<S
 
 /// Parameters that receive gradients.
 fn count_trainable(model: &Llama) -> usize {
-    struct Count(usize);
-    impl burn::module::ModuleVisitor for Count {
-        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<burn::tensor::Tensor<D>>) {
-            let t = param.val();
-            if t.is_require_grad() {
-                self.0 += t.shape().num_elements();
-            }
-        }
-    }
-    let mut count = Count(0);
-    model.visit(&mut count);
-    count.0
+    let mut count = 0;
+    crate::model::params::visit(model, None, |p| count += if p.trains { p.flat.dims()[0] } else { 0 });
+    count
 }
 
 /// Completion tokens scored in a batch.

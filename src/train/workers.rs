@@ -1,11 +1,12 @@
 //! The trainer's view of data parallelism: this process's rank among the workers and the few
 //! collective steps a training loop needs, as no-ops when it runs alone.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 
 use super::optim::GradAccumulator;
 use crate::dist::{DistError, ProcessGroup};
+use crate::model::params;
 
 /// One process of a job, or the whole job when `group` is `None`.
 #[derive(Clone, Copy)]
@@ -53,14 +54,13 @@ impl<'a> Workers<'a> {
     /// contributes zeros.
     pub fn sum_grads<M: Module>(&self, grads: &mut GradAccumulator, model: &M) -> Result<(), DistError> {
         let Some(group) = self.group else { return Ok(()) };
-        let mut shapes = ParamSizes::default();
-        model.visit(&mut shapes);
-        let device = shapes.device.clone();
-        for (name, n) in shapes.sizes {
-            if let Some(device) = &device {
-                grads.grads.entry(name).or_insert_with(|| Tensor::zeros([n], device));
+        // Frozen parameters (a LoRA base) have no gradient to synchronise.
+        params::visit(model, None, |p| {
+            if p.trains {
+                let device = p.device();
+                grads.grads.entry(p.name).or_insert_with(|| Tensor::zeros([p.flat.dims()[0]], &device));
             }
-        }
+        });
         let names: Vec<String> = grads.grads.keys().cloned().collect();
         let mut tensors: Vec<Tensor<1>> = names.iter().map(|n| grads.grads[n].clone()).collect();
         group.all_reduce_sum(&mut tensors)?;
@@ -105,34 +105,6 @@ impl<'a> Workers<'a> {
 /// Indices `rank, rank + world, rank + 2·world, ..` below `len`.
 pub fn shard(len: usize, world_size: usize, rank: usize) -> Vec<usize> {
     (rank..len).step_by(world_size.max(1)).collect()
-}
-
-/// Flattened sizes of the trainable parameters by name, and the device they live on.
-#[derive(Default)]
-struct ParamSizes {
-    path: Vec<String>,
-    sizes: Vec<(String, usize)>,
-    device: Option<burn::tensor::Device>,
-}
-
-impl ModuleVisitor for ParamSizes {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let tensor = param.val();
-        // Frozen parameters (a LoRA base) have no gradient to synchronise.
-        if !tensor.is_require_grad() {
-            return;
-        }
-        self.device.get_or_insert_with(|| tensor.device());
-        self.sizes.push((self.path.join("."), tensor.shape().num_elements()));
-    }
 }
 
 struct Broadcast<'a> {
