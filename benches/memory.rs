@@ -20,7 +20,7 @@ use burn::tensor::{Device, Tensor};
 use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, Reference, estimate, memory::CUDA_CONTEXT_BYTES};
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
-use dpo_train::train::trainer::Progress;
+use dpo_train::train::Progress;
 
 const ROLE: &str = "DPO_TRAIN_BENCH_MEMORY_CONFIG";
 const MICRO_BATCH: u64 = 2;
@@ -180,9 +180,7 @@ fn child(config: &Path) {
         config_name: "bench".into(),
         resume: None,
         sft_only: false,
-        device,
-        interrupt: &interrupt,
-        workers: dpo_train::train::Workers::single(),
+        rt: dpo_train::train::Runtime { device, interrupt: &interrupt, workers: dpo_train::train::Workers::single() },
         config_description: String::new(),
     };
     run(req, &mut Quiet).expect("training runs");

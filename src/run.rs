@@ -3,10 +3,8 @@
 //! then run the supervised warm-up (if any) and DPO as stages of one run directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
-use burn::tensor::Device;
 
 use crate::config::TrainConfig;
 use crate::data::tokenizer::Tokenizer;
@@ -14,8 +12,7 @@ use crate::data::{self, Columns, LoadOptions, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::model::{self, compat};
 use crate::report;
-use crate::train::Workers;
-use crate::train::trainer::{Objective, Progress, RunData, Stage, StageOutcome, run_stage};
+use crate::train::{Objective, Progress, Run, RunData, Runtime, Stage, StageOutcome, Workers, run_stage};
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
 pub struct RunRequest<'a> {
@@ -26,10 +23,8 @@ pub struct RunRequest<'a> {
     pub resume: Option<Option<PathBuf>>,
     /// Only the supervised stage (`dpo-train sft`).
     pub sft_only: bool,
-    pub device: Device,
-    pub interrupt: &'a AtomicBool,
-    /// The data-parallel workers this process is one of (rank 0 writes every file).
-    pub workers: Workers<'a>,
+    /// The device, the Ctrl-C flag and the workers.
+    pub rt: Runtime<'a>,
     /// The effective config as shown at the start (where each value came from), printed once
     /// the inputs are checked; empty to print nothing.
     pub config_description: String,
@@ -103,7 +98,7 @@ pub fn machine() -> String {
 
 /// Runs the request to its end.
 pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
-    let workers = req.workers;
+    let workers = req.rt.workers;
     let (run_dir, resume) = run_dir(&req)?;
     // Every rank checked for an earlier run before rank 0 creates anything.
     workers.barrier()?;
@@ -122,61 +117,33 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     progress.line(&format!("run directory `{}`", run_dir.display()));
     notes.0.iter().for_each(|line| progress.line(line));
 
-    let max_steps = (cfg.max_steps > 0).then_some(cfg.max_steps as u64);
+    let run = Run { cfg, data: &data, rt: &req.rt };
     let base = Stage {
         objective: Objective::Dpo,
         dir: &run_dir,
-        cfg,
-        learning_rate: cfg.learning_rate,
-        steps: max_steps,
         model_dir: &model_dir,
         ref_dir: cfg.ref_model_name_or_path.as_deref(),
-        data: &data,
-        device: &req.device,
+        learning_rate: cfg.learning_rate,
+        steps: (cfg.max_steps > 0).then_some(cfg.max_steps as u64),
         resume,
-        interrupt: req.interrupt,
-        workers,
     };
     if req.sft_only {
-        let outcome = run_stage(&Stage { objective: Objective::Sft, ..base }, progress)?;
+        let outcome = run_stage(&run, &Stage { objective: Objective::Sft, ..base }, progress)?;
         render_plots(&run_dir, cfg, workers)?;
         return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
     }
-
-    // The supervised warm-up, unless a finished one is already there.
-    let sft_dir = run_dir.join("sft");
-    let (sft, start_dir) = if cfg.sft_steps == 0 {
-        (None, model_dir.clone())
-    } else if ["model.safetensors", "adapter_model.safetensors"].iter().any(|f| sft_dir.join("final").join(f).is_file())
-    {
-        progress.line(&format!("supervised warm-up already done: `{}`", sft_dir.join("final").display()));
-        (None, sft_dir.join("final"))
-    } else {
-        let sft_stage = Stage {
-            objective: Objective::Sft,
-            dir: &sft_dir,
-            learning_rate: cfg.sft_learning_rate,
-            steps: Some(cfg.sft_steps),
-            ..base
-        };
-        let outcome = run_stage(&sft_stage, progress)?;
-        render_plots(&sft_dir, cfg, workers)?;
-        if outcome.interrupted {
+    let (sft, start_dir) = match warm_up(&run, &base, progress)? {
+        WarmUp::Interrupted(outcome) => {
             return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
         }
-        let dir = outcome.model_dir.clone();
-        (Some(outcome), dir)
+        WarmUp::Ready(sft, start_dir) => (sft, start_dir),
     };
-    let dpo = run_stage(&Stage { model_dir: &start_dir, ..base }, progress)?;
+    let dpo = run_stage(&run, &Stage { model_dir: &start_dir, ..base }, progress)?;
     render_plots(&run_dir, cfg, workers)?;
 
     let demo_arithmetic = match (&demo_assets, dpo.interrupted || !workers.is_main()) {
         (Some(assets), false) => {
-            let (_, before) = model::load(&start_dir, &req.device)?;
-            let (_, after) = model::load(&dpo.model_dir, &req.device)?;
-            let before = demo::arithmetic_accuracy(&before, &data.tokenizer, &assets.test, &req.device)?;
-            let after = demo::arithmetic_accuracy(&after, &data.tokenizer, &assets.test, &req.device)?;
-            Some((before, after))
+            Some(demo::before_and_after(&start_dir, &dpo.model_dir, &data.tokenizer, assets, &req.rt.device)?)
         }
         _ => None,
     };
@@ -188,6 +155,42 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     Ok(summary)
+}
+
+/// Where the supervised warm-up left the run.
+enum WarmUp {
+    /// Stopped by Ctrl-C.
+    Interrupted(StageOutcome),
+    /// DPO starts from this directory (the warm-up's `final/`, or the model itself without one).
+    Ready(Option<StageOutcome>, PathBuf),
+}
+
+/// The supervised warm-up (`sft_steps > 0`) in `<run>/sft/`, unless a finished one is there.
+fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Result<WarmUp> {
+    let cfg = run.cfg;
+    let sft_dir = base.dir.join("sft");
+    if cfg.sft_steps == 0 {
+        return Ok(WarmUp::Ready(None, base.model_dir.to_owned()));
+    }
+    let finished = sft_dir.join("final");
+    if ["model.safetensors", "adapter_model.safetensors"].iter().any(|f| finished.join(f).is_file()) {
+        progress.line(&format!("supervised warm-up already done: `{}`", finished.display()));
+        return Ok(WarmUp::Ready(None, finished));
+    }
+    let stage = Stage {
+        objective: Objective::Sft,
+        dir: &sft_dir,
+        learning_rate: cfg.sft_learning_rate,
+        steps: Some(cfg.sft_steps),
+        ..*base
+    };
+    let outcome = run_stage(run, &stage, progress)?;
+    render_plots(&sft_dir, cfg, run.rt.workers)?;
+    if outcome.interrupted {
+        return Ok(WarmUp::Interrupted(outcome));
+    }
+    let dir = outcome.model_dir.clone();
+    Ok(WarmUp::Ready(Some(outcome), dir))
 }
 
 /// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and
@@ -233,11 +236,11 @@ fn uses_demo(cfg: &TrainConfig) -> bool {
 fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -> anyhow::Result<DemoAssets> {
     progress.line("building the demo's data, tokenizer and random model");
     let dir = run_dir.join("demo");
-    if req.workers.is_main() {
-        demo::prepare(&dir, req.cfg.seed, &req.device)?;
+    if req.rt.workers.is_main() {
+        demo::prepare(&dir, req.cfg.seed, &req.rt.device)?;
     }
-    req.workers.barrier()?;
-    demo::prepare(&dir, req.cfg.seed, &req.device)
+    req.rt.workers.barrier()?;
+    demo::prepare(&dir, req.cfg.seed, &req.rt.device)
 }
 
 /// The starting model's directory and the tokenised data, every model checked against the

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use dpo_train::config::TrainConfig;
 use dpo_train::run::RunSummary;
+use dpo_train::train::Progress;
 use dpo_train::train::log::{METRIC_NAMES, read_metrics};
-use dpo_train::train::trainer::Progress;
 
 use common::{fixtures, max_diff, run_alone, tensors};
 

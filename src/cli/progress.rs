@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 
-use crate::train::trainer::Progress;
+use crate::train::Progress;
 
 /// Rank 0's progress.
 #[derive(Default)]

@@ -23,7 +23,7 @@ use crate::demo::{DEMO, DEMO_CONFIG};
 use crate::dist::LaunchOutcome;
 use crate::run::{RunRequest, RunSummary};
 use crate::train::Workers;
-use crate::train::trainer::Progress;
+use crate::train::{Progress, Runtime};
 
 /// Runs `train` (or `sft` with `sft_only`); 130 when interrupted.
 pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
@@ -55,16 +55,8 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let config_description = format!("effective config ({}):\n{}", layered.sources(), indent(&layered.describe()));
-    let request = RunRequest {
-        cfg,
-        config_name: name,
-        resume: resume.map(Some),
-        sft_only,
-        device,
-        interrupt,
-        workers,
-        config_description,
-    };
+    let rt = Runtime { device, interrupt, workers };
+    let request = RunRequest { cfg, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
     let summary = crate::run::run(request, progress).map_err(|e| match e.downcast::<ConfigError>() {
         Ok(config) => layered.locate(config).into(),
         Err(other) => other,

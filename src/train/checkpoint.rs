@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -150,6 +152,31 @@ pub fn write_model_dir(dir: &Path, model: &Llama, files: ModelFiles) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Writes `final/`: an HF model (or PEFT adapter) directory with the tokenizer files, atomically.
+pub fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenizer_dir: &Path) -> anyhow::Result<()> {
+    let staged = final_dir.with_extension("partial");
+    if staged.exists() {
+        std::fs::remove_dir_all(&staged).with_context(|| format!("cannot remove `{}`", staged.display()))?;
+    }
+    let written = (|| -> anyhow::Result<()> {
+        write_model_dir(&staged, model, files)?;
+        for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
+            let src = tokenizer_dir.join(file);
+            if src.is_file() {
+                let dest = staged.join(file);
+                std::fs::copy(&src, &dest).with_context(|| format!("cannot write `{}`", dest.display()))?;
+            }
+        }
+        crate::fsutil::replace_dir(&staged, final_dir)
+            .with_context(|| format!("cannot write `{}`", final_dir.display()))
+    })();
+    if written.is_err() {
+        // Nothing half-written stays behind.
+        let _ = std::fs::remove_dir_all(&staged);
+    }
+    written
 }
 
 /// Complete checkpoints of a run, oldest first.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
-use super::trainer::{Progress, Stage};
+use super::context::{Progress, Run};
 use crate::dpo::logps::{Collation, RefLogps};
 use crate::model::Llama;
 use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors};
@@ -17,25 +17,25 @@ use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors};
 /// (by rank 0) when absent.
 pub fn load_or_compute(
     reference: &Llama,
-    stage: &Stage,
+    run: &Run,
     collation: &Collation,
     progress: &mut dyn Progress,
     compute: impl FnOnce() -> anyhow::Result<RefLogps>,
 ) -> anyhow::Result<RefLogps> {
-    let path = cache_path(reference, stage, collation)?;
+    let path = cache_path(reference, run, collation)?;
     if path.is_file() {
         let weights = Weights::open_file(&path)?;
-        let n = stage.data.train.len();
+        let n = run.data.train.len();
         let cached = RefLogps { chosen: weights.values("chosen", &[n])?, rejected: weights.values("rejected", &[n])? };
         progress.line(&format!("reference log-probs from cache `{}`", path.display()));
         return Ok(cached);
     }
-    progress.line(&format!("precomputing reference log-probs for {} training pairs", stage.data.train.len()));
+    progress.line(&format!("precomputing reference log-probs for {} training pairs", run.data.train.len()));
     let logps = compute()?;
-    if !stage.workers.is_main() {
+    if !run.rt.workers.is_main() {
         return Ok(logps);
     }
-    let dir = path.parent().unwrap_or(stage.dir);
+    let dir = path.parent().unwrap_or(&run.cfg.output_dir);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
     let n = logps.chosen.len();
     save_safetensors(
@@ -49,7 +49,7 @@ pub fn load_or_compute(
 }
 
 /// `<output_dir>/.ref_cache/<sha256 of the inputs>.safetensors`.
-fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow::Result<PathBuf> {
+fn cache_path(reference: &Llama, run: &Run, collation: &Collation) -> anyhow::Result<PathBuf> {
     let mut hash = Sha256::new();
     for tensor in crate::model::hf::export_tensors(reference).into_iter().chain(reference.adapter_tensors()) {
         hash.update(tensor.name.as_bytes());
@@ -57,7 +57,7 @@ fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow
             hash.update(v.to_le_bytes());
         }
     }
-    for pair in &stage.data.train {
+    for pair in &run.data.train {
         for ids in [&pair.prompt_ids, &pair.chosen_ids, &pair.rejected_ids] {
             hash.update((ids.len() as u64).to_le_bytes());
             ids.iter().for_each(|id| hash.update(id.to_le_bytes()));
@@ -66,8 +66,8 @@ fn cache_path(reference: &Llama, stage: &Stage, collation: &Collation) -> anyhow
     hash.update(
         format!("{:?}|{:?}|{:?}", collation.max_length, collation.ld_alpha, reference.compute_dtype()).as_bytes(),
     );
-    let tokenizer = stage.data.tokenizer_dir.join("tokenizer.json");
+    let tokenizer = run.data.tokenizer_dir.join("tokenizer.json");
     hash.update(std::fs::read(&tokenizer).with_context(|| format!("cannot read `{}`", tokenizer.display()))?);
     let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(stage.cfg.output_dir.join(".ref_cache").join(format!("{key}.safetensors")))
+    Ok(run.cfg.output_dir.join(".ref_cache").join(format!("{key}.safetensors")))
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use burn::tensor::Device;
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, RunSummary, run};
-use dpo_train::train::trainer::Progress;
+use dpo_train::train::Progress;
 
 /// `tests/fixtures/` of this checkout.
 pub fn fixtures() -> PathBuf {
@@ -65,9 +65,7 @@ pub fn run_alone(
         config_name: "test".into(),
         resume: resume.map(Some),
         sft_only,
-        device: cpu(),
-        interrupt,
-        workers: dpo_train::train::Workers::single(),
+        rt: dpo_train::train::Runtime { device: cpu(), interrupt, workers: dpo_train::train::Workers::single() },
         config_description: String::new(),
     };
     run(req, progress).unwrap()

@@ -1,0 +1,98 @@
+//! The vocabulary of a training run, shared by the loop and its parts: what a stage optimises,
+//! the data, where the run executes, one stage's settings, how it ended, and where progress goes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use burn::tensor::Device;
+
+use super::Workers;
+use crate::config::TrainConfig;
+use crate::data::{TokenizedPair, Tokenizer};
+use crate::dpo::metrics::Metrics;
+
+/// What a stage optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Negative log-likelihood of the chosen completions (a token mean).
+    Sft,
+    /// The configured DPO loss against the reference.
+    Dpo,
+}
+
+impl Objective {
+    /// The stage's name in logs and progress.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sft => "sft",
+            Self::Dpo => "dpo",
+        }
+    }
+}
+
+/// Where progress goes; the binary shows a bar on a terminal and plain lines otherwise.
+pub trait Progress {
+    /// A stage begins (or resumes at `start_step`).
+    fn start(&mut self, stage: &str, start_step: u64, total_steps: u64);
+    /// One optimizer step finished; `status` is a short summary of the last logged values.
+    fn step(&mut self, step: u64, status: &str);
+    /// A line worth keeping (logged metrics, evaluations, checkpoints).
+    fn line(&mut self, text: &str);
+}
+
+/// The data of a run, tokenised once and shared by its stages.
+pub struct RunData {
+    pub tokenizer: Tokenizer,
+    /// Where the tokenizer files live (copied into `final/`).
+    pub tokenizer_dir: PathBuf,
+    pub train: Vec<TokenizedPair>,
+    pub eval: Vec<TokenizedPair>,
+    pub test: Vec<TokenizedPair>,
+}
+
+/// Where a run executes: the plain device (training runs on its autodiff twin), the flag Ctrl-C
+/// sets, and the data-parallel workers this process is one of (rank 0 writes every file).
+#[derive(Clone)]
+pub struct Runtime<'a> {
+    pub device: Device,
+    pub interrupt: &'a AtomicBool,
+    pub workers: Workers<'a>,
+}
+
+/// What every stage of a run shares.
+#[derive(Clone, Copy)]
+pub struct Run<'a> {
+    pub cfg: &'a TrainConfig,
+    pub data: &'a RunData,
+    pub rt: &'a Runtime<'a>,
+}
+
+/// What one stage of a run does: the supervised warm-up, or DPO.
+#[derive(Clone, Copy)]
+pub struct Stage<'a> {
+    pub objective: Objective,
+    /// The stage's directory (metrics, checkpoints, samples, `final/`).
+    pub dir: &'a Path,
+    /// The starting weights (an HF directory, or a PEFT adapter directory).
+    pub model_dir: &'a Path,
+    /// The reference; `None` takes the starting weights.
+    pub ref_dir: Option<&'a Path>,
+    /// Peak learning rate (`learning_rate`, or `sft_learning_rate` for the warm-up).
+    pub learning_rate: f64,
+    /// Optimizer steps; `None` runs `num_train_epochs` over the training pairs.
+    pub steps: Option<u64>,
+    /// Continue from the newest checkpoint in `dir`.
+    pub resume: bool,
+}
+
+/// How a stage ended.
+#[derive(Debug, Clone)]
+pub struct StageOutcome {
+    /// The HF model directory written at the end (or the checkpoint when interrupted).
+    pub model_dir: PathBuf,
+    pub steps: u64,
+    pub interrupted: bool,
+    /// The last evaluation on the held-out set, and the test set's (DPO only).
+    pub eval: Option<Metrics>,
+    pub test: Option<Metrics>,
+}

@@ -1,0 +1,210 @@
+//! The frozen reference of a DPO stage: its log-probs on every dataset and its sample completions,
+//! computed once (the reference model itself is dropped when nothing needs it per step), and the
+//! held-out evaluations and sample files that compare the policy against it.
+//!
+//! Evaluation and the reference pass are sharded: each rank scores every `world_size`-th pair and
+//! the columns are gathered, so every number is the one a single process computes.
+
+use std::path::Path;
+
+use super::checkpoint::TrainerState;
+use super::context::{Progress, Run};
+use super::log::{MetricsRow, MetricsWriter, Split};
+use super::ref_cache;
+use super::samples::{Sample, write_samples};
+use crate::data::{Batch, TokenizedPair, TokenizerError};
+use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
+use crate::dpo::metrics::{Metrics, ScoredPairs};
+use crate::dpo::score::{metrics_of, score_pairs};
+use crate::model::Llama;
+use crate::model::generate::{SamplingConfig, generate, rng};
+use crate::model::host;
+
+/// A DPO stage's reference and what it computed.
+pub struct References {
+    /// Per-step reference, when the training log-probs are not precomputed.
+    model: Option<Llama>,
+    train: Option<RefLogps>,
+    eval: RefLogps,
+    test: RefLogps,
+    eval_samples: Vec<String>,
+    test_samples: Vec<String>,
+    reference_free: bool,
+    /// How held-out pairs are batched (`per_device_eval_batch_size`).
+    collation: Collation,
+}
+
+impl References {
+    /// Scores the held-out sets (and, with `precompute_ref_log_probs`, the training set) under
+    /// `reference`; `None` for reference-free training.
+    pub fn prepare(
+        run: &Run,
+        reference: Option<Llama>,
+        collation: Collation,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Self> {
+        let data = run.data;
+        let Some(reference) = reference else {
+            return Ok(Self {
+                model: None,
+                train: Some(RefLogps::zeros(data.train.len())),
+                eval: RefLogps::zeros(data.eval.len()),
+                test: RefLogps::zeros(data.test.len()),
+                eval_samples: Vec::new(),
+                test_samples: Vec::new(),
+                reference_free: true,
+                collation,
+            });
+        };
+        let held_out = data.eval.len() + data.test.len();
+        if held_out > 0 {
+            progress.line(&format!("scoring {held_out} held-out pairs under the reference"));
+        }
+        let eval = sharded_reference_logps(&reference, &data.eval, &collation, run)?;
+        let test = sharded_reference_logps(&reference, &data.test, &collation, run)?;
+        let main = run.rt.workers.is_main();
+        let eval_samples = if main { sample_texts(&reference, &data.eval, run) } else { Vec::new() };
+        let test_samples = if main { sample_texts(&reference, &data.test, run) } else { Vec::new() };
+        let (model, train) = if run.cfg.precompute_ref_log_probs {
+            let compute = || sharded_reference_logps(&reference, &data.train, &collation, run);
+            let train = ref_cache::load_or_compute(&reference, run, &collation, progress, compute)?;
+            (None, Some(train))
+        } else {
+            (Some(reference), None)
+        };
+        Ok(Self { model, train, eval, test, eval_samples, test_samples, reference_free: false, collation })
+    }
+
+    /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
+    pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Vec<f32> {
+        match (&self.train, &self.model) {
+            (Some(table), _) => table.rows(ids),
+            (None, Some(model)) => {
+                // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
+                let device_batch = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
+                host(&score(model, &device_batch, false).logps)
+            }
+            (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
+        }
+    }
+
+    /// The held-out metrics (rank 0 also logs them into `out` and rewrites the samples in `dir`);
+    /// `None` without held-out data.
+    pub fn evaluate(
+        &self,
+        policy: &Llama,
+        run: &Run,
+        dir: &Path,
+        state: &TrainerState,
+        out: Option<&mut MetricsWriter>,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Option<Metrics>> {
+        if run.data.eval.is_empty() {
+            return Ok(None);
+        }
+        let metrics = sharded_metrics(policy, &run.data.eval, &self.eval, &self.collation, run)?;
+        let Some(out) = out else { return Ok(Some(metrics)) };
+        let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
+        for (name, value) in metrics.named() {
+            row.set_metric(name, value);
+        }
+        row.set_metric("num_tokens", state.num_tokens);
+        out.append(&row)?;
+        progress.line(&format!(
+            "eval step {} | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+            state.step, metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
+        ));
+        let title = format!("step {}", state.step);
+        self.write_samples(policy, run, &dir.join("samples_val.txt"), &run.data.eval, &self.eval_samples, &title)?;
+        Ok(Some(metrics))
+    }
+
+    /// The test set's metrics, once at the end (rank 0 also logs them and writes the samples).
+    pub fn test(&self, policy: &Llama, run: &Run, dir: &Path, progress: &mut dyn Progress) -> anyhow::Result<Metrics> {
+        let metrics = sharded_metrics(policy, &run.data.test, &self.test, &self.collation, run)?;
+        if !run.rt.workers.is_main() {
+            return Ok(metrics);
+        }
+        progress.line(&format!(
+            "test | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+            metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
+        ));
+        self.write_samples(policy, run, &dir.join("samples_test.txt"), &run.data.test, &self.test_samples, "final")?;
+        Ok(metrics)
+    }
+
+    /// The policy's, the reference's and the dataset's answers to the first held-out prompts.
+    fn write_samples(
+        &self,
+        policy: &Llama,
+        run: &Run,
+        path: &Path,
+        pairs: &[TokenizedPair],
+        reference: &[String],
+        title: &str,
+    ) -> anyhow::Result<()> {
+        if pairs.is_empty() || run.cfg.num_samples == 0 {
+            return Ok(());
+        }
+        let policy_texts = sample_texts(policy, pairs, run);
+        let tok = &run.data.tokenizer;
+        let samples = pairs
+            .iter()
+            .zip(policy_texts)
+            .enumerate()
+            .map(|(i, (pair, policy))| {
+                Ok(Sample {
+                    prompt: tok.decode(&pair.prompt_ids, false)?,
+                    policy,
+                    reference: if self.reference_free { "(reference-free)".to_owned() } else { reference[i].clone() },
+                    chosen: tok.decode(&pair.chosen_ids, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
+        write_samples(path, title, &samples)?;
+        Ok(())
+    }
+}
+
+/// The reference log-probs of every pair, each rank scoring its shard.
+fn sharded_reference_logps(
+    model: &Llama,
+    pairs: &[TokenizedPair],
+    collation: &Collation,
+    run: &Run,
+) -> anyhow::Result<RefLogps> {
+    let workers = run.rt.workers;
+    let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
+    let local = reference_logps(model, &mine, collation, &run.rt.device);
+    let mut columns = workers.gather_columns(pairs.len(), vec![local.chosen, local.rejected])?.into_iter();
+    Ok(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() })
+}
+
+/// The loss and metrics over every pair, each rank scoring its shard.
+fn sharded_metrics(
+    policy: &Llama,
+    pairs: &[TokenizedPair],
+    reference: &RefLogps,
+    collation: &Collation,
+    run: &Run,
+) -> anyhow::Result<Metrics> {
+    let (workers, device) = (run.rt.workers, &run.rt.device);
+    let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, device);
+    let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
+    Ok(metrics_of(&scored, &run.cfg.loss, device))
+}
+
+/// Greedy completions of the first `num_samples` prompts of `pairs`.
+fn sample_texts(model: &Llama, pairs: &[TokenizedPair], run: &Run) -> Vec<String> {
+    let tok = &run.data.tokenizer;
+    let cfg = SamplingConfig::greedy(run.cfg.max_new_tokens);
+    let mut sampler = rng(run.cfg.seed);
+    pairs
+        .iter()
+        .take(run.cfg.num_samples)
+        .map(|pair| {
+            let ids = generate(model, &pair.prompt_ids, 1, tok.eos_id(), &cfg, &mut sampler, &run.rt.device);
+            tok.decode(&ids[0], true).unwrap_or_else(|e| format!("(cannot decode: {e})"))
+        })
+        .collect()
+}

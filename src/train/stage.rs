@@ -1,0 +1,323 @@
+//! One stage of a run, supervised fine-tuning on the chosen completions (`sft`) or DPO against a
+//! frozen reference, read top to bottom as nanoGPT's `train.py`: setup ([`setup`]), then one loop
+//! that for each optimizer step takes the learning rate from a pure schedule, runs the step
+//! ([`super::step`]), and logs, evaluates and checkpoints at fixed cadences; then the end
+//! ([`finish`]): the last checkpoint, `final/`, the test set.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::Context;
+use burn::module::Module;
+use burn::tensor::FloatDType;
+
+use super::checkpoint::{self, ModelFiles, TrainerState};
+use super::context::{Objective, Progress, Run, Stage, StageOutcome};
+use super::log::MetricsWriter;
+use super::optim::{AdamW, AdamWConfig, LossScaler};
+use super::policy::{PolicySpec, inference_copy};
+use super::references::References;
+use super::sampler::Sampler;
+use super::schedule::Schedule;
+use super::step::{StepPlan, Trained, optimizer_step};
+use super::window::Window;
+use crate::config::{ConfigError, TrainConfig};
+use crate::dpo::logps::Collation;
+use crate::dpo::metrics::Metrics;
+use crate::model::params;
+
+/// Runs one stage to its end, a Ctrl-C, or an error.
+pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<StageOutcome> {
+    let (cfg, workers) = (run.cfg, run.rt.workers);
+    let Setup { plan, schedule, total_steps, mut trained, references, mut log, spec, config_json } =
+        setup(run, stage, progress)?;
+    let (name, files) = (stage.objective.name(), spec.files(&config_json));
+    let evaluate = |t: &Trained, log: Option<&mut MetricsWriter>, progress: &mut dyn Progress| match &references {
+        Some(refs) => refs.evaluate(&inference_copy(&t.policy), run, stage.dir, &t.state, log, progress),
+        None => Ok(None),
+    };
+
+    progress.start(name, trained.state.step, total_steps);
+    let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
+    let mut window = Window::new();
+    let (mut last_eval, mut last_status, mut interrupted) = (None, String::new(), false);
+    if cfg.eval_on_start && trained.state.step == 0 {
+        last_eval = evaluate(&trained, log.as_mut(), progress)?;
+    }
+    while trained.state.step < total_steps {
+        // Ctrl-C reaches the ranks at different moments: they agree before each step.
+        if workers.any(run.rt.interrupt.load(Ordering::SeqCst))? {
+            interrupted = true;
+            break;
+        }
+        let lr = schedule.lr(trained.state.step);
+        let report;
+        (trained, report) = optimizer_step(&plan, run, trained, references.as_ref(), &mut window, lr)?;
+        let state = &mut trained.state;
+        state.elapsed_seconds = elapsed_before + started.elapsed().as_secs_f64();
+        if !report.applied {
+            progress
+                .line(&format!("fp16 gradients overflowed at step {}: step skipped, loss scale halved", state.step));
+        }
+
+        // --- log, evaluate, checkpoint ---
+        if state.step % cfg.logging_steps == 0 || state.step == total_steps {
+            // Reading the values back is a host sync: it happens on logging steps only.
+            let norm = report.grad_norm.map(|n| n.into_scalar::<f32>() as f64);
+            let done = std::mem::take(&mut window);
+            let (row, status) = done.finish(state, lr, norm, plan.objective, cfg.loss.beta, workers)?;
+            window = Window::new();
+            if let Some(out) = log.as_mut() {
+                out.append(&row)?;
+            }
+            progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
+            last_status = status;
+        }
+        let every = cfg.eval_every();
+        if every > 0 && (trained.state.step % every == 0 || trained.state.step == total_steps) {
+            last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
+        }
+        if cfg.save_steps > 0 && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
+            save(run, stage, &trained, files, &trained.policy.valid(), progress)?;
+        }
+        progress.step(trained.state.step, &last_status);
+    }
+    finish(
+        run,
+        stage,
+        trained,
+        Ending { files, config_json: &config_json, interrupted, last_eval, references },
+        progress,
+    )
+}
+
+/// Everything a stage's loop starts from.
+struct Setup {
+    plan: StepPlan,
+    schedule: Schedule,
+    total_steps: u64,
+    trained: Trained,
+    references: Option<References>,
+    /// `metrics.csv` (rank 0).
+    log: Option<MetricsWriter>,
+    spec: PolicySpec,
+    /// The starting model's `config.json`, written into checkpoints and `final/`.
+    config_json: String,
+}
+
+/// The stage's directory and config, its plan (batches, schedule, optimizer), its models (the
+/// policy on the autodiff device, from the newest checkpoint when resuming; the frozen reference)
+/// and its log.
+fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<Setup> {
+    let (cfg, data, workers) = (run.cfg, run.data, run.rt.workers);
+    if workers.is_main() {
+        let path = stage.dir.join("config.toml");
+        crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    let spec = PolicySpec::new(cfg, stage.model_dir)?;
+    let config_path = spec.base_dir.join("config.json");
+    let config_json =
+        std::fs::read_to_string(&config_path).with_context(|| format!("cannot read `{}`", config_path.display()))?;
+
+    // --- the plan: steps, batches, schedule ---
+    let world = workers.world_size();
+    let sampler = batch_plan(cfg, data.train.len(), world)?;
+    let total_steps =
+        stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
+    let lr_factor = cfg.lr_scaling.factor(world);
+    progress.line(&format!(
+        "{}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} (lr_scaling = {})",
+        stage.objective.name(),
+        sampler.global_batch,
+        sampler.micro_batch,
+        sampler.global_batch / (sampler.micro_batch * world),
+        stage.learning_rate,
+        cfg.lr_scaling
+    ));
+    let schedule = Schedule {
+        kind: cfg.lr_scheduler_type,
+        peak: stage.learning_rate * lr_factor,
+        warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+        total_steps,
+        min_lr_rate: cfg.min_lr_rate,
+    };
+    let adamw = AdamWConfig {
+        beta1: cfg.adam_beta1,
+        beta2: cfg.adam_beta2,
+        epsilon: cfg.adam_epsilon,
+        weight_decay: cfg.weight_decay,
+    };
+
+    // --- the models: policy (autodiff), reference (plain, frozen) ---
+    let train_device = run.rt.device.clone().autodiff();
+    let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
+    let trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
+    let log = match (&resume_from, workers.is_main()) {
+        (_, false) => None,
+        // A resumed stage keeps the rows up to its checkpoint; a stage started afresh (again, after
+        // dying before its first checkpoint) starts an empty file: no step is ever logged twice.
+        (Some(_), true) => Some(MetricsWriter::resume(stage.dir, trained.state.step)?),
+        (None, true) => Some(MetricsWriter::create(stage.dir)?),
+    };
+    let references = match stage.objective {
+        Objective::Sft => None,
+        Objective::Dpo => {
+            let reference = match cfg.loss.reference_free {
+                true => None,
+                false => Some(spec.reference(&trained.policy, stage.ref_dir, &run.rt.device)?),
+            };
+            let collation = Collation {
+                batch_size: cfg.per_device_eval_batch_size,
+                pad_id: data.tokenizer.pad_id(),
+                max_length: Some(cfg.max_length),
+                ld_alpha: cfg.loss.ld_alpha,
+            };
+            Some(References::prepare(run, reference, collation, progress)?)
+        }
+    };
+    let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
+    let plan = StepPlan {
+        objective: stage.objective,
+        sampler,
+        adamw,
+        train_device,
+        checkpointing: cfg.gradient_checkpointing,
+        dropout,
+    };
+    Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
+}
+
+/// The policy, optimizer and loop state the stage starts from: a checkpoint's, or fresh ones;
+/// every rank starts from rank 0's parameters.
+fn start(
+    run: &Run,
+    stage: &Stage,
+    spec: &PolicySpec,
+    resume_from: Option<&Path>,
+    train_device: &burn::tensor::Device,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Trained> {
+    let cfg = run.cfg;
+    let policy = spec.load_policy(resume_from, cfg.seed, train_device)?;
+    let (optimizer, state) = match resume_from {
+        Some(ckpt) => {
+            let saved = checkpoint::load_state(ckpt, train_device)?;
+            let name = stage.objective.name();
+            progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
+            (saved.optimizer, saved.state)
+        }
+        None => (
+            AdamW::default(),
+            TrainerState {
+                step: 0,
+                epoch: 0.0,
+                elapsed_seconds: 0.0,
+                num_tokens: 0.0,
+                loss_scaler: (cfg.compute_dtype() == FloatDType::F16).then(LossScaler::default),
+            },
+        ),
+    };
+    if let Some(lora) = &spec.lora {
+        let mut trainable = 0;
+        params::visit(&policy, None, |p| trainable += if p.trains { p.flat.dims()[0] } else { 0 });
+        progress.line(&format!(
+            "LoRA r={} alpha={} on {}: {trainable} trainable parameters of {}",
+            lora.r,
+            lora.alpha,
+            lora.target_modules.join(","),
+            policy.num_params()
+        ));
+    }
+    let policy = run.rt.workers.broadcast_params(policy)?;
+    Ok(Trained { policy, optimizer, state })
+}
+
+/// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
+fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
+    let micro = cfg.per_device_train_batch_size;
+    let per_pass = micro * world_size;
+    let accumulation = match cfg.global_batch_size {
+        Some(global) if global % per_pass != 0 => anyhow::bail!(ConfigError::Invalid {
+            key: "global_batch_size",
+            message: format!(
+                "{global} does not split into per_device_train_batch_size {micro} x {world_size} devices x accumulation"
+            ),
+        }),
+        Some(global) => global / per_pass,
+        None => cfg.gradient_accumulation_steps,
+    };
+    Ok(Sampler { len, global_batch: per_pass * accumulation, micro_batch: micro, seed: cfg.seed })
+}
+
+/// Writes a checkpoint of the stage (rank 0), every rank waiting until it is complete.
+fn save(
+    run: &Run,
+    stage: &Stage,
+    t: &Trained,
+    files: ModelFiles,
+    policy: &crate::model::Llama,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    if run.rt.workers.is_main() {
+        let config_toml = run.cfg.to_toml();
+        let keep = run.cfg.save_total_limit;
+        let path = checkpoint::save(stage.dir, policy, files, &t.optimizer, &t.state, &config_toml, keep)?;
+        progress.line(&format!("saved `{}`", path.display()));
+    }
+    Ok(run.rt.workers.barrier()?)
+}
+
+/// How the loop ended, for [`finish`].
+struct Ending<'a> {
+    files: ModelFiles<'a>,
+    config_json: &'a str,
+    interrupted: bool,
+    last_eval: Option<Metrics>,
+    references: Option<References>,
+}
+
+/// The end of a stage: a checkpoint of the last step (unless one was just written), then on a
+/// Ctrl-C the way to resume, else `final/` (and `final/merged/` with `merge`) and the test set.
+fn finish(
+    run: &Run,
+    stage: &Stage,
+    t: Trained,
+    end: Ending,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<StageOutcome> {
+    let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
+    let policy = inference_copy(&t.policy);
+    let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
+    if workers.is_main() && !saved_now {
+        let config_toml = run.cfg.to_toml();
+        let keep = run.cfg.save_total_limit;
+        let path = checkpoint::save(dir, &policy, end.files, &t.optimizer, &t.state, &config_toml, keep)?;
+        progress.line(&format!("saved `{}`", path.display()));
+    }
+    let (eval, interrupted) = (end.last_eval, end.interrupted);
+    if interrupted {
+        workers.barrier()?;
+        let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
+        progress.line(&format!("interrupted at step {step}: resume with `--resume {}`", dir.display()));
+        return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, eval, test: None });
+    }
+    let final_dir = dir.join("final");
+    if workers.is_main() {
+        checkpoint::export_final(&final_dir, &policy, end.files, &run.data.tokenizer_dir)?;
+        if run.cfg.merge {
+            let merged = final_dir.join("merged");
+            let full = ModelFiles::Full { config_json: end.config_json };
+            checkpoint::export_final(&merged, &inference_copy(&policy).merge_lora(), full, &run.data.tokenizer_dir)?;
+            progress.line(&format!("merged model written to `{}`", merged.display()));
+        }
+    }
+    let test = match &end.references {
+        Some(refs) if !run.data.test.is_empty() => Some(refs.test(&policy, run, dir, progress)?),
+        _ => None,
+    };
+    // Every rank returns once the files rank 0 writes are complete.
+    workers.barrier()?;
+    Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, eval, test })
+}

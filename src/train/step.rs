@@ -1,0 +1,184 @@
+//! One optimizer step, nanoGPT's inner loop: this rank's micro-batches of the step, each forward
+//! and backward with its loss scaled by its share of the whole step (over every rank), the
+//! gradient sum over the ranks, fp16 loss-scale bookkeeping, clipping by the global norm, and the
+//! AdamW update.
+//!
+//! Scaling each micro-batch's loss by its share of the step makes the gradients summed over
+//! micro-batches and ranks equal those of one batch holding every pair of the step.
+
+use burn::tensor::{Device, Tensor};
+
+use super::backprop::{Checkpointing, forward_backward};
+use super::checkpoint::TrainerState;
+use super::context::{Objective, Run};
+use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::references::References;
+use super::sampler::{Sampler, rank_step};
+use super::window::Window;
+use crate::data::{self, Batch, TokenizedPair};
+use crate::dpo::logps::DeviceBatch;
+use crate::dpo::loss::{PairScores, dpo_loss};
+use crate::model::Llama;
+
+/// What a stage fixes for all of its steps.
+pub struct StepPlan {
+    pub objective: Objective,
+    pub sampler: Sampler,
+    pub adamw: AdamWConfig,
+    /// The autodiff twin of the run's device.
+    pub train_device: Device,
+    /// Recompute each layer's activations in the backward (`gradient_checkpointing`).
+    pub checkpointing: bool,
+    /// LoRA dropout is on: its masks are seeded by (seed, step, micro-batch, rank).
+    pub dropout: bool,
+}
+
+/// What a step changes: the policy, the optimizer and the loop's state.
+pub struct Trained {
+    pub policy: Llama,
+    pub optimizer: AdamW,
+    pub state: TrainerState,
+}
+
+/// How a step went.
+pub struct StepReport {
+    /// The global gradient norm before clipping, on the device (read back on logging steps).
+    pub grad_norm: Option<Tensor<1>>,
+    /// `false` when fp16 gradients overflowed and the update was skipped.
+    pub applied: bool,
+}
+
+/// Runs optimizer step `t.state.step` at learning rate `lr`; `refs` is the reference of a DPO
+/// stage. The step's metrics go into `window`.
+pub fn optimizer_step(
+    plan: &StepPlan,
+    run: &Run,
+    mut t: Trained,
+    refs: Option<&References>,
+    window: &mut Window,
+    lr: f64,
+) -> anyhow::Result<(Trained, StepReport)> {
+    let (cfg, data, workers) = (run.cfg, run.data, run.rt.workers);
+    // Dropout masks follow (seed, step): the same on every rank, and after a resume. (The
+    // generator is process-wide: a run without dropout leaves it alone.)
+    if plan.dropout {
+        run.rt.device.seed(cfg.seed.wrapping_add(t.state.step));
+    }
+    let mine = rank_step(&plan.sampler, t.state.step, workers.world_size(), workers.rank())?;
+    let all_pairs: Vec<&TokenizedPair> =
+        plan.sampler.micro_batches(t.state.step).concat().into_iter().map(|i| &data.train[i]).collect();
+    // SFT's loss is a token mean over the whole step: each micro-batch divides by the step's count.
+    let step_tokens = match plan.objective {
+        Objective::Sft => {
+            let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
+            scored_tokens(&data::collate_chosen(&all, data.tokenizer.pad_id(), Some(cfg.max_length)))
+        }
+        Objective::Dpo => 0.0,
+    };
+    t.state.num_tokens += all_pairs.iter().map(|p| pair_tokens(p, cfg.max_length, plan.objective)).sum::<f64>();
+
+    let mut grads = GradAccumulator::default();
+    let loss_scale = t.state.loss_scaler.map_or(1.0, |s| s.scale);
+    for (micro, ids) in mine.micro_batches.iter().enumerate() {
+        let chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
+        let recompute = plan.checkpointing.then(|| Checkpointing {
+            dropout_seed: plan
+                .dropout
+                .then(|| cfg.seed ^ (t.state.step << 20) ^ ((micro as u64) << 8) ^ workers.rank() as u64),
+        });
+        let share = chunk.len() as f64 / mine.step_pairs as f64;
+        let scale = match plan.objective {
+            Objective::Sft => loss_scale,
+            Objective::Dpo => share * loss_scale,
+        };
+        let pass = MicroBatch { ids, chunk: &chunk, recompute, scale, step_tokens };
+        micro_batch(plan, run, &t.policy, refs, &pass, &mut grads, window);
+    }
+
+    workers.sum_grads(&mut grads, &t.policy)?;
+    let applied = match t.state.loss_scaler.as_mut() {
+        Some(scaler) => {
+            grads.scale(1.0 / scaler.scale);
+            // A host sync, as torch's GradScaler: an overflowing step must not be applied.
+            let finite = grads.global_norm().is_none_or(|n| n.into_scalar::<f32>().is_finite());
+            scaler.update(finite)
+        }
+        None => true,
+    };
+    let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
+    if applied {
+        t.policy = t.optimizer.step(t.policy, &grads, lr, &plan.adamw);
+    }
+    window.steps += 1;
+    t.state.step += 1;
+    t.state.epoch = plan.sampler.epoch_at(t.state.step);
+    Ok((t, StepReport { grad_norm, applied }))
+}
+
+/// One micro-batch of a step.
+struct MicroBatch<'a> {
+    /// Indices of its training pairs, and the pairs.
+    ids: &'a [usize],
+    chunk: &'a [TokenizedPair],
+    recompute: Option<Checkpointing>,
+    /// What its loss is multiplied by before the backward (its share, the fp16 loss scale).
+    scale: f64,
+    /// SFT: completion tokens in the whole step.
+    step_tokens: f64,
+}
+
+/// The forward and backward of one micro-batch, its gradients added to `grads`.
+fn micro_batch(
+    plan: &StepPlan,
+    run: &Run,
+    policy: &Llama,
+    refs: Option<&References>,
+    pass: &MicroBatch,
+    grads: &mut GradAccumulator,
+    window: &mut Window,
+) {
+    let (pad_id, max_length) = (run.data.tokenizer.pad_id(), Some(run.cfg.max_length));
+    match (plan.objective, refs) {
+        (Objective::Sft, _) => {
+            let batch = data::collate_chosen(pass.chunk, pad_id, max_length);
+            window.count(&batch);
+            let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
+            // Each micro-batch's loss is its share of the step's token mean.
+            let (_, nll) =
+                forward_backward(policy, &device_batch, false, pass.recompute, pass.scale, grads, |scores| {
+                    -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
+                });
+            window.losses.push(nll);
+        }
+        (Objective::Dpo, Some(refs)) => {
+            let loss_cfg = &run.cfg.loss;
+            let batch = data::collate(pass.chunk, pad_id, max_length);
+            window.count(&batch);
+            let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
+            let ref_rows = refs.train_rows(pass.ids, &batch, run);
+            let (scores, loss) =
+                forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
+                    dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
+                });
+            window.pending.push((device_batch, scores, ref_rows, loss));
+        }
+        (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
+    }
+}
+
+/// Input tokens of a pair's sequences after truncation (TRL's `num_tokens` counts every one).
+fn pair_tokens(pair: &TokenizedPair, max_length: usize, objective: Objective) -> f64 {
+    let p = pair.prompt_ids.len();
+    let chosen = (p + pair.chosen_ids.len()).min(max_length);
+    let rejected = (p + pair.rejected_ids.len()).min(max_length);
+    match objective {
+        Objective::Sft => chosen as f64,
+        Objective::Dpo => (chosen + rejected) as f64,
+    }
+}
+
+/// Completion tokens scored in a batch.
+fn scored_tokens(batch: &Batch) -> f64 {
+    let s = batch.seq_len;
+    (0..batch.rows).map(|r| batch.completion_mask[r * s + 1..(r + 1) * s].iter().sum::<i64>() as f64).sum()
+}

@@ -1,0 +1,104 @@
+//! The logging window: what the optimizer steps since the last log did, kept on the device until
+//! a logging step reads it back (one host sync per log, as nanoGPT), then reduced over the ranks
+//! into one `metrics.csv` row with TRL's metric names and a one-line status.
+
+use std::time::Instant;
+
+use burn::tensor::Tensor;
+
+use super::Workers;
+use super::checkpoint::TrainerState;
+use super::context::Objective;
+use super::log::{MetricsRow, Split};
+use crate::data::Batch;
+use crate::dpo::logps::{DeviceBatch, SequenceScores};
+use crate::dpo::metrics::{MetricSums, ScoredPairs};
+use crate::model::host;
+
+/// What the steps since the last log did, kept on the device until the log reads it.
+pub struct Window {
+    started: Instant,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    pairs: usize,
+    tokens: f64,
+    /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
+    pub pending: Vec<(DeviceBatch, SequenceScores, Vec<f32>, Tensor<1>)>,
+    /// SFT: each micro-batch's (scaled) loss.
+    pub losses: Vec<Tensor<1>>,
+}
+
+impl Window {
+    /// A window opening now.
+    pub fn new() -> Self {
+        Self { started: Instant::now(), steps: 0, pairs: 0, tokens: 0.0, pending: Vec::new(), losses: Vec::new() }
+    }
+
+    /// Counts a micro-batch's pairs and tokens (throughput).
+    pub fn count(&mut self, batch: &Batch) {
+        self.pairs += batch.batch_size;
+        self.tokens += batch.attention_mask.iter().sum::<i64>() as f64;
+    }
+
+    /// The logged row and a one-line status, TRL's names in TRL's order, over every rank.
+    pub fn finish(
+        self,
+        state: &TrainerState,
+        lr: f64,
+        grad_norm: Option<f64>,
+        objective: Objective,
+        beta: f64,
+        workers: Workers,
+    ) -> anyhow::Result<(MetricsRow, String)> {
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
+        let mut throughput = [self.pairs as f64, self.tokens];
+        workers.sum_f64(&mut throughput)?;
+        let [pairs, tokens] = throughput;
+        let mut row = MetricsRow::empty(state.step, state.epoch, Split::Train, state.elapsed_seconds);
+        let status = match objective {
+            Objective::Sft => {
+                // Each SFT micro-batch loss is already a share of its step's token mean, over
+                // every rank: summing gives the steps' losses.
+                let mut total = [self.losses.iter().map(|l| host(l)[0] as f64).sum::<f64>()];
+                workers.sum_f64(&mut total)?;
+                let loss = total[0] / self.steps.max(1) as f64;
+                row.set_metric("loss", loss);
+                format!("loss {loss:.4}")
+            }
+            Objective::Dpo => {
+                let mut sums = MetricSums::default();
+                for (batch, scores, ref_rows, loss) in &self.pending {
+                    let scored = ScoredPairs::from_batch(batch, scores, ref_rows);
+                    sums.add(&scored, host(loss)[0] as f64, beta);
+                }
+                let mut fields = sums.fields();
+                workers.sum_f64(&mut fields)?;
+                let m = MetricSums::from_fields(fields).finish();
+                for (name, value) in m.named() {
+                    row.set_metric(name, value);
+                }
+                format!(
+                    "loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+                    m.loss, m.rewards_accuracies, m.rewards_margins
+                )
+            }
+        };
+        row.set_metric("num_tokens", state.num_tokens);
+        row.learning_rate = Some(lr);
+        row.grad_norm = grad_norm;
+        row.pairs_per_second = Some(pairs / seconds);
+        row.tokens_per_second = Some(tokens / seconds);
+        let status = format!(
+            "{status} | lr {lr:.2e} | grad_norm {:.3} | {:.1} pairs/s",
+            grad_norm.unwrap_or(f64::NAN),
+            pairs / seconds
+        );
+        Ok((row, status))
+    }
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self::new()
+    }
+}
