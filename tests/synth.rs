@@ -2,10 +2,10 @@
 //! the TRL-style loader, a byte-level BPE trained on them, and TRL's DPO tokenisation
 //! (`trl/trainer/dpo_trainer.py` `_prepare_dataset`) applied with that tokenizer.
 
-use dpo_train::data::bpe::{DEFAULT_VOCAB_SIZE, train_tokenizer};
-use dpo_train::data::synth::{SynthConfig, SynthPair, TaskKind, generate, write_splits};
 use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::data::{LoadOptions, Text, load_preferences, tokenize};
+use dpo_train::demo::bpe::{DEFAULT_VOCAB_SIZE, train_tokenizer};
+use dpo_train::demo::synth::{SynthConfig, SynthPair, TaskKind, generate, write_splits};
 
 fn texts(pairs: &[SynthPair]) -> Vec<String> {
     pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]).collect()

@@ -18,7 +18,7 @@ use anyhow::Context;
 pub use args::{Cli, Command, DataCommand, DeviceArg, PlotArgs, SynthArgs};
 pub use launch::LaunchFlagError;
 
-use crate::data::synth::{self, SynthConfig};
+use crate::demo::synth::{self, SynthConfig};
 
 /// The exit code of a run stopped by Ctrl-C or SIGTERM after saving a checkpoint.
 pub const INTERRUPTED: u8 = 130;

@@ -7,10 +7,8 @@
 //! `DataCollatorForPreference`.
 
 pub mod batch;
-pub mod bpe;
 pub mod error;
 pub mod load;
-pub mod synth;
 pub mod tokenize;
 pub mod tokenizer;
 

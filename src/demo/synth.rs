@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-/// Errors from writing or reading synthetic preference files.
+/// Errors writing synthetic preference files.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
     /// Creating, writing or renaming the output file failed.
@@ -38,21 +38,6 @@ pub enum SynthError {
     #[error("Cannot serialise a pair for `{path}`")]
     Serialize {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The file could not be read.
-    #[error("Cannot read `{path}`")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line is not a synthetic pair (`prompt`, `chosen`, `rejected` and `kind`).
-    #[error("`{path}` line {line}: not a synthetic preference pair")]
-    Parse {
-        path: PathBuf,
-        line: usize,
         #[source]
         source: serde_json::Error,
     },
@@ -254,22 +239,6 @@ pub fn write_splits(dir: &Path, data: &SynthData) -> Result<[PathBuf; 3], SynthE
         write_jsonl(path, pairs)?;
     }
     Ok(paths)
-}
-
-/// Reads a file written by [`write_jsonl`] (blank lines are skipped).
-pub fn read_jsonl(path: &Path) -> Result<Vec<SynthPair>, SynthError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SynthError::Read { path: path.to_path_buf(), source })?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|source| SynthError::Parse {
-                path: path.to_path_buf(),
-                line: i + 1,
-                source,
-            })
-        })
-        .collect()
 }
 
 /// One arithmetic problem `a op b`.
@@ -580,8 +549,11 @@ mod tests {
         let data = generate(&SynthConfig { train: 50, val: 10, test: 10, ..small() });
         let paths = write_splits(&dir.path().join("nested"), &data).unwrap();
         let first = std::fs::read(&paths[0]).unwrap();
-        assert_eq!(read_jsonl(&paths[0]).unwrap(), data.train);
-        assert_eq!(read_jsonl(&paths[2]).unwrap(), data.test);
+        // The data pipeline reads them back: the `kind` key is an extra column it ignores.
+        let back = crate::data::load_preferences(&paths[2], &Default::default()).unwrap();
+        let prompts: Vec<_> = back.rows.iter().map(|r| r.prompt.clone()).collect();
+        let expected: Vec<_> = data.test.iter().map(|p| crate::data::Text::Plain(p.prompt.clone())).collect();
+        assert_eq!(prompts, expected);
         write_jsonl(&paths[0], &generate(&SynthConfig { train: 50, val: 10, test: 10, ..small() }).train).unwrap();
         assert_eq!(std::fs::read(&paths[0]).unwrap(), first);
         let line = std::str::from_utf8(&first).unwrap().lines().next().unwrap();
@@ -595,10 +567,6 @@ mod tests {
     #[test]
     fn errors_name_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bad.jsonl");
-        std::fs::write(&path, "{\"prompt\": 1}\n").unwrap();
-        let err = read_jsonl(&path).unwrap_err();
-        assert_eq!(err.to_string(), format!("`{}` line 1: not a synthetic preference pair", path.display()));
         // A directory cannot be replaced by a file.
         let err = write_jsonl(dir.path(), &[]).unwrap_err();
         assert_eq!(err.to_string(), format!("Cannot write `{}`", dir.path().display()));

@@ -6,15 +6,20 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
 
-use crate::data::bpe::{self, train_tokenizer};
-use crate::data::synth::{self, SynthConfig, TaskKind, is_correct_answer};
+pub mod bpe;
+pub mod synth;
+
+use bpe::train_tokenizer;
+use synth::{SynthConfig, arithmetic_kind, is_correct_answer};
+
 use crate::data::tokenizer::Tokenizer;
+use crate::data::{self, LoadOptions, Text};
 use crate::model::generate::{SamplingConfig, generate, rng};
 use crate::model::{self, Llama, RandomInit};
 use crate::train::checkpoint::{ModelFiles, write_model_dir};
 
 /// The demo's configuration, embedded in the binary (also shipped as `configs/demo.toml`).
-pub const DEMO_CONFIG: &str = include_str!("../configs/demo.toml");
+pub const DEMO_CONFIG: &str = include_str!("../../configs/demo.toml");
 
 /// The marker that selects the demo's model or data in a config.
 pub const DEMO: &str = "demo";
@@ -64,10 +69,10 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
         synth::write_splits(&data_dir, &data)?;
     }
     if !model_dir.join("model.safetensors").is_file() {
-        let pairs = synth::read_jsonl(&train)?;
-        let texts =
-            pairs.iter().flat_map(|p| [format!("{}{}", p.prompt, p.chosen), format!("{}{}", p.prompt, p.rejected)]);
-        let texts: Vec<String> = texts.collect();
+        let texts: Vec<String> = plain_rows(&train)?
+            .into_iter()
+            .flat_map(|(prompt, chosen, rejected)| [format!("{prompt}{chosen}"), format!("{prompt}{rejected}")])
+            .collect();
         train_tokenizer(texts.iter().map(String::as_str), bpe::DEFAULT_VOCAB_SIZE, &model_dir)?;
         let tokenizer = Tokenizer::from_dir(&model_dir)?;
         // Round the embedding up to a multiple of 64, as model vocabularies usually are.
@@ -81,6 +86,22 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
     Ok(DemoAssets { model_dir, train, val, test })
 }
 
+/// Greedy arithmetic on the demo's test split before DPO (the model in `before`) and after it
+/// (`after`): each (correct, asked).
+pub fn before_and_after(
+    before: &Path,
+    after: &Path,
+    tokenizer: &Tokenizer,
+    assets: &DemoAssets,
+    device: &Device,
+) -> anyhow::Result<((usize, usize), (usize, usize))> {
+    let score = |dir: &Path| -> anyhow::Result<(usize, usize)> {
+        let (_, model) = model::load(dir, device)?;
+        arithmetic_accuracy(&model, tokenizer, &assets.test, device)
+    };
+    Ok((score(before)?, score(after)?))
+}
+
 /// Greedy answers to the arithmetic prompts of a demo split: (correct, asked).
 pub fn arithmetic_accuracy(
     model: &Llama,
@@ -88,17 +109,31 @@ pub fn arithmetic_accuracy(
     split: &Path,
     device: &Device,
 ) -> anyhow::Result<(usize, usize)> {
-    let pairs = synth::read_jsonl(split)?;
     let sampling = SamplingConfig::greedy(6);
     let mut sampler = rng(0);
     let mut correct = 0;
     let mut asked = 0;
-    for pair in pairs.iter().filter(|p| matches!(p.kind, TaskKind::Arithmetic { .. })) {
-        let prompt = tokenizer.encode(&pair.prompt)?;
-        let ids = generate(model, &prompt, 1, tokenizer.eos_id(), &sampling, &mut sampler, device);
+    // The problem is read back from the prompt (`Q: What is 9 + 0?`).
+    for (prompt, _, _) in plain_rows(split)? {
+        let Some(kind) = arithmetic_kind(&prompt) else { continue };
+        let ids = tokenizer.encode(&prompt)?;
+        let ids = generate(model, &ids, 1, tokenizer.eos_id(), &sampling, &mut sampler, device);
         let text = tokenizer.decode(&ids[0], true)?;
         asked += 1;
-        correct += usize::from(is_correct_answer(&pair.kind, &text));
+        correct += usize::from(is_correct_answer(&kind, &text));
     }
     Ok((correct, asked))
+}
+
+/// The (prompt, chosen, rejected) texts of a demo split, read by the data pipeline's reader.
+fn plain_rows(path: &Path) -> anyhow::Result<Vec<(String, String, String)>> {
+    let loaded = data::load_preferences(path, &LoadOptions::default())?;
+    Ok(loaded
+        .rows
+        .into_iter()
+        .filter_map(|row| match (row.prompt, row.chosen, row.rejected) {
+            (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => Some((p, c, r)),
+            _ => None,
+        })
+        .collect())
 }

@@ -143,8 +143,8 @@ fn tokenizer_config(tokenizer: &BpeTokenizer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::synth::{SynthConfig, generate};
     use crate::data::tokenizer::Tokenizer;
+    use crate::demo::synth::{SynthConfig, generate};
 
     fn corpus() -> Vec<String> {
         let data = generate(&SynthConfig::default());
