@@ -17,6 +17,7 @@ pub mod probe;
 pub mod render;
 pub mod snapshot;
 pub mod topology;
+pub mod units;
 
 pub use memory::{Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, estimate};
 pub use model::ModelShape;

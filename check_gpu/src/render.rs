@@ -6,31 +6,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::memory::{FineTune, Reference};
-use crate::plan::{Plan, Status, list};
+use crate::plan::{Plan, Status};
 use crate::snapshot::{Snapshot, Source};
-
-/// `81.0 GiB`, `512 MiB`.
-pub fn bytes(b: u64) -> String {
-    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
-    let g = b as f64 / GIB;
-    if g >= 1.0 { format!("{g:.1} GiB") } else { format!("{} MiB", b / (1024 * 1024)) }
-}
-
-/// `1.50B`, `135M`, `12.0K`.
-pub fn count(n: u64) -> String {
-    let f = n as f64;
-    if f >= 1e12 {
-        format!("{:.2}T", f / 1e12)
-    } else if f >= 1e9 {
-        format!("{:.2}B", f / 1e9)
-    } else if f >= 1e6 {
-        format!("{:.0}M", f / 1e6)
-    } else if f >= 1e3 {
-        format!("{:.1}K", f / 1e3)
-    } else {
-        n.to_string()
-    }
-}
+use crate::units::{bytes, count, list};
 
 /// ANSI styling, or none.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +66,28 @@ fn pad(s: &str, w: usize) -> String {
 /// The machine part: system line, GPU table, topology matrix, islands and NUMA groups.
 pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
     let mut o = String::new();
+    system_lines(&mut o, snap, st);
+    gpu_table(&mut o, snap, plan, st);
+    topology_matrix(&mut o, snap, st);
+    let t = &plan.topology;
+    let islands = if t.nvlink_islands.is_empty() {
+        "none".to_string()
+    } else {
+        t.nvlink_islands.iter().map(|i| format!("[{}]", list(i))).collect::<Vec<_>>().join(" ")
+    };
+    let numa = t
+        .numa_groups
+        .iter()
+        .map(|g| format!("node {}: [{}]", opt(g.node), list(&g.gpus)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(o, "  NVLink islands: {islands}");
+    let _ = writeln!(o, "  NUMA groups: {numa}");
+    o
+}
+
+/// Where the snapshot came from, versions, NCCL, the environment and failed probes.
+fn system_lines(o: &mut String, snap: &Snapshot, st: Style) {
     let source = match snap.source {
         Source::Live => "live NVML probe",
         Source::NvidiaSmi => "nvidia-smi output",
@@ -128,7 +128,10 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
             let _ = writeln!(o, "  {n}");
         }
     }
+}
 
+/// One row per GPU, and a line of details under it.
+fn gpu_table(o: &mut String, snap: &Snapshot, plan: &Plan, st: Style) {
     let _ = writeln!(o, "\n{}", st.bold("GPUs"));
     let header = format!(
         "  {:>3}  {:<26} {:>17}  {:>4}  {:<12} {:>4}  {:<15} {:>5} {:>13} {:>5}  {}",
@@ -170,86 +173,89 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
             g.utilization_gpu_pct.map_or("?".to_string(), |u| format!("{u}%")),
             state
         );
-        let mut extra = Vec::new();
-        if let Some(a) = &g.architecture {
-            extra.push(a.clone());
-        }
-        if let Some(u) = &g.uuid {
-            extra.push(u.clone());
-        }
-        if let Some(b) = &g.pci_bus_id {
-            extra.push(b.clone());
-        }
-        if let Some(m) = g.mig_enabled {
-            extra.push(format!("MIG {}", if m { "on" } else { "off" }));
-        }
-        if let Some(pm) = g.persistence_mode {
-            extra.push(format!("persistence {}", if pm { "on" } else { "off" }));
-        }
-        if let Some(e) = g.ecc_enabled {
-            let errs = g.ecc_uncorrected_volatile.map_or(String::new(), |n| format!(", {n} uncorrectable"));
-            extra.push(format!("ECC {}{errs}", if e { "on" } else { "off" }));
-        }
-        if let Some(t) = &g.throttle_reasons
-            && !t.is_empty()
-        {
-            extra.push(format!("throttle: {}", t.join(",")));
-        }
-        if let Some(ps) = &g.processes
-            && !ps.is_empty()
-        {
-            let v: Vec<String> =
-                ps.iter().map(|p| format!("pid {} {}", p.pid, p.used_memory_bytes.map_or("?".into(), bytes))).collect();
-            extra.push(format!("processes: {}", v.join(", ")));
-        }
+        let extra = gpu_details(g);
         if !extra.is_empty() {
             let _ = writeln!(o, "       {}", extra.join(" | "));
         }
     }
+}
 
-    if !snap.pairs.is_empty() {
-        let _ = writeln!(o, "\n{}", st.bold("Topology (nvidia-smi topo -m legend)"));
-        let mut head = String::from("        ");
-        for g in &snap.gpus {
-            head.push_str(&pad(&format!("GPU{}", g.index), 6));
-        }
-        head.push_str("CPU Affinity     NUMA");
-        let _ = writeln!(o, "{}", head.trim_end());
-        for a in &snap.gpus {
-            let mut row = pad(&format!("  GPU{}", a.index), 8);
-            for b in &snap.gpus {
-                row.push_str(&pad(&snap.link(a.index, b.index).to_string(), 6));
-            }
-            row.push_str(&pad(a.cpu_affinity.as_deref().unwrap_or("N/A"), 17));
-            row.push_str(&opt(a.numa_node));
-            let _ = writeln!(o, "{row}");
-        }
-        let p2p: Vec<String> =
-            snap.pairs.iter().filter_map(|p| p.p2p_read.map(|s| format!("{}-{} {:?}", p.a, p.b, s))).collect();
-        if !p2p.is_empty() {
-            let _ = writeln!(o, "  P2P read: {}", p2p.join(", "));
-        }
+/// Architecture, ids and health of a GPU, for the line under its row.
+fn gpu_details(g: &crate::snapshot::Gpu) -> Vec<String> {
+    let mut extra = Vec::new();
+    if let Some(a) = &g.architecture {
+        extra.push(a.clone());
     }
-    let t = &plan.topology;
-    let islands = if t.nvlink_islands.is_empty() {
-        "none".to_string()
-    } else {
-        t.nvlink_islands.iter().map(|i| format!("[{}]", list(i))).collect::<Vec<_>>().join(" ")
-    };
-    let numa = t
-        .numa_groups
-        .iter()
-        .map(|g| format!("node {}: [{}]", opt(g.node), list(&g.gpus)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let _ = writeln!(o, "  NVLink islands: {islands}");
-    let _ = writeln!(o, "  NUMA groups: {numa}");
-    o
+    if let Some(u) = &g.uuid {
+        extra.push(u.clone());
+    }
+    if let Some(b) = &g.pci_bus_id {
+        extra.push(b.clone());
+    }
+    if let Some(m) = g.mig_enabled {
+        extra.push(format!("MIG {}", if m { "on" } else { "off" }));
+    }
+    if let Some(pm) = g.persistence_mode {
+        extra.push(format!("persistence {}", if pm { "on" } else { "off" }));
+    }
+    if let Some(e) = g.ecc_enabled {
+        let errs = g.ecc_uncorrected_volatile.map_or(String::new(), |n| format!(", {n} uncorrectable"));
+        extra.push(format!("ECC {}{errs}", if e { "on" } else { "off" }));
+    }
+    if let Some(t) = &g.throttle_reasons
+        && !t.is_empty()
+    {
+        extra.push(format!("throttle: {}", t.join(",")));
+    }
+    if let Some(ps) = &g.processes
+        && !ps.is_empty()
+    {
+        let v: Vec<String> =
+            ps.iter().map(|p| format!("pid {} {}", p.pid, p.used_memory_bytes.map_or("?".into(), bytes))).collect();
+        extra.push(format!("processes: {}", v.join(", ")));
+    }
+    extra
+}
+
+/// The link matrix as `nvidia-smi topo -m` prints it, and P2P support.
+fn topology_matrix(o: &mut String, snap: &Snapshot, st: Style) {
+    if snap.pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\n{}", st.bold("Topology (nvidia-smi topo -m legend)"));
+    let mut head = String::from("        ");
+    for g in &snap.gpus {
+        head.push_str(&pad(&format!("GPU{}", g.index), 6));
+    }
+    head.push_str("CPU Affinity     NUMA");
+    let _ = writeln!(o, "{}", head.trim_end());
+    for a in &snap.gpus {
+        let mut row = pad(&format!("  GPU{}", a.index), 8);
+        for b in &snap.gpus {
+            row.push_str(&pad(&snap.link(a.index, b.index).to_string(), 6));
+        }
+        row.push_str(&pad(a.cpu_affinity.as_deref().unwrap_or("N/A"), 17));
+        row.push_str(&opt(a.numa_node));
+        let _ = writeln!(o, "{row}");
+    }
+    let p2p: Vec<String> =
+        snap.pairs.iter().filter_map(|p| p.p2p_read.map(|s| format!("{}-{} {:?}", p.a, p.b, s))).collect();
+    if !p2p.is_empty() {
+        let _ = writeln!(o, "  P2P read: {}", p2p.join(", "));
+    }
 }
 
 /// The plan part: verdict, GPUs, batch split, memory, warnings and the command.
 pub fn plan_text(plan: &Plan, st: Style) -> String {
     let mut o = String::new();
+    setup_lines(&mut o, plan, st);
+    memory_lines(&mut o, plan, st);
+    advice_lines(&mut o, plan, st);
+    o
+}
+
+/// Status, GPUs, model, what trains and the batch split.
+fn setup_lines(o: &mut String, plan: &Plan, st: Style) {
     let status = match plan.status {
         Status::Ready => st.green("ready"),
         Status::ReadyWithWarnings => st.yellow("ready with warnings"),
@@ -307,6 +313,10 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
             plan.lr_scale.linear, plan.lr_scale.sqrt, plan.lr_scale.base_batch
         );
     }
+}
+
+/// Memory per GPU, term by term with its formula, and the alternatives that would fit.
+fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
     if let Some(m) = &plan.memory {
         let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
         let at =
@@ -332,6 +342,10 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
                 writeln!(o, "    {:<52} {:>10}  {mark}  ({})", a.description, bytes(a.memory_per_gpu_bytes), a.flags);
         }
     }
+}
+
+/// Warnings, notes and the command to run.
+fn advice_lines(o: &mut String, plan: &Plan, st: Style) {
     if !plan.warnings.is_empty() {
         let _ = writeln!(o, "\n{}", st.bold("Warnings"));
         for w in &plan.warnings {
@@ -356,7 +370,6 @@ pub fn plan_text(plan: &Plan, st: Style) -> String {
             crate::plan::CONFIG_PLACEHOLDER
         );
     }
-    o
 }
 
 fn weights_formula(p: &Plan) -> String {

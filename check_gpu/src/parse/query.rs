@@ -70,108 +70,38 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
         .map(|(i, l)| (i + 1, super::topo::strip_ansi(l)))
         .filter(|(_, l)| !l.trim().is_empty())
         .peekable();
-    let split = |l: &str| l.split(',').map(|c| c.trim().to_string()).collect::<Vec<_>>();
-
-    let mut columns: Vec<String> = DEFAULT_COLUMNS.iter().map(|c| c.to_string()).collect();
-    if let Some((_, first)) = rows.peek()
-        && split(first).iter().any(|c| c.eq_ignore_ascii_case("index"))
-    {
-        columns = split(first)
-            .into_iter()
-            .map(|c| c.split(" [").next().unwrap_or_default().trim().to_ascii_lowercase())
-            .collect();
-        rows.next();
-    }
+    let columns = match rows.peek() {
+        Some((_, first)) if split(first).iter().any(|c| c.eq_ignore_ascii_case("index")) => {
+            let names = split(first)
+                .into_iter()
+                .map(|c| c.split(" [").next().unwrap_or_default().trim().to_ascii_lowercase())
+                .collect();
+            rows.next();
+            names
+        }
+        _ => DEFAULT_COLUMNS.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+    };
 
     let mut table = QueryTable { gpus: Vec::new(), driver_version: None, lines: Vec::new() };
     for (no, line) in rows {
         let values = split(&line);
         if values.len() != columns.len() {
-            return Err(err(
-                no,
-                format!(
-                    "expected {} comma-separated values ({}), found {}",
-                    columns.len(),
-                    columns.join(", "),
-                    values.len()
-                ),
-            ));
+            let message = format!(
+                "expected {} comma-separated values ({}), found {}",
+                columns.len(),
+                columns.join(", "),
+                values.len()
+            );
+            return Err(err(no, message));
         }
         let mut gpu = Gpu::default();
         let mut have_index = false;
-        for (col, raw) in columns.iter().zip(&values) {
-            let v = raw.as_str();
+        for (col, v) in columns.iter().zip(&values) {
             if is_na(v) {
                 continue;
             }
-            // The number before an optional unit: `15360 MiB`, `70.00 W`, `0 %`.
-            let number = v.split_whitespace().next().unwrap_or(v);
-            let int = |what: &str| -> Result<u64, ParseError> {
-                number.parse::<u64>().map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
-            };
-            let float = |what: &str| -> Result<f64, ParseError> {
-                number.parse::<f64>().map_err(|_| err(no, format!("column `{col}`: expected {what}, found `{v}`")))
-            };
-            let flag = |yes: &str, no_: &str| -> Result<bool, ParseError> {
-                if v.eq_ignore_ascii_case(yes) {
-                    Ok(true)
-                } else if v.eq_ignore_ascii_case(no_) {
-                    Ok(false)
-                } else {
-                    Err(err(no, format!("column `{col}`: expected `{yes}` or `{no_}`, found `{v}`")))
-                }
-            };
-            let small = |what: &str| -> Result<u32, ParseError> {
-                int(what).and_then(|n| {
-                    u32::try_from(n).map_err(|_| err(no, format!("column `{col}`: value `{v}` is too large")))
-                })
-            };
-            match col.as_str() {
-                "index" => {
-                    gpu.index = small("a GPU index")?;
-                    have_index = true;
-                }
-                "name" => gpu.name = Some(v.to_string()),
-                "uuid" => gpu.uuid = Some(v.to_string()),
-                "pci.bus_id" => gpu.pci_bus_id = Some(v.to_string()),
-                "memory.total" => gpu.memory_total_bytes = Some(int("memory in MiB")? * MIB),
-                "memory.used" => gpu.memory_used_bytes = Some(int("memory in MiB")? * MIB),
-                "memory.free" => gpu.memory_free_bytes = Some(int("memory in MiB")? * MIB),
-                "compute_cap" => {
-                    float("a compute capability like `8.0`")?;
-                    gpu.compute_capability = Some(v.to_string());
-                }
-                "pcie.link.gen.current" => gpu.pcie.gen_current = Some(small("a PCIe generation")?),
-                "pcie.link.gen.max" => gpu.pcie.gen_max = Some(small("a PCIe generation")?),
-                "pcie.link.width.current" => gpu.pcie.width_current = Some(small("a PCIe link width")?),
-                "pcie.link.width.max" => gpu.pcie.width_max = Some(small("a PCIe link width")?),
-                "driver_version" => table.driver_version = Some(v.to_string()),
-                "mig.mode.current" => gpu.mig_enabled = Some(flag("Enabled", "Disabled")?),
-                "persistence_mode" => gpu.persistence_mode = Some(flag("Enabled", "Disabled")?),
-                "ecc.mode.current" => gpu.ecc_enabled = Some(flag("Enabled", "Disabled")?),
-                "ecc.errors.uncorrected.volatile.total" => gpu.ecc_uncorrected_volatile = Some(int("an error count")?),
-                "ecc.errors.uncorrected.aggregate.total" => {
-                    gpu.ecc_uncorrected_aggregate = Some(int("an error count")?)
-                }
-                "retired_pages.pending" => gpu.pending_page_retirement = Some(flag("Yes", "No")?),
-                "temperature.gpu" => gpu.temperature_c = Some(small("degrees C")?),
-                "power.draw" => gpu.power_draw_w = Some(float("watts")?),
-                "power.limit" => gpu.power_limit_w = Some(float("watts")?),
-                "utilization.gpu" => gpu.utilization_gpu_pct = Some(small("a percentage")?),
-                "utilization.memory" => gpu.utilization_memory_pct = Some(small("a percentage")?),
-                "clocks_throttle_reasons.active" | "clocks_event_reasons.active" => {
-                    let hex = v.trim_start_matches("0x").trim_start_matches("0X");
-                    let mask = u64::from_str_radix(hex, 16).map_err(|_| {
-                        err(
-                            no,
-                            format!("column `{col}`: expected a hex bitmask like `0x0000000000000004`, found `{v}`"),
-                        )
-                    })?;
-                    gpu.throttle_reasons = Some(throttle_names(mask));
-                }
-                // Other columns are allowed and ignored.
-                _ => {}
-            }
+            have_index |= col == "index";
+            Cell { col, v, line: no, path }.store(&mut gpu, &mut table.driver_version)?;
         }
         if !have_index {
             return Err(err(no, "column `index`: expected a GPU index, found `[N/A]`".into()));
@@ -186,6 +116,100 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
         return Err(err(1, "expected at least one GPU row".into()));
     }
     Ok(table)
+}
+
+fn split(line: &str) -> Vec<String> {
+    line.split(',').map(|c| c.trim().to_string()).collect()
+}
+
+/// One value of a GPU row, with what an error about it must name.
+struct Cell<'a> {
+    col: &'a str,
+    v: &'a str,
+    line: usize,
+    path: &'a Path,
+}
+
+impl Cell<'_> {
+    fn err(&self, message: String) -> ParseError {
+        ParseError::Query { path: self.path.to_path_buf(), line: self.line, message }
+    }
+
+    fn expected(&self, what: &str) -> ParseError {
+        self.err(format!("column `{}`: expected {what}, found `{}`", self.col, self.v))
+    }
+
+    /// The number before an optional unit: `15360 MiB`, `70.00 W`, `0 %`.
+    fn number(&self) -> &str {
+        self.v.split_whitespace().next().unwrap_or(self.v)
+    }
+
+    fn int(&self, what: &str) -> Result<u64, ParseError> {
+        self.number().parse::<u64>().map_err(|_| self.expected(what))
+    }
+
+    fn float(&self, what: &str) -> Result<f64, ParseError> {
+        self.number().parse::<f64>().map_err(|_| self.expected(what))
+    }
+
+    fn small(&self, what: &str) -> Result<u32, ParseError> {
+        let n = self.int(what)?;
+        u32::try_from(n).map_err(|_| self.err(format!("column `{}`: value `{}` is too large", self.col, self.v)))
+    }
+
+    fn flag(&self, yes: &str, no: &str) -> Result<bool, ParseError> {
+        if self.v.eq_ignore_ascii_case(yes) {
+            Ok(true)
+        } else if self.v.eq_ignore_ascii_case(no) {
+            Ok(false)
+        } else {
+            Err(self.expected(&format!("`{yes}` or `{no}`")))
+        }
+    }
+
+    /// Stores the value in the field its column names; other columns are allowed and ignored.
+    fn store(&self, gpu: &mut Gpu, driver_version: &mut Option<String>) -> Result<(), ParseError> {
+        let v = self.v;
+        match self.col {
+            "index" => gpu.index = self.small("a GPU index")?,
+            "name" => gpu.name = Some(v.to_string()),
+            "uuid" => gpu.uuid = Some(v.to_string()),
+            "pci.bus_id" => gpu.pci_bus_id = Some(v.to_string()),
+            "memory.total" => gpu.memory_total_bytes = Some(self.int("memory in MiB")? * MIB),
+            "memory.used" => gpu.memory_used_bytes = Some(self.int("memory in MiB")? * MIB),
+            "memory.free" => gpu.memory_free_bytes = Some(self.int("memory in MiB")? * MIB),
+            "compute_cap" => {
+                self.float("a compute capability like `8.0`")?;
+                gpu.compute_capability = Some(v.to_string());
+            }
+            "pcie.link.gen.current" => gpu.pcie.gen_current = Some(self.small("a PCIe generation")?),
+            "pcie.link.gen.max" => gpu.pcie.gen_max = Some(self.small("a PCIe generation")?),
+            "pcie.link.width.current" => gpu.pcie.width_current = Some(self.small("a PCIe link width")?),
+            "pcie.link.width.max" => gpu.pcie.width_max = Some(self.small("a PCIe link width")?),
+            "driver_version" => *driver_version = Some(v.to_string()),
+            "mig.mode.current" => gpu.mig_enabled = Some(self.flag("Enabled", "Disabled")?),
+            "persistence_mode" => gpu.persistence_mode = Some(self.flag("Enabled", "Disabled")?),
+            "ecc.mode.current" => gpu.ecc_enabled = Some(self.flag("Enabled", "Disabled")?),
+            "ecc.errors.uncorrected.volatile.total" => gpu.ecc_uncorrected_volatile = Some(self.int("an error count")?),
+            "ecc.errors.uncorrected.aggregate.total" => {
+                gpu.ecc_uncorrected_aggregate = Some(self.int("an error count")?)
+            }
+            "retired_pages.pending" => gpu.pending_page_retirement = Some(self.flag("Yes", "No")?),
+            "temperature.gpu" => gpu.temperature_c = Some(self.small("degrees C")?),
+            "power.draw" => gpu.power_draw_w = Some(self.float("watts")?),
+            "power.limit" => gpu.power_limit_w = Some(self.float("watts")?),
+            "utilization.gpu" => gpu.utilization_gpu_pct = Some(self.small("a percentage")?),
+            "utilization.memory" => gpu.utilization_memory_pct = Some(self.small("a percentage")?),
+            "clocks_throttle_reasons.active" | "clocks_event_reasons.active" => {
+                let hex = v.trim_start_matches("0x").trim_start_matches("0X");
+                let mask = u64::from_str_radix(hex, 16)
+                    .map_err(|_| self.expected("a hex bitmask like `0x0000000000000004`"))?;
+                gpu.throttle_reasons = Some(throttle_names(mask));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

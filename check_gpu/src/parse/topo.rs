@@ -83,24 +83,15 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
             "expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found an empty file".into(),
         ));
     };
-    let header_cells = cells(header);
-    let device_cols: Vec<&String> =
-        header_cells.iter().take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str())).collect();
-    let affinity_cols: Vec<&str> = header_cells[device_cols.len()..].iter().map(String::as_str).collect();
-    let gpu_cols: Vec<(usize, u32)> =
-        device_cols.iter().enumerate().filter_map(|(i, c)| gpu_label(c).map(|g| (i, g))).collect();
-    if gpu_cols.is_empty() || gpu_cols[0].1 != 0 {
+    let header = Header::parse(header).ok_or_else(|| {
         let found: String = header.trim().chars().take(40).collect();
-        return Err(err(
+        err(
             *header_no,
             format!("expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`"),
-        ));
-    }
-    let nic_cols: Vec<String> = device_cols.iter().filter(|c| gpu_label(c).is_none()).map(|c| c.to_string()).collect();
+        )
+    })?;
 
-    let mut gpus = Vec::new();
-    let mut links = Vec::new();
-    let mut nics = Vec::new();
+    let (mut gpus, mut links, mut nics) = (Vec::new(), Vec::new(), Vec::new());
     let mut last_line = *header_no;
     let mut in_legend = false;
     for (no, line) in rest {
@@ -128,90 +119,106 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
             continue;
         };
         let Some(index) = gpu_label(label) else {
-            if nic_cols.iter().any(|n| n == label) || label.starts_with("NIC") || label.starts_with("mlx") {
+            if header.nic_cols.iter().any(|n| n == label) || label.starts_with("NIC") || label.starts_with("mlx") {
                 continue;
             }
             return Err(err(*no, format!("expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `{label}`")));
         };
-        if row.len() < 1 + device_cols.len() {
-            return Err(err(
-                *no,
-                format!(
-                    "expected {} link cells after `{label}` (one per column), found {}",
-                    device_cols.len(),
-                    row.len() - 1
-                ),
+        let (gpu, row_links) = header.gpu_row(index, &row).map_err(|m| err(*no, m))?;
+        gpus.push(gpu);
+        links.push(row_links);
+    }
+    header.check_rows(&gpus).map_err(|m| err(last_line, m))?;
+    if nics.is_empty() {
+        nics = header.nic_cols;
+    }
+    Ok(TopoMatrix { gpus, links, nics })
+}
+
+/// The header row: device columns (GPUs, then NICs), then affinity columns.
+struct Header {
+    device_cols: usize,
+    affinity_cols: Vec<String>,
+    /// `(column, GPU index)` of the GPU columns.
+    gpu_cols: Vec<(usize, u32)>,
+    nic_cols: Vec<String>,
+}
+
+impl Header {
+    /// `None` unless the row starts with `GPU0`.
+    fn parse(line: &str) -> Option<Self> {
+        let header_cells = cells(line);
+        let device_cols: Vec<&String> =
+            header_cells.iter().take_while(|c| !AFFINITY_COLUMNS.contains(&c.as_str())).collect();
+        let affinity_cols = header_cells[device_cols.len()..].to_vec();
+        let gpu_cols: Vec<(usize, u32)> =
+            device_cols.iter().enumerate().filter_map(|(i, c)| gpu_label(c).map(|g| (i, g))).collect();
+        if gpu_cols.first().is_none_or(|&(_, g)| g != 0) {
+            return None;
+        }
+        let nic_cols = device_cols.iter().filter(|c| gpu_label(c).is_none()).map(|c| c.to_string()).collect();
+        Some(Self { device_cols: device_cols.len(), affinity_cols, gpu_cols, nic_cols })
+    }
+
+    /// A `GPU<index>` row: its links to every GPU column, and its affinities.
+    fn gpu_row(&self, index: u32, row: &[String]) -> Result<(TopoGpu, Vec<Link>), String> {
+        let label = &row[0];
+        if row.len() < 1 + self.device_cols {
+            return Err(format!(
+                "expected {} link cells after `{label}` (one per column), found {}",
+                self.device_cols,
+                row.len() - 1
             ));
         }
-        let mut row_links = Vec::with_capacity(gpu_cols.len());
-        for &(col, gpu) in &gpu_cols {
+        let mut links = Vec::with_capacity(self.gpu_cols.len());
+        for &(col, gpu) in &self.gpu_cols {
             let cell = &row[1 + col];
-            let link = Link::parse(cell).ok_or_else(|| {
-                err(
-                    *no,
-                    format!(
-                        "column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`"
-                    ),
-                )
-            })?;
-            row_links.push(link);
+            links.push(Link::parse(cell).ok_or_else(|| {
+                format!("column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`")
+            })?);
         }
-        let affinity = &row[1 + device_cols.len()..];
         let mut g = TopoGpu { index, cpu_affinity: None, numa_node: None, gpu_numa_id: None };
-        for (name, value) in affinity_cols.iter().zip(affinity) {
+        for (name, value) in self.affinity_cols.iter().zip(&row[1 + self.device_cols..]) {
             if na(value) {
                 continue;
             }
             let first_number = || value.split(['-', ',']).next().and_then(|n| n.trim().parse::<u32>().ok());
-            match *name {
+            match name.as_str() {
                 "CPU Affinity" => {
                     if crate::cpulist::parse(value).is_none() {
-                        return Err(err(
-                            *no,
-                            format!(
-                                "`CPU Affinity` of `{label}`: expected a CPU list like `0-15,32-47`, found `{value}`"
-                            ),
+                        return Err(format!(
+                            "`CPU Affinity` of `{label}`: expected a CPU list like `0-15,32-47`, found `{value}`"
                         ));
                     }
                     g.cpu_affinity = Some(value.clone());
                 }
                 "NUMA Affinity" => {
                     g.numa_node = Some(first_number().ok_or_else(|| {
-                        err(
-                            *no,
-                            format!(
-                                "`NUMA Affinity` of `{label}`: expected a NUMA node number or N/A, found `{value}`"
-                            ),
-                        )
+                        format!("`NUMA Affinity` of `{label}`: expected a NUMA node number or N/A, found `{value}`")
                     })?);
                 }
                 _ => g.gpu_numa_id = first_number(),
             }
         }
-        gpus.push(g);
-        links.push(row_links);
+        Ok((g, links))
     }
-    if gpus.len() != gpu_cols.len() {
-        return Err(err(
-            last_line,
-            format!("expected {} GPU rows (one per GPU column), found {}", gpu_cols.len(), gpus.len()),
-        ));
-    }
-    for (i, g) in gpus.iter().enumerate() {
-        if g.index != gpu_cols[i].1 {
-            return Err(err(
-                last_line,
-                format!(
-                    "expected GPU rows in column order, found GPU{} where GPU{} was expected",
-                    g.index, gpu_cols[i].1
-                ),
+
+    /// One row per GPU column, in column order.
+    fn check_rows(&self, gpus: &[TopoGpu]) -> Result<(), String> {
+        if gpus.len() != self.gpu_cols.len() {
+            return Err(format!(
+                "expected {} GPU rows (one per GPU column), found {}",
+                self.gpu_cols.len(),
+                gpus.len()
             ));
         }
+        match gpus.iter().zip(&self.gpu_cols).find(|(g, (_, want))| g.index != *want) {
+            Some((g, (_, want))) => {
+                Err(format!("expected GPU rows in column order, found GPU{} where GPU{want} was expected", g.index))
+            }
+            None => Ok(()),
+        }
     }
-    if nics.is_empty() {
-        nics = nic_cols;
-    }
-    Ok(TopoMatrix { gpus, links, nics })
 }
 
 #[cfg(test)]

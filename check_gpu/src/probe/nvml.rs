@@ -10,12 +10,12 @@
 
 use std::path::Path;
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, P2pCapabilitiesIndex, P2pStatus, TemperatureSensor, TopologyLevel,
 };
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 
 use super::{ProbeError, sysfs};
 use crate::snapshot::{Gpu, Link, P2p, Pair, Pcie, Process, Snapshot, Source};
@@ -75,12 +75,8 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
     });
     let count = nvml.device_count().map_err(|source| ProbeError::DeviceCount { source })?;
 
-    // Links into something that is not one of our GPUs (an NVSwitch), per GPU.
-    let mut switch_links = Vec::new();
-    // Direct GPU-to-GPU NVLinks, by remote bus id, per GPU.
-    let mut direct: Vec<Vec<String>> = Vec::new();
+    let mut links = Vec::new();
     for i in 0..count {
-        let what = |f: &str| format!("GPU {i} {f}");
         let dev = match nvml.device_by_index(i) {
             Ok(d) => d,
             Err(e) => {
@@ -88,77 +84,94 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
                 continue;
             }
         };
-        let notes = &mut snap.probe_notes;
-        let mut g = Gpu { index: i, ..Gpu::default() };
-        g.name = field(dev.name(), &what("name"), notes);
-        g.uuid = field(dev.uuid(), &what("uuid"), notes);
-        g.pci_bus_id = field(dev.pci_info(), &what("PCI info"), notes).map(|p| p.bus_id);
-        if let Some(m) = field(dev.memory_info(), &what("memory"), notes) {
-            g.memory_total_bytes = Some(m.total);
-            g.memory_used_bytes = Some(m.used);
-            g.memory_free_bytes = Some(m.free);
+        snap.gpus.push(gpu(&dev, i, sysfs_root, &mut snap.probe_notes));
+        links.push(NvLinks::of(&dev));
+    }
+    pairs(nvml, &mut snap, links);
+    Ok(snap)
+}
+
+/// One GPU's fields.
+fn gpu(dev: &Device, i: u32, sysfs_root: &Path, notes: &mut Vec<String>) -> Gpu {
+    let what = |f: &str| format!("GPU {i} {f}");
+    let mut g = Gpu { index: i, ..Gpu::default() };
+    g.name = field(dev.name(), &what("name"), notes);
+    g.uuid = field(dev.uuid(), &what("uuid"), notes);
+    g.pci_bus_id = field(dev.pci_info(), &what("PCI info"), notes).map(|p| p.bus_id);
+    if let Some(m) = field(dev.memory_info(), &what("memory"), notes) {
+        g.memory_total_bytes = Some(m.total);
+        g.memory_used_bytes = Some(m.used);
+        g.memory_free_bytes = Some(m.free);
+    }
+    g.compute_capability = field(dev.cuda_compute_capability(), &what("compute capability"), notes)
+        .map(|c| format!("{}.{}", c.major, c.minor));
+    g.architecture = field(dev.architecture(), &what("architecture"), notes).map(|a| a.to_string());
+    g.pcie = Pcie {
+        gen_current: field(dev.current_pcie_link_gen(), &what("PCIe gen"), notes),
+        gen_max: field(dev.max_pcie_link_gen(), &what("PCIe max gen"), notes),
+        width_current: field(dev.current_pcie_link_width(), &what("PCIe width"), notes),
+        width_max: field(dev.max_pcie_link_width(), &what("PCIe max width"), notes),
+    };
+    g.temperature_c = field(dev.temperature(TemperatureSensor::Gpu), &what("temperature"), notes);
+    g.power_draw_w = field(dev.power_usage(), &what("power draw"), notes).map(|mw| f64::from(mw) / 1000.0);
+    g.power_limit_w = field(dev.enforced_power_limit(), &what("power limit"), notes).map(|mw| f64::from(mw) / 1000.0);
+    if let Some(u) = field(dev.utilization_rates(), &what("utilization"), notes) {
+        g.utilization_gpu_pct = Some(u.gpu);
+        g.utilization_memory_pct = Some(u.memory);
+    }
+    g.throttle_reasons = field(dev.current_throttle_reasons(), &what("throttle reasons"), notes)
+        .map(|r| crate::parse::query::throttle_names(r.bits()));
+    health(dev, &what, &mut g, notes);
+    g.processes = field(dev.running_compute_processes(), &what("processes"), notes).map(|ps| {
+        ps.into_iter()
+            .map(|p| Process {
+                pid: p.pid,
+                used_memory_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect()
+    });
+    if let Some(bus) = &g.pci_bus_id {
+        g.numa_node = sysfs::numa_node(sysfs_root, bus);
+        g.cpu_affinity = sysfs::local_cpulist(sysfs_root, bus);
+    }
+    if let Some(mask) = field(dev.cpu_affinity(AFFINITY_WORDS), &what("CPU affinity"), notes) {
+        // `c_ulong` is 32 bits on some targets, so the conversion is not useless everywhere.
+        #[allow(clippy::useless_conversion)]
+        let words: Vec<u64> = mask.iter().map(|&w| u64::from(w)).collect();
+        let cpus = crate::cpulist::from_bitmask(&words, std::ffi::c_ulong::BITS);
+        if !cpus.is_empty() {
+            g.cpu_affinity = Some(crate::cpulist::format(&cpus));
         }
-        g.compute_capability = field(dev.cuda_compute_capability(), &what("compute capability"), notes)
-            .map(|c| format!("{}.{}", c.major, c.minor));
-        g.architecture = field(dev.architecture(), &what("architecture"), notes).map(|a| a.to_string());
-        g.pcie = Pcie {
-            gen_current: field(dev.current_pcie_link_gen(), &what("PCIe gen"), notes),
-            gen_max: field(dev.max_pcie_link_gen(), &what("PCIe max gen"), notes),
-            width_current: field(dev.current_pcie_link_width(), &what("PCIe width"), notes),
-            width_max: field(dev.max_pcie_link_width(), &what("PCIe max width"), notes),
-        };
-        g.temperature_c = field(dev.temperature(TemperatureSensor::Gpu), &what("temperature"), notes);
-        g.power_draw_w = field(dev.power_usage(), &what("power draw"), notes).map(|mw| f64::from(mw) / 1000.0);
-        g.power_limit_w =
-            field(dev.enforced_power_limit(), &what("power limit"), notes).map(|mw| f64::from(mw) / 1000.0);
-        if let Some(u) = field(dev.utilization_rates(), &what("utilization"), notes) {
-            g.utilization_gpu_pct = Some(u.gpu);
-            g.utilization_memory_pct = Some(u.memory);
-        }
-        g.throttle_reasons = field(dev.current_throttle_reasons(), &what("throttle reasons"), notes)
-            .map(|r| crate::parse::query::throttle_names(r.bits()));
-        g.ecc_enabled = field(dev.is_ecc_enabled(), &what("ECC mode"), notes).map(|e| e.currently_enabled);
-        if g.ecc_enabled == Some(true) {
-            g.ecc_uncorrected_volatile = field(
-                dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
-                &what("ECC volatile"),
-                notes,
-            );
-            g.ecc_uncorrected_aggregate = field(
-                dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate),
-                &what("ECC aggregate"),
-                notes,
-            );
-        }
-        g.pending_page_retirement = field(dev.are_pages_pending_retired(), &what("page retirement"), notes);
-        g.mig_enabled = field(dev.mig_mode(), &what("MIG mode"), notes).map(|m| m.current == 1);
-        g.persistence_mode = field(dev.is_in_persistent_mode(), &what("persistence mode"), notes);
-        g.processes = field(dev.running_compute_processes(), &what("processes"), notes).map(|ps| {
-            ps.into_iter()
-                .map(|p| Process {
-                    pid: p.pid,
-                    used_memory_bytes: match p.used_gpu_memory {
-                        UsedGpuMemory::Used(b) => Some(b),
-                        UsedGpuMemory::Unavailable => None,
-                    },
-                })
-                .collect()
-        });
-        if let Some(bus) = &g.pci_bus_id {
-            g.numa_node = sysfs::numa_node(sysfs_root, bus);
-            g.cpu_affinity = sysfs::local_cpulist(sysfs_root, bus);
-        }
-        if let Some(mask) = field(dev.cpu_affinity(AFFINITY_WORDS), &what("CPU affinity"), notes) {
-            // `c_ulong` is 32 bits on some targets, so the conversion is not useless everywhere.
-            #[allow(clippy::useless_conversion)]
-            let words: Vec<u64> = mask.iter().map(|&w| u64::from(w)).collect();
-            let cpus = crate::cpulist::from_bitmask(&words, std::ffi::c_ulong::BITS);
-            if !cpus.is_empty() {
-                g.cpu_affinity = Some(crate::cpulist::format(&cpus));
-            }
-        }
-        let mut to_switch = 0;
-        let mut remotes = Vec::new();
+    }
+    g
+}
+
+/// ECC, page retirement, MIG and persistence: what makes a GPU unfit to train on.
+fn health(dev: &Device, what: &dyn Fn(&str) -> String, g: &mut Gpu, notes: &mut Vec<String>) {
+    g.ecc_enabled = field(dev.is_ecc_enabled(), &what("ECC mode"), notes).map(|e| e.currently_enabled);
+    if g.ecc_enabled == Some(true) {
+        g.ecc_uncorrected_volatile =
+            field(dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile), &what("ECC volatile"), notes);
+        g.ecc_uncorrected_aggregate =
+            field(dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Aggregate), &what("ECC aggregate"), notes);
+    }
+    g.pending_page_retirement = field(dev.are_pages_pending_retired(), &what("page retirement"), notes);
+    g.mig_enabled = field(dev.mig_mode(), &what("MIG mode"), notes).map(|m| m.current == 1);
+    g.persistence_mode = field(dev.is_in_persistent_mode(), &what("persistence mode"), notes);
+}
+
+/// A GPU's active NVLinks: remote PCI bus ids, and links whose remote is not a PCI device.
+struct NvLinks {
+    remotes: Vec<String>,
+    to_switch: usize,
+}
+
+impl NvLinks {
+    fn of(dev: &Device) -> Self {
+        let mut out = Self { remotes: Vec::new(), to_switch: 0 };
         for l in 0..MAX_NVLINKS {
             let link = dev.link_wrapper_for(l);
             // Links past the GPU's count fail with InvalidArg; that is the end of its links.
@@ -166,21 +179,22 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
                 continue;
             }
             match link.remote_pci_info() {
-                Ok(p) => remotes.push(p.bus_id),
-                Err(_) => to_switch += 1,
+                Ok(p) => out.remotes.push(p.bus_id),
+                Err(_) => out.to_switch += 1,
             }
         }
-        direct.push(remotes);
-        switch_links.push(to_switch);
-        snap.gpus.push(g);
+        out
     }
+}
 
+/// Every pair of GPUs: NVLinks (direct, or through a switch), P2P status, PCIe topology.
+fn pairs(nvml: &Nvml, snap: &mut Snapshot, mut links: Vec<NvLinks>) {
     let bus_ids: Vec<Option<String>> = snap.gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
     // A remote that is none of our GPUs is a switch.
-    for (k, remotes) in direct.iter_mut().enumerate() {
-        let before = remotes.len();
-        remotes.retain(|r| bus_ids.iter().flatten().any(|b| b == r));
-        switch_links[k] += before - remotes.len();
+    for l in &mut links {
+        let before = l.remotes.len();
+        l.remotes.retain(|r| bus_ids.iter().flatten().any(|b| b == r));
+        l.to_switch += before - l.remotes.len();
     }
     let indices: Vec<u32> = snap.gpus.iter().map(|g| g.index).collect();
     for a in 0..indices.len() {
@@ -196,8 +210,9 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             let p2p_nvlink =
                 field(da.p2p_status(&db, P2pCapabilitiesIndex::NvLink), &what("P2P NVLink"), notes).map(p2p);
             let direct_links =
-                bus_ids[b].as_ref().map_or(0, |bid| direct[a].iter().filter(|r| *r == bid).count()) as u32;
-            let via_switch = if p2p_nvlink == Some(P2p::Ok) { switch_links[a].min(switch_links[b]) as u32 } else { 0 };
+                bus_ids[b].as_ref().map_or(0, |bid| links[a].remotes.iter().filter(|r| *r == bid).count()) as u32;
+            let via_switch =
+                if p2p_nvlink == Some(P2p::Ok) { links[a].to_switch.min(links[b].to_switch) as u32 } else { 0 };
             let nvlinks = direct_links.max(via_switch);
             let topo = nvml
                 .device_by_index(ib)
@@ -207,5 +222,4 @@ pub fn probe(nvml: &Nvml, sysfs_root: &Path) -> Result<Snapshot, ProbeError> {
             snap.pairs.push(Pair { a: ia, b: ib, link, nvlinks: Some(nvlinks), p2p_read, p2p_write, p2p_nvlink });
         }
     }
-    Ok(snap)
 }

@@ -1,0 +1,69 @@
+//! Step 6, the batch split: `micro × world × accumulation = global` (rounded to the nearest
+//! multiple of the world size when it does not divide, with the world size that would be exact),
+//! the micro-batch the largest power of two dividing the per-GPU batch whose estimate fits the
+//! smallest free memory; and the learning-rate factors for the effective batch.
+
+use super::fit::Estimator;
+use super::{DEFAULT_MICRO_BATCH_CAP, Log, LrScale};
+use crate::memory::MemoryEstimate;
+use crate::snapshot::Snapshot;
+
+/// The batch arithmetic of a plan.
+pub(super) struct Split {
+    pub micro: u64,
+    pub accum: u64,
+    /// `micro · world · accum`.
+    pub effective: u64,
+    /// The estimate at `micro`, when a model was given.
+    pub estimate: Option<MemoryEstimate>,
+    /// Smallest free memory among the chosen GPUs.
+    pub min_free: Option<u64>,
+}
+
+/// Splits the global batch over `chosen`.
+pub(super) fn split(snap: &Snapshot, chosen: &[u32], global: u64, est: &Estimator, log: &mut Log) -> Split {
+    let wu = chosen.len() as u64;
+    let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
+    let effective = per_rank * wu;
+    if effective != global {
+        let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d)).unwrap_or(1);
+        log.warnings.push(format!(
+            "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
+        ));
+    }
+    let min_free = chosen.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).min();
+    let mut micro = 1;
+    let mut estimate = est.at(1);
+    let mut m = 1;
+    while m <= per_rank {
+        if per_rank.is_multiple_of(m) {
+            match (est.at(m), min_free) {
+                (Some(e), Some(free)) if e.total <= free => {
+                    micro = m;
+                    estimate = Some(e);
+                }
+                (Some(e), None) if m <= DEFAULT_MICRO_BATCH_CAP => {
+                    micro = m;
+                    estimate = Some(e);
+                }
+                (None, _) if m <= DEFAULT_MICRO_BATCH_CAP => micro = m,
+                _ => {}
+            }
+        }
+        m *= 2;
+    }
+    if !est.has_model() {
+        log.notes.push(format!(
+            "no model given (--model-params or --model): micro-batch not checked against memory, capped at {DEFAULT_MICRO_BATCH_CAP}"
+        ));
+    } else if min_free.is_none() {
+        log.notes.push(format!("free memory unknown: micro-batch capped at {DEFAULT_MICRO_BATCH_CAP}"));
+    }
+    Split { micro, accum: per_rank / micro, effective, estimate, min_free }
+}
+
+/// Learning-rate factors for a global batch against the one the rate was tuned at.
+pub(super) fn lr_scale(global: u64, base: u64) -> LrScale {
+    let ratio = global as f64 / base.max(1) as f64;
+    LrScale { base_batch: base, linear: ratio, sqrt: ratio.sqrt() }
+}

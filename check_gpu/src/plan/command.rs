@@ -1,0 +1,56 @@
+//! Step 8, the `dpo-train` command: the config file the user writes, the model when `--model` named
+//! one, and every setting the plan assumed spelled out (dpo-train's own defaults are TRL's: bf16
+//! and gradient checkpointing on).
+
+use super::batch::Split;
+use super::{CONFIG_PLACEHOLDER, LORA_TARGETS, PlanRequest};
+use crate::memory::{Dtype, FineTune, Reference};
+
+/// The command for `world` GPUs with the batch `split` in `dtype`.
+pub(super) fn dpo_train(req: &PlanRequest, world: usize, split: &Split, dtype: Dtype) -> String {
+    let mut cmd = format!(
+        "{} --gpus {world} --per-device-train-batch-size {} --gradient-accumulation-steps {} --global-batch-size {} --max-length {}",
+        head(req),
+        split.micro,
+        split.accum,
+        split.effective,
+        req.seq_len
+    );
+    cmd.push_str(match dtype {
+        Dtype::Bf16 => " --bf16",
+        Dtype::Fp16 => " --fp16",
+        Dtype::Fp32 => " --bf16 false",
+    });
+    if let FineTune::Lora { rank } = req.finetune {
+        // The adapters the estimate counts (dpo-train's own default is q_proj,v_proj, as PEFT's).
+        cmd.push_str(&format!(" --lora-r {rank} --lora-target-modules {LORA_TARGETS}"));
+    }
+    if req.reference == Reference::Precompute {
+        cmd.push_str(" --precompute-ref-log-probs");
+    }
+    cmd.push_str(if req.gradient_checkpointing {
+        " --gradient-checkpointing"
+    } else {
+        " --gradient-checkpointing false"
+    });
+    cmd
+}
+
+/// `dpo-train train --config YOUR_CONFIG.toml`, and the model when `--model` named one.
+pub(super) fn head(req: &PlanRequest) -> String {
+    let mut head = format!("dpo-train train --config {CONFIG_PLACEHOLDER}");
+    if let Some(dir) = &req.model_dir {
+        head.push_str(&format!(" --model-name-or-path {}", shell_word(&dir.display().to_string())));
+    }
+    head
+}
+
+/// `text` as one shell word: quoted when it holds anything but plain path characters.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}

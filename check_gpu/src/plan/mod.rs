@@ -1,0 +1,461 @@
+//! The planner: which GPUs to use, the batch split, learning-rate factors, the memory estimate,
+//! the environment and the exact `dpo-train` command, from a [`Snapshot`] and a [`PlanRequest`],
+//! in named steps: health and model ([`select`]), precision, memory ([`fit`]), world size
+//! ([`select`]), batch split ([`batch`]), environment ([`env`]), command ([`command`]).
+//!
+//! Learning-rate scaling: linear (Goyal et al. 2017, "Accurate, Large Minibatch SGD") and square
+//! root for Adam (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
+//! Algorithms"), relative to the batch the learning rate was tuned at. The RTX 40xx NCCL
+//! workaround follows `accelerate` (`NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1` below driver 550.40.07).
+
+mod batch;
+mod command;
+mod env;
+mod fit;
+mod select;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::memory::{Dtype, FineTune, MemoryEstimate, Reference};
+use crate::model::ModelShape;
+use crate::snapshot::Snapshot;
+use crate::topology::{self, Topology};
+
+/// Version of the plan JSON layout.
+pub const PLAN_SCHEMA_VERSION: u32 = 1;
+/// Memory used by other processes above which a GPU counts as busy when NVML lists no processes.
+pub const BUSY_BYTES: u64 = 1024 * 1024 * 1024;
+/// Micro-batch cap when no model is given (TRL's default `per_device_train_batch_size`).
+pub const DEFAULT_MICRO_BATCH_CAP: u64 = 8;
+/// The projections the LoRA memory estimate counts (see [`crate::memory`]).
+pub(crate) const LORA_TARGETS: &str = "q_proj,k_proj,v_proj,o_proj";
+
+/// LoRA rank suggested when full fine-tuning does not fit.
+pub const SUGGESTED_LORA_RANK: u64 = 16;
+
+/// How `CUDA_VISIBLE_DEVICES` names the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// PCI-bus-ordered indices (`0,1`).
+    Index,
+    /// `GPU-...` UUIDs, stable across reboots and renumbering.
+    Uuid,
+}
+
+/// The config file the printed `dpo-train` command names: the user writes it (their data, and
+/// any key they change from TRL's defaults).
+pub const CONFIG_PLACEHOLDER: &str = "YOUR_CONFIG.toml";
+
+/// The training run to plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    /// `None`: no memory check, micro-batch capped at [`DEFAULT_MICRO_BATCH_CAP`].
+    pub model: Option<ModelShape>,
+    /// The model directory given with `--model`: the command trains it.
+    pub model_dir: Option<std::path::PathBuf>,
+    /// Preference pairs per optimizer step, over all GPUs.
+    pub global_batch: u64,
+    /// `--max-length`.
+    pub seq_len: u64,
+    /// `None`: bf16 when every chosen GPU has compute capability 8.0+, else fp16.
+    pub dtype: Option<Dtype>,
+    pub finetune: FineTune,
+    pub reference: Reference,
+    pub gradient_checkpointing: bool,
+    /// Use at most this many GPUs.
+    pub max_world_size: Option<usize>,
+    /// Global batch the learning rate was tuned at (the DPO paper uses 64).
+    pub lr_base_batch: u64,
+    pub device_ids: DeviceIds,
+}
+
+impl Default for PlanRequest {
+    fn default() -> Self {
+        PlanRequest {
+            model: None,
+            model_dir: None,
+            global_batch: 64,
+            seq_len: 1024,
+            dtype: None,
+            finetune: FineTune::Full,
+            reference: Reference::Keep,
+            gradient_checkpointing: false,
+            max_world_size: None,
+            lr_base_batch: 64,
+            device_ids: DeviceIds::Index,
+        }
+    }
+}
+
+/// Overall verdict; maps to the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Exit 0.
+    Ready,
+    /// Exit 1.
+    ReadyWithWarnings,
+    /// Exit 2.
+    NotReady,
+}
+
+impl Status {
+    /// 0 ready, 1 ready with warnings, 2 not ready.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Status::Ready => 0,
+            Status::ReadyWithWarnings => 1,
+            Status::NotReady => 2,
+        }
+    }
+}
+
+/// A GPU left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Excluded {
+    pub index: u32,
+    pub reason: String,
+}
+
+/// Learning-rate multipliers for the effective global batch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LrScale {
+    /// The batch the base learning rate was tuned at.
+    pub base_batch: u64,
+    /// `global / base`.
+    pub linear: f64,
+    /// `sqrt(global / base)`.
+    pub sqrt: f64,
+}
+
+/// A setting that changes the memory need, evaluated when nothing fits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alternative {
+    pub description: String,
+    /// Extra `dpo-train` flags.
+    pub flags: String,
+    /// The `check-gpu` flags that plan with this setting.
+    pub check_gpu_flags: String,
+    pub memory_per_gpu_bytes: u64,
+    pub fits: bool,
+}
+
+/// The plan. `--json` prints it (plus the snapshot) as one object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub schema_version: u32,
+    pub status: Status,
+    pub world_size: usize,
+    /// Selected GPU indices.
+    pub gpus: Vec<u32>,
+    pub excluded: Vec<Excluded>,
+    /// Pairs per GPU per forward.
+    pub micro_batch: u64,
+    pub grad_accum: u64,
+    /// Effective global batch: `micro_batch * world_size * grad_accum`.
+    pub global_batch: u64,
+    pub requested_global_batch: u64,
+    pub lr_scale: LrScale,
+    pub dtype: Dtype,
+    pub finetune: FineTune,
+    pub reference: Reference,
+    pub gradient_checkpointing: bool,
+    pub seq_len: u64,
+    /// Estimated peak per GPU; `None` without a model.
+    pub memory_per_gpu_bytes: Option<u64>,
+    pub memory: Option<MemoryEstimate>,
+    /// Smallest free memory among the chosen GPUs.
+    pub min_free_bytes: Option<u64>,
+    pub model: Option<ModelShape>,
+    pub topology: Topology,
+    pub env: BTreeMap<String, String>,
+    /// The `dpo-train` command to run with `env` exported.
+    pub command: String,
+    pub warnings: Vec<String>,
+    pub notes: Vec<String>,
+    /// Filled when nothing fits: what would.
+    pub alternatives: Vec<Alternative>,
+}
+
+impl Plan {
+    /// The plan for a machine without usable NVIDIA GPUs: train on CPU cores.
+    pub fn cpu_fallback(req: &PlanRequest, cpus: u32, reason: String) -> Plan {
+        let lr = batch::lr_scale(req.global_batch, req.lr_base_batch);
+        Plan {
+            schema_version: PLAN_SCHEMA_VERSION,
+            status: Status::NotReady,
+            world_size: 0,
+            gpus: Vec::new(),
+            excluded: Vec::new(),
+            micro_batch: 0,
+            grad_accum: 0,
+            global_batch: req.global_batch,
+            requested_global_batch: req.global_batch,
+            lr_scale: lr,
+            dtype: req.dtype.unwrap_or(Dtype::Fp32),
+            finetune: req.finetune,
+            reference: req.reference,
+            gradient_checkpointing: req.gradient_checkpointing,
+            seq_len: req.seq_len,
+            memory_per_gpu_bytes: None,
+            memory: None,
+            min_free_bytes: None,
+            model: req.model.clone(),
+            topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
+            env: BTreeMap::new(),
+            command: format!("{} --devices cpu:{}", command::head(req), cpus.max(1)),
+            warnings: vec![reason],
+            notes: Vec::new(),
+            alternatives: Vec::new(),
+        }
+    }
+}
+
+/// What the steps report besides their results.
+#[derive(Debug, Default)]
+struct Log {
+    warnings: Vec<String>,
+    notes: Vec<String>,
+    excluded: Vec<Excluded>,
+}
+
+/// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
+pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
+    let topo = topology::analyze(snap);
+    let cpus = snap.system.cpu_count.unwrap_or(1);
+    if snap.gpus.is_empty() {
+        return Plan { topology: topo, ..Plan::cpu_fallback(req, cpus, "no NVIDIA GPU found".to_string()) };
+    }
+    let mut log = Log::default();
+    // 1-2. Health and one GPU model.
+    let candidates = select::usable(snap, &mut log);
+    // 3. Precision.
+    let dtype = precision(snap, &candidates, req, &mut log);
+    let est = fit::Estimator::new(req, dtype);
+    // 4. Memory at micro-batch 1 (and what would fit when nothing does).
+    let fit = fit::fit(snap, candidates, &est, &mut log);
+    // 5. World size and which GPUs.
+    let chosen = select::world(snap, &fit.gpus, req, &mut log);
+    for e in &log.excluded {
+        // When nothing fits, the one "nothing fits" warning stands for the memory exclusions.
+        if !(fit.nothing_fits && e.reason.starts_with("too little free memory")) {
+            log.warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
+        }
+    }
+    if chosen.is_empty() {
+        if !fit.nothing_fits {
+            log.warnings.push("no usable GPU: every GPU was excluded".to_string());
+        }
+        return Plan {
+            warnings: log.warnings,
+            notes: log.notes,
+            excluded: log.excluded,
+            alternatives: fit.alternatives,
+            dtype,
+            topology: topo,
+            memory: fit.need,
+            memory_per_gpu_bytes: fit.need.map(|m| m.total),
+            command: String::new(),
+            ..Plan::cpu_fallback(req, cpus, String::new())
+        };
+    }
+    // 6. Batch split.
+    let global = req.global_batch.max(1);
+    let split = batch::split(snap, &chosen, global, &est, &mut log);
+    // 7. Environment.
+    let env = env::environment(snap, &chosen, req, &mut log);
+    // 8. Command.
+    let command = command::dpo_train(req, chosen.len(), &split, dtype);
+    let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
+    Plan {
+        schema_version: PLAN_SCHEMA_VERSION,
+        status,
+        world_size: chosen.len(),
+        gpus: chosen,
+        excluded: log.excluded,
+        micro_batch: split.micro,
+        grad_accum: split.accum,
+        global_batch: split.effective,
+        requested_global_batch: global,
+        lr_scale: batch::lr_scale(split.effective, req.lr_base_batch),
+        dtype,
+        finetune: req.finetune,
+        reference: req.reference,
+        gradient_checkpointing: req.gradient_checkpointing,
+        seq_len: req.seq_len,
+        memory_per_gpu_bytes: split.estimate.map(|e| e.total),
+        memory: split.estimate,
+        min_free_bytes: split.min_free,
+        model: req.model.clone(),
+        topology: topo,
+        env,
+        command,
+        warnings: log.warnings,
+        notes: log.notes,
+        alternatives: fit.alternatives,
+    }
+}
+
+/// Step 3: bf16 unless a chosen GPU lacks it (compute capability below 8.0: fp16), or as asked.
+fn precision(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Dtype {
+    let min_cc = candidates.iter().filter_map(|&i| snap.gpu(i)?.compute_capability_pair()).min();
+    match (req.dtype, min_cc) {
+        (Some(Dtype::Bf16), Some((maj, min))) if maj < 8 => {
+            log.warnings.push(format!(
+                "bf16 needs compute capability 8.0 or newer and the chosen GPUs have {maj}.{min}: use --dtype fp16"
+            ));
+            Dtype::Bf16
+        }
+        (Some(d), _) => d,
+        (None, Some((maj, _))) if maj < 8 => {
+            log.notes.push("fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)".to_string());
+            Dtype::Fp16
+        }
+        (None, _) => Dtype::Bf16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env::driver_tuple;
+    use super::select::{choose_subset, health_reasons, split_by_model};
+    use super::*;
+    use crate::snapshot::Gpu;
+    use crate::snapshot::{Link, Pair, Process, Source};
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    fn gpu(index: u32, name: &str, free_gib: u64) -> Gpu {
+        Gpu {
+            index,
+            name: Some(name.to_string()),
+            uuid: Some(format!("GPU-{index}")),
+            memory_total_bytes: Some(80 * GIB),
+            memory_used_bytes: Some(0),
+            memory_free_bytes: Some(free_gib * GIB),
+            compute_capability: Some("8.0".to_string()),
+            ..Gpu::default()
+        }
+    }
+
+    fn machine(gpus: Vec<Gpu>, link: impl Fn(u32, u32) -> Link) -> Snapshot {
+        let mut s = Snapshot::new(Source::NvidiaSmi);
+        let n = gpus.len() as u32;
+        s.gpus = gpus;
+        s.system.cpu_count = Some(64);
+        for a in 0..n {
+            for b in a + 1..n {
+                s.pairs.push(Pair {
+                    a,
+                    b,
+                    link: link(a, b),
+                    nvlinks: None,
+                    p2p_read: None,
+                    p2p_write: None,
+                    p2p_nvlink: None,
+                });
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn health_reasons_cover_each_fault() {
+        let mut g = gpu(0, "A", 80);
+        assert!(health_reasons(&g).is_empty());
+        g.mig_enabled = Some(true);
+        g.processes = Some(vec![Process { pid: 7, used_memory_bytes: Some(2 * GIB) }]);
+        g.ecc_uncorrected_volatile = Some(1);
+        g.pending_page_retirement = Some(true);
+        g.pcie.width_current = Some(4);
+        g.pcie.width_max = Some(16);
+        g.throttle_reasons = Some(vec!["gpu_idle".into(), "hw_power_brake_slowdown".into()]);
+        let r = health_reasons(&g);
+        assert_eq!(r.len(), 6, "{r:?}");
+        assert_eq!(r[1], "busy: 1 other process(es) hold 2.0 GiB (pid 7)");
+        assert_eq!(r[5], "throttled by hardware (hw_power_brake_slowdown): check cooling and power");
+        // Without a process list, memory in use marks the GPU busy.
+        let mut h = gpu(1, "A", 80);
+        h.memory_used_bytes = Some(3 * GIB);
+        assert_eq!(health_reasons(&h), vec!["busy: 3.0 GiB of memory already in use".to_string()]);
+    }
+
+    #[test]
+    fn majority_model_wins_ties_by_memory() {
+        let mut small = gpu(0, "Small", 10);
+        small.memory_total_bytes = Some(16 * GIB);
+        let s = machine(vec![small, gpu(1, "Big", 70)], |_, _| Link::Phb);
+        let (keep, ex) = split_by_model(&s, &[0, 1]);
+        assert_eq!(keep, vec![1]);
+        assert_eq!(ex[0].index, 0);
+    }
+
+    #[test]
+    fn subset_prefers_best_links_without_islands_or_numa() {
+        // 0-1 PIX, 2-3 PIX, everything else SYS, no NUMA information.
+        let s = machine(
+            (0..4).map(|i| gpu(i, "A", 70)).collect(),
+            |a, b| {
+                if a / 2 == b / 2 { Link::Pix } else { Link::Sys }
+            },
+        );
+        let mut notes = Vec::new();
+        assert_eq!(choose_subset(&s, &[0, 1, 2, 3], 2, &mut notes), vec![0, 1]);
+        assert_eq!(choose_subset(&s, &[1, 2, 3], 2, &mut notes), vec![2, 3]);
+    }
+
+    #[test]
+    fn rounding_and_micro_batch() {
+        let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(500_000_000)), ..PlanRequest::default() };
+        let p = plan(&s, &req);
+        // 64 over 6 rounds to 66 (11 per GPU, odd, so micro-batch 1).
+        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (6, 1, 11, 66));
+        assert_eq!(p.status, Status::ReadyWithWarnings);
+        assert!(p.warnings[0].ends_with("for exactly 64 use --world-size 4"), "{}", p.warnings[0]);
+        let p = plan(&s, &PlanRequest { max_world_size: Some(4), ..req.clone() });
+        assert_eq!((p.world_size, p.global_batch), (4, 64));
+        assert!(p.micro_batch >= 2 && p.micro_batch * p.grad_accum == 16);
+        assert_eq!(p.status, Status::Ready);
+    }
+
+    #[test]
+    fn no_model_caps_micro_batch() {
+        let s = machine(vec![gpu(0, "A", 70)], |_, _| Link::Phb);
+        let p = plan(&s, &PlanRequest { global_batch: 64, ..PlanRequest::default() });
+        assert_eq!((p.micro_batch, p.grad_accum), (DEFAULT_MICRO_BATCH_CAP, 8));
+        assert!(p.memory.is_none());
+        assert!(p.notes.iter().any(|n| n.starts_with("no model given")));
+        assert_eq!(p.env["OMP_NUM_THREADS"], "64");
+    }
+
+    #[test]
+    fn empty_machine_falls_back_to_cpu() {
+        let mut s = Snapshot::new(Source::NvidiaSmi);
+        s.system.cpu_count = Some(12);
+        let p = plan(&s, &PlanRequest::default());
+        assert_eq!(p.status, Status::NotReady);
+        assert_eq!(p.command, "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12");
+        assert_eq!(p.status.exit_code(), 2);
+    }
+
+    #[test]
+    fn all_gpus_excluded_is_not_ready() {
+        let mut g = gpu(0, "A", 70);
+        g.mig_enabled = Some(true);
+        let p = plan(&machine(vec![g], |_, _| Link::Phb), &PlanRequest::default());
+        assert_eq!(p.status, Status::NotReady);
+        assert!(p.warnings.iter().any(|w| w == "no usable GPU: every GPU was excluded"));
+        assert!(p.command.is_empty());
+    }
+
+    #[test]
+    fn driver_versions_compare_numerically() {
+        assert!(driver_tuple("535.129.03") < driver_tuple("550.40.07"));
+        assert!(driver_tuple("550.40.10") > driver_tuple("550.40.07"));
+        assert!(driver_tuple("560.28.03") > driver_tuple("550.40.07"));
+    }
+}

@@ -1,0 +1,177 @@
+//! Which GPUs train: the healthy ones (no MIG, not busy, no ECC faults, full PCIe width, no
+//! hardware throttling), of the most common model, as many as the batch allows, chosen to keep
+//! the all-reduce on the best links (one NVLink island, else one NUMA node, else the best weakest
+//! link).
+
+use std::collections::BTreeMap;
+
+use super::{BUSY_BYTES, Excluded, Log, PlanRequest};
+use crate::snapshot::{Gpu, Snapshot};
+use crate::topology;
+use crate::units::{bytes, list};
+
+/// Steps 1 and 2: the healthy GPUs of the majority model; the rest are excluded with a reason.
+pub(super) fn usable(snap: &Snapshot, log: &mut Log) -> Vec<u32> {
+    let mut healthy = Vec::new();
+    for g in &snap.gpus {
+        let reasons = health_reasons(g);
+        if reasons.is_empty() {
+            healthy.push(g.index);
+        } else {
+            log.excluded.push(Excluded { index: g.index, reason: reasons.join("; ") });
+        }
+        let soft: Vec<&str> = g
+            .throttle_reasons
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .filter(|r| *r == "sw_thermal_slowdown" || *r == "sw_power_cap")
+            .collect();
+        if !soft.is_empty() && g.utilization_gpu_pct.unwrap_or(0) > 0 {
+            log.notes.push(format!("{} is throttled by software ({})", g.label(), soft.join(", ")));
+        }
+    }
+    let (candidates, mixed) = split_by_model(snap, &healthy);
+    log.excluded.extend(mixed);
+    candidates
+}
+
+/// Step 5: the world size (usable GPUs, capped by `--world-size` and by the global batch) and
+/// which GPUs.
+pub(super) fn world(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Vec<u32> {
+    let global = req.global_batch.max(1);
+    let n = candidates.len();
+    let mut w = n.min(usize::try_from(global).unwrap_or(usize::MAX));
+    if let Some(max) = req.max_world_size {
+        w = w.min(max.max(1));
+    }
+    if w < n && w as u64 == global {
+        log.notes.push(format!(
+            "the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"
+        ));
+    }
+    if w == 0 { Vec::new() } else { choose_subset(snap, candidates, w, &mut log.notes) }
+}
+
+/// Why a GPU should not train, from its own state (not memory or model mix).
+pub(super) fn health_reasons(g: &Gpu) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if g.mig_enabled == Some(true) {
+        reasons.push(format!("MIG mode is enabled (a MIG slice is not a whole GPU for NCCL data parallelism; disable with `nvidia-smi -i {} -mig 0`)", g.index));
+    }
+    match &g.processes {
+        Some(procs) if !procs.is_empty() => {
+            let held: u64 = procs.iter().filter_map(|p| p.used_memory_bytes).sum();
+            let pids: Vec<String> = procs.iter().map(|p| p.pid.to_string()).collect();
+            reasons.push(format!(
+                "busy: {} other process(es) hold {} (pid {})",
+                procs.len(),
+                bytes(held),
+                pids.join(", ")
+            ));
+        }
+        Some(_) => {}
+        None => {
+            if let Some(used) = g.memory_used_bytes
+                && used > BUSY_BYTES
+            {
+                reasons.push(format!("busy: {} of memory already in use", bytes(used)));
+            }
+        }
+    }
+    if let Some(n) = g.ecc_uncorrected_volatile
+        && n > 0
+    {
+        reasons.push(format!("{n} uncorrectable ECC error(s) since the driver loaded"));
+    }
+    if g.pending_page_retirement == Some(true) {
+        reasons.push("memory pages pending retirement (reset the GPU or reboot)".to_string());
+    }
+    if g.pcie.is_degraded() {
+        let (c, m) = (g.pcie.width_current.unwrap_or(0), g.pcie.width_max.unwrap_or(0));
+        reasons.push(format!("degraded PCIe link: x{c} of x{m} (reseat the card or check the riser)"));
+    }
+    let hw = g.hardware_throttles();
+    if !hw.is_empty() {
+        reasons.push(format!("throttled by hardware ({}): check cooling and power", hw.join(", ")));
+    }
+    reasons
+}
+
+/// Keeps the most common GPU model; returns the others with reasons.
+pub(super) fn split_by_model(snap: &Snapshot, candidates: &[u32]) -> (Vec<u32>, Vec<Excluded>) {
+    let mut groups: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for &i in candidates {
+        let name = snap.gpu(i).and_then(|g| g.name.clone()).unwrap_or_default();
+        groups.entry(name).or_default().push(i);
+    }
+    if groups.len() <= 1 {
+        return (candidates.to_vec(), Vec::new());
+    }
+    let total = |g: &[u32]| g.iter().filter_map(|&i| snap.gpu(i)?.memory_total_bytes).sum::<u64>();
+    let Some((keep_name, keep)) = groups
+        .iter()
+        .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(total(a.1).cmp(&total(b.1))).then(b.1[0].cmp(&a.1[0])))
+        .map(|(n, g)| (n.clone(), g.clone()))
+    else {
+        return (candidates.to_vec(), Vec::new());
+    };
+    let mut excluded = Vec::new();
+    for (name, gpus) in &groups {
+        if *name == keep_name {
+            continue;
+        }
+        for &i in gpus {
+            let shown = if name.is_empty() { "unknown" } else { name };
+            excluded.push(Excluded {
+                index: i,
+                reason: format!(
+                    "different model ({shown}) from the other {} GPU(s) ({keep_name}); data parallelism runs at the pace of the slowest GPU",
+                    keep.len()
+                ),
+            });
+        }
+    }
+    (keep, excluded)
+}
+
+/// Picks `w` GPUs of `candidates`: inside one NVLink island if one is large enough, else inside
+/// one NUMA node, else greedily by the best weakest link.
+pub(super) fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes: &mut Vec<String>) -> Vec<u32> {
+    if w >= candidates.len() {
+        return candidates.to_vec();
+    }
+    for island in topology::nvlink_islands(snap, candidates) {
+        if island.len() >= w {
+            notes.push(format!("kept to one NVLink island: GPUs {}", list(&island)));
+            return island[..w].to_vec();
+        }
+    }
+    for group in topology::numa_groups(snap, candidates) {
+        if let Some(node) = group.node
+            && group.gpus.len() >= w
+        {
+            notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&group.gpus)));
+            return group.gpus[..w].to_vec();
+        }
+    }
+    let mut best: Option<(u32, Vec<u32>)> = None;
+    for &start in candidates {
+        let mut chosen = vec![start];
+        while chosen.len() < w {
+            let next = candidates.iter().filter(|c| !chosen.contains(c)).max_by_key(|&&c| {
+                (chosen.iter().map(|&x| snap.link(x, c).rank()).min().unwrap_or(0), std::cmp::Reverse(c))
+            });
+            match next {
+                Some(&c) => chosen.push(c),
+                None => break,
+            }
+        }
+        chosen.sort_unstable();
+        let score = topology::weakest_link(snap, &chosen).rank();
+        if best.as_ref().is_none_or(|(s, _)| score > *s) {
+            best = Some((score, chosen));
+        }
+    }
+    best.map_or_else(|| candidates[..w].to_vec(), |(_, c)| c)
+}
