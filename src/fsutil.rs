@@ -1,7 +1,24 @@
 //! Atomic file and directory writes: outputs appear whole or not at all.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A filesystem operation that failed, naming the file.
+#[derive(Debug, thiserror::Error)]
+#[error("Failed to {action} `{path}`")]
+pub struct FileError {
+    /// What was attempted ("read", "create", "write", "rename into place", ...).
+    pub action: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl FileError {
+    pub fn new(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self { action, path: path.to_path_buf(), source }
+    }
+}
 
 /// Writes `data` to a temporary file beside `path` (creating the directory), syncs it, and
 /// renames it over `path`.

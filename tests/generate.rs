@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use dpo_train::model::generate::{SamplingConfig, generate, rng};
-use dpo_train::model::{self, llama::KvCache};
+use dpo_train::model::{self, KvCache};
 
 fn model_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)

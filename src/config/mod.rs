@@ -383,25 +383,7 @@ impl TrainConfig {
         if !(0.0..=1.0).contains(&self.min_lr_rate) {
             return invalid("min_lr_rate", format!("must be in [0, 1], got {}", self.min_lr_rate));
         }
-        for (key, value) in [
-            ("per_device_train_batch_size", self.per_device_train_batch_size),
-            ("per_device_eval_batch_size", self.per_device_eval_batch_size),
-            ("gradient_accumulation_steps", self.gradient_accumulation_steps),
-            ("max_length", self.max_length),
-        ] {
-            if value == 0 {
-                return invalid(key, "must be at least 1".to_owned());
-            }
-        }
-        if self.ddp_bucket_cap_mb == 0 {
-            return invalid("ddp_bucket_cap_mb", "must be at least 1".to_owned());
-        }
-        if self.ddp_timeout == 0 {
-            return invalid("ddp_timeout", "must be at least 1 second".to_owned());
-        }
-        if self.global_batch_size == Some(0) {
-            return invalid("global_batch_size", "must be at least 1".to_owned());
-        }
+        self.validate_sizes()?;
         if self.max_steps <= 0 && self.num_train_epochs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return invalid(
                 "num_train_epochs",
@@ -426,6 +408,31 @@ impl TrainConfig {
                 "precompute_ref_log_probs",
                 "has no reference to precompute with `reference_free`".to_owned(),
             );
+        }
+        Ok(())
+    }
+
+    /// Batch sizes, lengths and the process group's settings: counts that must be positive.
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        for (key, value) in [
+            ("per_device_train_batch_size", self.per_device_train_batch_size),
+            ("per_device_eval_batch_size", self.per_device_eval_batch_size),
+            ("gradient_accumulation_steps", self.gradient_accumulation_steps),
+            ("max_length", self.max_length),
+        ] {
+            if value == 0 {
+                return invalid(key, "must be at least 1".to_owned());
+            }
+        }
+        if self.ddp_bucket_cap_mb == 0 {
+            return invalid("ddp_bucket_cap_mb", "must be at least 1".to_owned());
+        }
+        if self.ddp_timeout == 0 {
+            return invalid("ddp_timeout", "must be at least 1 second".to_owned());
+        }
+        if self.global_batch_size == Some(0) {
+            return invalid("global_batch_size", "must be at least 1".to_owned());
         }
         Ok(())
     }

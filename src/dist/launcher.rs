@@ -186,21 +186,39 @@ fn run_workers(
             spec.node_rank, spec.nnodes
         )));
     }
-    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
-    let threads = (cores / spec.nproc_per_node).max(1).to_string();
-    let world = spec.world_size().to_string();
-    let port = spec.master_port.to_string();
-
     let mut workers: Vec<Worker> = Vec::with_capacity(spec.nproc_per_node);
     for local_rank in 0..spec.nproc_per_node {
+        match Worker::spawn(program, spec, local_rank, per_rank_env, args) {
+            Ok(worker) => workers.push(worker),
+            Err(err) => {
+                kill_all(&mut workers);
+                return Err(err);
+            }
+        }
+    }
+    supervise(workers, interrupts)
+}
+
+impl Worker {
+    /// Starts local rank `local_rank` with torchrun's environment; rank 0's output is the
+    /// launcher's, the others' stderr is kept for the error that names a failed rank.
+    fn spawn(
+        program: &Path,
+        spec: &NodeSpec,
+        local_rank: usize,
+        per_rank_env: &dyn Fn(usize) -> Vec<(String, String)>,
+        args: &[OsString],
+    ) -> Result<Self, LaunchError> {
+        let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+        let threads = (cores / spec.nproc_per_node).max(1).to_string();
         let rank = spec.global_rank(local_rank);
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", local_rank.to_string())
-            .env("WORLD_SIZE", &world)
+            .env("WORLD_SIZE", spec.world_size().to_string())
             .env("MASTER_ADDR", &spec.master_addr)
-            .env("MASTER_PORT", &port)
+            .env("MASTER_PORT", spec.master_port.to_string())
             .env("OMP_NUM_THREADS", &threads)
             .env(THREADS_VAR, &threads)
             .envs(per_rank_env(rank))
@@ -220,22 +238,19 @@ fn run_workers(
                 Ok(())
             });
         }
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(source) => {
-                kill_all(&mut workers);
-                return Err(LaunchError::Spawn { rank, source });
-            }
-        };
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { rank, source })?;
         let stderr_tail = Arc::new(Mutex::new(VecDeque::with_capacity(KEPT_LINES)));
         let reader = child.stderr.take().map(|pipe| {
             let tail = Arc::clone(&stderr_tail);
             let echo = local_rank == 0;
             std::thread::spawn(move || keep_tail(pipe, &tail, echo))
         });
-        workers.push(Worker { rank, child, stderr_tail, reader });
+        Ok(Self { rank, child, stderr_tail, reader })
     }
+}
 
+/// Waits for every worker, forwarding each new interrupt; the first rank to fail stops them all.
+fn supervise(mut workers: Vec<Worker>, interrupts: &AtomicUsize) -> Result<LaunchOutcome, LaunchError> {
     let mut running: Vec<bool> = vec![true; workers.len()];
     let mut forwarded = 0;
     let mut interrupted = false;

@@ -10,8 +10,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::KvCache;
 use super::Llama;
-use super::llama::KvCache;
 
 /// A prompts file that cannot be generated from, named by file and line.
 #[derive(Debug, thiserror::Error)]

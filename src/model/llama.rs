@@ -5,7 +5,7 @@
 //! llama's `attention_bias`), per-head q/k RMSNorm (qwen3), an explicit `head_dim` (qwen3, newer
 //! llama/mistral configs), tied or untied `lm_head`. Field paths equal safetensors keys
 //! (`model.layers.{i}.self_attn.q_proj.weight`); HF stores linear weights `[out, in]` and burn
-//! multiplies by `[in, out]`, so every [`TensorSource`] is read through one transposing loader here.
+//! multiplies by `[in, out]`: the one transposing rule is in [`super::hf`].
 
 use std::path::Path;
 
@@ -18,6 +18,7 @@ use hf_config::HfConfig;
 use super::ModelError;
 use super::head::LmHead;
 use super::hf::load_linear;
+use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
 use super::rope::{Rope, RopeScaling};
 use super::weights::TensorSource;
@@ -294,60 +295,6 @@ impl Attention {
     }
 }
 
-/// One layer's keys and values for the positions seen so far.
-#[derive(Debug, Clone, Default)]
-pub struct LayerCache {
-    kv: Option<(Tensor<4>, Tensor<4>)>,
-}
-
-impl LayerCache {
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
-    }
-
-    /// Whether no position is held yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Appends new keys and values and returns all of them.
-    ///
-    /// # Shapes
-    /// - k, v: `[B, Hkv, S, D]` → `[B, Hkv, T, D]` each
-    fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let (k, v) = match self.kv.take() {
-            Some((pk, pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)), // [B, Hkv, T, D]
-            None => (k, v),
-        };
-        self.kv = Some((k.clone(), v.clone()));
-        (k, v)
-    }
-}
-
-/// The KV cache of a whole model, for generation.
-#[derive(Debug, Clone)]
-pub struct KvCache {
-    layers: Vec<LayerCache>,
-}
-
-impl KvCache {
-    /// An empty cache for `num_layers` layers.
-    pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![LayerCache::default(); num_layers] }
-    }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, LayerCache::len)
-    }
-
-    /// Whether no position is held yet.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Shares each key/value head with `n_rep` query heads (`repeat_kv` in transformers).
 ///
 /// # Shapes
@@ -413,6 +360,29 @@ impl DecoderLayer {
         let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, cache);
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
+}
+
+/// The seven projections of each layer under their HF names, borrowed with `$($borrow)+` (`&` or
+/// `&mut`): one list for [`Llama::linears`] and [`Llama::linears_mut`].
+macro_rules! projections {
+    ($layers:expr, $($borrow:tt)+) => {{
+        let mut out = Vec::new();
+        for (i, layer) in $layers.enumerate() {
+            let (a, m) = ($($borrow)+ layer.self_attn, $($borrow)+ layer.mlp);
+            for (name, linear) in [
+                ("self_attn.q_proj", $($borrow)+ a.q_proj),
+                ("self_attn.k_proj", $($borrow)+ a.k_proj),
+                ("self_attn.v_proj", $($borrow)+ a.v_proj),
+                ("self_attn.o_proj", $($borrow)+ a.o_proj),
+                ("mlp.gate_proj", $($borrow)+ m.gate_proj),
+                ("mlp.up_proj", $($borrow)+ m.up_proj),
+                ("mlp.down_proj", $($borrow)+ m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{name}"), linear));
+            }
+        }
+        out
+    }};
 }
 
 /// The transformer body (HF's `model.` prefix).
@@ -482,42 +452,12 @@ impl Llama {
     /// Every projection of the decoder layers under its HF module name
     /// (`model.layers.0.self_attn.q_proj`), in layer order.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
-        let mut out = Vec::new();
-        for (i, layer) in self.model.layers.iter().enumerate() {
-            let (a, m) = (&layer.self_attn, &layer.mlp);
-            for (name, linear) in [
-                ("self_attn.q_proj", &a.q_proj),
-                ("self_attn.k_proj", &a.k_proj),
-                ("self_attn.v_proj", &a.v_proj),
-                ("self_attn.o_proj", &a.o_proj),
-                ("mlp.gate_proj", &m.gate_proj),
-                ("mlp.up_proj", &m.up_proj),
-                ("mlp.down_proj", &m.down_proj),
-            ] {
-                out.push((format!("model.layers.{i}.{name}"), linear));
-            }
-        }
-        out
+        projections!(self.model.layers.iter(), &)
     }
 
     /// [`Llama::linears`], mutably.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let mut out = Vec::new();
-        for (i, layer) in self.model.layers.iter_mut().enumerate() {
-            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
-            for (name, linear) in [
-                ("self_attn.q_proj", &mut a.q_proj),
-                ("self_attn.k_proj", &mut a.k_proj),
-                ("self_attn.v_proj", &mut a.v_proj),
-                ("self_attn.o_proj", &mut a.o_proj),
-                ("mlp.gate_proj", &mut m.gate_proj),
-                ("mlp.up_proj", &mut m.up_proj),
-                ("mlp.down_proj", &mut m.down_proj),
-            ] {
-                out.push((format!("model.layers.{i}.{name}"), linear));
-            }
-        }
-        out
+        projections!(self.model.layers.iter_mut(), &mut)
     }
 
     /// Final hidden states, after the last norm.

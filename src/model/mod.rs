@@ -6,6 +6,7 @@ pub mod fused;
 pub mod generate;
 pub mod head;
 pub mod hf;
+pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod lora;
@@ -22,6 +23,7 @@ use weights::WeightsError;
 
 pub use compat::CompatError;
 pub use head::LmHead;
+pub use kv_cache::KvCache;
 pub use llama::{Llama, LlamaConfig};
 pub use lora::{AdapterConfig, AdapterError, AdapterInit};
 pub use weights::{RandomInit, TensorSource, Weights};

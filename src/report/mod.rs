@@ -6,6 +6,7 @@ pub mod plot;
 
 use std::path::{Path, PathBuf};
 
+use crate::fsutil::FileError;
 use crate::train::log::LogError;
 pub use plot::{
     DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, ema_alpha, plot_meta_from_run, render_comparison, render_run,
@@ -15,14 +16,8 @@ pub use plot::{
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// A filesystem operation failed.
-    #[error("Failed to {action} `{path}`")]
-    Io {
-        /// What was attempted ("create", "rename into place", ...).
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     /// `metrics.csv` could not be read.
     #[error(transparent)]
     Log(#[from] LogError),
@@ -40,6 +35,6 @@ pub enum ReportError {
 
 impl ReportError {
     fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
-        Self::Io { action, path: path.to_path_buf(), source }
+        Self::Io(FileError::new(action, path, source))
     }
 }

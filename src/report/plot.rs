@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -533,60 +534,9 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
 
     let mut legend_points = Vec::new();
     let mut labelled = false;
-    for curve in &chart.curves {
-        if curve.points.is_empty() {
-            continue;
-        }
-        let color = curve.color;
+    for curve in chart.curves.iter().filter(|c| !c.points.is_empty()) {
         labelled = true;
-        match curve.kind {
-            CurveKind::Train { raw, smooth } => {
-                let smooth = smooth && curve.points.len() >= MIN_POINTS_TO_SMOOTH;
-                if smooth {
-                    if raw {
-                        ctx.draw_series(LineSeries::new(
-                            curve.points.iter().copied(),
-                            color.mix(RAW_ALPHA).stroke_width(1),
-                        ))?;
-                    }
-                    let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
-                    let alpha = ema_alpha(values.len());
-                    let line: Vec<(f64, f64)> = curve.points.iter().map(|p| p.0).zip(ema(&values, alpha)).collect();
-                    legend_points.extend(line.iter().copied());
-                    ctx.draw_series(LineSeries::new(line, color.stroke_width(3)))?
-                        .label(format!("{} (EMA α={alpha:.2})", curve.label))
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
-                } else {
-                    // Too few points to smooth (or an exact schedule): the values themselves, bold,
-                    // with markers when there are only a couple.
-                    legend_points.extend(curve.points.iter().copied());
-                    if curve.points.len() < MIN_POINTS_TO_SMOOTH {
-                        ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?;
-                    }
-                    ctx.draw_series(LineSeries::new(curve.points.iter().copied(), color.stroke_width(3)))?
-                        .label(&curve.label)
-                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
-                }
-            }
-            CurveKind::Eval { dashed } => {
-                legend_points.extend(curve.points.iter().copied());
-                if dashed {
-                    ctx.draw_series(DashedLineSeries::new(curve.points.iter().copied(), 10, 6, color.stroke_width(2)))?;
-                } else {
-                    ctx.draw_series(LineSeries::new(curve.points.iter().copied(), color.stroke_width(2)))?;
-                }
-                ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?
-                    .label(&curve.label)
-                    .legend(move |(x, y)| {
-                        // Two dashes for a dashed curve, one line otherwise, and the marker.
-                        let (first_end, second_start) = if dashed { (8, 16) } else { (24, 24) };
-                        EmptyElement::at((x, y))
-                            + PathElement::new(vec![(0, 0), (first_end, 0)], color.stroke_width(2))
-                            + PathElement::new(vec![(second_start, 0), (24, 0)], color.stroke_width(2))
-                            + Circle::new((12, 0), 5, color.filled())
-                    });
-            }
-        }
+        legend_points.extend(draw_curve(&mut ctx, curve)?);
     }
 
     if labelled && chart.legend {
@@ -600,6 +550,62 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
             .draw()?;
     }
     Ok(())
+}
+
+type Plot<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws one curve with its legend entry; returns the points the legend must not cover.
+fn draw_curve<'a, 'b: 'a>(
+    ctx: &mut Plot<'a, 'b>,
+    curve: &Curve,
+) -> Result<Vec<(f64, f64)>, Box<dyn Error + Send + Sync>> {
+    let color = curve.color;
+    let points = || curve.points.iter().copied();
+    let smooth =
+        matches!(curve.kind, CurveKind::Train { smooth: true, .. }) && curve.points.len() >= MIN_POINTS_TO_SMOOTH;
+    match curve.kind {
+        CurveKind::Train { raw, .. } if smooth => {
+            if raw {
+                ctx.draw_series(LineSeries::new(points(), color.mix(RAW_ALPHA).stroke_width(1)))?;
+            }
+            let values: Vec<f64> = curve.points.iter().map(|p| p.1).collect();
+            let alpha = ema_alpha(values.len());
+            let line: Vec<(f64, f64)> = curve.points.iter().map(|p| p.0).zip(ema(&values, alpha)).collect();
+            ctx.draw_series(LineSeries::new(line.iter().copied(), color.stroke_width(3)))?
+                .label(format!("{} (EMA α={alpha:.2})", curve.label))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
+            Ok(line)
+        }
+        CurveKind::Train { .. } => {
+            // Too few points to smooth (or an exact schedule): the values themselves, bold,
+            // with markers when there are only a couple.
+            if curve.points.len() < MIN_POINTS_TO_SMOOTH {
+                ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?;
+            }
+            ctx.draw_series(LineSeries::new(points(), color.stroke_width(3)))?
+                .label(&curve.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
+            Ok(points().collect())
+        }
+        CurveKind::Eval { dashed } => {
+            if dashed {
+                ctx.draw_series(DashedLineSeries::new(points(), 10, 6, color.stroke_width(2)))?;
+            } else {
+                ctx.draw_series(LineSeries::new(points(), color.stroke_width(2)))?;
+            }
+            ctx.draw_series(curve.points.iter().map(|&p| Circle::new(p, 5, color.filled())))?
+                .label(&curve.label)
+                .legend(move |(x, y)| {
+                    // Two dashes for a dashed curve, one line otherwise, and the marker.
+                    let (first_end, second_start) = if dashed { (8, 16) } else { (24, 24) };
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (first_end, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(second_start, 0), (24, 0)], color.stroke_width(2))
+                        + Circle::new((12, 0), 5, color.filled())
+                });
+            Ok(points().collect())
+        }
+    }
 }
 
 #[cfg(test)]

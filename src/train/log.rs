@@ -10,19 +10,15 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+use crate::fsutil::FileError;
+
 /// Errors writing or reading a run's log files (`metrics.csv`, the sample files), each naming the
 /// file.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// A filesystem operation failed.
-    #[error("Failed to {action} `{path}`")]
-    Io {
-        /// What was attempted ("read", "create", "write", "rename into place", ...).
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     /// The CSV layer failed to read or write a record.
     #[error("Malformed CSV in `{path}` at line {line}")]
     Csv {
@@ -47,7 +43,7 @@ pub enum LogError {
 
 impl LogError {
     fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
-        Self::Io { action, path: path.to_path_buf(), source }
+        Self::Io(FileError::new(action, path, source))
     }
 }
 

@@ -11,8 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::error::{DataError, RowProblem};
+use self::json::{RawRow, read_json_array, read_json_lines};
+use crate::data::error::{DataError, RowProblem};
 use crate::data::tokenizer::Message;
+
+mod csv;
+mod json;
 
 /// The column (field) names of the three parts of a preference row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +130,7 @@ pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataE
     let raw = match format {
         Format::JsonLines => read_json_lines(bytes, &mut sink)?,
         Format::JsonArray => read_json_array(bytes, path)?,
-        Format::Csv => return read_csv(bytes, path, opts, sink),
+        Format::Csv => return csv::read_csv(bytes, path, opts, sink),
     };
     rows_from_json(raw, opts, sink)
 }
@@ -184,36 +188,6 @@ impl Sink {
     }
 }
 
-/// A parsed JSON row and its line.
-struct RawRow {
-    line: usize,
-    value: Value,
-}
-
-/// One JSON value per non-blank line; blank lines (a trailing newline, `\r\n` endings) are not rows.
-fn read_json_lines(bytes: &[u8], sink: &mut Sink) -> Result<Vec<RawRow>, DataError> {
-    let mut out = Vec::new();
-    for (i, raw_line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = i + 1;
-        let raw_line = raw_line.strip_suffix(b"\r").unwrap_or(raw_line);
-        let Ok(text) = std::str::from_utf8(raw_line) else {
-            sink.bad_row(line, RowProblem::InvalidUtf8)?;
-            continue;
-        };
-        if text.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Value>(text) {
-            Ok(value) => out.push(RawRow { line, value }),
-            Err(source) => {
-                let err = DataError::MalformedJson { path: sink.path.clone(), line, source };
-                sink.bad(line, err)?;
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// Byte offsets of the newlines of a file, to turn byte offsets into 1-based line numbers.
 struct LineIndex<'a> {
     bytes: &'a [u8],
@@ -239,81 +213,6 @@ impl<'a> LineIndex<'a> {
         }
         self.line_of(offset)
     }
-}
-
-fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
-    while pos < bytes.len() && bytes[pos].is_ascii_whitespace() {
-        pos += 1;
-    }
-    pos
-}
-
-/// A top-level JSON array, element by element so that each row knows the line it starts on.
-fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> {
-    let lines = LineIndex::new(bytes);
-    let line_of = |offset: usize| lines.line_of(offset);
-    if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(DataError::BadRow {
-            path: path.to_path_buf(),
-            line: line_of(e.valid_up_to()),
-            problem: RowProblem::InvalidUtf8,
-        });
-    }
-    let malformed = |base: usize, source: serde_json::Error| DataError::MalformedJson {
-        path: path.to_path_buf(),
-        line: line_of(base) + source.line().saturating_sub(1),
-        source,
-    };
-    let mut pos = skip_ws(bytes, 0);
-    if pos == bytes.len() {
-        return Ok(Vec::new());
-    }
-    if bytes[pos] != b'[' {
-        // Distinguish a syntax error from a well-formed non-array document.
-        return match serde_json::from_slice::<Value>(bytes) {
-            Ok(_) => Err(DataError::NotAnArray { path: path.to_path_buf() }),
-            Err(source) => Err(malformed(0, source)),
-        };
-    }
-    pos = skip_ws(bytes, pos + 1);
-    let mut out = Vec::new();
-    if bytes.get(pos) == Some(&b']') {
-        pos = skip_ws(bytes, pos + 1);
-    } else {
-        loop {
-            let line = line_of(pos);
-            let mut stream = serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<Value>();
-            match stream.next() {
-                Some(Ok(value)) => out.push(RawRow { line, value }),
-                Some(Err(source)) => return Err(malformed(pos, source)),
-                None => return Err(malformed(pos, eof_error())),
-            }
-            pos = skip_ws(bytes, pos + stream.byte_offset());
-            match bytes.get(pos) {
-                Some(b',') => pos = skip_ws(bytes, pos + 1),
-                Some(b']') => {
-                    pos = skip_ws(bytes, pos + 1);
-                    break;
-                }
-                _ => {
-                    // Let serde describe what it found instead of `,` or `]`.
-                    let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
-                    return Err(malformed(0, source));
-                }
-            }
-        }
-    }
-    if pos != bytes.len() {
-        let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
-        return Err(malformed(0, source));
-    }
-    Ok(out)
-}
-
-/// serde's error for a truncated document.
-fn eof_error() -> serde_json::Error {
-    // `[` alone is always an EOF error, so `unwrap_err` holds.
-    serde_json::from_str::<Value>("[").unwrap_err()
 }
 
 fn json_kind(v: &Value) -> &'static str {
@@ -519,96 +418,6 @@ fn py_slice_to<T>(v: &[T], idx: isize) -> &[T] {
 fn py_slice_from<T>(v: &[T], idx: isize) -> &[T] {
     let start = if idx < 0 { v.len().saturating_sub(1) } else { (idx as usize).min(v.len()) };
     &v[start..]
-}
-
-/// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
-/// are physical lines (header = line 1; a record with a quoted newline is numbered by its first
-/// line).
-fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
-    let cols = &opts.columns;
-    let lines = LineIndex::new(bytes);
-    let record_line = |record: &csv::ByteRecord| {
-        let byte = record.position().map_or(0, |p| p.byte());
-        lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX))
-    };
-    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
-    let mut record = csv::ByteRecord::new();
-    let malformed = |source: csv::Error| {
-        let byte = source.position().map_or(0, |p| p.byte());
-        let line = lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX));
-        DataError::MalformedCsv { path: path.to_path_buf(), line, source }
-    };
-    let header_line = match reader.read_byte_record(&mut record) {
-        Ok(false) => {
-            return Err(DataError::Empty { path: path.to_path_buf() });
-        }
-        Ok(true) => record_line(&record),
-        Err(e) => return Err(malformed(e)),
-    };
-    let mut header = Vec::with_capacity(record.len());
-    for field in record.iter() {
-        match std::str::from_utf8(field) {
-            Ok(s) => header.push(s.to_string()),
-            Err(_) => {
-                return Err(DataError::BadRow {
-                    path: path.to_path_buf(),
-                    line: header_line,
-                    problem: RowProblem::InvalidUtf8Field { field: "(header)".into() },
-                });
-            }
-        }
-    }
-    let find = |name: &str| header.iter().position(|h| h == name);
-    let missing = |column: &str| DataError::MissingColumn {
-        path: path.to_path_buf(),
-        column: column.to_string(),
-        found: if header.is_empty() {
-            "no columns".to_string()
-        } else {
-            header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
-        },
-    };
-    let chosen_at = find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?;
-    let rejected_at = find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?;
-    let prompt_at = find(&cols.prompt);
-    let mut rows = Vec::new();
-    loop {
-        match reader.read_byte_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                let err = malformed(e);
-                let line = match &err {
-                    DataError::MalformedCsv { line, .. } => *line,
-                    _ => 0,
-                };
-                // A CSV syntax error (only invalid UTF-8 in strict readers) leaves the reader able
-                // to continue with the next record.
-                sink.bad(line, err)?;
-                continue;
-            }
-        }
-        let line = record_line(&record);
-        let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
-            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
-            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
-            Ok(Text::Plain(s.to_string()))
-        };
-        let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            let prompt = match prompt_at {
-                Some(at) => Some(field(at, &cols.prompt)?),
-                None => None,
-            };
-            let chosen = field(chosen_at, &cols.chosen)?;
-            let rejected = field(rejected_at, &cols.rejected)?;
-            build_row(line, prompt, chosen, rejected, cols)
-        })();
-        match parsed {
-            Ok(row) => rows.push(row),
-            Err(problem) => sink.bad_row(line, problem)?,
-        }
-    }
-    sink.finish(rows, prompt_at.is_none(), false)
 }
 
 #[cfg(test)]

@@ -1,0 +1,113 @@
+//! JSON Lines and a JSON array: each row keeps the line it starts on.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{LineIndex, Sink};
+use crate::data::error::{DataError, RowProblem};
+
+/// A parsed JSON row and its line.
+pub(super) struct RawRow {
+    pub line: usize,
+    pub value: Value,
+}
+
+/// One JSON value per non-blank line; blank lines (a trailing newline, `\r\n` endings) are not rows.
+pub(super) fn read_json_lines(bytes: &[u8], sink: &mut Sink) -> Result<Vec<RawRow>, DataError> {
+    let mut out = Vec::new();
+    for (i, raw_line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let line = i + 1;
+        let raw_line = raw_line.strip_suffix(b"\r").unwrap_or(raw_line);
+        let Ok(text) = std::str::from_utf8(raw_line) else {
+            sink.bad_row(line, RowProblem::InvalidUtf8)?;
+            continue;
+        };
+        if text.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(value) => out.push(RawRow { line, value }),
+            Err(source) => {
+                let err = DataError::MalformedJson { path: sink.path.clone(), line, source };
+                sink.bad(line, err)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
+    while pos < bytes.len() && bytes[pos].is_ascii_whitespace() {
+        pos += 1;
+    }
+    pos
+}
+
+/// A top-level JSON array, element by element so that each row knows the line it starts on.
+pub(super) fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> {
+    let lines = LineIndex::new(bytes);
+    let line_of = |offset: usize| lines.line_of(offset);
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(DataError::BadRow {
+            path: path.to_path_buf(),
+            line: line_of(e.valid_up_to()),
+            problem: RowProblem::InvalidUtf8,
+        });
+    }
+    let malformed = |base: usize, source: serde_json::Error| DataError::MalformedJson {
+        path: path.to_path_buf(),
+        line: line_of(base) + source.line().saturating_sub(1),
+        source,
+    };
+    let mut pos = skip_ws(bytes, 0);
+    if pos == bytes.len() {
+        return Ok(Vec::new());
+    }
+    if bytes[pos] != b'[' {
+        // Distinguish a syntax error from a well-formed non-array document.
+        return match serde_json::from_slice::<Value>(bytes) {
+            Ok(_) => Err(DataError::NotAnArray { path: path.to_path_buf() }),
+            Err(source) => Err(malformed(0, source)),
+        };
+    }
+    pos = skip_ws(bytes, pos + 1);
+    let mut out = Vec::new();
+    if bytes.get(pos) == Some(&b']') {
+        pos = skip_ws(bytes, pos + 1);
+    } else {
+        loop {
+            let line = line_of(pos);
+            let mut stream = serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<Value>();
+            match stream.next() {
+                Some(Ok(value)) => out.push(RawRow { line, value }),
+                Some(Err(source)) => return Err(malformed(pos, source)),
+                None => return Err(malformed(pos, eof_error())),
+            }
+            pos = skip_ws(bytes, pos + stream.byte_offset());
+            match bytes.get(pos) {
+                Some(b',') => pos = skip_ws(bytes, pos + 1),
+                Some(b']') => {
+                    pos = skip_ws(bytes, pos + 1);
+                    break;
+                }
+                _ => {
+                    // Let serde describe what it found instead of `,` or `]`.
+                    let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
+                    return Err(malformed(0, source));
+                }
+            }
+        }
+    }
+    if pos != bytes.len() {
+        let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
+        return Err(malformed(0, source));
+    }
+    Ok(out)
+}
+
+/// serde's error for a truncated document.
+fn eof_error() -> serde_json::Error {
+    // `[` alone is always an EOF error, so `unwrap_err` holds.
+    serde_json::from_str::<Value>("[").unwrap_err()
+}
