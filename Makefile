@@ -18,7 +18,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test bench bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test lint bench bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -41,6 +41,12 @@ test: build ref-venv
 	# The NCCL path cannot run here; it must still compile and link.
 	$(CARGO) build --release --features nccl
 	$(CARGO) build --release --benches
+
+# clippy (warnings are errors), rustfmt, and the one-way layers of ARCHITECTURE.md.
+lint: build
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) fmt --all -- --check
+	python3 tools/layers.py
 
 bench: build
 	$(CARGO) bench --bench throughput --bench memory --bench ddp

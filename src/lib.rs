@@ -1,8 +1,9 @@
 //! dpo-train: Direct Preference Optimization for Hugging Face Llama-family models, on burn with the
 //! libtorch backend.
 //!
-//! Data flows one way: [`data`] (with [`tokenizer`]) → [`model`] → [`dpo`] (log-probs, losses,
-//! metrics) → [`eval`]; [`cli`] parses flags into those modules' options.
+//! Data flows one way, each layer using only the ones before it (`ARCHITECTURE.md`; `make lint`
+//! checks it): [`config`] and [`dist`] (the c10d binding) → [`data`] → [`model`] → [`dpo`]
+//! (log-probs, losses, metrics) → [`train`] → [`report`] → [`demo`], [`eval`] → [`run`] → [`cli`].
 
 pub mod cli;
 pub mod clock;
@@ -13,7 +14,6 @@ pub mod dist;
 pub mod dpo;
 pub mod eval;
 pub mod fsutil;
-
 pub mod malloc;
 pub mod model;
 pub mod report;
