@@ -67,6 +67,7 @@ fn evaluation(model: &Path, data: &Path, shape: &Shape, peak: f64, device: &Devi
         data: data.to_owned(),
         columns: Default::default(),
         skip_bad_rows: false,
+        split: None,
         loss: LossConfig::default(),
         max_length: Some(SEQ_LEN),
         batch_size: 4,

@@ -32,10 +32,12 @@ pub struct EvalOptions {
     pub ref_model: Option<PathBuf>,
     /// Where `tokenizer.json` lives; the policy's directory when `None`.
     pub tokenizer: Option<PathBuf>,
-    /// The preference dataset (.jsonl, .json or .csv).
+    /// The preference dataset: a file, or a dataset directory.
     pub data: PathBuf,
     pub columns: Columns,
     pub skip_bad_rows: bool,
+    /// The split of a dataset directory (`None`: `train`).
+    pub split: Option<String>,
     pub loss: LossConfig,
     /// Tokens kept per sequence (prompt + completion), TRL's `max_length`.
     pub max_length: Option<usize>,
@@ -77,7 +79,7 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
     };
     let loaded = data::load_preferences(
         &opts.data,
-        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows },
+        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() },
     )?;
     let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
         .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;

@@ -264,23 +264,24 @@ fn load_inputs(
     {
         notes.line(&format!("note: {note}"));
     }
-    let mut split = |file: Option<&String>, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
-        let path = match (file.map(String::as_str), demo_assets) {
-            (None, _) => return Ok(Vec::new()),
-            (Some(DEMO), Some(a)) => pick(a).clone(),
-            (Some(path), _) => PathBuf::from(path),
+    let mut split =
+        |file: Option<&String>, split: &str, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
+            let path = match (file.map(String::as_str), demo_assets) {
+                (None, _) => return Ok(Vec::new()),
+                (Some(DEMO), Some(a)) => pick(a).clone(),
+                (Some(path), _) => PathBuf::from(path),
+            };
+            let pairs = load_pairs(&path, split, cfg, &tokenizer, notes)?;
+            let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
+            for (dir, model_cfg) in &models {
+                compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
+            }
+            Ok(pairs)
         };
-        let pairs = load_pairs(&path, cfg, &tokenizer, notes)?;
-        let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
-        for (dir, model_cfg) in &models {
-            compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
-        }
-        Ok(pairs)
-    };
     let (train, eval, test) = (
-        split(Some(&cfg.train_file), |a| &a.train)?,
-        split(cfg.eval_file.as_ref(), |a| &a.val)?,
-        split(cfg.test_file.as_ref(), |a| &a.test)?,
+        split(Some(&cfg.train_file), &cfg.dataset_train_split, |a| &a.train)?,
+        split(cfg.eval_file.as_ref(), &cfg.dataset_test_split, |a| &a.val)?,
+        split(cfg.test_file.as_ref(), &cfg.dataset_test_split, |a| &a.test)?,
     );
     Ok((model_dir, RunData { train, eval, test, tokenizer, tokenizer_dir }))
 }
@@ -297,9 +298,11 @@ impl Progress for Lines {
     }
 }
 
-/// Reads and tokenises one preference file, reporting what was skipped or dropped.
+/// Reads and tokenises one preference file (or `split` of a dataset directory), reporting what
+/// was skipped or dropped.
 fn load_pairs(
     path: &Path,
+    split: &str,
     cfg: &TrainConfig,
     tokenizer: &Tokenizer,
     progress: &mut dyn Progress,
@@ -309,7 +312,8 @@ fn load_pairs(
         chosen: cfg.chosen_column.clone(),
         rejected: cfg.rejected_column.clone(),
     };
-    let loaded = data::load_preferences(path, &LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows })?;
+    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
+    let loaded = data::load_preferences(path, &opts)?;
     if !loaded.skipped.is_empty() {
         let lines: Vec<String> = loaded.skipped.iter().map(|s| s.line.to_string()).collect();
         progress.line(&format!("`{}`: skipped {} bad rows (lines {})", path.display(), lines.len(), lines.join(", ")));
@@ -342,7 +346,8 @@ fn load_pairs(
             cfg.max_length
         ));
     }
-    progress.line(&format!("`{}`: {} pairs", path.display(), pairs.len()));
+    let part = if path.is_dir() { format!(" (split `{split}`)") } else { String::new() };
+    progress.line(&format!("`{}`{part}: {} pairs", path.display(), pairs.len()));
     Ok(pairs)
 }
 

@@ -123,9 +123,12 @@ fn prompt_longer_than_max_length_is_dropped_and_counted() {
 
 #[test]
 fn unsupported_extension() {
-    let path = write("ext", "prefs.parquet", b"PAR1");
+    let path = write("ext", "prefs.xlsx", b"PK");
     assert_eq!(
         load_err(&path),
-        format!("`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`", path.display())
+        format!(
+            "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory",
+            path.display()
+        )
     );
 }

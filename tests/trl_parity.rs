@@ -73,6 +73,7 @@ fn options(case: &Case, batch_size: usize) -> EvalOptions {
         data: fixtures().join(&case.dataset),
         columns: Columns::default(),
         skip_bad_rows: false,
+        split: None,
         loss: LossConfig {
             beta: c.beta.unwrap_or(defaults.beta),
             loss_type: c.loss_type.clone(),

@@ -290,9 +290,12 @@ pub struct EvalArgs {
     /// Directory holding tokenizer.json and tokenizer_config.json [default: the policy's].
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
-    /// Preference data: .jsonl, .json (an array) or .csv.
+    /// Preference data: .jsonl, .json (an array), .csv (each optionally .gz), .parquet, or a dataset directory as the hub lays it out.
     #[arg(long, value_name = "FILE")]
     pub data: PathBuf,
+    /// The split read when `--data` is a dataset directory.
+    #[arg(long, default_value = "test")]
+    pub split: String,
     #[command(flatten)]
     pub columns: ColumnArgs,
     /// Skip malformed rows (reporting their lines) instead of stopping at the first.

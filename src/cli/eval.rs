@@ -21,6 +21,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
             rejected: args.columns.rejected_column,
         },
         skip_bad_rows: args.skip_bad_rows,
+        split: Some(args.split),
         loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
         max_length: Some(args.max_length),
         batch_size: args.batch_size,

@@ -166,12 +166,16 @@ train_config! {
     ref_model_name_or_path: Option<PathBuf> = None,
     /// Directory with tokenizer.json [default: the policy's directory].
     tokenizer_name_or_path: Option<PathBuf> = None,
-    /// Training preference data (required): .jsonl, .json or .csv, or `demo` for the synthetic demo task.
+    /// Training preference data (required): .jsonl, .json, .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out (its `dataset_train_split`), or `demo` for the synthetic demo task.
     train_file: String = String::new(),
-    /// Held-out data for evaluations and samples [default: none: no evaluation].
+    /// Held-out data for evaluations and samples, a file or a dataset directory (its `dataset_test_split`) [default: none: no evaluation].
     eval_file: Option<String> = None,
-    /// Test data, scored and sampled once at the end.
+    /// Test data, scored and sampled once at the end (a directory: its `dataset_test_split`).
     test_file: Option<String> = None,
+    /// The split `train_file` reads when it is a dataset directory (TRL's script argument).
+    dataset_train_split: String = "train".to_owned(),
+    /// The split `eval_file` and `test_file` read when they are dataset directories.
+    dataset_test_split: String = "test".to_owned(),
     /// Column holding the prompt.
     prompt_column: String = "prompt".to_owned(),
     /// Column holding the preferred completion.

@@ -19,8 +19,26 @@ pub enum DataError {
         source: std::io::Error,
     },
     /// The extension is not one of the supported formats.
-    #[error("`{path}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`")]
+    #[error(
+        "`{path}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory"
+    )]
     UnsupportedFormat { path: PathBuf },
+    /// A Parquet file could not be decoded.
+    #[error("`{path}`: cannot read Parquet: {message}")]
+    Parquet { path: PathBuf, message: String },
+    /// A gzip stream could not be decompressed.
+    #[error("`{path}`: cannot decompress gzip data")]
+    Gzip {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A Parquet column holds neither strings nor message lists.
+    #[error("`{path}`: column `{column}` has type {found}; expected strings or lists of `{{role, content}}` structs")]
+    ColumnType { path: PathBuf, column: String, found: String },
+    /// A dataset directory without exactly one layout holding the requested split.
+    #[error("`{path}`: {message}")]
+    Layout { path: PathBuf, message: String },
     /// A row (or, for a `.json` array, the file) is not valid JSON.
     #[error("`{path}`, line {line}: malformed JSON")]
     MalformedJson {
@@ -46,6 +64,9 @@ pub enum DataError {
     /// A bad row; `problem` says what is wrong with which field.
     #[error("`{path}`, line {line}: {problem}")]
     BadRow { path: PathBuf, line: usize, problem: RowProblem },
+    /// A bad row of a Parquet file, numbered from 0 as `datasets` does.
+    #[error("`{path}`, row {row}: {problem}")]
+    BadRecord { path: PathBuf, row: usize, problem: RowProblem },
     /// The file holds no rows at all.
     #[error("`{path}`: the dataset is empty")]
     Empty { path: PathBuf },
@@ -80,6 +101,9 @@ pub enum RowProblem {
     /// A required field is absent.
     #[error("field `{field}` is missing")]
     MissingField { field: String },
+    /// A field is null (a Parquet null, or JSON's `null`).
+    #[error("field `{field}` is null")]
+    Null { field: String },
     /// A field is neither a string nor a list of messages (or, in CSV, not text).
     #[error("field `{field}` must be a string or a list of `{{role, content}}` messages, found {found}")]
     WrongType { field: String, found: &'static str },

@@ -16,7 +16,9 @@ use crate::data::error::{DataError, RowProblem};
 use crate::data::tokenizer::Message;
 
 mod csv;
+pub mod hub;
 mod json;
+mod parquet;
 
 /// The column (field) names of the three parts of a preference row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub struct LoadOptions {
     /// A `.json` array with a syntax error, or a `.json` file that is not UTF-8, cannot be skipped
     /// past and always stops the load.
     pub skip_bad_rows: bool,
+    /// The split a dataset directory is read for (`dataset_train_split`, `dataset_test_split`);
+    /// `None` reads `train`. A file is read whole.
+    pub split: Option<String>,
 }
 
 /// A prompt or completion: plain text or a list of chat messages.
@@ -113,20 +118,65 @@ pub struct Loaded {
     pub conversational: bool,
 }
 
-/// Reads a preference file, choosing the format by extension (`.jsonl`, `.json`, `.csv`).
+/// Reads a preference file, or one split of a dataset directory as the hub lays them out (see
+/// [`hub`]), its shards concatenated in name order.
 pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
-    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-    let format = match ext.as_deref() {
+    if !path.is_dir() {
+        return load_file(path, opts);
+    }
+    let split = opts.split.as_deref().unwrap_or("train");
+    let mut all: Option<Loaded> = None;
+    for shard in hub::split_files(path, split)? {
+        let loaded = load_file(&shard, opts)?;
+        all = Some(match all {
+            None => loaded,
+            Some(mut all) => {
+                if loaded.conversational != all.conversational || loaded.implicit_prompt != all.implicit_prompt {
+                    let message = format!("`{}` and the shards before it differ in format", shard.display());
+                    return Err(DataError::Layout { path: path.to_path_buf(), message });
+                }
+                all.rows.extend(loaded.rows);
+                all.skipped.extend(loaded.skipped);
+                all
+            }
+        });
+    }
+    let mut all = all.expect("split_files returns at least one file");
+    all.path = path.to_path_buf();
+    Ok(all)
+}
+
+/// Reads one file: the format by its name (`.gz` stripped) and by its first bytes (Parquet's
+/// and gzip's magic numbers), so a compressed file under a plain name is still read.
+fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    let ext = name.rsplit_once('.').map(|(_, e)| e);
+    let read = |path: &Path| std::fs::read(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source });
+    let mut head = [0u8; 4];
+    let head = match std::fs::File::open(path).and_then(|mut f| std::io::Read::read(&mut f, &mut head)) {
+        Ok(n) => &head[..n],
+        Err(source) => return Err(DataError::Read { path: path.to_path_buf(), source }),
+    };
+    let sink = |records| Sink::new(path, opts.skip_bad_rows, records);
+    if head == b"PAR1" || ext == Some("parquet") {
+        return parquet::read_parquet(path, opts, sink(true));
+    }
+    let format = match ext {
         Some("jsonl") => Format::JsonLines,
         Some("json") => Format::JsonArray,
         Some("csv") => Format::Csv,
-        _ => {
-            return Err(DataError::UnsupportedFormat { path: path.to_path_buf() });
-        }
+        _ => return Err(DataError::UnsupportedFormat { path: path.to_path_buf() }),
     };
-    let bytes = std::fs::read(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source })?;
+    let mut bytes = read(path)?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut plain = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&bytes[..]), &mut plain)
+            .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
+        bytes = plain;
+    }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
-    let mut sink = Sink::new(path, opts.skip_bad_rows);
+    let mut sink = sink(false);
     let raw = match format {
         Format::JsonLines => read_json_lines(bytes, &mut sink)?,
         Format::JsonArray => read_json_array(bytes, path)?,
@@ -145,12 +195,14 @@ enum Format {
 struct Sink {
     path: PathBuf,
     skip: bool,
+    /// Rows are numbered as Parquet records (from 0), not as lines.
+    records: bool,
     skipped: Vec<SkippedRow>,
 }
 
 impl Sink {
-    fn new(path: &Path, skip: bool) -> Self {
-        Self { path: path.to_path_buf(), skip, skipped: Vec::new() }
+    fn new(path: &Path, skip: bool, records: bool) -> Self {
+        Self { path: path.to_path_buf(), skip, records, skipped: Vec::new() }
     }
 
     /// Records `err` (about `line`) as skipped, or returns it when rows are not skipped.
@@ -164,7 +216,12 @@ impl Sink {
     }
 
     fn bad_row(&mut self, line: usize, problem: RowProblem) -> Result<(), DataError> {
-        let err = DataError::BadRow { path: self.path.clone(), line, problem };
+        let path = self.path.clone();
+        let err = if self.records {
+            DataError::BadRecord { path, row: line, problem }
+        } else {
+            DataError::BadRow { path, line, problem }
+        };
         self.bad(line, err)
     }
 
@@ -258,6 +315,7 @@ fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
             }
             Ok(Text::Messages(messages))
         }
+        Value::Null => Err(RowProblem::Null { field: field.to_string() }),
         other => Err(RowProblem::WrongType { field: field.to_string(), found: json_kind(other) }),
     }
 }
@@ -268,47 +326,65 @@ fn rows_from_json(raw: Vec<RawRow>, opts: &LoadOptions, mut sink: Sink) -> Resul
     // TRL extracts the prompt when the dataset has no prompt column (`_prepare_dataset`,
     // `if "prompt" not in first_example`); a JSON dataset's columns are the union of its rows' keys.
     let implicit = !raw.iter().any(|r| r.value.as_object().is_some_and(|o| o.contains_key(&cols.prompt)));
-    let mut rows = Vec::with_capacity(raw.len());
-    let mut first: Option<(usize, bool)> = None;
+    let mut checker = RowChecker::new(cols, implicit);
     for RawRow { line, value } in raw {
-        let Value::Object(obj) = &value else {
-            sink.bad_row(line, RowProblem::NotAnObject { found: json_kind(&value) })?;
-            continue;
+        checker.push(line, &value, &mut sink)?;
+    }
+    checker.finish(sink)
+}
+
+/// Turns rows shaped as JSON objects (from any format) into [`PreferenceRow`]s one at a time,
+/// holding the dataset's kind to its first row's.
+struct RowChecker<'a> {
+    cols: &'a Columns,
+    implicit: bool,
+    /// The first good row's number and whether it is conversational.
+    first: Option<(usize, bool)>,
+    rows: Vec<PreferenceRow>,
+}
+
+impl<'a> RowChecker<'a> {
+    fn new(cols: &'a Columns, implicit: bool) -> Self {
+        Self { cols, implicit, first: None, rows: Vec::new() }
+    }
+
+    fn push(&mut self, line: usize, value: &Value, sink: &mut Sink) -> Result<(), DataError> {
+        let Value::Object(obj) = value else {
+            return sink.bad_row(line, RowProblem::NotAnObject { found: json_kind(value) });
         };
+        let cols = self.cols;
         let get = |field: &str| -> Result<Text, RowProblem> {
             let v = obj.get(field).ok_or_else(|| RowProblem::MissingField { field: field.to_string() })?;
             text_field(v, field)
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
+            let prompt = if self.implicit { None } else { Some(get(&cols.prompt)?) };
             let chosen = get(&cols.chosen)?;
             let rejected = get(&cols.rejected)?;
             build_row(line, prompt, chosen, rejected, cols)
         })();
         let row = match parsed {
             Ok(row) => row,
-            Err(problem) => {
-                sink.bad_row(line, problem)?;
-                continue;
-            }
+            Err(problem) => return sink.bad_row(line, problem),
         };
         let conv = row.chosen.is_messages();
-        match first {
-            None => first = Some((line, conv)),
+        match self.first {
+            None => self.first = Some((line, conv)),
             Some((first_line, first_conv)) if first_conv != conv => {
                 let kind = |c: bool| if c { "conversational" } else { "plain text" };
-                sink.bad_row(
-                    line,
-                    RowProblem::KindChanged { kind: kind(conv), dataset_kind: kind(first_conv), first_line },
-                )?;
-                continue;
+                let problem = RowProblem::KindChanged { kind: kind(conv), dataset_kind: kind(first_conv), first_line };
+                return sink.bad_row(line, problem);
             }
             Some(_) => {}
         }
-        rows.push(row);
+        self.rows.push(row);
+        Ok(())
     }
-    let conversational = first.is_some_and(|(_, c)| c);
-    sink.finish(rows, implicit, conversational)
+
+    fn finish(self, sink: Sink) -> Result<Loaded, DataError> {
+        let conversational = self.first.is_some_and(|(_, c)| c);
+        sink.finish(self.rows, self.implicit, conversational)
+    }
 }
 
 /// Validates the three parts of a row; `prompt` is `None` for implicit-prompt data.
@@ -536,11 +612,14 @@ mod tests {
 
     #[test]
     fn unsupported_extension() {
-        let path = temp_file("data.parquet", b"x");
+        let path = temp_file("data.xlsx", b"x");
         let err = load_preferences(&path, &LoadOptions::default()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("`{}`: unsupported data format; use one of `.jsonl`, `.json`, `.csv`", path.display())
+            format!(
+                "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory",
+                path.display()
+            )
         );
     }
 
@@ -604,7 +683,7 @@ mod tests {
     fn custom_column_names() {
         let opts = LoadOptions {
             columns: Columns { prompt: "question".into(), chosen: "good".into(), rejected: "bad".into() },
-            skip_bad_rows: false,
+            ..LoadOptions::default()
         };
         let path = temp_file("custom.jsonl", b"{\"question\": \"q\", \"good\": \"g\", \"bad\": \"b\"}\n");
         let loaded = load_preferences(&path, &opts).unwrap();

@@ -1,0 +1,182 @@
+//! Datasets as the hub ships them (sharded Parquet with conversations, gzipped JSON Lines, one
+//! directory per split), written by `datasets` in `tests/gen/make_hub_fixtures.py`: read here,
+//! they give TRL's tokenised pairs and `DPOTrainer.evaluate`'s metrics; bad Parquet and gzip input
+//! gets one-line errors naming the file, row and column.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use burn::tensor::Device;
+use dpo_train::config::LossConfig;
+use dpo_train::data::{LoadOptions, Tokenizer, load_preferences, tokenize};
+use dpo_train::eval::{EvalOptions, evaluate};
+use parquet::arrow::ArrowWriter;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    dataset: String,
+    split: String,
+    num_rows: usize,
+    rows: Vec<Ids>,
+    metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Deserialize)]
+struct Ids {
+    prompt_ids: Vec<u32>,
+    chosen_ids: Vec<u32>,
+    rejected_ids: Vec<u32>,
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn cases() -> Vec<Case> {
+    let text = std::fs::read_to_string(fixtures().join("expected/trl_hub.json")).unwrap();
+    let fixture: Fixture = serde_json::from_str(&text).unwrap();
+    assert_eq!(fixture.cases.len(), 6, "three datasets, two splits each");
+    fixture.cases
+}
+
+fn split_opts(split: &str) -> LoadOptions {
+    LoadOptions { split: Some(split.to_owned()), ..LoadOptions::default() }
+}
+
+#[test]
+fn hub_datasets_tokenise_as_trl_reads_them() {
+    let tokenizer = Tokenizer::from_dir(&fixtures().join("tokenizer")).unwrap();
+    for case in cases() {
+        let what = format!("{} [{}]", case.dataset, case.split);
+        let loaded = load_preferences(&fixtures().join(&case.dataset), &split_opts(&case.split)).unwrap();
+        assert_eq!(loaded.rows.len(), case.num_rows, "{what}");
+        let (pairs, _) = tokenize(&loaded.rows, &tokenizer, Some(1024)).unwrap();
+        assert_eq!(pairs.len(), case.rows.len(), "{what}");
+        for (i, (ours, trl)) in pairs.iter().zip(&case.rows).enumerate() {
+            assert_eq!(ours.prompt_ids, trl.prompt_ids, "{what} row {i} prompt");
+            assert_eq!(ours.chosen_ids, trl.chosen_ids, "{what} row {i} chosen");
+            assert_eq!(ours.rejected_ids, trl.rejected_ids, "{what} row {i} rejected");
+        }
+    }
+}
+
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn cpu() -> Device {
+    Device::libtorch()
+}
+
+#[test]
+fn hub_datasets_evaluate_to_trls_metrics_within_1e_5() {
+    let mut failures = Vec::new();
+    for case in cases() {
+        let opts = EvalOptions {
+            model: fixtures().join("models/llama"),
+            ref_model: Some(fixtures().join("models/llama-ref")),
+            tokenizer: None,
+            data: fixtures().join(&case.dataset),
+            columns: Default::default(),
+            skip_bad_rows: false,
+            split: Some(case.split.clone()),
+            loss: LossConfig::default(),
+            max_length: Some(1024),
+            batch_size: 4,
+            device: cpu(),
+        };
+        let report = evaluate(&opts).unwrap_or_else(|e| panic!("{}: {e:#}", case.dataset));
+        for (name, got) in report.metrics.named() {
+            let want = case.metrics[name];
+            if (got - want).abs() / want.abs().max(1.0) > 1e-5 {
+                failures.push(format!("{} [{}] {name}: got {got}, TRL {want}", case.dataset, case.split));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+    let batch = RecordBatch::try_from_iter(columns).unwrap();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+fn strings(values: &[Option<&str>]) -> ArrayRef {
+    Arc::new(StringArray::from(values.to_vec()))
+}
+
+fn error(path: &Path) -> String {
+    let err = load_preferences(path, &LoadOptions::default()).unwrap_err().to_string();
+    assert!(!err.contains('\n'), "one line: {err}");
+    err
+}
+
+#[test]
+fn bad_parquet_names_the_file_row_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.parquet");
+    let prompts = strings(&[Some("p"), Some("q")]);
+    write_parquet(
+        &path,
+        vec![
+            ("prompt", prompts.clone()),
+            ("chosen", strings(&[Some("a"), None])),
+            ("rejected", strings(&[Some("b"), Some("c")])),
+        ],
+    );
+    assert_eq!(error(&path), format!("`{}`, row 1: field `chosen` is null", path.display()));
+    let skipped = load_preferences(&path, &LoadOptions { skip_bad_rows: true, ..LoadOptions::default() }).unwrap();
+    assert_eq!((skipped.rows.len(), skipped.skipped[0].line), (1, 1));
+
+    write_parquet(&path, vec![("prompt", prompts.clone()), ("chosen", strings(&[Some("a"), Some("b")]))]);
+    let err = error(&path);
+    assert!(err.ends_with("column `rejected` is missing (the header has `prompt`, `chosen`)"), "{err}");
+
+    let numbers: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+    write_parquet(
+        &path,
+        vec![("prompt", prompts), ("chosen", numbers), ("rejected", strings(&[Some("b"), Some("c")]))],
+    );
+    let err = error(&path);
+    assert!(err.contains("column `chosen` has type Int64; expected strings"), "{err}");
+
+    std::fs::write(&path, b"PAR1 not really parquet").unwrap();
+    let err = error(&path);
+    assert!(err.starts_with(&format!("`{}`: cannot read Parquet", path.display())), "{err}");
+}
+
+#[test]
+fn gzip_is_found_by_content_and_bad_gzip_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let row = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n";
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(row).unwrap();
+    let packed = gz.finish().unwrap();
+    // A gzipped file under a plain name, and a plain file under a `.gz` name, both read.
+    let hidden = dir.path().join("rows.jsonl");
+    std::fs::write(&hidden, &packed).unwrap();
+    assert_eq!(load_preferences(&hidden, &LoadOptions::default()).unwrap().rows.len(), 1);
+    let plain = dir.path().join("rows.jsonl.gz");
+    std::fs::write(&plain, row).unwrap();
+    assert_eq!(load_preferences(&plain, &LoadOptions::default()).unwrap().rows.len(), 1);
+
+    let cut = dir.path().join("cut.jsonl.gz");
+    std::fs::write(&cut, &packed[..packed.len() / 2]).unwrap();
+    assert_eq!(error(&cut), format!("`{}`: cannot decompress gzip data", cut.display()));
+}
+
+#[test]
+fn a_split_that_is_not_there_lists_the_directory() {
+    let err = load_preferences(&fixtures().join("hub/ultrafeedback"), &split_opts("validation")).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("no data files for split `validation`"), "{text}");
+    assert!(text.contains("data/test-00000-of-00001.parquet"), "{text}");
+}
