@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use crate::config::TrainConfig;
 use crate::data::tokenizer::Tokenizer;
-use crate::data::{self, Columns, LoadOptions, TokenizedPair};
+use crate::data::{self, Columns, DataReport, LoadOptions, ReportInput, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::model::{self, compat};
 use crate::report;
@@ -107,9 +107,13 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
     let mut notes = Lines::default();
-    let (model_dir, data) = load_inputs(cfg, demo_assets.as_ref(), &mut notes)?;
+    let (model_dir, data, reports) = load_inputs(cfg, demo_assets.as_ref(), &mut notes)?;
     if workers.is_main() {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
+        let path = run_dir.join("data_report.json");
+        let json = serde_json::to_string_pretty(&reports)? + "\n";
+        crate::fsutil::write_atomic(&path, json.as_bytes())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     if !req.config_description.is_empty() {
         progress.line(&req.config_description);
@@ -249,7 +253,7 @@ fn load_inputs(
     cfg: &TrainConfig,
     demo_assets: Option<&DemoAssets>,
     notes: &mut dyn Progress,
-) -> anyhow::Result<(PathBuf, RunData)> {
+) -> anyhow::Result<(PathBuf, RunData, DataReports)> {
     let model_dir = match (cfg.model_name_or_path.as_str(), demo_assets) {
         (DEMO, Some(a)) => a.model_dir.clone(),
         (path, _) => PathBuf::from(path),
@@ -264,26 +268,37 @@ fn load_inputs(
     {
         notes.line(&format!("note: {note}"));
     }
-    let mut split =
-        |file: Option<&String>, split: &str, pick: fn(&DemoAssets) -> &PathBuf| -> anyhow::Result<Vec<TokenizedPair>> {
-            let path = match (file.map(String::as_str), demo_assets) {
-                (None, _) => return Ok(Vec::new()),
-                (Some(DEMO), Some(a)) => pick(a).clone(),
-                (Some(path), _) => PathBuf::from(path),
-            };
-            let pairs = load_pairs(&path, split, cfg, &tokenizer, notes)?;
-            let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
-            for (dir, model_cfg) in &models {
-                compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
-            }
-            Ok(pairs)
+    let mut split = |file: Option<&String>,
+                     (split, micro_batch): (&str, usize),
+                     pick: fn(&DemoAssets) -> &PathBuf|
+     -> anyhow::Result<(Vec<TokenizedPair>, Option<DataReport>)> {
+        let path = match (file.map(String::as_str), demo_assets) {
+            (None, _) => return Ok((Vec::new(), None)),
+            (Some(DEMO), Some(a)) => pick(a).clone(),
+            (Some(path), _) => PathBuf::from(path),
         };
-    let (train, eval, test) = (
-        split(Some(&cfg.train_file), &cfg.dataset_train_split, |a| &a.train)?,
-        split(cfg.eval_file.as_ref(), &cfg.dataset_test_split, |a| &a.val)?,
-        split(cfg.test_file.as_ref(), &cfg.dataset_test_split, |a| &a.test)?,
+        let (pairs, report) = load_pairs(&path, (split, micro_batch), cfg, &tokenizer, notes)?;
+        let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
+        for (dir, model_cfg) in &models {
+            compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
+        }
+        Ok((pairs, Some(report)))
+    };
+    let ((train, train_report), (eval, eval_report), (test, test_report)) = (
+        split(Some(&cfg.train_file), (&cfg.dataset_train_split, cfg.per_device_train_batch_size), |a| &a.train)?,
+        split(cfg.eval_file.as_ref(), (&cfg.dataset_test_split, cfg.per_device_eval_batch_size), |a| &a.val)?,
+        split(cfg.test_file.as_ref(), (&cfg.dataset_test_split, cfg.per_device_eval_batch_size), |a| &a.test)?,
     );
-    Ok((model_dir, RunData { train, eval, test, tokenizer, tokenizer_dir }))
+    let reports = DataReports { train: train_report, eval: eval_report, test: test_report };
+    Ok((model_dir, RunData { train, eval, test, tokenizer, tokenizer_dir }, reports))
+}
+
+/// `data_report.json`: what each split of the run's data became before the first step.
+#[derive(serde::Serialize)]
+struct DataReports {
+    train: Option<DataReport>,
+    eval: Option<DataReport>,
+    test: Option<DataReport>,
 }
 
 /// Lines kept to be shown later.
@@ -299,14 +314,14 @@ impl Progress for Lines {
 }
 
 /// Reads and tokenises one preference file (or `split` of a dataset directory), reporting what
-/// was skipped or dropped.
+/// became of it at micro-batches of `micro_batch` pairs.
 fn load_pairs(
     path: &Path,
-    split: &str,
+    (split, micro_batch): (&str, usize),
     cfg: &TrainConfig,
     tokenizer: &Tokenizer,
     progress: &mut dyn Progress,
-) -> anyhow::Result<Vec<TokenizedPair>> {
+) -> anyhow::Result<(Vec<TokenizedPair>, DataReport)> {
     let columns = Columns {
         prompt: cfg.prompt_column.clone(),
         chosen: cfg.chosen_column.clone(),
@@ -318,37 +333,30 @@ fn load_pairs(
         let lines: Vec<String> = loaded.skipped.iter().map(|s| s.line.to_string()).collect();
         progress.line(&format!("`{}`: skipped {} bad rows (lines {})", path.display(), lines.len(), lines.join(", ")));
     }
-    let (pairs, report) = data::tokenize(&loaded.rows, tokenizer, Some(cfg.max_length))
+    let (pairs, tokenized) = data::tokenize(&loaded.rows, tokenizer, Some(cfg.max_length))
         .with_context(|| format!("cannot tokenize `{}`", path.display()))?;
-    if !report.dropped_prompt_too_long.is_empty() {
-        progress.line(&format!(
-            "`{}`: dropped {} pairs whose prompt alone reaches max_length {}",
-            path.display(),
-            report.dropped_prompt_too_long.len(),
-            cfg.max_length
-        ));
-    }
-    if !report.identical.is_empty() {
-        let lines: Vec<String> = report.identical.iter().take(10).map(usize::to_string).collect();
-        let more = if report.identical.len() > 10 { ", ..." } else { "" };
+    if !tokenized.identical.is_empty() {
+        let lines: Vec<String> = tokenized.identical.iter().take(10).map(usize::to_string).collect();
+        let more = if tokenized.identical.len() > 10 { ", ..." } else { "" };
         progress.line(&format!(
             "warning: `{}`: {} pairs have chosen identical to rejected (lines {}{more}): each adds ln 2 to the loss and no gradient",
             path.display(),
-            report.identical.len(),
+            tokenized.identical.len(),
             lines.join(", ")
         ));
     }
-    if report.truncated > 0 {
-        progress.line(&format!(
-            "`{}`: {} sequences truncated to max_length {}",
-            path.display(),
-            report.truncated,
-            cfg.max_length
-        ));
-    }
-    let part = if path.is_dir() { format!(" (split `{split}`)") } else { String::new() };
-    progress.line(&format!("`{}`{part}: {} pairs", path.display(), pairs.len()));
-    Ok(pairs)
+    let report = DataReport::new(&ReportInput {
+        source: path.display().to_string(),
+        split: path.is_dir().then(|| split.to_owned()),
+        loaded: &loaded,
+        tokenized: &tokenized,
+        pairs: &pairs,
+        tokenizer,
+        max_length: Some(cfg.max_length),
+        micro_batch,
+    });
+    report.lines().iter().for_each(|line| progress.line(line));
+    Ok((pairs, report))
 }
 
 /// The run directory, and whether to resume in it.

@@ -157,6 +157,16 @@ fn a_users_model_trains_with_trls_defaults_without_a_config() {
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(!summary.contains("eval:") && !summary.contains("test:"), "{summary}");
     assert!(run.join("final/model.safetensors").is_file());
+    // The data report: printed before the first step and kept in the run directory.
+    assert!(err.contains("17 pairs kept of 17 rows; dropped 0 bad, 0 prompt too long"), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(run.join("data_report.json")).unwrap()).unwrap();
+    let train = &report["train"];
+    assert_eq!((train["rows_read"].as_u64(), train["pairs_kept"].as_u64()), (Some(17), Some(17)));
+    assert_eq!(train["micro_batch"].as_u64(), Some(8));
+    let p = &train["tokens"]["chosen"];
+    assert!(p["p50"].as_u64() <= p["p90"].as_u64() && p["p90"].as_u64() <= p["max"].as_u64(), "{p}");
+    assert!((0.0..1.0).contains(&train["padding_fraction"].as_f64().unwrap()), "{train}");
+    assert!(report["eval"].is_null() && report["test"].is_null(), "{report}");
 }
 
 /// TRL 1.16's DPOConfig defaults, read from TRL itself (`tests/gen/make_trl_defaults.py`), are

@@ -90,6 +90,11 @@ pub enum DataError {
     /// Every example's prompt alone reached `max_length`, so nothing is left to train on.
     #[error("All {dropped} examples were dropped: each prompt alone has at least `max_length` = {max_length} tokens")]
     AllDropped { dropped: usize, max_length: usize },
+    /// Every example's completion tokenised to nothing after its prompt.
+    #[error(
+        "All {dropped} examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
+    )]
+    NoCompletions { dropped: usize },
 }
 
 /// What is wrong with one row; `Display` is the part after "`file`, line N: ".

@@ -9,11 +9,13 @@
 pub mod batch;
 pub mod error;
 pub mod load;
+pub mod report;
 pub mod tokenize;
 pub mod tokenizer;
 
 pub use batch::{Batch, batches, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{Columns, LoadOptions, Loaded, PreferenceRow, SkippedRow, Text, load_preferences};
+pub use report::{DataReport, ReportInput};
 pub use tokenize::{TokenizeReport, TokenizedPair, common_prefix_length, tokenize};
 pub use tokenizer::{Message, Tokenizer, TokenizerError};

@@ -57,6 +57,8 @@ pub struct TokenizeReport {
     /// Lines of pairs whose chosen and rejected sequences are identical (after truncation): each
     /// adds ln 2 to the sigmoid loss and no gradient.
     pub identical: Vec<usize>,
+    /// Lines of rows dropped because a completion has no token (nothing to score or train on).
+    pub empty_completion: Vec<usize>,
 }
 
 /// Tokenises `rows` as TRL's `DPOTrainer` does (see the module doc).
@@ -87,15 +89,22 @@ pub fn tokenize(
             pair.chosen_ids.truncate(room);
             pair.rejected_ids.truncate(room);
         }
+        if pair.chosen_ids.is_empty() || pair.rejected_ids.is_empty() {
+            report.empty_completion.push(row.line);
+            continue;
+        }
         if pair.chosen_ids == pair.rejected_ids {
             report.identical.push(row.line);
         }
         pairs.push(pair);
     }
     if pairs.is_empty() {
+        if report.dropped_prompt_too_long.is_empty() {
+            return Err(DataError::NoCompletions { dropped: report.empty_completion.len() });
+        }
         return Err(DataError::AllDropped {
             dropped: report.dropped_prompt_too_long.len(),
-            // `pairs` can only be empty with `max_length` set, as `rows` is not empty.
+            // Prompts are only dropped with `max_length` set.
             max_length: max_length.unwrap_or(0),
         });
     }
@@ -209,6 +218,34 @@ mod tests {
         assert_eq!(pairs[0].prompt_ids, tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").unwrap());
         assert_eq!(pairs[0].chosen_ids, tok.encode("blue<|im_end|>").unwrap());
         assert_eq!(pairs[0].line, 4);
+    }
+
+    #[test]
+    fn a_template_that_renders_no_completion_drops_the_row() {
+        // A template that writes user turns only: the completion adds no token, so the row would
+        // reach the loss with nothing to score.
+        let dir = std::env::temp_dir().join(format!("dpo-tokz-{}-useronly", std::process::id()));
+        let template = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }} {% endif %}{% endfor %}";
+        write_test_tokenizer(
+            &dir,
+            &serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template}).to_string(),
+        );
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let row = |line, user: &str| PreferenceRow {
+            line,
+            prompt: Text::Messages(vec![m("user", user)]),
+            chosen: Text::Messages(vec![m("assistant", "blue")]),
+            rejected: Text::Messages(vec![m("assistant", "green")]),
+        };
+        let plain = plain_row(5, "hi", " blue", " green");
+        let err = tokenize(&[row(3, "hi")], &tok, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "All 1 examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
+        );
+        let rows: Vec<PreferenceRow> = vec![row(3, "hi")];
+        let (_, report) = tokenize(&[rows[0].clone(), plain], &tok, None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((report.empty_completion, report.kept), (vec![3], 1));
     }
 
     #[test]
