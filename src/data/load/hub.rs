@@ -71,9 +71,9 @@ fn inventory(dir: &Path) -> String {
     }
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.filter_map(Result::ok).filter(|e| e.path().is_dir()) {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name != "data" && !data_files(&e.path()).is_empty() {
-                files.push(format!("{name}/ ({} files)", data_files(&e.path()).len()));
+            let (name, inside) = (e.file_name().to_string_lossy().into_owned(), data_files(&e.path()).len());
+            if name != "data" && inside > 0 {
+                files.push(format!("{name}/ ({inside} files)"));
             }
         }
     }

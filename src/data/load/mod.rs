@@ -7,6 +7,7 @@
 //! `extract_prompt`). Every bad row either stops the load with an error naming file, line and field,
 //! or, with `skip_bad_rows`, is skipped and reported in [`Loaded::skipped`].
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -125,23 +126,21 @@ pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataE
         return load_file(path, opts);
     }
     let split = opts.split.as_deref().unwrap_or("train");
-    let mut all: Option<Loaded> = None;
-    for shard in hub::split_files(path, split)? {
+    let mut shards = hub::split_files(path, split)?.into_iter();
+    let Some(first) = shards.next() else {
+        let message = format!("no data files for split `{split}`");
+        return Err(DataError::Layout { path: path.to_path_buf(), message });
+    };
+    let mut all = load_file(&first, opts)?;
+    for shard in shards {
         let loaded = load_file(&shard, opts)?;
-        all = Some(match all {
-            None => loaded,
-            Some(mut all) => {
-                if loaded.conversational != all.conversational || loaded.implicit_prompt != all.implicit_prompt {
-                    let message = format!("`{}` and the shards before it differ in format", shard.display());
-                    return Err(DataError::Layout { path: path.to_path_buf(), message });
-                }
-                all.rows.extend(loaded.rows);
-                all.skipped.extend(loaded.skipped);
-                all
-            }
-        });
+        if loaded.conversational != all.conversational || loaded.implicit_prompt != all.implicit_prompt {
+            let message = format!("`{}` and the shards before it differ in format", shard.display());
+            return Err(DataError::Layout { path: path.to_path_buf(), message });
+        }
+        all.rows.extend(loaded.rows);
+        all.skipped.extend(loaded.skipped);
     }
-    let mut all = all.expect("split_files returns at least one file");
     all.path = path.to_path_buf();
     Ok(all)
 }
@@ -152,12 +151,10 @@ fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
     let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name);
     let ext = name.rsplit_once('.').map(|(_, e)| e);
-    let read = |path: &Path| std::fs::read(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source });
+    let read_err = |source| DataError::Read { path: path.to_path_buf(), source };
     let mut head = [0u8; 4];
-    let head = match std::fs::File::open(path).and_then(|mut f| std::io::Read::read(&mut f, &mut head)) {
-        Ok(n) => &head[..n],
-        Err(source) => return Err(DataError::Read { path: path.to_path_buf(), source }),
-    };
+    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(read_err)?;
+    let head = &head[..n];
     let sink = |records| Sink::new(path, opts.skip_bad_rows, records);
     if head == b"PAR1" || ext == Some("parquet") {
         return parquet::read_parquet(path, opts, sink(true));
@@ -168,10 +165,11 @@ fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
         Some("csv") => Format::Csv,
         _ => return Err(DataError::UnsupportedFormat { path: path.to_path_buf() }),
     };
-    let mut bytes = read(path)?;
+    let mut bytes = std::fs::read(path).map_err(read_err)?;
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut plain = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&bytes[..]), &mut plain)
+        flate2::read::MultiGzDecoder::new(&bytes[..])
+            .read_to_end(&mut plain)
             .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
         bytes = plain;
     }

@@ -52,7 +52,7 @@ pub(super) fn read_parquet(path: &Path, opts: &LoadOptions, mut sink: Sink) -> R
 
     // TRL extracts the prompt when the dataset has no prompt column.
     let mut checker = RowChecker::new(cols, prompt.is_none());
-    let names: Vec<&str> = [cols.prompt.as_str(), &cols.chosen, &cols.rejected].into_iter().collect();
+    let names = [cols.prompt.as_str(), &cols.chosen, &cols.rejected];
     let mut row = 0;
     for batch in reader {
         let batch = batch.map_err(|e| err(e.to_string()))?;
