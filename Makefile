@@ -49,7 +49,7 @@ lint: build
 	python3 tools/layers.py
 
 bench: build
-	$(CARGO) bench --bench throughput --bench memory --bench ddp
+	$(CARGO) bench --bench throughput --bench memory --bench ddp --bench data
 
 # dpo-train against TRL's DPOTrainer, side by side on this machine.
 bench-trl: build ref-venv

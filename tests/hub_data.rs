@@ -69,6 +69,36 @@ fn hub_datasets_tokenise_as_trl_reads_them() {
     }
 }
 
+#[test]
+fn tokenisation_on_many_threads_equals_one_thread() {
+    let tokenizer = Tokenizer::from_dir(&fixtures().join("tokenizer")).unwrap();
+    let sources = [
+        ("data/prefs.jsonl", None),
+        ("data/prefs_conv.jsonl", None),
+        ("data/prefs_implicit.jsonl", None),
+        ("hub/ultrafeedback", Some("train")),
+        ("hub/hh", Some("train")),
+    ];
+    let (mut truncated, mut dropped) = (0, 0);
+    for (source, split) in sources {
+        let opts = LoadOptions { split: split.map(str::to_owned), ..LoadOptions::default() };
+        let rows = load_preferences(&fixtures().join(source), &opts).unwrap().rows;
+        // Enough rows for every thread to get some, in a mixed order.
+        let rows: Vec<_> = (0..8).flat_map(|_| rows.iter().rev().cloned()).collect();
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| tokenize(&rows, &tokenizer, Some(50)).unwrap())
+        };
+        let ((one, one_report), (many, many_report)) = (on(1), on(4));
+        assert_eq!(one, many, "{source}");
+        assert_eq!(one_report, many_report, "{source}");
+        truncated += one_report.truncated;
+        dropped += one_report.dropped_prompt_too_long.len();
+    }
+    // The comparison covered truncation and dropping too.
+    assert!(truncated > 0 && dropped > 0, "{truncated} truncated, {dropped} dropped");
+}
+
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 fn cpu() -> Device {
     Device::libtorch()

@@ -160,6 +160,9 @@ pub fn place(par: &ParallelArgs, extra_args: &[OsString], timeout: Duration) -> 
     };
     if let Some(threads) = std::env::var(THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
         tch::set_num_threads(threads);
+        // Tokenisation gets the same share of the cores. An error means the pool already exists
+        // (only a test could build it first); it then keeps its size.
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1) as usize).build_global();
     }
     let group = ProcessGroup::new(&DistConfig {
         rank: worker.rank,

@@ -23,6 +23,8 @@
 //! already cut to what that collator keeps (keep_start), so a huge row costs `max_length` ids and
 //! not its full length. [`TokenizeReport::truncated`] counts the sequences cut.
 
+use rayon::prelude::*;
+
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
 use crate::data::tokenizer::{Message, Tokenizer};
@@ -61,7 +63,9 @@ pub struct TokenizeReport {
     pub empty_completion: Vec<usize>,
 }
 
-/// Tokenises `rows` as TRL's `DPOTrainer` does (see the module doc).
+/// Tokenises `rows` as TRL's `DPOTrainer` does (see the module doc), the rows on all of rayon's
+/// threads (each row alone, so the result does not depend on their number; the first failing
+/// row in data order is the one reported).
 ///
 /// Errors: [`DataError::NoRows`] for no rows, [`DataError::Tokenize`] when the tokenizer fails
 /// (a conversational row without a chat template, for example), and [`DataError::AllDropped`] when
@@ -74,10 +78,15 @@ pub fn tokenize(
     if rows.is_empty() {
         return Err(DataError::NoRows);
     }
+    let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> =
+        rows.par_iter().map(|row| tokenize_row(row, tok, max_length)).collect();
     let mut pairs = Vec::with_capacity(rows.len());
     let mut report = TokenizeReport::default();
-    for row in rows {
-        let mut pair = tokenize_row(row, tok, max_length, &mut report)?;
+    for (row, result) in rows.iter().zip(tokenized) {
+        let (mut pair, prefix_mismatch) = result?;
+        if prefix_mismatch {
+            report.prefix_mismatch.push(row.line);
+        }
         if let Some(max) = max_length {
             // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
             if pair.prompt_ids.len() >= max {
@@ -112,14 +121,14 @@ pub fn tokenize(
     Ok((pairs, report))
 }
 
-/// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here). With `max_length`
-/// only the ids truncation keeps are computed exactly (see [`Tokenizer::encode_head`]).
+/// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here), and whether the
+/// tokenised prompt is not a prefix of prompt + completion. With `max_length` only the ids
+/// truncation keeps are computed exactly (see [`Tokenizer::encode_head`]).
 fn tokenize_row(
     row: &PreferenceRow,
     tok: &Tokenizer,
     max_length: Option<usize>,
-    report: &mut TokenizeReport,
-) -> Result<TokenizedPair, DataError> {
+) -> Result<(TokenizedPair, bool), DataError> {
     let err = |field: &'static str| move |source| DataError::Tokenize { line: row.line, field, source };
     let keep = max_length.unwrap_or(usize::MAX);
     let (prompt_ids, chosen_full, rejected_full) = match (&row.prompt, &row.chosen, &row.rejected) {
@@ -147,15 +156,13 @@ fn tokenize_row(
     };
     let prompt_len =
         common_prefix_length(&prompt_ids, &chosen_full).min(common_prefix_length(&prompt_ids, &rejected_full));
-    if prompt_len < prompt_ids.len() {
-        report.prefix_mismatch.push(row.line);
-    }
-    Ok(TokenizedPair {
+    let pair = TokenizedPair {
         line: row.line,
         prompt_ids: prompt_ids[..prompt_len].to_vec(),
         chosen_ids: chosen_full[prompt_len..].to_vec(),
         rejected_ids: rejected_full[prompt_len..].to_vec(),
-    })
+    };
+    Ok((pair, prompt_len < prompt_ids.len()))
 }
 
 /// Number of leading ids `a` and `b` share (`trl/data_utils.py` `common_prefix_length`).
