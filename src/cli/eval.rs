@@ -73,6 +73,14 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
             lines(&mut t.dropped_prompt_too_long.iter().copied())
         )?;
     }
+    if !t.empty_completion.is_empty() {
+        let n = t.empty_completion.len();
+        writeln!(
+            out,
+            "pairs dropped, no completion token after the prompt: {n} (lines {})",
+            lines(&mut t.empty_completion.iter().copied())
+        )?;
+    }
     if !t.prefix_mismatch.is_empty() {
         let n = t.prefix_mismatch.len();
         writeln!(

@@ -68,8 +68,9 @@ pub struct TokenizeReport {
 /// row in data order is the one reported).
 ///
 /// Errors: [`DataError::NoRows`] for no rows, [`DataError::Tokenize`] when the tokenizer fails
-/// (a conversational row without a chat template, for example), and [`DataError::AllDropped`] when
-/// `max_length` drops every row.
+/// (a conversational row without a chat template, for example), [`DataError::AllDropped`] when
+/// `max_length` drops every row, and [`DataError::NoCompletions`] when every completion
+/// tokenises to nothing.
 pub fn tokenize(
     rows: &[PreferenceRow],
     tok: &Tokenizer,
