@@ -18,7 +18,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test lint bench bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test lint bench bench-1m bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -50,6 +50,20 @@ lint: build
 
 bench: build
 	$(CARGO) bench --bench throughput --bench memory --bench ddp --bench data
+
+# One million rows (1.1 GB of JSON Lines, benches/big_data.py) read and tokenised by a one-step
+# run: wall time and peak memory, the same start again (served by the tokenised-data cache), and
+# the same rows as Parquet.
+BIG := $(or $(CARGO_TARGET_DIR),target)/big
+bench-1m: build ref-venv
+	mkdir -p $(BIG)
+	test -s $(BIG)/big.parquet || $(PY) benches/big_data.py 1000000 $(BIG)/big.jsonl
+	rm -rf $(BIG)/runs
+	for pass in jsonl:tokenised jsonl:cached parquet:tokenised; do \
+	  /usr/bin/time -f "$$pass: %e s wall, %M KB peak resident" $(CARGO) run --release --quiet --bin dpo-train -- \
+	    train --model tests/fixtures/models/llama --train-file $(BIG)/big.$${pass%%:*} --max-length 256 \
+	    --max-steps 1 --output-dir $(BIG)/runs 2>&1 | grep -E "pairs kept|peak resident"; \
+	done
 
 # dpo-train against TRL's DPOTrainer, side by side on this machine.
 bench-trl: build ref-venv

@@ -10,7 +10,7 @@ use anyhow::Context;
 use burn::tensor::Device;
 
 use crate::config::LossConfig;
-use crate::data::{self, Columns, LoadOptions, SkippedRow, TokenizeReport, Tokenizer};
+use crate::data::{self, Columns, LoadOptions, Prepared, SkippedRow, TokenizeReport, Tokenizer};
 use crate::dpo::logps::{Collation, RefLogps, reference_logps};
 use crate::dpo::metrics::Metrics;
 use crate::dpo::score::evaluate_pairs;
@@ -77,12 +77,9 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         }
         _ => None,
     };
-    let loaded = data::load_preferences(
-        &opts.data,
-        &LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() },
-    )?;
-    let (pairs, tokenize) = data::tokenize(&loaded.rows, &tokenizer, opts.max_length)
-        .with_context(|| format!("cannot tokenize `{}`", opts.data.display()))?;
+    let read =
+        LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
+    let Prepared { pairs, summary } = data::prepare(&opts.data, &read, &tokenizer, opts.max_length, &mut |_, _| {})?;
     let longest =
         pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
@@ -115,7 +112,7 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
         None => RefLogps::zeros(pairs.len()),
     };
     let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, &collation, &opts.loss, &opts.device);
-    Ok(EvalReport { metrics, pairs: pairs.len(), skipped: loaded.skipped, tokenize })
+    Ok(EvalReport { metrics, pairs: pairs.len(), skipped: summary.read.skipped, tokenize: summary.tokenized })
 }
 
 /// The resolved config of the model in `dir`, checked to embed every id of the tokenizer.

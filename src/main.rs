@@ -8,6 +8,11 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use dpo_train::cli::{Cli, run};
 
+/// Rust's allocations (tokenisation makes millions of small ones from all threads) go to mimalloc;
+/// libtorch's tensors keep glibc's allocator, set up by [`dpo_train::malloc`].
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     dpo_train::malloc::keep_freed_memory();
     // A file-size limit (`ulimit -f`) then fails the write with EFBIG, reported as any full disk,

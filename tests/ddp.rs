@@ -93,6 +93,26 @@ fn two_and_three_workers_equal_one_process() {
     }
 }
 
+/// The launcher tokenises the data into the cache before it starts the workers, so no worker
+/// tokenises (or waits at a collective while another does): each reads the cached pairs.
+#[test]
+fn workers_read_the_data_the_launcher_tokenised() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 1);
+    let out = dpo_train(&["train", "--config", config.to_str().unwrap(), "--run-name", "r", "--devices", "cpu:2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let data = fixtures().join("data/prefs.jsonl");
+    let cached = format!(
+        "`{}`: tokenised pairs read from the cache `{}",
+        data.display(),
+        dir.path().join(".data_cache").display()
+    );
+    // Rank 0 prints for both splits (train and eval are the same file here).
+    assert_eq!(stderr.matches(&cached).count(), 2, "{stderr}");
+    let entries = std::fs::read_dir(dir.path().join(".data_cache")).unwrap().count();
+    assert_eq!(entries, 1, "one entry: same file, split and settings");
+}
+
 /// LoRA over two workers trains the adapters of one process: only they are all-reduced, and the
 /// reference is each worker's own base with the adapters off.
 #[test]

@@ -144,9 +144,12 @@ fn a_users_model_trains_with_trls_defaults_without_a_config() {
     assert!(origin("model_name_or_path").is_some_and(|l| l.ends_with("# flag")), "{err}");
     assert!(origin("learning_rate").is_some_and(|l| l.contains("= 1e-6") && l.ends_with("# default")), "{err}");
     assert!(origin("bf16").is_some_and(|l| l.contains("= true") && l.ends_with("# default")), "{err}");
-    let runs: Vec<PathBuf> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    let run = &runs[0];
+    // The run directory, beside the tokenised-data cache.
+    let mut runs: Vec<PathBuf> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    runs.sort();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs[0].ends_with(".data_cache"), "{runs:?}");
+    let run = &runs[1];
     assert!(run.file_name().unwrap().to_string_lossy().ends_with("-llama"), "{run:?}");
     assert!(!run.join("demo").exists() && !run.join("sft").exists());
     let saved = dpo_train::config::TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
@@ -487,10 +490,10 @@ fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// Pairs whose chosen equals rejected are named (they add ln 2 and no gradient); a huge row does
-/// not cost memory beyond the `max_length` tokens kept.
+/// Pairs whose chosen equals rejected are dropped and counted (they would add ln 2 and no
+/// gradient); a huge row does not cost memory beyond the `max_length` tokens kept.
 #[test]
-fn identical_pairs_are_named_and_huge_rows_stay_small() {
+fn identical_pairs_are_dropped_and_huge_rows_stay_small() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("same.jsonl");
     let mut text = fs::read_to_string(data()).unwrap();
@@ -500,7 +503,11 @@ fn identical_pairs_are_named_and_huge_rows_stay_small() {
     let out = train(&short_run(dir.path(), "same", &model(), &file, &[]));
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains(&format!("1 pairs have chosen identical to rejected (lines {lines})")), "{err}");
+    let kept = format!(
+        "{} pairs kept of {lines} rows; dropped 0 bad, 0 prompt too long, 0 empty completion, 1 chosen identical to rejected",
+        lines - 1
+    );
+    assert!(err.contains(&kept), "{err}");
 
     // One 20 MB row, of which 64 tokens are kept.
     let huge = dir.path().join("huge.jsonl");
@@ -512,6 +519,38 @@ fn identical_pairs_are_named_and_huge_rows_stay_small() {
     let (out, peak) = finish_measuring_memory(cmd, Duration::from_secs(300));
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(peak < 2 << 30, "a 20 MB row took {} MB of memory", peak >> 20);
+}
+
+/// A big file streams: 100k rows carrying a 2 kB column nobody reads (as hub datasets carry
+/// `messages` copies and scores) cost the tokenised pairs and one chunk, not the 200 MB of text.
+#[test]
+fn a_big_file_streams_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let peak_of = |file: &Path, name: &str| {
+        let mut cmd = dpo_train();
+        cmd.arg("train").args(short_run(dir.path(), name, &model(), file, &["--max-length", "16"]));
+        let (out, peak) = finish_measuring_memory(cmd, Duration::from_secs(600));
+        assert!(out.status.success(), "{}", stderr(&out));
+        (peak, stderr(&out))
+    };
+    let (small_peak, _) = peak_of(&data(), "small");
+    let big = dir.path().join("big.jsonl");
+    let extra = "x".repeat(2000);
+    let mut text = String::with_capacity(100_000 * 2100);
+    for i in 0..100_000 {
+        let row = serde_json::json!({"prompt": format!("Q{i}"), "chosen": " a", "rejected": " b", "extra": extra});
+        text += &format!("{row}\n");
+    }
+    fs::write(&big, &text).unwrap();
+    let (big_peak, err) = peak_of(&big, "big");
+    assert!(err.contains("100000 pairs kept of 100000 rows"), "{err}");
+    let grown = big_peak.saturating_sub(small_peak);
+    assert!(
+        grown < (text.len() as u64) / 4,
+        "{} MB of data took {} MB more than 17 rows",
+        text.len() >> 20,
+        grown >> 20
+    );
 }
 
 /// Runs to the end (bounded as [`finish`]) and returns the output and the process's peak

@@ -65,29 +65,17 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
             lines(&mut report.skipped.iter().map(|s| s.line))
         )?;
     }
-    if !t.dropped_prompt_too_long.is_empty() {
-        let n = t.dropped_prompt_too_long.len();
-        writeln!(
-            out,
-            "pairs dropped, prompt alone reaches max_length: {n} (lines {})",
-            lines(&mut t.dropped_prompt_too_long.iter().copied())
-        )?;
-    }
-    if !t.empty_completion.is_empty() {
-        let n = t.empty_completion.len();
-        writeln!(
-            out,
-            "pairs dropped, no completion token after the prompt: {n} (lines {})",
-            lines(&mut t.empty_completion.iter().copied())
-        )?;
-    }
-    if !t.prefix_mismatch.is_empty() {
-        let n = t.prefix_mismatch.len();
-        writeln!(
-            out,
-            "prompt tokenised differently inside prompt+completion (the common prefix is kept, as TRL does): {n} (lines {})",
-            lines(&mut t.prefix_mismatch.iter().copied())
-        )?;
+    let dropped = [
+        ("pairs dropped, prompt alone reaches max_length", &t.dropped_prompt_too_long),
+        ("pairs dropped, no completion token after the prompt", &t.empty_completion),
+        ("pairs dropped, chosen identical to rejected", &t.identical),
+        (
+            "prompt tokenised differently inside prompt+completion (the common prefix is kept, as TRL does)",
+            &t.prefix_mismatch,
+        ),
+    ];
+    for (what, rows) in dropped.into_iter().filter(|(_, rows)| !rows.is_empty()) {
+        writeln!(out, "{what}: {} (lines {})", rows.len(), lines(&mut rows.iter().copied()))?;
     }
     if t.truncated > 0 {
         writeln!(out, "sequences truncated to max_length (keep_start): {}", t.truncated)?;

@@ -150,19 +150,34 @@ pub enum Placed {
 }
 
 /// Places this process ([`role`]): launches the workers (with this command line plus
-/// `extra_args`) and waits, or returns the device and process group to run on.
-pub fn place(par: &ParallelArgs, extra_args: &[OsString], timeout: Duration) -> anyhow::Result<Placed> {
+/// `extra_args`) and waits, or returns the device and process group to run on. `before_workers`
+/// runs first where several workers are about to meet (the launcher before it starts them; a
+/// worker another launcher started, torchrun or SLURM, before the rendezvous): work every rank
+/// needs, such as tokenising the data, is done there rather than with ranks waiting.
+pub fn place(
+    par: &ParallelArgs,
+    extra_args: &[OsString],
+    timeout: Duration,
+    before_workers: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Placed> {
     let worker = dist::env::detect()?;
     let device_arg = match role(par, &worker, cuda_device_count)? {
-        Role::Launcher(plan) => return launch(par, &plan, extra_args).map(Placed::Launched),
+        Role::Launcher(plan) => {
+            before_workers()?;
+            return launch(par, &plan, extra_args).map(Placed::Launched);
+        }
         Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
         Role::Worker(device_arg) => device_arg,
     };
-    if let Some(threads) = std::env::var(THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
-        tch::set_num_threads(threads);
-        // Tokenisation gets the same share of the cores. An error means the pool already exists
-        // (only a test could build it first); it then keeps its size.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1) as usize).build_global();
+    match std::env::var(THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
+        // Started by our launcher, which did `before_workers`.
+        Some(threads) => {
+            tch::set_num_threads(threads);
+            // Tokenisation gets the same share of the cores. An error means the pool already
+            // exists (only a test could build it first); it then keeps its size.
+            let _ = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1) as usize).build_global();
+        }
+        None => before_workers()?,
     }
     let group = ProcessGroup::new(&DistConfig {
         rank: worker.rank,

@@ -1,14 +1,26 @@
 //! Progress on stderr: a bar on a terminal, plain lines otherwise (CI, files, a worker's pipe).
 
 use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 
 use crate::train::Progress;
 
 /// Rank 0's progress.
 #[derive(Default)]
 pub struct ConsoleProgress {
-    bar: Option<indicatif::ProgressBar>,
+    bar: Option<ProgressBar>,
+    reading: Option<Reading>,
 }
+
+/// A data file being read: a bar of bytes on a terminal, else a line every [`READING_EVERY`].
+struct Reading {
+    bar: Option<ProgressBar>,
+    last_line: Instant,
+}
+
+const READING_EVERY: Duration = Duration::from_secs(10);
 
 impl ConsoleProgress {
     /// Clears the bar before the summary prints.
@@ -23,11 +35,10 @@ impl Progress for ConsoleProgress {
     fn start(&mut self, stage: &str, start_step: u64, total_steps: u64) {
         self.finish();
         if std::io::stderr().is_terminal() {
-            let style = indicatif::ProgressStyle::with_template(
-                "{prefix} {bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            let bar = indicatif::ProgressBar::new(total_steps).with_style(style).with_prefix(stage.to_owned());
+            let style =
+                ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
+            let bar = ProgressBar::new(total_steps).with_style(style).with_prefix(stage.to_owned());
             bar.set_position(start_step);
             self.bar = Some(bar);
         } else {
@@ -46,6 +57,34 @@ impl Progress for ConsoleProgress {
         match &self.bar {
             Some(bar) => bar.println(text),
             None => eprintln!("{text}"),
+        }
+    }
+
+    fn reading(&mut self, what: &str, done: u64, total: u64) {
+        if done >= total {
+            if let Some(bar) = self.reading.take().and_then(|r| r.bar) {
+                bar.finish_and_clear();
+            }
+            return;
+        }
+        let reading = self.reading.get_or_insert_with(|| {
+            let bar = std::io::stderr().is_terminal().then(|| {
+                let style = ProgressStyle::with_template(
+                    "{prefix} {bar:30} {bytes}/{total_bytes} [{elapsed_precise} < {eta_precise}]",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+                ProgressBar::new(total).with_style(style).with_prefix(what.to_owned())
+            });
+            Reading { bar, last_line: Instant::now() }
+        });
+        match &reading.bar {
+            Some(bar) => bar.set_position(done),
+            None if reading.last_line.elapsed() >= READING_EVERY => {
+                let pct = 100.0 * done as f64 / total.max(1) as f64;
+                eprintln!("{what}: {pct:.0}% ({} of {})", HumanBytes(done), HumanBytes(total));
+                reading.last_line = Instant::now();
+            }
+            None => {}
         }
     }
 }

@@ -35,7 +35,10 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let new_run = cfg.run_name.is_none() && resume.is_none();
     let launched_name = new_run.then(|| format!("{}-{name}", crate::clock::timestamp()));
     let extra: Vec<OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
-    let (device, mut group, worker) = match place(&args.parallel, &extra, Duration::from_secs(cfg.ddp_timeout))? {
+    let timeout = Duration::from_secs(cfg.ddp_timeout);
+    let mut console = ConsoleProgress::default();
+    let mut tokenize_first = || crate::run::warm_data_cache(&cfg, &mut console);
+    let (device, mut group, worker) = match place(&args.parallel, &extra, timeout, &mut tokenize_first)? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
         Placed::Here { device, group, worker } => (device, group, worker),
@@ -51,7 +54,6 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         g.set_bucket_bytes(cfg.ddp_bucket_cap_mb << 20)?;
     }
     let workers = Workers { group: group.as_ref() };
-    let mut console = ConsoleProgress::default();
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let config_description = format!("effective config ({}):\n{}", layered.sources(), indent(&layered.describe()));

@@ -74,15 +74,22 @@ pub enum DataError {
     #[error("`{path}`: the dataset is empty after skipping {skipped} bad rows")]
     AllSkipped { path: PathBuf, skipped: usize },
     /// Tokenising a row failed (a chat template error, for example).
-    #[error("Line {line}: cannot tokenise field `{field}`")]
+    #[error("line {line}: cannot tokenise field `{field}`")]
     Tokenize {
         line: usize,
         field: &'static str,
         #[source]
         source: TokenizerError,
     },
+    /// A tokenisation error in a file (a dataset directory's shard, for one).
+    #[error("`{path}`")]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<DataError>,
+    },
     /// A row built by hand mixes plain text and message lists (the loader never produces one).
-    #[error("Line {line}: `prompt`, `chosen` and `rejected` mix plain text and message lists")]
+    #[error("line {line}: `prompt`, `chosen` and `rejected` mix plain text and message lists")]
     MixedRow { line: usize },
     /// `tokenize` was given no rows.
     #[error("No rows to tokenise")]
@@ -95,6 +102,11 @@ pub enum DataError {
         "All {dropped} examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
     )]
     NoCompletions { dropped: usize },
+    /// Every example was dropped, for several reasons or because chosen equals rejected.
+    #[error(
+        "All {total} examples were dropped: {too_long} prompts reach `max_length` = {max_length} tokens, {empty} have no completion token, {identical} have chosen identical to rejected"
+    )]
+    NothingLeft { total: usize, too_long: usize, empty: usize, identical: usize, max_length: usize },
 }
 
 /// What is wrong with one row; `Display` is the part after "`file`, line N: ".
@@ -136,6 +148,11 @@ pub enum RowProblem {
     /// `is_conversational(first_example)` does).
     #[error("the row is {kind} but the dataset is {dataset_kind} (from line {first_line})")]
     KindChanged { kind: &'static str, dataset_kind: &'static str, first_line: usize },
+    /// A prompt field in a row of data whose first row has none (TRL decides from the first row).
+    #[error(
+        "field `{field}` is present but the first row (line {first_line}) has none, so the prompt is implicit in this dataset"
+    )]
+    PromptAppears { field: String, first_line: usize },
     /// Implicit-prompt conversations whose first messages already differ.
     #[error("fields `{chosen}` and `{rejected}` share no leading message, so no prompt can be extracted")]
     NoSharedPrompt { chosen: String, rejected: String },

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{Loaded, Text, TokenizeReport, TokenizedPair, Tokenizer};
+use super::{DataSummary, TokenizedPair, Tokenizer};
 
 /// One split's report (`data_report.json` holds one per split of a run).
 #[derive(Debug, Clone, Serialize)]
@@ -16,11 +16,10 @@ pub struct DataReport {
     pub rows_read: usize,
     pub pairs_kept: usize,
     pub dropped: Dropped,
-    /// Pairs whose chosen and rejected ids are identical after truncation (kept, as TRL keeps
-    /// them: each adds ln 2 to the sigmoid loss and no gradient).
-    pub identical_pairs: usize,
     /// Sequences (prompt + a completion) cut to `max_length`.
     pub sequences_truncated: usize,
+    /// Pairs kept whose completions differ only past `max_length` (identical ids after truncation).
+    pub identical_after_truncation: usize,
     pub max_length: Option<usize>,
     /// Token lengths after truncation.
     pub tokens: Lengths,
@@ -41,6 +40,9 @@ pub struct Dropped {
     pub prompt_too_long: usize,
     /// A completion with no token left (it would train on nothing).
     pub empty_completion: usize,
+    /// Chosen and rejected are the same text (nothing to prefer: each would add ln 2 to the
+    /// sigmoid loss and no gradient).
+    pub identical: usize,
 }
 
 /// Percentiles of the prompt, chosen and rejected lengths.
@@ -79,8 +81,7 @@ impl Percentiles {
 pub struct ReportInput<'a> {
     pub source: String,
     pub split: Option<String>,
-    pub loaded: &'a Loaded,
-    pub tokenized: &'a TokenizeReport,
+    pub summary: &'a DataSummary,
     pub pairs: &'a [TokenizedPair],
     pub tokenizer: &'a Tokenizer,
     pub max_length: Option<usize>,
@@ -89,20 +90,21 @@ pub struct ReportInput<'a> {
 
 impl DataReport {
     pub fn new(input: &ReportInput) -> Self {
-        let (pairs, t) = (input.pairs, input.tokenized);
+        let (pairs, read, t) = (input.pairs, &input.summary.read, &input.summary.tokenized);
         let lengths = |f: fn(&TokenizedPair) -> usize| Percentiles::of(pairs.iter().map(f).collect());
         Self {
             source: input.source.clone(),
             split: input.split.clone(),
-            rows_read: input.loaded.rows.len() + input.loaded.skipped.len(),
+            rows_read: read.rows + read.skipped.len(),
             pairs_kept: pairs.len(),
             dropped: Dropped {
-                bad: input.loaded.skipped.len(),
+                bad: read.skipped.len(),
                 prompt_too_long: t.dropped_prompt_too_long.len(),
                 empty_completion: t.empty_completion.len(),
+                identical: t.identical.len(),
             },
-            identical_pairs: t.identical.len(),
             sequences_truncated: t.truncated,
+            identical_after_truncation: t.identical_after_truncation.len(),
             max_length: input.max_length,
             tokens: Lengths {
                 prompt: lengths(|p| p.prompt_ids.len()),
@@ -125,13 +127,13 @@ impl DataReport {
         let t = &self.tokens;
         let mut lines = vec![
             format!(
-                "{name}: {} pairs kept of {} rows; dropped {} bad, {} prompt too long, {} empty completion; {} identical pairs; {} sequences truncated",
+                "{name}: {} pairs kept of {} rows; dropped {} bad, {} prompt too long, {} empty completion, {} chosen identical to rejected; {} sequences truncated",
                 self.pairs_kept,
                 self.rows_read,
                 d.bad,
                 d.prompt_too_long,
                 d.empty_completion,
-                self.identical_pairs,
+                d.identical,
                 self.sequences_truncated
             ),
             format!(
@@ -166,6 +168,12 @@ fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize) -> f64 {
 fn warnings(input: &ReportInput) -> Vec<String> {
     let tok = input.tokenizer;
     let mut out = Vec::new();
+    let cut_alike = input.summary.tokenized.identical_after_truncation.len();
+    if let (true, Some(max)) = (cut_alike > 0, input.max_length) {
+        out.push(format!(
+            "{cut_alike} pairs have chosen and rejected identical within `max_length` = {max} tokens (they differ only past it): each adds ln 2 to the loss and no gradient; raise `max_length`"
+        ));
+    }
     if let Some(bos) = tok.bos_id() {
         let twice = input.pairs.iter().filter(|p| p.prompt_ids.starts_with(&[bos, bos])).count();
         if twice > 0 {
@@ -174,18 +182,10 @@ fn warnings(input: &ReportInput) -> Vec<String> {
             ));
         }
     }
-    // TRL appends eos to plain completions only when missing; a chat template closes every turn
-    // itself, so an eos inside a conversational completion is there twice.
-    let eos = tok.eos_token();
-    let ends_with_eos = |t: &Text| match t {
-        Text::Messages(m) => m.last().is_some_and(|m| !eos.is_empty() && m.content.trim_end().ends_with(eos)),
-        Text::Plain(_) => false,
-    };
-    let rows = &input.loaded.rows;
-    let doubled = rows.iter().filter(|r| ends_with_eos(&r.chosen) || ends_with_eos(&r.rejected)).count();
+    let (doubled, eos) = (input.summary.eos_in_content, tok.eos_token());
     if doubled > 0 {
         out.push(format!(
-            "{doubled} conversational completions end with `{eos}` in their content, and the chat template adds it again: strip `{eos}` from the data"
+            "{doubled} conversational rows have a completion ending with `{eos}` in its content, and the chat template adds it again: strip `{eos}` from the data"
         ));
     }
     out
@@ -195,7 +195,7 @@ fn warnings(input: &ReportInput) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::data::tokenizer::test_support::{CHATML, write_test_tokenizer};
-    use crate::data::{Message, PreferenceRow};
+    use crate::data::{ReadSummary, TokenizeReport};
 
     fn pair(prompt: &[u32], chosen: usize, rejected: usize) -> TokenizedPair {
         TokenizedPair {
@@ -229,46 +229,26 @@ mod tests {
         let config = serde_json::json!({"eos_token": "<|im_end|>", "bos_token": "hello", "chat_template": CHATML});
         write_test_tokenizer(&dir, &config.to_string());
         let tok = Tokenizer::from_dir(&dir).unwrap();
-        let msg = |content: &str| vec![Message { role: "assistant".into(), content: content.into() }];
-        let row = PreferenceRow {
-            line: 1,
-            prompt: Text::Messages(vec![Message { role: "user".into(), content: "hi".into() }]),
-            chosen: Text::Messages(msg("blue<|im_end|>")),
-            rejected: Text::Messages(msg("green")),
-        };
-        let loaded = Loaded {
-            path: "d.jsonl".into(),
-            rows: vec![row],
-            skipped: Vec::new(),
-            implicit_prompt: false,
-            conversational: true,
-        };
-        let pairs = [pair(&[3, 3, 7], 2, 2)];
-        let report = DataReport::new(&ReportInput {
+        let read = ReadSummary { rows: 1, skipped: Vec::new(), implicit_prompt: false, conversational: true };
+        let summary = DataSummary { read, tokenized: TokenizeReport::default(), eos_in_content: 1 };
+        let input = |pairs, summary| ReportInput {
             source: "d.jsonl".into(),
             split: None,
-            loaded: &loaded,
-            tokenized: &TokenizeReport::default(),
-            pairs: &pairs,
+            summary,
+            pairs,
             tokenizer: &tok,
             max_length: Some(8),
             micro_batch: 1,
-        });
+        };
+        let doubled = [pair(&[3, 3, 7], 2, 2)];
+        let report = DataReport::new(&input(&doubled, &summary));
         assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
         assert!(report.warnings[0].starts_with("1 prompts start with the BOS token twice"), "{}", report.warnings[0]);
         assert!(report.warnings[0].contains("remove `{{ bos_token }}`"), "{}", report.warnings[0]);
         assert!(report.warnings[1].contains("strip `<|im_end|>` from the data"), "{}", report.warnings[1]);
-        let (clean_pairs, clean_rows) = ([pair(&[3, 7], 2, 2)], Loaded { rows: Vec::new(), ..loaded.clone() });
-        let clean = DataReport::new(&ReportInput {
-            source: "d.jsonl".into(),
-            split: None,
-            loaded: &clean_rows,
-            tokenized: &TokenizeReport::default(),
-            pairs: &clean_pairs,
-            tokenizer: &tok,
-            max_length: Some(8),
-            micro_batch: 1,
-        });
+        let clean_summary = DataSummary { eos_in_content: 0, ..summary.clone() };
+        let single = [pair(&[3, 7], 2, 2)];
+        let clean = DataReport::new(&input(&single, &clean_summary));
         assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
     }
 }

@@ -43,7 +43,7 @@ pub struct TokenizedPair {
 }
 
 /// What tokenisation changed or dropped; nothing is dropped without being listed here.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizeReport {
     /// Rows kept.
     pub kept: usize,
@@ -56,9 +56,12 @@ pub struct TokenizeReport {
     /// Number of sequences (a chosen or a rejected one, prompt included) longer than `max_length`,
     /// which collation truncates (keep_start).
     pub truncated: usize,
-    /// Lines of pairs whose chosen and rejected sequences are identical (after truncation): each
-    /// adds ln 2 to the sigmoid loss and no gradient.
+    /// Lines of rows dropped because their chosen and rejected completions are the same text:
+    /// there is nothing to prefer, and each would add ln 2 to the loss and no gradient.
     pub identical: Vec<usize>,
+    /// Lines of pairs whose completions differ only past `max_length`, so their truncated ids are
+    /// identical; kept, as TRL keeps them (raising `max_length` gives them a difference).
+    pub identical_after_truncation: Vec<usize>,
     /// Lines of rows dropped because a completion has no token (nothing to score or train on).
     pub empty_completion: Vec<usize>,
 }
@@ -69,57 +72,100 @@ pub struct TokenizeReport {
 ///
 /// Errors: [`DataError::NoRows`] for no rows, [`DataError::Tokenize`] when the tokenizer fails
 /// (a conversational row without a chat template, for example), [`DataError::AllDropped`] when
-/// `max_length` drops every row, and [`DataError::NoCompletions`] when every completion
-/// tokenises to nothing.
+/// `max_length` drops every row, [`DataError::NoCompletions`] when every completion tokenises to
+/// nothing, and [`DataError::NothingLeft`] when rows are dropped for other or several reasons.
 pub fn tokenize(
     rows: &[PreferenceRow],
     tok: &Tokenizer,
     max_length: Option<usize>,
 ) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
-    if rows.is_empty() {
-        return Err(DataError::NoRows);
+    let mut tokenizing = Tokenizing::new(tok, max_length);
+    tokenizing.push(rows)?;
+    tokenizing.finish()
+}
+
+/// Tokenisation of a dataset that arrives in chunks (see [`tokenize`]).
+pub struct Tokenizing<'a> {
+    tok: &'a Tokenizer,
+    max_length: Option<usize>,
+    pairs: Vec<TokenizedPair>,
+    report: TokenizeReport,
+}
+
+impl<'a> Tokenizing<'a> {
+    pub fn new(tok: &'a Tokenizer, max_length: Option<usize>) -> Self {
+        Self { tok, max_length, pairs: Vec::new(), report: TokenizeReport::default() }
     }
-    let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> =
-        rows.par_iter().map(|row| tokenize_row(row, tok, max_length)).collect();
-    let mut pairs = Vec::with_capacity(rows.len());
-    let mut report = TokenizeReport::default();
-    for (row, result) in rows.iter().zip(tokenized) {
-        let (mut pair, prefix_mismatch) = result?;
-        if prefix_mismatch {
-            report.prefix_mismatch.push(row.line);
-        }
-        if let Some(max) = max_length {
-            // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
-            if pair.prompt_ids.len() >= max {
-                report.dropped_prompt_too_long.push(row.line);
+
+    /// Tokenises the next rows, keeping or dropping each.
+    pub fn push(&mut self, rows: &[PreferenceRow]) -> Result<(), DataError> {
+        let (tok, max_length) = (self.tok, self.max_length);
+        let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> =
+            rows.par_iter().map(|row| tokenize_row(row, tok, max_length)).collect();
+        let report = &mut self.report;
+        for (row, result) in rows.iter().zip(tokenized) {
+            let (mut pair, prefix_mismatch) = result?;
+            if row.chosen == row.rejected {
+                // Nothing to prefer: ln 2 on the loss, no gradient, a zero margin in every mean.
+                report.identical.push(pair.line);
                 continue;
             }
-            let room = max - pair.prompt_ids.len();
-            report.truncated += usize::from(pair.chosen_ids.len() > room) + usize::from(pair.rejected_ids.len() > room);
-            pair.chosen_ids.truncate(room);
-            pair.rejected_ids.truncate(room);
+            if prefix_mismatch {
+                report.prefix_mismatch.push(pair.line);
+            }
+            if let Some(max) = max_length {
+                // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
+                if pair.prompt_ids.len() >= max {
+                    report.dropped_prompt_too_long.push(pair.line);
+                    continue;
+                }
+                let room = max - pair.prompt_ids.len();
+                report.truncated +=
+                    usize::from(pair.chosen_ids.len() > room) + usize::from(pair.rejected_ids.len() > room);
+                pair.chosen_ids.truncate(room);
+                pair.rejected_ids.truncate(room);
+            }
+            if pair.chosen_ids.is_empty() || pair.rejected_ids.is_empty() {
+                report.empty_completion.push(pair.line);
+                continue;
+            }
+            if pair.chosen_ids == pair.rejected_ids {
+                report.identical_after_truncation.push(pair.line);
+            }
+            // Ids are held for the whole run: no spare capacity.
+            for ids in [&mut pair.prompt_ids, &mut pair.chosen_ids, &mut pair.rejected_ids] {
+                ids.shrink_to_fit();
+            }
+            self.pairs.push(pair);
         }
-        if pair.chosen_ids.is_empty() || pair.rejected_ids.is_empty() {
-            report.empty_completion.push(row.line);
-            continue;
-        }
-        if pair.chosen_ids == pair.rejected_ids {
-            report.identical.push(row.line);
-        }
-        pairs.push(pair);
+        Ok(())
     }
-    if pairs.is_empty() {
-        if report.dropped_prompt_too_long.is_empty() {
-            return Err(DataError::NoCompletions { dropped: report.empty_completion.len() });
-        }
-        return Err(DataError::AllDropped {
-            dropped: report.dropped_prompt_too_long.len(),
+
+    /// The pairs kept and what happened to the rest; an error when none is kept.
+    pub fn finish(self) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
+        let (pairs, mut report) = (self.pairs, self.report);
+        if pairs.is_empty() {
+            let r = &report;
+            let (too_long, empty, identical) =
+                (r.dropped_prompt_too_long.len(), r.empty_completion.len(), r.identical.len());
             // Prompts are only dropped with `max_length` set.
-            max_length: max_length.unwrap_or(0),
-        });
+            let max_length = self.max_length.unwrap_or(0);
+            return Err(match (too_long, empty, identical) {
+                (0, 0, 0) => DataError::NoRows,
+                (dropped, 0, 0) => DataError::AllDropped { dropped, max_length },
+                (0, dropped, 0) => DataError::NoCompletions { dropped },
+                _ => DataError::NothingLeft {
+                    total: too_long + empty + identical,
+                    too_long,
+                    empty,
+                    identical,
+                    max_length,
+                },
+            });
+        }
+        report.kept = pairs.len();
+        Ok((pairs, report))
     }
-    report.kept = pairs.len();
-    Ok((pairs, report))
 }
 
 /// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here), and whether the
@@ -298,7 +344,7 @@ mod tests {
             rejected: Text::Messages(vec![m("assistant", "green")]),
         }];
         let err = tokenize(&rows, &tok, None).unwrap_err();
-        assert_eq!(err.to_string(), "Line 3: cannot tokenise field `prompt`");
+        assert_eq!(err.to_string(), "line 3: cannot tokenise field `prompt`");
         assert!(matches!(tokenize(&[], &tok, None), Err(DataError::NoRows)));
         let mixed = [PreferenceRow {
             line: 5,
@@ -307,7 +353,7 @@ mod tests {
             rejected: Text::Plain("green".into()),
         }];
         let err = tokenize(&mixed, &tok, None).unwrap_err();
-        assert_eq!(err.to_string(), "Line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists");
+        assert_eq!(err.to_string(), "line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists");
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub trait Progress {
     fn step(&mut self, step: u64, status: &str);
     /// A line worth keeping (logged metrics, evaluations, checkpoints).
     fn line(&mut self, text: &str);
+    /// Reading the data: `done` of `total` bytes (a call with `done == total` ends it).
+    fn reading(&mut self, _what: &str, _done: u64, _total: u64) {}
 }
 
 /// The data of a run, tokenised once and shared by its stages.

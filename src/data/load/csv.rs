@@ -2,14 +2,15 @@
 
 use std::path::Path;
 
-use super::{LineIndex, LoadOptions, Loaded, PreferenceRow, Sink, Text, build_row};
+use super::{LineIndex, LoadOptions, PreferenceRow, Rows, Text, build_row};
 use crate::data::error::{DataError, RowProblem};
 
 /// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
 /// are physical lines (header = line 1; a record with a quoted newline is numbered by its first
 /// line).
-pub(super) fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
+pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Result<(), DataError> {
     let cols = &opts.columns;
+    let path = &rows.path.clone();
     let lines = LineIndex::new(bytes);
     let record_line = |record: &::csv::ByteRecord| {
         let byte = record.position().map_or(0, |p| p.byte());
@@ -36,7 +37,7 @@ pub(super) fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: 
     let chosen_at = find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?;
     let rejected_at = find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?;
     let prompt_at = find(&cols.prompt);
-    let mut rows = Vec::new();
+    rows.implicit = Some((prompt_at.is_none(), 1));
     loop {
         match reader.read_byte_record(&mut record) {
             Ok(false) => break,
@@ -49,7 +50,7 @@ pub(super) fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: 
                 };
                 // A CSV syntax error (only invalid UTF-8 in strict readers) leaves the reader able
                 // to continue with the next record.
-                sink.bad(line, err)?;
+                rows.bad(line, err)?;
                 continue;
             }
         }
@@ -68,12 +69,9 @@ pub(super) fn read_csv(bytes: &[u8], path: &Path, opts: &LoadOptions, mut sink: 
             let rejected = field(rejected_at, &cols.rejected)?;
             build_row(line, prompt, chosen, rejected, cols)
         })();
-        match parsed {
-            Ok(row) => rows.push(row),
-            Err(problem) => sink.bad_row(line, problem)?,
-        }
+        rows.push(line, parsed)?;
     }
-    sink.finish(rows, prompt_at.is_none(), false)
+    Ok(())
 }
 
 /// The header row's column names.

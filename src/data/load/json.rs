@@ -1,40 +1,41 @@
-//! JSON Lines and a JSON array: each row keeps the line it starts on.
+//! JSON Lines (streamed line by line) and a JSON array: each row keeps the line it starts on.
 
-use std::path::Path;
+use std::io::BufRead;
 
 use serde_json::Value;
 
-use super::{LineIndex, Sink};
+use super::{LineIndex, Rows};
 use crate::data::error::{DataError, RowProblem};
 
-/// A parsed JSON row and its line.
-pub(super) struct RawRow {
-    pub line: usize,
-    pub value: Value,
-}
-
 /// One JSON value per non-blank line; blank lines (a trailing newline, `\r\n` endings) are not rows.
-pub(super) fn read_json_lines(bytes: &[u8], sink: &mut Sink) -> Result<Vec<RawRow>, DataError> {
-    let mut out = Vec::new();
-    for (i, raw_line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = i + 1;
-        let raw_line = raw_line.strip_suffix(b"\r").unwrap_or(raw_line);
-        let Ok(text) = std::str::from_utf8(raw_line) else {
-            sink.bad_row(line, RowProblem::InvalidUtf8)?;
+pub(super) fn read_json_lines(reader: &mut dyn BufRead, rows: &mut Rows) -> Result<(), DataError> {
+    let mut buf = Vec::new();
+    for line in 1.. {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf).map_err(|e| rows.io_error(e))? == 0 {
+            break;
+        }
+        let mut raw = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if line == 1 {
+            raw = raw.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(raw);
+        }
+        let Ok(text) = std::str::from_utf8(raw) else {
+            rows.bad_row(line, RowProblem::InvalidUtf8)?;
             continue;
         };
         if text.trim().is_empty() {
             continue;
         }
         match serde_json::from_str::<Value>(text) {
-            Ok(value) => out.push(RawRow { line, value }),
+            Ok(value) => rows.push_value(line, &value)?,
             Err(source) => {
-                let err = DataError::MalformedJson { path: sink.path.clone(), line, source };
-                sink.bad(line, err)?;
+                let err = DataError::MalformedJson { path: rows.path.clone(), line, source };
+                rows.bad(line, err)?;
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
@@ -44,30 +45,28 @@ fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
     pos
 }
 
-/// A top-level JSON array, element by element so that each row knows the line it starts on.
-pub(super) fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, DataError> {
+/// A top-level JSON array, element by element so that each row knows the line it starts on. A
+/// syntax error anywhere stops the read before any row is handed over.
+pub(super) fn read_json_array(bytes: &[u8], rows: &mut Rows) -> Result<(), DataError> {
+    let path = rows.path.clone();
     let lines = LineIndex::new(bytes);
     let line_of = |offset: usize| lines.line_of(offset);
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(DataError::BadRow {
-            path: path.to_path_buf(),
-            line: line_of(e.valid_up_to()),
-            problem: RowProblem::InvalidUtf8,
-        });
+        return Err(DataError::BadRow { path, line: line_of(e.valid_up_to()), problem: RowProblem::InvalidUtf8 });
     }
     let malformed = |base: usize, source: serde_json::Error| DataError::MalformedJson {
-        path: path.to_path_buf(),
+        path: path.clone(),
         line: line_of(base) + source.line().saturating_sub(1),
         source,
     };
     let mut pos = skip_ws(bytes, 0);
     if pos == bytes.len() {
-        return Ok(Vec::new());
+        return Ok(());
     }
     if bytes[pos] != b'[' {
         // Distinguish a syntax error from a well-formed non-array document.
         return match serde_json::from_slice::<Value>(bytes) {
-            Ok(_) => Err(DataError::NotAnArray { path: path.to_path_buf() }),
+            Ok(_) => Err(DataError::NotAnArray { path: path.clone() }),
             Err(source) => Err(malformed(0, source)),
         };
     }
@@ -80,7 +79,7 @@ pub(super) fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, 
             let line = line_of(pos);
             let mut stream = serde_json::Deserializer::from_slice(&bytes[pos..]).into_iter::<Value>();
             match stream.next() {
-                Some(Ok(value)) => out.push(RawRow { line, value }),
+                Some(Ok(value)) => out.push((line, value)),
                 Some(Err(source)) => return Err(malformed(pos, source)),
                 None => return Err(malformed(pos, eof_error())),
             }
@@ -103,7 +102,7 @@ pub(super) fn read_json_array(bytes: &[u8], path: &Path) -> Result<Vec<RawRow>, 
         let source = serde_json::from_slice::<Value>(bytes).err().unwrap_or_else(eof_error);
         return Err(malformed(0, source));
     }
-    Ok(out)
+    out.into_iter().try_for_each(|(line, value)| rows.push_value(line, &value))
 }
 
 /// serde's error for a truncated document.

@@ -1,18 +1,26 @@
-//! Preference-data readers: JSON Lines, a JSON array, CSV.
+//! Preference-data readers: JSON Lines, a JSON array, CSV, Parquet (each but Parquet optionally
+//! gzipped), and dataset directories as the hub lays them out.
 //!
 //! The row formats are those TRL's `DPOTrainer` accepts (TRL 1.16 `trl/trainer/dpo_trainer.py`,
 //! `_prepare_dataset`): standard (`prompt`/`chosen`/`rejected` strings), conversational (lists of
 //! `{role, content}` messages, detected like `trl/data_utils.py` `is_conversational`), and implicit
 //! prompt (only `chosen`/`rejected`; the shared prefix becomes the prompt, `trl/data_utils.py`
 //! `extract_prompt`). Every bad row either stops the load with an error naming file, line and field,
-//! or, with `skip_bad_rows`, is skipped and reported in [`Loaded::skipped`].
+//! or, with `skip_bad_rows`, is skipped and reported in [`ReadSummary::skipped`].
+//!
+//! [`read_rows`] streams: JSON Lines (plain or gzipped) is read line by line and Parquet one record
+//! batch at a time, and good rows leave in chunks of [`CHUNK_ROWS`], so a caller that tokenises
+//! each chunk never holds the whole text. A `.json` array and CSV are read whole.
 
-use std::io::Read;
+use std::cell::Cell;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use serde_json::Value;
 
-use self::json::{RawRow, read_json_array, read_json_lines};
+use self::json::{read_json_array, read_json_lines};
+use self::row::{build_row, json_kind, text_field};
 use crate::data::error::{DataError, RowProblem};
 use crate::data::tokenizer::Message;
 
@@ -20,11 +28,18 @@ mod csv;
 pub mod hub;
 mod json;
 mod parquet;
+mod row;
+
+/// Good rows handed over at a time by [`read_rows`].
+pub const CHUNK_ROWS: usize = 4096;
+
+/// Takes a chunk of good rows and the file they came from (see [`read_rows`]).
+pub type EachChunk<'a> = dyn FnMut(&Path, Vec<PreferenceRow>) -> Result<(), DataError> + 'a;
 
 /// The column (field) names of the three parts of a preference row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Columns {
-    /// Prompt column; when no row has it, the prompt is implicit in `chosen`/`rejected`.
+    /// Prompt column; when the data has none (no such column, or a first JSON row without it), the prompt is implicit in `chosen`/`rejected`.
     pub prompt: String,
     /// Preferred completion column.
     pub chosen: String,
@@ -94,13 +109,12 @@ pub struct PreferenceRow {
     /// The dispreferred completion.
     pub rejected: Text,
 }
-
 /// A row that `skip_bad_rows` skipped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SkippedRow {
-    /// 1-based physical line.
+    /// 1-based physical line (a Parquet row index from 0).
     pub line: usize,
-    /// Why it was skipped (the error it would have raised).
+    /// Why it was skipped (the error it would have raised, naming its file).
     pub reason: String,
 }
 
@@ -119,45 +133,95 @@ pub struct Loaded {
     pub conversational: bool,
 }
 
-/// Reads a preference file, or one split of a dataset directory as the hub lays them out (see
-/// [`hub`]), its shards concatenated in name order.
+/// What [`read_rows`] read besides the rows it handed over.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReadSummary {
+    /// Good rows handed over.
+    pub rows: usize,
+    /// Bad rows skipped under `skip_bad_rows`, in file order (shard after shard).
+    pub skipped: Vec<SkippedRow>,
+    /// Whether the prompt was implicit (no prompt column) and extracted from `chosen`/`rejected`.
+    pub implicit_prompt: bool,
+    /// Whether the rows are conversational (message lists).
+    pub conversational: bool,
+}
+
+/// Reads a preference file, or one split of a dataset directory, whole (see [`read_rows`]).
 pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
-    if !path.is_dir() {
-        return load_file(path, opts);
-    }
-    let split = opts.split.as_deref().unwrap_or("train");
-    let mut shards = hub::split_files(path, split)?.into_iter();
-    let Some(first) = shards.next() else {
-        let message = format!("no data files for split `{split}`");
-        return Err(DataError::Layout { path: path.to_path_buf(), message });
-    };
-    let mut all = load_file(&first, opts)?;
-    for shard in shards {
-        let loaded = load_file(&shard, opts)?;
-        if loaded.conversational != all.conversational || loaded.implicit_prompt != all.implicit_prompt {
-            let message = format!("`{}` and the shards before it differ in format", shard.display());
+    let mut rows = Vec::new();
+    let summary = read_rows(
+        path,
+        opts,
+        &mut |_, chunk| {
+            rows.extend(chunk);
+            Ok(())
+        },
+        &mut |_, _| {},
+    )?;
+    let ReadSummary { skipped, implicit_prompt, conversational, .. } = summary;
+    Ok(Loaded { path: path.to_path_buf(), rows, skipped, implicit_prompt, conversational })
+}
+
+/// Hands the good rows of a preference file, or of one split of a dataset directory as the hub
+/// lays them out (see [`hub`]; its shards in name order), to `each` in chunks of at most
+/// [`CHUNK_ROWS`] with the file they came from; `progress` gets the bytes read so far and in all.
+pub fn read_rows(
+    path: &Path,
+    opts: &LoadOptions,
+    each: &mut EachChunk,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReadSummary, DataError> {
+    let files = if path.is_dir() {
+        let split = opts.split.as_deref().unwrap_or("train");
+        let files = hub::split_files(path, split)?;
+        if files.is_empty() {
+            let message = format!("no data files for split `{split}`");
             return Err(DataError::Layout { path: path.to_path_buf(), message });
         }
-        all.rows.extend(loaded.rows);
-        all.skipped.extend(loaded.skipped);
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let sizes: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).collect();
+    let total: u64 = sizes.iter().sum();
+    let mut all: Option<ReadSummary> = None;
+    let mut before = 0;
+    for (file, size) in files.iter().zip(sizes) {
+        let mut at = |done: u64| progress(before + done.min(size), total);
+        let summary = read_file(file, opts, &mut Rows::new(file, opts, each, &mut at))?;
+        before += size;
+        let Some(all) = all.as_mut() else {
+            all = Some(summary);
+            continue;
+        };
+        if summary.conversational != all.conversational || summary.implicit_prompt != all.implicit_prompt {
+            let message = format!("`{}` and the shards before it differ in format", file.display());
+            return Err(DataError::Layout { path: path.to_path_buf(), message });
+        }
+        all.rows += summary.rows;
+        all.skipped.extend(summary.skipped);
     }
-    all.path = path.to_path_buf();
-    Ok(all)
+    progress(total, total);
+    // `files` is not empty, so one summary exists.
+    all.ok_or_else(|| DataError::Empty { path: path.to_path_buf() })
 }
 
 /// Reads one file: the format by its name (`.gz` stripped) and by its first bytes (Parquet's
 /// and gzip's magic numbers), so a compressed file under a plain name is still read.
-fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
+fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSummary, DataError> {
     let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name);
     let ext = name.rsplit_once('.').map(|(_, e)| e);
     let read_err = |source| DataError::Read { path: path.to_path_buf(), source };
-    let mut head = [0u8; 4];
-    let n = std::fs::File::open(path).and_then(|mut f| f.read(&mut head)).map_err(read_err)?;
-    let head = &head[..n];
-    let sink = |records| Sink::new(path, opts.skip_bad_rows, records);
-    if head == b"PAR1" || ext == Some("parquet") {
-        return parquet::read_parquet(path, opts, sink(true));
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut file = Counted { inner: file, done: rows.bytes.clone() };
+    let mut plain = BufReader::with_capacity(1 << 20, &mut file);
+    let head = plain.fill_buf().map_err(read_err)?;
+    let gzip = head.starts_with(&[0x1f, 0x8b]);
+    if head.starts_with(b"PAR1") || ext == Some("parquet") {
+        drop(plain);
+        rows.records = true;
+        return parquet::read_parquet(file.inner, opts, rows);
     }
     let format = match ext {
         Some("jsonl") => Format::JsonLines,
@@ -165,22 +229,24 @@ fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
         Some("csv") => Format::Csv,
         _ => return Err(DataError::UnsupportedFormat { path: path.to_path_buf() }),
     };
-    let mut bytes = std::fs::read(path).map_err(read_err)?;
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut plain = Vec::new();
-        flate2::read::MultiGzDecoder::new(&bytes[..])
-            .read_to_end(&mut plain)
-            .map_err(|source| DataError::Gzip { path: path.to_path_buf(), source })?;
-        bytes = plain;
-    }
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
-    let mut sink = sink(false);
-    let raw = match format {
-        Format::JsonLines => read_json_lines(bytes, &mut sink)?,
-        Format::JsonArray => read_json_array(bytes, path)?,
-        Format::Csv => return csv::read_csv(bytes, path, opts, sink),
+    rows.gzip = gzip;
+    let mut reader: Box<dyn BufRead + '_> = if rows.gzip {
+        Box::new(BufReader::with_capacity(1 << 20, flate2::bufread::MultiGzDecoder::new(plain)))
+    } else {
+        Box::new(plain)
     };
-    rows_from_json(raw, opts, sink)
+    if let Format::JsonLines = format {
+        read_json_lines(&mut reader, rows)?;
+        return rows.finish();
+    }
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).map_err(|e| rows.io_error(e))?;
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+    match format {
+        Format::JsonArray => read_json_array(bytes, rows)?,
+        _ => csv::read_csv(bytes, opts, rows)?,
+    }
+    rows.finish()
 }
 
 enum Format {
@@ -189,18 +255,66 @@ enum Format {
     Csv,
 }
 
-/// Collects skipped rows, or turns the first bad row into an error.
-struct Sink {
+/// A reader that counts the bytes read through it (the progress of a streamed file).
+struct Counted<R> {
+    inner: R,
+    done: Rc<Cell<u64>>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.done.set(self.done.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Where a reader puts one file's rows: good rows leave in chunks, their kind held to the first
+/// row's; a bad row is skipped or becomes the error.
+struct Rows<'a> {
     path: PathBuf,
+    cols: &'a Columns,
     skip: bool,
     /// Rows are numbered as Parquet records (from 0), not as lines.
     records: bool,
+    /// The bytes are a gzip stream: a read error is a decompression error.
+    gzip: bool,
+    /// Whether the prompt is implicit: fixed by the schema (Parquet, a CSV header) or by the first
+    /// JSON object (TRL decides from the first example), with that object's line.
+    implicit: Option<(bool, usize)>,
+    /// The first good row's number and whether it is conversational.
+    first: Option<(usize, bool)>,
+    chunk: Vec<PreferenceRow>,
+    kept: usize,
     skipped: Vec<SkippedRow>,
+    /// Bytes of the file read so far (compressed bytes for gzip).
+    bytes: Rc<Cell<u64>>,
+    each: &'a mut EachChunk<'a>,
+    progress: &'a mut dyn FnMut(u64),
 }
 
-impl Sink {
-    fn new(path: &Path, skip: bool, records: bool) -> Self {
-        Self { path: path.to_path_buf(), skip, records, skipped: Vec::new() }
+impl<'a> Rows<'a> {
+    fn new(path: &Path, opts: &'a LoadOptions, each: &'a mut EachChunk<'a>, progress: &'a mut dyn FnMut(u64)) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            cols: &opts.columns,
+            skip: opts.skip_bad_rows,
+            records: false,
+            gzip: false,
+            implicit: None,
+            first: None,
+            chunk: Vec::with_capacity(CHUNK_ROWS),
+            kept: 0,
+            skipped: Vec::new(),
+            bytes: Rc::default(),
+            each,
+            progress,
+        }
+    }
+
+    fn io_error(&self, source: std::io::Error) -> DataError {
+        let path = self.path.clone();
+        if self.gzip { DataError::Gzip { path, source } } else { DataError::Read { path, source } }
     }
 
     /// Records `err` (about `line`) as skipped, or returns it when rows are not skipped.
@@ -223,23 +337,81 @@ impl Sink {
         self.bad(line, err)
     }
 
-    /// The final result: an error when no row is left.
-    fn finish(
-        mut self,
-        rows: Vec<PreferenceRow>,
-        implicit_prompt: bool,
-        conversational: bool,
-    ) -> Result<Loaded, DataError> {
-        // Syntax errors are found before field errors; report in file order.
+    /// A row shaped as a JSON object (JSON, JSON Lines, a Parquet record).
+    fn push_value(&mut self, line: usize, value: &Value) -> Result<(), DataError> {
+        let Value::Object(obj) = value else {
+            return self.bad_row(line, RowProblem::NotAnObject { found: json_kind(value) });
+        };
+        let cols = self.cols;
+        let has_prompt = obj.contains_key(&cols.prompt);
+        let (implicit, first_line) = *self.implicit.get_or_insert((!has_prompt, line));
+        if implicit && has_prompt {
+            let problem = RowProblem::PromptAppears { field: cols.prompt.clone(), first_line };
+            return self.bad_row(line, problem);
+        }
+        let get = |field: &str| -> Result<Text, RowProblem> {
+            let v = obj.get(field).ok_or_else(|| RowProblem::MissingField { field: field.to_string() })?;
+            text_field(v, field)
+        };
+        let parsed = (|| -> Result<PreferenceRow, RowProblem> {
+            let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
+            build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)
+        })();
+        self.push(line, parsed)
+    }
+
+    /// A parsed row: kept (and handed over once a chunk is full) or bad.
+    fn push(&mut self, line: usize, parsed: Result<PreferenceRow, RowProblem>) -> Result<(), DataError> {
+        let row = match parsed {
+            Ok(row) => row,
+            Err(problem) => return self.bad_row(line, problem),
+        };
+        let conv = row.chosen.is_messages();
+        match self.first {
+            None => self.first = Some((line, conv)),
+            Some((first_line, first_conv)) if first_conv != conv => {
+                let kind = |c: bool| if c { "conversational" } else { "plain text" };
+                let problem = RowProblem::KindChanged { kind: kind(conv), dataset_kind: kind(first_conv), first_line };
+                return self.bad_row(line, problem);
+            }
+            Some(_) => {}
+        }
+        self.chunk.push(row);
+        if self.chunk.len() == CHUNK_ROWS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), DataError> {
+        (self.progress)(self.bytes.get());
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        self.kept += self.chunk.len();
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(CHUNK_ROWS));
+        (self.each)(&self.path, chunk)
+    }
+
+    /// The file's summary: an error when no row is left.
+    fn finish(&mut self) -> Result<ReadSummary, DataError> {
+        self.flush()?;
+        // A `.json` array's syntax error is found before its rows are checked; report in file order.
         self.skipped.sort_by_key(|s| s.line);
-        if rows.is_empty() {
+        if self.kept == 0 {
+            let path = self.path.clone();
             return Err(if self.skipped.is_empty() {
-                DataError::Empty { path: self.path }
+                DataError::Empty { path }
             } else {
-                DataError::AllSkipped { path: self.path, skipped: self.skipped.len() }
+                DataError::AllSkipped { path, skipped: self.skipped.len() }
             });
         }
-        Ok(Loaded { path: self.path, rows, skipped: self.skipped, implicit_prompt, conversational })
+        Ok(ReadSummary {
+            rows: self.kept,
+            skipped: std::mem::take(&mut self.skipped),
+            implicit_prompt: self.implicit.is_some_and(|(implicit, _)| implicit),
+            conversational: self.first.is_some_and(|(_, c)| c),
+        })
     }
 }
 
@@ -268,230 +440,6 @@ impl<'a> LineIndex<'a> {
         }
         self.line_of(offset)
     }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// A field as [`Text`]: a string, or a list of `{role, content}` messages (TRL's
-/// `is_conversational`: a list whose first element is a dict with `role`).
-fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
-    match value {
-        Value::String(s) => Ok(Text::Plain(s.clone())),
-        Value::Array(items) => {
-            let mut messages = Vec::with_capacity(items.len());
-            for (index, item) in items.iter().enumerate() {
-                let bad = |what| RowProblem::BadMessage { field: field.to_string(), index, what };
-                let Value::Object(obj) = item else {
-                    if index == 0 {
-                        return Err(RowProblem::WrongType {
-                            field: field.to_string(),
-                            found: "a list of non-messages",
-                        });
-                    }
-                    return Err(bad("must be a `{role, content}` object"));
-                };
-                let role = match obj.get("role") {
-                    Some(Value::String(s)) => s.clone(),
-                    None => return Err(bad("`role` is missing")),
-                    Some(_) => return Err(bad("`role` must be a string")),
-                };
-                let content = match obj.get("content") {
-                    Some(Value::String(s)) => s.clone(),
-                    None => return Err(bad("`content` is missing")),
-                    Some(_) => return Err(bad("`content` must be a string")),
-                };
-                messages.push(Message { role, content });
-            }
-            Ok(Text::Messages(messages))
-        }
-        Value::Null => Err(RowProblem::Null { field: field.to_string() }),
-        other => Err(RowProblem::WrongType { field: field.to_string(), found: json_kind(other) }),
-    }
-}
-
-/// Checks JSON rows and builds [`PreferenceRow`]s.
-fn rows_from_json(raw: Vec<RawRow>, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
-    let cols = &opts.columns;
-    // TRL extracts the prompt when the dataset has no prompt column (`_prepare_dataset`,
-    // `if "prompt" not in first_example`); a JSON dataset's columns are the union of its rows' keys.
-    let implicit = !raw.iter().any(|r| r.value.as_object().is_some_and(|o| o.contains_key(&cols.prompt)));
-    let mut checker = RowChecker::new(cols, implicit);
-    for RawRow { line, value } in raw {
-        checker.push(line, &value, &mut sink)?;
-    }
-    checker.finish(sink)
-}
-
-/// Turns rows shaped as JSON objects (from any format) into [`PreferenceRow`]s one at a time,
-/// holding the dataset's kind to its first row's.
-struct RowChecker<'a> {
-    cols: &'a Columns,
-    implicit: bool,
-    /// The first good row's number and whether it is conversational.
-    first: Option<(usize, bool)>,
-    rows: Vec<PreferenceRow>,
-}
-
-impl<'a> RowChecker<'a> {
-    fn new(cols: &'a Columns, implicit: bool) -> Self {
-        Self { cols, implicit, first: None, rows: Vec::new() }
-    }
-
-    fn push(&mut self, line: usize, value: &Value, sink: &mut Sink) -> Result<(), DataError> {
-        let Value::Object(obj) = value else {
-            return sink.bad_row(line, RowProblem::NotAnObject { found: json_kind(value) });
-        };
-        let cols = self.cols;
-        let get = |field: &str| -> Result<Text, RowProblem> {
-            let v = obj.get(field).ok_or_else(|| RowProblem::MissingField { field: field.to_string() })?;
-            text_field(v, field)
-        };
-        let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            let prompt = if self.implicit { None } else { Some(get(&cols.prompt)?) };
-            let chosen = get(&cols.chosen)?;
-            let rejected = get(&cols.rejected)?;
-            build_row(line, prompt, chosen, rejected, cols)
-        })();
-        let row = match parsed {
-            Ok(row) => row,
-            Err(problem) => return sink.bad_row(line, problem),
-        };
-        let conv = row.chosen.is_messages();
-        match self.first {
-            None => self.first = Some((line, conv)),
-            Some((first_line, first_conv)) if first_conv != conv => {
-                let kind = |c: bool| if c { "conversational" } else { "plain text" };
-                let problem = RowProblem::KindChanged { kind: kind(conv), dataset_kind: kind(first_conv), first_line };
-                return sink.bad_row(line, problem);
-            }
-            Some(_) => {}
-        }
-        self.rows.push(row);
-        Ok(())
-    }
-
-    fn finish(self, sink: Sink) -> Result<Loaded, DataError> {
-        let conversational = self.first.is_some_and(|(_, c)| c);
-        sink.finish(self.rows, self.implicit, conversational)
-    }
-}
-
-/// Validates the three parts of a row; `prompt` is `None` for implicit-prompt data.
-fn build_row(
-    line: usize,
-    prompt: Option<Text>,
-    chosen: Text,
-    rejected: Text,
-    cols: &Columns,
-) -> Result<PreferenceRow, RowProblem> {
-    let mixed = |field: &str, a: &Text, other: &str, b: &Text| RowProblem::MixedKinds {
-        field: field.to_string(),
-        kind: a.kind(),
-        other: other.to_string(),
-        other_kind: b.kind(),
-    };
-    if let Some(p) = &prompt {
-        if p.is_messages() != chosen.is_messages() {
-            return Err(mixed(&cols.prompt, p, &cols.chosen, &chosen));
-        }
-        if p.is_messages() && p.is_empty() {
-            // transformers refuses to render an empty conversation.
-            return Err(RowProblem::Empty { field: cols.prompt.clone() });
-        }
-    }
-    if chosen.is_messages() != rejected.is_messages() {
-        return Err(mixed(&cols.chosen, &chosen, &cols.rejected, &rejected));
-    }
-    for (field, text) in [(&cols.chosen, &chosen), (&cols.rejected, &rejected)] {
-        if text.is_empty() {
-            return Err(RowProblem::Empty { field: field.clone() });
-        }
-    }
-    let (prompt, chosen, rejected) = match prompt {
-        Some(p) => (p, chosen, rejected),
-        None => extract_prompt(chosen, rejected, cols)?,
-    };
-    Ok(PreferenceRow { line, prompt, chosen, rejected })
-}
-
-/// TRL 1.16 `trl/data_utils.py` `extract_prompt` (lines 623-632), kept exactly:
-///
-/// ```python
-/// for idx in range(min(len(example["chosen"]), len(example["rejected"]))):
-///     if example["chosen"][idx] != example["rejected"][idx]:
-///         if example["chosen"][idx - 1] == " ":  # remove space before the prompt
-///             idx -= 1
-///         break
-/// return {"prompt": chosen[:idx], "chosen": chosen[idx:], "rejected": rejected[idx:]}
-/// ```
-///
-/// Strings are split by characters (Python indexes code points), message lists by message. When
-/// the loop ends without a difference, `idx` is the last index (`min_len - 1`), not `min_len`.
-/// When the first characters already differ, `idx - 1` is Python's `-1` (the last character): a
-/// trailing space then gives `idx = -1` and Python's negative slicing; that is mirrored too.
-/// Message lists never compare equal to `" "`, and a conversation whose first messages differ has
-/// no prompt to render, which is reported as a bad row.
-fn extract_prompt(chosen: Text, rejected: Text, cols: &Columns) -> Result<(Text, Text, Text), RowProblem> {
-    match (chosen, rejected) {
-        (Text::Plain(c), Text::Plain(r)) => {
-            let cc: Vec<char> = c.chars().collect();
-            let rc: Vec<char> = r.chars().collect();
-            let idx = split_index(&cc, &rc, |i| cc[i] == ' ');
-            let (p, c, r) = (py_slice_to(&cc, idx), py_slice_from(&cc, idx), py_slice_from(&rc, idx));
-            let s = |v: &[char]| v.iter().collect::<String>();
-            Ok((Text::Plain(s(p)), Text::Plain(s(c)), Text::Plain(s(r))))
-        }
-        (Text::Messages(c), Text::Messages(r)) => {
-            let idx = split_index(&c, &r, |_| false);
-            if idx <= 0 {
-                return Err(RowProblem::NoSharedPrompt {
-                    chosen: cols.chosen.clone(),
-                    rejected: cols.rejected.clone(),
-                });
-            }
-            let n = idx as usize;
-            Ok((Text::Messages(c[..n].to_vec()), Text::Messages(c[n..].to_vec()), Text::Messages(r[n..].to_vec())))
-        }
-        // `build_row` has checked that both have the same kind; keep the pair as it is otherwise.
-        (c, r) => Ok((Text::Plain(String::new()), c, r)),
-    }
-}
-
-/// The `idx` of `extract_prompt`'s loop; `is_space(i)` tests `chosen[i] == " "` for `i >= 0`
-/// (with `i = len - 1` standing for Python's index `-1`).
-fn split_index<T: PartialEq>(c: &[T], r: &[T], is_space: impl Fn(usize) -> bool) -> isize {
-    let n = c.len().min(r.len());
-    // Callers reject empty completions, so `n >= 1`.
-    let mut idx = n as isize - 1;
-    for i in 0..n {
-        if c[i] != r[i] {
-            let prev = if i == 0 { c.len() - 1 } else { i - 1 };
-            idx = if is_space(prev) { i as isize - 1 } else { i as isize };
-            break;
-        }
-    }
-    idx
-}
-
-/// Python's `v[:idx]` for `idx >= -1`.
-fn py_slice_to<T>(v: &[T], idx: isize) -> &[T] {
-    let end = if idx < 0 { v.len().saturating_sub(1) } else { (idx as usize).min(v.len()) };
-    &v[..end]
-}
-
-/// Python's `v[idx:]` for `idx >= -1`.
-fn py_slice_from<T>(v: &[T], idx: isize) -> &[T] {
-    let start = if idx < 0 { v.len().saturating_sub(1) } else { (idx as usize).min(v.len()) };
-    &v[start..]
 }
 
 #[cfg(test)]
@@ -768,5 +716,51 @@ mod tests {
         assert!(loaded.skipped[1].reason.ends_with("line 3: field `chosen` is empty"));
         let err = load_skip("allbad.jsonl", b"x\ny\n").unwrap_err();
         assert!(err.to_string().ends_with(": the dataset is empty after skipping 2 bad rows"));
+    }
+
+    #[test]
+    fn rows_leave_in_chunks_in_file_order_with_progress_to_the_end() {
+        let n = 2 * CHUNK_ROWS + 5;
+        let data: String =
+            (0..n).map(|i| format!("{{\"prompt\": \"p{i}\", \"chosen\": \"a\", \"rejected\": \"b\"}}\n")).collect();
+        let path = temp_file("chunks.jsonl", data.as_bytes());
+        let (mut sizes, mut lines, mut seen) = (Vec::new(), Vec::new(), Vec::new());
+        let mut each = |_: &Path, chunk: Vec<PreferenceRow>| {
+            sizes.push(chunk.len());
+            lines.extend(chunk.iter().map(|r| r.line));
+            Ok(())
+        };
+        let summary =
+            read_rows(&path, &LoadOptions::default(), &mut each, &mut |done, total| seen.push((done, total))).unwrap();
+        assert_eq!(sizes, vec![CHUNK_ROWS, CHUNK_ROWS, 5]);
+        assert_eq!(lines, (1..=n).collect::<Vec<_>>());
+        assert_eq!(summary.rows, n);
+        let total = data.len() as u64;
+        assert_eq!(seen.last(), Some(&(total, total)));
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+    }
+
+    #[test]
+    fn gzip_streams_and_a_cut_stream_is_a_decompression_error() {
+        use std::io::Write;
+        let row = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n";
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        (0..3 * CHUNK_ROWS).for_each(|_| gz.write_all(row).unwrap());
+        let bytes = gz.finish().unwrap();
+        assert_eq!(load("rows.jsonl.gz", &bytes).unwrap().rows.len(), 3 * CHUNK_ROWS);
+        let err = load("cut.jsonl.gz", &bytes[..bytes.len() / 2]).unwrap_err();
+        assert!(err.to_string().ends_with("cut.jsonl.gz`: cannot decompress gzip data"), "{err}");
+    }
+
+    #[test]
+    fn the_first_row_decides_whether_the_prompt_is_implicit() {
+        let data = b"{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n{\"prompt\": \"Q:\", \"chosen\": \" a\", \"rejected\": \" b\"}\n";
+        let err = load("late_prompt.jsonl", data).unwrap_err();
+        assert_eq!(
+            err_tail(&err),
+            "line 2: field `prompt` is present but the first row (line 1) has none, so the prompt is implicit in this dataset"
+        );
+        let data = b"{\"prompt\": \"Q:\", \"chosen\": \" a\", \"rejected\": \" b\"}\n{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n";
+        assert_eq!(err_tail(&load("early_prompt.jsonl", data).unwrap_err()), "line 2: field `prompt` is missing");
     }
 }

@@ -1,11 +1,10 @@
 //! Parquet, as the Hugging Face hub stores datasets: string columns, or conversations stored as
 //! `list<struct<role: string, content: string>>` (other struct fields ignored). Only the prompt,
 //! chosen and rejected columns are decoded (extra columns are never read), one record batch at a
-//! time, so memory holds one batch of raw values besides the rows kept. Rows are numbered from 0,
+//! time, so memory holds one batch of raw values and one chunk of rows. Rows are numbered from 0,
 //! as `datasets` indexes them.
 
 use std::fs::File;
-use std::path::Path;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, OffsetSizeTrait, StructArray};
@@ -14,15 +13,16 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
-use super::{LoadOptions, Loaded, RowChecker, Sink};
+use super::{LoadOptions, ReadSummary, Rows};
 use crate::data::error::DataError;
 
 /// Rows decoded at a time.
 const BATCH_ROWS: usize = 1024;
 
-pub(super) fn read_parquet(path: &Path, opts: &LoadOptions, mut sink: Sink) -> Result<Loaded, DataError> {
+pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSummary, DataError> {
+    let path = &rows.path.clone();
     let err = |message: String| DataError::Parquet { path: path.to_path_buf(), message };
-    let file = File::open(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source })?;
+    let size = file.metadata().map_or(0, |m| m.len());
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(e.to_string()))?;
     let cols = &opts.columns;
     let fields = builder.schema().fields().clone();
@@ -47,11 +47,13 @@ pub(super) fn read_parquet(path: &Path, opts: &LoadOptions, mut sink: Sink) -> R
             });
         }
     }
+    let builder_rows = builder.metadata().file_metadata().num_rows();
     let mask = ProjectionMask::roots(builder.parquet_schema(), wanted.into_iter().chain(prompt));
     let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| err(e.to_string()))?;
 
     // TRL extracts the prompt when the dataset has no prompt column.
-    let mut checker = RowChecker::new(cols, prompt.is_none());
+    rows.implicit = Some((prompt.is_none(), 0));
+    let total = u64::try_from(builder_rows).unwrap_or(0).max(1);
     let names = [cols.prompt.as_str(), &cols.chosen, &cols.rejected];
     let mut row = 0;
     for batch in reader {
@@ -63,11 +65,13 @@ pub(super) fn read_parquet(path: &Path, opts: &LoadOptions, mut sink: Sink) -> R
             for &(name, column) in &columns {
                 object.insert(name.to_owned(), cell(column, i));
             }
-            checker.push(row, &Value::Object(object), &mut sink)?;
+            rows.push_value(row, &Value::Object(object))?;
             row += 1;
         }
+        // Progress in bytes, as the rows' share of the file.
+        rows.bytes.set(size * row as u64 / total);
     }
-    checker.finish(sink)
+    rows.finish()
 }
 
 /// A string column, or a list column (of `{role, content}` structs, checked row by row).

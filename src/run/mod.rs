@@ -6,13 +6,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+pub use self::inputs::warm_data_cache;
+
 use crate::config::TrainConfig;
-use crate::data::tokenizer::Tokenizer;
-use crate::data::{self, Columns, DataReport, LoadOptions, ReportInput, TokenizedPair};
 use crate::demo::{self, DEMO, DemoAssets};
-use crate::model::{self, compat};
 use crate::report;
-use crate::train::{Objective, Progress, Run, RunData, Runtime, Stage, StageOutcome, Workers, run_stage};
+
+mod inputs;
+use crate::train::{Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
 pub struct RunRequest<'a> {
@@ -106,8 +107,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
-    let mut notes = Lines::default();
-    let (model_dir, data, reports) = load_inputs(cfg, demo_assets.as_ref(), &mut notes)?;
+    let inputs::Inputs { model_dir, data, reports, notes } = inputs::load_inputs(cfg, demo_assets.as_ref(), progress)?;
     if workers.is_main() {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
         let path = run_dir.join("data_report.json");
@@ -119,7 +119,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         progress.line(&req.config_description);
     }
     progress.line(&format!("run directory `{}`", run_dir.display()));
-    notes.0.iter().for_each(|line| progress.line(line));
+    notes.iter().for_each(|line| progress.line(line));
 
     let run = Run { cfg, data: &data, rt: &req.rt };
     let base = Stage {
@@ -197,28 +197,6 @@ fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Resu
     Ok(WarmUp::Ready(Some(outcome), dir))
 }
 
-/// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and
-/// each other.
-fn check_models(
-    model_dir: &Path,
-    ref_dir: Option<&Path>,
-    tokenizer: &Tokenizer,
-) -> anyhow::Result<Vec<(PathBuf, model::LlamaConfig)>> {
-    let load = |dir: &Path| -> anyhow::Result<model::LlamaConfig> {
-        let loaded =
-            model::load_config(dir).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
-        compat::check_vocab(&loaded, dir, tokenizer.vocab_size())?;
-        Ok(loaded)
-    };
-    let mut models = vec![(model_dir.to_owned(), load(model_dir)?)];
-    if let Some(dir) = ref_dir {
-        let reference = load(dir)?;
-        compat::check_reference((model_dir, &models[0].1), (dir, &reference))?;
-        models.push((dir.to_owned(), reference));
-    }
-    Ok(models)
-}
-
 /// Draws a stage's plots from its `metrics.csv` (rank 0 writes every file).
 fn render_plots(dir: &Path, cfg: &TrainConfig, workers: Workers) -> anyhow::Result<()> {
     if workers.is_main() {
@@ -245,118 +223,6 @@ fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -
     }
     req.rt.workers.barrier()?;
     demo::prepare(&dir, req.cfg.seed, &req.rt.device)
-}
-
-/// The starting model's directory and the tokenised data, every model checked against the
-/// tokenizer, each other and the data's lengths.
-fn load_inputs(
-    cfg: &TrainConfig,
-    demo_assets: Option<&DemoAssets>,
-    notes: &mut dyn Progress,
-) -> anyhow::Result<(PathBuf, RunData, DataReports)> {
-    let model_dir = match (cfg.model_name_or_path.as_str(), demo_assets) {
-        (DEMO, Some(a)) => a.model_dir.clone(),
-        (path, _) => PathBuf::from(path),
-    };
-    let tokenizer_dir = match &cfg.tokenizer_name_or_path {
-        Some(dir) => dir.clone(),
-        None => model::tokenizer_dir(&model_dir)?,
-    };
-    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
-    let models = check_models(&model_dir, cfg.ref_model_name_or_path.as_deref(), &tokenizer)?;
-    if let (Some(note), None) = (compat::spare_rows_note(&models[0].1, &model_dir, tokenizer.vocab_size()), demo_assets)
-    {
-        notes.line(&format!("note: {note}"));
-    }
-    let mut split = |file: Option<&String>,
-                     (split, micro_batch): (&str, usize),
-                     pick: fn(&DemoAssets) -> &PathBuf|
-     -> anyhow::Result<(Vec<TokenizedPair>, Option<DataReport>)> {
-        let path = match (file.map(String::as_str), demo_assets) {
-            (None, _) => return Ok((Vec::new(), None)),
-            (Some(DEMO), Some(a)) => pick(a).clone(),
-            (Some(path), _) => PathBuf::from(path),
-        };
-        let (pairs, report) = load_pairs(&path, (split, micro_batch), cfg, &tokenizer, notes)?;
-        let longest = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max();
-        for (dir, model_cfg) in &models {
-            compat::check_length(model_cfg, dir, longest.unwrap_or(0), &path)?;
-        }
-        Ok((pairs, Some(report)))
-    };
-    let ((train, train_report), (eval, eval_report), (test, test_report)) = (
-        split(Some(&cfg.train_file), (&cfg.dataset_train_split, cfg.per_device_train_batch_size), |a| &a.train)?,
-        split(cfg.eval_file.as_ref(), (&cfg.dataset_test_split, cfg.per_device_eval_batch_size), |a| &a.val)?,
-        split(cfg.test_file.as_ref(), (&cfg.dataset_test_split, cfg.per_device_eval_batch_size), |a| &a.test)?,
-    );
-    let reports = DataReports { train: train_report, eval: eval_report, test: test_report };
-    Ok((model_dir, RunData { train, eval, test, tokenizer, tokenizer_dir }, reports))
-}
-
-/// `data_report.json`: what each split of the run's data became before the first step.
-#[derive(serde::Serialize)]
-struct DataReports {
-    train: Option<DataReport>,
-    eval: Option<DataReport>,
-    test: Option<DataReport>,
-}
-
-/// Lines kept to be shown later.
-#[derive(Default)]
-struct Lines(Vec<String>);
-
-impl Progress for Lines {
-    fn start(&mut self, _stage: &str, _start_step: u64, _total_steps: u64) {}
-    fn step(&mut self, _step: u64, _status: &str) {}
-    fn line(&mut self, text: &str) {
-        self.0.push(text.to_owned());
-    }
-}
-
-/// Reads and tokenises one preference file (or `split` of a dataset directory), reporting what
-/// became of it at micro-batches of `micro_batch` pairs.
-fn load_pairs(
-    path: &Path,
-    (split, micro_batch): (&str, usize),
-    cfg: &TrainConfig,
-    tokenizer: &Tokenizer,
-    progress: &mut dyn Progress,
-) -> anyhow::Result<(Vec<TokenizedPair>, DataReport)> {
-    let columns = Columns {
-        prompt: cfg.prompt_column.clone(),
-        chosen: cfg.chosen_column.clone(),
-        rejected: cfg.rejected_column.clone(),
-    };
-    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
-    let loaded = data::load_preferences(path, &opts)?;
-    if !loaded.skipped.is_empty() {
-        let lines: Vec<String> = loaded.skipped.iter().map(|s| s.line.to_string()).collect();
-        progress.line(&format!("`{}`: skipped {} bad rows (lines {})", path.display(), lines.len(), lines.join(", ")));
-    }
-    let (pairs, tokenized) = data::tokenize(&loaded.rows, tokenizer, Some(cfg.max_length))
-        .with_context(|| format!("cannot tokenize `{}`", path.display()))?;
-    if !tokenized.identical.is_empty() {
-        let lines: Vec<String> = tokenized.identical.iter().take(10).map(usize::to_string).collect();
-        let more = if tokenized.identical.len() > 10 { ", ..." } else { "" };
-        progress.line(&format!(
-            "warning: `{}`: {} pairs have chosen identical to rejected (lines {}{more}): each adds ln 2 to the loss and no gradient",
-            path.display(),
-            tokenized.identical.len(),
-            lines.join(", ")
-        ));
-    }
-    let report = DataReport::new(&ReportInput {
-        source: path.display().to_string(),
-        split: path.is_dir().then(|| split.to_owned()),
-        loaded: &loaded,
-        tokenized: &tokenized,
-        pairs: &pairs,
-        tokenizer,
-        max_length: Some(cfg.max_length),
-        micro_batch,
-    });
-    report.lines().iter().for_each(|line| progress.line(line));
-    Ok((pairs, report))
 }
 
 /// The run directory, and whether to resume in it.

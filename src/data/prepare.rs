@@ -1,0 +1,59 @@
+//! A split's rows streamed into tokenised pairs: each chunk the reader hands over is tokenised on
+//! all cores and its text dropped, so memory holds the ids and one chunk of text, whatever the
+//! size of the file.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::load::{LoadOptions, PreferenceRow, ReadSummary, Text, read_rows};
+use super::tokenize::{TokenizeReport, TokenizedPair, Tokenizing};
+use super::{DataError, Tokenizer};
+
+/// A split ready to train on, and what became of its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub pairs: Vec<TokenizedPair>,
+    pub summary: DataSummary,
+}
+
+/// Everything the data report needs besides the pairs (kept with them in the cache).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataSummary {
+    pub read: ReadSummary,
+    pub tokenized: TokenizeReport,
+    /// Conversational rows whose chosen or rejected content ends with the eos token's text.
+    pub eos_in_content: usize,
+}
+
+/// Reads `path` (a file, or `opts.split` of a dataset directory) and tokenises it as TRL does
+/// (see [`super::tokenize()`]); `progress` gets the bytes read so far and in all.
+pub fn prepare(
+    path: &Path,
+    opts: &LoadOptions,
+    tok: &Tokenizer,
+    max_length: Option<usize>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Prepared, DataError> {
+    let mut tokenizing = Tokenizing::new(tok, max_length);
+    let mut eos_in_content = 0;
+    let eos = tok.eos_token();
+    let mut each = |file: &Path, rows: Vec<PreferenceRow>| {
+        eos_in_content +=
+            rows.iter().filter(|r| ends_with_eos(&r.chosen, eos) || ends_with_eos(&r.rejected, eos)).count();
+        tokenizing.push(&rows).map_err(|e| DataError::InFile { path: file.to_path_buf(), source: Box::new(e) })
+    };
+    let read = read_rows(path, opts, &mut each, progress)?;
+    let (pairs, tokenized) = tokenizing.finish()?;
+    Ok(Prepared { pairs, summary: DataSummary { read, tokenized, eos_in_content } })
+}
+
+/// A conversational completion whose last message ends with the eos text: the chat template
+/// closes the turn itself, so the eos is there twice (TRL appends eos to plain text only when
+/// missing, so plain text never doubles it).
+fn ends_with_eos(text: &Text, eos: &str) -> bool {
+    match text {
+        Text::Messages(m) => m.last().is_some_and(|m| !eos.is_empty() && m.content.trim_end().ends_with(eos)),
+        Text::Plain(_) => false,
+    }
+}

@@ -1,0 +1,197 @@
+//! A run's inputs, checked before anything is written: the models against the tokenizer and each
+//! other, and each split of the data read and tokenised once, or read back from the cache a
+//! launcher, another rank or an earlier attempt of the run left in `<output_dir>/.data_cache/`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::config::TrainConfig;
+use crate::data::tokenizer::Tokenizer;
+use crate::data::{self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizedPair, cache};
+use crate::demo::{DEMO, DemoAssets};
+use crate::model::{self, compat};
+use crate::train::{Progress, RunData};
+
+/// What [`load_inputs`] found.
+pub(super) struct Inputs {
+    pub model_dir: PathBuf,
+    pub data: RunData,
+    pub reports: DataReports,
+    /// Lines to print once the config is shown (notes, the data reports).
+    pub notes: Vec<String>,
+}
+
+/// `data_report.json`: what each split of the run's data became before the first step.
+#[derive(serde::Serialize)]
+pub(super) struct DataReports {
+    train: Option<DataReport>,
+    eval: Option<DataReport>,
+    test: Option<DataReport>,
+}
+
+/// One split of a run's data: its file (`None` when the run has none), the split of a dataset
+/// directory, the micro-batch its padding is measured at, and the demo's file for it.
+struct Split<'a> {
+    file: Option<&'a String>,
+    name: &'a str,
+    micro_batch: usize,
+    demo: fn(&DemoAssets) -> &PathBuf,
+}
+
+fn splits(cfg: &TrainConfig) -> [Split<'_>; 3] {
+    let (train_split, test_split) = (cfg.dataset_train_split.as_str(), cfg.dataset_test_split.as_str());
+    let (train_mb, eval_mb) = (cfg.per_device_train_batch_size, cfg.per_device_eval_batch_size);
+    [
+        Split { file: Some(&cfg.train_file), name: train_split, micro_batch: train_mb, demo: |a| &a.train },
+        Split { file: cfg.eval_file.as_ref(), name: test_split, micro_batch: eval_mb, demo: |a| &a.val },
+        Split { file: cfg.test_file.as_ref(), name: test_split, micro_batch: eval_mb, demo: |a| &a.test },
+    ]
+}
+
+/// Tokenises every split of the run's data into the cache unless it is there already: a launcher
+/// does this before it starts the workers, and a worker started by another launcher (torchrun,
+/// SLURM) before the rendezvous, so no rank waits at a collective while another tokenises. The
+/// demo's data is built in the run directory and is skipped.
+pub fn warm_data_cache(cfg: &TrainConfig, progress: &mut dyn Progress) -> anyhow::Result<()> {
+    let demo = cfg.model_name_or_path == DEMO || splits(cfg).iter().any(|s| s.file.is_some_and(|f| f == DEMO));
+    if !demo {
+        load_inputs(cfg, None, progress)?;
+    }
+    Ok(())
+}
+
+/// The starting model's directory and the tokenised data, every model checked against the
+/// tokenizer, each other and the data's lengths.
+pub(super) fn load_inputs(
+    cfg: &TrainConfig,
+    demo_assets: Option<&DemoAssets>,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Inputs> {
+    let model_dir = match (cfg.model_name_or_path.as_str(), demo_assets) {
+        (DEMO, Some(a)) => a.model_dir.clone(),
+        (path, _) => PathBuf::from(path),
+    };
+    let tokenizer_dir = match &cfg.tokenizer_name_or_path {
+        Some(dir) => dir.clone(),
+        None => model::tokenizer_dir(&model_dir)?,
+    };
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
+    let models = check_models(&model_dir, cfg.ref_model_name_or_path.as_deref(), &tokenizer)?;
+    let mut notes = Vec::new();
+    if let (Some(note), None) = (compat::spare_rows_note(&models[0].1, &model_dir, tokenizer.vocab_size()), demo_assets)
+    {
+        notes.push(format!("note: {note}"));
+    }
+    // Every split is read and checked before any cache entry is written: a refused run leaves
+    // nothing behind.
+    let mut prepared: [Option<(PathBuf, Prepared, Option<PathBuf>)>; 3] = Default::default();
+    for (slot, split) in prepared.iter_mut().zip(splits(cfg)) {
+        let path = match (split.file.map(String::as_str), demo_assets) {
+            (None, _) => continue,
+            (Some(DEMO), Some(a)) => (split.demo)(a).clone(),
+            (Some(path), _) => PathBuf::from(path),
+        };
+        let (data, store, split_notes) = prepare_split(&path, split.name, cfg, (&tokenizer, &tokenizer_dir), progress)?;
+        notes.extend(split_notes);
+        let longest = data.pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len()));
+        let longest = longest.max().unwrap_or(0);
+        for (dir, model_cfg) in &models {
+            compat::check_length(model_cfg, dir, longest, &path)?;
+        }
+        *slot = Some((path, data, store));
+    }
+    let mut pairs: [Vec<TokenizedPair>; 3] = Default::default();
+    let mut reports: [Option<DataReport>; 3] = Default::default();
+    for (i, (split, slot)) in splits(cfg).into_iter().zip(prepared).enumerate() {
+        let Some((path, data, store)) = slot else { continue };
+        if let Some(Err(e)) = store.as_deref().map(|entry| cache::store(entry, &data)) {
+            // The run does not need the cache; only the next start is slower.
+            notes.push(format!("warning: cannot write the data cache under `{}`: {e}", cfg.output_dir.display()));
+        }
+        let report = DataReport::new(&ReportInput {
+            source: path.display().to_string(),
+            split: path.is_dir().then(|| split.name.to_owned()),
+            summary: &data.summary,
+            pairs: &data.pairs,
+            tokenizer: &tokenizer,
+            max_length: Some(cfg.max_length),
+            micro_batch: split.micro_batch,
+        });
+        notes.extend(report.lines());
+        (pairs[i], reports[i]) = (data.pairs, Some(report));
+    }
+    let [train, eval, test] = pairs;
+    let [train_report, eval_report, test_report] = reports;
+    let reports = DataReports { train: train_report, eval: eval_report, test: test_report };
+    let data = RunData { train, eval, test, tokenizer, tokenizer_dir };
+    Ok(Inputs { model_dir, data, reports, notes })
+}
+
+/// One split read and tokenised, or read back from the cache; the cache entry to write once the
+/// run is accepted (none for a hit); lines to show: where the pairs came from, the rows
+/// `skip_bad_rows` skipped.
+fn prepare_split(
+    path: &Path,
+    split: &str,
+    cfg: &TrainConfig,
+    (tokenizer, tokenizer_dir): (&Tokenizer, &Path),
+    progress: &mut dyn Progress,
+) -> anyhow::Result<(Prepared, Option<PathBuf>, Vec<String>)> {
+    let columns = Columns {
+        prompt: cfg.prompt_column.clone(),
+        chosen: cfg.chosen_column.clone(),
+        rejected: cfg.rejected_column.clone(),
+    };
+    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
+    let max_length = Some(cfg.max_length);
+    // No entry when the data cannot be listed or read: `prepare` then says why.
+    let entry = cache::entry(&cfg.output_dir.join(".data_cache"), path, &opts, tokenizer_dir, max_length).ok();
+    let mut notes = Vec::new();
+    let (prepared, store) = match entry.as_deref().and_then(|e| Some((e, cache::load(e)?))) {
+        Some((entry, hit)) => {
+            notes.push(format!("`{}`: tokenised pairs read from the cache `{}`", path.display(), entry.display()));
+            (hit, None)
+        }
+        None => {
+            let label = format!("reading `{}`", path.display());
+            let mut report = |done, total| progress.reading(&label, done, total);
+            (data::prepare(path, &opts, tokenizer, max_length, &mut report)?, entry)
+        }
+    };
+    let skipped = &prepared.summary.read.skipped;
+    if let Some(first) = skipped.first() {
+        let lines: Vec<String> = skipped.iter().take(20).map(|s| s.line.to_string()).collect();
+        let more = if skipped.len() > 20 { ", ..." } else { "" };
+        notes.push(format!(
+            "`{}`: skipped {} bad rows (lines {}{more}); the first: {}",
+            path.display(),
+            skipped.len(),
+            lines.join(", "),
+            first.reason
+        ));
+    }
+    Ok((prepared, store, notes))
+}
+
+/// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and
+/// each other.
+fn check_models(
+    model_dir: &Path,
+    ref_dir: Option<&Path>,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<Vec<(PathBuf, model::LlamaConfig)>> {
+    let load = |dir: &Path| -> anyhow::Result<model::LlamaConfig> {
+        let loaded =
+            model::load_config(dir).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+        compat::check_vocab(&loaded, dir, tokenizer.vocab_size())?;
+        Ok(loaded)
+    };
+    let mut models = vec![(model_dir.to_owned(), load(model_dir)?)];
+    if let Some(dir) = ref_dir {
+        let reference = load(dir)?;
+        compat::check_reference((model_dir, &models[0].1), (dir, &reference))?;
+        models.push((dir.to_owned(), reference));
+    }
+    Ok(models)
+}

@@ -1,0 +1,118 @@
+//! The streamed data path (`data::prepare`: read a chunk, tokenise it, drop its text) against the
+//! whole-file path it replaces, and the tokenised-data cache that other ranks and resumed runs
+//! read instead of tokenising again.
+
+use std::path::{Path, PathBuf};
+
+use dpo_train::data::load::CHUNK_ROWS;
+use dpo_train::data::tokenizer::Tokenizer;
+use dpo_train::data::{LoadOptions, Prepared, cache, load_preferences, prepare, tokenize};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_dir(&fixtures().join("tokenizer")).expect("fixture tokenizer loads")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dpo-stream-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The fixture rows repeated past several chunks, then one pair whose chosen is its rejected.
+fn big_file(dir: &Path) -> PathBuf {
+    let rows = std::fs::read_to_string(fixtures().join("data/prefs.jsonl")).unwrap();
+    let mut text = String::new();
+    while text.lines().count() < 2 * CHUNK_ROWS + 100 {
+        text += &rows;
+    }
+    text += &serde_json::json!({"prompt": "Same?", "chosen": " yes", "rejected": " yes"}).to_string();
+    text += "\n";
+    let path = dir.join("big.jsonl");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn streamed_pairs_equal_the_whole_file_tokenised_at_once() {
+    let (dir, tok) = (temp_dir("whole"), tokenizer());
+    let path = big_file(&dir);
+    let opts = LoadOptions::default();
+    let Prepared { pairs, summary } = prepare(&path, &opts, &tok, Some(24), &mut |_, _| {}).unwrap();
+    let loaded = load_preferences(&path, &opts).unwrap();
+    let (whole, report) = tokenize(&loaded.rows, &tok, Some(24)).unwrap();
+    assert_eq!(pairs, whole);
+    assert_eq!(summary.tokenized, report);
+    assert_eq!(summary.read.rows, loaded.rows.len());
+    let last_line = loaded.rows.last().unwrap().line;
+    assert_eq!(report.identical, vec![last_line], "the pair with chosen = rejected is dropped and listed");
+    // Pairs that differ only past max_length are kept, as TRL keeps them, and listed.
+    let cut_alike: Vec<usize> = pairs.iter().filter(|p| p.chosen_ids == p.rejected_ids).map(|p| p.line).collect();
+    assert!(!cut_alike.is_empty());
+    assert_eq!(report.identical_after_truncation, cut_alike);
+    assert!(pairs.len() > CHUNK_ROWS && summary.read.rows > 2 * CHUNK_ROWS);
+}
+
+#[test]
+fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
+    let (dir, tok) = (temp_dir("cache"), tokenizer());
+    let path = big_file(&dir);
+    let opts = LoadOptions::default();
+    let prepared = prepare(&path, &opts, &tok, Some(24), &mut |_, _| {}).unwrap();
+    let cache_dir = dir.join("cache");
+    let tok_dir = fixtures().join("tokenizer");
+    let entry = |path: &Path, opts: &LoadOptions, max: Option<usize>| {
+        cache::entry(&cache_dir, path, opts, &tok_dir, max).unwrap()
+    };
+    let key = entry(&path, &opts, Some(24));
+    assert!(cache::load(&key).is_none());
+    cache::store(&key, &prepared).unwrap();
+    assert_eq!(cache::load(&key).as_ref(), Some(&prepared));
+
+    // Another max_length, other options, one changed byte of data: other entries.
+    assert_ne!(entry(&path, &opts, Some(25)), key);
+    assert_ne!(entry(&path, &LoadOptions { skip_bad_rows: true, ..LoadOptions::default() }, Some(24)), key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.iter().position(|&b| b == b'?').unwrap();
+    bytes[at] = b'!';
+    std::fs::write(&path, &bytes).unwrap();
+    assert_ne!(entry(&path, &opts, Some(24)), key);
+
+    // A damaged entry is not trusted.
+    let stored = std::fs::read(&key).unwrap();
+    std::fs::write(&key, &stored[..stored.len() - 3]).unwrap();
+    assert!(cache::load(&key).is_none());
+}
+
+#[test]
+fn a_tokenisation_error_in_a_shard_names_the_shard() {
+    let dir = temp_dir("shards");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00000-of-00002.jsonl")).unwrap();
+    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00001-of-00002.jsonl")).unwrap();
+    // The fixture tokenizer without its chat template.
+    let tok_dir = dir.join("tokenizer");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    for name in ["tokenizer.json", "special_tokens_map.json"] {
+        std::fs::copy(fixtures().join("tokenizer").join(name), tok_dir.join(name)).unwrap();
+    }
+    let config = std::fs::read_to_string(fixtures().join("tokenizer/tokenizer_config.json")).unwrap();
+    let mut config: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&config).unwrap();
+    config.remove("chat_template");
+    std::fs::write(tok_dir.join("tokenizer_config.json"), serde_json::to_string(&config).unwrap()).unwrap();
+    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    let err = prepare(&dir, &LoadOptions::default(), &tok, None, &mut |_, _| {}).unwrap_err();
+    let text = format!("{:#}", anyhow::Error::from(err));
+    assert!(
+        text.starts_with(&format!(
+            "`{}`: line 1: cannot tokenise field `prompt`",
+            data.join("train-00000-of-00002.jsonl").display()
+        )),
+        "{text}"
+    );
+}
