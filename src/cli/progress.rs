@@ -23,11 +23,18 @@ struct Reading {
 const READING_EVERY: Duration = Duration::from_secs(10);
 
 impl ConsoleProgress {
-    /// Clears the bar before the summary prints.
+    /// Clears the bars before the summary (or an error) prints.
     pub fn finish(&mut self) {
-        if let Some(bar) = self.bar.take() {
+        let reading = self.reading.take().and_then(|r| r.bar);
+        for bar in self.bar.take().into_iter().chain(reading) {
             bar.finish_and_clear();
         }
+    }
+}
+
+impl Drop for ConsoleProgress {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
