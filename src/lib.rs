@@ -18,6 +18,7 @@ pub mod malloc;
 pub mod model;
 pub mod report;
 pub mod run;
+pub mod tboard;
 pub mod train;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,

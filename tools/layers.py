@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # dpo-train: top-level module -> layer. Two modules on one layer may not use each other.
 LAYERS = {
-    "fsutil": 0, "clock": 0, "malloc": 0,
+    "fsutil": 0, "clock": 0, "malloc": 0, "tboard": 0,
     "config": 1, "dist": 1,
     "data": 2,
     "model": 3,

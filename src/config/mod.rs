@@ -286,6 +286,10 @@ train_config! {
     save_steps: u64 = 500,
     /// Checkpoints kept (oldest deleted first) [default: all].
     save_total_limit: Option<usize> = None,
+    /// Where else to log: `tensorboard` (event files under `logging_dir`; `all` is the same), or none [default: none, as TRL].
+    report_to: Vec<String> = Vec::new(),
+    /// TensorBoard's directory, one subdirectory per stage [default: <run>/runs].
+    logging_dir: Option<PathBuf> = None,
     /// Parent of the run directory.
     output_dir: PathBuf = PathBuf::from("results"),
     /// Run directory name [default: date-time plus config name].
@@ -397,6 +401,9 @@ impl TrainConfig {
         if self.logging_steps == 0 {
             return invalid("logging_steps", "must be at least 1".to_owned());
         }
+        if let Some(other) = self.report_to.iter().find(|r| !["tensorboard", "all", "none"].contains(&r.as_str())) {
+            return invalid("report_to", format!("`{other}` is not supported: use `tensorboard` (or `none`)"));
+        }
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
@@ -414,6 +421,12 @@ impl TrainConfig {
             );
         }
         Ok(())
+    }
+
+    /// The TensorBoard directory of the run in `run_dir`, when `report_to` asks for TensorBoard.
+    pub fn tensorboard_dir(&self, run_dir: &Path) -> Option<PathBuf> {
+        let wanted = self.report_to.iter().any(|r| r == "tensorboard" || r == "all");
+        wanted.then(|| self.logging_dir.clone().unwrap_or_else(|| run_dir.join("runs")))
     }
 
     /// Batch sizes, lengths and the process group's settings: counts that must be positive.

@@ -13,7 +13,7 @@ use crate::demo::{self, DEMO, DemoAssets};
 use crate::report;
 
 mod inputs;
-use crate::train::{Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
+use crate::train::{DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
 pub struct RunRequest<'a> {
@@ -122,6 +122,9 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     notes.iter().for_each(|line| progress.line(line));
 
     let run = Run { cfg, data: &data, rt: &req.rt };
+    let tensorboard = cfg.tensorboard_dir(&run_dir);
+    // With TensorBoard the plots are redrawn at each evaluation and the dashboard logged there.
+    let redraw = |dir: &Path| draw_plots(dir, cfg);
     let base = Stage {
         objective: Objective::Dpo,
         dir: &run_dir,
@@ -130,6 +133,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
         learning_rate: cfg.learning_rate,
         steps: (cfg.max_steps > 0).then_some(cfg.max_steps as u64),
         resume,
+        tensorboard: tensorboard.as_deref(),
+        draw_plots: tensorboard.is_some().then_some(&redraw as &DrawPlots),
     };
     if req.sft_only {
         let outcome = run_stage(&run, &Stage { objective: Objective::Sft, ..base }, progress)?;
@@ -200,11 +205,18 @@ fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Resu
 /// Draws a stage's plots from its `metrics.csv` (rank 0 writes every file).
 fn render_plots(dir: &Path, cfg: &TrainConfig, workers: Workers) -> anyhow::Result<()> {
     if workers.is_main() {
-        let run_name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let meta = report::PlotMeta { run_name, model: cfg.model_name_or_path.clone(), beta: cfg.loss.beta };
-        report::render_run(dir, &meta)?;
+        draw_plots(dir, cfg)?;
     }
     Ok(())
+}
+
+/// Draws the plots of the stage in `dir`; returns the dashboard's path.
+fn draw_plots(dir: &Path, cfg: &TrainConfig) -> anyhow::Result<PathBuf> {
+    let run_name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let meta = report::PlotMeta { run_name, model: cfg.model_name_or_path.clone(), beta: cfg.loss.beta };
+    let mut written = report::render_run(dir, &meta)?;
+    // `render_run` returns the files in `PLOT_FILES` order, the dashboard last.
+    written.pop().context("no dashboard drawn")
 }
 
 /// Whether any part of the run is the demo's.

@@ -85,7 +85,17 @@ pub struct Stage<'a> {
     pub steps: Option<u64>,
     /// Continue from the newest checkpoint in `dir`.
     pub resume: bool,
+    /// TensorBoard's directory for the run (`report_to`); each stage writes a subdirectory named
+    /// after its objective (`dpo`, `sft`).
+    pub tensorboard: Option<&'a Path>,
+    /// Draws the stage's plots from its directory's `metrics.csv` and returns the dashboard's
+    /// path; given, the plots are redrawn after each evaluation and the dashboard logged to
+    /// TensorBoard (the drawing lives in `report`, above this layer).
+    pub draw_plots: Option<&'a DrawPlots<'a>>,
 }
+
+/// Draws a stage's plots from the `metrics.csv` in the directory given; returns the dashboard's path.
+pub type DrawPlots<'a> = dyn Fn(&Path) -> anyhow::Result<PathBuf> + 'a;
 
 /// How a stage ended.
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use crate::fsutil::FileError;
+use crate::tboard::EventWriter;
 
 /// Errors writing or reading a run's log files (`metrics.csv`, the sample files), each naming the
 /// file.
@@ -237,13 +238,13 @@ fn format_opt(v: Option<f64>) -> String {
 }
 
 /// Appends rows to `<run_dir>/metrics.csv`, flushing after each so a crash loses at most the row
-/// being written.
-#[derive(Debug)]
+/// being written; with TensorBoard on, each value also goes to an event file.
 pub struct MetricsWriter {
     path: PathBuf,
     writer: csv::Writer<File>,
     /// Lines the file holds, for error messages.
     lines: u64,
+    tensorboard: Option<EventWriter>,
 }
 
 impl MetricsWriter {
@@ -253,9 +254,23 @@ impl MetricsWriter {
         let path = dir.join(METRICS_FILE);
         let file = File::create(&path).map_err(|e| LogError::io("create", &path, e))?;
         let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        let mut this = Self { path, writer, lines: 0 };
+        let mut this = Self { path, writer, lines: 0, tensorboard: None };
         this.write_record(&header())?;
         Ok(this)
+    }
+
+    /// Also writes every row to a new TensorBoard event file in `dir`, as transformers'
+    /// `TensorBoardCallback` names the values: `train/loss`, `eval/rewards/margins`,
+    /// `train/learning_rate`, `train/grad_norm`, `train/epoch`.
+    pub fn with_tensorboard(mut self, dir: &Path) -> Result<Self, LogError> {
+        let events = EventWriter::create(dir).map_err(|e| LogError::io("create an event file in", dir, e))?;
+        self.tensorboard = Some(events);
+        Ok(self)
+    }
+
+    /// The TensorBoard event file, when there is one.
+    pub fn tensorboard(&mut self) -> Option<&mut EventWriter> {
+        self.tensorboard.as_mut()
     }
 
     /// Opens `<dir>/metrics.csv` for a run resumed from the checkpoint at `keep_through_step`:
@@ -274,7 +289,7 @@ impl MetricsWriter {
         {
             let file = File::create(&tmp).map_err(|e| LogError::io("create", &tmp, e))?;
             let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-            let mut out = Self { path: tmp.clone(), writer, lines: 0 };
+            let mut out = Self { path: tmp.clone(), writer, lines: 0, tensorboard: None };
             out.write_record(&header())?;
             for row in rows.iter().filter(|r| r.step <= keep_through_step) {
                 out.append(row)?;
@@ -289,7 +304,8 @@ impl MetricsWriter {
         let file =
             OpenOptions::new().append(true).open(&path).map_err(|e| LogError::io("open for appending", &path, e))?;
         let lines = 1 + rows.iter().filter(|r| r.step <= keep_through_step).count() as u64;
-        Ok(Self { path, writer: csv::WriterBuilder::new().has_headers(false).from_writer(file), lines })
+        let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
+        Ok(Self { path, writer, lines, tensorboard: None })
     }
 
     /// The file being written.
@@ -307,7 +323,18 @@ impl MetricsWriter {
                 expected: METRIC_NAMES.len(),
             });
         }
-        self.write_record(&row.to_record())
+        self.write_record(&row.to_record())?;
+        let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
+        let split = row.split.as_str();
+        let named = METRIC_NAMES.iter().zip(&row.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
+        let extra = [("learning_rate", row.learning_rate), ("grad_norm", row.grad_norm), ("epoch", Some(row.epoch))];
+        let extra = extra.into_iter().filter(|_| row.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
+        for (tag, value) in named.chain(extra) {
+            if let Some(v) = value {
+                events.scalar(&tag, row.step, v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes and flushes one record.

@@ -7,6 +7,8 @@
 
 use std::path::Path;
 
+use anyhow::Context;
+
 use super::checkpoint::TrainerState;
 use super::context::{Progress, Run};
 use super::log::{MetricsRow, MetricsWriter, Split};
@@ -115,7 +117,15 @@ impl References {
             state.step, metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
         ));
         let title = format!("step {}", state.step);
-        self.write_samples(policy, run, &dir.join("samples_val.txt"), &run.data.eval, &self.eval_samples, &title)?;
+        let path = dir.join("samples_val.txt");
+        let text = self.write_samples(policy, run, &path, &run.data.eval, &self.eval_samples, &title)?;
+        if let (Some(events), Some(text)) = (out.tensorboard(), text) {
+            // Indented four spaces, the text plugin's markdown shows it as written.
+            let block: String = text.lines().map(|l| format!("    {l}\n")).collect();
+            events
+                .text("eval/samples", state.step, &block)
+                .with_context(|| format!("cannot write `{}`", events.path().display()))?;
+        }
         Ok(Some(metrics))
     }
 
@@ -133,7 +143,8 @@ impl References {
         Ok(metrics)
     }
 
-    /// The policy's, the reference's and the dataset's answers to the first held-out prompts.
+    /// The policy's, the reference's and the dataset's answers to the first held-out prompts, in
+    /// `path`; the text written, if any.
     fn write_samples(
         &self,
         policy: &Llama,
@@ -142,9 +153,9 @@ impl References {
         pairs: &[TokenizedPair],
         reference: &[String],
         title: &str,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<String>> {
         if pairs.is_empty() || run.cfg.num_samples == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let policy_texts = sample_texts(policy, pairs, run);
         let tok = &run.data.tokenizer;
@@ -161,8 +172,7 @@ impl References {
                 })
             })
             .collect::<Result<Vec<_>, TokenizerError>>()?;
-        write_samples(path, title, &samples)?;
-        Ok(())
+        Ok(Some(write_samples(path, title, &samples)?))
     }
 }
 

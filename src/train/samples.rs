@@ -30,9 +30,11 @@ const INDENT: &str = "    ";
 ///
 /// Layout: the title line, a `=` rule, then per sample `[i/n]` with `PROMPT:`, `POLICY:`,
 /// `REFERENCE:` and `CHOSEN:` sections whose text is indented by four spaces, each sample
-/// followed by a `-` rule.
-pub fn write_samples(path: &Path, title: &str, samples: &[Sample]) -> Result<(), LogError> {
-    write_atomic(path, format_samples(title, samples).as_bytes())
+/// followed by a `-` rule. Returns the text written.
+pub fn write_samples(path: &Path, title: &str, samples: &[Sample]) -> Result<String, LogError> {
+    let text = format_samples(title, samples);
+    write_atomic(path, text.as_bytes())?;
+    Ok(text)
 }
 
 fn format_samples(title: &str, samples: &[Sample]) -> String {

@@ -13,7 +13,7 @@ use burn::module::Module;
 use burn::tensor::FloatDType;
 
 use super::checkpoint::{self, ModelFiles, TrainerState};
-use super::context::{Objective, Progress, Run, Stage, StageOutcome};
+use super::context::{DrawPlots, Objective, Progress, Run, Stage, StageOutcome};
 use super::log::MetricsWriter;
 use super::optim::{AdamW, AdamWConfig, LossScaler};
 use super::policy::{PolicySpec, inference_copy};
@@ -33,9 +33,14 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     let Setup { plan, schedule, total_steps, mut trained, references, mut log, spec, config_json } =
         setup(run, stage, progress)?;
     let (name, files) = (stage.objective.name(), spec.files(&config_json));
-    let evaluate = |t: &Trained, log: Option<&mut MetricsWriter>, progress: &mut dyn Progress| match &references {
-        Some(refs) => refs.evaluate(&inference_copy(&t.policy), run, stage.dir, &t.state, log, progress),
-        None => Ok(None),
+    let evaluate = |t: &Trained, mut log: Option<&mut MetricsWriter>, progress: &mut dyn Progress| {
+        let Some(refs) = &references else { return Ok(None) };
+        let policy = inference_copy(&t.policy);
+        let metrics = refs.evaluate(&policy, run, stage.dir, &t.state, log.as_deref_mut(), progress)?;
+        if let (Some(_), Some(log), Some(draw)) = (&metrics, log, stage.draw_plots) {
+            log_dashboard(log, draw, stage.dir, t.state.step)?;
+        }
+        anyhow::Ok(metrics)
     };
 
     progress.start(name, trained.state.step, total_steps);
@@ -90,6 +95,18 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         Ending { files, config_json: &config_json, interrupted, last_eval, references },
         progress,
     )
+}
+
+/// Redraws the stage's plots and logs the dashboard to TensorBoard at `step`.
+fn log_dashboard(log: &mut MetricsWriter, draw: &DrawPlots, dir: &Path, step: u64) -> anyhow::Result<()> {
+    let Some(events) = log.tensorboard() else { return Ok(()) };
+    let path = draw(dir)?;
+    let png = std::fs::read(&path).with_context(|| format!("cannot read `{}`", path.display()))?;
+    // PNG's IHDR: width and height, big-endian, at bytes 16 and 20.
+    let size = |at: usize| png.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    events
+        .image("eval/dashboard", step, &png, (size(16), size(20)))
+        .with_context(|| format!("cannot write `{}`", events.path().display()))
 }
 
 /// Everything a stage's loop starts from.
@@ -160,6 +177,10 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         // dying before its first checkpoint) starts an empty file: no step is ever logged twice.
         (Some(_), true) => Some(MetricsWriter::resume(stage.dir, trained.state.step)?),
         (None, true) => Some(MetricsWriter::create(stage.dir)?),
+    };
+    let log = match (log, stage.tensorboard) {
+        (Some(log), Some(dir)) => Some(log.with_tensorboard(&dir.join(stage.objective.name()))?),
+        (log, _) => log,
     };
     let references = match stage.objective {
         Objective::Sft => None,

@@ -1,0 +1,111 @@
+//! `report_to = ["tensorboard"]`: the event files a run writes, read back by TensorBoard's own
+//! `EventAccumulator` (`tests/gen/read_tensorboard.py`, in the venv), hold every `metrics.csv`
+//! value under transformers' tag names at its step, the held-out samples as text and the
+//! dashboard PNG at each evaluation.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Command;
+
+use common::{fixtures, python};
+
+#[test]
+fn tensorboard_reads_every_logged_value_the_samples_and_the_dashboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, model) = (fixtures().join("data/prefs.jsonl"), fixtures().join("models/llama"));
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--eval-file",
+        data.to_str().unwrap(),
+        "--output-dir",
+        dir.path().to_str().unwrap(),
+        "--run-name",
+        "tb",
+        "--max-steps",
+        "4",
+        "--logging-steps",
+        "1",
+        "--eval-steps",
+        "2",
+        "--num-samples",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--bf16",
+        "false",
+        "--gradient-checkpointing",
+        "false",
+        "--report-to",
+        "tensorboard",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = dir.path().join("tb");
+
+    let read = Command::new(python())
+        .arg(fixtures().join("../gen/read_tensorboard.py"))
+        .arg(run.join("runs/dpo"))
+        .output()
+        .expect("the venv's python runs (make ref-venv installs tensorboard)");
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let events: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    let scalar = |tag: &str, step: u64| -> Option<f64> {
+        events["scalars"][tag].as_array()?.iter().find(|e| e[0].as_u64() == Some(step))?[1].as_f64()
+    };
+
+    let rows = dpo_train::train::log::read_metrics(&run.join("metrics.csv")).unwrap();
+    let mut compared = HashMap::new();
+    for row in &rows {
+        let split = row.split.as_str();
+        let mut values: Vec<(String, Option<f64>)> = dpo_train::train::log::METRIC_NAMES
+            .iter()
+            .map(|name| (format!("{split}/{name}"), row.metric(name)))
+            .collect();
+        if split == "train" {
+            values.extend([
+                ("train/learning_rate".to_owned(), row.learning_rate),
+                ("train/grad_norm".to_owned(), row.grad_norm),
+                ("train/epoch".to_owned(), Some(row.epoch)),
+            ]);
+        }
+        for (tag, value) in values {
+            let Some(expected) = value else { continue };
+            let found = scalar(&tag, row.step).unwrap_or_else(|| panic!("{tag} at step {} missing", row.step));
+            // Event files hold f32.
+            assert_eq!(found as f32, expected as f32, "{tag} at step {}", row.step);
+            *compared.entry(split).or_insert(0) += 1;
+        }
+    }
+    assert!(compared["train"] >= 4 * 12 && compared["eval"] >= 2 * 10, "{compared:?}");
+
+    let samples = events["texts"]["eval/samples"].as_array().expect("samples as text");
+    let steps: Vec<u64> = samples.iter().map(|s| s[0].as_u64().unwrap()).collect();
+    assert_eq!(steps, [2, 4]);
+    let last = samples[1][1].as_str().unwrap();
+    let file = std::fs::read_to_string(run.join("samples_val.txt")).unwrap();
+    let unindented: String = last.lines().map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l))).collect();
+    assert_eq!(unindented, file, "the text shown is samples_val.txt");
+
+    let images = events["images"]["eval/dashboard"].as_array().expect("the dashboard as an image");
+    let shown: Vec<(u64, u64, u64)> =
+        images.iter().map(|i| (i[0].as_u64().unwrap(), i[1].as_u64().unwrap(), i[2].as_u64().unwrap())).collect();
+    assert_eq!(shown, [(2, 2000, 1200), (4, 2000, 1200)]);
+    let png = std::fs::metadata(run.join("dashboard.png")).unwrap().len();
+    assert_eq!(images[1][3].as_u64(), Some(png), "the last image is the final dashboard.png");
+}
+
+#[test]
+fn an_integration_we_do_not_have_is_refused_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--model", "m", "--data", "d.jsonl", "--report-to", "tensorboard,wandb"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim(), "error: `--report-to`: `wandb` is not supported: use `tensorboard` (or `none`)");
+}
