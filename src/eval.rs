@@ -58,6 +58,11 @@ pub struct EvalReport {
 
 /// Loads the models, tokenizer and data, then scores every pair.
 pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
+    evaluate_showing(opts, &mut |_, _| {})
+}
+
+/// [`evaluate`], telling `reading` the bytes of the data read so far and in all.
+pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -> anyhow::Result<EvalReport> {
     opts.loss.validate().context("invalid loss settings")?;
     if opts.batch_size == 0 {
         return Err(EvalError::BatchSize.into());
@@ -79,7 +84,7 @@ pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
     };
     let read =
         LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
-    let Prepared { pairs, summary } = data::prepare(&opts.data, &read, &tokenizer, opts.max_length, &mut |_, _| {})?;
+    let Prepared { pairs, summary } = data::prepare(&opts.data, &read, &tokenizer, opts.max_length, reading)?;
     let longest =
         pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;

@@ -7,9 +7,10 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// One event file, `<dir>/events.out.tfevents.<seconds>.<host>.<pid>.0`; every call flushes, so
+/// One event file, `<dir>/events.out.tfevents.<seconds>.<host>.<pid>.<n>`; every call flushes, so
 /// a run watched live shows each value as it is logged.
 pub struct EventWriter {
     path: PathBuf,
@@ -21,7 +22,10 @@ impl EventWriter {
     pub fn create(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let name = format!("events.out.tfevents.{}.{}.{}.0", now() as u64, host.trim(), std::process::id());
+        // The last part tells apart files one process opens within a second, as TensorFlow's does.
+        static OPENED: AtomicU64 = AtomicU64::new(0);
+        let n = OPENED.fetch_add(1, Ordering::Relaxed);
+        let name = format!("events.out.tfevents.{}.{}.{}.{n}", now() as u64, host.trim(), std::process::id());
         let path = dir.join(name);
         let mut this = Self { out: BufWriter::new(File::create(&path)?), path };
         let mut event = Proto::default();
@@ -32,6 +36,16 @@ impl EventWriter {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A restart at `step` (a `SessionLog` START): TensorBoard drops the events earlier files
+    /// hold at `step` and after, which the restarted run logs again.
+    pub fn restart(&mut self, step: u64) -> std::io::Result<()> {
+        let mut session = Proto::default();
+        session.varint(1, 1);
+        let mut event = Proto::default();
+        event.double(1, now()).varint(2, step).message(7, &session);
+        self.record(&event.0)
     }
 
     /// A scalar under `tag` at `step`.
@@ -47,11 +61,9 @@ impl EventWriter {
         plugin.bytes(1, b"text");
         let mut metadata = Proto::default();
         metadata.message(1, &plugin);
-        let (mut dim, mut shape, mut tensor) = (Proto::default(), Proto::default(), Proto::default());
-        dim.varint(1, 1);
-        shape.message(2, &dim);
-        // DT_STRING = 7.
-        tensor.varint(1, 7).message(2, &shape).bytes(8, text.as_bytes());
+        // A scalar string tensor (DT_STRING = 7, no dimensions), as `tf.summary.text` writes.
+        let mut tensor = Proto::default();
+        tensor.varint(1, 7).message(2, &Proto::default()).bytes(8, text.as_bytes());
         let mut v = Proto::default();
         v.bytes(1, tag.as_bytes()).message(8, &tensor).message(9, &metadata);
         self.summary(step, &v)
@@ -60,8 +72,8 @@ impl EventWriter {
     /// A PNG image of `width` x `height` pixels under `tag` at `step`.
     pub fn image(&mut self, tag: &str, step: u64, png: &[u8], (width, height): (u32, u32)) -> std::io::Result<()> {
         let mut image = Proto::default();
-        // Colorspace 4: RGBA.
-        image.varint(1, u64::from(height)).varint(2, u64::from(width)).varint(3, 4).bytes(4, png);
+        // Colorspace 3: RGB, as plotters writes.
+        image.varint(1, u64::from(height)).varint(2, u64::from(width)).varint(3, 3).bytes(4, png);
         let mut v = Proto::default();
         v.bytes(1, tag.as_bytes()).message(4, &image);
         self.summary(step, &v)

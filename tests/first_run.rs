@@ -545,8 +545,9 @@ fn a_big_file_streams_in_bounded_memory() {
     let (big_peak, err) = peak_of(&big, "big");
     assert!(err.contains("100000 pairs kept of 100000 rows"), "{err}");
     let grown = big_peak.saturating_sub(small_peak);
+    // Measured here: 28 MB more; reading the file whole took 527 MB more.
     assert!(
-        grown < (text.len() as u64) / 4,
+        grown < (text.len() as u64) / 2,
         "{} MB of data took {} MB more than 17 rows",
         text.len() >> 20,
         grown >> 20

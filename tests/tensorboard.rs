@@ -109,3 +109,31 @@ fn an_integration_we_do_not_have_is_refused_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim(), "error: `--report-to`: `wandb` is not supported: use `tensorboard` (or `none`)");
 }
+
+/// A resumed stage logs the steps after its checkpoint again, in a new file that starts with a
+/// restart: TensorBoard shows each step once, with the values logged last.
+#[test]
+fn a_restart_replaces_the_steps_logged_after_the_checkpoint() {
+    use dpo_train::tboard::EventWriter;
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = EventWriter::create(dir.path()).unwrap();
+    for step in 1..=4 {
+        first.scalar("train/loss", step, step as f32).unwrap();
+    }
+    let mut again = EventWriter::create(dir.path()).unwrap();
+    again.restart(3).unwrap();
+    for step in 3..=5 {
+        again.scalar("train/loss", step, 10.0 * step as f32).unwrap();
+    }
+    let read =
+        Command::new(python()).arg(fixtures().join("../gen/read_tensorboard.py")).arg(dir.path()).output().unwrap();
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let events: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    let steps: Vec<(u64, f64)> = events["scalars"]["train/loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap()))
+        .collect();
+    assert_eq!(steps, [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]);
+}

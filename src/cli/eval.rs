@@ -4,9 +4,11 @@ use std::io::Write;
 
 use super::args::EvalArgs;
 use super::launch::single_device;
+use super::progress::ConsoleProgress;
 use crate::config::TrainConfig;
 use crate::data::Columns;
-use crate::eval::{EvalOptions, EvalReport, evaluate};
+use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
+use crate::train::Progress;
 
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
@@ -27,7 +29,10 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size,
         device: single_device(args.device)?,
     };
-    let report = evaluate(&opts)?;
+    let mut console = ConsoleProgress::default();
+    let label = format!("reading `{}`", opts.data.display());
+    let report = evaluate_showing(&opts, &mut |done, total| console.reading(&label, done, total))?;
+    drop(console);
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&report.metrics)?)?;

@@ -153,17 +153,22 @@ pub enum Placed {
 /// `extra_args`) and waits, or returns the device and process group to run on. `before_workers`
 /// runs first where several workers are about to meet (the launcher before it starts them; a
 /// worker another launcher started, torchrun or SLURM, before the rendezvous): work every rank
-/// needs, such as tokenising the data, is done there rather than with ranks waiting.
+/// needs, such as tokenising the data, is done there rather than with ranks waiting. Its argument
+/// says whether this process shows progress.
 pub fn place(
     par: &ParallelArgs,
     extra_args: &[OsString],
     timeout: Duration,
-    before_workers: &mut dyn FnMut() -> anyhow::Result<()>,
+    before_workers: &mut dyn FnMut(bool) -> anyhow::Result<()>,
 ) -> anyhow::Result<Placed> {
     let worker = dist::env::detect()?;
     let device_arg = match role(par, &worker, cuda_device_count)? {
         Role::Launcher(plan) => {
-            before_workers()?;
+            before_workers(true)?;
+            // Ctrl-C during that work: no worker is started.
+            if interrupt::install()?.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(Placed::Launched(LaunchOutcome::Interrupted));
+            }
             return launch(par, &plan, extra_args).map(Placed::Launched);
         }
         Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
@@ -177,7 +182,8 @@ pub fn place(
             // exists (only a test could build it first); it then keeps its size.
             let _ = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1) as usize).build_global();
         }
-        None => before_workers()?,
+        // Only rank 0 shows its progress.
+        None => before_workers(worker.rank == 0)?,
     }
     let group = ProcessGroup::new(&DistConfig {
         rank: worker.rank,

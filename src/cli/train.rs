@@ -37,7 +37,11 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let extra: Vec<OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
     let timeout = Duration::from_secs(cfg.ddp_timeout);
     let mut console = ConsoleProgress::default();
-    let mut tokenize_first = || crate::run::warm_data_cache(&cfg, &mut console);
+    let resumed = resume.clone().map(Some);
+    let mut tokenize_first = |shown: bool| {
+        let progress: &mut dyn Progress = if shown { &mut console } else { &mut Silent };
+        crate::run::warm_data_cache(&cfg, (resumed.as_ref(), &name), progress)
+    };
     let (device, mut group, worker) = match place(&args.parallel, &extra, timeout, &mut tokenize_first)? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),

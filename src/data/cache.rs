@@ -109,18 +109,26 @@ pub fn store(path: &Path, prepared: &Prepared) -> std::io::Result<()> {
 /// The entry at `path`; `None` when there is none, or it cannot be read whole (a damaged entry is
 /// tokenised again and rewritten).
 pub fn load(path: &Path) -> Option<Prepared> {
-    let mut input = BufReader::with_capacity(1 << 20, std::fs::File::open(path).ok()?);
+    let file = std::fs::File::open(path).ok()?;
+    // Lengths are checked against the file before anything that large is allocated.
+    let size = file.metadata().ok()?.len();
+    let mut input = BufReader::with_capacity(1 << 20, file);
     let mut magic = [0u8; 8];
     input.read_exact(&mut magic).ok()?;
     if &magic != MAGIC {
         return None;
     }
-    let summary_len = usize::try_from(read_u64(&mut input)?).ok()?;
+    let summary_len = usize::try_from(read_u64(&mut input)?).ok().filter(|&l| (l as u64) < size)?;
     let mut summary = vec![0u8; summary_len];
     input.read_exact(&mut summary).ok()?;
     let summary: DataSummary = serde_json::from_slice(&summary).ok()?;
-    let n = usize::try_from(read_u64(&mut input)?).ok()?;
-    let mut heads = Vec::with_capacity(n.min(1 << 24));
+    let n = read_u64(&mut input)?;
+    let heads_at = 8 + 8 + summary_len as u64 + 8;
+    if n.checked_mul(20).is_none_or(|bytes| heads_at + bytes > size) {
+        return None;
+    }
+    let n = usize::try_from(n).ok()?;
+    let mut heads = Vec::with_capacity(n);
     for _ in 0..n {
         let line = usize::try_from(read_u64(&mut input)?).ok()?;
         let mut lens = [0usize; 3];
@@ -129,13 +137,16 @@ pub fn load(path: &Path) -> Option<Prepared> {
         }
         heads.push((line, lens));
     }
+    let ids: u64 = heads.iter().map(|(_, lens)| lens.iter().map(|&l| l as u64).sum::<u64>()).sum();
+    if heads_at + 20 * n as u64 + 4 * ids != size {
+        return None;
+    }
     let mut pairs = Vec::with_capacity(n);
     for (line, [p, c, r]) in heads {
         let mut ids = |len| read_ids(&mut input, len);
         pairs.push(TokenizedPair { line, prompt_ids: ids(p)?, chosen_ids: ids(c)?, rejected_ids: ids(r)? });
     }
-    // Trailing bytes mean a different layout: not ours to trust.
-    (input.read(&mut [0u8; 1]).ok()? == 0).then_some(Prepared { pairs, summary })
+    Some(Prepared { pairs, summary })
 }
 
 fn read_u64(input: &mut impl Read) -> Option<u64> {

@@ -102,11 +102,10 @@ pub enum DataError {
         "All {dropped} examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
     )]
     NoCompletions { dropped: usize },
-    /// Every example was dropped, for several reasons or because chosen equals rejected.
-    #[error(
-        "All {total} examples were dropped: {too_long} prompts reach `max_length` = {max_length} tokens, {empty} have no completion token, {identical} have chosen identical to rejected"
-    )]
-    NothingLeft { total: usize, too_long: usize, empty: usize, identical: usize, max_length: usize },
+    /// Every example was dropped, for several reasons or because chosen equals rejected;
+    /// `reasons` counts each ("3 have chosen identical to rejected, ...").
+    #[error("All {total} examples were dropped: {reasons}")]
+    NothingLeft { total: usize, reasons: String },
 }
 
 /// What is wrong with one row; `Display` is the part after "`file`, line N: ".

@@ -154,13 +154,16 @@ impl<'a> Tokenizing<'a> {
                 (0, 0, 0) => DataError::NoRows,
                 (dropped, 0, 0) => DataError::AllDropped { dropped, max_length },
                 (0, dropped, 0) => DataError::NoCompletions { dropped },
-                _ => DataError::NothingLeft {
-                    total: too_long + empty + identical,
-                    too_long,
-                    empty,
-                    identical,
-                    max_length,
-                },
+                _ => {
+                    let reasons = [
+                        (too_long, format!("prompts reach `max_length` = {max_length} tokens")),
+                        (empty, "have no completion token".to_owned()),
+                        (identical, "have chosen identical to rejected".to_owned()),
+                    ];
+                    let reasons: Vec<String> =
+                        reasons.iter().filter(|(n, _)| *n > 0).map(|(n, why)| format!("{n} {why}")).collect();
+                    DataError::NothingLeft { total: too_long + empty + identical, reasons: reasons.join(", ") }
+                }
             });
         }
         report.kept = pairs.len();

@@ -53,7 +53,14 @@ fn splits(cfg: &TrainConfig) -> [Split<'_>; 3] {
 /// does this before it starts the workers, and a worker started by another launcher (torchrun,
 /// SLURM) before the rendezvous, so no rank waits at a collective while another tokenises. The
 /// demo's data is built in the run directory and is skipped.
-pub fn warm_data_cache(cfg: &TrainConfig, progress: &mut dyn Progress) -> anyhow::Result<()> {
+/// A run the workers would refuse for its run directory (one that already holds a run, none to
+/// resume) is refused here first, before any tokenising.
+pub fn warm_data_cache(
+    cfg: &TrainConfig,
+    (resume, config_name): (Option<&Option<PathBuf>>, &str),
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    super::run_dir(cfg, resume, config_name)?;
     let demo = cfg.model_name_or_path == DEMO || splits(cfg).iter().any(|s| s.file.is_some_and(|f| f == DEMO));
     if !demo {
         load_inputs(cfg, None, progress)?;

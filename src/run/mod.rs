@@ -100,7 +100,7 @@ pub fn machine() -> String {
 /// Runs the request to its end.
 pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
     let workers = req.rt.workers;
-    let (run_dir, resume) = run_dir(&req)?;
+    let (run_dir, resume) = run_dir(&req.cfg, req.resume.as_ref(), &req.config_name)?;
     // Every rank checked for an earlier run before rank 0 creates anything.
     workers.barrier()?;
     let cfg = &req.cfg;
@@ -237,28 +237,28 @@ fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -
     demo::prepare(&dir, req.cfg.seed, &req.rt.device)
 }
 
-/// The run directory, and whether to resume in it.
-fn run_dir(req: &RunRequest) -> anyhow::Result<(PathBuf, bool)> {
-    match &req.resume {
+/// The run directory, and whether to resume in it (`resume`: as [`RunRequest::resume`]).
+pub fn run_dir(
+    cfg: &TrainConfig,
+    resume: Option<&Option<PathBuf>>,
+    config_name: &str,
+) -> anyhow::Result<(PathBuf, bool)> {
+    match resume {
         Some(Some(dir)) => Ok((dir.clone(), true)),
         Some(None) => {
-            let newest = std::fs::read_dir(&req.cfg.output_dir)
-                .with_context(|| format!("cannot list `{}` to find a run to resume", req.cfg.output_dir.display()))?
+            let newest = std::fs::read_dir(&cfg.output_dir)
+                .with_context(|| format!("cannot list `{}` to find a run to resume", cfg.output_dir.display()))?
                 .filter_map(Result::ok)
                 .filter(|e| e.path().join("config.toml").is_file())
                 .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
             let dir = newest
                 .map(|e| e.path())
-                .with_context(|| format!("no run to resume under `{}`", req.cfg.output_dir.display()))?;
+                .with_context(|| format!("no run to resume under `{}`", cfg.output_dir.display()))?;
             Ok((dir, true))
         }
         None => {
-            let name = req
-                .cfg
-                .run_name
-                .clone()
-                .unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), req.config_name));
-            let dir = req.cfg.output_dir.join(name);
+            let name = cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), config_name));
+            let dir = cfg.output_dir.join(name);
             if crate::train::checkpoint::latest(&dir).is_some() {
                 anyhow::bail!(
                     "`{}` already holds a run: pass `--resume {}` or another `--run-name`",

@@ -262,8 +262,13 @@ impl MetricsWriter {
     /// Also writes every row to a new TensorBoard event file in `dir`, as transformers'
     /// `TensorBoardCallback` names the values: `train/loss`, `eval/rewards/margins`,
     /// `train/learning_rate`, `train/grad_norm`, `train/epoch`.
-    pub fn with_tensorboard(mut self, dir: &Path) -> Result<Self, LogError> {
-        let events = EventWriter::create(dir).map_err(|e| LogError::io("create an event file in", dir, e))?;
+    /// A stage resumed from the checkpoint at `resumed_at` logs the steps after it again: the new
+    /// file starts by telling TensorBoard to drop what earlier files hold from there on.
+    pub fn with_tensorboard(mut self, dir: &Path, resumed_at: Option<u64>) -> Result<Self, LogError> {
+        let mut events = EventWriter::create(dir).map_err(|e| LogError::io("create an event file in", dir, e))?;
+        if let Some(step) = resumed_at {
+            events.restart(step + 1).map_err(|e| LogError::io("write", events.path(), e))?;
+        }
         self.tensorboard = Some(events);
         Ok(self)
     }

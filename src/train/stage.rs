@@ -38,7 +38,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         let policy = inference_copy(&t.policy);
         let metrics = refs.evaluate(&policy, run, stage.dir, &t.state, log.as_deref_mut(), progress)?;
         if let (Some(_), Some(log), Some(draw)) = (&metrics, log, stage.draw_plots) {
-            log_dashboard(log, draw, stage.dir, t.state.step)?;
+            // The plots are a view: one that cannot be drawn does not stop the training.
+            if let Err(e) = log_dashboard(log, draw, stage.dir, t.state.step) {
+                progress.line(&format!("warning: the dashboard for TensorBoard was not drawn: {e:#}"));
+            }
         }
         anyhow::Ok(metrics)
     };
@@ -179,7 +182,10 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         (None, true) => Some(MetricsWriter::create(stage.dir)?),
     };
     let log = match (log, stage.tensorboard) {
-        (Some(log), Some(dir)) => Some(log.with_tensorboard(&dir.join(stage.objective.name()))?),
+        (Some(log), Some(dir)) => {
+            let resumed_at = resume_from.is_some().then_some(trained.state.step);
+            Some(log.with_tensorboard(&dir.join(stage.objective.name()), resumed_at)?)
+        }
         (log, _) => log,
     };
     let references = match stage.objective {

@@ -280,7 +280,7 @@ struct Rows<'a> {
     /// The bytes are a gzip stream: a read error is a decompression error.
     gzip: bool,
     /// Whether the prompt is implicit: fixed by the schema (Parquet, a CSV header) or by the first
-    /// JSON object (TRL decides from the first example), with that object's line.
+    /// good JSON row (TRL decides from the first example), with that row's line.
     implicit: Option<(bool, usize)>,
     /// The first good row's number and whether it is conversational.
     first: Option<(usize, bool)>,
@@ -344,6 +344,8 @@ impl<'a> Rows<'a> {
         };
         let cols = self.cols;
         let has_prompt = obj.contains_key(&cols.prompt);
+        // The first good row decides; a bad one decides nothing (it is skipped or is the error).
+        let deciding = self.implicit.is_none();
         let (implicit, first_line) = *self.implicit.get_or_insert((!has_prompt, line));
         if implicit && has_prompt {
             let problem = RowProblem::PromptAppears { field: cols.prompt.clone(), first_line };
@@ -357,6 +359,9 @@ impl<'a> Rows<'a> {
             let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
             build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)
         })();
+        if deciding && parsed.is_err() {
+            self.implicit = None;
+        }
         self.push(line, parsed)
     }
 
@@ -762,5 +767,13 @@ mod tests {
         );
         let data = b"{\"prompt\": \"Q:\", \"chosen\": \" a\", \"rejected\": \" b\"}\n{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n";
         assert_eq!(err_tail(&load("early_prompt.jsonl", data).unwrap_err()), "line 2: field `prompt` is missing");
+    }
+
+    #[test]
+    fn a_bad_first_row_does_not_decide_the_prompt() {
+        let data = b"{\"chosen\": \"x\"}\n{\"prompt\": \"Q:\", \"chosen\": \" a\", \"rejected\": \" b\"}\n";
+        let loaded = load_skip("bad_first.jsonl", data).unwrap();
+        assert!(!loaded.implicit_prompt);
+        assert_eq!((loaded.rows.len(), loaded.skipped[0].line), (1, 1));
     }
 }
