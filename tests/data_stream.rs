@@ -116,3 +116,13 @@ fn a_tokenisation_error_in_a_shard_names_the_shard() {
         "{text}"
     );
 }
+
+#[test]
+fn data_with_nothing_left_to_train_on_is_named() {
+    let dir = temp_dir("nothing");
+    let path = dir.join("same.jsonl");
+    std::fs::write(&path, "{\"prompt\": \"Q\", \"chosen\": \" a\", \"rejected\": \" a\"}\n").unwrap();
+    let err = prepare(&path, &LoadOptions::default(), &tokenizer(), None, &mut |_, _| {}).unwrap_err();
+    let text = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(text, format!("`{}`: All 1 examples were dropped: 1 have chosen identical to rejected", path.display()));
+}

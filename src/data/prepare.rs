@@ -44,7 +44,9 @@ pub fn prepare(
         tokenizing.push(&rows).map_err(|e| DataError::InFile { path: file.to_path_buf(), source: Box::new(e) })
     };
     let read = read_rows(path, opts, &mut each, progress)?;
-    let (pairs, tokenized) = tokenizing.finish()?;
+    // Nothing left to train on: the error names the data, as every other one does.
+    let in_data = |e| DataError::InFile { path: path.to_path_buf(), source: Box::new(e) };
+    let (pairs, tokenized) = tokenizing.finish().map_err(in_data)?;
     Ok(Prepared { pairs, summary: DataSummary { read, tokenized, eos_in_content } })
 }
 
