@@ -10,7 +10,7 @@ use anyhow::Context;
 use burn::tensor::Device;
 
 use crate::config::LossConfig;
-use crate::data::{self, Columns, LoadOptions, Prepared, SkippedRow, TokenizeReport, Tokenizer};
+use crate::data::{self, Columns, LoadOptions, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer};
 use crate::dpo::logps::{Collation, RefLogps, reference_logps};
 use crate::dpo::metrics::Metrics;
 use crate::dpo::score::evaluate_pairs;
@@ -85,8 +85,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     let read =
         LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
     let Prepared { pairs, summary } = data::prepare(&opts.data, &read, &tokenizer, opts.max_length, reading)?;
-    let longest =
-        pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap_or(0);
+    let longest = pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
     if let Some((dir, ref_cfg)) = &ref_cfg {
         compat::check_length(ref_cfg, dir, longest, &opts.data)?;

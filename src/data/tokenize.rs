@@ -42,6 +42,13 @@ pub struct TokenizedPair {
     pub rejected_ids: Vec<u32>,
 }
 
+impl TokenizedPair {
+    /// Tokens of the pair's longer sequence, prompt included.
+    pub fn longest(&self) -> usize {
+        self.prompt_ids.len() + self.chosen_ids.len().max(self.rejected_ids.len())
+    }
+}
+
 /// What tokenisation changed or dropped; nothing is dropped without being listed here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizeReport {

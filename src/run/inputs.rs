@@ -101,8 +101,7 @@ pub(super) fn load_inputs(
         };
         let (data, store, split_notes) = prepare_split(&path, split.name, cfg, (&tokenizer, &tokenizer_dir), progress)?;
         notes.extend(split_notes);
-        let longest = data.pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len()));
-        let longest = longest.max().unwrap_or(0);
+        let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
         for (dir, model_cfg) in &models {
             compat::check_length(model_cfg, dir, longest, &path)?;
         }
