@@ -74,6 +74,32 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Every rank sets its key and waits for all the others'; on a timeout the error names the ranks
+// whose keys are missing (c10d's own wait says only how many workers joined).
+void check_in(c10d::Store& store, const std::string& addr, uint16_t port, int rank, int world_size,
+              std::chrono::milliseconds timeout) {
+  const std::string prefix = "dpo_train/joined/";
+  store.set(prefix + std::to_string(rank), std::vector<uint8_t>{'1'});
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const c10::Error& e) {
+    std::string missing;
+    try {
+      for (int r = 0; r < world_size; ++r) {
+        if (!store.check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    } catch (const c10::Error&) {
+      // Rank 0 serves the store and gave up first: only it could say who was missing.
+      TORCH_CHECK(false, "the rendezvous store at ", addr, ":", port, " (rank 0) went away while rank ", rank,
+                  " waited for the others: ", e.what_without_backtrace());
+    }
+    TORCH_CHECK(false, "rank(s) ", missing, " of ", world_size, " never joined the rendezvous at ", addr, ":", port,
+                " within ", timeout.count() / 1000.0, " s");
+  }
+}
+
 // Checks a tensor pointer before a collective touches it.
 void check_tensor(const at::Tensor* t, const char* name) {
   TORCH_CHECK(t != nullptr, name, " is a null tensor pointer");
@@ -125,10 +151,13 @@ int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int 
     opts.port = master_port;
     opts.isServer = rank == 0;
     opts.numWorkers = static_cast<std::size_t>(world_size);
-    opts.waitWorkers = true;
+    // Ranks check in by key below instead, so that a rank that never comes can be named.
+    opts.waitWorkers = false;
     opts.timeout = timeout;
     group->store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
   });
+  if (rc != C10D_OK) return rc;
+  rc = guarded("rendezvous", [&] { check_in(*group->store, addr, master_port, rank, world_size, timeout); });
   if (rc != C10D_OK) return rc;
   group->rank = rank;
   group->world_size = world_size;

@@ -185,6 +185,70 @@ fn a_killed_worker_ends_the_job_naming_its_rank() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.starts_with("error: ") && last.contains("Rank"), "{last}");
+    assert!(stderr.lines().any(|l| l.starts_with("rank 1: exited (killed by signal 9)")), "{stderr}");
+}
+
+/// The pid of the launcher's worker whose `RANK` is `rank`.
+fn worker_pid(launcher: u32, rank: usize) -> Option<String> {
+    let out = Command::new("pgrep").args(["-P", &launcher.to_string()]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_owned).find(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ.split(|&b| b == 0).any(|var| var == format!("RANK={rank}").as_bytes())
+    })
+}
+
+#[test]
+fn a_frozen_worker_ends_the_job_within_the_timeout_saying_where_each_rank_was() {
+    const TIMEOUT: u64 = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 100_000);
+    let timeout = TIMEOUT.to_string();
+    let launcher = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--config", config.to_str().unwrap(), "--run-name", "frozen", "--devices", "cpu:2"])
+        .args(["--ddp-timeout", &timeout, "--eval-steps", "0", "--logging-steps", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = launcher.id();
+    // Wait (up to 60 s) until both workers train, then freeze rank 1.
+    let frozen = (0..300)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            let training = dir.path().join("frozen/metrics.csv").exists();
+            worker_pid(pid, 0).and(worker_pid(pid, 1)).filter(|_| training)
+        })
+        .expect("the workers did not start training within 60 s");
+    std::thread::sleep(Duration::from_secs(1));
+    Command::new("kill").args(["-STOP", &frozen]).status().unwrap();
+    let stopped_at = std::time::Instant::now();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(launcher.wait_with_output()));
+    let Ok(out) = finished.recv_timeout(Duration::from_secs(TIMEOUT + 20)) else {
+        let _ = Command::new("kill").args(["-9", &pid.to_string(), &frozen]).status();
+        panic!("the launcher did not end the job within {} s of rank 1 freezing", TIMEOUT + 20);
+    };
+    let took = stopped_at.elapsed();
+    let out = out.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // c10d's timeout or the launcher's watchdog: whichever comes first, at the timeout.
+    assert!(took < Duration::from_secs(TIMEOUT + 5), "took {took:?}:\n{stderr}");
+    assert!(took >= Duration::from_secs(TIMEOUT - 1), "ended before the timeout ({took:?}):\n{stderr}");
+    let line = |rank: usize| {
+        let prefix = format!("rank {rank}: ");
+        stderr.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no line for rank {rank}:\n{stderr}"))
+    };
+    assert!(line(1).starts_with("rank 1: stopped, last seen "), "{stderr}");
+    assert!(line(1).contains(" of step "), "{stderr}");
+    // Rank 0 waits for the frozen one in a collective of the step rank 1 is at, or gave up there.
+    let rank0 = line(0);
+    assert!(rank0.contains(" of step ") && (rank0.contains("waiting in ") || rank0.contains("gave up")), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "{stderr}");
+    // Nothing is left behind: the frozen worker was killed too.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!Path::new(&format!("/proc/{frozen}")).exists(), "rank 1 ({frozen}) is still there");
 }
 
 #[test]

@@ -91,7 +91,30 @@ fn worker_entry() {
             let took = started.elapsed();
             eprintln!("rank {} failed as expected after {took:?}: {err}", env.rank);
             assert!(err.to_string().starts_with("c10d `init_process_group` failed"), "{err}");
+            // Rank 0 serves the store: it names the missing rank (the other may see the store go first).
+            if env.rank == 0 {
+                assert!(err.to_string().contains("rank(s) 2 of 3 never joined the rendezvous at 127.0.0.1:"), "{err}");
+            }
             assert!(took < Duration::from_secs(15), "took {took:?}");
+        }
+        "late_rank" => {
+            let env = dist::env::detect().expect("worker variables");
+            if env.rank == 1 {
+                // Never arrives: the launcher kills it once rank 0 gives up.
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            let cfg = DistConfig {
+                rank: env.rank,
+                world_size: env.world_size,
+                local_rank: env.local_rank,
+                master_addr: env.master_addr,
+                master_port: env.master_port,
+                backend: Backend::Gloo,
+                timeout: TIMEOUT,
+            };
+            let err = ProcessGroup::new(&cfg).expect_err("rank 1 never comes");
+            eprintln!("{err}");
+            std::process::exit(4);
         }
         other => panic!("unknown role {other}"),
     }
@@ -193,6 +216,21 @@ fn wrong_world_size_fails_within_the_timeout() {
 }
 
 #[test]
+fn a_rank_that_never_joins_is_named_by_the_others_and_the_launcher() {
+    let (result, took) = run(2, "late_rank", &[]);
+    let err = result.expect_err("rank 0 gives up");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert!(
+        err.to_string().starts_with("Rank 0 failed (exit code 4); its last stderr line: `c10d `init_process_group`")
+    );
+    assert!(err.to_string().contains("rank(s) 1 of 2 never joined the rendezvous"), "{err}");
+    let report = err.report();
+    assert_eq!(report.len(), 2, "{report:?}");
+    assert_eq!(report[0], "rank 0: gave up after waiting 3 s in the rendezvous (exit code 4)");
+    assert_eq!(report[1], "rank 1: running, has not reached the rendezvous");
+}
+
+#[test]
 fn unreachable_master_fails_within_the_timeout() {
     // A non-zero rank connects to a port nobody serves.
     let port = dist::launcher::free_port().expect("free port");
@@ -217,6 +255,11 @@ fn launcher_reports_the_failing_rank_and_kills_the_rest() {
     let (result, took) = run(3, "exit3", &[]);
     let err = result.expect_err("rank 1 exits with 3");
     assert_eq!(err.to_string(), "Rank 1 failed (exit code 3); its last stderr line: `rank 1 gives up on purpose`");
+    // These workers never joined a group: the report says so for each.
+    let report = err.report();
+    assert_eq!(report[1], "rank 1: exited (exit code 3) before reaching the rendezvous");
+    assert_eq!(report[0], "rank 0: running, has not reached the rendezvous");
+    assert_eq!(report.len(), 3);
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 

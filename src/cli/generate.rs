@@ -94,6 +94,7 @@ fn gather_completions(
             flat.extend(sample.iter().map(|&t| t as f32));
         }
     }
+    group.set_phase("generation");
     let parts = group.all_gather_f32(&flat)?;
     let mut out = vec![Vec::new(); prompts];
     for (rank, part) in parts.iter().enumerate() {

@@ -169,7 +169,7 @@ pub fn place(
             if interrupt::install()?.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Placed::Launched(LaunchOutcome::Interrupted));
             }
-            return launch(par, &plan, extra_args).map(Placed::Launched);
+            return launch(par, &plan, extra_args, timeout).map(Placed::Launched);
         }
         Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
         Role::Worker(device_arg) => device_arg,
@@ -198,7 +198,12 @@ pub fn place(
 }
 
 /// Starts this node's workers and waits for them.
-fn launch(par: &ParallelArgs, plan: &LaunchPlan, extra_args: &[OsString]) -> anyhow::Result<LaunchOutcome> {
+fn launch(
+    par: &ParallelArgs,
+    plan: &LaunchPlan,
+    extra_args: &[OsString],
+    timeout: Duration,
+) -> anyhow::Result<LaunchOutcome> {
     let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     argv.extend(extra_args.iter().cloned());
     let spec = NodeSpec {
@@ -211,6 +216,7 @@ fn launch(par: &ParallelArgs, plan: &LaunchPlan, extra_args: &[OsString]) -> any
             None if par.nnodes > 1 => dist::env::DEFAULT_MASTER_PORT,
             None => free_port()?,
         },
+        timeout,
     };
     eprintln!(
         "launching {} {} worker(s) on node {} of {} (world size {})",
@@ -224,7 +230,13 @@ fn launch(par: &ParallelArgs, plan: &LaunchPlan, extra_args: &[OsString]) -> any
     let interrupts = interrupt::forward_to_workers();
     let visible = plan.visible.clone();
     let env = |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect();
-    Ok(dist::launch_node(&spec, env, &argv, interrupts)?)
+    dist::launch_node(&spec, env, &argv, interrupts).map_err(|e| {
+        // Where each rank was when the job ended, above the one-line error.
+        for line in e.report() {
+            eprintln!("{line}");
+        }
+        e.into()
+    })
 }
 
 #[cfg(test)]

@@ -12,18 +12,25 @@
 //! workers agree to stop, save one checkpoint together and exit 130, and the launch reports
 //! [`LaunchOutcome::Interrupted`]. A worker dies with its launcher (`PR_SET_PDEATHSIG`), so a
 //! killed launcher never leaves workers behind.
+//!
+//! Hangs: each worker keeps its latest collective in a flight record ([`super::flight`]) in a
+//! directory the launcher names. When a worker fails, or one is frozen for the timeout
+//! ([`super::watch`]), the error carries one line per rank saying where each one is.
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use super::flight;
+use super::watch::{self, Liveness, Watchdog};
 
 /// Lines of each worker's stderr kept for the error report.
 const KEPT_LINES: usize = 20;
@@ -34,6 +41,8 @@ const READER_GRACE: Duration = Duration::from_secs(2);
 
 /// The variable that carries the per-rank thread count to dpo-train (besides `OMP_NUM_THREADS`).
 pub const THREADS_VAR: &str = "DPO_TRAIN_THREADS";
+/// torch.distributed's default collective timeout, for launches that name none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 /// The exit code of a process stopped by an interrupt (128 + SIGINT, as shells report it).
 pub const INTERRUPTED_EXIT: i32 = 130;
 
@@ -60,6 +69,8 @@ pub struct NodeSpec {
     pub master_addr: String,
     /// A free port on node 0.
     pub master_port: u16,
+    /// The collective timeout (`ddp_timeout`): a worker frozen this long ends the job.
+    pub timeout: Duration,
 }
 
 impl NodeSpec {
@@ -71,6 +82,7 @@ impl NodeSpec {
             nproc_per_node: nproc,
             master_addr: "127.0.0.1".into(),
             master_port: free_port()?,
+            timeout: DEFAULT_TIMEOUT,
         })
     }
 
@@ -106,9 +118,22 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
-    /// A worker failed; the others were killed.
+    /// A worker failed; the others were killed. `report` has one line per rank of this node.
     #[error("Rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
-    RankFailed { rank: usize, status: String, last_line: String },
+    RankFailed { rank: usize, status: String, last_line: String, report: Vec<String> },
+    /// A worker was frozen, or stuck in one collective, past the timeout; every worker was killed.
+    #[error("The job stopped making progress: {reason}")]
+    Hung { reason: String, report: Vec<String> },
+}
+
+impl LaunchError {
+    /// Where each rank of this node was when the job ended (empty for other errors).
+    pub fn report(&self) -> &[String] {
+        match self {
+            LaunchError::RankFailed { report, .. } | LaunchError::Hung { report, .. } => report,
+            _ => &[],
+        }
+    }
 }
 
 /// Runs `world_size` workers of this binary on this machine and waits for all of them.
@@ -186,9 +211,10 @@ fn run_workers(
             spec.node_rank, spec.nnodes
         )));
     }
+    let records = FlightDir::create()?;
     let mut workers: Vec<Worker> = Vec::with_capacity(spec.nproc_per_node);
     for local_rank in 0..spec.nproc_per_node {
-        match Worker::spawn(program, spec, local_rank, per_rank_env, args) {
+        match Worker::spawn(program, spec, local_rank, per_rank_env, args, &records.0) {
             Ok(worker) => workers.push(worker),
             Err(err) => {
                 kill_all(&mut workers);
@@ -196,7 +222,29 @@ fn run_workers(
             }
         }
     }
-    supervise(workers, interrupts)
+    supervise(workers, interrupts, spec.timeout, &records.0)
+}
+
+/// The directory of the workers' flight records, removed with the launch.
+struct FlightDir(PathBuf);
+
+impl FlightDir {
+    fn create() -> Result<Self, LaunchError> {
+        // One process may run several launches (tests do, in parallel).
+        static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
+        let n = LAUNCHES.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("dpo-train-flight-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LaunchError::Invalid(format!("cannot create `{}`: {e}", dir.display())))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for FlightDir {
+    fn drop(&mut self) {
+        // Only diagnostics live here: a directory that cannot be removed costs a few bytes of /tmp.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl Worker {
@@ -208,6 +256,7 @@ impl Worker {
         local_rank: usize,
         per_rank_env: &dyn Fn(usize) -> Vec<(String, String)>,
         args: &[OsString],
+        records: &Path,
     ) -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
         let threads = (cores / spec.nproc_per_node).max(1).to_string();
@@ -221,6 +270,7 @@ impl Worker {
             .env("MASTER_PORT", spec.master_port.to_string())
             .env("OMP_NUM_THREADS", &threads)
             .env(THREADS_VAR, &threads)
+            .env(flight::DIR_VAR, records)
             .envs(per_rank_env(rank))
             .stdin(Stdio::null())
             .stdout(if local_rank == 0 { Stdio::inherit() } else { Stdio::null() })
@@ -249,51 +299,81 @@ impl Worker {
     }
 }
 
-/// Waits for every worker, forwarding each new interrupt; the first rank to fail stops them all.
-fn supervise(mut workers: Vec<Worker>, interrupts: &AtomicUsize) -> Result<LaunchOutcome, LaunchError> {
-    let mut running: Vec<bool> = vec![true; workers.len()];
+/// Waits for every worker, forwarding each new interrupt; the first rank to fail, or one frozen
+/// past `timeout`, stops them all.
+fn supervise(
+    mut workers: Vec<Worker>,
+    interrupts: &AtomicUsize,
+    timeout: Duration,
+    records: &Path,
+) -> Result<LaunchOutcome, LaunchError> {
+    let mut exits: Vec<Option<ExitStatus>> = vec![None; workers.len()];
+    let mut watchdog = Watchdog::new(workers.len(), timeout);
     let mut forwarded = 0;
-    let mut interrupted = false;
-    while running.iter().any(|&r| r) {
+    while exits.iter().any(Option::is_none) {
         let asked = interrupts.load(Ordering::SeqCst);
         if asked > forwarded {
             forwarded = asked;
-            signal_running(&mut workers, &running, libc::SIGINT);
+            signal_running(&workers, &exits, libc::SIGINT);
         }
-        for (i, worker) in workers.iter_mut().enumerate() {
-            if !running[i] {
-                continue;
-            }
-            let status = match worker.child.try_wait() {
-                Ok(Some(status)) => status,
-                Ok(None) => continue,
+        for (worker, exit) in workers.iter_mut().zip(exits.iter_mut()).filter(|(_, e)| e.is_none()) {
+            match worker.child.try_wait() {
+                Ok(status) => *exit = status,
                 Err(source) => {
                     let rank = worker.rank;
                     kill_all(&mut workers);
                     return Err(LaunchError::Wait { rank, source });
                 }
-            };
-            running[i] = false;
-            // Every rank stops on an interrupt together (they agree before each step).
-            if status.code() == Some(INTERRUPTED_EXIT) {
-                interrupted = true;
-            } else if !status.success() {
-                let (rank, last_line) = (worker.rank, worker.last_line());
-                kill_all(&mut workers);
-                return Err(LaunchError::RankFailed { rank, status: describe(status), last_line });
             }
+        }
+        // Every rank stops on an interrupt together (they agree before each step): 130 is no failure.
+        let failed = exits.iter().position(|e| e.is_some_and(|s| !s.success() && s.code() != Some(INTERRUPTED_EXIT)));
+        if let Some(i) = failed {
+            let report = report(&workers, &exits, records);
+            let (rank, status, last_line) = (workers[i].rank, exits[i].map(describe), workers[i].last_line());
+            kill_all(&mut workers);
+            return Err(LaunchError::RankFailed { rank, status: status.unwrap_or_default(), last_line, report });
+        }
+        let running: Vec<(usize, usize, u32)> = workers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| exits[*i].is_none())
+            .map(|(i, w)| (i, w.rank, w.child.id()))
+            .collect();
+        if let Some(reason) = watchdog.check(records, &running) {
+            let report = report(&workers, &exits, records);
+            kill_all(&mut workers);
+            return Err(LaunchError::Hung { reason, report });
         }
         std::thread::sleep(POLL);
     }
     for worker in &mut workers {
         worker.last_line();
     }
+    let interrupted = exits.iter().flatten().any(|s| s.code() == Some(INTERRUPTED_EXIT));
     Ok(if interrupted { LaunchOutcome::Interrupted } else { LaunchOutcome::Finished })
 }
 
+/// One line per worker: running, stopped or exited, and where its flight record last saw it.
+fn report(workers: &[Worker], exits: &[Option<ExitStatus>], records: &Path) -> Vec<String> {
+    let ranks: Vec<(usize, Liveness)> = workers
+        .iter()
+        .zip(exits)
+        .map(|(w, exit)| {
+            let live = match exit {
+                Some(status) => Liveness::Exited(describe(*status)),
+                None if watch::is_stopped(w.child.id()) => Liveness::Stopped,
+                None => Liveness::Running,
+            };
+            (w.rank, live)
+        })
+        .collect();
+    watch::report(records, &ranks)
+}
+
 /// Sends `signal` to every worker still running.
-fn signal_running(workers: &mut [Worker], running: &[bool], signal: i32) {
-    for (worker, _) in workers.iter_mut().zip(running).filter(|(_, r)| **r) {
+fn signal_running(workers: &[Worker], exits: &[Option<ExitStatus>], signal: i32) {
+    for (worker, _) in workers.iter().zip(exits).filter(|(_, e)| e.is_none()) {
         if let Ok(pid) = i32::try_from(worker.child.id()) {
             // SAFETY: `kill` has no memory effects; the pid is our unreaped child, so it cannot
             // have been reused by another process.
@@ -350,15 +430,28 @@ mod tests {
 
     #[test]
     fn global_ranks_of_a_multi_node_job() {
-        let spec =
-            NodeSpec { nnodes: 3, node_rank: 2, nproc_per_node: 4, master_addr: "n0".into(), master_port: 29500 };
+        let spec = NodeSpec {
+            nnodes: 3,
+            node_rank: 2,
+            nproc_per_node: 4,
+            master_addr: "n0".into(),
+            master_port: 29500,
+            timeout: DEFAULT_TIMEOUT,
+        };
         assert_eq!(spec.world_size(), 12);
         assert_eq!((0..4).map(|l| spec.global_rank(l)).collect::<Vec<_>>(), vec![8, 9, 10, 11]);
     }
 
     #[test]
     fn invalid_specs_are_rejected_before_spawning() {
-        let spec = NodeSpec { nnodes: 2, node_rank: 2, nproc_per_node: 1, master_addr: "n0".into(), master_port: 1 };
+        let spec = NodeSpec {
+            nnodes: 2,
+            node_rank: 2,
+            nproc_per_node: 1,
+            master_addr: "n0".into(),
+            master_port: 1,
+            timeout: DEFAULT_TIMEOUT,
+        };
         let err = launch_node(&spec, |_| Vec::new(), &[], &AtomicUsize::new(0)).unwrap_err();
         assert_eq!(err.to_string(), "Invalid launch: node rank 2 is not below the node count 2");
         assert!(free_port().unwrap() > 0);

@@ -11,9 +11,11 @@
 //! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] touches it.
 
 pub mod env;
+pub mod flight;
 pub mod launcher;
 pub mod process_group;
 pub mod slurm;
+pub mod watch;
 
 mod bridge;
 

@@ -22,6 +22,7 @@ use burn::tensor::Tensor;
 use tch::{Device as TchDevice, Kind};
 
 use super::bridge::{self, Origin};
+use super::flight::{FlightRecorder, now_ms};
 
 /// DDP's default bucket size (`bucket_cap_mb=25`).
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
@@ -76,6 +77,15 @@ pub enum DistError {
     /// A tensor is not a LibTorch tensor (another burn backend).
     #[error("Tensor {index} is not a LibTorch tensor: {reason}")]
     NotLibTorch { index: usize, reason: String },
+    /// A collective failed (timed out, lost a peer): where this rank was, and for how long.
+    #[error("rank {rank} gave up after {secs:.0} s in {place}")]
+    During {
+        rank: usize,
+        place: String,
+        secs: f64,
+        #[source]
+        source: Box<DistError>,
+    },
     #[error("libtorch failed while preparing `{op}`")]
     Tch {
         op: &'static str,
@@ -149,6 +159,8 @@ pub struct ProcessGroup {
     /// Where scalars, metrics and gather buffers live for this backend.
     device: TchDevice,
     bucket_bytes: usize,
+    /// This rank's latest collective, for the report of a hang.
+    flight: Box<FlightRecorder>,
 }
 
 // SAFETY: the C10dGroup is a heap object with no thread affinity (c10d backends are used from
@@ -177,14 +189,17 @@ impl ProcessGroup {
             Backend::Gloo => (ffi::BACKEND_GLOO, TchDevice::Cpu),
             Backend::Nccl => (ffi::BACKEND_NCCL, TchDevice::Cuda(*local_rank)),
         };
+        let flight = Box::new(FlightRecorder::from_env(*rank));
+        flight.enter("rendezvous", (0, 0), 0);
         let mut raw = std::ptr::null_mut();
         // SAFETY: `addr` is a valid NUL-terminated string that outlives the call, and `raw` is a
         // valid out-pointer; the shim writes an owned group to it only on success.
         let status = unsafe {
             ffi::c10d_group_new(addr.as_ptr(), *master_port, rank_i, world_i, code, timeout_ms, device_i, &mut raw)
         };
+        flight.leave(status == 0);
         check("init_process_group", status)?;
-        Ok(Self { raw, rank: *rank, world_size: *world_size, device, bucket_bytes: DEFAULT_BUCKET_BYTES })
+        Ok(Self { raw, rank: *rank, world_size: *world_size, device, bucket_bytes: DEFAULT_BUCKET_BYTES, flight })
     }
 
     /// This process's rank.
@@ -195,6 +210,22 @@ impl ProcessGroup {
     /// The number of processes in the group.
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// Names the optimizer step (1-based; 0 before the first) and the phase of the collectives
+    /// that follow, for the flight record ([`super::flight`]).
+    pub fn set_context(&self, step: u64, phase: &'static str) {
+        self.flight.set_context(step, phase);
+    }
+
+    /// Names the phase of the collectives that follow, in the same step.
+    pub fn set_phase(&self, phase: &'static str) {
+        self.flight.set_phase(phase);
+    }
+
+    /// This rank's latest collective.
+    pub fn last_record(&self) -> Option<super::flight::Record> {
+        self.flight.last()
     }
 
     /// The largest flat bucket, in bytes, of one gradient collective.
@@ -238,7 +269,8 @@ impl ProcessGroup {
         }
         let tch_err = |source| DistError::Tch { op: "all_reduce_sum_f64", source };
         let mut t = tch::Tensor::f_from_slice(values).and_then(|t| t.f_to_device(self.device)).map_err(tch_err)?;
-        self.reduce_raw(&mut [&mut t], ffi::OP_SUM)?;
+        let bytes = 8 * values.len() as u64;
+        self.recorded("all_reduce", (0, 0), bytes, || self.reduce_raw(&mut [&mut t], ffi::OP_SUM))?;
         t.f_to_device(TchDevice::Cpu).and_then(|t| t.f_copy_data(values, values.len())).map_err(tch_err)
     }
 
@@ -248,18 +280,20 @@ impl ProcessGroup {
     pub fn broadcast<const D: usize>(&self, tensors: &mut [Tensor<D>], root: usize) -> Result<(), DistError> {
         let root_i = i32::try_from(root).ok().filter(|_| root < self.world_size);
         let root_i = root_i.ok_or(DistError::BadRoot { root, world_size: self.world_size })?;
-        self.bucketed(tensors, "broadcast", |pg, flat| {
+        self.bucketed(tensors, "broadcast", |flat| {
             let ptr = flat.as_mut_ptr();
-            // SAFETY: `pg.raw` is a live group (owned by `self`); `ptr` points to a live
+            // SAFETY: `self.raw` is a live group (owned by `self`); `ptr` points to a live
             // `at::Tensor` (`flat`, borrowed mutably for the call) and the array has one element.
-            check("broadcast", unsafe { ffi::c10d_broadcast(pg.raw, &ptr, 1, root_i) })
+            check("broadcast", unsafe { ffi::c10d_broadcast(self.raw, &ptr, 1, root_i) })
         })
     }
 
     /// Blocks until every rank has reached the barrier (or the timeout passes).
     pub fn barrier(&self) -> Result<(), DistError> {
-        // SAFETY: `self.raw` is a live group owned by `self`.
-        check("barrier", unsafe { ffi::c10d_barrier(self.raw) })
+        self.recorded("barrier", (0, 0), 0, || {
+            // SAFETY: `self.raw` is a live group owned by `self`.
+            check("barrier", unsafe { ffi::c10d_barrier(self.raw) })
+        })
     }
 
     /// Every rank's `local`, indexed by rank (evaluation sums, generated samples).
@@ -297,11 +331,14 @@ impl ProcessGroup {
         let n = input.numel() * self.world_size;
         let mut output =
             tch::Tensor::f_zeros([i64::try_from(n).unwrap_or(i64::MAX)], (kind, self.device)).map_err(tch_err)?;
-        // SAFETY: `self.raw` is a live group; both pointers are live `at::Tensor`s borrowed for the
-        // call, and `output` has `world_size` times the input's elements as the shim requires (it
-        // checks again and reports a mismatch as an error).
-        let status = unsafe { ffi::c10d_all_gather(self.raw, input.as_mut_ptr(), output.as_mut_ptr()) };
-        check("all_gather", status)?;
+        let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
+        let bytes = (input.numel() * kind.elt_size_in_bytes()) as u64;
+        self.recorded("all_gather", (0, 0), bytes, || {
+            // SAFETY: `self.raw` is a live group; both pointers are to live `at::Tensor`s
+            // (`input`, `output`) that outlive the call, and `output` has `world_size` times the
+            // input's elements as the shim requires (it checks again and reports a mismatch).
+            check("all_gather", unsafe { ffi::c10d_all_gather(self.raw, input_ptr, output_ptr) })
+        })?;
         Ok(output)
     }
 
@@ -314,7 +351,26 @@ impl ProcessGroup {
     }
 
     fn all_reduce_bucketed<const D: usize>(&self, tensors: &mut [Tensor<D>], op: i32) -> Result<(), DistError> {
-        self.bucketed(tensors, "all_reduce", |pg, flat| pg.reduce_raw(&mut [flat], op))
+        self.bucketed(tensors, "all_reduce", |flat| self.reduce_raw(&mut [flat], op))
+    }
+
+    /// Runs one collective between flight records: entering before, left or failed after. A
+    /// failure says where this rank was and for how long.
+    fn recorded(
+        &self,
+        op: &'static str,
+        bucket: (usize, usize),
+        bytes: u64,
+        call: impl FnOnce() -> Result<(), DistError>,
+    ) -> Result<(), DistError> {
+        self.flight.enter(op, bucket, bytes);
+        let result = call();
+        self.flight.leave(result.is_ok());
+        result.map_err(|source| {
+            let record = self.flight.last();
+            let (place, secs) = record.map_or((op.to_owned(), 0.0), |r| (r.place(), r.waited(now_ms()).as_secs_f64()));
+            DistError::During { rank: self.rank, place, secs, source: Box::new(source) }
+        })
     }
 
     /// Packs `tensors` into flat buckets, runs `collective` on each bucket in place, and replaces
@@ -323,7 +379,7 @@ impl ProcessGroup {
         &self,
         tensors: &mut [Tensor<D>],
         op: &'static str,
-        collective: impl Fn(&Self, &mut tch::Tensor) -> Result<(), DistError>,
+        collective: impl Fn(&mut tch::Tensor) -> Result<(), DistError>,
     ) -> Result<(), DistError> {
         let tch_err = |source| DistError::Tch { op, source };
         // Shallow handles on the same storage: no data moves here.
@@ -331,9 +387,12 @@ impl ProcessGroup {
         for (index, t) in tensors.iter().enumerate() {
             unwrapped.push(bridge::to_tch(t.clone()).map_err(|reason| DistError::NotLibTorch { index, reason })?);
         }
+        let mut ends = Vec::new();
+        while ends.last().copied().unwrap_or(0) < unwrapped.len() {
+            ends.push(bucket_end(&unwrapped, ends.last().copied().unwrap_or(0), self.bucket_bytes));
+        }
         let mut start = 0;
-        while start < unwrapped.len() {
-            let end = bucket_end(&unwrapped, start, self.bucket_bytes);
+        for (index, &end) in ends.iter().enumerate() {
             let flats: Vec<tch::Tensor> = unwrapped[start..end]
                 .iter()
                 .map(|(t, _)| t.f_reshape([-1]))
@@ -341,7 +400,8 @@ impl ProcessGroup {
                 .map_err(tch_err)?;
             // The one device-side copy: the bucket's tensors side by side.
             let mut bucket = tch::Tensor::f_cat(&flats, 0).map_err(tch_err)?; // [sum of numels]
-            collective(self, &mut bucket)?;
+            let bytes = (bucket.numel() * bucket.kind().elt_size_in_bytes()) as u64;
+            self.recorded(op, (index + 1, ends.len()), bytes, || collective(&mut bucket))?;
             let mut offset = 0_i64;
             for (slot, (t, origin)) in tensors[start..end].iter_mut().zip(&unwrapped[start..end]) {
                 let numel = i64::try_from(t.numel()).unwrap_or(i64::MAX);
@@ -391,11 +451,13 @@ pub fn allreduce_bandwidth(pg: &ProcessGroup, bytes: usize) -> Result<f64, DistE
     let tch_err = |source| DistError::Tch { op: "allreduce_bandwidth", source };
     let numel = i64::try_from((bytes / 4).max(1)).unwrap_or(i64::MAX);
     let mut buffer = tch::Tensor::f_ones([numel], (Kind::Float, pg.device)).map_err(tch_err)?;
-    pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM)?;
+    pg.set_phase("bandwidth test");
+    let bytes = numel as u64 * 4;
+    pg.recorded("all_reduce", (0, 0), bytes, || pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM))?;
     pg.barrier()?;
     let started = Instant::now();
     for _ in 0..TIMED {
-        pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM)?;
+        pg.recorded("all_reduce", (0, 0), bytes, || pg.reduce_raw(&mut [&mut buffer], ffi::OP_SUM))?;
     }
     // Reading one element waits for the last collective on CUDA streams too.
     buffer.f_double_value(&[0]).map_err(tch_err)?;

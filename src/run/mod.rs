@@ -102,7 +102,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let workers = req.rt.workers;
     let (run_dir, resume) = run_dir(&req.cfg, req.resume.as_ref(), &req.config_name)?;
     // Every rank checked for an earlier run before rank 0 creates anything.
-    workers.barrier()?;
+    workers.barrier("run directory")?;
     let cfg = &req.cfg;
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
@@ -233,7 +233,7 @@ fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -
     if req.rt.workers.is_main() {
         demo::prepare(&dir, req.cfg.seed, &req.rt.device)?;
     }
-    req.rt.workers.barrier()?;
+    req.rt.workers.barrier("demo files")?;
     demo::prepare(&dir, req.cfg.seed, &req.rt.device)
 }
 

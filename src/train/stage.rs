@@ -54,6 +54,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         last_eval = evaluate(&trained, log.as_mut(), progress)?;
     }
     while trained.state.step < total_steps {
+        workers.at_step(trained.state.step + 1);
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
         if workers.any(run.rt.interrupt.load(Ordering::SeqCst))? {
             interrupted = true;
@@ -293,7 +294,7 @@ fn save(
         let path = checkpoint::save(stage.dir, policy, files, &t.optimizer, &t.state, &config_toml, keep)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
-    Ok(run.rt.workers.barrier()?)
+    Ok(run.rt.workers.barrier("checkpoint")?)
 }
 
 /// How the loop ended, for [`finish`].
@@ -325,7 +326,7 @@ fn finish(
     }
     let (eval, interrupted) = (end.last_eval, end.interrupted);
     if interrupted {
-        workers.barrier()?;
+        workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
         progress.line(&format!("interrupted at step {step}: resume with `--resume {}`", dir.display()));
         return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, eval, test: None });
@@ -345,6 +346,6 @@ fn finish(
         _ => None,
     };
     // Every rank returns once the files rank 0 writes are complete.
-    workers.barrier()?;
+    workers.barrier("final model")?;
     Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, eval, test })
 }

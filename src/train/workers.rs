@@ -33,27 +33,41 @@ impl<'a> Workers<'a> {
         self.rank() == 0
     }
 
-    /// Sums `values` over the workers, in place.
+    /// Names the optimizer step (1-based, 0 before the first) the next collectives belong to,
+    /// for the report of a hang.
+    pub fn at_step(&self, step: u64) {
+        if let Some(g) = self.group {
+            g.set_context(step, "step");
+        }
+    }
+
+    /// Names what the next collectives are for, for the report of a hang.
+    fn phase(&self, phase: &'static str) -> Option<&'a ProcessGroup> {
+        self.group.inspect(|g| g.set_phase(phase))
+    }
+
+    /// Sums the metric `values` over the workers, in place.
     pub fn sum_f64(&self, values: &mut [f64]) -> Result<(), DistError> {
-        self.group.map_or(Ok(()), |g| g.all_reduce_sum_f64(values))
+        self.phase("metrics").map_or(Ok(()), |g| g.all_reduce_sum_f64(values))
     }
 
     /// Whether any worker says yes (Ctrl-C reaches the ranks at different steps: they agree here).
     pub fn any(&self, flag: bool) -> Result<bool, DistError> {
         let mut v = [f64::from(u8::from(flag))];
-        self.sum_f64(&mut v)?;
+        self.phase("stop check").map_or(Ok(()), |g| g.all_reduce_sum_f64(&mut v))?;
         Ok(v[0] > 0.0)
     }
 
-    pub fn barrier(&self) -> Result<(), DistError> {
-        self.group.map_or(Ok(()), ProcessGroup::barrier)
+    /// Waits for every worker; `phase` names what they meet for ("checkpoint", ...).
+    pub fn barrier(&self, phase: &'static str) -> Result<(), DistError> {
+        self.phase(phase).map_or(Ok(()), ProcessGroup::barrier)
     }
 
     /// Sums every worker's accumulated gradients of the trainable parameters, bucketed, in
     /// parameter-name order. A worker without pairs this step (the short end of an epoch)
     /// contributes zeros.
     pub fn sum_grads<M: Module>(&self, grads: &mut GradAccumulator, model: &M) -> Result<(), DistError> {
-        let Some(group) = self.group else { return Ok(()) };
+        let Some(group) = self.phase("gradient sync") else { return Ok(()) };
         // Frozen parameters (a LoRA base) have no gradient to synchronise.
         params::visit(model, None, |p| {
             if p.trains {
@@ -70,7 +84,7 @@ impl<'a> Workers<'a> {
 
     /// Every worker starts from rank 0's parameters.
     pub fn broadcast_params<M: Module>(&self, model: M) -> Result<M, DistError> {
-        let Some(group) = self.group else { return Ok(model) };
+        let Some(group) = self.phase("initial broadcast") else { return Ok(model) };
         let mut mapper = Broadcast { group, error: None };
         let model = model.map(&mut mapper);
         mapper.error.map_or(Ok(model), Err)
@@ -84,7 +98,7 @@ impl<'a> Workers<'a> {
     /// Assembles per-item columns computed on each worker's [`Workers::shard`] into columns in
     /// dataset order, on every worker.
     pub fn gather_columns(&self, len: usize, local: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, DistError> {
-        let Some(group) = self.group else { return Ok(local) };
+        let Some(group) = self.phase("scoring pairs") else { return Ok(local) };
         let world = group.world_size();
         local
             .iter()
