@@ -5,8 +5,10 @@
 //! Data flows one way: a [`Snapshot`] comes from [`probe_live`], from [`parse::offline_snapshot`]
 //! (`nvidia-smi topo -m` + `--query-gpu` CSV) or from [`Snapshot::load`]; [`plan()`] turns it and
 //! a [`PlanRequest`] into a [`Plan`]; [`render`] prints either. The trainer calls
-//! [`plan()`] for `--gpus auto` and [`memory::estimate`] for memory checks.
+//! [`plan()`] for `--gpus auto` and [`memory::estimate`] for memory checks; `dpo-train bench-comm`
+//! prints the [`bench::Bench`] that `check-gpu --bench` reads.
 
+pub mod bench;
 pub mod cli;
 pub mod cpulist;
 pub mod memory;

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bench::BenchRecord;
+
 /// Version of the snapshot JSON layout; bumped on incompatible changes.
 pub const SNAPSHOT_SCHEMA_VERSION: u32 = 1;
 
@@ -67,6 +69,9 @@ pub struct Snapshot {
     /// Probe calls that failed for another reason than `NotSupported`.
     #[serde(default)]
     pub probe_notes: Vec<String>,
+    /// What `check-gpu --bench` measured when the snapshot was taken (absent in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<BenchRecord>,
 }
 
 /// Machine-wide facts.
@@ -315,6 +320,7 @@ impl Snapshot {
             gpus: Vec::new(),
             pairs: Vec::new(),
             probe_notes: Vec::new(),
+            bench: None,
         }
     }
 
