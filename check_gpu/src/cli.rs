@@ -7,13 +7,15 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::bench::run::{BIN_ENV, BenchError, BenchRequest, Devices};
+use crate::bench::{self, BenchRecord, Summary};
 use crate::memory::{Dtype, FineTune, Reference};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
 use crate::plan::{DeviceIds, Plan, PlanRequest, plan};
 use crate::probe::{self, ProbeError};
 use crate::render::{self, Style};
-use crate::snapshot::{Snapshot, SnapshotError};
+use crate::snapshot::{Snapshot, SnapshotError, Source};
 
 /// Exit code for malformed input files or flags.
 pub const EXIT_BAD_INPUT: u8 = 3;
@@ -75,6 +77,21 @@ pub struct Args {
     /// How CUDA_VISIBLE_DEVICES names the GPUs.
     #[arg(long, value_enum, default_value = "index")]
     pub device_ids: DeviceIds,
+    /// Measure what the plan assumes, on the selected GPUs: all-reduce, all-gather and
+    /// reduce-scatter bus bandwidth through dpo-train's c10d process group (NCCL), reported as
+    /// nccl-tests does, next to the weakest link's nominal peak; each GPU's copy bandwidth and
+    /// bf16 matmul TFLOP/s. Runs `dpo-train bench-comm` ($DPO_TRAIN_BIN, else the dpo-train next
+    /// to check-gpu). The result goes into --json and --save, and the plan estimates the time
+    /// per optimizer step spent all-reducing gradients from it.
+    #[arg(long, conflicts_with_all = ["snapshot", "topo", "query"])]
+    pub bench: bool,
+    /// With --bench: measure N CPU processes over Gloo instead of the GPUs, e.g. `cpu:2`.
+    #[arg(long, value_name = "cpu:N", requires = "bench", value_parser = Devices::parse)]
+    pub devices: Option<Devices>,
+    /// With --bench: the largest message, e.g. `256M`, `1G` (binary units; sizes go 1M, 4M, 16M,
+    /// ... up to it) [default: 1G on GPUs, 64M on CPU processes].
+    #[arg(long, value_name = "BYTES", requires = "bench", value_parser = bench::parse_bytes)]
+    pub bench_max_bytes: Option<u64>,
 }
 
 /// Failures that stop the report.
@@ -88,6 +105,8 @@ pub enum CliError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Probe(#[from] ProbeError),
+    #[error(transparent)]
+    Bench(#[from] BenchError),
 }
 
 impl CliError {
@@ -95,7 +114,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Parse(_) | CliError::Model(_) => EXIT_BAD_INPUT,
-            CliError::Snapshot(SnapshotError::Write { .. }) | CliError::Probe(_) => 2,
+            CliError::Snapshot(SnapshotError::Write { .. }) | CliError::Probe(_) | CliError::Bench(_) => 2,
             CliError::Snapshot(_) => EXIT_BAD_INPUT,
         }
     }
@@ -168,33 +187,88 @@ pub fn one_line(err: &dyn std::error::Error) -> String {
 /// Runs the whole command with the given output style.
 pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     let req = plan_request(args)?;
-    let snap = match load_snapshot(args)? {
+    let mut snap = match load_snapshot(args)? {
         Ok(s) => s,
-        Err(e @ ProbeError::NvmlLoad { .. }) => {
-            let reason = one_line(&e);
-            let cpus = probe::cpu_count();
-            let p = Plan::cpu_fallback(&req, cpus, reason.clone());
-            let mut stdout = if args.json {
-                render::json(None, &p)
-            } else {
-                format!(
-                    "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)\n",
-                    p.command,
-                    crate::plan::CONFIG_PLACEHOLDER
-                )
-            };
-            if let (Some(path), false) = (&args.save, args.json) {
-                stdout
-                    .push_str(&format!("Nothing was saved to `{}`: there is no GPU state to save.\n", path.display()));
-            }
-            return Ok(Outcome { stdout, exit_code: p.status.exit_code() });
-        }
+        Err(e @ ProbeError::NvmlLoad { .. }) => return cpu_fallback(args, &req, &e, style),
         Err(e) => return Err(e.into()),
     };
+    if args.bench {
+        // Without --devices the bench measures the GPUs the plan selects, so its numbers are
+        // those of the run it plans.
+        let devices = args.devices.clone().unwrap_or_else(|| Devices::Gpus(plan(&snap, &req).gpus));
+        snap.bench = Some(measure(args, devices)?);
+    }
     if let Some(path) = &args.save {
         snap.save(path)?;
     }
     let p = plan(&snap, &req);
     let stdout = if args.json { render::json(Some(&snap), &p) } else { render::text(Some(&snap), &p, style) };
+    Ok(Outcome { stdout, exit_code: p.status.exit_code() })
+}
+
+/// Runs `dpo-train bench-comm` on `devices` with the flags' sizes.
+fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
+    if devices.world_size() == 0 {
+        return Err(BenchError::NothingToMeasure.into());
+    }
+    let default_max = match devices {
+        Devices::Cpu(_) => bench::DEFAULT_CPU_MAX_BYTES,
+        Devices::Gpus(_) => bench::DEFAULT_MAX_BYTES,
+    };
+    let max_bytes = args.bench_max_bytes.unwrap_or(default_max);
+    let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())?;
+    let request = BenchRequest { devices, min_bytes: bench::DEFAULT_MIN_BYTES.min(max_bytes), max_bytes };
+    let result = bench::run::run(&program, &request)?;
+    let gpus = match request.devices {
+        Devices::Gpus(g) => g,
+        Devices::Cpu(_) => Vec::new(),
+    };
+    Ok(BenchRecord { gpus, bench: result })
+}
+
+/// No NVML: the plan is to train on CPU cores. `--bench --devices cpu:N` still measures (Gloo),
+/// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
+fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
+    let reason = one_line(err);
+    let cpus = probe::cpu_count();
+    let mut p = Plan::cpu_fallback(req, cpus, reason.clone());
+    let snap = if args.bench {
+        let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
+        let rec = measure(args, devices)?;
+        p.warnings.extend(bench::peak::warnings(&rec, None));
+        let mut s = Snapshot::new(Source::Live);
+        s.system.cpu_count = Some(cpus);
+        s.probe_notes.push(reason.clone());
+        s.bench = Some(rec);
+        Some(s)
+    } else {
+        None
+    };
+    if let (Some(path), Some(s)) = (&args.save, &snap) {
+        s.save(path)?;
+    }
+    if args.json {
+        return Ok(Outcome { stdout: render::json(snap.as_ref(), &p), exit_code: p.status.exit_code() });
+    }
+    let mut stdout = format!(
+        "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)\n",
+        p.command,
+        crate::plan::CONFIG_PLACEHOLDER
+    );
+    if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
+        stdout.push_str(&render::bench_text(&Summary::new(rec, None), style));
+        for w in p.warnings.iter().skip(1) {
+            stdout.push_str(&format!("  ! {w}\n"));
+        }
+    }
+    match (&args.save, &snap) {
+        (Some(path), Some(_)) => {
+            stdout.push_str(&format!("Saved `{}`: no GPU, the CPU bench only.\n", path.display()));
+        }
+        (Some(path), None) => {
+            stdout.push_str(&format!("Nothing was saved to `{}`: there is no GPU state to save.\n", path.display()));
+        }
+        (None, _) => {}
+    }
     Ok(Outcome { stdout, exit_code: p.status.exit_code() })
 }

@@ -1,7 +1,8 @@
 //! The planner: which GPUs to use, the batch split, learning-rate factors, the memory estimate,
 //! the environment and the exact `dpo-train` command, from a [`Snapshot`] and a [`PlanRequest`],
 //! in named steps: health and model ([`select`]), precision, memory ([`fit`]), world size
-//! ([`select`]), batch split ([`batch`]), environment ([`env`]), command ([`command`]).
+//! ([`select`]), batch split ([`batch`]), environment ([`env`]), command ([`command`]), and with a
+//! measured bench the time per step spent all-reducing gradients ([`comm`]).
 //!
 //! Learning-rate scaling: linear (Goyal et al. 2017, "Accurate, Large Minibatch SGD") and square
 //! root for Adam (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient
@@ -9,6 +10,7 @@
 //! workaround follows `accelerate` (`NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1` below driver 550.40.07).
 
 mod batch;
+pub mod comm;
 mod command;
 mod env;
 mod fit;
@@ -178,6 +180,10 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// Filled when nothing fits: what would.
     pub alternatives: Vec<Alternative>,
+    /// Gradient all-reduce time per optimizer step, from a bench of the chosen GPUs; `None`
+    /// without one, without a model or with one GPU.
+    #[serde(default)]
+    pub communication: Option<comm::Communication>,
 }
 
 impl Plan {
@@ -210,6 +216,7 @@ impl Plan {
             warnings: vec![reason],
             notes: Vec::new(),
             alternatives: Vec::new(),
+            communication: None,
         }
     }
 }
@@ -227,7 +234,12 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let topo = topology::analyze(snap);
     let cpus = snap.system.cpu_count.unwrap_or(1);
     if snap.gpus.is_empty() {
-        return Plan { topology: topo, ..Plan::cpu_fallback(req, cpus, "no NVIDIA GPU found".to_string()) };
+        let mut p = Plan { topology: topo, ..Plan::cpu_fallback(req, cpus, "no NVIDIA GPU found".to_string()) };
+        // A CPU bench saved without GPUs has no link to compare with, but wrong results still count.
+        if let Some(rec) = &snap.bench {
+            p.warnings.extend(crate::bench::peak::warnings(rec, None));
+        }
+        return p;
     }
     let mut log = Log::default();
     // 1-2. Health and one GPU model.
@@ -269,6 +281,8 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
     let command = command::dpo_train(req, chosen.len(), &split, dtype);
+    // 9. Communication, when a bench measured these GPUs.
+    let communication = comm::communication(snap, &chosen, req.model.as_ref(), req.finetune, &mut log);
     let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
     Plan {
         schema_version: PLAN_SCHEMA_VERSION,
@@ -296,6 +310,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         warnings: log.warnings,
         notes: log.notes,
         alternatives: fit.alternatives,
+        communication,
     }
 }
 

@@ -1,0 +1,272 @@
+//! `check-gpu --bench` end to end: a fake `dpo-train` (`DPO_TRAIN_BIN`, a shell script printing a
+//! canned bench or failing) measured through the binary, and snapshots carrying a bench of the
+//! captured A100 machine re-analysed: the table, the `--json` field, the nominal peak warning and
+//! the plan's communication time.
+
+#![cfg(unix)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+
+const MIB: u64 = 1 << 20;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("check-gpu-benchcli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn run(args: &[&str], dpo_train: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_check-gpu"));
+    cmd.args(args).env("NO_COLOR", "1").env_remove("DPO_TRAIN_VENV");
+    match dpo_train {
+        Some(p) => cmd.env("DPO_TRAIN_BIN", p),
+        None => cmd.env_remove("DPO_TRAIN_BIN"),
+    };
+    cmd.output().expect("the check-gpu binary runs")
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is one JSON object ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Writes an executable script through `sh`, so this multi-threaded test process never holds a
+/// write handle a concurrent fork could inherit (running the script would then fail `ETXTBSY`).
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mut child = Command::new("sh")
+        .args(["-c", "cat > \"$1\" && chmod +x \"$1\"", "sh"])
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("sh runs");
+    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write script");
+    assert!(child.wait().expect("sh exits").success());
+    path
+}
+
+fn measurement(op: &str, bytes: u64, seconds: f64) -> Value {
+    json!({"op": op, "bytes": bytes, "seconds": seconds, "correct": true})
+}
+
+/// A bench as dpo-train prints it, over `world_size` ranks.
+fn canned(backend: &str, world_size: usize, all_reduce_1g_seconds: f64) -> Value {
+    let device = if backend == "gloo" { "cpu".to_string() } else { "cuda:0".to_string() };
+    json!({
+        "backend": backend,
+        "world_size": world_size,
+        "devices": [{"device": device, "copy_gbps": 1500.0, "matmul_tflops": 250.0, "matmul_dtype": "bf16"}],
+        "collectives": [
+            measurement("all_reduce", 16 * MIB, 0.001),
+            measurement("all_reduce", 1024 * MIB, all_reduce_1g_seconds),
+            measurement("all_gather", 1024 * MIB, 0.05),
+            measurement("reduce_scatter", 1024 * MIB, 0.05),
+        ],
+    })
+}
+
+/// The captured 4×A100 PCIe machine saved as a snapshot, with `bench` added.
+fn snapshot_with_bench(dir: &Path, gpus: &[u32], bench: Value) -> PathBuf {
+    let path = dir.join("snap.json");
+    let topo = fixture("a100-pcie-nvbridge.topo.txt");
+    let query = fixture("a100-pcie-nvbridge.query.csv");
+    let out = run(
+        &[
+            "--topo",
+            topo.to_str().expect("path"),
+            "--query",
+            query.to_str().expect("path"),
+            "--save",
+            path.to_str().expect("path"),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut snap: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("saved")).expect("json");
+    assert!(snap.get("bench").is_none(), "no bench unless measured");
+    let mut record = bench;
+    record["gpus"] = json!(gpus);
+    snap["bench"] = record;
+    std::fs::write(&path, serde_json::to_string_pretty(&snap).expect("json")).expect("write");
+    path
+}
+
+/// 1.5B parameters, full fine-tuning: 6e9 bytes of fp32 gradients. Over 4 GPUs the 16 MiB
+/// all-reduce (nearest 25 MiB) took 1 ms: algbw 16.777216 GB/s, busbw × 1.5 = 25.165824 GB/s,
+/// so 6e9 × 1.5 / 25.165824e9 = 0.357627868 s per step.
+#[test]
+fn a_saved_bench_gives_the_communication_time() {
+    let dir = temp_dir("comm");
+    let snap = snapshot_with_bench(&dir, &[0, 1, 2, 3], canned("nccl", 4, 0.1));
+    let s = snap.to_str().expect("path");
+    let out = run(&["--snapshot", s, "--model-params", "1.5B", "--json"], None);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let v = stdout_json(&out);
+    let c = &v["communication"];
+    assert_eq!(c["gradient_bytes"], 6_000_000_000u64);
+    assert_eq!(c["measured_at_bytes"], 16 * MIB);
+    assert!((c["seconds_per_step"].as_f64().expect("seconds") - 0.357_627_868_65).abs() < 1e-9, "{c}");
+    let b = &v["bench"];
+    assert_eq!(b["gpus"], json!([0, 1, 2, 3]));
+    assert_eq!(b["collectives"][0]["busbw_gbps"], 25.165_824);
+    // Weakest link SYS between the two sockets: PCIe gen4 x16 = 16 × 1.969 GB/s.
+    assert_eq!(b["nominal_peak"]["link"], "SYS");
+    assert!((b["nominal_peak"]["gbps"].as_f64().expect("peak") - 31.504).abs() < 1e-9);
+    assert_eq!(v["warnings"], json!([]));
+
+    let out = run(&["--snapshot", s, "--model-params", "1.5B"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Bench (nccl over GPU(s) 0,1,2,3, dpo-train bench-comm)"), "{text}");
+    assert!(text.contains("  16 MiB               16777216     1000.0        16.78        25.17       0"), "{text}");
+    assert!(text.contains("  cuda:0                 1500.0      250.00 bf16"), "{text}");
+    assert!(text.contains("nominal peak     31.5 GB/s per direction over the weakest link SYS"), "{text}");
+    assert!(
+        text.contains(
+            "communication ~0.36 s per optimizer step: 6.0 GB of gradients all-reduced at 25.2 GB/s measured bus bandwidth (nccl, 16 MiB messages)"
+        ),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn slow_or_other_gpus_are_called_out() {
+    let dir = temp_dir("slow");
+    // 1 GiB all-reduce in 0.2 s: busbw 1.0737 / 0.2 × 1.5 = 8.05 GB/s, below 31.504 / 2.
+    let snap = snapshot_with_bench(&dir, &[0, 1, 2, 3], canned("nccl", 4, 0.2));
+    let out = run(&["--snapshot", snap.to_str().expect("path"), "--model-params", "1.5B", "--json"], None);
+    assert_eq!(out.status.code(), Some(1), "a warning: exit 1");
+    let v = stdout_json(&out);
+    assert_eq!(
+        v["warnings"],
+        json!([
+            "all_reduce bus bandwidth 8.1 GB/s at 1 GiB is below half the nominal 31.5 GB/s of the weakest link (SYS: PCIe gen4 x16; the CPU interconnect may be slower)"
+        ])
+    );
+    // A bench of two GPUs says nothing about the four the plan chose.
+    let snap = snapshot_with_bench(&dir, &[0, 1], canned("nccl", 2, 0.1));
+    let v = stdout_json(&run(&["--snapshot", snap.to_str().expect("path"), "--model-params", "1.5B", "--json"], None));
+    assert_eq!(v["communication"], Value::Null);
+    let notes = v["notes"].as_array().expect("notes");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n
+                .starts_with("the bench measured GPUs 0,1, not the chosen GPUs 0,1,2,3: no communication estimate"))),
+        "{v}"
+    );
+    // ...but it is the plan's when --world-size 2 picks those two (one NVLink bridge: NV12,
+    // 12 links x 25 GB/s = 300 GB/s nominal, far above 16 MiB in 1 ms).
+    let v = stdout_json(&run(
+        &["--snapshot", snap.to_str().expect("path"), "--model-params", "1.5B", "--world-size", "2", "--json"],
+        None,
+    ));
+    assert_eq!(v["bench"]["nominal_peak"]["gbps"], 300.0);
+    assert!(v["communication"]["seconds_per_step"].is_number(), "{v}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn snapshots_round_trip_with_and_without_a_bench() {
+    let dir = temp_dir("roundtrip");
+    let snap = snapshot_with_bench(&dir, &[0, 1, 2, 3], canned("nccl", 4, 0.1));
+    let again = dir.join("again.json");
+    let a = stdout_json(&run(
+        &["--snapshot", snap.to_str().expect("path"), "--json", "--save", again.to_str().expect("path")],
+        None,
+    ));
+    let b = stdout_json(&run(&["--snapshot", again.to_str().expect("path"), "--json"], None));
+    assert_eq!(a, b);
+    assert_eq!(b["snapshot"]["bench"]["collectives"][0]["seconds"], 0.001);
+    // A snapshot written before --bench existed still loads, with no bench.
+    let old = fixture("a100-pcie-busy.snapshot.json");
+    let out = run(&["--snapshot", old.to_str().expect("path"), "--json"], None);
+    assert!(matches!(out.status.code(), Some(0..=2)), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = stdout_json(&out);
+    assert_eq!(v["bench"], Value::Null);
+    assert_eq!(v["communication"], Value::Null);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--bench --devices cpu:2` runs the fake dpo-train with its arguments on this machine, with or
+/// without NVML.
+#[test]
+fn bench_runs_dpo_train_and_reports_it() {
+    let dir = temp_dir("run");
+    let args = dir.join("args.txt");
+    let ok = script(
+        &dir,
+        "dpo-train",
+        &format!(
+            "#!/bin/sh\necho \"$@\" > '{}'\necho 'measuring...' >&2\necho '{}'\n",
+            args.display(),
+            canned("gloo", 2, 0.5)
+        ),
+    );
+    let saved = dir.join("cpu.json");
+    let out = run(&["--bench", "--devices", "cpu:2", "--json", "--save", saved.to_str().expect("path")], Some(&ok));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("measuring..."), "dpo-train's stderr passes through: {stderr}");
+    let v = stdout_json(&out);
+    assert_eq!(
+        std::fs::read_to_string(&args).expect("args").trim(),
+        "bench-comm --devices cpu:2 --min-bytes 1048576 --max-bytes 67108864"
+    );
+    assert_eq!(v["bench"]["backend"], "gloo");
+    assert_eq!(v["bench"]["gpus"], json!([]));
+    assert_eq!(v["bench"]["nominal_peak"], Value::Null);
+    assert_eq!(v["bench"]["no_peak_reason"], "no nominal peak for CPU processes");
+    // Saved either way (a machine without NVML saves no GPU, the bench only), and shown again.
+    let text = String::from_utf8_lossy(&run(&["--snapshot", saved.to_str().expect("path")], None).stdout).into_owned();
+    assert!(text.contains("Bench (gloo over 2 CPU process(es), dpo-train bench-comm)"), "{text}");
+    assert!(text.contains("nominal peak     none: no nominal peak for CPU processes"), "{text}");
+
+    let out = run(&["--bench", "--devices", "cpu:2", "--bench-max-bytes", "4M"], Some(&ok));
+    assert_eq!(
+        std::fs::read_to_string(&args).expect("args").trim(),
+        "bench-comm --devices cpu:2 --min-bytes 1048576 --max-bytes 4194304"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  all_reduce            size(B)   time(us)  algbw(GB/s)  busbw(GB/s)  #wrong"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_failures_are_one_line_with_exit_2() {
+    let dir = temp_dir("fail");
+    let fail = script(&dir, "fail.sh", "#!/bin/sh\necho 'starting' >&2\necho 'Gloo connect timed out' >&2\nexit 1\n");
+    let out = run(&["--bench", "--devices", "cpu:2"], Some(&fail));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().expect("an error line");
+    assert_eq!(
+        last,
+        format!(
+            "check-gpu: error: `{} bench-comm --devices cpu:2 --min-bytes 1048576 --max-bytes 67108864` exited with status 1; last stderr line: Gloo connect timed out",
+            fail.display()
+        )
+    );
+    let garbage = script(&dir, "garbage.sh", "#!/bin/sh\necho 'not json'\n");
+    let out = run(&["--bench", "--devices", "cpu:2"], Some(&garbage));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("printed no bench JSON on stdout: expected"), "{stderr}");
+    // Flags: --devices needs --bench, --bench measures this machine (not a snapshot), sizes parse.
+    for args in [
+        vec!["--devices", "cpu:2"],
+        vec!["--bench", "--devices", "gpu:2"],
+        vec!["--bench", "--bench-max-bytes", "lots"],
+        vec!["--bench", "--snapshot", "x.json"],
+    ] {
+        assert_eq!(run(&args, Some(&fail)).status.code(), Some(3), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
