@@ -280,4 +280,44 @@ int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output) {
   });
 }
 
+// Checks a flat collective's pair: same dtype and device, and `big` has world_size times the
+// elements of `small`.
+void check_flat(const C10dGroup* group, const at::Tensor* small, const at::Tensor* big, const char* op) {
+  check_tensor(small, op);
+  check_tensor(big, op);
+  TORCH_CHECK(big->numel() == small->numel() * group->world_size, op, ": the larger buffer has ", big->numel(),
+              " elements, expected world size ", group->world_size, " x ", small->numel());
+  TORCH_CHECK(big->scalar_type() == small->scalar_type(), op, ": the buffers' dtypes differ (",
+              big->scalar_type(), ", ", small->scalar_type(), ")");
+  TORCH_CHECK(big->device() == small->device(), op, ": the buffers are on ", big->device(), " and ",
+              small->device());
+}
+
+int c10d_all_gather_flat(C10dGroup* group, c10d_tensor input, c10d_tensor output) {
+  if (group == nullptr) return fail(C10D_ERR_INVALID, "c10d_all_gather_flat: null group");
+  return guarded("all_gather", [&] {
+    check_flat(group, input, output, "all_gather");
+    at::Tensor out = *output;
+    at::Tensor in = *input;
+    group->backend->_allgather_base(out, in)->wait();
+  });
+}
+
+int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output, int op) {
+  if (group == nullptr) return fail(C10D_ERR_INVALID, "c10d_reduce_scatter: null group");
+  if (op != C10D_OP_SUM && op != C10D_OP_AVG) {
+    return fail(C10D_ERR_INVALID, "c10d_reduce_scatter: unknown op " + std::to_string(op));
+  }
+  return guarded("reduce_scatter", [&] {
+    check_flat(group, output, input, "reduce_scatter");
+    at::Tensor out = *output;
+    at::Tensor in = *input;
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    group->backend->_reduce_scatter_base(out, in, opts)->wait();
+    // As all_reduce: sum, then divide, the same numerics on both backends.
+    if (op == C10D_OP_AVG) output->div_(group->world_size);
+  });
+}
+
 }  // extern "C"

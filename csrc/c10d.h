@@ -59,6 +59,16 @@ int c10d_barrier(C10dGroup* group);
 // elements of the same dtype and device: rank r's values land at [r * numel, (r + 1) * numel).
 int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output);
 
+// Flat all-gather (c10d's `_allgather_base`, torch's `all_gather_into_tensor`): `output` has
+// world_size * numel(input) elements of the same dtype and device; rank r's input lands at
+// [r * numel, (r + 1) * numel). One collective, no per-rank views.
+int c10d_all_gather_flat(C10dGroup* group, c10d_tensor input, c10d_tensor output);
+
+// Flat reduce-scatter (c10d's `_reduce_scatter_base`, torch's `reduce_scatter_tensor`): `input`
+// has world_size * numel(output) elements; rank r receives the sum (or mean) over ranks of
+// input[r * numel, (r + 1) * numel).
+int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output, int op);
+
 #ifdef __cplusplus
 }
 #endif

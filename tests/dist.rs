@@ -294,3 +294,39 @@ fn nccl_single_rank_or_clean_error() {
     assert_eq!(pg.all_gather_f32(&[4.0]).expect("all_gather_f32"), vec![vec![4.0]]);
     pg.barrier().expect("barrier");
 }
+
+/// `dpo-train bench-comm` (what `check-gpu --bench --devices cpu:N` runs): every collective at
+/// every size, each result exact, on 2 and 3 CPU workers (3 does not divide 1 MiB of f32).
+#[test]
+fn bench_comm_measures_every_collective_over_gloo() {
+    use check_gpu::bench::{Bench, Collective};
+    for world in [2_usize, 3] {
+        let devices = format!("cpu:{world}");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+            .args(["bench-comm", "--devices", &devices, "--max-bytes", "4194304", "--timeout", "60"])
+            .output()
+            .expect("dpo-train runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let bench: Bench = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+        bench.validate(world).expect("a valid bench");
+        assert_eq!((bench.backend.as_str(), bench.world_size, bench.devices.len()), ("gloo", world, world));
+        assert!(bench.devices.iter().all(|d| d.device == "cpu" && d.copy_gbps > 0.0 && d.matmul_tflops > 0.0));
+        for op in Collective::ALL {
+            let points = bench.of(op);
+            let sizes: Vec<u64> = points.iter().map(|m| m.bytes).collect();
+            // 1 MiB and 4 MiB, rounded down to a multiple of the ranks' f32 slices.
+            let round = |b: u64| b / (4 * world as u64) * (4 * world as u64);
+            assert_eq!(sizes, vec![round(1 << 20), round(4 << 20)], "{op:?}");
+            assert!(points.iter().all(|m| m.correct && m.seconds > 0.0 && m.busbw(world) > 0.0), "{op:?}: {points:?}");
+        }
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["bench-comm", "--devices", "cpu:2", "--min-bytes", "8", "--max-bytes", "4"])
+        .output()
+        .expect("dpo-train runs");
+    // Flags that contradict each other: clap's exit code for a usage error.
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim(), "error: --min-bytes 8 is above --max-bytes 4");
+}

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::bench::run::{BIN_ENV, BenchError, BenchRequest, Devices};
-use crate::bench::{self, BenchRecord, Summary};
+use crate::bench::{self, BenchRecord};
 use crate::memory::{Dtype, FineTune, Reference};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
-use crate::plan::{DeviceIds, Plan, PlanRequest, plan};
+use crate::plan::{DeviceIds, Plan, PlanRequest, comm, plan};
 use crate::probe::{self, ProbeError};
 use crate::render::{self, Style};
 use crate::snapshot::{Snapshot, SnapshotError, Source};
@@ -236,6 +236,10 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
         let rec = measure(args, devices)?;
         p.warnings.extend(bench::peak::warnings(&rec, None));
+        // The CPU plan's gradient all-reduce, at the bandwidth just measured.
+        if let Some(model) = &req.model {
+            p.communication = comm::estimate(comm::gradient_bytes(model, req.finetune), &rec.bench);
+        }
         let mut s = Snapshot::new(Source::Live);
         s.system.cpu_count = Some(cpus);
         s.probe_notes.push(reason.clone());
@@ -256,9 +260,12 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         crate::plan::CONFIG_PLACEHOLDER
     );
     if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
-        stdout.push_str(&render::bench_text(&Summary::new(rec, None), style));
+        stdout.push_str(&render::bench_text(&bench::peak::summarize(rec, None), style));
         for w in p.warnings.iter().skip(1) {
             stdout.push_str(&format!("  ! {w}\n"));
+        }
+        if let Some(c) = &p.communication {
+            stdout.push_str(&format!("  {}\n", render::communication_line(c)));
         }
     }
     match (&args.save, &snap) {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::bench::{Summary, size_label};
+use crate::bench::{self, Summary, size_label};
 use crate::memory::{FineTune, Reference};
 use crate::plan::{Plan, Status};
 use crate::snapshot::{Snapshot, Source};
@@ -55,7 +55,7 @@ struct Report<'a> {
 
 /// One JSON object, pretty-printed.
 pub fn json(snap: Option<&Snapshot>, plan: &Plan) -> String {
-    let bench = snap.and_then(|s| s.bench.as_ref().map(|b| Summary::new(b, Some(s))));
+    let bench = snap.and_then(|s| s.bench.as_ref().map(|b| bench::peak::summarize(b, Some(s))));
     // Serializing plain structs of strings, numbers and maps cannot fail.
     serde_json::to_string_pretty(&Report { plan, bench, snapshot: snap })
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -502,7 +502,7 @@ fn act_formula(p: &Plan) -> String {
 pub fn text(snap: Option<&Snapshot>, plan: &Plan, st: Style) -> String {
     let mut o = snap.map(|s| snapshot_text(s, plan, st)).unwrap_or_default();
     if let Some((s, b)) = snap.and_then(|s| s.bench.as_ref().map(|b| (s, b))) {
-        o.push_str(&bench_text(&Summary::new(b, Some(s)), st));
+        o.push_str(&bench_text(&bench::peak::summarize(b, Some(s)), st));
     }
     o.push_str(&plan_text(plan, st));
     o

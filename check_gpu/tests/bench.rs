@@ -236,6 +236,19 @@ fn bench_runs_dpo_train_and_reports_it() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("  all_reduce            size(B)   time(us)  algbw(GB/s)  busbw(GB/s)  #wrong"), "{text}");
+
+    // The CPU plan's gradient all-reduce at the busbw nearest 25 MiB: 16 MiB in 1 ms over 2 ranks
+    // is 16.78 GB/s algbw, x 2(2-1)/2 = 16.78 GB/s busbw.
+    let v = stdout_json(&run(&["--bench", "--devices", "cpu:2", "--model-params", "0.5B", "--json"], Some(&ok)));
+    let c = &v["communication"];
+    let busbw = 16.0 * MIB as f64 / 0.001 / 1e9;
+    assert!((c["busbw_gbps"].as_f64().expect("busbw") - busbw).abs() < 1e-9, "{c}");
+    let grads = c["gradient_bytes"].as_f64().expect("gradient bytes");
+    assert!(grads > 1.8e9 && grads < 2.2e9, "0.5B f32 gradients: {c}");
+    assert!((c["seconds_per_step"].as_f64().expect("seconds") - grads / (busbw * 1e9)).abs() < 1e-9, "{c}");
+    let out = run(&["--bench", "--devices", "cpu:2", "--model-params", "0.5B"], Some(&ok));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("of gradients all-reduced at 16.8 GB/s measured bus bandwidth"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -39,6 +39,26 @@ pub enum Command {
     Data(DataCommand),
     /// Print an sbatch script that runs `dpo-train train` on a SLURM cluster, one task per GPU.
     Slurm(SlurmArgs),
+    /// Measure all-reduce, all-gather and reduce-scatter bandwidth over the workers (c10d, as
+    /// training uses it), device copy bandwidth and bf16 matmul rate; one JSON object on stdout.
+    /// `check-gpu --bench` runs this and reports it.
+    BenchComm(BenchCommArgs),
+}
+
+/// `dpo-train bench-comm` flags.
+#[derive(Debug, Args)]
+pub struct BenchCommArgs {
+    /// The smallest message, in bytes (nccl-tests' `-b`); sizes grow 4x up to --max-bytes.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(4..))]
+    pub min_bytes: u64,
+    /// The largest message, in bytes (nccl-tests' `-e`).
+    #[arg(long, default_value_t = 1 << 30, value_parser = clap::value_parser!(u64).range(4..=(64_u64 << 30)))]
+    pub max_bytes: u64,
+    /// Seconds a rendezvous or collective may wait.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
 }
 
 /// `dpo-train slurm` flags.

@@ -3,6 +3,7 @@
 //! `main.rs` only parses and turns an error into one line and an exit code.
 
 pub mod args;
+pub mod bench_comm;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;
@@ -33,6 +34,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Generate(args)) => generate::run_generate(args),
         Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::BenchComm(args)) => bench_comm::run_bench_comm(args),
         Some(Command::Slurm(args)) => {
             let script = crate::dist::sbatch_script(&crate::dist::SlurmOptions {
                 nodes: args.nodes,

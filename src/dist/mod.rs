@@ -10,6 +10,7 @@
 //!
 //! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] touches it.
 
+pub mod bench;
 pub mod env;
 pub mod flight;
 pub mod launcher;

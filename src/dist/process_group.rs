@@ -129,6 +129,8 @@ mod ffi {
         pub fn c10d_broadcast(group: *mut C10dGroup, tensors: *const *mut C_tensor, n: usize, root: i32) -> i32;
         pub fn c10d_barrier(group: *mut C10dGroup) -> i32;
         pub fn c10d_all_gather(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
+        pub fn c10d_all_gather_flat(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
+        pub fn c10d_reduce_scatter(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor, op: i32) -> i32;
     }
 }
 
@@ -321,6 +323,42 @@ impl ProcessGroup {
         let n = host.len();
         out.f_to_device(TchDevice::Cpu).and_then(|t| t.f_copy_data(&mut host, n)).map_err(tch_err)?;
         Ok(lens_host.iter().zip(host.chunks(longest)).map(|(&n, values)| values[..n.min(longest)].to_vec()).collect())
+    }
+
+    /// Sums the contiguous tensor `t` over the ranks in place: one collective, no bucketing.
+    pub fn all_reduce_sum_tensor(&self, t: &mut tch::Tensor) -> Result<(), DistError> {
+        let bytes = (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        self.recorded("all_reduce", (0, 0), bytes, || self.reduce_raw(&mut [t], ffi::OP_SUM))
+    }
+
+    /// Gathers every rank's contiguous `input` into `output`, which holds `world_size` times as
+    /// many elements of the same dtype on the same device, rank r's at `[r·n, (r+1)·n)`: one
+    /// collective (torch's `all_gather_into_tensor`, c10d's `_allgather_base`).
+    pub fn all_gather_into(&self, output: &mut tch::Tensor, input: &mut tch::Tensor) -> Result<(), DistError> {
+        let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
+        let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
+        self.recorded("all_gather", (0, 0), bytes, || {
+            // SAFETY: `self.raw` is a live group; both pointers are to live `at::Tensor`s borrowed
+            // for the call; the shim checks sizes, dtypes and devices and reports a mismatch.
+            check("all_gather", unsafe { ffi::c10d_all_gather_flat(self.raw, input_ptr, output_ptr) })
+        })
+    }
+
+    /// Rank r's contiguous `output` becomes the sum over ranks of the r-th of `world_size` equal
+    /// slices of their `input`: one collective (torch's `reduce_scatter_tensor`, c10d's
+    /// `_reduce_scatter_base`).
+    pub fn reduce_scatter_sum(&self, output: &mut tch::Tensor, input: &mut tch::Tensor) -> Result<(), DistError> {
+        let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
+        let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
+        self.recorded("reduce_scatter", (0, 0), bytes, || {
+            // SAFETY: as in `all_gather_into`.
+            check("reduce_scatter", unsafe { ffi::c10d_reduce_scatter(self.raw, input_ptr, output_ptr, ffi::OP_SUM) })
+        })
+    }
+
+    /// The device this group's collectives run on (CPU for Gloo, `cuda:local_rank` for NCCL).
+    pub fn device(&self) -> TchDevice {
+        self.device
     }
 
     /// All-gathers the 1-D host tensor `local` (moved to the backend's device) into a

@@ -201,8 +201,9 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The summary of a bench; `snap` gives the links of the GPUs measured.
-    pub fn new(rec: &BenchRecord, snap: Option<&crate::snapshot::Snapshot>) -> Summary {
+    /// The summary of a bench next to the nominal peak of its links (or why there is none;
+    /// [`peak::summarize`] finds it in a snapshot).
+    pub fn new(rec: &BenchRecord, peak: Result<peak::NominalPeak, String>) -> Summary {
         let b = &rec.bench;
         let collectives = Collective::ALL
             .iter()
@@ -216,11 +217,6 @@ impl Summary {
                 busbw_gbps: m.busbw(b.world_size),
             })
             .collect();
-        let peak = match snap {
-            Some(s) => peak::nominal_peak(s, &rec.gpus),
-            None if rec.gpus.is_empty() => Err(peak::NO_CPU_PEAK.to_string()),
-            None => Err("no topology of the GPUs: no nominal peak".to_string()),
-        };
         let (nominal_peak, no_peak_reason) = match peak {
             Ok(p) => (Some(p), None),
             Err(reason) => (None, Some(reason)),

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{BenchRecord, Collective};
+use super::{BenchRecord, Collective, Summary};
 use crate::snapshot::{Gpu, Link, Snapshot};
 use crate::topology;
 
@@ -133,6 +133,16 @@ pub fn warnings(rec: &BenchRecord, peak: Option<&NominalPeak>) -> Vec<String> {
         }
     }
     out
+}
+
+/// The summary of `rec`, with the nominal peak of its GPUs' links from `snap`.
+pub fn summarize(rec: &BenchRecord, snap: Option<&Snapshot>) -> Summary {
+    let peak = match snap {
+        Some(s) => nominal_peak(s, &rec.gpus),
+        None if rec.gpus.is_empty() => Err(NO_CPU_PEAK.to_string()),
+        None => Err("no topology of the GPUs: no nominal peak".to_string()),
+    };
+    Summary::new(rec, peak)
 }
 
 #[cfg(test)]

@@ -1,0 +1,48 @@
+//! `dpo-train bench-comm`: the measurement behind `check-gpu --bench`, run by this binary's own
+//! launcher and process group so it measures the path training takes. Rank 0 prints the
+//! [`check_gpu::bench::Bench`] as one JSON object.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::INTERRUPTED;
+use super::args::BenchCommArgs;
+use super::launch::{Placed, place};
+use crate::dist::{self, LaunchOutcome};
+
+/// Runs `bench-comm`.
+pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
+    if args.min_bytes > args.max_bytes {
+        anyhow::bail!("--min-bytes {} is above --max-bytes {}", args.min_bytes, args.max_bytes);
+    }
+    let timeout = Duration::from_secs(args.timeout);
+    let (device, group) = match place(&args.parallel, &[], timeout, &mut |_| Ok(()))? {
+        Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
+        Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
+        Placed::Here { device, group, .. } => (device, group),
+    };
+    let group = match group {
+        Some(g) => g,
+        // One device: a group of one, so its numbers come from the same code.
+        None => dist::bench::single_rank_group(dist::bench::tch_device(&device)?, timeout)?,
+    };
+    let cuda = matches!(group.device(), tch::Device::Cuda(_));
+    // Our launcher gives every worker the same CUDA_VISIBLE_DEVICES: rank r uses its r-th entry.
+    let visible: Vec<String> =
+        std::env::var("CUDA_VISIBLE_DEVICES").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
+    let label = |rank: usize| match (cuda, visible.get(rank)) {
+        (false, _) => "cpu".to_owned(),
+        (true, Some(id)) => format!("cuda:{id}"),
+        (true, None) => format!("cuda:{rank}"),
+    };
+    let bench = dist::bench::measure(&group, &label, (args.min_bytes, args.max_bytes))?;
+    group.barrier()?;
+    if group.rank() == 0 {
+        let json = serde_json::to_string(&bench).context("cannot write the measurement as JSON")?;
+        writeln!(std::io::stdout().lock(), "{json}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
