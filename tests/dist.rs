@@ -36,9 +36,9 @@ fn run(world: usize, role: &str, extra: &[(&str, &str)]) -> (Result<(), LaunchEr
     (result, started.elapsed())
 }
 
-fn group(timeout: Duration) -> ProcessGroup {
-    let env = dist::env::detect().expect("the launcher sets the worker variables");
-    let cfg = DistConfig {
+/// A Gloo group config for the worker `env` describes.
+fn config(env: dist::WorkerEnv, timeout: Duration) -> DistConfig {
+    DistConfig {
         rank: env.rank,
         world_size: env.world_size,
         local_rank: env.local_rank,
@@ -46,8 +46,12 @@ fn group(timeout: Duration) -> ProcessGroup {
         master_port: env.master_port,
         backend: Backend::Gloo,
         timeout,
-    };
-    ProcessGroup::new(&cfg).expect("rendezvous")
+    }
+}
+
+fn group(timeout: Duration) -> ProcessGroup {
+    let env = dist::env::detect().expect("the launcher sets the worker variables");
+    ProcessGroup::new(&config(env, timeout)).expect("rendezvous")
 }
 
 fn values(t: &Tensor<1>) -> Vec<f32> {
@@ -77,15 +81,7 @@ fn worker_entry() {
         }
         "expect_rendezvous_failure" => {
             let env = dist::env::detect().expect("worker variables");
-            let cfg = DistConfig {
-                rank: env.rank,
-                world_size: env.world_size,
-                local_rank: env.local_rank,
-                master_addr: env.master_addr,
-                master_port: env.master_port,
-                backend: Backend::Gloo,
-                timeout: TIMEOUT,
-            };
+            let cfg = config(env.clone(), TIMEOUT);
             let started = Instant::now();
             let err = ProcessGroup::new(&cfg).expect_err("a world size of 3 with 2 processes must fail");
             let took = started.elapsed();
@@ -103,15 +99,7 @@ fn worker_entry() {
                 // Never arrives: the launcher kills it once rank 0 gives up.
                 std::thread::sleep(Duration::from_secs(60));
             }
-            let cfg = DistConfig {
-                rank: env.rank,
-                world_size: env.world_size,
-                local_rank: env.local_rank,
-                master_addr: env.master_addr,
-                master_port: env.master_port,
-                backend: Backend::Gloo,
-                timeout: TIMEOUT,
-            };
+            let cfg = config(env, TIMEOUT);
             let err = ProcessGroup::new(&cfg).expect_err("rank 1 never comes");
             eprintln!("{err}");
             std::process::exit(4);
