@@ -95,6 +95,8 @@ void check_in(c10d::Store& store, const std::string& addr, uint16_t port, int ra
       TORCH_CHECK(false, "the rendezvous store at ", addr, ":", port, " (rank 0) went away while rank ", rank,
                   " waited for the others: ", e.what_without_backtrace());
     }
+    // Everyone arrived just as the wait gave up: the original error says what happened.
+    if (missing.empty()) throw;
     TORCH_CHECK(false, "rank(s) ", missing, " of ", world_size, " never joined the rendezvous at ", addr, ":", port,
                 " within ", timeout.count() / 1000.0, " s");
   }
@@ -105,6 +107,19 @@ void check_tensor(const at::Tensor* t, const char* name) {
   TORCH_CHECK(t != nullptr, name, " is a null tensor pointer");
   TORCH_CHECK(t->defined(), name, " is an undefined tensor");
   TORCH_CHECK(t->is_contiguous(), name, " must be contiguous for an in-place collective");
+}
+
+// Checks a flat collective's pair: same dtype and device, and `big` has world_size times the
+// elements of `small`.
+void check_flat(const C10dGroup* group, const at::Tensor* small, const at::Tensor* big, const char* op) {
+  check_tensor(small, op);
+  check_tensor(big, op);
+  TORCH_CHECK(big->numel() == small->numel() * group->world_size, op, ": the larger buffer has ", big->numel(),
+              " elements, expected world size ", group->world_size, " x ", small->numel());
+  TORCH_CHECK(big->scalar_type() == small->scalar_type(), op, ": the buffers' dtypes differ (",
+              big->scalar_type(), ", ", small->scalar_type(), ")");
+  TORCH_CHECK(big->device() == small->device(), op, ": the buffers are on ", big->device(), " and ",
+              small->device());
 }
 
 }  // namespace
@@ -278,19 +293,6 @@ int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output) {
     std::vector<at::Tensor> ins = {flat_in};
     group->backend->allgather(outs, ins)->wait();
   });
-}
-
-// Checks a flat collective's pair: same dtype and device, and `big` has world_size times the
-// elements of `small`.
-void check_flat(const C10dGroup* group, const at::Tensor* small, const at::Tensor* big, const char* op) {
-  check_tensor(small, op);
-  check_tensor(big, op);
-  TORCH_CHECK(big->numel() == small->numel() * group->world_size, op, ": the larger buffer has ", big->numel(),
-              " elements, expected world size ", group->world_size, " x ", small->numel());
-  TORCH_CHECK(big->scalar_type() == small->scalar_type(), op, ": the buffers' dtypes differ (",
-              big->scalar_type(), ", ", small->scalar_type(), ")");
-  TORCH_CHECK(big->device() == small->device(), op, ": the buffers are on ", big->device(), " and ",
-              small->device());
 }
 
 int c10d_all_gather_flat(C10dGroup* group, c10d_tensor input, c10d_tensor output) {

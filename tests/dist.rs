@@ -280,6 +280,15 @@ fn nccl_single_rank_or_clean_error() {
     pg.all_reduce_sum_f64(&mut sums).expect("all_reduce_sum_f64");
     assert_eq!(sums, [2.5]);
     assert_eq!(pg.all_gather_f32(&[4.0]).expect("all_gather_f32"), vec![vec![4.0]]);
+    // The flat collectives of NCCL (`_allgather_base`, `_reduce_scatter_base`): a group of one copies.
+    let cuda = tch::Device::Cuda(0);
+    let mut input = tch::Tensor::from_slice(&[1.0_f32, 2.0]).to_device(cuda);
+    let mut output = tch::Tensor::zeros([2], (tch::Kind::Float, cuda));
+    pg.all_gather_into(&mut output, &mut input).expect("all_gather_into");
+    assert_eq!((output.double_value(&[0]), output.double_value(&[1])), (1.0, 2.0));
+    let mut scattered = tch::Tensor::zeros([2], (tch::Kind::Float, cuda));
+    pg.reduce_scatter_sum(&mut scattered, &mut input).expect("reduce_scatter_sum");
+    assert_eq!((scattered.double_value(&[0]), scattered.double_value(&[1])), (1.0, 2.0));
     pg.barrier().expect("barrier");
 }
 
@@ -313,8 +322,8 @@ fn bench_comm_measures_every_collective_over_gloo() {
         .args(["bench-comm", "--devices", "cpu:2", "--min-bytes", "8", "--max-bytes", "4"])
         .output()
         .expect("dpo-train runs");
-    // Flags that contradict each other: clap's exit code for a usage error.
-    assert_eq!(out.status.code(), Some(2));
+    // Bad flags: the exit code of every bad input.
+    assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.trim(), "error: --min-bytes 8 is above --max-bytes 4");
+    assert_eq!(stderr.trim(), "error: `--min-bytes`: 8 is above --max-bytes 4");
 }

@@ -12,7 +12,7 @@ use crate::bench::{self, BenchRecord};
 use crate::memory::{Dtype, FineTune, Reference};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
-use crate::plan::{DeviceIds, Plan, PlanRequest, comm, plan};
+use crate::plan::{DeviceIds, PlanRequest, plan};
 use crate::probe::{self, ProbeError};
 use crate::render::{self, Style};
 use crate::snapshot::{Snapshot, SnapshotError, Source};
@@ -231,15 +231,9 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
     let reason = one_line(err);
     let cpus = probe::cpu_count();
-    let mut p = Plan::cpu_fallback(req, cpus, reason.clone());
     let snap = if args.bench {
         let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
         let rec = measure(args, devices)?;
-        p.warnings.extend(bench::peak::warnings(&rec, None));
-        // The CPU plan's gradient all-reduce, at the bandwidth just measured.
-        if let Some(model) = &req.model {
-            p.communication = comm::estimate(comm::gradient_bytes(model, req.finetune), &rec.bench);
-        }
         let mut s = Snapshot::new(Source::Live);
         s.system.cpu_count = Some(cpus);
         s.probe_notes.push(reason.clone());
@@ -248,6 +242,7 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     } else {
         None
     };
+    let p = crate::plan::cpu_plan(req, cpus, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
     if let (Some(path), Some(s)) = (&args.save, &snap) {
         s.save(path)?;
     }

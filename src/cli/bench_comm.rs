@@ -16,7 +16,8 @@ use crate::dist::{self, LaunchOutcome};
 /// Runs `bench-comm`.
 pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
     if args.min_bytes > args.max_bytes {
-        anyhow::bail!("--min-bytes {} is above --max-bytes {}", args.min_bytes, args.max_bytes);
+        let message = format!("{} is above --max-bytes {}", args.min_bytes, args.max_bytes);
+        return Err(crate::config::ConfigError::Flag { flag: "min-bytes".into(), message }.into());
     }
     let timeout = Duration::from_secs(args.timeout);
     let (device, group) = match place(&args.parallel, &[], timeout, &mut |_| Ok(()))? {
@@ -29,14 +30,17 @@ pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
         // One device: a group of one, so its numbers come from the same code.
         None => dist::bench::single_rank_group(dist::bench::tch_device(&device)?, timeout)?,
     };
-    let cuda = matches!(group.device(), tch::Device::Cuda(_));
-    // Our launcher gives every worker the same CUDA_VISIBLE_DEVICES: rank r uses its r-th entry.
-    let visible: Vec<String> =
-        std::env::var("CUDA_VISIBLE_DEVICES").map(|v| v.split(',').map(str::to_owned).collect()).unwrap_or_default();
-    let label = |rank: usize| match (cuda, visible.get(rank)) {
-        (false, _) => "cpu".to_owned(),
-        (true, Some(id)) => format!("cuda:{id}"),
-        (true, None) => format!("cuda:{rank}"),
+    // Our launcher gives every worker of a node the same CUDA_VISIBLE_DEVICES and local rank r
+    // uses entry r of it; a process alone uses the device it was given.
+    let visible: Vec<String> = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect())
+        .unwrap_or_default();
+    let (device, world) = (group.device(), group.world_size());
+    let named = |index: usize| visible.get(index).map_or(format!("cuda:{index}"), |id| format!("cuda:{id}"));
+    let label = |rank: usize| match device {
+        tch::Device::Cuda(own) if world == 1 => named(own),
+        tch::Device::Cuda(_) => named(if visible.is_empty() { rank } else { rank % visible.len() }),
+        _ => "cpu".to_owned(),
     };
     let bench = dist::bench::measure(&group, &label, (args.min_bytes, args.max_bytes))?;
     group.barrier()?;

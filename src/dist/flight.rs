@@ -8,14 +8,15 @@
 //! place, which the launcher reads when a rank fails or freezes ([`super::launcher`]). A worker that
 //! torchrun or SLURM started has no such directory, and reports only its own record.
 //!
-//! On CUDA a collective returns once NCCL has enqueued it; "left" then means enqueued, and a
-//! kernel that never completes is torch's NCCL watchdog's to end (after the same timeout).
+//! On CUDA a collective returns once NCCL has enqueued it: its record then says "issued", not
+//! "left", since whether the kernel completed is unknown here; one that never completes is
+//! torch's NCCL watchdog's to end (after the same timeout).
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The variable that names the directory of the ranks' record files.
 pub const DIR_VAR: &str = "DPO_TRAIN_FLIGHT_DIR";
@@ -31,6 +32,8 @@ pub enum State {
     Entering,
     /// Returned successfully.
     Left,
+    /// Handed to an asynchronous backend (NCCL) that has not said whether it completed.
+    Issued,
     /// Returned with an error (a timeout, a lost peer).
     Failed,
 }
@@ -40,12 +43,13 @@ impl State {
         match self {
             State::Entering => "entering",
             State::Left => "left",
+            State::Issued => "issued",
             State::Failed => "failed",
         }
     }
 
     fn parse(s: &str) -> Option<Self> {
-        [State::Entering, State::Left, State::Failed].into_iter().find(|st| st.as_str() == s)
+        [State::Entering, State::Left, State::Issued, State::Failed].into_iter().find(|st| st.as_str() == s)
     }
 }
 
@@ -64,7 +68,8 @@ pub struct Record {
     pub buckets: usize,
     /// Payload of this call on this rank.
     pub bytes: u64,
-    /// Unix milliseconds when the collective was entered, and when the state last changed.
+    /// Milliseconds of [`now_ms`]'s clock when the collective was entered, and when the state
+    /// last changed.
     pub entered_ms: u64,
     pub changed_ms: u64,
 }
@@ -126,7 +131,9 @@ impl Record {
 
     /// Reads rank `rank`'s record from `dir`; `None` when the rank never wrote one.
     pub fn read(dir: &Path, rank: usize) -> Option<Self> {
-        std::fs::read_to_string(file_name(dir, rank)).ok().as_deref().and_then(Self::parse)
+        let read = || std::fs::read_to_string(file_name(dir, rank)).ok().as_deref().and_then(Self::parse);
+        // A read that meets the rank's rewrite half-way fails to parse: the next one does not.
+        read().or_else(read)
     }
 }
 
@@ -143,15 +150,23 @@ fn file_name(dir: &Path, rank: usize) -> std::path::PathBuf {
     dir.join(format!("rank-{rank}"))
 }
 
-/// Milliseconds since the Unix epoch (the launcher and the ranks share the clock of one node).
+/// Milliseconds of `CLOCK_BOOTTIME`: one clock for every process of a node (the launcher compares
+/// the ranks' records with it) that no wall-clock step can move.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
 /// A rank's recorder. Not `Sync`: one thread issues a rank's collectives, in order.
 #[derive(Debug)]
 pub struct FlightRecorder {
     file: Option<File>,
+    /// Whether records go to the file (a benchmark's timed loop keeps them in memory only).
+    to_file: Cell<bool>,
     step: Cell<u64>,
     phase: Cell<&'static str>,
     last: RefCell<Option<Record>>,
@@ -163,7 +178,7 @@ impl FlightRecorder {
     pub fn from_env(rank: usize) -> Self {
         let dir = std::env::var_os(DIR_VAR).filter(|d| !d.is_empty());
         let file = dir.and_then(|d| File::create(file_name(Path::new(&d), rank)).ok());
-        Self { file, step: Cell::new(0), phase: Cell::new("setup"), last: RefCell::new(None) }
+        Self { file, to_file: Cell::new(true), step: Cell::new(0), phase: Cell::new("setup"), last: RefCell::new(None) }
     }
 
     /// Sets the step and phase the next collectives belong to.
@@ -194,14 +209,19 @@ impl FlightRecorder {
         self.store(record);
     }
 
-    /// Records that the latest collective returned, successfully or not.
-    pub fn leave(&self, ok: bool) {
+    /// Records that the latest collective returned: `Left`, `Issued` (asynchronous) or `Failed`.
+    pub fn leave(&self, state: State) {
         let record = self.last.borrow().clone();
         if let Some(mut record) = record {
-            record.state = if ok { State::Left } else { State::Failed };
+            record.state = state;
             record.changed_ms = now_ms();
             self.store(record);
         }
+    }
+
+    /// Whether records also go to the file (on by default).
+    pub fn write_to_file(&self, on: bool) {
+        self.to_file.set(on);
     }
 
     /// The latest record.
@@ -210,7 +230,7 @@ impl FlightRecorder {
     }
 
     fn store(&self, record: Record) {
-        if let Some(file) = &self.file {
+        if let Some(file) = self.file.as_ref().filter(|_| self.to_file.get()) {
             // One positioned write of one line: a reader sees the old line or the new one. A
             // failed write loses only the on-disk copy.
             let _ = file.write_at(record.line().as_bytes(), 0);
@@ -227,8 +247,13 @@ mod tests {
     fn a_record_round_trips_through_its_file_and_says_where_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let file = File::create(file_name(dir.path(), 1)).unwrap();
-        let rec =
-            FlightRecorder { file: Some(file), step: Cell::new(0), phase: Cell::new("x"), last: RefCell::new(None) };
+        let rec = FlightRecorder {
+            file: Some(file),
+            to_file: Cell::new(true),
+            step: Cell::new(0),
+            phase: Cell::new("x"),
+            last: RefCell::new(None),
+        };
         assert_eq!(Record::read(dir.path(), 1), None, "an empty file is no record");
         rec.set_context(41, "gradient sync");
         rec.enter("all_reduce", (3, 7), 25_000_000);
@@ -236,7 +261,7 @@ mod tests {
         assert_eq!(entering.state, State::Entering);
         assert_eq!(entering.place(), "all_reduce bucket 3/7 of step 41 (gradient sync, 25.0 MB)");
         assert_eq!(Some(entering.clone()), rec.last());
-        rec.leave(false);
+        rec.leave(State::Failed);
         let failed = Record::read(dir.path(), 1).unwrap();
         assert_eq!((failed.state, failed.entered_ms), (State::Failed, entering.entered_ms));
         assert_eq!(std::fs::read(file_name(dir.path(), 1)).unwrap().len(), WIDTH);

@@ -22,7 +22,7 @@ use burn::tensor::Tensor;
 use tch::{Device as TchDevice, Kind};
 
 use super::bridge::{self, Origin};
-use super::flight::{FlightRecorder, now_ms};
+use super::flight::{FlightRecorder, State, now_ms};
 
 /// DDP's default bucket size (`bucket_cap_mb=25`).
 pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
@@ -199,7 +199,7 @@ impl ProcessGroup {
         let status = unsafe {
             ffi::c10d_group_new(addr.as_ptr(), *master_port, rank_i, world_i, code, timeout_ms, device_i, &mut raw)
         };
-        flight.leave(status == 0);
+        flight.leave(if status == 0 { State::Left } else { State::Failed });
         check("init_process_group", status)?;
         Ok(Self { raw, rank: *rank, world_size: *world_size, device, bucket_bytes: DEFAULT_BUCKET_BYTES, flight })
     }
@@ -228,6 +228,12 @@ impl ProcessGroup {
     /// This rank's latest collective.
     pub fn last_record(&self) -> Option<super::flight::Record> {
         self.flight.last()
+    }
+
+    /// Whether flight records also go to the launcher's file: a benchmark's timed calls keep them
+    /// in memory only, so the file write is not part of what is timed.
+    pub fn record_to_file(&self, on: bool) {
+        self.flight.write_to_file(on);
     }
 
     /// The largest flat bucket, in bytes, of one gradient collective.
@@ -403,8 +409,14 @@ impl ProcessGroup {
     ) -> Result<(), DistError> {
         self.flight.enter(op, bucket, bytes);
         let result = call();
-        self.flight.leave(result.is_ok());
+        // NCCL returns once the collective is enqueued: whether it completed is not known here.
+        let done = if matches!(self.device, TchDevice::Cuda(_)) { State::Issued } else { State::Left };
+        self.flight.leave(if result.is_ok() { done } else { State::Failed });
         result.map_err(|source| {
+            // Only a failure inside c10d (a timeout, a lost peer) happened while waiting.
+            if !matches!(source, DistError::C10d { code: 2 | 3, .. }) {
+                return source;
+            }
             let record = self.flight.last();
             let (place, secs) = record.map_or((op.to_owned(), 0.0), |r| (r.place(), r.waited(now_ms()).as_secs_f64()));
             DistError::During { rank: self.rank, place, secs, source: Box::new(source) }

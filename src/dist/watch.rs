@@ -54,6 +54,9 @@ pub fn rank_line(rank: usize, live: &Liveness, record: Option<&Record>, now_ms: 
         (State::Left, Liveness::Running) => format!("running, {since_left} s since it left {place}"),
         (State::Left, Liveness::Stopped) => format!("stopped, last seen leaving {place}"),
         (State::Left, Liveness::Exited(how)) => format!("exited ({how}), last seen leaving {place}"),
+        (State::Issued, Liveness::Running) => format!("running, {since_left} s since it issued {place} to NCCL"),
+        (State::Issued, Liveness::Stopped) => format!("stopped, last seen issuing {place} to NCCL"),
+        (State::Issued, Liveness::Exited(how)) => format!("exited ({how}), last seen issuing {place} to NCCL"),
         (State::Failed, Liveness::Exited(how)) => format!("gave up after waiting {secs} s in {place} ({how})"),
         (State::Failed, _) => format!("gave up after waiting {secs} s in {place}"),
     };
@@ -98,7 +101,9 @@ impl Watchdog {
         let limit = self.timeout + COLLECTIVE_GRACE;
         let unix_now = now_ms();
         ranks.iter().find_map(|&(_, rank, _)| {
-            let record = Record::read(dir, rank).filter(|r| r.state == State::Entering)?;
+            // A rendezvous may take the timeout twice (connecting, then waiting for the others);
+            // c10d ends it and names the missing ranks.
+            let record = Record::read(dir, rank).filter(|r| r.state == State::Entering && r.op != "rendezvous")?;
             (record.waited(unix_now) >= limit).then(|| {
                 format!("rank {rank} has waited in {} for {} s", record.place(), record.waited(unix_now).as_secs())
             })

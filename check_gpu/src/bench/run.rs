@@ -101,6 +101,8 @@ pub fn locate(env_value: Option<OsString>, current_exe: Option<PathBuf>) -> Resu
 pub fn arguments(req: &BenchRequest) -> Vec<String> {
     let devices = match &req.devices {
         Devices::Cpu(n) => vec!["--devices".to_string(), format!("cpu:{n}")],
+        // One index alone would read as a count: `3,` is device 3 alone.
+        Devices::Gpus(g) if g.len() == 1 => vec!["--gpus".to_string(), format!("{},", g[0])],
         Devices::Gpus(g) => vec!["--gpus".to_string(), crate::units::list(g)],
     };
     let mut args = vec!["bench-comm".to_string()];
@@ -135,18 +137,19 @@ pub fn run(program: &Path, req: &BenchRequest) -> Result<Bench, BenchError> {
     if !status.success() {
         let status = match status.code() {
             Some(code) => format!("exited with status {code}"),
-            None => format!("was stopped ({status})"),
+            None => format!("was killed ({status})"),
         };
         return Err(BenchError::Failed { command, status, last_stderr });
     }
     if let Err(e) = read {
         return Err(BenchError::Json { command, message: e.to_string(), last_stderr });
     }
-    let bench: Bench = serde_json::from_str(stdout.trim()).map_err(|e| BenchError::Json {
-        command: command.clone(),
-        message: e.to_string(),
-        last_stderr,
-    })?;
+    // NCCL_DEBUG writes to stdout too: the bench is the last line that parses as one.
+    let parsed = serde_json::from_str::<Bench>(stdout.trim());
+    let bench =
+        parsed.or_else(|e| stdout.lines().rev().find_map(|l| serde_json::from_str::<Bench>(l.trim()).ok()).ok_or(e));
+    let bench =
+        bench.map_err(|e| BenchError::Json { command: command.clone(), message: e.to_string(), last_stderr })?;
     bench.validate(req.devices.world_size()).map_err(|message| BenchError::Invalid { command, message })?;
     Ok(bench)
 }
@@ -215,6 +218,9 @@ mod tests {
             arguments(&req),
             ["bench-comm", "--gpus", "0,3", "--min-bytes", "1048576", "--max-bytes", "1073741824"]
         );
+        // dpo-train reads a lone number as a count: GPU 3 alone is `3,`.
+        let one = BenchRequest { devices: Devices::Gpus(vec![3]), ..req };
+        assert_eq!(arguments(&one)[1..3], ["--gpus", "3,"]);
         assert_eq!(quote("a b"), "'a b'");
     }
 
@@ -271,6 +277,15 @@ mod tests {
                 fail.display()
             )
         );
+        // NCCL_DEBUG's lines on stdout around the JSON do not hide it.
+        let noisy = script(
+            &dir,
+            "noisy.sh",
+            &format!(
+                "#!/bin/sh\necho 'NCCL INFO Bootstrap'\necho '{CANNED}'\necho 'NCCL INFO comm 0x1 Destroy COMPLETE'\n"
+            ),
+        );
+        assert_eq!(run(&noisy, &req).expect("bench among NCCL's lines").world_size, 2);
         let garbage = script(&dir, "garbage.sh", "#!/bin/sh\necho 'not json'\n");
         let err = run(&garbage, &req).expect_err("bad json").to_string();
         assert!(err.contains("printed no bench JSON on stdout: expected"), "{err}");

@@ -229,17 +229,26 @@ struct Log {
     excluded: Vec<Excluded>,
 }
 
+/// The plan to train on CPU processes, with what a bench of them measured: its warnings (there
+/// is no link to compare with, but wrong results count) and the gradient all-reduce time.
+pub fn cpu_plan(req: &PlanRequest, cpus: u32, reason: String, bench: Option<&crate::bench::BenchRecord>) -> Plan {
+    let mut p = Plan::cpu_fallback(req, cpus, reason);
+    if let Some(rec) = bench {
+        p.warnings.extend(crate::bench::peak::warnings(rec, None));
+        if let Some(model) = &req.model {
+            p.communication = comm::estimate(comm::gradient_bytes(model, req.finetune), &rec.bench);
+        }
+    }
+    p
+}
+
 /// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
 pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let topo = topology::analyze(snap);
     let cpus = snap.system.cpu_count.unwrap_or(1);
     if snap.gpus.is_empty() {
-        let mut p = Plan { topology: topo, ..Plan::cpu_fallback(req, cpus, "no NVIDIA GPU found".to_string()) };
-        // A CPU bench saved without GPUs has no link to compare with, but wrong results still count.
-        if let Some(rec) = &snap.bench {
-            p.warnings.extend(crate::bench::peak::warnings(rec, None));
-        }
-        return p;
+        let reason = "no NVIDIA GPU found".to_string();
+        return Plan { topology: topo, ..cpu_plan(req, cpus, reason, snap.bench.as_ref()) };
     }
     let mut log = Log::default();
     // 1-2. Health and one GPU model.
