@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor, TensorData};
-use dpo_train::dist::{self, Backend, DistConfig, LaunchError, ProcessGroup};
+use dpo_train::dist::{self, Backend, Compression, DistConfig, LaunchError, ProcessGroup};
 
 const ROLE: &str = "DIST_TEST_ROLE";
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -172,6 +172,38 @@ fn collectives() {
     let gathered = pg.all_gather_f32(&uneven).expect("uneven all_gather_f32");
     assert_eq!(gathered, (0..world).map(|r| (0..r).map(|j| j as f32 + 0.5).collect()).collect::<Vec<Vec<f32>>>());
     assert_eq!(pg.all_gather_f32(&[]).expect("empty all_gather_f32"), vec![Vec::<f32>::new(); world]);
+
+    // (f) gradient buckets in half precision (ddp_comm_hook): the sum to the wire format's
+    // round-off, half the bytes of f32 on the wire.
+    for (compression, eps) in [(Compression::Bf16, 2f32.powi(-8)), (Compression::Fp16, 2f32.powi(-11))] {
+        let exact: Vec<Vec<f32>> = (0..lens.len())
+            .map(|i| {
+                (0..lens[i]).map(|j| (0..world).map(|r| rank_tensor(r, world, i, lens[i])[j] / 3.0).sum()).collect()
+            })
+            .collect();
+        let mut grads: Vec<Tensor<1>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let v: Vec<f32> = rank_tensor(rank, world, i, n).iter().map(|x| x / 3.0).collect();
+                Tensor::from_data(TensorData::new(v, [n]), &dev)
+            })
+            .collect();
+        let before = pg.payload_bytes();
+        pg.all_reduce_sum_compressed(&mut grads, compression).expect("compressed all-reduce");
+        let sent = pg.payload_bytes() - before;
+        assert_eq!(sent, 2 * lens.iter().sum::<usize>() as u64, "{compression:?}: two bytes per element");
+        for (i, g) in grads.iter().enumerate() {
+            for (got, want) in values(g).iter().zip(&exact[i]) {
+                // Each rank's value and the sum are rounded once each: a few units of round-off.
+                assert!((got - want).abs() <= 4.0 * eps * want.abs(), "{compression:?} tensor {i}: {got} vs {want}");
+            }
+        }
+    }
+    let before = pg.payload_bytes();
+    let mut plain = vec![Tensor::<1>::from_data(TensorData::new(vec![1.0_f32; 10], [10]), &dev)];
+    pg.all_reduce_sum(&mut plain).expect("all_reduce_sum");
+    assert_eq!(pg.payload_bytes() - before, 40, "f32: four bytes per element");
 
     // The benchmark helper runs (its value depends on the machine).
     let mbps = dist::allreduce_bandwidth(&pg, 1 << 20).expect("bandwidth");

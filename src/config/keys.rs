@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::loss::{FDivergence, LossType};
-use super::{LrScaling, SchedulerType};
+use super::{CommHook, LrScaling, SchedulerType};
 
 /// How a value of a key is typed on the command line.
 pub trait FlagValue {
@@ -47,6 +47,7 @@ flag_value! {
     FDivergence => "TYPE", string;
     SchedulerType => "TYPE", string;
     LrScaling => "TYPE", string;
+    CommHook => "TYPE", string;
 }
 
 impl FlagValue for bool {

@@ -79,6 +79,18 @@ impl LrScaling {
     }
 }
 
+/// How gradient buckets travel between workers (DDP's communication hook, TRL's
+/// `ddp_comm_hook`): as they are, or in half precision, halving the bytes sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommHook {
+    None,
+    /// torch's `bf16_compress_hook`.
+    Bf16,
+    /// torch's `fp16_compress_hook`.
+    Fp16,
+}
+
 impl std::fmt::Display for LrScaling {
     /// The config's spelling (`none`, `linear`, `sqrt`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -263,6 +275,8 @@ train_config! {
     lr_scaling: LrScaling = LrScaling::None,
     /// Gradient all-reduce bucket size in MB (one collective per bucket).
     ddp_bucket_cap_mb: usize = 25,
+    /// none, bf16 or fp16: send gradient buckets in half precision (divided by the world size first, as torch's compress hooks).
+    ddp_comm_hook: CommHook = CommHook::None,
     /// Seconds a rendezvous or collective may wait for a peer before the job fails.
     ddp_timeout: u64 = 1800,
     /// Passes over the training data (fractions allowed).

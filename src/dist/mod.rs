@@ -22,5 +22,7 @@ mod bridge;
 
 pub use env::{EnvError, EnvSource, WorkerEnv};
 pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};
-pub use process_group::{Backend, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth};
+pub use process_group::{
+    Backend, Compression, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth,
+};
 pub use slurm::{SlurmOptions, sbatch_script};

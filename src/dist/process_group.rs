@@ -36,6 +36,27 @@ pub enum Backend {
     Nccl,
 }
 
+/// The wire format of gradient buckets (DDP's communication hooks): as they are, or cast to half
+/// precision after dividing by the world size, summed in it, and cast back (torch's
+/// `fp16_compress_hook` / `bf16_compress_hook`), which halves the bytes sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    #[default]
+    None,
+    Bf16,
+    Fp16,
+}
+
+impl Compression {
+    fn wire_kind(self) -> Option<Kind> {
+        match self {
+            Compression::None => None,
+            Compression::Bf16 => Some(Kind::BFloat16),
+            Compression::Fp16 => Some(Kind::Half),
+        }
+    }
+}
+
 /// How to join a process group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistConfig {
@@ -163,6 +184,8 @@ pub struct ProcessGroup {
     bucket_bytes: usize,
     /// This rank's latest collective, for the report of a hang.
     flight: Box<FlightRecorder>,
+    /// Payload bytes of every collective so far (what this rank put on the wire).
+    sent: std::cell::Cell<u64>,
 }
 
 // SAFETY: the C10dGroup is a heap object with no thread affinity (c10d backends are used from
@@ -201,7 +224,8 @@ impl ProcessGroup {
         };
         flight.leave(if status == 0 { State::Left } else { State::Failed });
         check("init_process_group", status)?;
-        Ok(Self { raw, rank: *rank, world_size: *world_size, device, bucket_bytes: DEFAULT_BUCKET_BYTES, flight })
+        let (rank, world_size, bucket_bytes, sent) = (*rank, *world_size, DEFAULT_BUCKET_BYTES, Default::default());
+        Ok(Self { raw, rank, world_size, device, bucket_bytes, flight, sent })
     }
 
     /// This process's rank.
@@ -260,12 +284,28 @@ impl ProcessGroup {
     /// On error the slice may hold a mix of reduced and original tensors; the group is then
     /// unusable and the job should end.
     pub fn all_reduce_mean<const D: usize>(&self, tensors: &mut [Tensor<D>]) -> Result<(), DistError> {
-        self.all_reduce_bucketed(tensors, ffi::OP_AVG)
+        self.all_reduce_bucketed(tensors, ffi::OP_AVG, Compression::None)
     }
 
     /// Like [`Self::all_reduce_mean`] with the sum over ranks.
     pub fn all_reduce_sum<const D: usize>(&self, tensors: &mut [Tensor<D>]) -> Result<(), DistError> {
-        self.all_reduce_bucketed(tensors, ffi::OP_SUM)
+        self.all_reduce_bucketed(tensors, ffi::OP_SUM, Compression::None)
+    }
+
+    /// Like [`Self::all_reduce_sum`], each bucket sent as `compression` says (the gradients'
+    /// all-reduce with `ddp_comm_hook`); the results keep the inputs' dtype.
+    pub fn all_reduce_sum_compressed<const D: usize>(
+        &self,
+        tensors: &mut [Tensor<D>],
+        compression: Compression,
+    ) -> Result<(), DistError> {
+        self.all_reduce_bucketed(tensors, ffi::OP_SUM, compression)
+    }
+
+    /// Payload bytes this rank has sent in collectives so far (a compressed bucket counts its
+    /// half-precision bytes).
+    pub fn payload_bytes(&self) -> u64 {
+        self.sent.get()
     }
 
     /// Replaces every value with its sum over the ranks (loss and metric sums, token counts).
@@ -288,7 +328,7 @@ impl ProcessGroup {
     pub fn broadcast<const D: usize>(&self, tensors: &mut [Tensor<D>], root: usize) -> Result<(), DistError> {
         let root_i = i32::try_from(root).ok().filter(|_| root < self.world_size);
         let root_i = root_i.ok_or(DistError::BadRoot { root, world_size: self.world_size })?;
-        self.bucketed(tensors, "broadcast", |flat| {
+        self.bucketed(tensors, "broadcast", Compression::None, |flat| {
             let ptr = flat.as_mut_ptr();
             // SAFETY: `self.raw` is a live group (owned by `self`); `ptr` points to a live
             // `at::Tensor` (`flat`, borrowed mutably for the call) and the array has one element.
@@ -394,8 +434,13 @@ impl ProcessGroup {
         check("all_reduce", unsafe { ffi::c10d_all_reduce(self.raw, ptrs.as_ptr(), ptrs.len(), op) })
     }
 
-    fn all_reduce_bucketed<const D: usize>(&self, tensors: &mut [Tensor<D>], op: i32) -> Result<(), DistError> {
-        self.bucketed(tensors, "all_reduce", |flat| self.reduce_raw(&mut [flat], op))
+    fn all_reduce_bucketed<const D: usize>(
+        &self,
+        tensors: &mut [Tensor<D>],
+        op: i32,
+        compression: Compression,
+    ) -> Result<(), DistError> {
+        self.bucketed(tensors, "all_reduce", compression, |flat| self.reduce_raw(&mut [flat], op))
     }
 
     /// Runs one collective between flight records: entering before, left or failed after. A
@@ -408,6 +453,7 @@ impl ProcessGroup {
         call: impl FnOnce() -> Result<(), DistError>,
     ) -> Result<(), DistError> {
         self.flight.enter(op, bucket, bytes);
+        self.sent.set(self.sent.get() + bytes);
         let result = call();
         // NCCL returns once the collective is enqueued: whether it completed is not known here.
         let done = if matches!(self.device, TchDevice::Cuda(_)) { State::Issued } else { State::Left };
@@ -423,12 +469,13 @@ impl ProcessGroup {
         })
     }
 
-    /// Packs `tensors` into flat buckets, runs `collective` on each bucket in place, and replaces
-    /// the tensors with views of the results.
+    /// Packs `tensors` into flat buckets, runs `collective` on each bucket in place (in the wire
+    /// format `compression` gives), and replaces the tensors with views of the results.
     fn bucketed<const D: usize>(
         &self,
         tensors: &mut [Tensor<D>],
         op: &'static str,
+        compression: Compression,
         collective: impl Fn(&mut tch::Tensor) -> Result<(), DistError>,
     ) -> Result<(), DistError> {
         let tch_err = |source| DistError::Tch { op, source };
@@ -450,8 +497,22 @@ impl ProcessGroup {
                 .map_err(tch_err)?;
             // The one device-side copy: the bucket's tensors side by side.
             let mut bucket = tch::Tensor::f_cat(&flats, 0).map_err(tch_err)?; // [sum of numels]
-            let bytes = (bucket.numel() * bucket.kind().elt_size_in_bytes()) as u64;
-            self.recorded(op, (index + 1, ends.len()), bytes, || collective(&mut bucket))?;
+            let place = (index + 1, ends.len());
+            match compression.wire_kind() {
+                None => {
+                    let bytes = (bucket.numel() * bucket.kind().elt_size_in_bytes()) as u64;
+                    self.recorded(op, place, bytes, || collective(&mut bucket))?;
+                }
+                Some(wire) => {
+                    // Divided before the cast, as torch's hooks do, so the sum cannot overflow fp16.
+                    let world = self.world_size as f64;
+                    let mut half = bucket.f_div_scalar(world).and_then(|b| b.f_to_kind(wire)).map_err(tch_err)?;
+                    let bytes = (half.numel() * wire.elt_size_in_bytes()) as u64;
+                    self.recorded(op, place, bytes, || collective(&mut half))?;
+                    let back = half.f_to_kind(bucket.kind()).and_then(|h| h.f_mul_scalar(world)).map_err(tch_err)?;
+                    bucket.f_copy_(&back).map_err(tch_err)?;
+                }
+            }
             let mut offset = 0_i64;
             for (slot, (t, origin)) in tensors[start..end].iter_mut().zip(&unwrapped[start..end]) {
                 let numel = i64::try_from(t.numel()).unwrap_or(i64::MAX);

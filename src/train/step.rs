@@ -95,7 +95,7 @@ pub fn optimizer_step(
         micro_batch(plan, run, &t.policy, refs, &pass, &mut grads, window);
     }
 
-    workers.sum_grads(&mut grads, &t.policy)?;
+    workers.sum_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
     let applied = match t.state.loss_scaler.as_mut() {
         Some(scaler) => {
             grads.scale(1.0 / scaler.scale);

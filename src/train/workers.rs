@@ -5,7 +5,8 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 
 use super::optim::GradAccumulator;
-use crate::dist::{DistError, ProcessGroup};
+use crate::config::CommHook;
+use crate::dist::{Compression, DistError, ProcessGroup};
 use crate::model::params;
 
 /// One process of a job, or the whole job when `group` is `None`.
@@ -64,9 +65,14 @@ impl<'a> Workers<'a> {
     }
 
     /// Sums every worker's accumulated gradients of the trainable parameters, bucketed, in
-    /// parameter-name order. A worker without pairs this step (the short end of an epoch)
-    /// contributes zeros.
-    pub fn sum_grads<M: Module>(&self, grads: &mut GradAccumulator, model: &M) -> Result<(), DistError> {
+    /// parameter-name order, each bucket sent as `hook` says. A worker without pairs this step
+    /// (the short end of an epoch) contributes zeros.
+    pub fn sum_grads<M: Module>(
+        &self,
+        grads: &mut GradAccumulator,
+        model: &M,
+        hook: CommHook,
+    ) -> Result<(), DistError> {
         let Some(group) = self.phase("gradient sync") else { return Ok(()) };
         // Frozen parameters (a LoRA base) have no gradient to synchronise.
         params::visit(model, None, |p| {
@@ -77,7 +83,12 @@ impl<'a> Workers<'a> {
         });
         let names: Vec<String> = grads.grads.keys().cloned().collect();
         let mut tensors: Vec<Tensor<1>> = names.iter().map(|n| grads.grads[n].clone()).collect();
-        group.all_reduce_sum(&mut tensors)?;
+        let compression = match hook {
+            CommHook::None => Compression::None,
+            CommHook::Bf16 => Compression::Bf16,
+            CommHook::Fp16 => Compression::Fp16,
+        };
+        group.all_reduce_sum_compressed(&mut tensors, compression)?;
         grads.grads = names.into_iter().zip(tensors).collect();
         Ok(())
     }
