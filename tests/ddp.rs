@@ -46,12 +46,17 @@ fn train(config: &Path, run: &str, world: usize, micro: usize) {
 }
 
 fn resume(dir: &Path, world: usize, max_steps: u64) {
+    resume_with(dir, world, max_steps, &[]);
+}
+
+fn resume_with(dir: &Path, world: usize, max_steps: u64, extra: &[&str]) {
     let steps = max_steps.to_string();
     let devices = format!("cpu:{world}");
     let mut args = vec!["train", "--resume", dir.to_str().unwrap(), "--max-steps", &steps];
     if world > 1 {
         args.extend(["--devices", &devices]);
     }
+    args.extend(extra);
     dpo_train(&args);
 }
 
@@ -90,6 +95,65 @@ fn two_and_three_workers_equal_one_process() {
                 assert!((p - q).abs() <= 1e-5 * p.abs().max(1.0), "{run} step {step} {split}: {x:?} vs {y:?}");
             }
         }
+    }
+}
+
+/// Appends config lines to a copy of `config` named `name`.
+fn variant(config: &Path, name: &str, extra: &str) -> PathBuf {
+    let path = config.with_file_name(format!("{name}.toml"));
+    std::fs::write(&path, std::fs::read_to_string(config).unwrap() + extra).unwrap();
+    path
+}
+
+/// ZeRO-1 and ZeRO-2 on 2 and 3 workers train the parameters of one process (and of plain data
+/// parallelism): the slices' AdamW updates and the reduce-scattered gradients are the same sums.
+#[test]
+fn zero1_and_zero2_train_the_parameters_of_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 4);
+    train(&config, "one", 1, 6);
+    let one = weights(&dir.path().join("one"));
+    for stage in ["zero1", "zero2"] {
+        let staged = variant(&config, stage, &format!("sharding = \"{stage}\"\n"));
+        for world in [2, 3] {
+            let run = format!("{stage}-{world}");
+            train(&staged, &run, world, 6 / world);
+            let diff = max_diff(&one, &weights(&dir.path().join(&run)));
+            assert!(diff <= 1e-5, "{run}: parameters differ from one process by {diff}");
+            let ckpt = dir.path().join(&run).join("checkpoints/step-4");
+            assert!(ckpt.join(format!("optimizer.shard-{}-of-{world}.safetensors", world - 1)).is_file(), "{run}");
+            assert!(!ckpt.join("optimizer.safetensors").exists(), "{run}: no rank writes the whole state");
+        }
+    }
+}
+
+/// A ZeRO-2 checkpoint of 3 workers resumes on 2 workers without sharding, and a plain one
+/// resumes under ZeRO-2: the same parameters as one process all along.
+#[test]
+fn zero_checkpoints_resume_with_another_world_size_and_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 2);
+    train(&config, "single", 1, 6);
+    resume(&dir.path().join("single"), 1, 4);
+    let zero2 = variant(&config, "zero2", "sharding = \"zero2\"\n");
+    train(&zero2, "zero-then-plain", 3, 2);
+    resume_with(
+        &dir.path().join("zero-then-plain"),
+        2,
+        4,
+        &["--sharding", "none", "--per-device-train-batch-size", "3"],
+    );
+    train(&config, "plain-then-zero", 1, 6);
+    resume_with(
+        &dir.path().join("plain-then-zero"),
+        2,
+        4,
+        &["--sharding", "zero2", "--per-device-train-batch-size", "3"],
+    );
+    let reference = weights(&dir.path().join("single"));
+    for run in ["zero-then-plain", "plain-then-zero"] {
+        let diff = max_diff(&reference, &weights(&dir.path().join(run)));
+        assert!(diff <= 1e-5, "{run}: parameters differ by {diff}");
     }
 }
 
@@ -155,9 +219,13 @@ fn lora_on_two_workers_equals_one_process() {
     std::fs::write(&config, text + "lora_r = 4\nlora_dropout = 0.0\nlora_target_modules = [\"all-linear\"]\n").unwrap();
     train(&config, "one", 1, 6);
     train(&config, "two", 2, 3);
+    let zero2 = variant(&config, "lora-zero2", "sharding = \"zero2\"\n");
+    train(&zero2, "two-zero2", 2, 3);
     let adapter = |run: &str| tensors(&dir.path().join(run).join("final/adapter_model.safetensors"));
-    let diff = max_diff(&adapter("one"), &adapter("two"));
-    assert!(diff <= 1e-5, "adapters differ from one process by {diff}");
+    for run in ["two", "two-zero2"] {
+        let diff = max_diff(&adapter("one"), &adapter(run));
+        assert!(diff <= 1e-5, "{run}: adapters differ from one process by {diff}");
+    }
     assert!(adapter("one").iter().any(|(n, v)| n.contains("lora_B") && v.iter().any(|x| *x != 0.0)), "B trained");
 }
 

@@ -91,6 +91,20 @@ pub enum CommHook {
     Fp16,
 }
 
+/// What data-parallel workers partition (DeepSpeed's ZeRO stages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Every rank holds everything (DDP).
+    None,
+    /// AdamW moments partitioned: each rank updates its part, the parameters are all-gathered.
+    Zero1,
+    /// As zero1, and the gradients reduce-scattered: each rank keeps its part's only.
+    Zero2,
+    /// As zero2, and the parameters partitioned (FSDP's full shard).
+    Zero3,
+}
+
 impl std::fmt::Display for LrScaling {
     /// The config's spelling (`none`, `linear`, `sqrt`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -277,6 +291,10 @@ train_config! {
     ddp_bucket_cap_mb: usize = 25,
     /// none, bf16 or fp16: send gradient buckets in half precision (divided by the world size first, as torch's compress hooks).
     ddp_comm_hook: CommHook = CommHook::None,
+    /// none, zero1 (AdamW moments partitioned over the workers) or zero2 (and gradients reduce-scattered).
+    sharding: Sharding = Sharding::None,
+    /// accelerate/TRL's spelling of the sharding: `shard_grad_op` is zero2, `full_shard` zero3.
+    fsdp: String = String::new(),
     /// Seconds a rendezvous or collective may wait for a peer before the job fails.
     ddp_timeout: u64 = 1800,
     /// Passes over the training data (fractions allowed).
@@ -421,6 +439,7 @@ impl TrainConfig {
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
+        self.sharding()?;
         if self.bf16 == Some(true) && self.fp16 {
             return invalid("fp16", "cannot be combined with `bf16`: choose one precision".to_owned());
         }
@@ -435,6 +454,38 @@ impl TrainConfig {
             );
         }
         Ok(())
+    }
+
+    /// The sharding stage, from `sharding` or its accelerate spelling `fsdp`.
+    pub fn sharding(&self) -> Result<Sharding, ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let from_fsdp = match self.fsdp.split_whitespace().find(|w| w.contains("shard") || *w == "no_shard") {
+            None => None,
+            Some("shard_grad_op") => Some(Sharding::Zero2),
+            Some("full_shard" | "hybrid_shard") => Some(Sharding::Zero3),
+            Some("no_shard") => Some(Sharding::None),
+            Some(other) => {
+                return invalid(
+                    "fsdp",
+                    format!("`{other}` is not a sharding strategy: use `shard_grad_op` or `full_shard`"),
+                );
+            }
+        };
+        let stage = match (from_fsdp, self.sharding) {
+            (Some(f), Sharding::None) => f,
+            (Some(f), s) if f != s => {
+                let stage = format!("{s:?}").to_lowercase();
+                return invalid("fsdp", format!("`{}` contradicts `sharding = \"{stage}\"`", self.fsdp.trim()));
+            }
+            (_, s) => s,
+        };
+        if stage == Sharding::Zero3 {
+            return invalid(
+                "sharding",
+                "zero3 (partitioned parameters, FSDP's full_shard) is not available yet: use zero2 or zero1".to_owned(),
+            );
+        }
+        Ok(stage)
     }
 
     /// The TensorBoard directory of the run in `run_dir`, when `report_to` asks for TensorBoard.
@@ -552,6 +603,24 @@ mod tests {
         }
         assert!(KEYS.iter().find(|k| k.name == "skip_bad_rows").unwrap().is_bool);
         assert!(!KEYS.iter().find(|k| k.name == "beta").unwrap().is_bool);
+    }
+
+    #[test]
+    fn sharding_takes_accelerates_spelling_and_refuses_what_is_not_built() {
+        let cfg = |text: &str| TrainConfig::from_toml_str(text, "x.toml").unwrap();
+        assert_eq!(cfg("sharding = \"zero1\"\n").sharding().unwrap(), Sharding::Zero1);
+        assert_eq!(cfg("fsdp = \"shard_grad_op auto_wrap\"\n").sharding().unwrap(), Sharding::Zero2);
+        assert_eq!(cfg("fsdp = \"shard_grad_op\"\nsharding = \"zero2\"\n").sharding().unwrap(), Sharding::Zero2);
+        let err = cfg("fsdp = \"full_shard\"\n").sharding().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`sharding`: zero3 (partitioned parameters, FSDP's full_shard) is not available yet: use zero2 or zero1"
+        );
+        let err = cfg("fsdp = \"shard_grad_op\"\nsharding = \"zero1\"\n").sharding().unwrap_err().to_string();
+        assert_eq!(err, "`fsdp`: `shard_grad_op` contradicts `sharding = \"zero1\"`");
+        let err = cfg("fsdp = \"offload_shard\"\n").sharding().unwrap_err().to_string();
+        assert!(err.starts_with("`fsdp`: `offload_shard` is not a sharding strategy"), "{err}");
+        assert!(cfg("sharding = \"zero3\"\n").validate().is_err());
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod env;
 pub mod flight;
 pub mod launcher;
 pub mod process_group;
+pub mod shards;
 pub mod slurm;
 pub mod watch;
 

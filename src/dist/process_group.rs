@@ -48,7 +48,7 @@ pub enum Compression {
 }
 
 impl Compression {
-    fn wire_kind(self) -> Option<Kind> {
+    pub(super) fn wire_kind(self) -> Option<Kind> {
         match self {
             Compression::None => None,
             Compression::Bf16 => Some(Kind::BFloat16),
@@ -381,9 +381,19 @@ impl ProcessGroup {
     /// many elements of the same dtype on the same device, rank r's at `[r·n, (r+1)·n)`: one
     /// collective (torch's `all_gather_into_tensor`, c10d's `_allgather_base`).
     pub fn all_gather_into(&self, output: &mut tch::Tensor, input: &mut tch::Tensor) -> Result<(), DistError> {
+        self.all_gather_into_at(output, input, (0, 0))
+    }
+
+    /// [`Self::all_gather_into`] as bucket `place.0` of `place.1` (for the flight record).
+    pub(super) fn all_gather_into_at(
+        &self,
+        output: &mut tch::Tensor,
+        input: &mut tch::Tensor,
+        place: (usize, usize),
+    ) -> Result<(), DistError> {
         let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
         let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
-        self.recorded("all_gather", (0, 0), bytes, || {
+        self.recorded("all_gather", place, bytes, || {
             // SAFETY: `self.raw` is a live group; both pointers are to live `at::Tensor`s borrowed
             // for the call; the shim checks sizes, dtypes and devices and reports a mismatch.
             check("all_gather", unsafe { ffi::c10d_all_gather_flat(self.raw, input_ptr, output_ptr) })
@@ -394,9 +404,19 @@ impl ProcessGroup {
     /// slices of their `input`: one collective (torch's `reduce_scatter_tensor`, c10d's
     /// `_reduce_scatter_base`).
     pub fn reduce_scatter_sum(&self, output: &mut tch::Tensor, input: &mut tch::Tensor) -> Result<(), DistError> {
+        self.reduce_scatter_sum_at(output, input, (0, 0))
+    }
+
+    /// [`Self::reduce_scatter_sum`] as bucket `place.0` of `place.1` (for the flight record).
+    pub(super) fn reduce_scatter_sum_at(
+        &self,
+        output: &mut tch::Tensor,
+        input: &mut tch::Tensor,
+        place: (usize, usize),
+    ) -> Result<(), DistError> {
         let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
         let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
-        self.recorded("reduce_scatter", (0, 0), bytes, || {
+        self.recorded("reduce_scatter", place, bytes, || {
             // SAFETY: as in `all_gather_into`.
             check("reduce_scatter", unsafe { ffi::c10d_reduce_scatter(self.raw, input_ptr, output_ptr, ffi::OP_SUM) })
         })

@@ -4,6 +4,11 @@
 //! intact; `save_total_limit` prunes the oldest after a successful save.
 //!
 //! The data position needs no saving: the sampler derives every batch from (seed, step).
+//!
+//! Under ZeRO no rank holds the whole optimizer state: each writes its slices of the moments
+//! (`optimizer.shard-R-of-W.safetensors`, see [`save_slices`]) and the checkpoint records each
+//! parameter's length (`optimizer.shards.json`); loading reassembles one parameter at a time into
+//! whatever layout the resumed run uses, any world size and sharding stage.
 
 use std::path::{Path, PathBuf};
 
@@ -63,6 +68,48 @@ pub struct TrainerState {
 
 const STATE_FILE: &str = "trainer_state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const SHARDS_FILE: &str = "optimizer.shards.json";
+
+/// A ZeRO checkpoint's layout: the world size that wrote the slices and each parameter's length.
+#[derive(Serialize, Deserialize)]
+struct ShardsFile {
+    world_size: usize,
+    lens: std::collections::BTreeMap<String, usize>,
+}
+
+fn slice_file(rank: usize, world: usize) -> String {
+    format!("optimizer.shard-{rank}-of-{world}.safetensors")
+}
+
+/// Where every rank writes its slices of step `step`'s moments, before rank 0 assembles the
+/// checkpoint ([`save`] moves them in).
+fn slices_dir(run_dir: &Path, step: u64) -> PathBuf {
+    run_dir.join("checkpoints").join(format!(".step-{step}.shards"))
+}
+
+/// Writes this rank's slices of the moments (ZeRO) for the checkpoint of `step`; every rank
+/// calls it before rank 0's [`save`].
+pub fn save_slices(run_dir: &Path, optimizer: &AdamW, step: u64) -> Result<(), CheckpointError> {
+    let Some((rank, world)) = optimizer.shard else { return Ok(()) };
+    let dir = slices_dir(run_dir, step);
+    std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::Write { path: dir.clone(), source })?;
+    save_safetensors(&dir.join(slice_file(rank, world)), &moment_tensors(optimizer))?;
+    Ok(())
+}
+
+fn moment_tensors(optimizer: &AdamW) -> Vec<NamedTensor> {
+    optimizer
+        .moments
+        .iter()
+        .flat_map(|(name, m)| {
+            [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)].map(|(kind, t)| NamedTensor {
+                name: format!("{name}.{kind}"),
+                shape: vec![t.dims()[0]],
+                values: Values::Device { tensor: t.clone().unsqueeze(), transpose: false },
+            })
+        })
+        .collect()
+}
 
 /// Everything a checkpoint holds besides the model.
 pub struct Saved {
@@ -91,6 +138,7 @@ pub fn save(
         std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
     }
     let written = write_checkpoint(&staged, model, files, optimizer, state, config_toml)
+        .and_then(|()| move_slices(&slices_dir(run_dir, state.step), &staged, optimizer))
         .and_then(|()| replace_dir(&staged, &dest).map_err(io(&dest)));
     if let Err(err) = written {
         // A failed save (a full disk) leaves nothing half-written behind; the previous
@@ -119,22 +167,34 @@ fn write_checkpoint(
     let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
     write_model_dir(dir, model, files)?;
-    let moments: Vec<NamedTensor> = optimizer
-        .moments
-        .iter()
-        .flat_map(|(name, m)| {
-            [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)].map(|(kind, t)| NamedTensor {
-                name: format!("{name}.{kind}"),
-                shape: vec![t.dims()[0]],
-                values: Values::Device { tensor: t.clone().unsqueeze(), transpose: false },
-            })
-        })
-        .collect();
-    save_safetensors(&dir.join(OPTIMIZER_FILE), &moments)?;
+    match optimizer.shard {
+        None => save_safetensors(&dir.join(OPTIMIZER_FILE), &moment_tensors(optimizer))?,
+        Some((_, world_size)) => {
+            // The slices come from every rank (`save_slices`); the lengths say how to join them.
+            let mut lens = std::collections::BTreeMap::new();
+            crate::model::params::visit(model, None, |p| {
+                if optimizer.moments.contains_key(&p.name) {
+                    lens.insert(p.name, p.dims.iter().product());
+                }
+            });
+            let json = serde_json::to_vec_pretty(&ShardsFile { world_size, lens }).map_err(|e| io(e.into()))?;
+            write_atomic(&dir.join(SHARDS_FILE), &json).map_err(io)?;
+        }
+    }
     let full_state = StateFile { trainer: state.clone(), optimizer_step: optimizer.step };
     let json = serde_json::to_vec_pretty(&full_state).map_err(|e| io(e.into()))?;
     write_atomic(&dir.join(STATE_FILE), &json).map_err(io)?;
     write_atomic(&dir.join("config.toml"), config_toml.as_bytes()).map_err(io)
+}
+
+/// Moves every rank's slice file into the staged checkpoint (ZeRO), checking none is missing.
+fn move_slices(from: &Path, staged: &Path, optimizer: &AdamW) -> Result<(), CheckpointError> {
+    let Some((_, world)) = optimizer.shard else { return Ok(()) };
+    for rank in 0..world {
+        let (src, dest) = (from.join(slice_file(rank, world)), staged.join(slice_file(rank, world)));
+        std::fs::rename(&src, &dest).map_err(|source| CheckpointError::Write { path: src.clone(), source })?;
+    }
+    std::fs::remove_dir(from).map_err(|source| CheckpointError::Write { path: from.to_owned(), source })
 }
 
 /// Writes an HF model directory (`config.json` and `model.safetensors`, f32) or a PEFT adapter
@@ -205,24 +265,53 @@ struct StateFile {
 }
 
 /// Reads a checkpoint's trainer and optimizer state onto `device` (the model loads through
-/// [`model::load`] from the same directory).
-pub fn load_state(dir: &Path, device: &Device) -> Result<Saved, CheckpointError> {
+/// [`model::load`] from the same directory), the moments in the layout of the resumed run:
+/// whole parameters, or this rank's slices (`shard` = `(rank, world_size)`, ZeRO). Either kind
+/// of checkpoint loads into either layout, one parameter at a time.
+pub fn load_state(dir: &Path, device: &Device, shard: Option<(usize, usize)>) -> Result<Saved, CheckpointError> {
     let corrupt = |message: String| CheckpointError::Corrupt { path: dir.to_owned(), message };
     let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
     let file: StateFile = serde_json::from_str(&text).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
-    let weights = Weights::open_file(&dir.join(OPTIMIZER_FILE))?;
-    let mut optimizer = AdamW { step: file.optimizer_step, ..Default::default() };
-    for name in weights.names() {
-        let Some(param) = name.strip_suffix(".exp_avg") else { continue };
-        let read = |kind: &str| -> Result<Tensor<1>, CheckpointError> {
-            let key = format!("{param}.{kind}");
-            let values = weights.values(&key, &[weights.len_of(&key).unwrap_or(0)])?;
-            let n = values.len();
-            Ok(Tensor::from_data(TensorData::new(values, [n]), device))
-        };
-        optimizer
-            .moments
-            .insert(param.to_owned(), Moments { exp_avg: read("exp_avg")?, exp_avg_sq: read("exp_avg_sq")? });
+    let mut optimizer = AdamW { step: file.optimizer_step, shard, ..Default::default() };
+    let layout = |whole: Vec<f32>| {
+        let n = whole.len();
+        let t = Tensor::<1>::from_data(TensorData::new(whole, [n]), device);
+        shard.map_or(t.clone(), |s| super::optim::slice_of(t, s))
+    };
+    let read_moments = |read: &dyn Fn(&str) -> Result<Vec<f32>, CheckpointError>, param: &str| {
+        Ok::<_, CheckpointError>(Moments {
+            exp_avg: layout(read(&format!("{param}.exp_avg"))?),
+            exp_avg_sq: layout(read(&format!("{param}.exp_avg_sq"))?),
+        })
+    };
+    if dir.join(OPTIMIZER_FILE).is_file() {
+        let weights = Weights::open_file(&dir.join(OPTIMIZER_FILE))?;
+        let read = |key: &str| Ok(weights.values(key, &[weights.len_of(key).unwrap_or(0)])?);
+        for name in weights.names() {
+            let Some(param) = name.strip_suffix(".exp_avg") else { continue };
+            optimizer.moments.insert(param.to_owned(), read_moments(&read, param)?);
+        }
+    } else {
+        let text =
+            std::fs::read_to_string(dir.join(SHARDS_FILE)).map_err(|e| corrupt(format!("{SHARDS_FILE}: {e}")))?;
+        let layout_file: ShardsFile =
+            serde_json::from_str(&text).map_err(|e| corrupt(format!("{SHARDS_FILE}: {e}")))?;
+        let world = layout_file.world_size;
+        let parts: Vec<Weights> =
+            (0..world).map(|r| Weights::open_file(&dir.join(slice_file(r, world)))).collect::<Result<_, _>>()?;
+        for (param, &n) in &layout_file.lens {
+            // One parameter's slices joined: never more than one whole parameter in memory.
+            let read = |key: &str| -> Result<Vec<f32>, CheckpointError> {
+                let c = crate::dist::shards::shard_len(n, world);
+                let mut whole = Vec::with_capacity(c * world);
+                for part in &parts {
+                    whole.extend(part.values(key, &[c])?);
+                }
+                whole.truncate(n);
+                Ok(whole)
+            };
+            optimizer.moments.insert(param.clone(), read_moments(&read, param)?);
+        }
     }
     Ok(Saved { state: file.trainer, optimizer })
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use burn::module::Module;
 use burn::tensor::{Gradients, Tensor};
 
+use crate::dist::DistError;
 use crate::model::params;
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
@@ -40,6 +41,22 @@ pub struct Moments {
 pub struct AdamW {
     pub step: u64,
     pub moments: BTreeMap<String, Moments>,
+    /// `(rank, world_size)` under ZeRO: the moments are this rank's slices of each parameter
+    /// ([`crate::dist::shards`]), not whole parameters.
+    pub shard: Option<(usize, usize)>,
+}
+
+/// Slice `rank` of `world` of a flat tensor padded with zeros to a multiple of `world`.
+pub fn slice_of(flat: Tensor<1>, (rank, world): (usize, usize)) -> Tensor<1> {
+    let n = flat.dims()[0];
+    let c = crate::dist::shards::shard_len(n, world);
+    let padded = if c * world > n {
+        let zeros = Tensor::zeros([c * world - n], &flat.device());
+        Tensor::cat(vec![flat, zeros], 0)
+    } else {
+        flat
+    };
+    padded.narrow(0, rank * c, c)
 }
 
 /// Gradients summed over micro-batches, flattened and keyed by parameter name.
@@ -62,14 +79,20 @@ impl GradAccumulator {
     }
 
     /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
-    pub fn global_norm(&self) -> Option<Tensor<1>> {
-        self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b).map(|s| s.sqrt())
+    /// The global L2 norm when the accumulator holds this worker's slices only (ZeRO-2): `sum`
+    /// adds the squares over the workers.
+    pub fn sharded_norm(
+        &self,
+        sum: impl FnOnce(Tensor<1>) -> Result<Tensor<1>, DistError>,
+    ) -> Result<Option<Tensor<1>>, DistError> {
+        let squares = self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b);
+        squares.map(|s| sum(s).map(Tensor::sqrt)).transpose()
     }
 
-    /// Scales the gradients so their global norm is at most `max_norm`, as `clip_grad_norm_`
-    /// (coefficient `max_norm / (norm + 1e-6)`, clamped at 1). Returns the norm before clipping.
-    pub fn clip_global_norm(&mut self, max_norm: f64) -> Option<Tensor<1>> {
-        let norm = self.global_norm()?;
+    /// Scales every gradient so that `norm` (their global norm) is at most `max_norm` (0: no
+    /// clipping); returns `norm`.
+    pub fn clip_to(&mut self, norm: Option<Tensor<1>>, max_norm: f64) -> Option<Tensor<1>> {
+        let norm = norm?;
         if max_norm > 0.0 {
             let coef = ((norm.clone() + 1e-6).recip() * max_norm).clamp_max(1.0); // [1]
             for g in self.grads.values_mut() {
@@ -77,6 +100,24 @@ impl GradAccumulator {
             }
         }
         Some(norm)
+    }
+
+    /// This worker's slice of every gradient (ZeRO-1, after the full sum).
+    pub fn keep_slices(&mut self, shard: (usize, usize)) {
+        for g in self.grads.values_mut() {
+            *g = slice_of(g.clone(), shard);
+        }
+    }
+
+    pub fn global_norm(&self) -> Option<Tensor<1>> {
+        self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b).map(|s| s.sqrt())
+    }
+
+    /// Scales the gradients so their global norm is at most `max_norm`, as `clip_grad_norm_`
+    /// (coefficient `max_norm / (norm + 1e-6)`, clamped at 1). Returns the norm before clipping.
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> Option<Tensor<1>> {
+        let norm = self.global_norm();
+        self.clip_to(norm, max_norm)
     }
 }
 
@@ -128,25 +169,62 @@ impl AdamW {
     /// Applies one update with learning rate `lr` to every parameter that has a gradient.
     pub fn step<M: Module>(&mut self, model: M, grads: &GradAccumulator, lr: f64, cfg: &AdamWConfig) -> M {
         self.step += 1;
-        let t = self.step as i32;
-        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = *cfg;
         params::map(model, |name, p| {
             let grad = grads.grads.get(name)?.clone().inner(); // [N]
-            let moments = self
-                .moments
-                .remove(name)
-                .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
-            let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
-            let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
-            // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
-            let p = if weight_decay > 0.0 && decays(name) { p * (1.0 - lr * weight_decay) } else { p };
-            let bias1 = 1.0 - beta1.powi(t);
-            let bias2 = 1.0 - beta2.powi(t);
-            let denom = exp_avg_sq.clone().sqrt() / bias2.sqrt() + epsilon;
-            let p = p - exp_avg.clone() / denom * (lr / bias1);
-            self.moments.insert(name.to_owned(), Moments { exp_avg, exp_avg_sq });
-            Some(p)
+            Some(self.update(name, p, grad, lr, cfg))
         })
+    }
+
+    /// AdamW on one parameter's values `p` (a whole parameter, or this rank's slice of it) with
+    /// their gradient; the moments of `name` are updated in place.
+    fn update(&mut self, name: &str, p: Tensor<1>, grad: Tensor<1>, lr: f64, cfg: &AdamWConfig) -> Tensor<1> {
+        let t = self.step as i32;
+        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = *cfg;
+        let moments = self
+            .moments
+            .remove(name)
+            .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
+        let exp_avg = moments.exp_avg * beta1 + grad.clone() * (1.0 - beta1);
+        let exp_avg_sq = moments.exp_avg_sq * beta2 + grad.square() * (1.0 - beta2);
+        // Decoupled decay first, as torch's AdamW: p ← p·(1 − lr·λ).
+        let p = if weight_decay > 0.0 && decays(name) { p * (1.0 - lr * weight_decay) } else { p };
+        let bias1 = 1.0 - beta1.powi(t);
+        let bias2 = 1.0 - beta2.powi(t);
+        let denom = exp_avg_sq.clone().sqrt() / bias2.sqrt() + epsilon;
+        let p = p - exp_avg.clone() / denom * (lr / bias1);
+        self.moments.insert(name.to_owned(), Moments { exp_avg, exp_avg_sq });
+        p
+    }
+
+    /// One ZeRO step: `grads` holds this rank's slice of each trainable parameter's gradient;
+    /// the rank updates its slices of the parameters (and keeps moments for those only), and the
+    /// new slices are gathered (`gather`: every rank's slices, whole) so every rank holds the
+    /// whole updated model. `shard` is `(rank, world_size)`.
+    pub fn step_sharded<M: Module>(
+        &mut self,
+        model: M,
+        grads: &GradAccumulator,
+        (lr, cfg): (f64, &AdamWConfig),
+        shard: (usize, usize),
+        gather: impl FnOnce(&[Tensor<1>]) -> Result<Vec<Tensor<1>>, DistError>,
+    ) -> Result<M, DistError> {
+        self.shard = Some(shard);
+        self.step += 1;
+        let mut current = BTreeMap::new();
+        params::visit(&model, None, |p| {
+            if grads.grads.contains_key(&p.name) {
+                current.insert(p.name, (p.flat.inner(), p.dims.iter().product::<usize>()));
+            }
+        });
+        let mut slices = Vec::with_capacity(current.len());
+        for (name, (flat, _)) in &current {
+            let grad = grads.grads[name].clone().inner(); // [c]
+            slices.push(self.update(name, slice_of(flat.clone(), shard), grad, lr, cfg));
+        }
+        let gathered = gather(&slices)?; // each [world · c]
+        let mut whole: BTreeMap<&str, Tensor<1>> =
+            current.iter().zip(gathered).map(|((name, (_, n)), full)| (name.as_str(), full.narrow(0, 0, *n))).collect();
+        Ok(params::map(model, |name, _| whole.remove(name)))
     }
 }
 

@@ -22,7 +22,7 @@ use super::sampler::Sampler;
 use super::schedule::Schedule;
 use super::step::{StepPlan, Trained, optimizer_step};
 use super::window::Window;
-use crate::config::{ConfigError, TrainConfig};
+use crate::config::{ConfigError, Sharding, TrainConfig};
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
@@ -213,6 +213,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         train_device,
         checkpointing: cfg.gradient_checkpointing,
         dropout,
+        sharding: if run.rt.workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None },
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }
@@ -231,7 +232,10 @@ fn start(
     let policy = spec.load_policy(resume_from, cfg.seed, train_device)?;
     let (optimizer, state) = match resume_from {
         Some(ckpt) => {
-            let saved = checkpoint::load_state(ckpt, train_device)?;
+            let workers = run.rt.workers;
+            let sharded = workers.world_size() > 1 && cfg.sharding()? != Sharding::None;
+            let shard = sharded.then(|| (workers.rank(), workers.world_size()));
+            let saved = checkpoint::load_state(ckpt, train_device, shard)?;
             let name = stage.objective.name();
             progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
             (saved.optimizer, saved.state)
@@ -288,13 +292,31 @@ fn save(
     policy: &crate::model::Llama,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<()> {
-    if run.rt.workers.is_main() {
-        let config_toml = run.cfg.to_toml();
-        let keep = run.cfg.save_total_limit;
-        let path = checkpoint::save(stage.dir, policy, files, &t.optimizer, &t.state, &config_toml, keep)?;
+    write_checkpoint(run, stage.dir, t, files, policy, progress)?;
+    Ok(run.rt.workers.barrier("checkpoint")?)
+}
+
+/// Writes the checkpoint of `t`'s step: every rank its slices of the moments under ZeRO, then
+/// rank 0 the rest.
+fn write_checkpoint(
+    run: &Run,
+    dir: &Path,
+    t: &Trained,
+    files: ModelFiles,
+    policy: &crate::model::Llama,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let workers = run.rt.workers;
+    if t.optimizer.shard.is_some() {
+        checkpoint::save_slices(dir, &t.optimizer, t.state.step)?;
+        workers.barrier("checkpoint")?;
+    }
+    if workers.is_main() {
+        let (config_toml, keep) = (run.cfg.to_toml(), run.cfg.save_total_limit);
+        let path = checkpoint::save(dir, policy, files, &t.optimizer, &t.state, &config_toml, keep)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
-    Ok(run.rt.workers.barrier("checkpoint")?)
+    Ok(())
 }
 
 /// How the loop ended, for [`finish`].
@@ -318,11 +340,8 @@ fn finish(
     let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
     let policy = inference_copy(&t.policy);
     let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
-    if workers.is_main() && !saved_now {
-        let config_toml = run.cfg.to_toml();
-        let keep = run.cfg.save_total_limit;
-        let path = checkpoint::save(dir, &policy, end.files, &t.optimizer, &t.state, &config_toml, keep)?;
-        progress.line(&format!("saved `{}`", path.display()));
+    if !saved_now {
+        write_checkpoint(run, dir, &t, end.files, &policy, progress)?;
     }
     let (eval, interrupted) = (end.last_eval, end.interrupted);
     if interrupted {

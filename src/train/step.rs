@@ -15,6 +15,7 @@ use super::optim::{AdamW, AdamWConfig, GradAccumulator};
 use super::references::References;
 use super::sampler::{Sampler, rank_step};
 use super::window::Window;
+use crate::config::Sharding;
 use crate::data::{self, Batch, TokenizedPair};
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
@@ -31,6 +32,8 @@ pub struct StepPlan {
     pub checkpointing: bool,
     /// LoRA dropout is on: its masks are seeded by (seed, step, micro-batch, rank).
     pub dropout: bool,
+    /// What the workers partition (`none` for a lone process).
+    pub sharding: Sharding,
 }
 
 /// What a step changes: the policy, the optimizer and the loop's state.
@@ -95,24 +98,56 @@ pub fn optimizer_step(
         micro_batch(plan, run, &t.policy, refs, &pass, &mut grads, window);
     }
 
-    workers.sum_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
-    let applied = match t.state.loss_scaler.as_mut() {
-        Some(scaler) => {
-            grads.scale(1.0 / scaler.scale);
-            // A host sync, as torch's GradScaler: an overflowing step must not be applied.
-            let finite = grads.global_norm().is_none_or(|n| n.into_scalar::<f32>().is_finite());
-            scaler.update(finite)
-        }
-        None => true,
-    };
-    let grad_norm = grads.clip_global_norm(cfg.max_grad_norm);
-    if applied {
-        t.policy = t.optimizer.step(t.policy, &grads, lr, &plan.adamw);
-    }
+    let (mut t, grad_norm, applied) = apply(plan, run, t, grads, lr)?;
     window.steps += 1;
     t.state.step += 1;
     t.state.epoch = plan.sampler.epoch_at(t.state.step);
     Ok((t, StepReport { grad_norm, applied }))
+}
+
+/// The step's gradients summed over the workers (reduce-scattered under ZeRO-2), unscaled
+/// (fp16), clipped by their global norm and applied by AdamW (on this worker's slices under ZeRO);
+/// the norm, and whether the step was applied.
+fn apply(
+    plan: &StepPlan,
+    run: &Run,
+    mut t: Trained,
+    mut grads: GradAccumulator,
+    lr: f64,
+) -> anyhow::Result<(Trained, Option<Tensor<1>>, bool)> {
+    let (cfg, workers) = (run.cfg, run.rt.workers);
+    let slices = plan.sharding == Sharding::Zero2;
+    if slices {
+        workers.reduce_scatter_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
+    } else {
+        workers.sum_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
+    }
+    let norm_of =
+        |g: &GradAccumulator| if slices { g.sharded_norm(|s| workers.sum_tensor(s)) } else { Ok(g.global_norm()) };
+    let applied = match t.state.loss_scaler.as_mut() {
+        Some(scaler) => {
+            grads.scale(1.0 / scaler.scale);
+            // A host sync, as torch's GradScaler: an overflowing step must not be applied.
+            let finite = norm_of(&grads)?.is_none_or(|n| n.into_scalar::<f32>().is_finite());
+            scaler.update(finite)
+        }
+        None => true,
+    };
+    let norm = norm_of(&grads)?;
+    let grad_norm = grads.clip_to(norm, cfg.max_grad_norm);
+    if applied {
+        t.policy = match plan.sharding {
+            Sharding::None | Sharding::Zero3 => t.optimizer.step(t.policy, &grads, lr, &plan.adamw),
+            stage => {
+                if stage == Sharding::Zero1 {
+                    grads.keep_slices((workers.rank(), workers.world_size()));
+                }
+                let shard = (workers.rank(), workers.world_size());
+                t.optimizer.step_sharded(t.policy, &grads, (lr, &plan.adamw), shard, |s| workers.gather_slices(s))?
+            }
+        };
+    }
+    Ok((t, grad_norm, applied))
 }
 
 /// One micro-batch of a step.

@@ -1,6 +1,8 @@
 //! The trainer's view of data parallelism: this process's rank among the workers and the few
 //! collective steps a training loop needs, as no-ops when it runs alone.
 
+use std::collections::BTreeMap;
+
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 
@@ -83,14 +85,63 @@ impl<'a> Workers<'a> {
         });
         let names: Vec<String> = grads.grads.keys().cloned().collect();
         let mut tensors: Vec<Tensor<1>> = names.iter().map(|n| grads.grads[n].clone()).collect();
-        let compression = match hook {
-            CommHook::None => Compression::None,
-            CommHook::Bf16 => Compression::Bf16,
-            CommHook::Fp16 => Compression::Fp16,
-        };
-        group.all_reduce_sum_compressed(&mut tensors, compression)?;
+        group.all_reduce_sum_compressed(&mut tensors, compression(hook))?;
         grads.grads = names.into_iter().zip(tensors).collect();
         Ok(())
+    }
+
+    /// ZeRO-2: each worker's accumulated gradients, summed over the workers and reduce-scattered:
+    /// afterwards `grads` holds this worker's slice (`[c]`) of every trainable parameter's sum.
+    pub fn reduce_scatter_grads<M: Module>(
+        &self,
+        grads: &mut GradAccumulator,
+        model: &M,
+        hook: CommHook,
+    ) -> Result<(), DistError> {
+        let world = self.world_size();
+        let mut lens = BTreeMap::new();
+        params::visit(model, None, |p| {
+            if p.trains {
+                let (n, device) = (p.flat.dims()[0], p.device());
+                lens.insert(p.name, (n, device));
+            }
+        });
+        // Padded to a multiple of the world size; a worker without pairs this step sends zeros.
+        let padded: Vec<(String, Tensor<1>)> = lens
+            .into_iter()
+            .map(|(name, (n, device))| {
+                let g = grads.grads.remove(&name).unwrap_or_else(|| Tensor::zeros([n], &device));
+                let c = crate::dist::shards::shard_len(n, world);
+                let g =
+                    if c * world > n { Tensor::cat(vec![g, Tensor::zeros([c * world - n], &device)], 0) } else { g };
+                (name, g)
+            })
+            .collect();
+        let Some(group) = self.phase("gradient sync") else {
+            grads.grads = padded.into_iter().collect();
+            return Ok(());
+        };
+        let (names, full): (Vec<String>, Vec<Tensor<1>>) = padded.into_iter().unzip();
+        let mine = group.reduce_scatter_shards(&full, compression(hook))?;
+        grads.grads = names.into_iter().zip(mine).collect();
+        Ok(())
+    }
+
+    /// ZeRO: every worker's updated slices, gathered into whole (padded) parameters.
+    pub fn gather_slices(&self, slices: &[Tensor<1>]) -> Result<Vec<Tensor<1>>, DistError> {
+        match self.phase("parameter gather") {
+            Some(group) => group.all_gather_shards(slices),
+            None => Ok(slices.to_vec()),
+        }
+    }
+
+    /// The sum over the workers of a small tensor (a gradient norm's squares under ZeRO-2).
+    pub fn sum_tensor(&self, t: Tensor<1>) -> Result<Tensor<1>, DistError> {
+        let Some(group) = self.phase("gradient norm") else { return Ok(t) };
+        let mut one = [t];
+        group.all_reduce_sum(&mut one)?;
+        let [t] = one;
+        Ok(t)
     }
 
     /// Every worker starts from rank 0's parameters.
@@ -124,6 +175,15 @@ impl<'a> Workers<'a> {
                 Ok(out)
             })
             .collect()
+    }
+}
+
+/// The wire format of `ddp_comm_hook`.
+fn compression(hook: CommHook) -> Compression {
+    match hook {
+        CommHook::None => Compression::None,
+        CommHook::Bf16 => Compression::Bf16,
+        CommHook::Fp16 => Compression::Fp16,
     }
 }
 
