@@ -11,15 +11,11 @@ use tch::{Device as TchDevice, Kind};
 
 use super::bridge;
 use super::launcher::free_port;
-use super::process_group::{Backend, DistConfig, DistError, ProcessGroup};
+use super::process_group::{Backend, DistConfig, DistError, ProcessGroup, tch_err};
 
 /// Timed calls per size: enough for about 1 GiB moved, between 3 and nccl-tests' 20.
 fn iterations(bytes: u64) -> u32 {
     u32::try_from(((1_u64 << 30) / bytes.max(1)).clamp(3, 20)).unwrap_or(20)
-}
-
-fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> DistError {
-    move |source| DistError::Tch { op, source }
 }
 
 /// The libtorch device under a burn device.

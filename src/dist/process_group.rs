@@ -162,6 +162,11 @@ fn last_error() -> String {
     unsafe { CStr::from_ptr(ffi::c10d_last_error()) }.to_string_lossy().into_owned()
 }
 
+/// Wraps a libtorch error of `op` (for `map_err`).
+pub(super) fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> DistError {
+    move |source| DistError::Tch { op, source }
+}
+
 /// Maps a shim status code to a result.
 fn check(op: &'static str, code: i32) -> Result<(), DistError> {
     if code == 0 { Ok(()) } else { Err(DistError::C10d { op, code, message: last_error() }) }
@@ -391,13 +396,26 @@ impl ProcessGroup {
         input: &mut tch::Tensor,
         place: (usize, usize),
     ) -> Result<(), DistError> {
+        // SAFETY (of the call in `flat`): `group` is this live group; both pointers are to live
+        // `at::Tensor`s borrowed for the call; the shim checks sizes, dtypes and devices.
+        self.flat("all_gather", place, output, input, |group, input, output| unsafe {
+            ffi::c10d_all_gather_flat(group, input, output)
+        })
+    }
+
+    /// One flat collective between `input` and `output` through `call` (a shim function given
+    /// the group, the input and the output), recorded as bucket `place` of `op`.
+    fn flat(
+        &self,
+        op: &'static str,
+        place: (usize, usize),
+        output: &mut tch::Tensor,
+        input: &mut tch::Tensor,
+        call: impl FnOnce(*mut ffi::C10dGroup, *mut torch_sys::C_tensor, *mut torch_sys::C_tensor) -> i32,
+    ) -> Result<(), DistError> {
         let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
         let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
-        self.recorded("all_gather", place, bytes, || {
-            // SAFETY: `self.raw` is a live group; both pointers are to live `at::Tensor`s borrowed
-            // for the call; the shim checks sizes, dtypes and devices and reports a mismatch.
-            check("all_gather", unsafe { ffi::c10d_all_gather_flat(self.raw, input_ptr, output_ptr) })
-        })
+        self.recorded(op, place, bytes, || check(op, call(self.raw, input_ptr, output_ptr)))
     }
 
     /// Rank r's contiguous `output` becomes the sum over ranks of the r-th of `world_size` equal
@@ -414,11 +432,9 @@ impl ProcessGroup {
         input: &mut tch::Tensor,
         place: (usize, usize),
     ) -> Result<(), DistError> {
-        let bytes = (input.numel() * input.kind().elt_size_in_bytes()) as u64;
-        let (input_ptr, output_ptr) = (input.as_mut_ptr(), output.as_mut_ptr());
-        self.recorded("reduce_scatter", place, bytes, || {
-            // SAFETY: as in `all_gather_into`.
-            check("reduce_scatter", unsafe { ffi::c10d_reduce_scatter(self.raw, input_ptr, output_ptr, ffi::OP_SUM) })
+        // SAFETY: as in `all_gather_into_at`.
+        self.flat("reduce_scatter", place, output, input, |group, input, output| unsafe {
+            ffi::c10d_reduce_scatter(group, input, output, ffi::OP_SUM)
         })
     }
 

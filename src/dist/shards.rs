@@ -6,15 +6,11 @@
 use burn::tensor::Tensor;
 
 use super::bridge::{self, Origin};
-use super::process_group::{Compression, DistError, ProcessGroup};
+use super::process_group::{Compression, DistError, ProcessGroup, tch_err};
 
 /// The elements of each rank's slice of a parameter of `len` elements: `len / world`, rounded up.
 pub fn shard_len(len: usize, world_size: usize) -> usize {
     len.div_ceil(world_size.max(1))
-}
-
-fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> DistError {
-    move |source| DistError::Tch { op, source }
 }
 
 /// Consecutive runs of `lens` (elements of 4 bytes) of at most `bucket_bytes`, at least one each.

@@ -46,17 +46,21 @@ pub struct AdamW {
     pub shard: Option<(usize, usize)>,
 }
 
-/// Slice `rank` of `world` of a flat tensor padded with zeros to a multiple of `world`.
-pub fn slice_of(flat: Tensor<1>, (rank, world): (usize, usize)) -> Tensor<1> {
+/// A flat tensor padded with zeros to `world` slices of equal length (ZeRO's layout).
+pub fn padded(flat: Tensor<1>, world: usize) -> Tensor<1> {
     let n = flat.dims()[0];
     let c = crate::dist::shards::shard_len(n, world);
-    let padded = if c * world > n {
-        let zeros = Tensor::zeros([c * world - n], &flat.device());
-        Tensor::cat(vec![flat, zeros], 0)
-    } else {
-        flat
-    };
-    padded.narrow(0, rank * c, c)
+    if c * world == n {
+        return flat;
+    }
+    let zeros = Tensor::zeros([c * world - n], &flat.device());
+    Tensor::cat(vec![flat, zeros], 0)
+}
+
+/// Slice `rank` of `world` of a flat tensor, [`padded`].
+pub fn slice_of(flat: Tensor<1>, (rank, world): (usize, usize)) -> Tensor<1> {
+    let c = crate::dist::shards::shard_len(flat.dims()[0], world);
+    padded(flat, world).narrow(0, rank * c, c)
 }
 
 /// Gradients summed over micro-batches, flattened and keyed by parameter name.
@@ -78,7 +82,6 @@ impl GradAccumulator {
         });
     }
 
-    /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
     /// The global L2 norm when the accumulator holds this worker's slices only (ZeRO-2): `sum`
     /// adds the squares over the workers.
     pub fn sharded_norm(
@@ -109,6 +112,7 @@ impl GradAccumulator {
         }
     }
 
+    /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
     pub fn global_norm(&self) -> Option<Tensor<1>> {
         self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b).map(|s| s.sqrt())
     }
@@ -213,17 +217,20 @@ impl AdamW {
         let mut current = BTreeMap::new();
         params::visit(&model, None, |p| {
             if grads.grads.contains_key(&p.name) {
-                current.insert(p.name, (p.flat.inner(), p.dims.iter().product::<usize>()));
+                current.insert(p.name, p.flat.inner()); // [N]
             }
         });
         let mut slices = Vec::with_capacity(current.len());
-        for (name, (flat, _)) in &current {
+        for (name, flat) in &current {
             let grad = grads.grads[name].clone().inner(); // [c]
             slices.push(self.update(name, slice_of(flat.clone(), shard), grad, lr, cfg));
         }
         let gathered = gather(&slices)?; // each [world · c]
-        let mut whole: BTreeMap<&str, Tensor<1>> =
-            current.iter().zip(gathered).map(|((name, (_, n)), full)| (name.as_str(), full.narrow(0, 0, *n))).collect();
+        let mut whole: BTreeMap<&str, Tensor<1>> = current
+            .iter()
+            .zip(gathered)
+            .map(|((name, flat), full)| (name.as_str(), full.narrow(0, 0, flat.dims()[0])))
+            .collect();
         Ok(params::map(model, |name, _| whole.remove(name)))
     }
 }

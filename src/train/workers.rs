@@ -111,10 +111,7 @@ impl<'a> Workers<'a> {
             .into_iter()
             .map(|(name, (n, device))| {
                 let g = grads.grads.remove(&name).unwrap_or_else(|| Tensor::zeros([n], &device));
-                let c = crate::dist::shards::shard_len(n, world);
-                let g =
-                    if c * world > n { Tensor::cat(vec![g, Tensor::zeros([c * world - n], &device)], 0) } else { g };
-                (name, g)
+                (name, super::optim::padded(g, world))
             })
             .collect();
         let Some(group) = self.phase("gradient sync") else {
