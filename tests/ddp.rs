@@ -35,6 +35,11 @@ fn dpo_train(args: &[&str]) -> Output {
 
 /// Trains `run` with `world` CPU workers (1: a plain process) and `micro` pairs per device.
 fn train(config: &Path, run: &str, world: usize, micro: usize) {
+    train_with(config, run, world, micro, &[]);
+}
+
+/// [`train`] with more flags.
+fn train_with(config: &Path, run: &str, world: usize, micro: usize, extra: &[&str]) {
     let micro = micro.to_string();
     let devices = format!("cpu:{world}");
     let mut args =
@@ -42,6 +47,7 @@ fn train(config: &Path, run: &str, world: usize, micro: usize) {
     if world > 1 {
         args.extend(["--devices", &devices]);
     }
+    args.extend(extra);
     dpo_train(&args);
 }
 
@@ -125,6 +131,70 @@ fn zero1_and_zero2_train_the_parameters_of_one_process() {
             assert!(!ckpt.join("optimizer.safetensors").exists(), "{run}: no rank writes the whole state");
         }
     }
+}
+
+/// ZeRO-3 on 2 and 3 workers (each part's parameters gathered for its forward and again for its
+/// recomputed backward, its gradients reduce-scattered right after) trains the parameters of one
+/// process, with activation checkpointing or without; so does ZeRO-2 under checkpointing, whose
+/// gradients also leave each layer reduce-scattered. Checkpoints hold slices of the moments only.
+#[test]
+fn zero3_and_layerwise_zero2_train_the_parameters_of_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 4);
+    train(&config, "one", 1, 6);
+    let one = weights(&dir.path().join("one"));
+    let zero3 = variant(&config, "zero3", "sharding = \"zero3\"\n");
+    let zero2 = variant(&config, "zero2", "sharding = \"zero2\"\n");
+    let checkpointing: &[&str] = &["--gradient-checkpointing", "true"];
+    let runs: [(&str, &Path, usize, &[&str]); 4] = [
+        ("zero3-2", &zero3, 2, &[]),
+        ("zero3-3", &zero3, 3, &[]),
+        ("zero3-ckpt-2", &zero3, 2, checkpointing),
+        ("zero2-ckpt-3", &zero2, 3, checkpointing),
+    ];
+    for (run, config, world, extra) in runs {
+        train_with(config, run, world, 6 / world, extra);
+        let diff = max_diff(&one, &weights(&dir.path().join(run)));
+        assert!(diff <= 1e-5, "{run}: parameters differ from one process by {diff}");
+        let ckpt = dir.path().join(run).join("checkpoints/step-4");
+        assert!(ckpt.join(format!("optimizer.shard-{}-of-{world}.safetensors", world - 1)).is_file(), "{run}");
+        assert!(!ckpt.join("optimizer.safetensors").exists(), "{run}: no rank writes the whole state");
+        assert_eq!(metric_rows(&dir.path().join("one")).len(), metric_rows(&dir.path().join(run)).len(), "{run}");
+    }
+}
+
+/// bf16 training: ZeRO-3 trains what plain data parallelism trains on the same workers and
+/// micro-batches, and ZeRO-2 with bf16 gradient buckets what plain DDP with them trains.
+#[test]
+fn sharded_bf16_training_equals_plain_data_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 3);
+    let bf16: &[&str] = &["--bf16", "true", "--gradient-checkpointing", "true"];
+    let hook: &[&str] = &["--bf16", "true", "--ddp-comm-hook", "bf16"];
+    let pairs: [(&str, &[&str], &str); 2] = [("bf16", bf16, "zero3"), ("hook", hook, "zero2")];
+    for (name, flags, stage) in pairs {
+        let plain = format!("{name}-plain");
+        let sharded = format!("{name}-{stage}");
+        train_with(&config, &plain, 2, 3, flags);
+        train_with(&config, &sharded, 2, 3, &[flags, &["--sharding", stage]].concat());
+        let diff = max_diff(&weights(&dir.path().join(&plain)), &weights(&dir.path().join(&sharded)));
+        assert!(diff <= 1e-5, "{sharded}: parameters differ from {plain} by {diff}");
+    }
+}
+
+/// A ZeRO-3 checkpoint of 3 workers resumes on 2 workers (ZeRO-3 again) to the parameters of one
+/// process.
+#[test]
+fn zero3_checkpoint_resumes_on_two_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 2);
+    train(&config, "single", 1, 6);
+    resume(&dir.path().join("single"), 1, 4);
+    let zero3 = variant(&config, "zero3", "sharding = \"zero3\"\n");
+    train(&zero3, "three-then-two", 3, 2);
+    resume_with(&dir.path().join("three-then-two"), 2, 4, &["--per-device-train-batch-size", "3"]);
+    let diff = max_diff(&weights(&dir.path().join("single")), &weights(&dir.path().join("three-then-two")));
+    assert!(diff <= 1e-5, "parameters differ by {diff}");
 }
 
 /// A ZeRO-2 checkpoint of 3 workers resumes on 2 workers without sharding, and a plain one
@@ -221,8 +291,11 @@ fn lora_on_two_workers_equals_one_process() {
     train(&config, "two", 2, 3);
     let zero2 = variant(&config, "lora-zero2", "sharding = \"zero2\"\n");
     train(&zero2, "two-zero2", 2, 3);
+    // ZeRO-3 partitions the frozen base too (the reference shares the policy's slices of it).
+    let zero3 = variant(&config, "lora-zero3", "sharding = \"zero3\"\n");
+    train(&zero3, "three-zero3", 3, 2);
     let adapter = |run: &str| tensors(&dir.path().join(run).join("final/adapter_model.safetensors"));
-    for run in ["two", "two-zero2"] {
+    for run in ["two", "two-zero2", "three-zero3"] {
         let diff = max_diff(&adapter("one"), &adapter(run));
         assert!(diff <= 1e-5, "{run}: adapters differ from one process by {diff}");
     }
@@ -250,10 +323,26 @@ fn resume_with_another_world_size() {
 
 #[test]
 fn a_killed_worker_ends_the_job_naming_its_rank() {
+    killed_worker_ends_the_job(&[]);
+}
+
+/// Under ZeRO-3 nearly every collective is a parameter gather: a rank lost in one ends the job
+/// as any other.
+#[test]
+fn a_worker_killed_under_zero3_ends_the_job_naming_its_rank() {
+    let stderr = killed_worker_ends_the_job(&["--sharding", "zero3"]);
+    let rank0 = stderr.lines().find(|l| l.starts_with("rank 0: ")).unwrap_or_default().to_owned();
+    eprintln!("{rank0}");
+}
+
+/// Kills rank 1 of a 2-worker run once it trains; the launcher must end the job within 30 s,
+/// naming it. Returns the launcher's stderr.
+fn killed_worker_ends_the_job(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), 100_000);
     let launcher = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
         .args(["train", "--config", config.to_str().unwrap(), "--run-name", "killed", "--devices", "cpu:2"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -284,6 +373,7 @@ fn a_killed_worker_ends_the_job_naming_its_rank() {
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.starts_with("error: ") && last.contains("Rank"), "{last}");
     assert!(stderr.lines().any(|l| l.starts_with("rank 1: exited (killed by signal 9)")), "{stderr}");
+    stderr.into_owned()
 }
 
 /// The pid of the launcher's worker whose `RANK` is `rank`.

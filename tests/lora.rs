@@ -20,6 +20,7 @@ use dpo_train::model::{self, AdapterInit, Llama};
 use dpo_train::train::backprop::{Checkpointing, forward_backward};
 use dpo_train::train::log::{Split, read_metrics};
 use dpo_train::train::optim::GradAccumulator;
+use dpo_train::train::partition::Whole;
 
 use common::{Quiet, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};
 
@@ -177,9 +178,10 @@ fn dpo_grads(policy: &Llama, checkpointing: Option<Checkpointing>) -> GradAccumu
     let reference = vec![-20.0, -25.0, -22.0, -21.0];
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
-    forward_backward(policy, &batch, true, checkpointing, 1.0, &mut grads, |scores| {
+    forward_backward(&Whole(policy), &batch, true, checkpointing, 1.0, &mut grads, |scores| {
         dpo_loss(&PairScores::from_scores(&batch, scores, &reference), &loss)
-    });
+    })
+    .unwrap();
     grads
 }
 

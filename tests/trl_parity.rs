@@ -14,6 +14,7 @@ use dpo_train::eval::{EvalOptions, evaluate};
 use dpo_train::model::host;
 use dpo_train::train::backprop::forward_backward;
 use dpo_train::train::optim::GradAccumulator;
+use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -193,10 +194,11 @@ fn a_training_batch_has_trls_gradients() {
     let batch = DeviceBatch::new(&batch, None, &device);
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
-    let (_, loss) = forward_backward(&policy, &batch, true, None, 1.0, &mut grads, |scores| {
+    let (_, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
         let pairs = PairScores::from_scores(&batch, scores, &fx.ref_logps);
         dpo_loss(&pairs, &loss_cfg)
-    });
+    })
+    .unwrap();
     let loss = f64::from(host(&loss)[0]);
     assert!(close(loss, fx.loss), "loss {loss}, TRL {}", fx.loss);
     assert_eq!(grads.grads.keys().collect::<Vec<_>>(), fx.grads.keys().collect::<Vec<_>>());

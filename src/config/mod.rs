@@ -291,7 +291,7 @@ train_config! {
     ddp_bucket_cap_mb: usize = 25,
     /// none, bf16 or fp16: send gradient buckets in half precision (divided by the world size first, as torch's compress hooks).
     ddp_comm_hook: CommHook = CommHook::None,
-    /// none, zero1 (AdamW moments partitioned over the workers) or zero2 (and gradients reduce-scattered).
+    /// none, zero1 (AdamW moments partitioned over the workers), zero2 (and gradients reduce-scattered) or zero3 (and parameters, gathered one layer at a time).
     sharding: Sharding = Sharding::None,
     /// accelerate/TRL's spelling of the sharding: `shard_grad_op` is zero2, `full_shard` zero3.
     fsdp: String = String::new(),
@@ -479,12 +479,6 @@ impl TrainConfig {
             }
             (_, s) => s,
         };
-        if stage == Sharding::Zero3 {
-            return invalid(
-                "sharding",
-                "zero3 (partitioned parameters, FSDP's full_shard) is not available yet: use zero2 or zero1".to_owned(),
-            );
-        }
         Ok(stage)
     }
 
@@ -606,21 +600,18 @@ mod tests {
     }
 
     #[test]
-    fn sharding_takes_accelerates_spelling_and_refuses_what_is_not_built() {
+    fn sharding_takes_accelerates_spelling() {
         let cfg = |text: &str| TrainConfig::from_toml_str(text, "x.toml").unwrap();
         assert_eq!(cfg("sharding = \"zero1\"\n").sharding().unwrap(), Sharding::Zero1);
         assert_eq!(cfg("fsdp = \"shard_grad_op auto_wrap\"\n").sharding().unwrap(), Sharding::Zero2);
         assert_eq!(cfg("fsdp = \"shard_grad_op\"\nsharding = \"zero2\"\n").sharding().unwrap(), Sharding::Zero2);
-        let err = cfg("fsdp = \"full_shard\"\n").sharding().unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "`sharding`: zero3 (partitioned parameters, FSDP's full_shard) is not available yet: use zero2 or zero1"
-        );
+        assert_eq!(cfg("fsdp = \"full_shard\"\n").sharding().unwrap(), Sharding::Zero3);
+        assert_eq!(cfg("sharding = \"zero3\"\n").sharding().unwrap(), Sharding::Zero3);
         let err = cfg("fsdp = \"shard_grad_op\"\nsharding = \"zero1\"\n").sharding().unwrap_err().to_string();
         assert_eq!(err, "`fsdp`: `shard_grad_op` contradicts `sharding = \"zero1\"`");
         let err = cfg("fsdp = \"offload_shard\"\n").sharding().unwrap_err().to_string();
         assert!(err.starts_with("`fsdp`: `offload_shard` is not a sharding strategy"), "{err}");
-        assert!(cfg("sharding = \"zero3\"\n").validate().is_err());
+        assert!(cfg("fsdp = \"full_shard\"\nsharding = \"zero2\"\n").validate().is_err());
     }
 
     #[test]

@@ -30,22 +30,39 @@ impl ParamView {
 /// Calls `f` on every parameter of `model`, in module order; with `grads`, each view carries its
 /// gradient.
 pub fn visit<M: Module>(model: &M, grads: Option<&Gradients>, f: impl FnMut(ParamView)) {
-    model.visit(&mut Walk { path: Vec::new(), grads, f });
+    visit_where(model, grads, |_| true, f);
+}
+
+/// [`visit`] over the parameters whose names `keep` accepts; the others are not touched (ZeRO-3's
+/// hollow parameters would be copied out by a flattening).
+pub fn visit_where<M: Module>(
+    model: &M,
+    grads: Option<&Gradients>,
+    keep: impl Fn(&str) -> bool,
+    f: impl FnMut(ParamView),
+) {
+    model.visit(&mut Walk { path: Vec::new(), grads, keep, f });
 }
 
 /// Replaces the values of every parameter for which `f(name, values)` returns new ones (`[N]`,
 /// plain tensors: an autodiff parameter gets its wrapper and `require_grad` back here); ids stay.
-pub fn map<M: Module>(model: M, f: impl FnMut(&str, Tensor<1>) -> Option<Tensor<1>>) -> M {
+pub fn map<M: Module>(model: M, mut f: impl FnMut(&str, Tensor<1>) -> Option<Tensor<1>>) -> M {
+    replace(model, |name, old| f(name, old()))
+}
+
+/// [`map`] where `f` flattens the old values only if it calls `old` (`[N]`, plain).
+pub fn replace<M: Module>(model: M, f: impl FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>) -> M {
     model.map(&mut MapWalk { path: Vec::new(), f })
 }
 
-struct Walk<'a, F> {
+struct Walk<'a, K, F> {
     path: Vec<String>,
     grads: Option<&'a Gradients>,
+    keep: K,
     f: F,
 }
 
-impl<F: FnMut(ParamView)> ModuleVisitor for Walk<'_, F> {
+impl<K: Fn(&str) -> bool, F: FnMut(ParamView)> ModuleVisitor for Walk<'_, K, F> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_owned());
     }
@@ -55,13 +72,17 @@ impl<F: FnMut(ParamView)> ModuleVisitor for Walk<'_, F> {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let name = self.path.join(".");
+        if !(self.keep)(&name) {
+            return;
+        }
         let tensor = param.val();
         let dims = tensor.dims().to_vec();
         let n: usize = dims.iter().product();
         // The gradient is keyed by the parameter's own node, before any reshape.
         let grad = self.grads.and_then(|g| tensor.grad(g)).map(|g| g.reshape([n]));
         let trains = tensor.is_require_grad();
-        (self.f)(ParamView { name: self.path.join("."), dims, flat: tensor.reshape([n]), trains, grad });
+        (self.f)(ParamView { name, dims, flat: tensor.reshape([n]), trains, grad });
     }
 }
 
@@ -70,7 +91,7 @@ struct MapWalk<F> {
     f: F,
 }
 
-impl<F: FnMut(&str, Tensor<1>) -> Option<Tensor<1>>> ModuleMapper for MapWalk<F> {
+impl<F: FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>> ModuleMapper for MapWalk<F> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_owned());
     }
@@ -83,8 +104,8 @@ impl<F: FnMut(&str, Tensor<1>) -> Option<Tensor<1>>> ModuleMapper for MapWalk<F>
         let (id, tensor, mapper) = param.consume();
         let shape = tensor.dims();
         let (tracked, autodiff) = (tensor.is_require_grad(), tensor.is_autodiff());
-        let flat = tensor.clone().inner().reshape([shape.iter().product::<usize>()]); // [N]
-        let Some(updated) = (self.f)(&self.path.join("."), flat) else {
+        let flat = || tensor.clone().inner().reshape([shape.iter().product::<usize>()]); // [N]
+        let Some(updated) = (self.f)(&self.path.join("."), &flat) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };
         let updated = updated.reshape(shape);

@@ -9,11 +9,15 @@
 //! gives the gradient at the last layer's output; each layer is recomputed from its saved input
 //! and backpropagated with `Σ y ⊙ ∂L/∂y`, whose gradient is exactly the chain rule's. Peak memory
 //! holds one layer's activations instead of all of them; the price is one more forward pass.
+//! ZeRO-3 runs this segmented pass always: each part's parameters are gathered for its forward
+//! and again for its recompute and backward ([`super::partition`]).
 
 use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
 
 use super::optim::GradAccumulator;
+use super::partition::{Part, Segments};
+use crate::dist::DistError;
 use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_forward};
 use crate::model::Llama;
 use crate::model::linear::linear_rows;
@@ -25,23 +29,28 @@ pub struct Checkpointing {
     pub dropout_seed: Option<u64>,
 }
 
-/// Scores `batch` under `policy`, adds the gradients of `loss_of(scores) · scale` to `grads`, and
-/// returns the scores and the unscaled loss (detached).
+/// Scores `batch` under the policy `model` gives, adds the gradients of `loss_of(scores) · scale`
+/// to `grads`, and returns the scores and the unscaled loss (detached).
+///
+/// The pass is segmented (one part at a time, recomputing each layer in the backward) under
+/// `checkpointing` and whenever `model` gathers parameters or scatters gradients per part.
 pub fn forward_backward(
-    policy: &Llama,
+    model: &dyn Segments,
     batch: &DeviceBatch,
     with_stats: bool,
     checkpointing: Option<Checkpointing>,
     scale: f64,
     grads: &mut GradAccumulator,
     loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
-) -> (SequenceScores, Tensor<1>) {
-    let Some(Checkpointing { dropout_seed }) = checkpointing else {
+) -> Result<(SequenceScores, Tensor<1>), DistError> {
+    let policy = model.skeleton();
+    if checkpointing.is_none() && !model.segmented() {
         let hidden = policy.hidden_states(batch.input_ids.clone()); // [2B, S, hidden]
         let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
         grads.add(policy, &(hidden * dh).sum().backward());
-        return (scores, loss);
-    };
+        return Ok((scores, loss));
+    }
+    let dropout_seed = checkpointing.and_then(|c| c.dropout_seed);
     let plain_device = batch.input_ids.device().inner();
     let reseed = |layer: usize| {
         if let Some(seed) = dropout_seed {
@@ -50,41 +59,52 @@ pub fn forward_backward(
     };
 
     // Forward without a graph (the same tensors, no autodiff), keeping each layer's input.
-    let frozen = policy.valid();
     let layers = policy.num_layers();
     let mut inputs = Vec::with_capacity(layers);
-    let mut x = frozen.embed(batch.input_ids.clone().inner()); // [2B, S, hidden]
+    let mut x = model.part(Part::Embed)?.valid().embed(batch.input_ids.clone().inner()); // [2B, S, hidden]
     for i in 0..layers {
         reseed(i);
         inputs.push(x.clone());
-        x = frozen.layer(i, x);
+        x = model.part(Part::Layer(i))?.valid().layer(i, x);
     }
-    drop(frozen);
 
     // The head and the final norm: their backward yields the gradient at the top of the decoder.
+    let head_part = model.part(Part::Head)?;
     let top = Tensor::from_inner(x).require_grad(); // [2B, S, hidden]
-    let hidden = policy.final_norm(top.clone());
-    let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
+    let hidden = head_part.final_norm(top.clone());
+    let mut fresh = GradAccumulator::default();
+    let (scores, loss, dh) = head_backward(&head_part, hidden.clone(), batch, with_stats, scale, &mut fresh, loss_of);
     let head = (hidden * dh).sum().backward();
-    grads.add(policy, &head);
+    fresh.add_where(&*head_part, &head, |n| model.in_part(n, Part::Head));
     let mut upstream = top.grad(&head);
+    drop(head_part);
+    model.absorb(Part::Head, fresh, grads)?;
 
     // Each layer from the top, recomputed from its input.
     for i in (0..layers).rev() {
         let (Some(dy), Some(input)) = (upstream.take(), inputs.pop()) else { break };
         reseed(i);
+        let part = model.part(Part::Layer(i))?;
         let x = Tensor::from_inner(input).require_grad();
-        let y = policy.layer(i, x.clone());
+        let y = part.layer(i, x.clone());
         let g = (y * Tensor::from_inner(dy)).sum().backward();
-        grads.add(policy, &g);
+        let mut fresh = GradAccumulator::default();
+        fresh.add_where(&*part, &g, |n| model.in_part(n, Part::Layer(i)));
         upstream = x.grad(&g);
+        drop(part);
+        model.absorb(Part::Layer(i), fresh, grads)?;
     }
     // The embedding, when it trains.
-    if let Some(dx) = upstream.filter(|_| policy.model.embed_tokens.weight.val().is_require_grad()) {
-        let e = policy.embed(batch.input_ids.clone());
-        grads.add(policy, &(e * Tensor::from_inner(dx)).sum().backward());
+    if policy.model.embed_tokens.weight.val().is_require_grad() {
+        let mut fresh = GradAccumulator::default();
+        if let Some(dx) = upstream {
+            let part = model.part(Part::Embed)?;
+            let e = part.embed(batch.input_ids.clone());
+            fresh.add_where(&*part, &(e * Tensor::from_inner(dx)).sum().backward(), |n| model.in_part(n, Part::Embed));
+        }
+        model.absorb(Part::Embed, fresh, grads)?;
     }
-    (scores, loss)
+    Ok((scores, loss))
 }
 
 /// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would

@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod context;
 pub mod log;
 pub mod optim;
+pub mod partition;
 pub mod policy;
 pub mod ref_cache;
 pub mod references;

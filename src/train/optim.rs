@@ -72,14 +72,29 @@ pub struct GradAccumulator {
 impl GradAccumulator {
     /// Adds the gradients of one backward pass.
     pub fn add<M: Module>(&mut self, model: &M, grads: &Gradients) {
-        params::visit(model, Some(grads), |p| {
-            let Some(grad) = p.grad else { return };
-            let summed = match self.grads.remove(&p.name) {
+        self.add_where(model, grads, |_| true);
+    }
+
+    /// [`GradAccumulator::add`] for the parameters whose names `keep` accepts.
+    pub fn add_where<M: Module>(&mut self, model: &M, grads: &Gradients, keep: impl Fn(&str) -> bool) {
+        let mut fresh = BTreeMap::new();
+        params::visit_where(model, Some(grads), keep, |p| {
+            if let Some(grad) = p.grad {
+                fresh.insert(p.name, grad);
+            }
+        });
+        self.merge(GradAccumulator { grads: fresh });
+    }
+
+    /// Adds another accumulator's gradients.
+    pub fn merge(&mut self, other: GradAccumulator) {
+        for (name, grad) in other.grads {
+            let summed = match self.grads.remove(&name) {
                 Some(acc) => acc + grad,
                 None => grad,
             };
-            self.grads.insert(p.name, summed);
-        });
+            self.grads.insert(name, summed);
+        }
     }
 
     /// The global L2 norm when the accumulator holds this worker's slices only (ZeRO-2): `sum`
@@ -232,6 +247,27 @@ impl AdamW {
             .map(|((name, flat), full)| (name.as_str(), full.narrow(0, 0, flat.dims()[0])))
             .collect();
         Ok(params::map(model, |name, _| whole.remove(name)))
+    }
+}
+
+impl AdamW {
+    /// One ZeRO-3 step: `slices` are this rank's slices of the parameters (the values at rest),
+    /// `grads` this rank's slices of their gradients; each slice with a gradient is updated in
+    /// place, nothing is gathered.
+    pub fn step_slices(
+        &mut self,
+        slices: &mut BTreeMap<String, Tensor<1>>,
+        grads: &GradAccumulator,
+        (lr, cfg): (f64, &AdamWConfig),
+        shard: (usize, usize),
+    ) {
+        self.shard = Some(shard);
+        self.step += 1;
+        for (name, slice) in slices.iter_mut() {
+            if let Some(grad) = grads.grads.get(name) {
+                *slice = self.update(name, slice.clone(), grad.clone().inner(), lr, cfg);
+            }
+        }
     }
 }
 

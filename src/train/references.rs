@@ -12,9 +12,11 @@ use anyhow::Context;
 use super::checkpoint::TrainerState;
 use super::context::{Progress, Run};
 use super::log::{MetricsRow, MetricsWriter, Split};
+use super::partition::Partitioned;
 use super::ref_cache;
 use super::samples::{Sample, write_samples};
 use crate::data::{Batch, TokenizedPair, TokenizerError};
+use crate::dist::DistError;
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::metrics::{Metrics, ScoredPairs};
 use crate::dpo::score::{metrics_of, score_pairs};
@@ -25,7 +27,7 @@ use crate::model::host;
 /// A DPO stage's reference and what it computed.
 pub struct References {
     /// Per-step reference, when the training log-probs are not precomputed.
-    model: Option<Llama>,
+    model: Option<PerStep>,
     train: Option<RefLogps>,
     eval: RefLogps,
     test: RefLogps,
@@ -72,22 +74,29 @@ impl References {
             let train = ref_cache::load_or_compute(&reference, run, &collation, progress, compute)?;
             (None, Some(train))
         } else {
-            (Some(reference), None)
+            (Some(PerStep::Whole(reference)), None)
         };
         Ok(Self { model, train, eval, test, eval_samples, test_samples, reference_free: false, collation })
     }
 
-    /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
-    pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Vec<f32> {
-        match (&self.train, &self.model) {
-            (Some(table), _) => table.rows(ids),
-            (None, Some(model)) => {
-                // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
-                let device_batch = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
-                host(&score(model, &device_batch, false).logps)
-            }
-            (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
+    /// ZeRO-3: the per-step reference keeps this rank's slices only; frozen parameters that
+    /// `shared` (the policy, whose base the reference is) holds are shared with it.
+    pub fn partition(&mut self, shard: (usize, usize), shared: Option<&Partitioned>) {
+        if let Some(PerStep::Whole(model)) = self.model.take() {
+            self.model = Some(PerStep::Parted(Partitioned::new(model, shard, shared)));
         }
+    }
+
+    /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
+    pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Result<Vec<f32>, DistError> {
+        // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
+        let device_batch = || DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
+        Ok(match (&self.train, &self.model) {
+            (Some(table), _) => table.rows(ids),
+            (None, Some(PerStep::Whole(model))) => host(&score(model, &device_batch(), false).logps),
+            (None, Some(PerStep::Parted(parts))) => host(&parts.score(&device_batch(), run.rt.workers)?.logps),
+            (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
+        })
     }
 
     /// The held-out metrics (rank 0 also logs them into `out` and rewrites the samples in `dir`);
@@ -174,6 +183,12 @@ impl References {
             .collect::<Result<Vec<_>, TokenizerError>>()?;
         Ok(Some(write_samples(path, title, &samples)?))
     }
+}
+
+/// The reference a step scores its pairs under: whole, or partitioned (ZeRO-3).
+enum PerStep {
+    Whole(Llama),
+    Parted(Partitioned),
 }
 
 /// The reference log-probs of every pair, each rank scoring its shard.

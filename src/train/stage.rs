@@ -16,6 +16,7 @@ use super::checkpoint::{self, ModelFiles, TrainerState};
 use super::context::{DrawPlots, Objective, Progress, Run, Stage, StageOutcome};
 use super::log::MetricsWriter;
 use super::optim::{AdamW, AdamWConfig, LossScaler};
+use super::partition::{Layout, Partitioned};
 use super::policy::{PolicySpec, inference_copy};
 use super::references::References;
 use super::sampler::Sampler;
@@ -35,7 +36,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     let (name, files) = (stage.objective.name(), spec.files(&config_json));
     let evaluate = |t: &Trained, mut log: Option<&mut MetricsWriter>, progress: &mut dyn Progress| {
         let Some(refs) = &references else { return Ok(None) };
-        let policy = inference_copy(&t.policy);
+        let policy = inference_copy(t.whole_policy(workers)?.as_ref());
         let metrics = refs.evaluate(&policy, run, stage.dir, &t.state, log.as_deref_mut(), progress)?;
         if let (Some(_), Some(log), Some(draw)) = (&metrics, log, stage.draw_plots) {
             // The plots are a view: one that cannot be drawn does not stop the training.
@@ -88,7 +89,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
         }
         if cfg.save_steps > 0 && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
-            save(run, stage, &trained, files, &trained.policy.valid(), progress)?;
+            save(run, stage, &trained, files, &trained.whole_policy(workers)?.valid(), progress)?;
         }
         progress.step(trained.state.step, &last_status);
     }
@@ -174,7 +175,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     // --- the models: policy (autodiff), reference (plain, frozen) ---
     let train_device = run.rt.device.clone().autodiff();
     let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
-    let trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
+    let mut trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
     let log = match (&resume_from, workers.is_main()) {
         (_, false) => None,
         // A resumed stage keeps the rows up to its checkpoint; a stage started afresh (again, after
@@ -189,7 +190,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         }
         (log, _) => log,
     };
-    let references = match stage.objective {
+    let mut references = match stage.objective {
         Objective::Sft => None,
         Objective::Dpo => {
             let reference = match cfg.loss.reference_free {
@@ -206,6 +207,20 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         }
     };
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
+    let sharding = if workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None };
+    let layout = Layout::of(&trained.policy);
+    if sharding == Sharding::Zero3 {
+        // Loaded whole (and the reference scored its held-out sets whole), kept as slices.
+        let shard = (workers.rank(), workers.world_size());
+        let parts = Partitioned::new(trained.policy, shard, None);
+        trained.policy = parts.hollow().clone();
+        // With LoRA and no reference model of its own, the reference is the policy's base.
+        let shares_base = spec.lora.is_some() && stage.ref_dir.is_none();
+        if let Some(refs) = references.as_mut() {
+            refs.partition(shard, shares_base.then_some(&parts));
+        }
+        trained.parts = Some(parts);
+    }
     let plan = StepPlan {
         objective: stage.objective,
         sampler,
@@ -213,7 +228,9 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         train_device,
         checkpointing: cfg.gradient_checkpointing,
         dropout,
-        sharding: if run.rt.workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None },
+        sharding,
+        layout,
+        device: run.rt.device.clone(),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }
@@ -263,7 +280,7 @@ fn start(
         ));
     }
     let policy = run.rt.workers.broadcast_params(policy)?;
-    Ok(Trained { policy, optimizer, state })
+    Ok(Trained { policy, parts: None, optimizer, state })
 }
 
 /// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
@@ -338,7 +355,7 @@ fn finish(
     progress: &mut dyn Progress,
 ) -> anyhow::Result<StageOutcome> {
     let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
-    let policy = inference_copy(&t.policy);
+    let policy = inference_copy(t.whole_policy(workers)?.as_ref());
     let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
     if !saved_now {
         write_checkpoint(run, dir, &t, end.files, &policy, progress)?;

@@ -6,17 +6,22 @@
 //! Scaling each micro-batch's loss by its share of the step makes the gradients summed over
 //! micro-batches and ranks equal those of one batch holding every pair of the step.
 
+use std::borrow::Cow;
+
 use burn::tensor::{Device, Tensor};
 
 use super::backprop::{Checkpointing, forward_backward};
 use super::checkpoint::TrainerState;
 use super::context::{Objective, Run};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::partition::{Layout, Partitioned, Scattered, Segments, Whole};
 use super::references::References;
-use super::sampler::{Sampler, rank_step};
+use super::sampler::{RankStep, Sampler, rank_step, shard_step};
 use super::window::Window;
+use super::workers::Workers;
 use crate::config::Sharding;
 use crate::data::{self, Batch, TokenizedPair};
+use crate::dist::DistError;
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
 use crate::model::Llama;
@@ -34,13 +39,40 @@ pub struct StepPlan {
     pub dropout: bool,
     /// What the workers partition (`none` for a lone process).
     pub sharding: Sharding,
+    /// The policy's parameters by part (the per-part reduce-scatter's order).
+    pub layout: Layout,
+    /// The run's plain device.
+    pub device: Device,
+}
+
+impl StepPlan {
+    /// Whether gradients leave each part's backward reduce-scattered (ZeRO-3 always, ZeRO-2 when
+    /// checkpointing makes the backward go one layer at a time); every rank then runs the same
+    /// number of passes, in step.
+    fn per_part(&self) -> bool {
+        self.sharding == Sharding::Zero3 || (self.sharding == Sharding::Zero2 && self.checkpointing)
+    }
 }
 
 /// What a step changes: the policy, the optimizer and the loop's state.
 pub struct Trained {
+    /// The policy; under ZeRO-3 its tree with hollow parameters (the values are in `parts`).
     pub policy: Llama,
+    /// ZeRO-3: this rank's slices of the policy.
+    pub parts: Option<Partitioned>,
     pub optimizer: AdamW,
     pub state: TrainerState,
+}
+
+impl Trained {
+    /// The policy with every parameter whole: under ZeRO-3 gathered from every rank's slices
+    /// (every rank calls it at the same point).
+    pub fn whole_policy(&self, workers: Workers) -> Result<Cow<'_, Llama>, DistError> {
+        match &self.parts {
+            Some(parts) => parts.whole(None, workers).map(Cow::Owned),
+            None => Ok(Cow::Borrowed(&self.policy)),
+        }
+    }
 }
 
 /// How a step went.
@@ -68,8 +100,8 @@ pub fn optimizer_step(
         run.rt.device.seed(cfg.seed.wrapping_add(t.state.step));
     }
     let mine = rank_step(&plan.sampler, t.state.step, workers.world_size(), workers.rank())?;
-    let all_pairs: Vec<&TokenizedPair> =
-        plan.sampler.micro_batches(t.state.step).concat().into_iter().map(|i| &data.train[i]).collect();
+    let pairs = plan.sampler.micro_batches(t.state.step).concat(); // every rank's, in single-device order
+    let all_pairs: Vec<&TokenizedPair> = pairs.iter().map(|&i| &data.train[i]).collect();
     // SFT's loss is a token mean over the whole step: each micro-batch divides by the step's count.
     let step_tokens = match plan.objective {
         Objective::Sft => {
@@ -82,20 +114,21 @@ pub fn optimizer_step(
 
     let mut grads = GradAccumulator::default();
     let loss_scale = t.state.loss_scaler.map_or(1.0, |s| s.scale);
-    for (micro, ids) in mine.micro_batches.iter().enumerate() {
+    for (micro, (ids, idle)) in passes(plan, &mine, &pairs, workers.world_size()).into_iter().enumerate() {
         let chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
-        let recompute = plan.checkpointing.then(|| Checkpointing {
+        let recompute = (plan.checkpointing || plan.per_part()).then(|| Checkpointing {
             dropout_seed: plan
                 .dropout
                 .then(|| cfg.seed ^ (t.state.step << 20) ^ ((micro as u64) << 8) ^ workers.rank() as u64),
         });
-        let share = chunk.len() as f64 / mine.step_pairs as f64;
-        let scale = match plan.objective {
-            Objective::Sft => loss_scale,
-            Objective::Dpo => share * loss_scale,
+        let share = chunk.len() as f64 / mine.step_pairs.max(1) as f64;
+        let scale = match (idle, plan.objective) {
+            (true, _) => 0.0,
+            (false, Objective::Sft) => loss_scale,
+            (false, Objective::Dpo) => share * loss_scale,
         };
-        let pass = MicroBatch { ids, chunk: &chunk, recompute, scale, step_tokens };
-        micro_batch(plan, run, &t.policy, refs, &pass, &mut grads, window);
+        let pass = MicroBatch { ids: &ids, chunk: &chunk, recompute, scale, step_tokens, idle };
+        micro_batch(plan, run, &t, refs, &pass, &mut grads, window)?;
     }
 
     let (mut t, grad_norm, applied) = apply(plan, run, t, grads, lr)?;
@@ -116,8 +149,10 @@ fn apply(
     lr: f64,
 ) -> anyhow::Result<(Trained, Option<Tensor<1>>, bool)> {
     let (cfg, workers) = (run.cfg, run.rt.workers);
-    let slices = plan.sharding == Sharding::Zero2;
-    if slices {
+    let slices = matches!(plan.sharding, Sharding::Zero2 | Sharding::Zero3);
+    if plan.per_part() {
+        // Reduce-scattered part by part in the backward already.
+    } else if slices {
         workers.reduce_scatter_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
     } else {
         workers.sum_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
@@ -135,19 +170,35 @@ fn apply(
     };
     let norm = norm_of(&grads)?;
     let grad_norm = grads.clip_to(norm, cfg.max_grad_norm);
-    if applied {
+    let shard = (workers.rank(), workers.world_size());
+    if let (true, Some(parts)) = (applied, t.parts.as_mut()) {
+        t.optimizer.step_slices(&mut parts.slices, &grads, (lr, &plan.adamw), shard);
+    } else if applied {
         t.policy = match plan.sharding {
             Sharding::None | Sharding::Zero3 => t.optimizer.step(t.policy, &grads, lr, &plan.adamw),
             stage => {
                 if stage == Sharding::Zero1 {
-                    grads.keep_slices((workers.rank(), workers.world_size()));
+                    grads.keep_slices(shard);
                 }
-                let shard = (workers.rank(), workers.world_size());
                 t.optimizer.step_sharded(t.policy, &grads, (lr, &plan.adamw), shard, |s| workers.gather_slices(s))?
             }
         };
     }
     Ok((t, grad_norm, applied))
+}
+
+/// This rank's passes of a step whose pairs are `pairs`: its micro-batches, and, where
+/// collectives run inside each pass (per-part ZeRO), idle stand-ins over the step's first pair up
+/// to rank 0's count (the most: a short chunk fills the low ranks first), so every rank meets the
+/// same collectives. `(pair indices, idle)` each.
+fn passes(plan: &StepPlan, mine: &RankStep, pairs: &[usize], world: usize) -> Vec<(Vec<usize>, bool)> {
+    let mut out: Vec<(Vec<usize>, bool)> = mine.micro_batches.iter().map(|ids| (ids.clone(), false)).collect();
+    if plan.per_part() {
+        let most = shard_step(pairs, plan.sampler.micro_batch, world, 0).len();
+        let stand_in: Vec<usize> = pairs.iter().take(1).copied().collect();
+        out.resize(most.max(out.len()), (stand_in, true));
+    }
+    out
 }
 
 /// One micro-batch of a step.
@@ -160,45 +211,71 @@ struct MicroBatch<'a> {
     scale: f64,
     /// SFT: completion tokens in the whole step.
     step_tokens: f64,
+    /// A stand-in pass that keeps a rank in step with the others: it computes with no weight
+    /// and records nothing.
+    idle: bool,
 }
 
 /// The forward and backward of one micro-batch, its gradients added to `grads`.
 fn micro_batch(
     plan: &StepPlan,
     run: &Run,
-    policy: &Llama,
+    t: &Trained,
     refs: Option<&References>,
     pass: &MicroBatch,
     grads: &mut GradAccumulator,
     window: &mut Window,
-) {
+) -> Result<(), DistError> {
     let (pad_id, max_length) = (run.data.tokenizer.pad_id(), Some(run.cfg.max_length));
+    let (whole, scattered);
+    let policy: &dyn Segments = match plan.per_part() {
+        false => {
+            whole = Whole(&t.policy);
+            &whole
+        }
+        true => {
+            scattered = Scattered {
+                model: &t.policy,
+                layout: &plan.layout,
+                gathered: t.parts.as_ref(),
+                workers: run.rt.workers,
+                hook: run.cfg.ddp_comm_hook,
+                device: &plan.device,
+            };
+            &scattered
+        }
+    };
     match (plan.objective, refs) {
         (Objective::Sft, _) => {
             let batch = data::collate_chosen(pass.chunk, pad_id, max_length);
-            window.count(&batch);
             let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
             // Each micro-batch's loss is its share of the step's token mean.
             let (_, nll) =
                 forward_backward(policy, &device_batch, false, pass.recompute, pass.scale, grads, |scores| {
                     -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
-                });
-            window.losses.push(nll);
+                })?;
+            if !pass.idle {
+                window.count(&batch);
+                window.losses.push(nll);
+            }
         }
         (Objective::Dpo, Some(refs)) => {
             let loss_cfg = &run.cfg.loss;
             let batch = data::collate(pass.chunk, pad_id, max_length);
-            window.count(&batch);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
-            let ref_rows = refs.train_rows(pass.ids, &batch, run);
+            let ref_rows = refs.train_rows(pass.ids, &batch, run)?;
             let (scores, loss) =
                 forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
                     dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
-                });
-            window.pending.push((device_batch, scores, ref_rows, loss));
+                })?;
+            if !pass.idle {
+                window.count(&batch);
+                window.pending.push((device_batch, scores, ref_rows, loss));
+            }
         }
         (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
     }
+    Ok(())
 }
 
 /// Input tokens of a pair's sequences after truncation (TRL's `num_tokens` counts every one).

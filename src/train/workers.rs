@@ -114,14 +114,18 @@ impl<'a> Workers<'a> {
                 (name, super::optim::padded(g, world))
             })
             .collect();
-        let Some(group) = self.phase("gradient sync") else {
-            grads.grads = padded.into_iter().collect();
-            return Ok(());
-        };
         let (names, full): (Vec<String>, Vec<Tensor<1>>) = padded.into_iter().unzip();
-        let mine = group.reduce_scatter_shards(&full, compression(hook))?;
+        let mine = self.reduce_scatter_flat(&full, hook)?;
         grads.grads = names.into_iter().zip(mine).collect();
         Ok(())
+    }
+
+    /// ZeRO: this worker's slice of the sum over the workers of each padded `[world · c]` tensor.
+    pub fn reduce_scatter_flat(&self, full: &[Tensor<1>], hook: CommHook) -> Result<Vec<Tensor<1>>, DistError> {
+        match self.phase("gradient sync") {
+            Some(group) => group.reduce_scatter_shards(full, compression(hook)),
+            None => Ok(full.to_vec()),
+        }
     }
 
     /// ZeRO: every worker's updated slices, gathered into whole (padded) parameters.
