@@ -17,7 +17,9 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Device, Tensor};
-use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, Reference, estimate, memory::CUDA_CONTEXT_BYTES};
+use check_gpu::{
+    Dtype, FineTune, MemoryRequest, ModelShape, Reference, Sharding, estimate, memory::CUDA_CONTEXT_BYTES,
+};
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
 use dpo_train::train::Progress;
@@ -112,6 +114,9 @@ fn main() {
             finetune: case.finetune,
             reference: case.reference,
             gradient_checkpointing: case.checkpointing,
+            world_size: 1,
+            sharding: Sharding::None,
+            offload_optimizer: false,
         });
         let estimated = e.total - CUDA_CONTEXT_BYTES;
         let ratio = estimated as f64 / measured as f64;

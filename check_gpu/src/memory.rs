@@ -1,4 +1,7 @@
-//! Per-GPU memory estimate for data-parallel DPO with AdamW (every rank holds a full replica).
+//! Per-GPU memory estimate for data-parallel DPO with AdamW, each rank holding a full replica or,
+//! with ZeRO sharding (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
+//! Trillion Parameter Models"), its `1/N` part of the optimizer state (zero1), also of the
+//! gradients (zero2) and also of the weights (zero3), as dpo-train implements each stage.
 //!
 //! Sources: Hugging Face "Model training anatomy" (bytes per parameter for fp32 and mixed
 //! precision), Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -7,20 +10,38 @@
 //! keeps only its output and log-sum-exp, so that term is left out), and TRL's `DPOTrainer`,
 //! which runs chosen and rejected as one concatenated batch of `2*b` rows.
 //!
-//! | term | full fine-tuning | LoRA rank r (q,k,v,o) |
-//! |---|---|---|
-//! | weights | fp32: 4P; bf16/fp16: 2P half copy + 4P fp32 master = 6P | base c*P frozen + 4A |
-//! | gradients | 4P (fp32) | 4A |
-//! | optimizer | 8P (AdamW m and v in fp32) | 8A |
-//! | reference | c*P, or 0 with precomputed log-probs | 0 (adapter disabled = base) |
-//! | activations | L * s*2b*h*34 * c/2 | same |
-//! | ... with checkpointing | L * 2*s*2b*h * c/2 + one layer's full activations | same |
-//! | logits | 2b*s*V*4 (fp32) | same |
+//! | term | none (DDP) | zero1 | zero2 | zero3 |
+//! |---|---|---|---|---|
+//! | weights | fp32: 4P; bf16/fp16: 2P half copy + 4P fp32 master = 6P | same | same | 4P/N + 4Pg (+ c*Pg half cast of the gathered piece) |
+//! | gradients | 4P (fp32) | 4P | 4P/N + 4Pg with checkpointing, else 4P | 4P/N + 4Pg |
+//! | optimizer | 8P (AdamW m and v in fp32) | 8P/N | 8P/N | 8P/N |
+//! | reference | c*P, or 0 with precomputed log-probs | same | same | c*P/N + c*Pg |
+//! | activations | L * s*2b*h*34 * c/2 | same | same | always checkpointed |
+//! | ... with checkpointing | L * 2*s*2b*h * c/2 + one layer's full activations | same | same | same |
+//! | logits | 2b*s*V*4 (fp32) | same | same | same |
 //!
-//! `P` parameters, `A = L * r * ((h+a*d) + 2*(h+kv*d) + (a*d+h))` adapter parameters, `c` bytes
-//! of the compute dtype (2 or 4), `s` sequence length, `b` micro-batch, `h` hidden size, `a`
-//! heads, `L` layers, `V` vocabulary. The total adds 10% (allocator fragmentation, temporary
-//! buffers, NCCL) plus 500 MiB for the CUDA context.
+//! Why: zero1 keeps AdamW's moments for this rank's slice only. zero2 reduce-scatters each
+//! layer's gradients right after that layer's backward, which bounds them only when the backward
+//! runs layer by layer (checkpointing); one whole backward pass produces every gradient before
+//! the reduce-scatter. zero3 keeps `1/N` of the weights and all-gathers `Pg`, the largest piece
+//! used at one time ([`ModelShape::gathered_piece_params`]: one layer, the embedding or the
+//! head), running the decoder one layer at a time with recomputation; its gradients are
+//! reduce-scattered piece by piece as zero2's.
+//!
+//! `--offload-optimizer` moves AdamW's moments (optimizer term 0) and, in mixed precision, the
+//! fp32 master copy to host memory: weights become 2P (none, zero1, zero2) or 2P/N + 2Pg (zero3);
+//! fp32 weights stay. [`MemoryEstimate::host`] reports the host bytes per rank, 8P/N + 4P/N
+//! (N = 1 for none; no master term in fp32), outside the GPU total.
+//!
+//! LoRA rank r on q,k,v,o: weights = frozen base c*P (zero3: c*P/N + c*Pg) + adapters 4A;
+//! gradients 4A and optimizer 8A, divided by N as above (a gathered adapter piece is one
+//! layer's, A/L); reference 0 (adapter disabled = base).
+//!
+//! `P` parameters, `A = L * r * ((h+a*d) + 2*(h+kv*d) + (a*d+h))` adapter parameters, `N` world
+//! size, `c` bytes of the compute dtype (2 or 4), `s` sequence length, `b` micro-batch, `h`
+//! hidden size, `a` heads, `L` layers, `V` vocabulary. The total adds 10% (allocator
+//! fragmentation, temporary buffers, NCCL) plus 500 MiB for the CUDA context. Sharded terms
+//! round up (dpo-train pads each flat tensor to a multiple of `N`).
 
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +81,38 @@ impl Dtype {
             Dtype::Fp32 => "fp32",
         }
     }
+
+    /// Whether an fp32 master copy sits behind half-precision weights.
+    pub fn is_mixed(self) -> bool {
+        self != Dtype::Fp32
+    }
+}
+
+/// What the data-parallel ranks partition (dpo-train's `sharding`, DeepSpeed's ZeRO stages).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    /// Every rank holds everything (DDP).
+    #[default]
+    None,
+    /// AdamW moments partitioned.
+    Zero1,
+    /// And gradients reduce-scattered.
+    Zero2,
+    /// And weights partitioned, gathered a piece at a time.
+    Zero3,
+}
+
+impl Sharding {
+    /// The name dpo-train's `--sharding` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharding::None => "none",
+            Sharding::Zero1 => "zero1",
+            Sharding::Zero2 => "zero2",
+            Sharding::Zero3 => "zero3",
+        }
+    }
 }
 
 /// Which parameters train.
@@ -93,6 +146,11 @@ pub struct MemoryRequest<'a> {
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
+    /// Data-parallel ranks `N` the sharded terms divide over (0 counts as 1).
+    pub world_size: u64,
+    pub sharding: Sharding,
+    /// AdamW state (and the fp32 master copy in mixed precision) in host memory.
+    pub offload_optimizer: bool,
 }
 
 /// Bytes per GPU, by term.
@@ -107,37 +165,122 @@ pub struct MemoryEstimate {
     /// 10% of the terms above plus the CUDA context.
     pub overhead: u64,
     pub total: u64,
+    /// Host (CPU) memory per rank for the offloaded optimizer; not part of `total`.
+    #[serde(default)]
+    pub host: u64,
+}
+
+/// Product, saturating: absurd inputs (a 2^60-token sequence) give an estimate that fits
+/// nowhere, never one that wraps around to "ready".
+fn mul(x: &[u64]) -> u64 {
+    x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y))
+}
+
+/// One rank's training state, by term (bytes).
+struct State {
+    weights: u64,
+    gradients: u64,
+    optimizer: u64,
+    reference: u64,
+    host: u64,
+}
+
+/// A sharded tensor's division over `n` ranks, and the piece a rank holds whole at one time.
+#[derive(Clone, Copy)]
+struct Split {
+    n: u64,
+    /// Elements of the largest piece gathered or reduce-scattered at one time.
+    part: u64,
+}
+
+impl Split {
+    /// `per*count` divided over the ranks (rounded up).
+    fn shard(self, per: u64, count: u64) -> u64 {
+        mul(&[per, count]).div_ceil(self.n)
+    }
+
+    /// This rank's shard plus one whole piece at `per` bytes.
+    fn shard_and_piece(self, per: u64, count: u64) -> u64 {
+        self.shard(per, count).saturating_add(mul(&[per, self.part]))
+    }
+}
+
+/// Full fine-tuning: every parameter trains (see the module doc's table).
+fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
+    let (p, c, mixed) = (req.model.params, req.dtype.bytes(), req.dtype.is_mixed());
+    let split = Split { n, part: req.model.gathered_piece_params() };
+    let stage = req.sharding;
+    // In mixed precision, offloading takes the fp32 master copy off the GPU with the moments.
+    let master_off = req.offload_optimizer && mixed;
+    let weights = match (stage, master_off) {
+        (Sharding::Zero3, false) => {
+            let cast = if mixed { mul(&[c, split.part]) } else { 0 };
+            split.shard_and_piece(4, p).saturating_add(cast)
+        }
+        (Sharding::Zero3, true) => split.shard_and_piece(c, p),
+        (_, false) => mul(&[if mixed { c + 4 } else { 4 }, p]),
+        (_, true) => mul(&[c, p]),
+    };
+    let gradients = sharded_gradients(req, split, p);
+    let reference = match (req.reference, stage) {
+        (Reference::Precompute, _) => 0,
+        (Reference::Keep, Sharding::Zero3) => split.shard_and_piece(c, p),
+        (Reference::Keep, _) => mul(&[c, p]),
+    };
+    let (optimizer, host) = optimizer_terms(req, n, p, if master_off { 4 } else { 0 });
+    State { weights, gradients, optimizer, reference, host }
+}
+
+/// LoRA: a frozen base and `A` trained adapter parameters (see the module doc).
+fn lora_state(req: &MemoryRequest<'_>, n: u64, rank: u64) -> State {
+    let m = req.model;
+    let (p, c, a) = (m.params, req.dtype.bytes(), m.lora_params(rank));
+    let adapters = Split { n, part: a / m.num_layers.max(1) };
+    let (base, adapter_weights) = match req.sharding {
+        Sharding::Zero3 => {
+            let base = Split { n, part: m.gathered_piece_params() }.shard_and_piece(c, p);
+            (base, adapters.shard_and_piece(4, a))
+        }
+        _ => (mul(&[c, p]), mul(&[4, a])),
+    };
+    let gradients = sharded_gradients(req, adapters, a);
+    let (optimizer, host) = optimizer_terms(req, n, a, 0);
+    State { weights: base.saturating_add(adapter_weights), gradients, optimizer, reference: 0, host }
+}
+
+/// fp32 gradients of `count` trained elements: whole under none and zero1 (and under zero2
+/// when one backward pass makes them all), else this rank's shard plus the piece in flight.
+fn sharded_gradients(req: &MemoryRequest<'_>, split: Split, count: u64) -> u64 {
+    match req.sharding {
+        Sharding::None | Sharding::Zero1 => mul(&[4, count]),
+        Sharding::Zero2 if !req.gradient_checkpointing => mul(&[4, count]),
+        Sharding::Zero2 | Sharding::Zero3 => split.shard_and_piece(4, count),
+    }
+}
+
+/// AdamW's m and v (8 bytes per trained element, `1/N` of them when sharded) on the GPU, or in
+/// host memory with `master` bytes per element of fp32 master copy when offloaded:
+/// `(gpu, host)`.
+fn optimizer_terms(req: &MemoryRequest<'_>, n: u64, count: u64, master: u64) -> (u64, u64) {
+    let n = if req.sharding == Sharding::None { 1 } else { n };
+    let shard = |per: u64| mul(&[per, count]).div_ceil(n);
+    if req.offload_optimizer { (0, shard(8 + master)) } else { (shard(8), 0) }
 }
 
 /// Estimates the peak memory of one rank (see the module doc for every formula).
 pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
     let m = req.model;
-    let p = m.params;
     let c = req.dtype.bytes();
-    // Saturating throughout: absurd inputs (a 2^60-token sequence) give an estimate that fits
-    // nowhere, never one that wraps around to "ready".
-    let mul = |x: &[u64]| x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y));
-    let (weights, gradients, optimizer, reference) = match req.finetune {
-        FineTune::Full => {
-            let weights = match req.dtype {
-                Dtype::Fp32 => mul(&[4, p]),
-                Dtype::Bf16 | Dtype::Fp16 => mul(&[2 + 4, p]),
-            };
-            let reference = match req.reference {
-                Reference::Keep => mul(&[c, p]),
-                Reference::Precompute => 0,
-            };
-            (weights, mul(&[4, p]), mul(&[8, p]), reference)
-        }
-        FineTune::Lora { rank } => {
-            let a = m.lora_params(rank);
-            (mul(&[c, p]).saturating_add(mul(&[4, a])), mul(&[4, a]), mul(&[8, a]), 0)
-        }
+    let n = req.world_size.max(1);
+    let State { weights, gradients, optimizer, reference, host } = match req.finetune {
+        FineTune::Full => full_state(req, n),
+        FineTune::Lora { rank } => lora_state(req, n, rank),
     };
     let (s, rows, h) = (req.seq_len, req.micro_batch.saturating_mul(2), m.hidden_size);
     // Korthikanti et al. without the attention scores: s*b*h*34 bytes at 2 bytes per value.
     let layer_full = mul(&[s, rows, 34, h, c]) / 2;
-    let activations = if req.gradient_checkpointing {
+    // zero3 runs the decoder a layer at a time and recomputes it in the backward.
+    let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
         (mul(&[m.num_layers, 2, s, rows, h, c]) / 2).saturating_add(layer_full)
     } else {
         mul(&[m.num_layers, layer_full])
@@ -147,7 +290,7 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
         [weights, gradients, optimizer, reference, activations, logits].iter().fold(0u64, |a, &b| a.saturating_add(b));
     let overhead = (sum.saturating_mul(OVERHEAD_PERCENT) / 100).saturating_add(CUDA_CONTEXT_BYTES);
     let total = sum.saturating_add(overhead);
-    MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total }
+    MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total, host }
 }
 
 #[cfg(test)]
@@ -167,6 +310,9 @@ mod tests {
             finetune: FineTune::Full,
             reference: Reference::Keep,
             gradient_checkpointing: false,
+            world_size: 1,
+            sharding: Sharding::None,
+            offload_optimizer: false,
         }
     }
 
@@ -210,5 +356,141 @@ mod tests {
         let two = estimate(&MemoryRequest { micro_batch: 2, ..req(&m) });
         assert_eq!(two.activations, 2 * e.activations);
         assert_eq!(two.logits, 2 * e.logits);
+    }
+
+    /// 1.5B parameters shaped like Qwen2.5-1.5B (tied): the largest gathered piece is the
+    /// embedding, 151936 * 1536 = 233,373,696 parameters.
+    const PG: u64 = 233_373_696;
+    const P: u64 = 1_500_000_000;
+
+    fn sharded(model: &ModelShape, sharding: Sharding) -> MemoryRequest<'_> {
+        MemoryRequest { world_size: 4, sharding, ..req(model) }
+    }
+
+    #[test]
+    fn zero_stages_by_hand() {
+        let m = ModelShape::from_param_count(P);
+        assert_eq!(m.gathered_piece_params(), PG);
+        let none = estimate(&sharded(&m, Sharding::None));
+        assert_eq!(
+            (none.weights, none.gradients, none.optimizer, none.reference),
+            (9e9 as u64, 6e9 as u64, 12e9 as u64, 3e9 as u64)
+        );
+        // zero1: only AdamW's m and v are split, 8 * 1.5e9 / 4.
+        let z1 = estimate(&sharded(&m, Sharding::Zero1));
+        assert_eq!(
+            (z1.weights, z1.gradients, z1.optimizer, z1.reference),
+            (9e9 as u64, 6e9 as u64, 3e9 as u64, 3e9 as u64)
+        );
+        assert_eq!(z1.activations, none.activations);
+        // zero2 without checkpointing: the one backward pass holds every gradient.
+        let z2 = estimate(&sharded(&m, Sharding::Zero2));
+        assert_eq!((z2.gradients, z2.optimizer), (6e9 as u64, 3e9 as u64));
+        // With checkpointing: 4 * 1.5e9 / 4 + one piece's 4 * PG.
+        let z2c = estimate(&MemoryRequest { gradient_checkpointing: true, ..sharded(&m, Sharding::Zero2) });
+        assert_eq!(z2c.gradients, 1_500_000_000 + 933_494_784);
+        assert_eq!(z2c.weights, 9e9 as u64);
+        // zero3 bf16: fp32 shards 1.5e9, the gathered piece in fp32 and its bf16 cast (6 * PG).
+        let z3 = estimate(&sharded(&m, Sharding::Zero3));
+        assert_eq!(z3.weights, 1_500_000_000 + 1_400_242_176);
+        assert_eq!(z3.gradients, 1_500_000_000 + 933_494_784);
+        assert_eq!(z3.optimizer, 3e9 as u64);
+        assert_eq!(z3.reference, 750_000_000 + 466_747_392);
+        // Always checkpointed.
+        assert_eq!(z3.activations, z2c.activations);
+        assert!(z3.activations < none.activations);
+        // fp32: no half cast; the reference is fp32 too.
+        let z3f = estimate(&MemoryRequest { dtype: Dtype::Fp32, ..sharded(&m, Sharding::Zero3) });
+        assert_eq!(z3f.weights, 1_500_000_000 + 933_494_784);
+        assert_eq!(z3f.reference, 1_500_000_000 + 933_494_784);
+        assert_eq!([none.host, z1.host, z2.host, z3.host], [0; 4]);
+    }
+
+    #[test]
+    fn offload_moves_moments_and_master_to_the_host() {
+        let m = ModelShape::from_param_count(P);
+        let off = |s| estimate(&MemoryRequest { offload_optimizer: true, ..sharded(&m, s) });
+        // Unsharded: the bf16 copy stays (2P); 8P moments + 4P master per rank on the host.
+        let none = off(Sharding::None);
+        assert_eq!((none.weights, none.optimizer, none.host), (3e9 as u64, 0, 18e9 as u64));
+        // zero2: each rank's host holds its quarter, (8 + 4) * 1.5e9 / 4.
+        let z2 = off(Sharding::Zero2);
+        assert_eq!((z2.weights, z2.optimizer, z2.host), (3e9 as u64, 0, 4_500_000_000));
+        // zero3: bf16 shards 2P/N and the gathered piece in bf16, 2 * PG.
+        let z3 = off(Sharding::Zero3);
+        assert_eq!((z3.weights, z3.optimizer, z3.host), (750_000_000 + 466_747_392, 0, 4_500_000_000));
+        // fp32 keeps its weights on the GPU: only the moments move.
+        let f =
+            estimate(&MemoryRequest { dtype: Dtype::Fp32, offload_optimizer: true, ..sharded(&m, Sharding::Zero1) });
+        assert_eq!((f.weights, f.optimizer, f.host), (6e9 as u64, 0, 3e9 as u64));
+        // The host bytes are not in the GPU total.
+        let sum = z3.weights + z3.gradients + z3.reference + z3.activations + z3.logits;
+        assert_eq!(z3.total, sum + z3.overhead);
+    }
+
+    #[test]
+    fn lora_under_sharding() {
+        let m = ModelShape::from_param_count(P);
+        let a = m.lora_params(16);
+        let lora = |s| MemoryRequest { finetune: FineTune::Lora { rank: 16 }, ..sharded(&m, s) };
+        let z1 = estimate(&lora(Sharding::Zero1));
+        assert_eq!((z1.weights, z1.gradients, z1.optimizer), (2 * P + 4 * a, 4 * a, (8 * a).div_ceil(4)));
+        // zero3 partitions the frozen base too, and gathers one layer's adapters (A / L).
+        let z3 = estimate(&lora(Sharding::Zero3));
+        let a_layer = a / m.num_layers;
+        assert_eq!(z3.weights, 750_000_000 + 2 * PG + (4 * a).div_ceil(4) + 4 * a_layer);
+        assert_eq!(z3.gradients, (4 * a).div_ceil(4) + 4 * a_layer);
+        assert_eq!(z3.reference, 0);
+        let off = estimate(&MemoryRequest { offload_optimizer: true, ..lora(Sharding::Zero2) });
+        assert_eq!((off.optimizer, off.host), (0, (8 * a).div_ceil(4)));
+    }
+
+    #[test]
+    fn stages_only_ever_lower_the_total() {
+        let m = ModelShape::from_param_count(P);
+        let stages = [Sharding::None, Sharding::Zero1, Sharding::Zero2, Sharding::Zero3];
+        for dtype in [Dtype::Bf16, Dtype::Fp32] {
+            for finetune in [FineTune::Full, FineTune::Lora { rank: 16 }] {
+                for gradient_checkpointing in [false, true] {
+                    for reference in [Reference::Keep, Reference::Precompute] {
+                        for world_size in [2, 4, 8] {
+                            let totals: Vec<u64> = stages
+                                .iter()
+                                .map(|&sharding| {
+                                    let r = MemoryRequest {
+                                        dtype,
+                                        finetune,
+                                        gradient_checkpointing,
+                                        reference,
+                                        world_size,
+                                        sharding,
+                                        ..req(&m)
+                                    };
+                                    let e = estimate(&r);
+                                    let off = estimate(&MemoryRequest { offload_optimizer: true, ..r });
+                                    assert!(off.total <= e.total, "{r:?}");
+                                    e.total
+                                })
+                                .collect();
+                            assert!(totals.windows(2).all(|w| w[0] >= w[1]), "{dtype:?} {finetune:?} {totals:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extremes_saturate_instead_of_wrapping() {
+        let m = ModelShape::from_param_count(1_000_000_000_000_000);
+        for sharding in [Sharding::None, Sharding::Zero3] {
+            let r = MemoryRequest { seq_len: 1 << 20, micro_batch: 1 << 20, world_size: 0, sharding, ..req(&m) };
+            for offload_optimizer in [false, true] {
+                let e = estimate(&MemoryRequest { offload_optimizer, ..r });
+                // Far beyond any GPU (2^62 bytes), and never below one of its own terms.
+                assert!(e.total > 1 << 62, "{sharding:?}: {e:?}");
+                assert!(e.total >= e.weights.max(e.activations).max(e.logits), "{sharding:?}: {e:?}");
+            }
+        }
     }
 }

@@ -5,7 +5,8 @@
 //! Parameter count (per decoder layer, GQA aware):
 //! attention `h*(a*d) + 2*h*(kv*d) + (a*d)*h` (+ `a*d + 2*kv*d` q/k/v biases for Qwen2 or
 //! `attention_bias`), MLP `3*h*i` (gate, up, down), two RMSNorms `2*h`; plus embeddings `V*h`,
-//! the final norm `h`, and `V*h` for an untied `lm_head`.
+//! the final norm `h`, and `V*h` for an untied `lm_head`. ZeRO-3 gathers the largest of one layer,
+//! the embedding and the head at a time ([`ModelShape::gathered_piece_params`]).
 
 use std::path::{Path, PathBuf};
 
@@ -66,22 +67,28 @@ pub struct ModelShape {
 impl ModelShape {
     /// Counts parameters from the shape fields (see the module doc for the formula).
     pub fn count_params(&self) -> u64 {
-        let (h, a, kv, d, i, v) = (
-            self.hidden_size,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.intermediate_size,
-            self.vocab_size,
-        );
-        // Saturating: a config.json with absurd sizes gives a count that fits nowhere, not a wrap.
-        let m = |x: &[u64]| x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y));
-        let sum = |x: &[u64]| x.iter().fold(0u64, |acc, &y| acc.saturating_add(y));
+        let (h, v) = (self.hidden_size, self.vocab_size);
+        let lm_head = if self.tied_embeddings { 0 } else { m(&[v, h]) };
+        sum(&[m(&[v, h]), m(&[self.num_layers, self.layer_params()]), h, lm_head])
+    }
+
+    /// Parameters of one decoder layer: attention (GQA, optional q/k/v biases), the 3-matrix
+    /// MLP and two RMSNorms (see the module doc).
+    pub fn layer_params(&self) -> u64 {
+        let (h, a, kv, d, i) =
+            (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim, self.intermediate_size);
         let bias = if self.qkv_bias { sum(&[m(&[a, d]), m(&[2, kv, d])]) } else { 0 };
         let attn = sum(&[m(&[h, a, d]), m(&[2, h, kv, d]), m(&[a, d, h]), bias]);
-        let layer = sum(&[attn, m(&[3, h, i]), m(&[2, h])]);
-        let lm_head = if self.tied_embeddings { 0 } else { m(&[v, h]) };
-        sum(&[m(&[v, h]), m(&[self.num_layers, layer]), h, lm_head])
+        sum(&[attn, m(&[3, h, i]), m(&[2, h])])
+    }
+
+    /// Parameters of the largest piece ZeRO-3 gathers at one time (`P_part`): one decoder
+    /// layer, the embedding `V*h`, or the head (final norm + untied `lm_head`, `h + V*h`; a tied
+    /// head is the embedding again). dpo-train gathers one of these, runs it and frees it.
+    pub fn gathered_piece_params(&self) -> u64 {
+        let embedding = m(&[self.vocab_size, self.hidden_size]);
+        let head = if self.tied_embeddings { embedding } else { embedding.saturating_add(self.hidden_size) };
+        self.layer_params().max(embedding).max(head)
     }
 
     /// LoRA adapter parameters for rank `r` on q, k, v and o: `r*(d_in + d_out)` per matrix.
@@ -163,6 +170,17 @@ impl ModelShape {
     }
 }
 
+/// Product of `x`, saturating: a config.json with absurd sizes gives a count that fits nowhere,
+/// not a wrap.
+fn m(x: &[u64]) -> u64 {
+    x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y))
+}
+
+/// Sum of `x`, saturating.
+fn sum(x: &[u64]) -> u64 {
+    x.iter().fold(0u64, |acc, &y| acc.saturating_add(y))
+}
+
 /// `(name, h, L, a, kv, i, V, tied, qkv_bias)` of common open models, from their `config.json`.
 type Preset = (&'static str, u64, u64, u64, u64, u64, u64, bool, bool);
 
@@ -234,6 +252,10 @@ mod tests {
         assert_eq!(s.params, 1_543_714_304);
         assert_eq!(s.head_dim, 128);
         assert!(s.qkv_bias);
+        // Attention 1536*1536*2 + 2*1536*256 + biases 1536+512, MLP 3*1536*8960, norms 2*1536.
+        assert_eq!(s.layer_params(), 5_507_072 + 41_287_680 + 3_072);
+        // Tied: the largest gathered piece is the embedding, 151936*1536.
+        assert_eq!(s.gathered_piece_params(), 233_373_696);
     }
 
     #[test]
@@ -242,6 +264,9 @@ mod tests {
             "num_key_value_heads":8,"head_dim":128,"intermediate_size":14336,"vocab_size":128256,"tie_word_embeddings":false}"#;
         let s = ModelShape::from_hf_json(text, Path::new("config.json")).expect("parses");
         assert_eq!(s.params, 8_030_261_248);
+        // Untied: the head (final norm + lm_head, 4096 + 128256*4096) outweighs a layer (218M).
+        assert_eq!(s.layer_params(), 218_112_000);
+        assert_eq!(s.gathered_piece_params(), 4096 + 525_336_576);
         // r=16 on q,k,v,o: 32 * 16 * ((4096+4096) + 2*(4096+1024) + (4096+4096)).
         assert_eq!(s.lora_params(16), 32 * 16 * (8192 + 2 * 5120 + 8192));
     }
@@ -288,5 +313,9 @@ mod tests {
         assert_eq!(s.source, "shaped like Qwen2.5-1.5B");
         assert_eq!(ModelShape::from_param_count(8_000_000_000).hidden_size, 4096);
         assert_eq!(ModelShape::from_param_count(70_000_000_000).num_layers, 80);
+        // Llama-3.1-405B: one layer's MLP (3*16384*53248) alone outweighs the embedding.
+        let big = ModelShape::from_param_count(405_000_000_000);
+        assert!(big.layer_params() > 16384 * 128256);
+        assert_eq!(big.gathered_piece_params(), big.layer_params());
     }
 }

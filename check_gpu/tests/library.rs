@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use check_gpu::parse::{self, Input};
 use check_gpu::snapshot::Link;
-use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, PlanRequest, Reference, Snapshot, Status, estimate, plan};
+use check_gpu::{
+    Dtype, FineTune, MemoryRequest, ModelShape, PlanRequest, Reference, Sharding, Snapshot, Status, estimate, plan,
+};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -121,6 +123,9 @@ fn trainer_memory_api() {
         finetune: FineTune::Full,
         reference: Reference::Precompute,
         gradient_checkpointing: true,
+        world_size: 1,
+        sharding: Sharding::None,
+        offload_optimizer: false,
     });
     assert_eq!(e.weights + e.gradients + e.optimizer, 18 * 1_500_000_000);
     assert_eq!(e.reference, 0);

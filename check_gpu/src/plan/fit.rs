@@ -43,6 +43,9 @@ impl<'a> Estimator<'a> {
                 finetune: s.finetune,
                 reference: s.reference,
                 gradient_checkpointing: s.checkpointing,
+                world_size: 1,
+                sharding: crate::memory::Sharding::None,
+                offload_optimizer: false,
             })
         })
     }
