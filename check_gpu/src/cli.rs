@@ -9,7 +9,7 @@ use clap::Parser;
 
 use crate::bench::run::{BIN_ENV, BenchError, BenchRequest, Devices};
 use crate::bench::{self, BenchRecord};
-use crate::memory::{Dtype, FineTune, Reference};
+use crate::memory::{Dtype, FineTune, Reference, Sharding};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
 use crate::plan::{DeviceIds, PlanRequest, plan};
@@ -68,6 +68,15 @@ pub struct Args {
     /// Plan with activation checkpointing (recompute activations in the backward pass).
     #[arg(long)]
     pub gradient_checkpointing: bool,
+    /// ZeRO stage, dpo-train's --sharding: zero1 partitions AdamW's state over the GPUs, zero2
+    /// also the gradients, zero3 also the weights. `auto`: for full fine-tuning, the first of
+    /// none, zero1, zero2 (with activation checkpointing if that makes it fit), zero3 and zero3
+    /// with --offload-optimizer that fits.
+    #[arg(long, value_enum, value_name = "STAGE", default_value = "auto")]
+    pub sharding: ShardingChoice,
+    /// Plan with AdamW's state (and the fp32 master weights in mixed precision) in host memory.
+    #[arg(long)]
+    pub offload_optimizer: bool,
     /// Use at most this many GPUs (the best-connected ones; 1 to 65536).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub world_size: Option<u64>,
@@ -94,6 +103,39 @@ pub struct Args {
     pub bench_max_bytes: Option<u64>,
 }
 
+/// `--sharding`: a stage, or the search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShardingChoice {
+    /// The first stage that fits.
+    Auto,
+    /// Every GPU holds a full replica.
+    None,
+    Zero1,
+    Zero2,
+    Zero3,
+}
+
+impl ShardingChoice {
+    /// The fixed stage, or `None` for the search.
+    pub fn stage(self) -> Option<Sharding> {
+        match self {
+            ShardingChoice::Auto => None,
+            ShardingChoice::None => Some(Sharding::None),
+            ShardingChoice::Zero1 => Some(Sharding::Zero1),
+            ShardingChoice::Zero2 => Some(Sharding::Zero2),
+            ShardingChoice::Zero3 => Some(Sharding::Zero3),
+        }
+    }
+}
+
+/// Flags that parse but contradict each other.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    /// A ZeRO stage partitions over ranks; one rank has nothing to partition over.
+    #[error("`--sharding {stage}` partitions over two GPUs or more and `--world-size 1` allows one")]
+    ShardingOnOneGpu { stage: &'static str },
+}
+
 /// Failures that stop the report.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -107,13 +149,15 @@ pub enum CliError {
     Probe(#[from] ProbeError),
     #[error(transparent)]
     Bench(#[from] BenchError),
+    #[error(transparent)]
+    Flag(#[from] FlagError),
 }
 
 impl CliError {
     /// 3 for bad input, 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Parse(_) | CliError::Model(_) => EXIT_BAD_INPUT,
+            CliError::Parse(_) | CliError::Model(_) | CliError::Flag(_) => EXIT_BAD_INPUT,
             CliError::Snapshot(SnapshotError::Write { .. }) | CliError::Probe(_) | CliError::Bench(_) => 2,
             CliError::Snapshot(_) => EXIT_BAD_INPUT,
         }
@@ -134,6 +178,12 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         (None, Some(n)) => Some(ModelShape::from_param_count(parse_param_count(n)?)),
         (None, None) => None,
     };
+    let sharding = args.sharding.stage();
+    if let Some(stage) = sharding.filter(|&s| s != Sharding::None)
+        && args.world_size == Some(1)
+    {
+        return Err(FlagError::ShardingOnOneGpu { stage: stage.name() }.into());
+    }
     Ok(PlanRequest {
         model,
         model_dir: args.model.clone(),
@@ -143,6 +193,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
         reference: args.reference,
         gradient_checkpointing: args.gradient_checkpointing,
+        sharding,
+        offload_optimizer: args.offload_optimizer,
         max_world_size: args.world_size.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         lr_base_batch: args.lr_base_batch,
         device_ids: args.device_ids,

@@ -139,9 +139,10 @@ fn dgx_h100_with_nics() {
     assert_eq!(v["snapshot"]["pairs"][0]["link"], "NV18");
 }
 
+/// Unsharded, a 1.5B full fine-tuning fits on neither 15 GiB T4 (what would is listed).
 #[test]
 fn t4_pair_full_fine_tuning_does_not_fit() {
-    let (code, v) = plan_json("t4x2-phb", &["--model-params", "1.5B"]);
+    let (code, v) = plan_json("t4x2-phb", &["--model-params", "1.5B", "--sharding", "none"]);
     assert_eq!(code, 2, "{v}");
     assert_eq!(v["world_size"], 0);
     assert!(warnings(&v)[0].starts_with("nothing fits: even micro-batch 1"), "{v}");
@@ -154,6 +155,20 @@ fn t4_pair_full_fine_tuning_does_not_fit() {
     assert!(alts.iter().any(|a| a["flags"] == "--gradient-checkpointing"));
     assert!(alts.iter().any(|a| a["flags"] == "--precompute-ref-log-probs"));
     assert_eq!(v["dtype"], "fp16", "T4 has no bf16");
+}
+
+/// With `--sharding auto` the pair shards it: only zero3 with the optimizer offloaded fits.
+#[test]
+fn t4_pair_full_fine_tuning_needs_zero3_and_offload() {
+    let (code, v) = plan_json("t4x2-phb", &["--model-params", "1.5B"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero3"), Some(true)), "{v}");
+    assert!(v["alternatives"].as_array().expect("alternatives").is_empty());
+    let cmd = v["command"].as_str().expect("command");
+    assert!(cmd.ends_with(" --fp16 --gradient-checkpointing --sharding zero3 --offload-optimizer"), "{cmd}");
+    // 12 bytes per parameter over two ranks: (8 + 4) * 1.5e9 / 2 of host memory per GPU.
+    assert_eq!(v["memory"]["host"], 9_000_000_000u64);
+    assert_eq!(v["memory"]["optimizer"], 0);
 }
 
 #[test]
@@ -203,6 +218,103 @@ fn rtx4090_world_size_four_keeps_to_one_numa_node() {
             .iter()
             .any(|n| { n.as_str().is_some_and(|n| n.contains("kept to NUMA node 0")) })
     );
+}
+
+/// The headline case: four 24 GB RTX 4090s (PCIe only) cannot hold a full replica of a
+/// 1.5B model in bf16 (weights, gradients and AdamW state alone are 27 GB); zero2 with
+/// activation checkpointing fits, at micro-batch 2.
+#[test]
+fn rtx4090x4_full_fine_tuning_shards_with_zero2() {
+    let (code, v) = plan_json("rtx4090x4-node", &["--model-params", "1.5B"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(gpus(&v), vec![0, 1, 2, 3]);
+    assert_eq!(split(&v), (4, 2, 8, 64));
+    assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero2"), Some(false)), "{v}");
+    assert_eq!(v["gradient_checkpointing"], true);
+    assert_eq!(
+        v["command"],
+        "dpo-train train --config YOUR_CONFIG.toml --gpus 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 --gradient-checkpointing --sharding zero2"
+    );
+    assert!(warnings(&v).is_empty() && v["alternatives"].as_array().expect("alternatives").is_empty(), "{v}");
+    // Gradients: 4 * 1.5e9 / 4 + the largest piece in flight, the embedding 151936 * 1536, at 4 B.
+    assert_eq!(v["memory"]["gradients"], 1_500_000_000u64 + 4 * 233_373_696);
+    // AdamW: 8 * 1.5e9 / 4; the weights stay whole (bf16 copy + fp32 master).
+    assert_eq!(v["memory"]["optimizer"], 3_000_000_000u64);
+    assert_eq!(v["memory"]["weights"], 9_000_000_000u64);
+    assert_eq!(v["memory"]["host"], 0);
+    // As a full replica, as check-gpu planned it before sharding: nothing fits, only LoRA would.
+    let (code, none) = plan_json("rtx4090x4-node", &["--model-params", "1.5B", "--sharding", "none"]);
+    assert_eq!(code, 2, "{none}");
+    assert!(warnings(&none)[0].starts_with("nothing fits: even micro-batch 1"), "{none}");
+    let fitting: Vec<&Value> =
+        none["alternatives"].as_array().expect("alternatives").iter().filter(|a| a["fits"] == true).collect();
+    assert!(
+        !fitting.is_empty()
+            && fitting.iter().all(|a| a["flags"].as_str().is_some_and(|f| f.starts_with("--lora-r 16")))
+    );
+}
+
+#[test]
+fn rtx4090x4_text_report_names_the_stage() {
+    let (topo, query) = (fixture("rtx4090x4-node.topo.txt"), fixture("rtx4090x4-node.query.csv"));
+    let out = run(&[
+        "--topo",
+        topo.to_str().expect("path"),
+        "--query",
+        query.to_str().expect("path"),
+        "--model-params",
+        "1.5B",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("  sharding     zero2 over 4 GPU(s) (AdamW state and gradients partitioned)\n"), "{text}");
+    assert!(text.contains("    gradients       2.3 GiB  4 B/param / 4 GPUs + gathered piece 4 B x 233M (fp32, reduce-scattered piece by piece)\n"), "{text}");
+    assert!(text.contains("    optimizer       2.8 GiB  8 B/param / 4 GPUs (AdamW m, v in fp32)\n"), "{text}");
+    assert!(text.contains("  - a full replica needs 35.6 GiB per GPU even at micro-batch 1, more than is free: zero2 with activation checkpointing over 4 GPUs needs 19.9 GiB\n"), "{text}");
+    assert!(text.contains(" --bf16 --gradient-checkpointing --sharding zero2\n"), "{text}");
+}
+
+/// `--sharding STAGE` and `--offload-optimizer` estimate that choice instead of searching.
+#[test]
+fn fixed_stage_and_offload() {
+    let (code, v) =
+        plan_json("rtx4090x4-node", &["--model-params", "1.5B", "--sharding", "zero3", "--offload-optimizer"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero3"), Some(true)));
+    let cmd = v["command"].as_str().expect("command");
+    assert!(cmd.ends_with(" --bf16 --gradient-checkpointing --sharding zero3 --offload-optimizer"), "{cmd}");
+    // Moments and fp32 master of this rank's quarter: (8 + 4) * 1.5e9 / 4.
+    assert_eq!(v["memory"]["host"], 4_500_000_000u64);
+    // A stage that does not fit is not replaced by another.
+    let (code, z1) = plan_json("rtx4090x4-node", &["--model-params", "1.5B", "--sharding", "zero1"]);
+    assert_eq!((code, z1["sharding"].as_str()), (2, Some("zero1")), "{z1}");
+    // One GPU: nothing to shard over, so the search offloads the optimizer alone.
+    let (code, one) = plan_json("rtx4090x4-node", &["--model-params", "1.5B", "--world-size", "1"]);
+    assert_eq!(code, 0, "{one}");
+    assert_eq!((one["sharding"].as_str(), one["offload_optimizer"].as_bool()), (Some("none"), Some(true)));
+    let cmd = one["command"].as_str().expect("command");
+    assert!(cmd.ends_with(" --bf16 --gradient-checkpointing false --offload-optimizer"), "{cmd}");
+    assert_eq!(one["memory"]["host"], 18_000_000_000u64);
+}
+
+#[test]
+fn sharding_flag_errors() {
+    let topo = fixture("rtx4090x4-node.topo.txt");
+    let topo = topo.to_str().expect("utf-8 path");
+    let out = run(&["--topo", topo, "--sharding", "zero4"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.starts_with("error: invalid value 'zero4' for '--sharding <STAGE>'\n"), "{stderr}");
+    assert!(stderr.contains("[possible values: auto, none, zero1, zero2, zero3]"), "{stderr}");
+    let out = run(&["--topo", topo, "--sharding", "zero2", "--world-size", "1"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "check-gpu: error: `--sharding zero2` partitions over two GPUs or more and `--world-size 1` allows one\n"
+    );
+    // The offload is a switch, and `none` on one GPU is a plan like any other.
+    assert_eq!(run(&["--topo", topo, "--offload-optimizer=true"]).status.code(), Some(3));
+    assert!(run(&["--topo", topo, "--sharding", "none", "--world-size", "1"]).status.code().is_some_and(|c| c < 3));
 }
 
 #[test]

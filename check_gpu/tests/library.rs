@@ -34,6 +34,7 @@ fn every_topo_fixture_parses() {
         ("dgx-a100", 8, 10),
         ("dgx-h100", 8, 12),
         ("rtx4090x8-sys", 8, 0),
+        ("rtx4090x4-node", 4, 0),
         ("a100-pcie-nvbridge", 4, 0),
         ("a100-degraded", 4, 0),
         ("mixed-a6000", 4, 0),
@@ -94,6 +95,29 @@ fn plan_invariants_on_every_machine() {
             assert!(total <= p.min_free_bytes.expect("free memory known"), "{name}: the plan fits");
             assert!(p.excluded.iter().all(|e| !p.gpus.contains(&e.index)), "{name}");
         }
+    }
+}
+
+/// Full fine-tuning of 1.5B with `--sharding auto` on every machine: whatever stage the plan
+/// picks fits the free memory, and the command asks for it.
+#[test]
+fn sharded_plans_fit_and_say_so() {
+    for name in [
+        "t4x2-phb",
+        "dgx-a100",
+        "dgx-h100",
+        "rtx4090x8-sys",
+        "rtx4090x4-node",
+        "a100-pcie-nvbridge",
+        "a100-degraded",
+        "mixed-a6000",
+    ] {
+        let p = plan(&machine(name), &request("1.5B"));
+        assert_ne!(p.status, Status::NotReady, "{name}: {:?}", p.warnings);
+        assert!(p.memory_per_gpu_bytes.expect("a model") <= p.min_free_bytes.expect("free known"), "{name}");
+        let flag = format!(" --sharding {}", p.sharding.name());
+        assert_eq!(p.command.contains(&flag), p.sharding != Sharding::None, "{name}: {}", p.command);
+        assert_eq!(p.command.contains("--offload-optimizer"), p.offload_optimizer, "{name}: {}", p.command);
     }
 }
 

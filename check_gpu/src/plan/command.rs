@@ -1,13 +1,15 @@
 //! Step 8, the `dpo-train` command: the config file the user writes, the model when `--model` named
 //! one, and every setting the plan assumed spelled out (dpo-train's own defaults are TRL's: bf16
-//! and gradient checkpointing on).
+//! and gradient checkpointing on, no sharding): `--sharding zeroN` and `--offload-optimizer` only
+//! when step 4 chose them.
 
 use super::batch::Split;
+use super::fit::Setting;
 use super::{CONFIG_PLACEHOLDER, LORA_TARGETS, PlanRequest};
-use crate::memory::{Dtype, FineTune, Reference};
+use crate::memory::{Dtype, FineTune, Reference, Sharding};
 
-/// The command for `world` GPUs with the batch `split` in `dtype`.
-pub(super) fn dpo_train(req: &PlanRequest, world: usize, split: &Split, dtype: Dtype) -> String {
+/// The command for `world` GPUs with the batch `split` in `dtype` and setting `s`.
+pub(super) fn dpo_train(req: &PlanRequest, s: &Setting, world: usize, split: &Split, dtype: Dtype) -> String {
     let mut cmd = format!(
         "{} --gpus {world} --per-device-train-batch-size {} --gradient-accumulation-steps {} --global-batch-size {} --max-length {}",
         head(req),
@@ -21,18 +23,20 @@ pub(super) fn dpo_train(req: &PlanRequest, world: usize, split: &Split, dtype: D
         Dtype::Fp16 => " --fp16",
         Dtype::Fp32 => " --bf16 false",
     });
-    if let FineTune::Lora { rank } = req.finetune {
+    if let FineTune::Lora { rank } = s.finetune {
         // The adapters the estimate counts (dpo-train's own default is q_proj,v_proj, as PEFT's).
         cmd.push_str(&format!(" --lora-r {rank} --lora-target-modules {LORA_TARGETS}"));
     }
-    if req.reference == Reference::Precompute {
+    if s.reference == Reference::Precompute {
         cmd.push_str(" --precompute-ref-log-probs");
     }
-    cmd.push_str(if req.gradient_checkpointing {
-        " --gradient-checkpointing"
-    } else {
-        " --gradient-checkpointing false"
-    });
+    cmd.push_str(if s.checkpointing { " --gradient-checkpointing" } else { " --gradient-checkpointing false" });
+    if s.sharding != Sharding::None {
+        cmd.push_str(&format!(" --sharding {}", s.sharding.name()));
+    }
+    if s.offload {
+        cmd.push_str(" --offload-optimizer");
+    }
     cmd
 }
 

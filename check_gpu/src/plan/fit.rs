@@ -1,9 +1,14 @@
-//! Step 4, memory: the estimate at micro-batch 1 against each GPU's free memory; when nothing
-//! fits, what would, least intrusive first: activation checkpointing, a precomputed reference,
-//! LoRA, and their combinations, each with its estimate.
+//! Step 4, memory: the estimate at micro-batch 1 against each GPU's free memory. A full
+//! fine-tuning run with `--sharding auto` that does not fit as a full replica tries the ZeRO
+//! stages, cheapest in communication first: zero1, zero2, zero2 with activation checkpointing
+//! (its gradients shrink only when the backward runs layer by layer), zero3, zero3 with the
+//! optimizer offloaded; one GPU has nothing to shard over, so there only the offload is tried.
+//! The first that fits at micro-batch 1 (the micro-batch an unsharded run that does not fit
+//! would get) is kept. When nothing fits, what would, least intrusive first: activation
+//! checkpointing, a precomputed reference, LoRA, and their combinations, each with its estimate.
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
-use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference};
+use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, Sharding};
 use crate::snapshot::Snapshot;
 use crate::units::bytes;
 
@@ -11,11 +16,20 @@ use crate::units::bytes;
 pub(super) struct Estimator<'a> {
     req: &'a PlanRequest,
     dtype: Dtype,
+    /// The setting [`Estimator::at`] estimates: the requested one until step 4 chooses.
+    setting: Setting,
+    /// Ranks the sharded terms divide over.
+    world: usize,
 }
 
 impl<'a> Estimator<'a> {
     pub fn new(req: &'a PlanRequest, dtype: Dtype) -> Self {
-        Self { req, dtype }
+        Self { req, dtype, setting: Setting::requested(req), world: 1 }
+    }
+
+    /// The same estimator for the setting step 4 chose, over `world` GPUs.
+    pub fn chosen(self, setting: Setting, world: usize) -> Self {
+        Self { setting, world, ..self }
     }
 
     /// Whether a model was given, so that memory can be checked at all.
@@ -25,15 +39,10 @@ impl<'a> Estimator<'a> {
 
     /// The planned run's estimate at micro-batch `micro`.
     pub fn at(&self, micro: u64) -> Option<MemoryEstimate> {
-        let setting = Setting {
-            finetune: self.req.finetune,
-            reference: self.req.reference,
-            checkpointing: self.req.gradient_checkpointing,
-        };
-        self.with(micro, setting)
+        self.with(micro, self.setting, self.world)
     }
 
-    fn with(&self, micro: u64, s: Setting) -> Option<MemoryEstimate> {
+    fn with(&self, micro: u64, s: Setting, world: usize) -> Option<MemoryEstimate> {
         self.req.model.as_ref().map(|model| {
             memory::estimate(&MemoryRequest {
                 model,
@@ -43,20 +52,56 @@ impl<'a> Estimator<'a> {
                 finetune: s.finetune,
                 reference: s.reference,
                 gradient_checkpointing: s.checkpointing,
-                world_size: 1,
-                sharding: crate::memory::Sharding::None,
-                offload_optimizer: false,
+                world_size: world as u64,
+                sharding: s.sharding,
+                offload_optimizer: s.offload,
             })
         })
     }
 }
 
 /// The settings that change the memory need.
-#[derive(Debug, Clone, Copy)]
-struct Setting {
-    finetune: FineTune,
-    reference: Reference,
-    checkpointing: bool,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Setting {
+    pub finetune: FineTune,
+    pub reference: Reference,
+    pub checkpointing: bool,
+    pub sharding: Sharding,
+    pub offload: bool,
+}
+
+impl Setting {
+    /// What the flags asked for (`--sharding auto` starts from none). zero3 recomputes each
+    /// layer in the backward whatever the flag says, so it counts as checkpointing.
+    pub fn requested(req: &PlanRequest) -> Setting {
+        let sharding = req.sharding.unwrap_or_default();
+        Setting {
+            finetune: req.finetune,
+            reference: req.reference,
+            checkpointing: req.gradient_checkpointing || sharding == Sharding::Zero3,
+            sharding,
+            offload: req.offload_optimizer,
+        }
+    }
+
+    /// `zero2 with activation checkpointing`, `the optimizer offloaded to host memory`: what
+    /// this setting adds to `base`.
+    fn describe(self, base: Setting) -> String {
+        let mut added = Vec::new();
+        // zero3 always recomputes, so checkpointing is only news for the other stages.
+        if self.checkpointing && !base.checkpointing && self.sharding != Sharding::Zero3 {
+            added.push("activation checkpointing");
+        }
+        if self.offload && !base.offload {
+            added.push("the optimizer offloaded to host memory");
+        }
+        match (self.sharding, added.is_empty()) {
+            (Sharding::None, true) => "no sharding".to_string(),
+            (Sharding::None, false) => added.join(" and "),
+            (s, true) => s.name().to_string(),
+            (s, false) => format!("{} with {}", s.name(), added.join(" and ")),
+        }
+    }
 }
 
 /// A setting to suggest, and how to ask for it.
@@ -79,64 +124,163 @@ pub(super) struct Fit {
     pub need: Option<MemoryEstimate>,
     /// Filled when nothing fits: what would.
     pub alternatives: Vec<Alternative>,
+    /// The setting that fits (the requested one when nothing does).
+    pub setting: Setting,
+    /// The most GPUs the setting was sized for: a sharded estimate grows on fewer.
+    pub world: Option<usize>,
 }
 
-/// The candidates whose free memory holds micro-batch 1; the others are excluded.
+/// The candidates whose free memory holds micro-batch 1 in the first setting of the search
+/// that fits anywhere; the others are excluded.
 pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &mut Log) -> Fit {
-    let need = est.at(1);
-    let Some(needed) = need else {
-        return Fit { gpus: candidates, nothing_fits: false, need, alternatives: Vec::new() };
-    };
-    let mut gpus = Vec::new();
-    for &i in &candidates {
-        match snap.gpu(i).and_then(|g| g.memory_free_bytes) {
-            Some(free) if free < needed.total => log.excluded.push(Excluded {
-                index: i,
-                reason: format!(
-                    "too little free memory: needs {} at micro-batch 1, has {} free",
-                    bytes(needed.total),
-                    bytes(free)
-                ),
-            }),
-            Some(_) => gpus.push(i),
-            None => {
-                log.notes.push(format!("GPU {i}: free memory unknown, not checked against the estimate"));
-                gpus.push(i);
+    let base = Setting::requested(est.req);
+    let most = super::select::world_size(candidates.len(), est.req);
+    let empty =
+        Fit { gpus: Vec::new(), nothing_fits: false, need: None, alternatives: Vec::new(), setting: base, world: None };
+    if !est.has_model() || candidates.is_empty() {
+        return Fit { gpus: candidates, need: est.with(1, base, most), ..empty };
+    }
+    let ladder = ladder(est.req, base, most);
+    for &s in &ladder {
+        let Some((gpus, world, need)) = place(snap, &candidates, est, s, most) else { continue };
+        for &i in &candidates {
+            match snap.gpu(i).and_then(|g| g.memory_free_bytes) {
+                Some(free) if !gpus.contains(&i) => log.excluded.push(Excluded {
+                    index: i,
+                    reason: format!(
+                        "too little free memory: needs {} at micro-batch 1, has {} free",
+                        bytes(need.total),
+                        bytes(free)
+                    ),
+                }),
+                None => log.notes.push(format!("GPU {i}: free memory unknown, not checked against the estimate")),
+                Some(_) => {}
             }
         }
+        if s != base {
+            log.notes.push(stage_note(est, base, s, world));
+        } else if s.sharding != Sharding::None && world == 1 {
+            log.warnings.push(format!("{} over one GPU partitions nothing: it needs two or more", s.sharding.name()));
+        }
+        return Fit { gpus, need: Some(need), setting: s, world: Some(world), ..empty };
     }
-    if !gpus.is_empty() || candidates.is_empty() {
-        return Fit { gpus, nothing_fits: false, need, alternatives: Vec::new() };
-    }
+    let need = est.with(1, base, most);
     let best_free = candidates.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).max().unwrap_or(0);
-    log.warnings.push(format!(
+    let mut warning = format!(
         "nothing fits: even micro-batch 1 with gradient accumulation needs {} per GPU and the largest free memory is {}",
-        bytes(needed.total),
+        bytes(need.map_or(0, |e| e.total)),
         bytes(best_free)
-    ));
-    let alternatives: Vec<Alternative> = suggestions(est.req)
+    );
+    let leanest = ladder.last().copied().filter(|&s| s != base);
+    if let Some((s, e)) = leanest.and_then(|s| Some((s, est.with(1, s, most)?))) {
+        let over = if s.sharding == Sharding::None { String::new() } else { format!(" over {most} GPUs") };
+        warning.push_str(&format!("; {}{over} needs {}", s.describe(base), bytes(e.total)));
+    }
+    log.warnings.push(warning);
+    let alternatives = alternatives(est, most, best_free);
+    let tried = match leanest.map(|s| s.sharding) {
+        Some(Sharding::None) => "offloading the optimizer, ",
+        Some(_) => "ZeRO sharding up to zero3 with the optimizer offloaded, ",
+        None => "",
+    };
+    match alternatives.iter().find(|a| a.fits) {
+        Some(a) => log.notes.push(format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description)),
+        None => log.notes.push(format!("none of {tried}LoRA, a precomputed reference or activation checkpointing fits: use GPUs with more memory or a smaller model")),
+    }
+    Fit { nothing_fits: true, need, alternatives, ..empty }
+}
+
+/// The settings to try in order: the requested one, then for full fine-tuning with
+/// `--sharding auto` the ZeRO stages (on two GPUs or more) or the offload alone (on one).
+fn ladder(req: &PlanRequest, base: Setting, most: usize) -> Vec<Setting> {
+    if req.sharding.is_some() || base.finetune != FineTune::Full {
+        return vec![base];
+    }
+    let with = |sharding, checkpointing: bool, offload: bool| Setting {
+        sharding,
+        checkpointing: base.checkpointing || checkpointing,
+        offload: base.offload || offload,
+        ..base
+    };
+    let mut out = vec![base];
+    if most >= 2 {
+        out.extend([
+            with(Sharding::Zero1, false, false),
+            with(Sharding::Zero2, false, false),
+            with(Sharding::Zero2, true, false),
+            // zero3 recomputes each layer whatever the flag says; the command says so too.
+            with(Sharding::Zero3, true, false),
+            with(Sharding::Zero3, true, true),
+        ]);
+    } else {
+        out.push(with(Sharding::None, false, true));
+    }
+    // A request that already checkpoints or offloads makes the rungs adding it repeat the
+    // rung before: keep one.
+    out.dedup();
+    out
+}
+
+/// The most GPUs (at most `most`) that each hold setting `s` at micro-batch 1 over that many:
+/// `(the candidates with room, world size, estimate)`. A GPU whose free memory is unknown counts.
+fn place(
+    snap: &Snapshot,
+    candidates: &[u32],
+    est: &Estimator,
+    s: Setting,
+    most: usize,
+) -> Option<(Vec<u32>, usize, MemoryEstimate)> {
+    // An automatic stage is only worth it over two ranks; one asked for is planned as asked.
+    let least = if est.req.sharding.is_none() && s.sharding != Sharding::None { 2 } else { 1 };
+    (least..=most).rev().find_map(|n| {
+        let need = est.with(1, s, n)?;
+        let gpus: Vec<u32> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| snap.gpu(i).and_then(|g| g.memory_free_bytes).is_none_or(|free| free >= need.total))
+            .collect();
+        (gpus.len() >= n).then_some((gpus, n, need))
+    })
+}
+
+/// Why the plan shards or offloads: what the requested setting would need against what the
+/// chosen one needs, on the GPU and in host memory.
+fn stage_note(est: &Estimator, base: Setting, s: Setting, world: usize) -> String {
+    let asked = est.with(1, base, world).map_or(0, |e| e.total);
+    let e = est.with(1, s, world);
+    let over = if s.sharding == Sharding::None { String::new() } else { format!(" over {world} GPUs") };
+    let mut note = format!(
+        "a full replica needs {} per GPU even at micro-batch 1, more than is free: {}{over} needs {}",
+        bytes(asked),
+        s.describe(base),
+        bytes(e.map_or(0, |e| e.total))
+    );
+    if let Some(e) = e.filter(|e| e.host > 0) {
+        note.push_str(&format!(" on each GPU and {} of host memory per GPU", bytes(e.host)));
+    }
+    note
+}
+
+/// Each suggestion's estimate at micro-batch 1 over `world` GPUs, and whether it fits `free`.
+fn alternatives(est: &Estimator, world: usize, free: u64) -> Vec<Alternative> {
+    suggestions(est.req)
         .into_iter()
         .filter_map(|s| {
-            let e = est.with(1, s.setting)?;
+            let e = est.with(1, s.setting, world)?;
             Some(Alternative {
                 description: s.description,
                 flags: s.flags,
                 check_gpu_flags: s.check_gpu_flags,
                 memory_per_gpu_bytes: e.total,
-                fits: e.total <= best_free,
+                fits: e.total <= free,
             })
         })
-        .collect();
-    match alternatives.iter().find(|a| a.fits) {
-        Some(a) => log.notes.push(format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description)),
-        None => log.notes.push("none of LoRA, a precomputed reference or activation checkpointing fits: use GPUs with more memory or a smaller model".to_string()),
-    }
-    Fit { gpus, nothing_fits: true, need, alternatives }
+        .collect()
 }
 
 /// The settings that lower the need from `req`'s, least intrusive first.
 fn suggestions(req: &PlanRequest) -> Vec<Suggestion> {
-    let base = Setting { finetune: req.finetune, reference: req.reference, checkpointing: req.gradient_checkpointing };
+    let base = Setting::requested(req);
     let lora = FineTune::Lora { rank: SUGGESTED_LORA_RANK };
     let lora_flags = format!("--lora-r {SUGGESTED_LORA_RANK} --lora-target-modules {LORA_TARGETS}");
     let lora_cg = format!("--lora {SUGGESTED_LORA_RANK}");

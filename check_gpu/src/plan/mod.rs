@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::{Dtype, FineTune, MemoryEstimate, Reference};
+use crate::memory::{Dtype, FineTune, MemoryEstimate, Reference, Sharding};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
 use crate::topology::{self, Topology};
@@ -67,6 +67,11 @@ pub struct PlanRequest {
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
+    /// `None` (`--sharding auto`): for full fine-tuning, the first ZeRO stage that fits when a
+    /// full replica does not; else that stage.
+    pub sharding: Option<Sharding>,
+    /// Keep AdamW's state (and the fp32 master weights) in host memory.
+    pub offload_optimizer: bool,
     /// Use at most this many GPUs.
     pub max_world_size: Option<usize>,
     /// Global batch the learning rate was tuned at (the DPO paper uses 64).
@@ -85,6 +90,8 @@ impl Default for PlanRequest {
             finetune: FineTune::Full,
             reference: Reference::Keep,
             gradient_checkpointing: false,
+            sharding: None,
+            offload_optimizer: false,
             max_world_size: None,
             lr_base_batch: 64,
             device_ids: DeviceIds::Index,
@@ -165,6 +172,12 @@ pub struct Plan {
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
+    /// The ZeRO stage the plan trains with (`--sharding`).
+    #[serde(default)]
+    pub sharding: Sharding,
+    /// AdamW's state in host memory (`--offload-optimizer`).
+    #[serde(default)]
+    pub offload_optimizer: bool,
     pub seq_len: u64,
     /// Estimated peak per GPU; `None` without a model.
     pub memory_per_gpu_bytes: Option<u64>,
@@ -205,6 +218,8 @@ impl Plan {
             finetune: req.finetune,
             reference: req.reference,
             gradient_checkpointing: req.gradient_checkpointing,
+            sharding: req.sharding.unwrap_or_default(),
+            offload_optimizer: req.offload_optimizer,
             seq_len: req.seq_len,
             memory_per_gpu_bytes: None,
             memory: None,
@@ -227,6 +242,18 @@ struct Log {
     warnings: Vec<String>,
     notes: Vec<String>,
     excluded: Vec<Excluded>,
+}
+
+impl Log {
+    /// One warning per excluded GPU; when nothing fits, the one "nothing fits" warning stands
+    /// for the memory exclusions.
+    fn warn_exclusions(&mut self, nothing_fits: bool) {
+        for e in &self.excluded {
+            if !(nothing_fits && e.reason.starts_with("too little free memory")) {
+                self.warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
+            }
+        }
+    }
 }
 
 /// The plan to train on CPU processes, with what a bench of them measured: its warnings (there
@@ -256,16 +283,11 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     // 3. Precision.
     let dtype = precision(snap, &candidates, req, &mut log);
     let est = fit::Estimator::new(req, dtype);
-    // 4. Memory at micro-batch 1 (and what would fit when nothing does).
+    // 4. Memory at micro-batch 1: the ZeRO stage, and what would fit when nothing does.
     let fit = fit::fit(snap, candidates, &est, &mut log);
     // 5. World size and which GPUs.
-    let chosen = select::world(snap, &fit.gpus, req, &mut log);
-    for e in &log.excluded {
-        // When nothing fits, the one "nothing fits" warning stands for the memory exclusions.
-        if !(fit.nothing_fits && e.reason.starts_with("too little free memory")) {
-            log.warnings.push(format!("GPU {} excluded: {}", e.index, e.reason));
-        }
-    }
+    let chosen = select::world(snap, &fit.gpus, req, fit.world, &mut log);
+    log.warn_exclusions(fit.nothing_fits);
     if chosen.is_empty() {
         if !fit.nothing_fits {
             log.warnings.push("no usable GPU: every GPU was excluded".to_string());
@@ -283,13 +305,14 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
             ..Plan::cpu_fallback(req, cpus, String::new())
         };
     }
-    // 6. Batch split.
+    // 6. Batch split, in the chosen setting over the chosen GPUs.
     let global = req.global_batch.max(1);
+    let (setting, est) = (fit.setting, est.chosen(fit.setting, chosen.len()));
     let split = batch::split(snap, &chosen, global, &est, &mut log);
     // 7. Environment.
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
-    let command = command::dpo_train(req, chosen.len(), &split, dtype);
+    let command = command::dpo_train(req, &setting, chosen.len(), &split, dtype);
     // 9. Communication, when a bench measured these GPUs.
     let communication = comm::communication(snap, &chosen, req.model.as_ref(), req.finetune, &mut log);
     let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
@@ -307,7 +330,9 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         dtype,
         finetune: req.finetune,
         reference: req.reference,
-        gradient_checkpointing: req.gradient_checkpointing,
+        gradient_checkpointing: setting.checkpointing,
+        sharding: setting.sharding,
+        offload_optimizer: setting.offload,
         seq_len: req.seq_len,
         memory_per_gpu_bytes: split.estimate.map(|e| e.total),
         memory: split.estimate,
@@ -444,6 +469,62 @@ mod tests {
         assert_eq!((p.world_size, p.global_batch), (4, 64));
         assert!(p.micro_batch >= 2 && p.micro_batch * p.grad_accum == 16);
         assert_eq!(p.status, Status::Ready);
+    }
+
+    /// `--sharding auto` keeps the first stage that fits: 1.5B full fine-tuning in bf16 needs
+    /// 35.6 GiB unsharded, 26.4 GiB under zero1 over 4 GPUs (zero2 alike without checkpointing),
+    /// 19.9 GiB under zero2 with checkpointing, 11.8 GiB under zero3, 7.0 GiB with the offload.
+    #[test]
+    fn auto_sharding_takes_the_first_stage_that_fits() {
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(1_500_000_000)), ..PlanRequest::default() };
+        let expect = [
+            (40, Sharding::None, false, false),
+            (27, Sharding::Zero1, false, false),
+            (21, Sharding::Zero2, true, false),
+            (13, Sharding::Zero3, true, false),
+            (8, Sharding::Zero3, true, true),
+        ];
+        for (free, sharding, checkpointing, offload) in expect {
+            let p = plan(&machine((0..4).map(|i| gpu(i, "A", free)).collect(), |_, _| Link::Phb), &req);
+            assert_eq!(p.world_size, 4, "{free} GiB");
+            assert_eq!((p.sharding, p.gradient_checkpointing, p.offload_optimizer), (sharding, checkpointing, offload));
+            assert!(p.memory_per_gpu_bytes.expect("a model") <= free * GIB, "{free} GiB");
+            assert_eq!(p.command.contains("--sharding"), sharding != Sharding::None, "{}", p.command);
+            assert_eq!(p.command.ends_with(" --offload-optimizer"), offload, "{}", p.command);
+        }
+        // Nothing fits: the requested setting is reported, with the leanest stage's need.
+        let p = plan(&machine((0..4).map(|i| gpu(i, "A", 6)).collect(), |_, _| Link::Phb), &req);
+        assert_eq!((p.status, p.sharding), (Status::NotReady, Sharding::None));
+        assert!(
+            p.warnings[0].ends_with("; zero3 with the optimizer offloaded to host memory over 4 GPUs needs 7.0 GiB"),
+            "{}",
+            p.warnings[0]
+        );
+        assert!(
+            p.notes.iter().any(|n| n.starts_with("plan again with `--lora 16 --gradient-checkpointing`")),
+            "{:?}",
+            p.notes
+        );
+        // One GPU has nothing to shard over: only the offload is tried.
+        let one = plan(&machine(vec![gpu(0, "A", 24)], |_, _| Link::Phb), &req);
+        assert_eq!((one.sharding, one.offload_optimizer, one.world_size), (Sharding::None, true, 1));
+        // LoRA and a fixed stage are planned as asked.
+        let lora = PlanRequest { finetune: FineTune::Lora { rank: 16 }, ..req.clone() };
+        let p = plan(&machine((0..4).map(|i| gpu(i, "A", 40)).collect(), |_, _| Link::Phb), &lora);
+        assert_eq!(p.sharding, Sharding::None);
+        let fixed = PlanRequest { sharding: Some(Sharding::Zero1), ..req.clone() };
+        let p = plan(&machine((0..4).map(|i| gpu(i, "A", 21)).collect(), |_, _| Link::Phb), &fixed);
+        assert_eq!((p.status, p.sharding), (Status::NotReady, Sharding::Zero1));
+        // A fixed stage on one GPU is planned, with a warning.
+        let p = plan(
+            &machine(vec![gpu(0, "A", 80)], |_, _| Link::Phb),
+            &PlanRequest { sharding: Some(Sharding::Zero2), ..req },
+        );
+        assert!(
+            p.warnings.iter().any(|w| w == "zero2 over one GPU partitions nothing: it needs two or more"),
+            "{:?}",
+            p.warnings
+        );
     }
 
     #[test]

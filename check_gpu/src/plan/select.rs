@@ -36,15 +36,25 @@ pub(super) fn usable(snap: &Snapshot, log: &mut Log) -> Vec<u32> {
     candidates
 }
 
-/// Step 5: the world size (usable GPUs, capped by `--world-size` and by the global batch) and
-/// which GPUs.
-pub(super) fn world(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Vec<u32> {
+/// The world size `n` usable GPUs give: capped by `--world-size` and by the global batch.
+pub(super) fn world_size(n: usize, req: &PlanRequest) -> usize {
+    let global = req.global_batch.max(1);
+    let w = n.min(usize::try_from(global).unwrap_or(usize::MAX));
+    req.max_world_size.map_or(w, |max| w.min(max.max(1)))
+}
+
+/// Step 5: the world size (usable GPUs, capped by `--world-size`, by the global batch and by
+/// `cap`, the GPUs step 4 sized a sharded estimate for) and which GPUs.
+pub(super) fn world(
+    snap: &Snapshot,
+    candidates: &[u32],
+    req: &PlanRequest,
+    cap: Option<usize>,
+    log: &mut Log,
+) -> Vec<u32> {
     let global = req.global_batch.max(1);
     let n = candidates.len();
-    let mut w = n.min(usize::try_from(global).unwrap_or(usize::MAX));
-    if let Some(max) = req.max_world_size {
-        w = w.min(max.max(1));
-    }
+    let w = world_size(n, req).min(cap.unwrap_or(usize::MAX));
     if w < n && w as u64 == global {
         log.notes.push(format!(
             "the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"

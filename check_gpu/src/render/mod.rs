@@ -1,10 +1,13 @@
 //! Output: a readable report (coloured only on a terminal, `NO_COLOR` respected) and one JSON
 //! object for `--json`. Both render the same [`Snapshot`] and [`Plan`], and the bench the
-//! snapshot carries (as nccl-tests prints it, with the link's nominal peak).
+//! snapshot carries (as nccl-tests prints it, with the link's nominal peak). The memory terms
+//! and their formulas are in [`terms`].
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
+
+mod terms;
 
 use crate::bench::{self, Summary, size_label};
 use crate::memory::{FineTune, Reference};
@@ -321,7 +324,7 @@ fn topology_matrix(o: &mut String, snap: &Snapshot, st: Style) {
 pub fn plan_text(plan: &Plan, st: Style) -> String {
     let mut o = String::new();
     setup_lines(&mut o, plan, st);
-    memory_lines(&mut o, plan, st);
+    terms::memory_lines(&mut o, plan, st);
     advice_lines(&mut o, plan, st);
     o
 }
@@ -365,6 +368,9 @@ fn setup_lines(o: &mut String, plan: &Plan, st: Style) {
     };
     let ckpt = if plan.gradient_checkpointing { ", activation checkpointing" } else { "" };
     let _ = writeln!(o, "  training     {ft}, {}, {reference}, max length {}{ckpt}", plan.dtype.name(), plan.seq_len);
+    if plan.world_size > 0 || plan.memory.is_some() {
+        let _ = writeln!(o, "  sharding     {}", terms::sharding_line(plan));
+    }
     if plan.world_size > 0 {
         let _ = writeln!(
             o,
@@ -405,35 +411,6 @@ pub fn communication_line(c: &crate::plan::comm::Communication) -> String {
     )
 }
 
-/// Memory per GPU, term by term with its formula, and the alternatives that would fit.
-fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
-    if let Some(m) = &plan.memory {
-        let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
-        let at =
-            if plan.world_size > 0 { format!("micro-batch {}", plan.micro_batch) } else { "micro-batch 1".to_string() };
-        let _ = writeln!(o, "  memory/GPU   {} at {at}{free}", bytes(m.total));
-        for (name, v, how) in [
-            ("weights", m.weights, weights_formula(plan)),
-            ("gradients", m.gradients, grads_formula(plan)),
-            ("optimizer", m.optimizer, opt_formula(plan)),
-            ("reference", m.reference, ref_formula(plan)),
-            ("activations", m.activations, act_formula(plan)),
-            ("logits", m.logits, "2b*s*V*4 (fp32, chosen+rejected)".to_string()),
-            ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
-        ] {
-            let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
-        }
-    }
-    if !plan.alternatives.is_empty() {
-        let _ = writeln!(o, "  what would fit (micro-batch 1, more accumulation):");
-        for a in &plan.alternatives {
-            let mark = if a.fits { st.green("fits") } else { st.red("too big") };
-            let _ =
-                writeln!(o, "    {:<52} {:>10}  {mark}  ({})", a.description, bytes(a.memory_per_gpu_bytes), a.flags);
-        }
-    }
-}
-
 /// Warnings, notes and the command to run.
 fn advice_lines(o: &mut String, plan: &Plan, st: Style) {
     if !plan.warnings.is_empty() {
@@ -459,42 +436,6 @@ fn advice_lines(o: &mut String, plan: &Plan, st: Style) {
             "  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)",
             crate::plan::CONFIG_PLACEHOLDER
         );
-    }
-}
-
-fn weights_formula(p: &Plan) -> String {
-    match (p.finetune, p.dtype) {
-        (FineTune::Lora { .. }, d) => {
-            format!("{} B/param frozen base + 4 B/adapter param", d.bytes())
-        }
-        (FineTune::Full, crate::memory::Dtype::Fp32) => "4 B/param".to_string(),
-        (FineTune::Full, d) => format!("6 B/param ({} copy + fp32 master)", d.name()),
-    }
-}
-fn grads_formula(p: &Plan) -> String {
-    match p.finetune {
-        FineTune::Full => "4 B/param (fp32)".to_string(),
-        FineTune::Lora { .. } => "4 B/adapter param".to_string(),
-    }
-}
-fn opt_formula(p: &Plan) -> String {
-    match p.finetune {
-        FineTune::Full => "8 B/param (AdamW m, v in fp32)".to_string(),
-        FineTune::Lora { .. } => "8 B/adapter param".to_string(),
-    }
-}
-fn ref_formula(p: &Plan) -> String {
-    match (p.finetune, p.reference) {
-        (FineTune::Lora { .. }, _) => "0 (adapter disabled = base)".to_string(),
-        (_, Reference::Precompute) => "0 (precomputed log-probs)".to_string(),
-        (_, Reference::Keep) => format!("{} B/param frozen copy", p.dtype.bytes()),
-    }
-}
-fn act_formula(p: &Plan) -> String {
-    if p.gradient_checkpointing {
-        "L*2*s*2b*h + one layer (checkpointing)".to_string()
-    } else {
-        "L*s*2b*h*34 (Korthikanti 2022, fused attention)".to_string()
     }
 }
 

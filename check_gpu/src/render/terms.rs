@@ -1,0 +1,232 @@
+//! The plan's memory, term by term with the formula behind each number as the chosen ZeRO stage
+//! and offload shape it (the table in [`crate::memory`]), the `sharding` line, and the
+//! alternatives that would fit.
+
+use std::fmt::Write as _;
+
+use super::Style;
+use crate::memory::{Dtype, FineTune, Reference, Sharding};
+use crate::plan::Plan;
+use crate::units::{bytes, count};
+
+/// `zero2 over 4 GPUs (AdamW state and gradients partitioned)`, `none (every GPU holds a full
+/// replica)`, and the offload with its host memory.
+pub(super) fn sharding_line(p: &Plan) -> String {
+    let what = match p.sharding {
+        Sharding::None => "every GPU holds a full replica",
+        Sharding::Zero1 => "AdamW state partitioned",
+        Sharding::Zero2 => "AdamW state and gradients partitioned",
+        Sharding::Zero3 => "weights, gradients and AdamW state partitioned",
+    };
+    let over = if p.sharding != Sharding::None && p.world_size > 0 {
+        format!(" over {} GPU(s)", p.world_size)
+    } else {
+        String::new()
+    };
+    let mut line = format!("{}{over} ({what}", p.sharding.name());
+    if let Some(part) = piece(p).filter(|_| p.sharding == Sharding::Zero3) {
+        let _ = write!(line, "; gathered a piece at a time, the largest {} parameters", count(part));
+    }
+    line.push(')');
+    if p.offload_optimizer {
+        let host = p.memory.map_or(String::new(), |m| format!(" ({} per GPU)", bytes(m.host)));
+        let _ = write!(line, ", optimizer offloaded to host memory{host}");
+    }
+    line
+}
+
+/// Memory per GPU, term by term with its formula, and the alternatives that would fit.
+pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
+    if let Some(m) = &plan.memory {
+        let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
+        let at =
+            if plan.world_size > 0 { format!("micro-batch {}", plan.micro_batch) } else { "micro-batch 1".to_string() };
+        let _ = writeln!(o, "  memory/GPU   {} at {at}{free}", bytes(m.total));
+        for (name, v, how) in [
+            ("weights", m.weights, weights_formula(plan)),
+            ("gradients", m.gradients, grads_formula(plan)),
+            ("optimizer", m.optimizer, opt_formula(plan)),
+            ("reference", m.reference, ref_formula(plan)),
+            ("activations", m.activations, act_formula(plan)),
+            ("logits", m.logits, "2b*s*V*4 (fp32, chosen+rejected)".to_string()),
+            ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
+        ] {
+            let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
+        }
+        if plan.offload_optimizer {
+            let _ = writeln!(o, "    {:<12} {:>10}  {}", "host", bytes(m.host), host_formula(plan));
+        }
+    }
+    if !plan.alternatives.is_empty() {
+        let _ = writeln!(o, "  what would fit (micro-batch 1, more accumulation):");
+        for a in &plan.alternatives {
+            let mark = if a.fits { st.green("fits") } else { st.red("too big") };
+            let _ =
+                writeln!(o, "    {:<52} {:>10}  {mark}  ({})", a.description, bytes(a.memory_per_gpu_bytes), a.flags);
+        }
+    }
+}
+
+/// Parameters of the largest piece zero3 gathers (`Pg`), when the model is known.
+fn piece(p: &Plan) -> Option<u64> {
+    p.model.as_ref().map(|m| m.gathered_piece_params())
+}
+
+/// ` / 4 GPUs`, or ` / N` when no GPU was chosen.
+fn over(p: &Plan) -> String {
+    if p.world_size > 0 { format!(" / {} GPUs", p.world_size) } else { " / N".to_string() }
+}
+
+/// ` + gathered piece 4 B x 233M`: one whole piece in flight at `per` bytes.
+fn plus_piece(p: &Plan, per: &str) -> String {
+    piece(p)
+        .map_or_else(|| format!(" + gathered piece {per} B"), |n| format!(" + gathered piece {per} B x {}", count(n)))
+}
+
+/// A sharded term's `per` bytes each over the ranks, plus the piece in flight.
+fn shard(p: &Plan, per: &str, what: &str) -> String {
+    format!("{per} B/{what}{}{}", over(p), plus_piece(p, per))
+}
+
+fn weights_formula(p: &Plan) -> String {
+    let (c, half) = (p.dtype.bytes(), p.dtype.name());
+    let master_off = p.offload_optimizer && p.dtype != Dtype::Fp32;
+    match (p.finetune, p.sharding, p.dtype, master_off) {
+        (FineTune::Lora { .. }, Sharding::Zero3, ..) => format!(
+            "{c} B/param frozen base{}{} + 4 B/adapter param{}",
+            over(p),
+            plus_piece(p, &c.to_string()),
+            over(p)
+        ),
+        (FineTune::Lora { .. }, ..) => format!("{c} B/param frozen base + 4 B/adapter param"),
+        (FineTune::Full, Sharding::Zero3, Dtype::Fp32, _) => shard(p, "4", "param"),
+        (FineTune::Full, Sharding::Zero3, _, false) => {
+            format!("4 B/param fp32 master{}{} (+ its {half} cast)", over(p), plus_piece(p, &format!("(4+{c})")))
+        }
+        (FineTune::Full, Sharding::Zero3, _, true) => {
+            format!("{} ({half}; fp32 master in host memory)", shard(p, &c.to_string(), "param"))
+        }
+        (FineTune::Full, _, Dtype::Fp32, _) => "4 B/param".to_string(),
+        (FineTune::Full, _, _, false) => format!("6 B/param ({half} copy + fp32 master)"),
+        (FineTune::Full, _, _, true) => format!("{c} B/param ({half} copy; fp32 master in host memory)"),
+    }
+}
+
+fn grads_formula(p: &Plan) -> String {
+    let what = match p.finetune {
+        FineTune::Full => "param",
+        FineTune::Lora { .. } => "adapter param",
+    };
+    match p.sharding {
+        Sharding::Zero2 if !p.gradient_checkpointing => {
+            format!("4 B/{what} (fp32; without checkpointing the backward holds them all before the reduce-scatter)")
+        }
+        Sharding::Zero2 | Sharding::Zero3 => format!("{} (fp32, reduce-scattered piece by piece)", shard(p, "4", what)),
+        Sharding::None | Sharding::Zero1 => match p.finetune {
+            FineTune::Full => "4 B/param (fp32)".to_string(),
+            FineTune::Lora { .. } => "4 B/adapter param".to_string(),
+        },
+    }
+}
+
+fn opt_formula(p: &Plan) -> String {
+    let what = match p.finetune {
+        FineTune::Full => "param",
+        FineTune::Lora { .. } => "adapter param",
+    };
+    if p.offload_optimizer {
+        return "0 on the GPU (AdamW m, v in host memory)".to_string();
+    }
+    match (p.sharding, p.finetune) {
+        (Sharding::None, FineTune::Full) => "8 B/param (AdamW m, v in fp32)".to_string(),
+        (Sharding::None, FineTune::Lora { .. }) => "8 B/adapter param".to_string(),
+        (_, _) => format!("8 B/{what}{} (AdamW m, v in fp32)", over(p)),
+    }
+}
+
+fn ref_formula(p: &Plan) -> String {
+    let c = p.dtype.bytes().to_string();
+    match (p.finetune, p.reference, p.sharding) {
+        (FineTune::Lora { .. }, ..) => "0 (adapter disabled = base)".to_string(),
+        (_, Reference::Precompute, _) => "0 (precomputed log-probs)".to_string(),
+        (_, Reference::Keep, Sharding::Zero3) => format!("{} frozen copy", shard(p, &c, "param")),
+        (_, Reference::Keep, _) => format!("{c} B/param frozen copy"),
+    }
+}
+
+fn act_formula(p: &Plan) -> String {
+    if p.sharding == Sharding::Zero3 {
+        "L*2*s*2b*h + one layer (zero3 recomputes layer by layer)".to_string()
+    } else if p.gradient_checkpointing {
+        "L*2*s*2b*h + one layer (checkpointing)".to_string()
+    } else {
+        "L*s*2b*h*34 (Korthikanti 2022, fused attention)".to_string()
+    }
+}
+
+/// Host memory per GPU's process: the moments, and the fp32 master copy in mixed precision.
+fn host_formula(p: &Plan) -> String {
+    let what = match p.finetune {
+        FineTune::Full => "param",
+        FineTune::Lora { .. } => "adapter param",
+    };
+    let master = p.dtype != Dtype::Fp32 && p.finetune == FineTune::Full;
+    let per = if master { "(8+4)" } else { "8" };
+    let split = if p.sharding == Sharding::None { String::new() } else { over(p) };
+    let held = if master { "AdamW m, v + fp32 master" } else { "AdamW m, v" };
+    format!("{per} B/{what}{split} in CPU memory ({held}; not in the GPU total)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelShape;
+    use crate::plan::{PlanRequest, plan};
+    use crate::snapshot::{Gpu, Snapshot, Source};
+
+    /// A plan on four 80 GiB GPUs with a stage fixed.
+    fn planned(sharding: Sharding, offload: bool) -> Plan {
+        let mut s = Snapshot::new(Source::NvidiaSmi);
+        s.gpus = (0..4)
+            .map(|index| Gpu {
+                index,
+                name: Some("G".into()),
+                memory_total_bytes: Some(80 << 30),
+                memory_used_bytes: Some(0),
+                memory_free_bytes: Some(80 << 30),
+                compute_capability: Some("8.9".into()),
+                ..Gpu::default()
+            })
+            .collect();
+        let model = Some(ModelShape::from_param_count(1_500_000_000));
+        plan(&s, &PlanRequest { model, sharding: Some(sharding), offload_optimizer: offload, ..PlanRequest::default() })
+    }
+
+    #[test]
+    fn formulas_name_the_stage() {
+        let z3 = planned(Sharding::Zero3, true);
+        assert_eq!(z3.world_size, 4);
+        assert_eq!(
+            weights_formula(&z3),
+            "2 B/param / 4 GPUs + gathered piece 2 B x 233M (bf16; fp32 master in host memory)"
+        );
+        assert_eq!(
+            grads_formula(&z3),
+            "4 B/param / 4 GPUs + gathered piece 4 B x 233M (fp32, reduce-scattered piece by piece)"
+        );
+        assert_eq!(opt_formula(&z3), "0 on the GPU (AdamW m, v in host memory)");
+        assert_eq!(ref_formula(&z3), "2 B/param / 4 GPUs + gathered piece 2 B x 233M frozen copy");
+        assert_eq!(
+            host_formula(&z3),
+            "(8+4) B/param / 4 GPUs in CPU memory (AdamW m, v + fp32 master; not in the GPU total)"
+        );
+        assert!(sharding_line(&z3).starts_with("zero3 over 4 GPU(s) (weights, gradients and AdamW state partitioned; gathered a piece at a time, the largest 233M parameters), optimizer offloaded to host memory ("), "{}", sharding_line(&z3));
+        let z1 = planned(Sharding::Zero1, false);
+        assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
+        assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
+        assert_eq!(sharding_line(&z1), "zero1 over 4 GPU(s) (AdamW state partitioned)");
+        let z2 = planned(Sharding::Zero2, false);
+        assert!(grads_formula(&z2).starts_with("4 B/param (fp32; without checkpointing"), "{}", grads_formula(&z2));
+        assert_eq!(sharding_line(&planned(Sharding::None, false)), "none (every GPU holds a full replica)");
+    }
+}
