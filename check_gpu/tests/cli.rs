@@ -268,7 +268,7 @@ fn rtx4090x4_text_report_names_the_stage() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("  sharding     zero2 over 4 GPU(s) (AdamW state and gradients partitioned)\n"), "{text}");
-    assert!(text.contains("    gradients       2.3 GiB  4 B/param / 4 GPUs + gathered piece 4 B x 233M (fp32, reduce-scattered piece by piece)\n"), "{text}");
+    assert!(text.contains("    gradients       2.3 GiB  4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward)\n"), "{text}");
     assert!(text.contains("    optimizer       2.8 GiB  8 B/param / 4 GPUs (AdamW m, v in fp32)\n"), "{text}");
     assert!(text.contains("  - a full replica needs 35.6 GiB per GPU even at micro-batch 1, more than is free: zero2 with activation checkpointing over 4 GPUs needs 19.9 GiB\n"), "{text}");
     assert!(text.contains(" --bf16 --gradient-checkpointing --sharding zero2\n"), "{text}");

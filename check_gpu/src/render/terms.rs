@@ -77,10 +77,9 @@ fn over(p: &Plan) -> String {
     if p.world_size > 0 { format!(" / {} GPUs", p.world_size) } else { " / N".to_string() }
 }
 
-/// ` + gathered piece 4 B x 233M`: one whole piece in flight at `per` bytes.
+/// ` + largest piece 4 B x 233M`: one whole piece (`Pg`) in flight at `per` bytes.
 fn plus_piece(p: &Plan, per: &str) -> String {
-    piece(p)
-        .map_or_else(|| format!(" + gathered piece {per} B"), |n| format!(" + gathered piece {per} B x {}", count(n)))
+    piece(p).map_or_else(|| format!(" + largest piece {per} B"), |n| format!(" + largest piece {per} B x {}", count(n)))
 }
 
 /// A sharded term's `per` bytes each over the ranks, plus the piece in flight.
@@ -93,16 +92,18 @@ fn weights_formula(p: &Plan) -> String {
     let master_off = p.offload_optimizer && p.dtype != Dtype::Fp32;
     match (p.finetune, p.sharding, p.dtype, master_off) {
         (FineTune::Lora { .. }, Sharding::Zero3, ..) => format!(
-            "{c} B/param frozen base{}{} + 4 B/adapter param{}",
+            "{c} B/param frozen base{}{} + 4 B/adapter param{} + one layer's",
             over(p),
             plus_piece(p, &c.to_string()),
             over(p)
         ),
         (FineTune::Lora { .. }, ..) => format!("{c} B/param frozen base + 4 B/adapter param"),
-        (FineTune::Full, Sharding::Zero3, Dtype::Fp32, _) => shard(p, "4", "param"),
-        (FineTune::Full, Sharding::Zero3, _, false) => {
-            format!("4 B/param fp32 master{}{} (+ its {half} cast)", over(p), plus_piece(p, &format!("(4+{c})")))
-        }
+        (FineTune::Full, Sharding::Zero3, Dtype::Fp32, _) => format!("{} (gathered)", shard(p, "4", "param")),
+        (FineTune::Full, Sharding::Zero3, _, false) => format!(
+            "4 B/param fp32 master{}{} (gathered in fp32, cast to {half})",
+            over(p),
+            plus_piece(p, &format!("(4+{c})"))
+        ),
         (FineTune::Full, Sharding::Zero3, _, true) => {
             format!("{} ({half}; fp32 master in host memory)", shard(p, &c.to_string(), "param"))
         }
@@ -121,7 +122,14 @@ fn grads_formula(p: &Plan) -> String {
         Sharding::Zero2 if !p.gradient_checkpointing => {
             format!("4 B/{what} (fp32; without checkpointing the backward holds them all before the reduce-scatter)")
         }
-        Sharding::Zero2 | Sharding::Zero3 => format!("{} (fp32, reduce-scattered piece by piece)", shard(p, "4", what)),
+        Sharding::Zero2 | Sharding::Zero3 => {
+            // A LoRA piece in flight is one layer's adapters, not the base's largest piece.
+            let sharded = match p.finetune {
+                FineTune::Full => shard(p, "4", what),
+                FineTune::Lora { .. } => format!("4 B/adapter param{} + one layer's", over(p)),
+            };
+            format!("{sharded} (fp32, reduce-scattered after each layer's backward)")
+        }
         Sharding::None | Sharding::Zero1 => match p.finetune {
             FineTune::Full => "4 B/param (fp32)".to_string(),
             FineTune::Lora { .. } => "4 B/adapter param".to_string(),
@@ -208,19 +216,25 @@ mod tests {
         assert_eq!(z3.world_size, 4);
         assert_eq!(
             weights_formula(&z3),
-            "2 B/param / 4 GPUs + gathered piece 2 B x 233M (bf16; fp32 master in host memory)"
+            "2 B/param / 4 GPUs + largest piece 2 B x 233M (bf16; fp32 master in host memory)"
         );
         assert_eq!(
             grads_formula(&z3),
-            "4 B/param / 4 GPUs + gathered piece 4 B x 233M (fp32, reduce-scattered piece by piece)"
+            "4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward)"
         );
         assert_eq!(opt_formula(&z3), "0 on the GPU (AdamW m, v in host memory)");
-        assert_eq!(ref_formula(&z3), "2 B/param / 4 GPUs + gathered piece 2 B x 233M frozen copy");
+        assert_eq!(ref_formula(&z3), "2 B/param / 4 GPUs + largest piece 2 B x 233M frozen copy");
         assert_eq!(
             host_formula(&z3),
             "(8+4) B/param / 4 GPUs in CPU memory (AdamW m, v + fp32 master; not in the GPU total)"
         );
         assert!(sharding_line(&z3).starts_with("zero3 over 4 GPU(s) (weights, gradients and AdamW state partitioned; gathered a piece at a time, the largest 233M parameters), optimizer offloaded to host memory ("), "{}", sharding_line(&z3));
+        let z3 = planned(Sharding::Zero3, false);
+        assert_eq!(
+            weights_formula(&z3),
+            "4 B/param fp32 master / 4 GPUs + largest piece (4+2) B x 233M (gathered in fp32, cast to bf16)"
+        );
+        assert_eq!(act_formula(&z3), "L*2*s*2b*h + one layer (zero3 recomputes layer by layer)");
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
         assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
