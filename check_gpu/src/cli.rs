@@ -110,8 +110,11 @@ pub enum ShardingChoice {
     Auto,
     /// Every GPU holds a full replica.
     None,
+    /// AdamW state partitioned.
     Zero1,
+    /// AdamW state and gradients partitioned.
     Zero2,
+    /// Weights too, gathered a piece at a time.
     Zero3,
 }
 
