@@ -163,6 +163,26 @@ fn zero3_and_layerwise_zero2_train_the_parameters_of_one_process() {
     }
 }
 
+/// `offload_optimizer`: AdamW's update runs on the host (here the same CPU) and trains the same
+/// parameters, alone and under ZeRO-3, and an offloaded checkpoint resumes.
+#[test]
+fn an_offloaded_optimizer_trains_the_parameters_of_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), 2);
+    train(&config, "one", 1, 6);
+    resume(&dir.path().join("one"), 1, 4);
+    let offload: &[&str] = &["--offload-optimizer"];
+    train_with(&config, "offload", 1, 6, offload);
+    resume_with(&dir.path().join("offload"), 1, 4, offload);
+    train_with(&config, "zero3-offload", 2, 3, &["--offload-optimizer", "--sharding", "zero3"]);
+    resume_with(&dir.path().join("zero3-offload"), 2, 4, &[]);
+    let one = weights(&dir.path().join("one"));
+    for run in ["offload", "zero3-offload"] {
+        let diff = max_diff(&one, &weights(&dir.path().join(run)));
+        assert!(diff <= 1e-5, "{run}: parameters differ from one process by {diff}");
+    }
+}
+
 /// bf16 training: ZeRO-3 trains what plain data parallelism trains on the same workers and
 /// micro-batches, and ZeRO-2 with bf16 gradient buckets what plain DDP with them trains.
 #[test]

@@ -28,10 +28,12 @@
 //! head), running the decoder one layer at a time with recomputation; its gradients are
 //! reduce-scattered piece by piece as zero2's.
 //!
-//! `--offload-optimizer` moves AdamW's moments (optimizer term 0) and, in mixed precision, the
-//! fp32 master copy to host memory: weights become 2P (none, zero1, zero2) or 2P/N + 2Pg (zero3);
-//! fp32 weights stay. [`MemoryEstimate::host`] reports the host bytes per rank, 8P/N + 4P/N
-//! (N = 1 for none; no master term in fp32), outside the GPU total.
+//! `--offload-optimizer` moves AdamW's moments to host memory and runs the update there (optimizer
+//! term 0). The fp32 master weights stay on the GPU: dpo-train keeps its trained parameters in
+//! fp32 and casts them as they are used, so the master is the parameter (DeepSpeed's offload also
+//! moves the master and keeps a half-precision copy on the GPU; dpo-train does not).
+//! [`MemoryEstimate::host`] reports the host bytes per rank, 8P/N (N = 1 for none), outside the
+//! GPU total.
 //!
 //! LoRA rank r on q,k,v,o: weights = frozen base c*P (zero3: c*P/N + c*Pg) + adapters 4A;
 //! gradients 4A and optimizer 8A, divided by N as above (a gathered adapter piece is one
@@ -210,16 +212,12 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
     let (p, c, mixed) = (req.model.params, req.dtype.bytes(), req.dtype.is_mixed());
     let split = Split { n, part: req.model.gathered_piece_params() };
     let stage = req.sharding;
-    // In mixed precision, offloading takes the fp32 master copy off the GPU with the moments.
-    let master_off = req.offload_optimizer && mixed;
-    let weights = match (stage, master_off) {
-        (Sharding::Zero3, false) => {
+    let weights = match stage {
+        Sharding::Zero3 => {
             let cast = if mixed { mul(&[c, split.part]) } else { 0 };
             split.shard_and_piece(4, p).saturating_add(cast)
         }
-        (Sharding::Zero3, true) => split.shard_and_piece(c, p),
-        (_, false) => mul(&[if mixed { c + 4 } else { 4 }, p]),
-        (_, true) => mul(&[c, p]),
+        _ => mul(&[if mixed { c + 4 } else { 4 }, p]),
     };
     let gradients = sharded_gradients(req, split, p);
     let reference = match (req.reference, stage) {
@@ -227,7 +225,7 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
         (Reference::Keep, Sharding::Zero3) => split.shard_and_piece(c, p),
         (Reference::Keep, _) => mul(&[c, p]),
     };
-    let (optimizer, host) = optimizer_terms(req, n, p, if master_off { 4 } else { 0 });
+    let (optimizer, host) = optimizer_terms(req, n, p);
     State { weights, gradients, optimizer, reference, host }
 }
 
@@ -244,7 +242,7 @@ fn lora_state(req: &MemoryRequest<'_>, n: u64, rank: u64) -> State {
         _ => (mul(&[c, p]), mul(&[4, a])),
     };
     let gradients = sharded_gradients(req, adapters, a);
-    let (optimizer, host) = optimizer_terms(req, n, a, 0);
+    let (optimizer, host) = optimizer_terms(req, n, a);
     State { weights: base.saturating_add(adapter_weights), gradients, optimizer, reference: 0, host }
 }
 
@@ -259,12 +257,11 @@ fn sharded_gradients(req: &MemoryRequest<'_>, split: Split, count: u64) -> u64 {
 }
 
 /// AdamW's m and v (8 bytes per trained element, `1/N` of them when sharded) on the GPU, or in
-/// host memory with `master` bytes per element of fp32 master copy when offloaded:
-/// `(gpu, host)`.
-fn optimizer_terms(req: &MemoryRequest<'_>, n: u64, count: u64, master: u64) -> (u64, u64) {
+/// host memory when offloaded: `(gpu, host)`.
+fn optimizer_terms(req: &MemoryRequest<'_>, n: u64, count: u64) -> (u64, u64) {
     let n = if req.sharding == Sharding::None { 1 } else { n };
-    let shard = |per: u64| mul(&[per, count]).div_ceil(n);
-    if req.offload_optimizer { (0, shard(8 + master)) } else { (shard(8), 0) }
+    let moments = mul(&[8, count]).div_ceil(n);
+    if req.offload_optimizer { (0, moments) } else { (moments, 0) }
 }
 
 /// Estimates the peak memory of one rank (see the module doc for every formula).
@@ -407,19 +404,19 @@ mod tests {
     }
 
     #[test]
-    fn offload_moves_moments_and_master_to_the_host() {
+    fn offload_moves_the_moments_to_the_host() {
         let m = ModelShape::from_param_count(P);
         let off = |s| estimate(&MemoryRequest { offload_optimizer: true, ..sharded(&m, s) });
-        // Unsharded: the bf16 copy stays (2P); 8P moments + 4P master per rank on the host.
+        // Unsharded: the weights stay (bf16 copy + fp32 master, 6P); 8P moments on the host.
         let none = off(Sharding::None);
-        assert_eq!((none.weights, none.optimizer, none.host), (3e9 as u64, 0, 18e9 as u64));
-        // zero2: each rank's host holds its quarter, (8 + 4) * 1.5e9 / 4.
+        assert_eq!((none.weights, none.optimizer, none.host), (9e9 as u64, 0, 12e9 as u64));
+        // zero2: each rank's host holds its quarter of the moments, 8 * 1.5e9 / 4.
         let z2 = off(Sharding::Zero2);
-        assert_eq!((z2.weights, z2.optimizer, z2.host), (3e9 as u64, 0, 4_500_000_000));
-        // zero3: bf16 shards 2P/N and the gathered piece in bf16, 2 * PG.
+        assert_eq!((z2.weights, z2.optimizer, z2.host), (9e9 as u64, 0, 3e9 as u64));
+        // zero3: fp32 shards 4P/N, the gathered piece in fp32 and its bf16 cast, (4 + 2) * PG.
         let z3 = off(Sharding::Zero3);
-        assert_eq!((z3.weights, z3.optimizer, z3.host), (750_000_000 + 466_747_392, 0, 4_500_000_000));
-        // fp32 keeps its weights on the GPU: only the moments move.
+        assert_eq!((z3.weights, z3.optimizer, z3.host), (1_500_000_000 + 6 * PG, 0, 3e9 as u64));
+        // fp32: the same moments move.
         let f =
             estimate(&MemoryRequest { dtype: Dtype::Fp32, offload_optimizer: true, ..sharded(&m, Sharding::Zero1) });
         assert_eq!((f.weights, f.optimizer, f.host), (6e9 as u64, 0, 3e9 as u64));

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use burn::module::Module;
-use burn::tensor::{Gradients, Tensor};
+use burn::tensor::{Device, Gradients, Tensor};
 
 use crate::dist::DistError;
 use crate::model::params;
@@ -44,6 +44,9 @@ pub struct AdamW {
     /// `(rank, world_size)` under ZeRO: the moments are this rank's slices of each parameter
     /// ([`crate::dist::shards`]), not whole parameters.
     pub shard: Option<(usize, usize)>,
+    /// `offload_optimizer`: the host device the moments live on and the update runs on; the
+    /// updated values go back to the parameter's device.
+    pub host: Option<Device>,
 }
 
 /// A flat tensor padded with zeros to `world` slices of equal length (ZeRO's layout).
@@ -197,6 +200,19 @@ impl AdamW {
     /// AdamW on one parameter's values `p` (a whole parameter, or this rank's slice of it) with
     /// their gradient; the moments of `name` are updated in place.
     fn update(&mut self, name: &str, p: Tensor<1>, grad: Tensor<1>, lr: f64, cfg: &AdamWConfig) -> Tensor<1> {
+        let Some(host) = self.host.clone() else { return self.update_here(name, p, grad, lr, cfg) };
+        let device = p.device();
+        // Moments loaded from a checkpoint arrive on the device: they move once.
+        if let Some(m) = self.moments.remove(name) {
+            let moved = Moments { exp_avg: m.exp_avg.to_device(&host), exp_avg_sq: m.exp_avg_sq.to_device(&host) };
+            self.moments.insert(name.to_owned(), moved);
+        }
+        let p = self.update_here(name, p.to_device(&host), grad.to_device(&host), lr, cfg);
+        p.to_device(&device)
+    }
+
+    /// [`AdamW::update`] where `p` and `grad` are.
+    fn update_here(&mut self, name: &str, p: Tensor<1>, grad: Tensor<1>, lr: f64, cfg: &AdamWConfig) -> Tensor<1> {
         let t = self.step as i32;
         let AdamWConfig { beta1, beta2, epsilon, weight_decay } = *cfg;
         let moments = self

@@ -247,7 +247,7 @@ fn start(
 ) -> anyhow::Result<Trained> {
     let cfg = run.cfg;
     let policy = spec.load_policy(resume_from, cfg.seed, train_device)?;
-    let (optimizer, state) = match resume_from {
+    let (mut optimizer, state) = match resume_from {
         Some(ckpt) => {
             let workers = run.rt.workers;
             let sharded = workers.world_size() > 1 && cfg.sharding()? != Sharding::None;
@@ -268,6 +268,10 @@ fn start(
             },
         ),
     };
+    // The host is libtorch's CPU device (on a CPU-only machine, the training device itself).
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    let host = cfg.offload_optimizer.then(burn::tensor::Device::libtorch);
+    optimizer.host = host;
     if let Some(lora) = &spec.lora {
         let mut trainable = 0;
         params::visit(&policy, None, |p| trainable += if p.trains { p.flat.dims()[0] } else { 0 });

@@ -89,8 +89,7 @@ fn shard(p: &Plan, per: &str, what: &str) -> String {
 
 fn weights_formula(p: &Plan) -> String {
     let (c, half) = (p.dtype.bytes(), p.dtype.name());
-    let master_off = p.offload_optimizer && p.dtype != Dtype::Fp32;
-    match (p.finetune, p.sharding, p.dtype, master_off) {
+    match (p.finetune, p.sharding, p.dtype) {
         (FineTune::Lora { .. }, Sharding::Zero3, ..) => format!(
             "{c} B/param frozen base{}{} + 4 B/adapter param{} + one layer's",
             over(p),
@@ -98,18 +97,14 @@ fn weights_formula(p: &Plan) -> String {
             over(p)
         ),
         (FineTune::Lora { .. }, ..) => format!("{c} B/param frozen base + 4 B/adapter param"),
-        (FineTune::Full, Sharding::Zero3, Dtype::Fp32, _) => format!("{} (gathered)", shard(p, "4", "param")),
-        (FineTune::Full, Sharding::Zero3, _, false) => format!(
+        (FineTune::Full, Sharding::Zero3, Dtype::Fp32) => format!("{} (gathered)", shard(p, "4", "param")),
+        (FineTune::Full, Sharding::Zero3, _) => format!(
             "4 B/param fp32 master{}{} (gathered in fp32, cast to {half})",
             over(p),
             plus_piece(p, &format!("(4+{c})"))
         ),
-        (FineTune::Full, Sharding::Zero3, _, true) => {
-            format!("{} ({half}; fp32 master in host memory)", shard(p, &c.to_string(), "param"))
-        }
-        (FineTune::Full, _, Dtype::Fp32, _) => "4 B/param".to_string(),
-        (FineTune::Full, _, _, false) => format!("6 B/param ({half} copy + fp32 master)"),
-        (FineTune::Full, _, _, true) => format!("{c} B/param ({half} copy; fp32 master in host memory)"),
+        (FineTune::Full, _, Dtype::Fp32) => "4 B/param".to_string(),
+        (FineTune::Full, ..) => format!("6 B/param ({half} copy + fp32 master)"),
     }
 }
 
@@ -172,17 +167,14 @@ fn act_formula(p: &Plan) -> String {
     }
 }
 
-/// Host memory per GPU's process: the moments, and the fp32 master copy in mixed precision.
+/// Host memory per GPU's process: AdamW's moments.
 fn host_formula(p: &Plan) -> String {
     let what = match p.finetune {
         FineTune::Full => "param",
         FineTune::Lora { .. } => "adapter param",
     };
-    let master = p.dtype != Dtype::Fp32 && p.finetune == FineTune::Full;
-    let per = if master { "(8+4)" } else { "8" };
     let split = if p.sharding == Sharding::None { String::new() } else { over(p) };
-    let held = if master { "AdamW m, v + fp32 master" } else { "AdamW m, v" };
-    format!("{per} B/{what}{split} in CPU memory ({held}; not in the GPU total)")
+    format!("8 B/{what}{split} in CPU memory (AdamW m, v; not in the GPU total)")
 }
 
 #[cfg(test)]
@@ -216,7 +208,7 @@ mod tests {
         assert_eq!(z3.world_size, 4);
         assert_eq!(
             weights_formula(&z3),
-            "2 B/param / 4 GPUs + largest piece 2 B x 233M (bf16; fp32 master in host memory)"
+            "4 B/param fp32 master / 4 GPUs + largest piece (4+2) B x 233M (gathered in fp32, cast to bf16)"
         );
         assert_eq!(
             grads_formula(&z3),
@@ -224,10 +216,7 @@ mod tests {
         );
         assert_eq!(opt_formula(&z3), "0 on the GPU (AdamW m, v in host memory)");
         assert_eq!(ref_formula(&z3), "2 B/param / 4 GPUs + largest piece 2 B x 233M frozen copy");
-        assert_eq!(
-            host_formula(&z3),
-            "(8+4) B/param / 4 GPUs in CPU memory (AdamW m, v + fp32 master; not in the GPU total)"
-        );
+        assert_eq!(host_formula(&z3), "8 B/param / 4 GPUs in CPU memory (AdamW m, v; not in the GPU total)");
         assert!(sharding_line(&z3).starts_with("zero3 over 4 GPU(s) (weights, gradients and AdamW state partitioned; gathered a piece at a time, the largest 233M parameters), optimizer offloaded to host memory ("), "{}", sharding_line(&z3));
         let z3 = planned(Sharding::Zero3, false);
         assert_eq!(
