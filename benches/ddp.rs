@@ -2,7 +2,9 @@
 //!
 //! - DPO training pairs/s of the demo's model on the demo task with `cpu:1` and `cpu:2` (one and
 //!   two worker processes, the cores divided between them), the same global batch;
-//! - the all-reduce bandwidth of the Gloo path for 1, 16 and 64 MB buffers, 2 processes.
+//! - the all-reduce bandwidth of the Gloo path for 1, 16 and 64 MB buffers, 2 processes;
+//! - the all-gather and reduce-scatter bandwidth ZeRO's slices travel by (`dpo-train
+//!   bench-comm`, the same flat collectives), 2 and 4 processes.
 //!
 //! Timings are printed, never asserted.
 
@@ -34,6 +36,31 @@ fn main() {
     if let Err(e) = launch(2, |_| vec![(ROLE.to_owned(), "allreduce".to_owned())], &args) {
         eprintln!("all-reduce benchmark failed: {e}");
         std::process::exit(1);
+    }
+    for world in [2, 4] {
+        zero_collectives(exe, world);
+    }
+}
+
+/// The bus bandwidth of the flat all-gather and reduce-scatter over `world` CPU processes.
+fn zero_collectives(exe: &str, world: usize) {
+    let out = Command::new(exe)
+        .args(["bench-comm", "--devices", &format!("cpu:{world}"), "--max-bytes", "67108864"])
+        .output()
+        .expect("dpo-train bench-comm runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bench: Option<check_gpu::bench::Bench> = text.lines().find_map(|l| serde_json::from_str(l).ok());
+    let Some(bench) = bench.filter(|_| out.status.success()) else {
+        eprintln!("bench-comm failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(1);
+    };
+    println!(
+        "ZeRO's collectives (all-gather of parameter slices, reduce-scatter of gradients), {world} processes: busbw"
+    );
+    for op in [check_gpu::bench::Collective::AllGather, check_gpu::bench::Collective::ReduceScatter] {
+        let sizes: Vec<String> =
+            bench.of(op).iter().map(|m| format!("{} MiB {:.2} GB/s", m.bytes >> 20, m.busbw(world))).collect();
+        println!("  {:<15} {}", op.name(), sizes.join(", "));
     }
 }
 

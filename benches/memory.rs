@@ -1,7 +1,8 @@
 //! `make bench` (memory): peak memory of DPO training on the medium model (hidden 768, 12
 //! layers, 32k vocabulary, 2 pairs of 512-token sequences per step, f32) for full fine-tuning,
 //! LoRA, a precomputed reference and activation checkpointing, next to `check-gpu`'s estimate
-//! for the same settings.
+//! for the same settings; then the ZeRO stages over 2 and 4 CPU worker processes, each rank's
+//! peak while training (dpo-train's own report) next to the estimate for that stage.
 //!
 //! Each configuration trains in its own process, which reports its peak resident set (`VmHWM`)
 //! and its resident set once libtorch is loaded, before any model (`VmRSS`); the difference is
@@ -92,7 +93,7 @@ fn main() {
         shape.params as f64 / 1e6
     );
     println!("{:<26} {:>12} {:>12} {:>8}", "", "measured", "estimate", "ratio");
-    let mut worst: f64 = 0.0;
+    let (mut worst, mut libtorch): (f64, u64) = (0.0, 0);
     for case in &CASES {
         let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
         let text = format!(
@@ -105,6 +106,7 @@ fn main() {
         );
         std::fs::write(&config, text).expect("the config is written");
         let (baseline, peak) = measure(&config);
+        libtorch = baseline;
         let measured = peak.saturating_sub(baseline);
         let e = estimate(&MemoryRequest {
             model: &shape,
@@ -127,6 +129,76 @@ fn main() {
         "largest estimate error: {:.0}% (libtorch's own resident set before loading a model is left out)",
         worst * 100.0
     );
+    // A worker's libtorch before any model: as a lone training process's.
+    sharded(&model, &data, &shape, out.path(), libtorch);
+}
+
+/// The ZeRO stages over 2 and 4 CPU workers, each rank's peak while training (the largest of the
+/// ranks', as dpo-train reports it) next to the estimate for that stage and world size.
+fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: u64) {
+    let stages = [
+        ("none", Sharding::None, false),
+        ("zero1", Sharding::Zero1, false),
+        ("zero2", Sharding::Zero2, false),
+        ("zero2 + checkpointing", Sharding::Zero2, true),
+        ("zero3", Sharding::Zero3, true),
+    ];
+    println!("\npeak memory per rank while training, ZeRO stages over CPU workers (Gloo), same model and micro-batch");
+    println!("{:<26} {:>8} {:>12} {:>12} {:>8}", "", "workers", "measured", "estimate", "ratio");
+    let mut worst: f64 = 0.0;
+    for world in [2u64, 4] {
+        for (name, sharding, checkpointing) in stages {
+            let run = format!("{}-{world}", name.replace([' ', '+'], "_"));
+            let config = dir.join(format!("{run}.toml"));
+            let text = format!(
+                "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = false\ngradient_checkpointing = {checkpointing}\nsharding = \"{}\"\n",
+                model.display(),
+                data.display(),
+                dir.display(),
+                name.split(' ').next().unwrap_or(name),
+            );
+            std::fs::write(&config, text).expect("the config is written");
+            let measured = workers_peak(&config, world).saturating_sub(baseline);
+            let e = estimate(&MemoryRequest {
+                model: shape,
+                micro_batch: MICRO_BATCH,
+                seq_len: SEQ_LEN,
+                dtype: Dtype::Fp32,
+                finetune: FineTune::Full,
+                reference: Reference::Keep,
+                gradient_checkpointing: checkpointing,
+                world_size: world,
+                sharding,
+                offload_optimizer: false,
+            });
+            let estimated = e.total - CUDA_CONTEXT_BYTES;
+            let ratio = estimated as f64 / measured as f64;
+            worst = worst.max((ratio - 1.0).abs());
+            println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
+        }
+    }
+    println!("largest estimate error: {:.0}%", worst * 100.0);
+}
+
+/// The largest peak resident set of the ranks of a run over `world` CPU workers, from the line
+/// dpo-train prints after training.
+fn workers_peak(config: &Path, world: u64) -> u64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--config", &config.display().to_string(), "--devices", &format!("cpu:{world}")])
+        .env("MALLOC_MMAP_THRESHOLD_", "65536")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("dpo-train runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        eprintln!("{stderr}");
+        std::process::exit(1);
+    }
+    let line = stderr.lines().find(|l| l.contains("peak resident memory while training, per rank:"));
+    let line = line.unwrap_or_else(|| panic!("no peak memory line in:\n{stderr}"));
+    let ranks = line.rsplit(':').next().unwrap_or_default().split(',');
+    let gib = ranks.filter_map(|r| r.trim().trim_end_matches(" GiB").parse::<f64>().ok());
+    (gib.fold(0.0, f64::max) * f64::from(1u32 << 30)) as u64
 }
 
 fn gib(bytes: u64) -> String {

@@ -184,21 +184,33 @@ fn an_offloaded_optimizer_trains_the_parameters_of_one_process() {
 }
 
 /// bf16 training: ZeRO-3 trains what plain data parallelism trains on the same workers and
-/// micro-batches, and ZeRO-2 with bf16 gradient buckets what plain DDP with them trains.
+/// micro-batches (checkpointing on both sides: zero3 always recomputes, and a bf16 recomputation
+/// need not round as the one-graph backward does). With bf16 gradient buckets, layer-wise zero2
+/// and zero3 compress each part's gradients apart, so the tied embedding's two contributions (as
+/// input and as LM head) are rounded before their sum: after one step every other parameter
+/// equals plain DDP's with the hook, and a few embedding entries take Adam's step of the other sign.
 #[test]
 fn sharded_bf16_training_equals_plain_data_parallelism() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), 3);
+    let config = write_config(dir.path(), 1);
     let bf16: &[&str] = &["--bf16", "true", "--gradient-checkpointing", "true"];
-    let hook: &[&str] = &["--bf16", "true", "--ddp-comm-hook", "bf16"];
-    let pairs: [(&str, &[&str], &str); 2] = [("bf16", bf16, "zero3"), ("hook", hook, "zero2")];
-    for (name, flags, stage) in pairs {
+    let hook: &[&str] = &["--bf16", "true", "--ddp-comm-hook", "bf16", "--gradient-checkpointing", "true"];
+    let runs: [(&str, &[&str], &str); 3] = [("bf16", bf16, "zero3"), ("hook", hook, "zero2"), ("hook", hook, "zero3")];
+    for (name, flags, stage) in runs {
         let plain = format!("{name}-plain");
         let sharded = format!("{name}-{stage}");
-        train_with(&config, &plain, 2, 3, flags);
+        if !dir.path().join(&plain).exists() {
+            train_with(&config, &plain, 2, 3, flags);
+        }
         train_with(&config, &sharded, 2, 3, &[flags, &["--sharding", stage]].concat());
-        let diff = max_diff(&weights(&dir.path().join(&plain)), &weights(&dir.path().join(&sharded)));
-        assert!(diff <= 1e-5, "{sharded}: parameters differ from {plain} by {diff}");
+        let (a, b) = (weights(&dir.path().join(&plain)), weights(&dir.path().join(&sharded)));
+        assert!(max_diff(&a, &weights(&dir.path().join("bf16-plain"))) > 0.0 || name == "bf16", "the hook did nothing");
+        for ((param, x), (_, y)) in a.iter().zip(&b) {
+            let far = x.iter().zip(y).filter(|(p, q)| (*p - *q).abs() > 1e-5).count();
+            let embedding = name == "hook" && param == "model.embed_tokens.weight";
+            let allowed = if embedding { x.len() / 200 } else { 0 };
+            assert!(far <= allowed, "{sharded}: {far} of {} entries of {param} differ from {plain}", x.len());
+        }
     }
 }
 

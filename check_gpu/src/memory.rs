@@ -151,7 +151,7 @@ pub struct MemoryRequest<'a> {
     /// Data-parallel ranks `N` the sharded terms divide over (0 counts as 1).
     pub world_size: u64,
     pub sharding: Sharding,
-    /// AdamW state (and the fp32 master copy in mixed precision) in host memory.
+    /// AdamW's moments in host memory.
     pub offload_optimizer: bool,
 }
 

@@ -35,7 +35,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         setup(run, stage, progress)?;
     let (name, files) = (stage.objective.name(), spec.files(&config_json));
     let evaluate = |t: &Trained, mut log: Option<&mut MetricsWriter>, progress: &mut dyn Progress| {
-        let Some(refs) = &references else { return Ok(None) };
+        let Some(refs) = references.as_ref().filter(|_| !run.data.eval.is_empty()) else { return Ok(None) };
         let policy = inference_copy(t.whole_policy(workers)?.as_ref());
         let metrics = refs.evaluate(&policy, run, stage.dir, &t.state, log.as_deref_mut(), progress)?;
         if let (Some(_), Some(log), Some(draw)) = (&metrics, log, stage.draw_plots) {
@@ -48,6 +48,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     };
 
     progress.start(name, trained.state.step, total_steps);
+    let tracks_peak = crate::malloc::reset_peak_resident();
     let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
     let mut window = Window::new();
     let (mut last_eval, mut last_status, mut interrupted) = (None, String::new(), false);
@@ -93,6 +94,9 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         }
         progress.step(trained.state.step, &last_status);
     }
+    if tracks_peak {
+        report_peak(run, name, progress)?;
+    }
     finish(
         run,
         stage,
@@ -100,6 +104,18 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         Ending { files, config_json: &config_json, interrupted, last_eval, references },
         progress,
     )
+}
+
+/// Prints (rank 0) every rank's peak resident memory since the loop started: the model, optimizer
+/// and activations of training, not the loading before it or the export after.
+fn report_peak(run: &Run, name: &str, progress: &mut dyn Progress) -> anyhow::Result<()> {
+    let workers = run.rt.workers;
+    let mut peaks = vec![0.0; workers.world_size()];
+    peaks[workers.rank()] = crate::malloc::peak_resident().unwrap_or(0) as f64;
+    workers.sum_f64(&mut peaks)?;
+    let gib: Vec<String> = peaks.iter().map(|b| format!("{:.2} GiB", b / f64::from(1u32 << 30))).collect();
+    progress.line(&format!("{name}: peak resident memory while training, per rank: {}", gib.join(", ")));
+    Ok(())
 }
 
 /// Redraws the stage's plots and logs the dashboard to TensorBoard at `step`.
