@@ -163,6 +163,18 @@ fn zero3_and_layerwise_zero2_train_the_parameters_of_one_process() {
     }
 }
 
+/// ZeRO-3 through a whole run: a supervised warm-up stage (SFT's token-mean loss), then DPO
+/// against precomputed reference log-probs, equals one process.
+#[test]
+fn zero3_with_an_sft_stage_and_a_precomputed_reference_equals_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = variant(&write_config(dir.path(), 2), "sft", "sft_steps = 2\nprecompute_ref_log_probs = true\n");
+    train(&config, "one", 1, 6);
+    train_with(&config, "zero3", 2, 3, &["--sharding", "zero3"]);
+    let diff = max_diff(&weights(&dir.path().join("one")), &weights(&dir.path().join("zero3")));
+    assert!(diff <= 1e-5, "parameters differ from one process by {diff}");
+}
+
 /// `offload_optimizer`: AdamW's update runs on the host (here the same CPU) and trains the same
 /// parameters, alone and under ZeRO-3, and an offloaded checkpoint resumes.
 #[test]

@@ -23,6 +23,7 @@ use super::sampler::Sampler;
 use super::schedule::Schedule;
 use super::step::{StepPlan, Trained, optimizer_step};
 use super::window::Window;
+use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
@@ -226,16 +227,9 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let sharding = if workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None };
     let layout = Layout::of(&trained.policy);
     if sharding == Sharding::Zero3 {
-        // Loaded whole (and the reference scored its held-out sets whole), kept as slices.
-        let shard = (workers.rank(), workers.world_size());
-        let parts = Partitioned::new(trained.policy, shard, None);
-        trained.policy = parts.hollow().clone();
         // With LoRA and no reference model of its own, the reference is the policy's base.
         let shares_base = spec.lora.is_some() && stage.ref_dir.is_none();
-        if let Some(refs) = references.as_mut() {
-            refs.partition(shard, shares_base.then_some(&parts));
-        }
-        trained.parts = Some(parts);
+        partition(&mut trained, references.as_mut(), shares_base, workers);
     }
     let plan = StepPlan {
         objective: stage.objective,
@@ -249,6 +243,20 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         device: run.rt.device.clone(),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
+}
+
+/// ZeRO-3: the policy (and the per-step reference), loaded whole and the held-out sets scored,
+/// kept as this rank's slices from here on; a reference that is the policy's base shares its
+/// slices.
+fn partition(trained: &mut Trained, references: Option<&mut References>, shares_base: bool, workers: Workers) {
+    let shard = (workers.rank(), workers.world_size());
+    // The clone shares the tensors; the whole ones go with the assignment below.
+    let parts = Partitioned::new(trained.policy.clone(), shard, None);
+    trained.policy = parts.hollow().clone();
+    if let Some(refs) = references {
+        refs.partition(shard, shares_base.then_some(&parts));
+    }
+    trained.parts = Some(parts);
 }
 
 /// The policy, optimizer and loop state the stage starts from: a checkpoint's, or fresh ones;
