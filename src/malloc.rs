@@ -47,8 +47,8 @@ pub fn peak_resident() -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// A 64 MiB buffer touched after a reset raises the mark by about as much; a new reset
-    /// after it is freed brings the mark back down.
+    /// A 64 MiB buffer touched after a reset raises the mark by at least as much (other tests'
+    /// allocations in this process can only add to it).
     #[test]
     fn the_peak_follows_a_buffer_and_resets() {
         if !reset_peak_resident() {
@@ -61,6 +61,5 @@ mod tests {
         assert!(during >= before + (60 << 20), "{before} -> {during}");
         drop(std::hint::black_box(buffer));
         assert!(reset_peak_resident());
-        assert!(peak_resident().unwrap() < during - (32 << 20));
     }
 }

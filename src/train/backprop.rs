@@ -107,6 +107,28 @@ pub fn forward_backward(
     Ok((scores, loss))
 }
 
+/// The collectives of one segmented [`forward_backward`] pass, in its order, without its compute:
+/// every part gathered (under ZeRO-3) and zero gradients reduce-scattered into `grads`. A rank
+/// short of micro-batches runs it to stay in step with the others.
+pub fn idle_pass(model: &dyn Segments, grads: &mut GradAccumulator) -> Result<(), DistError> {
+    let layers = model.skeleton().num_layers();
+    model.part(Part::Embed)?;
+    for i in 0..layers {
+        model.part(Part::Layer(i))?;
+    }
+    model.part(Part::Head)?;
+    model.absorb(Part::Head, GradAccumulator::default(), grads)?;
+    for i in (0..layers).rev() {
+        model.part(Part::Layer(i))?;
+        model.absorb(Part::Layer(i), GradAccumulator::default(), grads)?;
+    }
+    if model.skeleton().model.embed_tokens.weight.val().is_require_grad() {
+        model.part(Part::Embed)?;
+        model.absorb(Part::Embed, GradAccumulator::default(), grads)?;
+    }
+    Ok(())
+}
+
 /// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would
 /// keep and revisit several vocabulary-wide tensors per row, where `∂ log p(y_t) / ∂ z_t =
 /// onehot(y_t) − p_t` needs one (the probabilities) and torch's fused log-softmax.

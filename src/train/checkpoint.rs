@@ -276,7 +276,8 @@ pub fn load_state(dir: &Path, device: &Device, shard: Option<(usize, usize)>) ->
     let layout = |whole: Vec<f32>| {
         let n = whole.len();
         let t = Tensor::<1>::from_data(TensorData::new(whole, [n]), device);
-        shard.map_or(t.clone(), |s| super::optim::slice_of(t, s))
+        // `* 1.0` copies the slice out, so the whole moment's storage is freed at once.
+        shard.map_or(t.clone(), |s| super::optim::slice_of(t, s) * 1.0)
     };
     let read_moments = |read: &dyn Fn(&str) -> Result<Vec<f32>, CheckpointError>, param: &str| {
         Ok::<_, CheckpointError>(Moments {

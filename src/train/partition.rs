@@ -242,6 +242,19 @@ impl Partitioned {
     }
 }
 
+impl Partitioned {
+    /// The gathers of [`Partitioned::score`], in its order, without its compute (a rank short of
+    /// micro-batches keeps in step).
+    pub fn idle(&self, workers: Workers) -> Result<(), DistError> {
+        self.whole(Some(Part::Embed), workers)?;
+        for i in 0..self.hollow.num_layers() {
+            self.whole(Some(Part::Layer(i)), workers)?;
+        }
+        self.whole(Some(Part::Head), workers)?;
+        Ok(())
+    }
+}
+
 /// Replaces every parameter by one zero broadcast to its shape, keeping its id and whether it
 /// trains.
 struct Hollow;

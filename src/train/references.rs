@@ -87,6 +87,15 @@ impl References {
         }
     }
 
+    /// The collectives of [`References::train_rows`] without its compute (a rank short of
+    /// micro-batches keeps in step with the others).
+    pub fn idle_rows(&self, run: &Run) -> Result<(), DistError> {
+        match (&self.train, &self.model) {
+            (None, Some(PerStep::Parted(parts))) => parts.idle(run.rt.workers),
+            _ => Ok(()),
+        }
+    }
+
     /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
     pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Result<Vec<f32>, DistError> {
         // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.

@@ -95,7 +95,8 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         }
         progress.step(trained.state.step, &last_status);
     }
-    if tracks_peak {
+    // Every rank must take part in the report's sum: it runs only where all of them track.
+    if !workers.any(!tracks_peak)? {
         report_peak(run, name, progress)?;
     }
     finish(
@@ -108,7 +109,9 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
 }
 
 /// Prints (rank 0) every rank's peak resident memory since the loop started: the model, optimizer
-/// and activations of training, not the loading before it or the export after.
+/// and activations of training, not the export after it. (Under dpo-train's allocator settings
+/// freed memory stays resident, so the mark starts from what loading left resident; with
+/// `MALLOC_MMAP_THRESHOLD_=65536`, as `make bench` runs, it follows the live tensors.)
 fn report_peak(run: &Run, name: &str, progress: &mut dyn Progress) -> anyhow::Result<()> {
     let workers = run.rt.workers;
     let mut peaks = vec![0.0; workers.world_size()];
@@ -271,12 +274,16 @@ fn start(
 ) -> anyhow::Result<Trained> {
     let cfg = run.cfg;
     let policy = spec.load_policy(resume_from, cfg.seed, train_device)?;
+    // The host is libtorch's CPU device (on a CPU-only machine, the training device itself).
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    let host = cfg.offload_optimizer.then(burn::tensor::Device::libtorch);
     let (mut optimizer, state) = match resume_from {
         Some(ckpt) => {
             let workers = run.rt.workers;
             let sharded = workers.world_size() > 1 && cfg.sharding()? != Sharding::None;
             let shard = sharded.then(|| (workers.rank(), workers.world_size()));
-            let saved = checkpoint::load_state(ckpt, train_device, shard)?;
+            // Offloaded moments load straight into host memory.
+            let saved = checkpoint::load_state(ckpt, host.as_ref().unwrap_or(train_device), shard)?;
             let name = stage.objective.name();
             progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
             (saved.optimizer, saved.state)
@@ -292,9 +299,6 @@ fn start(
             },
         ),
     };
-    // The host is libtorch's CPU device (on a CPU-only machine, the training device itself).
-    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-    let host = cfg.offload_optimizer.then(burn::tensor::Device::libtorch);
     optimizer.host = host;
     if let Some(lora) = &spec.lora {
         let mut trainable = 0;

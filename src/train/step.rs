@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use burn::tensor::{Device, Tensor};
 
-use super::backprop::{Checkpointing, forward_backward};
+use super::backprop::{Checkpointing, forward_backward, idle_pass};
 use super::checkpoint::TrainerState;
 use super::context::{Objective, Run};
 use super::optim::{AdamW, AdamWConfig, GradAccumulator};
@@ -114,21 +114,27 @@ pub fn optimizer_step(
 
     let mut grads = GradAccumulator::default();
     let loss_scale = t.state.loss_scaler.map_or(1.0, |s| s.scale);
-    for (micro, (ids, idle)) in passes(plan, &mine, &pairs, workers.world_size()).into_iter().enumerate() {
+    for (micro, ids) in mine.micro_batches.iter().enumerate() {
         let chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
         let recompute = (plan.checkpointing || plan.per_part()).then(|| Checkpointing {
             dropout_seed: plan
                 .dropout
                 .then(|| cfg.seed ^ (t.state.step << 20) ^ ((micro as u64) << 8) ^ workers.rank() as u64),
         });
-        let share = chunk.len() as f64 / mine.step_pairs.max(1) as f64;
-        let scale = match (idle, plan.objective) {
-            (true, _) => 0.0,
-            (false, Objective::Sft) => loss_scale,
-            (false, Objective::Dpo) => share * loss_scale,
+        let share = chunk.len() as f64 / mine.step_pairs as f64;
+        let scale = match plan.objective {
+            Objective::Sft => loss_scale,
+            Objective::Dpo => share * loss_scale,
         };
-        let pass = MicroBatch { ids: &ids, chunk: &chunk, recompute, scale, step_tokens, idle };
+        let pass = MicroBatch { ids, chunk: &chunk, recompute, scale, step_tokens };
         micro_batch(plan, run, &t, refs, &pass, &mut grads, window)?;
+    }
+    for _ in mine.micro_batches.len()..passes(plan, &mine, &pairs, workers.world_size()) {
+        // A rank short of micro-batches meets the others' collectives without computing.
+        if let (Objective::Dpo, Some(refs)) = (plan.objective, refs) {
+            refs.idle_rows(run)?;
+        }
+        idle_pass(policy_segments(plan, run, &t).as_ref(), &mut grads)?;
     }
 
     let (mut t, grad_norm, applied) = apply(plan, run, t, grads, lr)?;
@@ -138,7 +144,7 @@ pub fn optimizer_step(
     Ok((t, StepReport { grad_norm, applied }))
 }
 
-/// The step's gradients summed over the workers (reduce-scattered under ZeRO-2), unscaled
+/// The step's gradients summed over the workers (reduce-scattered under ZeRO-2 and ZeRO-3), unscaled
 /// (fp16), clipped by their global norm and applied by AdamW (on this worker's slices under ZeRO);
 /// the norm, and whether the step was applied.
 fn apply(
@@ -187,18 +193,30 @@ fn apply(
     Ok((t, grad_norm, applied))
 }
 
-/// This rank's passes of a step whose pairs are `pairs`: its micro-batches, and, where
-/// collectives run inside each pass (per-part ZeRO), idle stand-ins over the step's first pair up
-/// to rank 0's count (the most: a short chunk fills the low ranks first), so every rank meets the
-/// same collectives. `(pair indices, idle)` each.
-fn passes(plan: &StepPlan, mine: &RankStep, pairs: &[usize], world: usize) -> Vec<(Vec<usize>, bool)> {
-    let mut out: Vec<(Vec<usize>, bool)> = mine.micro_batches.iter().map(|ids| (ids.clone(), false)).collect();
-    if plan.per_part() {
-        let most = shard_step(pairs, plan.sampler.micro_batch, world, 0).len();
-        let stand_in: Vec<usize> = pairs.iter().take(1).copied().collect();
-        out.resize(most.max(out.len()), (stand_in, true));
+/// How many passes this rank runs in a step whose pairs are `pairs`: its micro-batches, or,
+/// where collectives run inside each pass (per-part ZeRO), rank 0's count (the most: a short
+/// chunk fills the low ranks first), the passes it lacks being idle ones.
+fn passes(plan: &StepPlan, mine: &RankStep, pairs: &[usize], world: usize) -> usize {
+    match plan.per_part() {
+        true => shard_step(pairs, plan.sampler.micro_batch, world, 0).len().max(mine.micro_batches.len()),
+        false => mine.micro_batches.len(),
     }
-    out
+}
+
+/// Where a pass of the policy gets its parts: the policy whole, or per part (ZeRO-3, and ZeRO-2
+/// under checkpointing).
+fn policy_segments<'a>(plan: &'a StepPlan, run: &'a Run, t: &'a Trained) -> Box<dyn Segments + 'a> {
+    match plan.per_part() {
+        false => Box::new(Whole(&t.policy)),
+        true => Box::new(Scattered {
+            model: &t.policy,
+            layout: &plan.layout,
+            gathered: t.parts.as_ref(),
+            workers: run.rt.workers,
+            hook: run.cfg.ddp_comm_hook,
+            device: &plan.device,
+        }),
+    }
 }
 
 /// One micro-batch of a step.
@@ -211,9 +229,6 @@ struct MicroBatch<'a> {
     scale: f64,
     /// SFT: completion tokens in the whole step.
     step_tokens: f64,
-    /// A stand-in pass that keeps a rank in step with the others: it computes with no weight
-    /// and records nothing.
-    idle: bool,
 }
 
 /// The forward and backward of one micro-batch, its gradients added to `grads`.
@@ -227,24 +242,8 @@ fn micro_batch(
     window: &mut Window,
 ) -> Result<(), DistError> {
     let (pad_id, max_length) = (run.data.tokenizer.pad_id(), Some(run.cfg.max_length));
-    let (whole, scattered);
-    let policy: &dyn Segments = match plan.per_part() {
-        false => {
-            whole = Whole(&t.policy);
-            &whole
-        }
-        true => {
-            scattered = Scattered {
-                model: &t.policy,
-                layout: &plan.layout,
-                gathered: t.parts.as_ref(),
-                workers: run.rt.workers,
-                hook: run.cfg.ddp_comm_hook,
-                device: &plan.device,
-            };
-            &scattered
-        }
-    };
+    let segments = policy_segments(plan, run, t);
+    let policy = segments.as_ref();
     match (plan.objective, refs) {
         (Objective::Sft, _) => {
             let batch = data::collate_chosen(pass.chunk, pad_id, max_length);
@@ -254,10 +253,8 @@ fn micro_batch(
                 forward_backward(policy, &device_batch, false, pass.recompute, pass.scale, grads, |scores| {
                     -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
                 })?;
-            if !pass.idle {
-                window.count(&batch);
-                window.losses.push(nll);
-            }
+            window.count(&batch);
+            window.losses.push(nll);
         }
         (Objective::Dpo, Some(refs)) => {
             let loss_cfg = &run.cfg.loss;
@@ -268,10 +265,8 @@ fn micro_batch(
                 forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
                     dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
                 })?;
-            if !pass.idle {
-                window.count(&batch);
-                window.pending.push((device_batch, scores, ref_rows, loss));
-            }
+            window.count(&batch);
+            window.pending.push((device_batch, scores, ref_rows, loss));
         }
         (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
     }
