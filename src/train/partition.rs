@@ -43,14 +43,9 @@ impl Layout {
     /// The layout of `model` (its values are not read).
     pub fn of(model: &Llama) -> Self {
         let mut entries = BTreeMap::new();
-        params::visit_where(
-            model,
-            None,
-            |_| true,
-            |p| {
-                entries.insert(p.name, (p.dims.iter().product(), p.trains));
-            },
-        );
+        params::visit(model, None, |p| {
+            entries.insert(p.name, (p.dims.iter().product(), p.trains));
+        });
         Self { entries, tied: model.lm_head.is_none() }
     }
 
