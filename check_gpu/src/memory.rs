@@ -28,12 +28,12 @@
 //! head), running the decoder one layer at a time with recomputation; its gradients are
 //! reduce-scattered piece by piece as zero2's.
 //!
-//! `--offload-optimizer` moves AdamW's moments to host memory and runs the update there (optimizer
-//! term 0). The fp32 master weights stay on the GPU: dpo-train keeps its trained parameters in
-//! fp32 and casts them as they are used, so the master is the parameter (DeepSpeed's offload also
-//! moves the master and keeps a half-precision copy on the GPU; dpo-train does not).
-//! [`MemoryEstimate::host`] reports the host bytes per rank, 8P/N (N = 1 for none), outside the
-//! GPU total.
+//! `--offload-optimizer` (DeepSpeed's ZeRO-Offload) moves AdamW's moments and the fp32 masters of
+//! the trained parameters to host memory and runs the update there (optimizer term 0): the GPU
+//! keeps the trained parameters in the compute dtype only, `c*P` (zero3: `c*P/N + c*Pg`, the
+//! piece gathered in the compute dtype), and under fp32 their fp32 values as before.
+//! [`MemoryEstimate::host`] reports the host bytes per rank, 12P/N (4 master + 8 moments; N = 1
+//! for none), outside the GPU total.
 //!
 //! LoRA rank r on q,k,v,o: weights = frozen base c*P (zero3: c*P/N + c*Pg) + adapters 4A;
 //! gradients 4A and optimizer 8A, divided by N as above (a gathered adapter piece is one
@@ -151,7 +151,7 @@ pub struct MemoryRequest<'a> {
     /// Data-parallel ranks `N` the sharded terms divide over (0 counts as 1).
     pub world_size: u64,
     pub sharding: Sharding,
-    /// AdamW's moments in host memory.
+    /// AdamW's moments and the fp32 masters in host memory.
     pub offload_optimizer: bool,
 }
 
@@ -167,7 +167,8 @@ pub struct MemoryEstimate {
     /// 10% of the terms above plus the CUDA context.
     pub overhead: u64,
     pub total: u64,
-    /// Host (CPU) memory per rank for the offloaded optimizer; not part of `total`.
+    /// Host (CPU) memory per rank for the offloaded optimizer (moments and fp32 masters); not part
+    /// of `total`.
     #[serde(default)]
     pub host: u64,
 }
@@ -212,12 +213,15 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
     let (p, c, mixed) = (req.model.params, req.dtype.bytes(), req.dtype.is_mixed());
     let split = Split { n, part: req.model.gathered_piece_params() };
     let stage = req.sharding;
-    let weights = match stage {
-        Sharding::Zero3 => {
+    let weights = match (stage, req.offload_optimizer) {
+        // Offloaded, the GPU keeps the compute dtype's values only (the masters are on the host).
+        (Sharding::Zero3, true) => split.shard_and_piece(c, p),
+        (_, true) => mul(&[c, p]),
+        (Sharding::Zero3, false) => {
             let cast = if mixed { mul(&[c, split.part]) } else { 0 };
             split.shard_and_piece(4, p).saturating_add(cast)
         }
-        _ => mul(&[if mixed { c + 4 } else { 4 }, p]),
+        (_, false) => mul(&[if mixed { c + 4 } else { 4 }, p]),
     };
     let gradients = sharded_gradients(req, split, p);
     let reference = match (req.reference, stage) {
@@ -234,12 +238,14 @@ fn lora_state(req: &MemoryRequest<'_>, n: u64, rank: u64) -> State {
     let m = req.model;
     let (p, c, a) = (m.params, req.dtype.bytes(), m.lora_params(rank));
     let adapters = Split { n, part: a / m.num_layers.max(1) };
+    // Offloaded, the adapters stay on the GPU in the compute dtype (their masters on the host).
+    let adapter_bytes = if req.offload_optimizer { c } else { 4 };
     let (base, adapter_weights) = match req.sharding {
         Sharding::Zero3 => {
             let base = Split { n, part: m.gathered_piece_params() }.shard_and_piece(c, p);
-            (base, adapters.shard_and_piece(4, a))
+            (base, adapters.shard_and_piece(adapter_bytes, a))
         }
-        _ => (mul(&[c, p]), mul(&[4, a])),
+        _ => (mul(&[c, p]), mul(&[adapter_bytes, a])),
     };
     let gradients = sharded_gradients(req, adapters, a);
     let (optimizer, host) = optimizer_terms(req, n, a);
@@ -257,11 +263,13 @@ fn sharded_gradients(req: &MemoryRequest<'_>, split: Split, count: u64) -> u64 {
 }
 
 /// AdamW's m and v (8 bytes per trained element, `1/N` of them when sharded) on the GPU, or in
-/// host memory when offloaded: `(gpu, host)`.
+/// host memory with the fp32 masters (4 more bytes) when offloaded: `(gpu, host)`.
 fn optimizer_terms(req: &MemoryRequest<'_>, n: u64, count: u64) -> (u64, u64) {
     let n = if req.sharding == Sharding::None { 1 } else { n };
-    let moments = mul(&[8, count]).div_ceil(n);
-    if req.offload_optimizer { (0, moments) } else { (moments, 0) }
+    match req.offload_optimizer {
+        true => (0, mul(&[12, count]).div_ceil(n)),
+        false => (mul(&[8, count]).div_ceil(n), 0),
+    }
 }
 
 /// Estimates the peak memory of one rank (see the module doc for every formula).
@@ -404,22 +412,22 @@ mod tests {
     }
 
     #[test]
-    fn offload_moves_the_moments_to_the_host() {
+    fn offload_moves_the_moments_and_masters_to_the_host() {
         let m = ModelShape::from_param_count(P);
         let off = |s| estimate(&MemoryRequest { offload_optimizer: true, ..sharded(&m, s) });
-        // Unsharded: the weights stay (bf16 copy + fp32 master, 6P); 8P moments on the host.
+        // Unsharded: the GPU keeps the bf16 copy (2P); the host the fp32 master and moments, 12P.
         let none = off(Sharding::None);
-        assert_eq!((none.weights, none.optimizer, none.host), (9e9 as u64, 0, 12e9 as u64));
-        // zero2: each rank's host holds its quarter of the moments, 8 * 1.5e9 / 4.
+        assert_eq!((none.weights, none.optimizer, none.host), (3e9 as u64, 0, 18e9 as u64));
+        // zero2: each rank's host holds its quarter of the masters and moments, 12 * 1.5e9 / 4.
         let z2 = off(Sharding::Zero2);
-        assert_eq!((z2.weights, z2.optimizer, z2.host), (9e9 as u64, 0, 3e9 as u64));
-        // zero3: fp32 shards 4P/N, the gathered piece in fp32 and its bf16 cast, (4 + 2) * PG.
+        assert_eq!((z2.weights, z2.optimizer, z2.host), (3e9 as u64, 0, 4.5e9 as u64));
+        // zero3: bf16 shards 2P/N and the gathered piece in bf16, 2 * PG.
         let z3 = off(Sharding::Zero3);
-        assert_eq!((z3.weights, z3.optimizer, z3.host), (1_500_000_000 + 6 * PG, 0, 3e9 as u64));
-        // fp32: the same moments move.
+        assert_eq!((z3.weights, z3.optimizer, z3.host), (750_000_000 + 2 * PG, 0, 4.5e9 as u64));
+        // fp32: the GPU keeps the fp32 parameters; the host a copy of this rank's slice and its moments.
         let f =
             estimate(&MemoryRequest { dtype: Dtype::Fp32, offload_optimizer: true, ..sharded(&m, Sharding::Zero1) });
-        assert_eq!((f.weights, f.optimizer, f.host), (6e9 as u64, 0, 3e9 as u64));
+        assert_eq!((f.weights, f.optimizer, f.host), (6e9 as u64, 0, 4.5e9 as u64));
         // The host bytes are not in the GPU total.
         let sum = z3.weights + z3.gradients + z3.reference + z3.activations + z3.logits;
         assert_eq!(z3.total, sum + z3.overhead);
@@ -439,7 +447,7 @@ mod tests {
         assert_eq!(z3.gradients, (4 * a).div_ceil(4) + 4 * a_layer);
         assert_eq!(z3.reference, 0);
         let off = estimate(&MemoryRequest { offload_optimizer: true, ..lora(Sharding::Zero2) });
-        assert_eq!((off.optimizer, off.host), (0, (8 * a).div_ceil(4)));
+        assert_eq!((off.weights, off.optimizer, off.host), (2 * P + 2 * a, 0, (12 * a).div_ceil(4)));
     }
 
     #[test]

@@ -297,7 +297,7 @@ train_config! {
     fsdp: String = String::new(),
     /// Seconds a rendezvous or collective may wait for a peer before the job fails.
     ddp_timeout: u64 = 1800,
-    /// Keep AdamW's moments in host memory and run the update there (DeepSpeed's offload_optimizer; the fp32 parameters stay on the device).
+    /// Keep AdamW's moments and the fp32 master weights in host memory and run the update there; the device keeps the compute dtype's copy (DeepSpeed's offload_optimizer).
     offload_optimizer: bool = false,
     /// Passes over the training data (fractions allowed).
     num_train_epochs: f64 = 3.0,

@@ -19,7 +19,7 @@ pub mod shards;
 pub mod slurm;
 pub mod watch;
 
-mod bridge;
+pub(crate) mod bridge;
 
 pub use env::{EnvError, EnvSource, WorkerEnv};
 pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};

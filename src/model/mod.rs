@@ -114,6 +114,19 @@ pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
     })
 }
 
+/// A copy of `t` in page-locked host memory (the libtorch CPU device): copies between it and a GPU
+/// go by DMA without a staging buffer. Needs the CUDA runtime (callers pin only for a GPU run).
+///
+/// # Panics
+/// If `t` is not a LibTorch tensor, or libtorch cannot allocate pinned memory.
+pub fn pinned_copy<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let (tensor, origin) = crate::dist::bridge::to_tch(t).expect("a LibTorch tensor");
+    // Pinned for the accelerator `t` lives on (torch's deprecated `device` argument names which one).
+    let mut host = tch::Tensor::empty(tensor.size(), (tensor.kind(), tch::Device::Cpu)).pin_memory(tensor.device());
+    host.copy_(&tensor);
+    crate::dist::bridge::from_tch(host, origin)
+}
+
 /// A tensor's values on the host, as f32, in row-major order.
 pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
     // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use burn::module::Module;
-use burn::tensor::{Device, Gradients, Tensor};
+use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 
 use crate::dist::DistError;
 use crate::model::params;
@@ -44,9 +44,39 @@ pub struct AdamW {
     /// `(rank, world_size)` under ZeRO: the moments are this rank's slices of each parameter
     /// ([`crate::dist::shards`]), not whole parameters.
     pub shard: Option<(usize, usize)>,
-    /// `offload_optimizer`: the host device the moments live on and the update runs on; the
-    /// updated values go back to the parameter's device.
-    pub host: Option<Device>,
+    /// `offload_optimizer`: the fp32 masters and the moments live on the host and the update runs
+    /// there; the device keeps the parameters in the compute dtype.
+    pub offload: Option<Offload>,
+}
+
+/// The optimizer's host side under `offload_optimizer` (DeepSpeed's ZeRO-Offload): the fp32
+/// master of each trained parameter (this rank's slice under ZeRO) and the moments in host memory,
+/// page-locked when the device is a GPU so the copies each way go by DMA. The update runs on the
+/// host, in place (burn's libtorch operations write into a tensor nobody else holds, so the
+/// pinned buffers stay); the new values go back to the device cast to `device_dtype`.
+#[derive(Debug, Clone)]
+pub struct Offload {
+    /// libtorch's CPU device (on a CPU-only machine, the training device itself).
+    pub host: Device,
+    /// The dtype the device keeps trained parameters in: the compute dtype (half the bytes of an
+    /// fp32 copy under mixed precision).
+    pub device_dtype: FloatDType,
+    /// Page-lock host tensors (the device is a GPU).
+    pub pin: bool,
+    /// fp32 masters by parameter name: whole (`[N]`), or this rank's slices (`[c]`) under ZeRO,
+    /// `shard` being `(rank, world_size)`.
+    pub masters: BTreeMap<String, Tensor<1>>,
+    pub shard: Option<(usize, usize)>,
+}
+
+impl Offload {
+    /// `t` in host memory: page-locked when `pin` (copied by DMA), else libtorch's plain copy.
+    pub fn to_host(&self, t: Tensor<1>) -> Tensor<1> {
+        match self.pin {
+            true => crate::model::pinned_copy(t),
+            false => t.to_device(&self.host),
+        }
+    }
 }
 
 /// A flat tensor padded with zeros to `world` slices of equal length (ZeRO's layout).
@@ -82,8 +112,10 @@ impl GradAccumulator {
     pub fn add_where<M: Module>(&mut self, model: &M, grads: &Gradients, keep: impl Fn(&str) -> bool) {
         let mut fresh = BTreeMap::new();
         params::visit_where(model, Some(grads), keep, |p| {
+            // Summed in f32 whatever the parameter's dtype (an offloaded run keeps half-precision
+            // parameters on the device; their gradients add up as a master's would).
             if let Some(grad) = p.grad {
-                fresh.insert(p.name, grad);
+                fresh.insert(p.name, grad.cast(FloatDType::F32));
             }
         });
         self.merge(GradAccumulator { grads: fresh });
@@ -198,17 +230,28 @@ impl AdamW {
     }
 
     /// AdamW on one parameter's values `p` (a whole parameter, or this rank's slice of it) with
-    /// their gradient; the moments of `name` are updated in place.
+    /// their gradient; the moments of `name` are updated in place. Offloaded, the update runs on
+    /// the host master and `p` only says where the result goes (and, before the first step of a
+    /// parameter without a master, what the master starts from).
     fn update(&mut self, name: &str, p: Tensor<1>, grad: Tensor<1>, lr: f64, cfg: &AdamWConfig) -> Tensor<1> {
-        let Some(host) = self.host.clone() else { return self.update_here(name, p, grad, lr, cfg) };
+        let Some(mut off) = self.offload.take() else { return self.update_here(name, p, grad, lr, cfg) };
         let device = p.device();
-        // Moments loaded from a checkpoint arrive on the device: they move once.
-        if let Some(m) = self.moments.remove(name) {
-            let moved = Moments { exp_avg: m.exp_avg.to_device(&host), exp_avg_sq: m.exp_avg_sq.to_device(&host) };
-            self.moments.insert(name.to_owned(), moved);
-        }
-        let p = self.update_here(name, p.to_device(&host), grad.to_device(&host), lr, cfg);
-        p.to_device(&device)
+        let master = match off.masters.remove(name) {
+            Some(master) => master,
+            None => off.to_host(p.cast(FloatDType::F32)),
+        };
+        // The moments start as zeros in host memory (and ones loaded from a checkpoint elsewhere move once).
+        let moments = match self.moments.remove(name) {
+            Some(m) if m.exp_avg.device() == off.host => m,
+            Some(m) => Moments { exp_avg: off.to_host(m.exp_avg), exp_avg_sq: off.to_host(m.exp_avg_sq) },
+            None => Moments { exp_avg: off.to_host(master.zeros_like()), exp_avg_sq: off.to_host(master.zeros_like()) },
+        };
+        self.moments.insert(name.to_owned(), moments);
+        let updated = self.update_here(name, master, off.to_host(grad.cast(FloatDType::F32)), lr, cfg);
+        let back = updated.clone().cast(off.device_dtype).to_device(&device);
+        off.masters.insert(name.to_owned(), updated);
+        self.offload = Some(off);
+        back
     }
 
     /// [`AdamW::update`] where `p` and `grad` are.

@@ -61,6 +61,16 @@ impl Layout {
         }
     }
 
+    /// Whether parameter `name` trains.
+    pub fn trains(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|e| e.1)
+    }
+
+    /// The element count of parameter `name` (0 for a name it does not hold).
+    pub fn len_of(&self, name: &str) -> usize {
+        self.entries.get(name).map_or(0, |e| e.0)
+    }
+
     /// The trainable parameters of `part` with their element counts, in name order.
     fn trainable(&self, part: Part) -> Vec<(&str, usize)> {
         let entries = self.entries.iter().filter(|(name, (_, trains))| *trains && self.in_part(name, part));
@@ -204,18 +214,30 @@ impl Partitioned {
     /// A model with the parameters of `part` (every part: `None`) gathered whole from every
     /// rank's slices, the rest hollow. Every rank calls it at the same point.
     pub fn whole(&self, part: Option<Part>, workers: Workers) -> Result<Llama, DistError> {
+        self.whole_with(part, &BTreeMap::new(), workers)
+    }
+
+    /// [`Partitioned::whole`] where `overrides` gives the slices of some parameters (the offloaded
+    /// optimizer's fp32 masters, on the device) in place of the ones at rest.
+    pub fn whole_with(
+        &self,
+        part: Option<Part>,
+        overrides: &BTreeMap<String, Tensor<1>>,
+        workers: Workers,
+    ) -> Result<Llama, DistError> {
+        let slice = |name: &String| overrides.get(name).unwrap_or(&self.slices[name]);
         let names: Vec<&String> =
             self.slices.keys().filter(|n| part.is_none_or(|part| self.layout.in_part(n, part))).collect();
         // One gather per dtype (a frozen base in half precision beside f32 adapters).
         let mut by_dtype: BTreeMap<String, Vec<&String>> = BTreeMap::new();
         for name in names {
-            by_dtype.entry(format!("{:?}", self.slices[name].dtype())).or_default().push(name);
+            by_dtype.entry(format!("{:?}", slice(name).dtype())).or_default().push(name);
         }
         let mut values: BTreeMap<&str, Tensor<1>> = BTreeMap::new();
         for names in by_dtype.into_values() {
-            let slices: Vec<Tensor<1>> = names.iter().map(|n| self.slices[*n].clone()).collect();
+            let slices: Vec<Tensor<1>> = names.iter().map(|n| slice(n).clone()).collect();
             for (name, full) in names.into_iter().zip(workers.gather_slices(&slices)?) {
-                values.insert(name, full.narrow(0, 0, self.layout.entries[name].0));
+                values.insert(name, full.narrow(0, 0, self.layout.len_of(name)));
             }
         }
         Ok(params::replace(self.hollow.clone(), |name, _| values.remove(name)))

@@ -15,7 +15,7 @@ use burn::tensor::FloatDType;
 use super::checkpoint::{self, ModelFiles, TrainerState};
 use super::context::{DrawPlots, Objective, Progress, Run, Stage, StageOutcome};
 use super::log::MetricsWriter;
-use super::optim::{AdamW, AdamWConfig, LossScaler};
+use super::optim::{AdamW, AdamWConfig, LossScaler, Offload};
 use super::partition::{Layout, Partitioned};
 use super::policy::{PolicySpec, inference_copy};
 use super::references::References;
@@ -91,7 +91,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
         }
         if cfg.save_steps > 0 && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
-            save(run, stage, &trained, files, &trained.whole_policy(workers)?.valid(), progress)?;
+            save(run, stage, &trained, files, &trained.master_policy(workers, &run.rt.device)?.valid(), progress)?;
         }
         progress.step(trained.state.step, &last_status);
     }
@@ -234,6 +234,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         let shares_base = spec.lora.is_some() && stage.ref_dir.is_none();
         partition(&mut trained, references.as_mut(), shares_base, workers);
     }
+    trained.offload_masters(sharding, (workers.rank(), workers.world_size()));
     let plan = StepPlan {
         objective: stage.objective,
         sampler,
@@ -299,7 +300,13 @@ fn start(
             },
         ),
     };
-    optimizer.host = host;
+    optimizer.offload = host.map(|host| Offload {
+        pin: run.rt.device != host,
+        host,
+        device_dtype: spec.compute_dtype,
+        masters: Default::default(),
+        shard: None,
+    });
     if let Some(lora) = &spec.lora {
         let mut trainable = 0;
         params::visit(&policy, None, |p| trainable += if p.trains { p.flat.dims()[0] } else { 0 });
@@ -387,7 +394,7 @@ fn finish(
     progress: &mut dyn Progress,
 ) -> anyhow::Result<StageOutcome> {
     let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
-    let policy = inference_copy(t.whole_policy(workers)?.as_ref());
+    let policy = inference_copy(t.master_policy(workers, &run.rt.device)?.as_ref());
     let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
     if !saved_now {
         write_checkpoint(run, dir, &t, end.files, &policy, progress)?;

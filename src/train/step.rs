@@ -7,13 +7,14 @@
 //! micro-batches and ranks equal those of one batch holding every pair of the step.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, FloatDType, Tensor};
 
 use super::backprop::{Checkpointing, forward_backward, idle_pass};
 use super::checkpoint::TrainerState;
 use super::context::{Objective, Run};
-use super::optim::{AdamW, AdamWConfig, GradAccumulator};
+use super::optim::{AdamW, AdamWConfig, GradAccumulator, slice_of};
 use super::partition::{Layout, Partitioned, Scattered, Segments, Whole};
 use super::references::References;
 use super::sampler::{RankStep, Sampler, rank_step, shard_step};
@@ -24,7 +25,7 @@ use crate::data::{self, Batch, TokenizedPair};
 use crate::dist::DistError;
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
-use crate::model::Llama;
+use crate::model::{Llama, params};
 
 /// What a stage fixes for all of its steps.
 pub struct StepPlan {
@@ -66,12 +67,74 @@ pub struct Trained {
 
 impl Trained {
     /// The policy with every parameter whole: under ZeRO-3 gathered from every rank's slices
-    /// (every rank calls it at the same point).
+    /// (every rank calls it at the same point). Offloaded, trained parameters are in the compute
+    /// dtype, which computes exactly what their masters would.
     pub fn whole_policy(&self, workers: Workers) -> Result<Cow<'_, Llama>, DistError> {
         match &self.parts {
             Some(parts) => parts.whole(None, workers).map(Cow::Owned),
             None => Ok(Cow::Borrowed(&self.policy)),
         }
+    }
+
+    /// What checkpoints and `final/` hold: [`Trained::whole_policy`] with the trained parameters
+    /// at their fp32 values. Offloaded under mixed precision those are the host masters, moved to
+    /// `device` (and gathered under ZeRO) for the duration. Every rank calls it at the same point.
+    pub fn master_policy(&self, workers: Workers, device: &Device) -> Result<Cow<'_, Llama>, DistError> {
+        let Some(off) = self.optimizer.offload.as_ref().filter(|o| o.device_dtype != FloatDType::F32) else {
+            return self.whole_policy(workers);
+        };
+        let mut masters: BTreeMap<String, Tensor<1>> =
+            off.masters.iter().map(|(name, m)| (name.clone(), m.clone().to_device(device))).collect();
+        if let Some(parts) = &self.parts {
+            return parts.whole_with(None, &masters, workers).map(Cow::Owned);
+        }
+        if off.shard.is_some() {
+            let (names, slices): (Vec<String>, Vec<Tensor<1>>) = masters.into_iter().unzip();
+            let lens = self.layout_lens(&names);
+            let whole = workers.gather_slices(&slices)?.into_iter().zip(lens).map(|(t, n)| t.narrow(0, 0, n));
+            masters = names.into_iter().zip(whole).collect();
+        }
+        Ok(Cow::Owned(params::map(self.policy.clone(), |name, _| masters.remove(name))))
+    }
+
+    /// The element counts of the policy's parameters `names`.
+    fn layout_lens(&self, names: &[String]) -> Vec<usize> {
+        let mut lens = BTreeMap::new();
+        params::visit(&self.policy, None, |p| {
+            lens.insert(p.name, p.flat.dims()[0]);
+        });
+        names.iter().map(|n| lens.get(n).copied().unwrap_or(0)).collect()
+    }
+
+    /// `offload_optimizer`: the fp32 values of the trained parameters (this rank's slices under
+    /// `sharding`) become the optimizer's host masters, and the device keeps the parameters in the
+    /// compute dtype. Done once, after ZeRO-3 partitioned the policy.
+    pub fn offload_masters(&mut self, sharding: Sharding, shard: (usize, usize)) {
+        let Some(off) = self.optimizer.offload.as_mut() else { return };
+        let dtype = off.device_dtype;
+        if let Some(parts) = self.parts.as_mut() {
+            off.shard = Some(shard);
+            for (name, slice) in parts.slices.iter_mut().filter(|(name, _)| parts.layout.trains(name)) {
+                off.masters.insert(name.clone(), off.to_host(slice.clone()));
+                *slice = slice.clone().cast(dtype);
+            }
+            return;
+        }
+        off.shard = (sharding != Sharding::None).then_some(shard);
+        let mut masters = BTreeMap::new();
+        params::visit(&self.policy, None, |p| {
+            if p.trains {
+                let flat = p.flat.inner();
+                let values = match off.shard {
+                    Some(shard) => slice_of(flat, shard),
+                    None => flat,
+                };
+                masters.insert(p.name, off.to_host(values));
+            }
+        });
+        let policy = self.policy.clone();
+        self.policy = params::map(policy, |name, old| masters.contains_key(name).then(|| old.cast(dtype)));
+        off.masters = masters;
     }
 }
 

@@ -89,6 +89,9 @@ fn shard(p: &Plan, per: &str, what: &str) -> String {
 
 fn weights_formula(p: &Plan) -> String {
     let (c, half) = (p.dtype.bytes(), p.dtype.name());
+    if p.offload_optimizer {
+        return offloaded_weights_formula(p);
+    }
     match (p.finetune, p.sharding, p.dtype) {
         (FineTune::Lora { .. }, Sharding::Zero3, ..) => format!(
             "{c} B/param frozen base{}{} + 4 B/adapter param{} + one layer's",
@@ -105,6 +108,26 @@ fn weights_formula(p: &Plan) -> String {
         ),
         (FineTune::Full, _, Dtype::Fp32) => "4 B/param".to_string(),
         (FineTune::Full, ..) => format!("6 B/param ({half} copy + fp32 master)"),
+    }
+}
+
+/// Offloaded, the GPU keeps the trained parameters in the compute dtype; their fp32 masters are
+/// on the host.
+fn offloaded_weights_formula(p: &Plan) -> String {
+    let (c, half) = (p.dtype.bytes(), p.dtype.name());
+    let masters = if p.dtype == Dtype::Fp32 { "" } else { ", fp32 masters on the host" };
+    match (p.finetune, p.sharding) {
+        (FineTune::Lora { .. }, Sharding::Zero3) => format!(
+            "{c} B/param frozen base{}{} + {c} B/adapter param{} + one layer's{masters}",
+            over(p),
+            plus_piece(p, &c.to_string()),
+            over(p)
+        ),
+        (FineTune::Lora { .. }, _) => format!("{c} B/param frozen base + {c} B/adapter param{masters}"),
+        (FineTune::Full, Sharding::Zero3) => {
+            format!("{} ({half}, gathered){masters}", shard(p, &c.to_string(), "param"))
+        }
+        (FineTune::Full, _) => format!("{c} B/param ({half}){masters}"),
     }
 }
 
@@ -167,14 +190,14 @@ fn act_formula(p: &Plan) -> String {
     }
 }
 
-/// Host memory per GPU's process: AdamW's moments.
+/// Host memory per GPU's process: AdamW's moments and the fp32 masters.
 fn host_formula(p: &Plan) -> String {
     let what = match p.finetune {
         FineTune::Full => "param",
         FineTune::Lora { .. } => "adapter param",
     };
     let split = if p.sharding == Sharding::None { String::new() } else { over(p) };
-    format!("8 B/{what}{split} in CPU memory (AdamW m, v; not in the GPU total)")
+    format!("12 B/{what}{split} in CPU memory (fp32 master + AdamW m, v; not in the GPU total)")
 }
 
 #[cfg(test)]
@@ -208,15 +231,19 @@ mod tests {
         assert_eq!(z3.world_size, 4);
         assert_eq!(
             weights_formula(&z3),
-            "4 B/param fp32 master / 4 GPUs + largest piece (4+2) B x 233M (gathered in fp32, cast to bf16)"
+            "2 B/param / 4 GPUs + largest piece 2 B x 233M (bf16, gathered), fp32 masters on the host"
         );
+        assert_eq!(weights_formula(&planned(Sharding::Zero1, true)), "2 B/param (bf16), fp32 masters on the host");
         assert_eq!(
             grads_formula(&z3),
             "4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward)"
         );
         assert_eq!(opt_formula(&z3), "0 on the GPU (AdamW m, v in host memory)");
         assert_eq!(ref_formula(&z3), "2 B/param / 4 GPUs + largest piece 2 B x 233M frozen copy");
-        assert_eq!(host_formula(&z3), "8 B/param / 4 GPUs in CPU memory (AdamW m, v; not in the GPU total)");
+        assert_eq!(
+            host_formula(&z3),
+            "12 B/param / 4 GPUs in CPU memory (fp32 master + AdamW m, v; not in the GPU total)"
+        );
         assert!(sharding_line(&z3).starts_with("zero3 over 4 GPU(s) (weights, gradients and AdamW state partitioned; gathered a piece at a time, the largest 233M parameters), optimizer offloaded to host memory ("), "{}", sharding_line(&z3));
         let z3 = planned(Sharding::Zero3, false);
         assert_eq!(
