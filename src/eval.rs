@@ -10,7 +10,9 @@ use anyhow::Context;
 use burn::tensor::Device;
 
 use crate::config::LossConfig;
-use crate::data::{self, Columns, LoadOptions, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer};
+use crate::data::{
+    self, Columns, LoadOptions, Packing, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer,
+};
 use crate::dpo::logps::{Collation, RefLogps, reference_logps};
 use crate::dpo::metrics::Metrics;
 use crate::dpo::score::evaluate_pairs;
@@ -43,6 +45,8 @@ pub struct EvalOptions {
     pub max_length: Option<usize>,
     /// Pairs per forward pass.
     pub batch_size: usize,
+    /// How a pass lays out its sequences (the numbers do not depend on it).
+    pub packing: Packing,
     pub device: Device,
 }
 
@@ -110,6 +114,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         pad_id: tokenizer.pad_id(),
         max_length: opts.max_length,
         ld_alpha: opts.loss.ld_alpha,
+        packing: opts.packing,
     };
     let ref_logps = match reference {
         Some(r) => reference_logps(r, &pairs, &collation, &opts.device),

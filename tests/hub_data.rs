@@ -119,6 +119,7 @@ fn hub_datasets_evaluate_to_trls_metrics_within_1e_5() {
             loss: LossConfig::default(),
             max_length: Some(1024),
             batch_size: 4,
+            packing: dpo_train::data::Packing::SharedPrompt,
             device: cpu(),
         };
         let report = evaluate(&opts).unwrap_or_else(|e| panic!("{}: {e:#}", case.dataset));

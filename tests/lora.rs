@@ -13,7 +13,7 @@ use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use dpo_train::config::LoraSettings;
 use dpo_train::config::LossConfig;
 use dpo_train::config::TrainConfig;
-use dpo_train::data::{self, TokenizedPair};
+use dpo_train::data::{self, Packing, TokenizedPair};
 use dpo_train::dpo::logps::DeviceBatch;
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::model::{self, AdapterInit, Llama};
@@ -173,8 +173,13 @@ fn pairs() -> Vec<TokenizedPair> {
 
 /// The gradients of one DPO micro-batch, keyed by parameter.
 fn dpo_grads(policy: &Llama, checkpointing: Option<Checkpointing>) -> GradAccumulator {
+    dpo_grads_in(policy, checkpointing, Packing::SharedPrompt)
+}
+
+/// [`dpo_grads`] with the batch laid out by `packing`.
+fn dpo_grads_in(policy: &Llama, checkpointing: Option<Checkpointing>, packing: Packing) -> GradAccumulator {
     let device = cpu().autodiff();
-    let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None), None, &device);
+    let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None, packing), None, &device);
     let reference = vec![-20.0, -25.0, -22.0, -21.0];
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
@@ -185,10 +190,11 @@ fn dpo_grads(policy: &Llama, checkpointing: Option<Checkpointing>) -> GradAccumu
     grads
 }
 
-/// The same gradients from burn's autodiff through the whole model, head included.
+/// The same gradients from burn's autodiff through the whole model, head included (TRL's padded
+/// rows).
 fn autodiff_grads(policy: &Llama) -> GradAccumulator {
     let device = cpu().autodiff();
-    let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None), None, &device);
+    let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None, Packing::Padded), None, &device);
     let reference = vec![-20.0, -25.0, -22.0, -21.0];
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let scores = dpo_train::dpo::logps::score(policy, &batch, true);
@@ -198,16 +204,21 @@ fn autodiff_grads(policy: &Llama) -> GradAccumulator {
     grads
 }
 
-/// The training step's hand-written LM-head backward (softmax and projection) equals autodiff's,
-/// for a tied (llama) and an untied (qwen3) output projection.
+/// The training step's hand-written LM-head backward (softmax and projection) equals autodiff's
+/// through the padded rows, for a tied (llama) and an untied (qwen3) output projection, in every
+/// batch layout.
 #[test]
 fn the_hand_written_head_backward_equals_autodiff() {
     let device = cpu().autodiff();
     for name in ["llama", "qwen3"] {
         let (_, model) = model::load(&fixtures().join("models").join(name), &device).unwrap();
-        let ours = dpo_grads(&model, None);
-        assert!(ours.grads.contains_key(if name == "llama" { "model.embed_tokens.weight" } else { "lm_head.weight" }));
-        assert_same_grads(&autodiff_grads(&model), &ours);
+        let autodiff = autodiff_grads(&model);
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let ours = dpo_grads_in(&model, None, packing);
+            let head = if name == "llama" { "model.embed_tokens.weight" } else { "lm_head.weight" };
+            assert!(ours.grads.contains_key(head));
+            assert_same_grads(&autodiff, &ours);
+        }
     }
 }
 

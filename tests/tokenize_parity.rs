@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use dpo_train::data::tokenizer::{Message, Tokenizer};
-use dpo_train::data::{LoadOptions, collate, load_preferences, tokenize};
+use dpo_train::data::{LoadOptions, Packing, collate, load_preferences, tokenize};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -126,12 +126,27 @@ fn check_dataset(data: &str, expected: &str) {
         assert_eq!(pair.rejected_ids, kept(&want.rejected_input_ids), "{data} row {i} rejected");
     }
     assert_eq!(tok.pad_id(), fx.pad_token_id);
-    let batch = collate(&pairs, tok.pad_id(), fx.max_length);
-    let rows = |flat: &[i64]| -> Vec<Vec<i64>> { flat.chunks(batch.seq_len.max(1)).map(<[i64]>::to_vec).collect() };
-    assert_eq!(batch.batch_size, pairs.len());
+    let batch = collate(&pairs, tok.pad_id(), fx.max_length, Packing::Padded);
+    let rows = |flat: &[i64]| -> Vec<Vec<i64>> { flat.chunks(batch.len.max(1)).map(<[i64]>::to_vec).collect() };
+    assert_eq!(batch.pairs, pairs.len());
     assert_eq!(rows(&batch.input_ids), fx.collated.input_ids, "{data} input_ids");
-    assert_eq!(rows(&batch.attention_mask), fx.collated.attention_mask, "{data} attention_mask");
-    assert_eq!(rows(&batch.completion_mask), fx.collated.completion_mask, "{data} completion_mask");
+    // TRL's masks: real tokens, and the completion at the end of each row's real tokens.
+    let mask = |r: usize, from: usize| (0..batch.len).map(|j| i64::from(from <= j && j < batch.lengths[r])).collect();
+    let attention: Vec<Vec<i64>> = (0..batch.rows).map(|r| mask(r, 0)).collect();
+    let completion: Vec<Vec<i64>> =
+        (0..batch.rows).map(|r| mask(r, batch.lengths[r] - batch.completion_lengths[r])).collect();
+    assert_eq!(attention, fx.collated.attention_mask, "{data} attention_mask");
+    assert_eq!(completion, fx.collated.completion_mask, "{data} completion_mask");
+    // The scored predictions are the completion mask shifted by one, row by row.
+    let mut shifted = Vec::new();
+    for (r, row) in completion.iter().enumerate() {
+        for t in (1..batch.len).filter(|&t| row[t] == 1) {
+            shifted.push(((r * batch.len + t - 1) as i64, fx.collated.input_ids[r][t]));
+        }
+    }
+    let scored: Vec<(i64, i64)> = batch.at.iter().copied().zip(batch.labels.iter().copied()).collect();
+    assert!(!scored.is_empty());
+    assert_eq!(scored, shifted, "{data} scored predictions");
 }
 
 #[test]

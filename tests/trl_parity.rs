@@ -1,13 +1,14 @@
 //! Every metric of `dpo-train eval` against TRL 1.16's `DPOTrainer.evaluate` on the same policy,
-//! a different reference and the same data, for every loss type and option TRL supports. The
-//! expected numbers come from `tests/gen/make_fixtures.py` (TRL run in `.venv`).
+//! a different reference and the same data, for every loss type and option TRL supports, in each
+//! batch layout (TRL's padded rows, packed rows, packed with shared prompts). The expected numbers
+//! come from `tests/gen/make_fixtures.py` (TRL run in `.venv`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use burn::tensor::Device;
 use dpo_train::config::{FDivergence, LossConfig, LossType};
-use dpo_train::data::{Batch, Columns};
+use dpo_train::data::{Columns, Packing, TokenizedPair, Tokenizer, collate};
 use dpo_train::dpo::logps::DeviceBatch;
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
@@ -64,7 +65,13 @@ fn cpu() -> Device {
     Device::libtorch()
 }
 
+const LAYOUTS: [Packing; 3] = [Packing::Padded, Packing::Packed, Packing::SharedPrompt];
+
 fn options(case: &Case, batch_size: usize) -> EvalOptions {
+    options_in(case, batch_size, Packing::Padded)
+}
+
+fn options_in(case: &Case, batch_size: usize, packing: Packing) -> EvalOptions {
     let c = &case.config;
     let defaults = LossConfig::default();
     EvalOptions {
@@ -89,6 +96,7 @@ fn options(case: &Case, batch_size: usize) -> EvalOptions {
         },
         max_length: c.max_length,
         batch_size,
+        packing,
         device: cpu(),
     }
 }
@@ -109,12 +117,12 @@ fn every_trl_case_matches_to_1e_4() {
     let cases = supported_cases();
     assert!(cases.len() >= 30, "the fixture lost cases: {}", cases.len());
     let mut failures = Vec::new();
-    for case in &cases {
-        let report = evaluate(&options(case, 4)).unwrap_or_else(|e| panic!("{}: {e:#}", case.name));
+    for (case, packing) in cases.iter().flat_map(|c| LAYOUTS.map(|p| (c, p))) {
+        let report = evaluate(&options_in(case, 4, packing)).unwrap_or_else(|e| panic!("{}: {e:#}", case.name));
         for (name, got) in report.metrics.named() {
             let want = case.metrics[name];
             if !close(got, want) {
-                failures.push(format!("{} {name}: got {got}, TRL {want}", case.name));
+                failures.push(format!("{} ({packing:?}) {name}: got {got}, TRL {want}", case.name));
             }
         }
     }
@@ -173,40 +181,63 @@ struct GradStats {
     sum: f64,
 }
 
+/// The pairs of TRL's collated `[chosen; rejected]` rows: each row's prompt is what precedes its
+/// completion mask, its completion what the mask covers (the padding follows it).
+fn pairs_of(input_ids: &[Vec<i64>], completion_mask: &[Vec<i64>]) -> Vec<TokenizedPair> {
+    let b = input_ids.len() / 2;
+    let split = |r: usize| {
+        let first = completion_mask[r].iter().position(|&m| m == 1).unwrap();
+        let ids = |range: std::ops::Range<usize>| input_ids[r][range].iter().map(|&t| t as u32).collect::<Vec<_>>();
+        let end = first + completion_mask[r][first..].iter().take_while(|&&m| m == 1).count();
+        (ids(0..first), ids(first..end))
+    };
+    (0..b)
+        .map(|i| {
+            let ((prompt, chosen), (prompt_r, rejected)) = (split(i), split(b + i));
+            assert_eq!(prompt, prompt_r, "pair {i}: chosen and rejected share the prompt");
+            TokenizedPair { line: i + 1, prompt_ids: prompt, chosen_ids: chosen, rejected_ids: rejected }
+        })
+        .collect()
+}
+
 /// The training step's loss and every parameter's gradient equal those of TRL's `compute_loss`
-/// backpropagated by torch, on TRL's own collated batch: this covers the hand-written LM-head
-/// backward, torch's attention backward and burn's autodiff through the rest of the model.
+/// backpropagated by torch, on TRL's own collated batch (and on the same pairs packed, with and
+/// without shared prompts): this covers the hand-written LM-head backward, torch's attention
+/// backward and burn's autodiff through the rest of the model.
 #[test]
 fn a_training_batch_has_trls_gradients() {
     let text = std::fs::read_to_string(fixtures().join("expected/trl_grads.json")).unwrap();
     let fx: GradFixture = serde_json::from_str(&text).unwrap();
     let device = cpu().autodiff();
     let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
-    let (rows, seq_len) = (fx.input_ids.len(), fx.input_ids[0].len());
-    let batch = Batch {
-        input_ids: fx.input_ids.concat(),
-        attention_mask: Vec::new(),
-        completion_mask: fx.completion_mask.concat(),
-        batch_size: rows / 2,
-        rows,
-        seq_len,
-    };
-    let batch = DeviceBatch::new(&batch, None, &device);
+    let pairs = pairs_of(&fx.input_ids, &fx.completion_mask);
+    // TRL's rows, rebuilt from the pairs: the same ids, padding and all.
+    let pad = Tokenizer::from_dir(&fixtures().join("models/llama")).unwrap().pad_id();
+    assert_eq!(collate(&pairs, pad, None, Packing::Padded).input_ids, fx.input_ids.concat(), "TRL's rows");
+    for packing in LAYOUTS {
+        let batch = DeviceBatch::new(&collate(&pairs, pad, None, packing), None, &device);
+        check_trl_gradients(&fx, &policy, &batch, packing);
+    }
+}
+
+/// Asserts the loss and the gradients of one training batch against TRL's.
+fn check_trl_gradients(fx: &GradFixture, policy: &dpo_train::model::Llama, batch: &DeviceBatch, packing: Packing) {
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
-    let (_, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
-        let pairs = PairScores::from_scores(&batch, scores, &fx.ref_logps);
+    let (_, loss) = forward_backward(&Whole(policy), batch, true, None, 1.0, &mut grads, |scores| {
+        let pairs = PairScores::from_scores(batch, scores, &fx.ref_logps);
         dpo_loss(&pairs, &loss_cfg)
     })
     .unwrap();
     let loss = f64::from(host(&loss)[0]);
-    assert!(close(loss, fx.loss), "loss {loss}, TRL {}", fx.loss);
+    assert!(close(loss, fx.loss), "{packing:?}: loss {loss}, TRL {}", fx.loss);
     assert_eq!(grads.grads.keys().collect::<Vec<_>>(), fx.grads.keys().collect::<Vec<_>>());
     for (name, want) in &fx.grads {
         let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
         let norm = g.iter().map(|x| x * x).sum::<f64>().sqrt();
         let sum: f64 = g.iter().sum();
-        assert!((norm - want.norm).abs() <= 1e-4 * want.norm, "{name}: gradient norm {norm}, TRL {}", want.norm);
-        assert!((sum - want.sum).abs() <= 1e-4 * want.norm, "{name}: gradient sum {sum}, TRL {}", want.sum);
+        let what = format!("{packing:?} {name}");
+        assert!((norm - want.norm).abs() <= 1e-4 * want.norm, "{what}: gradient norm {norm}, TRL {}", want.norm);
+        assert!((sum - want.sum).abs() <= 1e-4 * want.norm, "{what}: gradient sum {sum}, TRL {}", want.sum);
     }
 }

@@ -6,7 +6,7 @@ use super::args::EvalArgs;
 use super::launch::single_device;
 use super::progress::ConsoleProgress;
 use crate::config::TrainConfig;
-use crate::data::Columns;
+use crate::data::{Columns, Packing};
 use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
 use crate::train::Progress;
 
@@ -27,6 +27,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
         max_length: Some(args.max_length),
         batch_size: args.batch_size,
+        packing: Packing::SharedPrompt,
         device: single_device(args.device)?,
     };
     let mut console = ConsoleProgress::default();

@@ -256,6 +256,10 @@ train_config! {
     fp16: bool = false,
     /// Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's default: on).
     gradient_checkpointing: bool = true,
+    /// Pack each micro-batch's sequences into one row without padding: positions restart at each sequence and attention never crosses one, so the log-probs are the padded rows' (TRL's key).
+    padding_free: bool = true,
+    /// With padding_free, write each pair's prompt once: the rejected completion attends to the prompt it shares with the chosen one (prefix sharing); the same log-probs, fewer tokens. Off while LoRA dropout trains (one dropout mask would serve both rows).
+    prefix_sharing: bool = true,
     // --- optimisation ---
     /// Peak learning rate of AdamW (> 0).
     learning_rate: f64 = 1e-6,

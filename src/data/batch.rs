@@ -1,98 +1,244 @@
-//! Collation of tokenised pairs into the concatenated DPO batch, as TRL 1.16's
-//! `DataCollatorForPreference.torch_call` builds it (`trl/trainer/dpo_trainer.py` lines 146-208):
-//! rows `[chosen_0 .. chosen_{B-1}; rejected_0 .. rejected_{B-1}]`, each `prompt_ids ++
-//! completion_ids`, cut to `max_length` keeping the start (lines 152-166), right-padded with the pad
-//! id to the longest row (lines 183-200); the attention mask is 1 on real tokens and the completion
-//! mask 1 on completion tokens.
-
-use std::num::NonZeroUsize;
+//! Batches as the model computes them: the rows of token ids, each column's position, which keys
+//! each query sees, and the predictions whose log-probs count.
+//!
+//! [`Packing::Padded`] is TRL 1.16's `DataCollatorForPreference.torch_call`
+//! (`trl/trainer/dpo_trainer.py` lines 146-208): rows `[chosen_0 .. chosen_{B-1}; rejected_0 ..
+//! rejected_{B-1}]`, each `prompt_ids ++ completion_ids`, cut to `max_length` keeping the start
+//! (lines 152-166), right-padded with the pad id to the longest row (lines 183-200). A real token
+//! only ever attends to earlier tokens of its own row, so the padding needs no mask.
+//!
+//! [`Packing::Packed`] (TRL's `padding_free`) puts the same sequences end to end in one row
+//! without padding: positions restart at each sequence and each sequence is one attention
+//! [`Span`], so nothing crosses a boundary. [`Packing::SharedPrompt`] also writes each pair's
+//! prompt once, as `[prompt | chosen | rejected]`, the rejected completion attending to the prompt
+//! and to itself (prefix sharing, Wang et al. 2024, "Accelerating Direct Preference Optimization
+//! with Prefix Sharing"): every token sees exactly the keys it sees in its own padded row, at the
+//! same positions, so the log-probs are the padded layout's.
+//!
+//! Position `t` of a sequence predicts its token `t + 1`: the first completion token is scored
+//! from the last prompt position, and a sequence's first token is never scored.
 
 use super::tokenize::TokenizedPair;
 
-/// A collated batch as plain host data.
+/// How the sequences of a batch are laid out for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// TRL's layout: one right-padded row per sequence.
+    Padded,
+    /// One row without padding, the sequences end to end.
+    Packed,
+    /// [`Packing::Packed`] with each pair's prompt written once (chosen-only batches pack plainly).
+    SharedPrompt,
+}
+
+impl Packing {
+    /// The layout `padding_free` and `prefix_sharing` (which only applies to packed rows) ask for.
+    pub fn of(padding_free: bool, prefix_sharing: bool) -> Self {
+        match (padding_free, prefix_sharing) {
+            (false, _) => Self::Padded,
+            (true, false) => Self::Packed,
+            (true, true) => Self::SharedPrompt,
+        }
+    }
+
+    /// How the layout reads in a log line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Padded => "padded rows: padding_free = false",
+            Self::Packed => "packed without padding",
+            Self::SharedPrompt => "packed without padding, each prompt once",
+        }
+    }
+}
+
+/// Queries `start..start + len` of a packed row attend causally among themselves and to every key
+/// of `prefix` (`(start, len)`, earlier in the row: the prompt a rejected completion shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+    pub prefix: Option<(usize, usize)>,
+}
+
+/// A batch as host data.
 ///
 /// # Shapes
-/// - `input_ids`, `attention_mask`, `completion_mask`: `[2B, S]`, row-major
+/// - `input_ids`: `[rows, len]`, row-major; `positions`: `[len]` (every row alike)
+/// - `at`, `labels`, `seq`: `[N]`, one entry per scored prediction
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
-    /// Token ids, padded with the pad id.
+    /// Token ids (padding holds the pad id).
     pub input_ids: Vec<i64>,
-    /// 1 on real tokens, 0 on padding.
-    pub attention_mask: Vec<i64>,
-    /// 1 on completion tokens (whose log-probs count), 0 on prompt and padding.
-    pub completion_mask: Vec<i64>,
-    /// Number of pairs B.
-    pub batch_size: usize,
-    /// Rows held: 2B for a preference batch ([`collate`]), B for a chosen-only one ([`collate_chosen`]).
+    /// Rows computed: one per sequence when padded, one when packed.
     pub rows: usize,
-    /// Padded length S.
-    pub seq_len: usize,
+    /// Columns of each row.
+    pub len: usize,
+    /// Each column's position within its sequence (RoPE's position id).
+    pub positions: Vec<i64>,
+    /// The attention spans of a packed row; empty when every row attends causally on its own.
+    pub spans: Vec<Span>,
+    /// Number of pairs B.
+    pub pairs: usize,
+    /// Sequences scored: 2B for a preference batch (chosen ones first), B for a chosen-only one.
+    pub sequences: usize,
+    /// Flat index (`row * len + column`) of the position whose output predicts each scored token.
+    pub at: Vec<i64>,
+    /// The scored tokens.
+    pub labels: Vec<i64>,
+    /// The sequence of each scored token, in `0..sequences`; entries come sequence by sequence.
+    pub seq: Vec<i64>,
+    /// Tokens of each sequence, prompt included (TRL's attention-mask sum).
+    pub lengths: Vec<usize>,
+    /// Completion tokens of each sequence before the shift (TRL's `completion_mask.sum(1)`).
+    pub completion_lengths: Vec<usize>,
 }
 
 impl Batch {
-    /// Row `i` of `input_ids` (`0 <= i < 2B`).
-    pub fn row(&self, i: usize) -> &[i64] {
-        &self.input_ids[i * self.seq_len..(i + 1) * self.seq_len]
+    /// Token positions computed (rows × columns, padding included).
+    pub fn computed_tokens(&self) -> usize {
+        self.rows * self.len
+    }
+
+    /// Token positions TRL's padded batch of the same sequences computes.
+    pub fn padded_tokens(&self) -> usize {
+        self.sequences * self.lengths.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Real tokens of every sequence (TRL's `num_tokens`).
+    pub fn tokens(&self) -> usize {
+        self.lengths.iter().sum()
     }
 }
 
-/// Collates `pairs` into one batch; `max_length` truncates each sequence keeping its start.
-pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) -> Batch {
-    let chosen = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.chosen_ids.as_slice()));
-    let rejected = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.rejected_ids.as_slice()));
-    collate_rows(chosen.chain(rejected), pairs.len(), pad_id, max_length)
+/// The `[chosen; rejected]` batch of `pairs`; `max_length` truncates each sequence keeping its start.
+pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>, packing: Packing) -> Batch {
+    let chosen = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, max_length));
+    let rejected = pairs.iter().map(|p| cut(&p.prompt_ids, &p.rejected_ids, max_length));
+    let seqs: Vec<Seq> = chosen.chain(rejected).collect();
+    match packing {
+        Packing::Padded => padded(&seqs, pairs.len(), pad_id),
+        Packing::Packed => packed(&seqs, pairs.len()),
+        Packing::SharedPrompt => shared_prompt(&seqs, pairs.len()),
+    }
 }
 
-/// Collates only the chosen sequences of `pairs` (B rows): supervised fine-tuning's batch.
-pub fn collate_chosen(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>) -> Batch {
-    let chosen = pairs.iter().map(|p| (p.prompt_ids.as_slice(), p.chosen_ids.as_slice()));
-    collate_rows(chosen, pairs.len(), pad_id, max_length)
+/// Only the chosen sequences of `pairs` (B of them): supervised fine-tuning's batch.
+pub fn collate_chosen(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>, packing: Packing) -> Batch {
+    let seqs: Vec<Seq> = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, max_length)).collect();
+    match packing {
+        Packing::Padded => padded(&seqs, pairs.len(), pad_id),
+        Packing::Packed | Packing::SharedPrompt => packed(&seqs, pairs.len()),
+    }
 }
 
-/// Pads `(prompt, completion)` rows, each cut to `max_length` keeping its start.
-fn collate_rows<'a>(
-    rows: impl Iterator<Item = (&'a [u32], &'a [u32])>,
-    pairs: usize,
-    pad_id: u32,
-    max_length: Option<usize>,
-) -> Batch {
-    let seqs: Vec<(&[u32], &[u32])> = rows
-        .map(|(prompt, completion)| {
-            let Some(max) = max_length else {
-                return (prompt, completion);
-            };
-            let prompt = &prompt[..prompt.len().min(max)];
-            let room = max - prompt.len();
-            (prompt, &completion[..completion.len().min(room)])
-        })
-        .collect();
-    let n = seqs.len();
-    let s = seqs.iter().map(|(p, c)| p.len() + c.len()).max().unwrap_or(0);
-    let mut input_ids = vec![i64::from(pad_id); n * s]; // [rows, S]
-    let mut attention_mask = vec![0i64; n * s]; // [rows, S]
-    let mut completion_mask = vec![0i64; n * s]; // [rows, S]
-    for (row, (prompt, completion)) in seqs.iter().enumerate() {
-        let start = row * s;
-        for (j, &id) in prompt.iter().chain(completion.iter()).enumerate() {
-            input_ids[start + j] = i64::from(id);
-            attention_mask[start + j] = 1;
-            if j >= prompt.len() {
-                completion_mask[start + j] = 1;
+/// A sequence as its prompt and completion, truncated.
+type Seq<'a> = (&'a [u32], &'a [u32]);
+
+/// `prompt ++ completion` cut to `max_length` keeping the start.
+fn cut<'a>(prompt: &'a [u32], completion: &'a [u32], max_length: Option<usize>) -> Seq<'a> {
+    let Some(max) = max_length else { return (prompt, completion) };
+    let prompt = &prompt[..prompt.len().min(max)];
+    (prompt, &completion[..completion.len().min(max - prompt.len())])
+}
+
+/// What every layout shares: the lengths, and the scored predictions added sequence by sequence.
+struct Builder {
+    batch: Batch,
+}
+
+impl Builder {
+    fn new(seqs: &[Seq], pairs: usize) -> Self {
+        Self {
+            batch: Batch {
+                input_ids: Vec::new(),
+                rows: 0,
+                len: 0,
+                positions: Vec::new(),
+                spans: Vec::new(),
+                pairs,
+                sequences: seqs.len(),
+                at: Vec::new(),
+                labels: Vec::new(),
+                seq: Vec::new(),
+                lengths: seqs.iter().map(|(p, c)| p.len() + c.len()).collect(),
+                completion_lengths: seqs.iter().map(|(_, c)| c.len()).collect(),
+            },
+        }
+    }
+
+    /// Scores the completion of sequence `seq`: its token `t` (t >= 1) is predicted at the flat
+    /// index `at(t - 1)`.
+    fn score(&mut self, seq: usize, (prompt, completion): Seq, at: impl Fn(usize) -> usize) {
+        for (j, &label) in completion.iter().enumerate() {
+            let t = prompt.len() + j;
+            if t >= 1 {
+                self.batch.at.push(at(t - 1) as i64);
+                self.batch.labels.push(i64::from(label));
+                self.batch.seq.push(seq as i64);
             }
         }
     }
-    Batch { input_ids, attention_mask, completion_mask, batch_size: pairs, rows: n, seq_len: s }
 }
 
-/// Batches of `batch_size` pairs in dataset order (the last one may be smaller, as with a
-/// `DataLoader` without `drop_last`).
-pub fn batches(
-    pairs: &[TokenizedPair],
-    batch_size: NonZeroUsize,
-    pad_id: u32,
-    max_length: Option<usize>,
-) -> impl Iterator<Item = Batch> + '_ {
-    pairs.chunks(batch_size.get()).map(move |chunk| collate(chunk, pad_id, max_length))
+/// One right-padded row per sequence (TRL's collation).
+fn padded(seqs: &[Seq], pairs: usize, pad_id: u32) -> Batch {
+    let mut b = Builder::new(seqs, pairs);
+    let s = b.batch.lengths.iter().copied().max().unwrap_or(0);
+    let mut input_ids = vec![i64::from(pad_id); seqs.len() * s]; // [rows, S]
+    for (row, &(prompt, completion)) in seqs.iter().enumerate() {
+        for (j, &id) in prompt.iter().chain(completion).enumerate() {
+            input_ids[row * s + j] = i64::from(id);
+        }
+        b.score(row, (prompt, completion), |t| row * s + t);
+    }
+    Batch { input_ids, rows: seqs.len(), len: s, positions: (0..s as i64).collect(), ..b.batch }
+}
+
+/// The sequences end to end in one row, each its own span.
+fn packed(seqs: &[Seq], pairs: usize) -> Batch {
+    let mut b = Builder::new(seqs, pairs);
+    let mut offset = 0;
+    for (i, &(prompt, completion)) in seqs.iter().enumerate() {
+        let n = prompt.len() + completion.len();
+        b.batch.input_ids.extend(prompt.iter().chain(completion).map(|&id| i64::from(id)));
+        b.batch.positions.extend(0..n as i64);
+        if n > 0 {
+            b.batch.spans.push(Span { start: offset, len: n, prefix: None });
+        }
+        b.score(i, (prompt, completion), |t| offset + t);
+        offset += n;
+    }
+    Batch { rows: 1, len: offset, ..b.batch }
+}
+
+/// Each pair as `[prompt | chosen | rejected]` in one row: the rejected completion continues the
+/// prompt's positions and attends to the prompt and itself.
+fn shared_prompt(seqs: &[Seq], pairs: usize) -> Batch {
+    let mut b = Builder::new(seqs, pairs);
+    let (mut offset, mut rejected_at) = (0, Vec::with_capacity(pairs));
+    for (i, &(prompt, chosen)) in seqs[..pairs].iter().enumerate() {
+        let rejected = seqs[pairs + i].1; // the same prompt, truncated alike
+        let (p, c, r) = (prompt.len(), chosen.len(), rejected.len());
+        let ids = prompt.iter().chain(chosen).chain(rejected);
+        b.batch.input_ids.extend(ids.map(|&id| i64::from(id)));
+        b.batch.positions.extend((0..(p + c) as i64).chain(p as i64..(p + r) as i64));
+        if p + c > 0 {
+            b.batch.spans.push(Span { start: offset, len: p + c, prefix: None });
+        }
+        if r > 0 {
+            b.batch.spans.push(Span { start: offset + p + c, len: r, prefix: (p > 0).then_some((offset, p)) });
+        }
+        b.score(i, (prompt, chosen), |t| offset + t);
+        rejected_at.push(offset);
+        offset += p + c + r;
+    }
+    for (i, start) in rejected_at.into_iter().enumerate() {
+        let (prompt, rejected) = seqs[pairs + i];
+        let (p, c) = (prompt.len(), seqs[i].1.len());
+        // The prompt's last position predicts the first rejected token; the rest follow the chosen.
+        b.score(pairs + i, (prompt, rejected), |t| if t < p { start + t } else { start + c + t });
+    }
+    Batch { rows: 1, len: offset, ..b.batch }
 }
 
 #[cfg(test)]
@@ -108,40 +254,100 @@ mod tests {
         }
     }
 
-    /// The example of `DataCollatorForPreference`'s docstring.
+    /// `(at, label, seq)` of every scored prediction.
+    fn scored(b: &Batch) -> Vec<(i64, i64, i64)> {
+        b.at.iter().zip(&b.labels).zip(&b.seq).map(|((&a, &l), &s)| (a, l, s)).collect()
+    }
+
+    /// The example of `DataCollatorForPreference`'s docstring: its `input_ids`, and its shifted
+    /// completion mask as the scored predictions.
     #[test]
     fn trl_docstring_example() {
         let pairs = [pair(&[1, 2, 3], &[4, 5], &[6]), pair(&[7, 8], &[9], &[10, 11])];
-        let batch = collate(&pairs, 0, None);
-        assert_eq!((batch.batch_size, batch.seq_len), (2, 5));
-        assert_eq!(batch.input_ids, vec![1, 2, 3, 4, 5, 7, 8, 9, 0, 0, 1, 2, 3, 6, 0, 7, 8, 10, 11, 0]);
-        assert_eq!(batch.attention_mask, vec![1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0]);
-        assert_eq!(batch.completion_mask, vec![0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0]);
-        assert_eq!(batch.row(3), &[7, 8, 10, 11, 0]);
+        let b = collate(&pairs, 0, None, Packing::Padded);
+        assert_eq!((b.pairs, b.rows, b.len), (2, 4, 5));
+        assert_eq!(b.input_ids, vec![1, 2, 3, 4, 5, 7, 8, 9, 0, 0, 1, 2, 3, 6, 0, 7, 8, 10, 11, 0]);
+        // completion_mask [[0,0,0,1,1],[0,0,1,0,0],[0,0,0,1,0],[0,0,1,1,0]], predicted one position earlier.
+        assert_eq!(scored(&b), vec![(2, 4, 0), (3, 5, 0), (6, 9, 1), (12, 6, 2), (16, 10, 3), (17, 11, 3)]);
+        assert_eq!((&b.lengths, &b.completion_lengths), (&vec![5, 3, 4, 4], &vec![2, 1, 1, 2]));
+        assert_eq!((b.computed_tokens(), b.padded_tokens(), b.tokens()), (20, 20, 16));
     }
 
     #[test]
     fn keep_start_truncation() {
         let pairs = [pair(&[1, 2, 3], &[4, 5, 6], &[7]), pair(&[8], &[9], &[10, 11, 12, 13, 14])];
-        let batch = collate(&pairs, 99, Some(4));
-        assert_eq!(batch.seq_len, 4);
-        assert_eq!(batch.input_ids, vec![1, 2, 3, 4, 8, 9, 99, 99, 1, 2, 3, 7, 8, 10, 11, 12]);
-        assert_eq!(batch.completion_mask, vec![0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 1, 1]);
+        let b = collate(&pairs, 99, Some(4), Packing::Padded);
+        assert_eq!(b.len, 4);
+        assert_eq!(b.input_ids, vec![1, 2, 3, 4, 8, 9, 99, 99, 1, 2, 3, 7, 8, 10, 11, 12]);
+        assert_eq!(b.completion_lengths, vec![1, 1, 1, 3]);
+    }
+
+    /// Packed, each sequence is a span of its own with positions from 0; the predictions are the
+    /// padded layout's, at their packed places.
+    #[test]
+    fn packed_rows_restart_positions_and_score_the_same_tokens() {
+        let pairs = [pair(&[1, 2, 3], &[4, 5], &[6]), pair(&[7, 8], &[9], &[10, 11])];
+        let b = collate(&pairs, 0, None, Packing::Packed);
+        assert_eq!((b.rows, b.len), (1, 16));
+        assert_eq!(b.input_ids, vec![1, 2, 3, 4, 5, 7, 8, 9, 1, 2, 3, 6, 7, 8, 10, 11]);
+        assert_eq!(b.positions, vec![0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3]);
+        let starts: Vec<(usize, usize)> = b.spans.iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(starts, vec![(0, 5), (5, 3), (8, 4), (12, 4)]);
+        assert!(b.spans.iter().all(|s| s.prefix.is_none()));
+        assert_eq!(scored(&b), vec![(2, 4, 0), (3, 5, 0), (6, 9, 1), (10, 6, 2), (13, 10, 3), (14, 11, 3)]);
+        assert_eq!((b.computed_tokens(), b.padded_tokens(), b.tokens()), (16, 20, 16));
+    }
+
+    /// Shared, each pair is `[prompt | chosen | rejected]`: the rejected completion's positions
+    /// continue the prompt's, its first token is predicted from the prompt's last position, and
+    /// its span sees the prompt.
+    #[test]
+    fn shared_prompts_are_written_once() {
+        let pairs = [pair(&[1, 2, 3], &[4, 5], &[6]), pair(&[7, 8], &[9], &[10, 11])];
+        let b = collate(&pairs, 0, None, Packing::SharedPrompt);
+        assert_eq!(b.input_ids, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(b.positions, vec![0, 1, 2, 3, 4, 3, 0, 1, 2, 2, 3]);
+        assert_eq!(
+            b.spans,
+            vec![
+                Span { start: 0, len: 5, prefix: None },
+                Span { start: 5, len: 1, prefix: Some((0, 3)) },
+                Span { start: 6, len: 3, prefix: None },
+                Span { start: 9, len: 2, prefix: Some((6, 2)) },
+            ]
+        );
+        assert_eq!(scored(&b), vec![(2, 4, 0), (3, 5, 0), (7, 9, 1), (2, 6, 2), (7, 10, 3), (9, 11, 3)]);
+        assert_eq!((b.computed_tokens(), b.padded_tokens(), b.tokens()), (11, 20, 16));
+    }
+
+    /// A sequence's first token has no position before it: with an empty prompt it is not scored,
+    /// and a shared empty prompt leaves the rejected span without a prefix.
+    #[test]
+    fn an_empty_prompt_scores_from_the_second_token() {
+        let pairs = [pair(&[], &[4, 5], &[6, 7])];
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let b = collate(&pairs, 0, None, packing);
+            assert_eq!(b.labels, vec![5, 7], "{packing:?}");
+        }
+        let b = collate(&pairs, 0, None, Packing::SharedPrompt);
+        assert_eq!(b.spans[1], Span { start: 2, len: 2, prefix: None });
+        assert_eq!(b.at, vec![0, 2]);
     }
 
     #[test]
-    fn batches_in_order_with_a_short_last_one() {
-        let pairs: Vec<TokenizedPair> = (0..5).map(|i| pair(&[i], &[10 + i], &[20 + i, 30])).collect();
-        let all: Vec<Batch> = batches(&pairs, NonZeroUsize::new(2).unwrap(), 0, None).collect();
-        assert_eq!(all.iter().map(|b| b.batch_size).collect::<Vec<_>>(), vec![2, 2, 1]);
-        assert_eq!(all[2].input_ids, vec![4, 14, 0, 4, 24, 30]);
-        assert_eq!(all[1].row(0), &[2, 12, 0]);
+    fn chosen_only_batches_pack_plainly() {
+        let pairs = [pair(&[1, 2], &[3], &[4]), pair(&[5], &[6, 7], &[8])];
+        let b = collate_chosen(&pairs, 0, None, Packing::SharedPrompt);
+        assert_eq!((b.sequences, b.input_ids.clone()), (2, vec![1, 2, 3, 5, 6, 7]));
+        assert_eq!(scored(&b), vec![(1, 3, 0), (3, 6, 1), (4, 7, 1)]);
     }
 
     #[test]
     fn empty_slice() {
-        let batch = collate(&[], 0, None);
-        assert_eq!((batch.batch_size, batch.seq_len), (0, 0));
-        assert!(batch.input_ids.is_empty());
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let b = collate(&[], 0, None, packing);
+            assert_eq!((b.pairs, b.computed_tokens()), (0, 0));
+            assert!(b.input_ids.is_empty() && b.at.is_empty());
+        }
     }
 }

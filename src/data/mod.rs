@@ -4,7 +4,8 @@
 //! streams the rows (standard, conversational or implicit-prompt, as `_prepare_dataset` accepts
 //! them), [`tokenize`] turns them into prompt/chosen/rejected ids like `_prepare_dataset`'s
 //! `tokenize_fn` ([`prepare`] does both a chunk at a time, [`cache`] keeps the result), and
-//! [`collate`] builds the concatenated `[chosen; rejected]` batch like `DataCollatorForPreference`.
+//! [`collate`] builds the concatenated `[chosen; rejected]` batch like `DataCollatorForPreference`,
+//! or packed without padding.
 
 pub mod batch;
 pub mod cache;
@@ -15,7 +16,7 @@ pub mod report;
 pub mod tokenize;
 pub mod tokenizer;
 
-pub use batch::{Batch, batches, collate, collate_chosen};
+pub use batch::{Batch, Packing, Span, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{
     Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, SkippedRow, Text, load_preferences, read_rows,

@@ -1,84 +1,111 @@
 //! Per-sequence completion log-probabilities from one forward pass over the concatenated
-//! [chosen; rejected] batch (TRL `DPOTrainer._compute_loss` and its fused LM head).
+//! [chosen; rejected] batch (TRL `DPOTrainer._compute_loss` and its fused LM head), in any of the
+//! batch layouts of [`crate::data::batch`].
 //!
-//! Position `t` predicts token `t + 1`, so the completion mask is shifted by one: the first
-//! completion token is scored from the last prompt position. The LM head runs a few rows at a time
-//! on torch's fused log-softmax, so at most one row block's vocabulary-wide tensors are alive.
+//! Only the positions that predict a completion token go through the LM head: they are gathered
+//! from the hidden states ([`DeviceBatch::at`]), projected a block at a time on torch's fused
+//! log-softmax (so at most one block's vocabulary-wide tensors are alive), and summed per
+//! sequence by index. Prompt and padding positions never reach the head.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::data::{self, Batch, TokenizedPair};
-use crate::model::{Llama, LmHead};
+use crate::data::{self, Batch, Packing, Span, TokenizedPair};
+use crate::model::{Llama, LmHead, Placement};
 
-/// A collated batch on the device, with the per-token weights of the summed log-probs.
+/// A batch on the device, with the per-token weights of the summed log-probs.
 pub struct DeviceBatch {
-    /// Pairs in the batch (a preference batch holds 2B rows, chosen rows first).
+    /// Pairs in the batch.
     pub pairs: usize,
-    /// Rows held (2B, or B for a chosen-only supervised batch).
-    pub rows: usize,
-    /// `[2B, S]` token ids, right-padded.
+    /// Sequences scored (2B for a preference batch, chosen ones first; B for a chosen-only one).
+    pub sequences: usize,
+    /// `[R, L]` token ids: padded rows, or one packed row.
     pub input_ids: Tensor<2, Int>,
-    /// `[2B, S-1]` 1.0 where position `t` predicts a completion token.
-    pub scored: Tensor<2>,
-    /// `[2B, S-1]` weight of each scored token in the sequence log-prob: 1 on the tokens both
+    /// `[L]` each column's position.
+    pub positions: Tensor<1, Int>,
+    /// The attention spans of a packed row (empty: rows).
+    pub spans: Arc<[Span]>,
+    /// `[N]` flat index (`row * L + column`) of the hidden state that predicts each scored token.
+    pub at: Tensor<1, Int>,
+    /// `[N]` the scored tokens.
+    pub labels: Tensor<1, Int>,
+    /// `[N]` the sequence of each scored token.
+    pub seq: Tensor<1, Int>,
+    /// `[N]` weight of each scored token in its sequence's log-prob: 1 on the tokens both
     /// completions of a pair share in length, `ld_alpha` on the longer one's tail (LD-DPO,
-    /// Liu et al. 2024); equal to `scored` without `ld_alpha`.
-    pub weights: Tensor<2>,
-    /// Completion tokens per row before the shift (`completion_mask.sum(1)`), as IPO normalises.
+    /// Liu et al. 2024); 1 everywhere without `ld_alpha`.
+    pub weights: Tensor<1>,
+    /// `[2B]` scored tokens of each sequence.
+    pub tokens: Tensor<1>,
+    /// Completion tokens per sequence before the shift (`completion_mask.sum(1)`), as IPO
+    /// normalises.
     pub completion_lengths: Vec<f32>,
 }
 
 impl DeviceBatch {
-    /// Uploads a host batch, deriving the shifted masks and LD-DPO weights on the host.
+    /// Uploads a host batch, deriving the LD-DPO weights on the host.
     pub fn new(batch: &Batch, ld_alpha: Option<f64>, device: &Device) -> Self {
-        let (rows, s) = (batch.rows, batch.seq_len);
-        let b = batch.batch_size;
-        // Row r, position t (0..S-1) scores label t+1.
-        let scored: Vec<f32> =
-            (0..rows).flat_map(|r| (1..s).map(move |t| batch.completion_mask[r * s + t] as f32)).collect();
-        let scored_counts: Vec<usize> =
-            scored.chunks(s.saturating_sub(1).max(1)).map(|row| row.iter().filter(|&&m| m > 0.0).count()).collect();
-        let weights = match ld_alpha {
-            // LD-DPO pairs a row with its partner; a chosen-only batch has none.
-            Some(alpha) if rows == 2 * b => {
-                let mut w = scored.clone();
-                for r in 0..rows {
-                    // The pair's shared length: the shorter of its two (shifted, truncated) completions.
-                    let pair = r % b;
-                    let shared = scored_counts[pair].min(scored_counts[pair + b]);
-                    let mut position = 0;
-                    for t in 0..s - 1 {
-                        let i = r * (s - 1) + t;
-                        if scored[i] > 0.0 {
-                            position += 1;
-                            if position > shared {
-                                w[i] = alpha as f32;
-                            }
-                        }
-                    }
-                }
-                w
+        let n = batch.labels.len();
+        let mut counts = vec![0usize; batch.sequences];
+        for &s in &batch.seq {
+            counts[s as usize] += 1;
+        }
+        let b = batch.pairs;
+        let weights: Vec<f32> = match ld_alpha {
+            // LD-DPO pairs a sequence with its partner; a chosen-only batch has none.
+            Some(alpha) if batch.sequences == 2 * b => {
+                // A token past the pair's shared length (the shorter completion's) weighs `alpha`.
+                let mut seen = vec![0usize; batch.sequences];
+                batch
+                    .seq
+                    .iter()
+                    .map(|&s| {
+                        let s = s as usize;
+                        seen[s] += 1;
+                        let shared = counts[s % b].min(counts[s % b + b]);
+                        if seen[s] > shared { alpha as f32 } else { 1.0 }
+                    })
+                    .collect()
             }
-            _ => scored.clone(),
+            _ => vec![1.0; n],
         };
-        let completion_lengths =
-            batch.completion_mask.chunks(s).map(|row| row.iter().filter(|&&m| m != 0).count() as f32).collect();
-        let shifted = [rows, s - 1];
+        let ints =
+            |v: &[i64], shape: Vec<usize>| Tensor::<1, Int>::from_data(TensorData::new(v.to_vec(), shape), device);
+        let floats = |v: Vec<f32>| {
+            let len = v.len();
+            Tensor::<1>::from_data(TensorData::new(v, [len]), device)
+        };
         Self {
             pairs: b,
-            rows,
-            input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [rows, s]), device),
-            scored: Tensor::from_data(TensorData::new(scored, shifted), device),
-            weights: Tensor::from_data(TensorData::new(weights, shifted), device),
-            completion_lengths,
+            sequences: batch.sequences,
+            input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [batch.rows, batch.len]), device),
+            positions: ints(&batch.positions, vec![batch.len]),
+            spans: Arc::from(batch.spans.as_slice()),
+            at: ints(&batch.at, vec![n]),
+            labels: ints(&batch.labels, vec![n]),
+            seq: ints(&batch.seq, vec![n]),
+            weights: floats(weights),
+            tokens: floats(counts.iter().map(|&c| c as f32).collect()),
+            completion_lengths: batch.completion_lengths.iter().map(|&c| c as f32).collect(),
         }
+    }
+
+    /// Where the batch's tokens sit, for `model`'s forward pass.
+    pub fn placement(&self, model: &Llama) -> Placement {
+        model.place(self.positions.clone(), self.spans.clone())
+    }
+
+    /// `[sequences]` sums of the per-token values `t` (`[N]`) by sequence.
+    fn per_sequence(&self, t: Tensor<1>) -> Tensor<1> {
+        let zeros = Tensor::zeros([self.sequences], &t.device());
+        zeros.select_assign(0, self.seq.clone(), t, IndexingUpdateOp::Add)
     }
 }
 
-/// Per-row results of one forward pass, each `[2B]`.
+/// Per-sequence results of one forward pass, each `[2B]`.
 #[derive(Debug, Clone)]
 pub struct SequenceScores {
     /// `Σ_t w_t · log p(y_t)`: the sequence log-prob DPO compares (differentiable).
@@ -89,7 +116,7 @@ pub struct SequenceScores {
     pub stats: Option<TokenStats>,
 }
 
-/// Per-row sums over scored tokens, detached from the graph, each `[2B]`.
+/// Per-sequence sums over scored tokens, detached from the graph, each `[2B]`.
 #[derive(Debug, Clone)]
 pub struct TokenStats {
     /// `Σ_t H(p_t)`, the predictive entropy at each scored position.
@@ -98,7 +125,7 @@ pub struct TokenStats {
     pub mean_logits: Tensor<1>,
     /// Number of scored tokens.
     pub tokens: Tensor<1>,
-    /// WPO's per-row weight exponent (Zhou et al. 2024, eq. 2):
+    /// WPO's per-sequence weight exponent (Zhou et al. 2024, eq. 2):
     /// `mean_t (log p(y_t) - log Σ_v p_v²)` over scored tokens.
     pub wpo: Tensor<1>,
 }
@@ -106,103 +133,115 @@ pub struct TokenStats {
 /// Runs `model` over the batch and scores every completion token.
 ///
 /// # Shapes
-/// - batch.input_ids: `[2B, S]`; every output: `[2B]`
+/// - batch.input_ids: `[R, L]`; every output: `[2B]`
 pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
-    score_hidden(model, model.hidden_states(batch.input_ids.clone()), batch, with_stats)
+    let hidden = model.hidden_states(batch.input_ids.clone(), &batch.placement(model));
+    score_hidden(model, hidden, batch, with_stats)
 }
 
 /// [`score`] from the model's final hidden states (after the last norm).
 ///
 /// # Shapes
-/// - hidden: `[2B, S, hidden]`; every output: `[2B]`
+/// - hidden: `[R, L, hidden]`; every output: `[2B]`
 pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
     let head = model.head(FloatDType::from(hidden.dtype()));
-    let head = head_forward(hidden, &head, batch.input_ids.clone(), with_stats, false);
+    let head = head_forward(hidden, &head, batch, with_stats, false);
     assemble(head.token_logps, head.stats, batch)
 }
 
-/// The LM head's results at every position that predicts a token.
+/// The LM head's results at every scored prediction.
 pub struct HeadForward {
-    /// `[2B, S-1]` `log p(y_t)`, differentiable when the inputs are.
-    pub token_logps: Tensor<2>,
-    /// With `with_stats`, detached, each `[2B, S-1]`: the predictive entropy, `log Σ_v p_v²` and
-    /// the mean logit.
-    pub stats: Option<[Tensor<2>; 3]>,
-    /// With `keep_probs`: each block of rows with its softmax `[c, S-1, V]`, for a hand-written
-    /// backward.
-    pub probs: Vec<(Range<usize>, Tensor<3>)>,
+    /// `[N, h]` the hidden states that predict the scored tokens.
+    pub selected: Tensor<2>,
+    /// `[N]` `log p(y_t)`, differentiable when the inputs are.
+    pub token_logps: Tensor<1>,
+    /// With `with_stats`, detached, each `[N]`: the predictive entropy, `log Σ_v p_v²` and the
+    /// mean logit.
+    pub stats: Option<[Tensor<1>; 3]>,
+    /// With `keep_probs`: each block of predictions with its softmax `[c, V]`, for a
+    /// hand-written backward.
+    pub probs: Vec<(Range<usize>, Tensor<2>)>,
 }
 
-/// Runs the LM head over `hidden`, [`head_chunk_rows`] rows at a time, in f32 from the
-/// projection on.
+/// Runs the LM head over the positions that predict scored tokens, [`head_chunk`] of them at a
+/// time, in f32 from the projection on.
 ///
 /// # Shapes
-/// - hidden: `[2B, S, h]`, head weight: `[h, V]`, input_ids: `[2B, S]`
+/// - hidden: `[R, L, h]`, head weight: `[h, V]`
 pub fn head_forward(
     hidden: Tensor<3>,
     head: &LmHead,
-    input_ids: Tensor<2, Int>,
+    batch: &DeviceBatch,
     with_stats: bool,
     keep_probs: bool,
 ) -> HeadForward {
-    let [rows, s, h] = hidden.dims();
-    let v = head.weight.dims()[1];
-    let chunk = head_chunk_rows(s, v);
+    let [r, l, h] = hidden.dims();
+    // Indices on the hidden states' side of autodiff (a hand-written backward passes plain ones).
+    let plain = !hidden.device().is_autodiff();
+    let ints = |t: &Tensor<1, Int>| if plain { t.clone().inner() } else { t.clone() };
+    let selected = hidden.reshape([r * l, h]).select(0, ints(&batch.at)); // [N, h]
+    let n = selected.dims()[0];
+    let chunk = head_chunk(head.weight.dims()[1]);
     let mut token_logps = Vec::new();
     let mut stats = Vec::new();
     let mut probs = Vec::new();
-    for start in (0..rows).step_by(chunk) {
-        let end = (start + chunk).min(rows);
-        let x = hidden.clone().slice([start..end, 0..s - 1, 0..h]); // [c, S-1, h]
-        let labels = input_ids.clone().slice([start..end, 1..s]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
-        let logits = head.project(x); // [c, S-1, V]
-        let logp = log_softmax(logits.clone(), 2); // [c, S-1, V]
-        token_logps.push(logp.clone().gather(2, labels).squeeze_dim::<2>(2)); // [c, S-1]
-        let p = (with_stats || keep_probs).then(|| logp.clone().detach().exp()); // [c, S-1, V]
+    for start in (0..n).step_by(chunk) {
+        let block = start..(start + chunk).min(n);
+        let x = selected.clone().slice([block.clone(), 0..h]); // [c, h]
+        let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
+        let logits = head.project(x); // [c, V]
+        let v = logits.dims()[1];
+        let logp = log_softmax(logits.clone(), 1); // [c, V]
+        token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
+        let p = (with_stats || keep_probs).then(|| logp.clone().detach().exp()); // [c, V]
         if let (true, Some(p)) = (with_stats, &p) {
             stats.push([
-                -(p.clone() * logp.detach()).sum_dim(2).squeeze_dim::<2>(2),
-                p.clone().square().sum_dim(2).log().squeeze_dim::<2>(2),
-                logits.detach().sum_dim(2).squeeze_dim::<2>(2) / v as f64,
+                -(p.clone() * logp.detach()).sum_dim(1).squeeze_dim::<1>(1),
+                p.clone().square().sum_dim(1).log().squeeze_dim::<1>(1),
+                logits.detach().sum_dim(1).squeeze_dim::<1>(1) / v as f64,
             ]);
         }
-        probs.extend(p.filter(|_| keep_probs).map(|p| (start..end, p)));
+        probs.extend(p.filter(|_| keep_probs).map(|p| (block, p)));
     }
+    let device = selected.device();
+    let cat = |parts: Vec<Tensor<1>>| match parts.is_empty() {
+        true => Tensor::zeros([0], &device),
+        false => Tensor::cat(parts, 0),
+    };
     let stats = with_stats.then(|| {
-        let column = |i: usize| Tensor::cat(stats.iter().map(|s: &[Tensor<2>; 3]| s[i].clone()).collect(), 0);
+        let column = |i: usize| cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect());
         [column(0), column(1), column(2)]
     });
-    HeadForward { token_logps: Tensor::cat(token_logps, 0), stats, probs }
+    HeadForward { selected, token_logps: cat(token_logps), stats, probs }
 }
 
-/// Sequence scores from per-position log-probs and, for the policy, the per-position entropy,
-/// `log Σ_v p_v²` and mean logit (each `[2B, S-1]`).
-pub fn assemble(token_logps: Tensor<2>, stats: Option<[Tensor<2>; 3]>, batch: &DeviceBatch) -> SequenceScores {
-    let row_sum = |t: Tensor<2>| (t * batch.scored.clone()).sum_dim(1).squeeze_dim::<1>(1); // [2B]
+/// Sequence scores from per-prediction log-probs and, for the policy, the per-prediction entropy,
+/// `log Σ_v p_v²` and mean logit (each `[N]`).
+pub fn assemble(token_logps: Tensor<1>, stats: Option<[Tensor<1>; 3]>, batch: &DeviceBatch) -> SequenceScores {
     let stats = stats.map(|[entropy, log_sum_sq, mean_logits]| {
-        let tokens = batch.scored.clone().sum_dim(1).squeeze_dim::<1>(1); // [2B]
+        let tokens = batch.tokens.clone(); // [2B]
         TokenStats {
-            entropy: row_sum(entropy),
-            mean_logits: row_sum(mean_logits),
-            wpo: row_sum(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
+            entropy: batch.per_sequence(entropy),
+            mean_logits: batch.per_sequence(mean_logits),
+            wpo: batch.per_sequence(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
             tokens,
         }
     });
     SequenceScores {
-        logps: (token_logps.clone() * batch.weights.clone()).sum_dim(1).squeeze_dim::<1>(1),
-        token_logps: row_sum(token_logps),
+        logps: batch.per_sequence(token_logps.clone() * batch.weights.clone()),
+        token_logps: batch.per_sequence(token_logps),
         stats,
     }
 }
 
-/// Rows of a batch of `s` tokens whose logits are computed at once (see [`HEAD_CHUNK_ELEMENTS`]).
-fn head_chunk_rows(s: usize, vocab: usize) -> usize {
-    (HEAD_CHUNK_ELEMENTS / ((s - 1).max(1) * vocab)).max(1)
+/// Predictions scored at once (see [`HEAD_CHUNK_ELEMENTS`]).
+fn head_chunk(vocab: usize) -> usize {
+    (HEAD_CHUNK_ELEMENTS / vocab.max(1)).max(1)
 }
 
-/// Elements of the `[rows, S-1, V]` logits scored at once (64 MiB of f32). The LM head's
-/// vocabulary-wide intermediates are the largest tensors of a step; scoring a few rows at a time
-/// keeps one of them alive per row (the softmax the backward needs), not several for the batch.
+/// Elements of the `[c, V]` logits scored at once (64 MiB of f32). The LM head's
+/// vocabulary-wide intermediates are the largest tensors of a step; scoring a block at a time
+/// keeps one of them alive per block (the softmax the backward needs), not several for the batch.
 const HEAD_CHUNK_ELEMENTS: usize = 1 << 24;
 
 /// The reference's sequence log-probs of every pair, in dataset order.
@@ -231,15 +270,22 @@ pub struct Collation {
     pub pad_id: u32,
     pub max_length: Option<usize>,
     pub ld_alpha: Option<f64>,
+    pub packing: Packing,
+}
+
+impl Collation {
+    /// The `[chosen; rejected]` batch of `pairs` on `device`.
+    pub fn batch(&self, pairs: &[TokenizedPair], device: &Device) -> DeviceBatch {
+        let batch = data::collate(pairs, self.pad_id, self.max_length, self.packing);
+        DeviceBatch::new(&batch, self.ld_alpha, device)
+    }
 }
 
 /// Scores every pair under `model` (no gradients), `collation.batch_size` pairs per pass.
 pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, device: &Device) -> RefLogps {
     let mut out = RefLogps::default();
     for chunk in pairs.chunks(collation.batch_size.max(1)) {
-        let batch =
-            DeviceBatch::new(&data::collate(chunk, collation.pad_id, collation.max_length), collation.ld_alpha, device);
-        let logps = crate::model::host(&score(model, &batch, false).logps);
+        let logps = crate::model::host(&score(model, &collation.batch(chunk, device), false).logps);
         let b = chunk.len();
         out.chosen.extend_from_slice(&logps[..b]);
         out.rejected.extend_from_slice(&logps[b..]);

@@ -4,11 +4,11 @@
 
 use burn::tensor::Device;
 
-use super::logps::{Collation, DeviceBatch, RefLogps, score};
+use super::logps::{Collation, RefLogps, score};
 use super::loss::dpo_loss;
 use super::metrics::{MetricSums, Metrics, ScoredPairs};
 use crate::config::LossConfig;
-use crate::data::{self, TokenizedPair};
+use crate::data::TokenizedPair;
 use crate::model::Llama;
 
 /// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs. The
@@ -37,8 +37,7 @@ pub fn score_pairs(
     let mut scored = ScoredPairs::default();
     for chunk in indices.chunks(collation.batch_size.max(1)) {
         let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
-        let batch = data::collate(&chunk_pairs, collation.pad_id, collation.max_length);
-        let batch = DeviceBatch::new(&batch, collation.ld_alpha, device);
+        let batch = collation.batch(&chunk_pairs, device);
         let policy_scores = score(policy, &batch, true);
         scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
     }

@@ -20,22 +20,31 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use std::sync::Arc;
+
 use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
 use burn_tch::{LibTorch, TchTensor};
 
+use crate::data::Span;
+
 /// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
 ///
-/// The `Sq` queries are the last `Sq` of the `Sk` key positions (a KV-cache step has one query
-/// and every earlier key): query `i` sees keys `0..=i + Sk - Sq`.
+/// Without `spans`, each row attends causally within itself, and the `Sq` queries are the last
+/// `Sq` of the `Sk` key positions (a KV-cache step has one query and every earlier key): query
+/// `i` sees keys `0..=i + Sk - Sq`. With `spans` (one packed row, `Sq == Sk`), each span's
+/// queries see the span's earlier keys and its prefix, and nothing else: one fused call per span
+/// on views of the row, never a dense `Sq x Sk` mask.
 ///
 /// # Shapes
-/// - q: `[B, H, Sq, D]`, k, v: `[B, H, Sk, D]` with `Sq <= Sk` → `[B, H, Sq, D]`
-pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+/// - q: `[B, H, Sq, D]`, k, v: `[B, Hkv, Sk, D]` with `Sq <= Sk` and `H` a multiple of `Hkv` →
+///   `[B, H, Sq, D]`
+pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spans: Arc<[Span]>) -> Tensor<4> {
     let out = <burn::backend::Dispatch as FusedOps>::causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
+        spans,
     );
     Tensor::from_dispatch(out)
 }
@@ -44,16 +53,45 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
 #[backend_extension(LibTorch, Autodiff)]
 pub trait FusedOps: Backend {
     /// See [`causal_attention`].
-    fn causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self>;
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: Arc<[Span]>,
+    ) -> FloatTensor<Self>;
+}
+
+/// [`causal_attention`] on torch tensors: by rows, or span by span of one packed row.
+fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
+    if spans.is_empty() {
+        return sdpa_causal(qkv);
+    }
+    let [q, k, v] = qkv;
+    let outputs: Vec<tch::Tensor> = spans
+        .iter()
+        .map(|s| {
+            let own = |x: &tch::Tensor| x.narrow(2, s.start as i64, s.len as i64);
+            // The prefix's keys first: the span's queries are then the last of its keys.
+            let keys = |x: &tch::Tensor| match s.prefix {
+                Some((start, len)) => tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2),
+                None => own(x),
+            };
+            sdpa_causal(&[own(q), keys(k), keys(v)])
+        })
+        .collect();
+    tch::Tensor::cat(&outputs, 2)
 }
 
 /// `torch.nn.functional.scaled_dot_product_attention` with the causal mask aligned to the last
 /// query (see [`causal_attention`]). torch's `is_causal` aligns it to the first, which is right
-/// only when `Sq == Sk`: one query attends to every key, other shapes get an explicit mask.
+/// only when `Sq == Sk`: one query attends to every key, other shapes get an explicit mask. Fewer
+/// key/value heads than query heads (grouped-query attention) go in as they are (`enable_gqa`):
+/// repeating them would copy keys and values and sum their gradients back.
 fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
     let (sq, sk) = (q.size()[2], k.size()[2]);
+    let gqa = q.size()[1] != k.size()[1];
     let sdpa = |mask: Option<tch::Tensor>, is_causal| {
-        tch::Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, None, false)
+        tch::Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, None, gqa)
     };
     match sq {
         _ if sq == sk => sdpa(None, true),
@@ -67,13 +105,18 @@ fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
 }
 
 impl FusedOps for LibTorch {
-    fn causal_attention(q: TchTensor, k: TchTensor, v: TchTensor) -> TchTensor {
-        TchTensor::new(sdpa_causal(&[q.tensor, k.tensor, v.tensor]))
+    fn causal_attention(q: TchTensor, k: TchTensor, v: TchTensor, spans: Arc<[Span]>) -> TchTensor {
+        TchTensor::new(attend(&[q.tensor, k.tensor, v.tensor], &spans))
     }
 }
 
 impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
-    fn causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: Arc<[Span]>,
+    ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct CausalAttention;
 
@@ -91,10 +134,10 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
         let ((q, qn), (k, kn), (v, vn)) = (q.into_parts(), k.into_parts(), v.into_parts());
         match CausalAttention.prepare::<C>([qn, kn, vn]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let (out, recorded) = Recorded::run([q, k, v], sdpa_causal);
+                let (out, recorded) = Recorded::run([q, k, v], |qkv| attend(qkv, &spans));
                 prep.finish(recorded, out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(LibTorch::causal_attention(q, k, v)),
+            OpsKind::UnTracked(prep) => prep.finish(LibTorch::causal_attention(q, k, v, spans)),
         }
     }
 }
@@ -138,11 +181,20 @@ impl<const N: usize> Recorded<N> {
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor, activation::softmax};
 
-    use super::causal_attention;
+    use std::sync::Arc;
 
-    /// Attention written out: scores, the mask aligned to the last query, softmax, values.
+    use super::causal_attention;
+    use crate::data::Span;
+
+    /// Attention written out: key/value heads repeated for their query heads, scores, the mask
+    /// aligned to the last query, softmax, values.
     fn reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-        let [_, _, sq, d] = q.dims();
+        let [b, h, sq, d] = q.dims();
+        let repeat = |x: Tensor<4>| {
+            let [_, hkv, s, _] = x.dims();
+            x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, s, d]).reshape([b, h, s, d])
+        };
+        let (k, v) = (repeat(k), repeat(v));
         let sk = k.dims()[2];
         let scores = q.matmul(k.swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, Sq, Sk]
         let mask: Vec<f32> = (0..sq)
@@ -160,13 +212,47 @@ mod tests {
     #[test]
     fn a_query_shorter_than_its_keys_sees_every_earlier_key() {
         for device in devices() {
-            for (sq, sk) in [(7, 7), (1, 7), (3, 7), (1, 1)] {
-                let t = |s| Tensor::<4>::random([2, 3, s, 8], Distribution::Normal(0.0, 1.0), &device);
-                let (q, k, v) = (t(sq), t(sk), t(sk));
-                let fused = causal_attention(q.clone(), k.clone(), v.clone());
+            for (sq, sk, hkv) in [(7, 7, 6), (1, 7, 6), (3, 7, 6), (1, 1, 6), (7, 7, 2), (3, 7, 3)] {
+                let t = |h, s| Tensor::<4>::random([2, h, s, 8], Distribution::Normal(0.0, 1.0), &device);
+                let (q, k, v) = (t(6, sq), t(hkv, sk), t(hkv, sk));
+                let fused = causal_attention(q.clone(), k.clone(), v.clone(), Arc::from([]));
                 let diff = (fused - reference(q, k, v)).abs().max().into_scalar::<f32>();
                 assert!(diff < 1e-5, "Sq {sq}, Sk {sk}, autodiff {}: max difference {diff}", device.is_autodiff());
             }
+        }
+    }
+
+    /// A packed row equals its sequences attended apart: two plain spans, and a third whose
+    /// prefix is the first span's first 3 keys (the shared-prompt layout), forward and backward,
+    /// with 4 query heads on 2 key/value heads.
+    #[test]
+    fn spans_attend_within_themselves_and_their_prefix() {
+        let device = Device::libtorch().autodiff();
+        let t = |h| Tensor::<4>::random([1, h, 12, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let (q, k, v) = (t(4), t(2), t(2));
+        let spans: Arc<[Span]> = Arc::from(vec![
+            Span { start: 0, len: 5, prefix: None },
+            Span { start: 5, len: 4, prefix: None },
+            Span { start: 9, len: 3, prefix: Some((0, 3)) },
+        ]);
+        let packed = causal_attention(q.clone(), k.clone(), v.clone(), spans);
+        let part = |x: &Tensor<4>, a: usize, n: usize| x.clone().narrow(2, a, n);
+        let prefixed = |x: &Tensor<4>| Tensor::cat(vec![part(x, 0, 3), part(x, 9, 3)], 2);
+        let apart = Tensor::cat(
+            vec![
+                reference(part(&q, 0, 5), part(&k, 0, 5), part(&v, 0, 5)),
+                reference(part(&q, 5, 4), part(&k, 5, 4), part(&v, 5, 4)),
+                reference(part(&q, 9, 3), prefixed(&k), prefixed(&v)),
+            ],
+            2,
+        );
+        let diff = (packed.clone() - apart.clone()).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "forward differs by {diff}");
+        let weights = Tensor::<4>::random([1, 4, 12, 8], Distribution::Normal(0.0, 1.0), &device);
+        let (g1, g2) = ((packed * weights.clone()).sum().backward(), (apart * weights).sum().backward());
+        for x in [&q, &k, &v] {
+            let diff = (x.grad(&g1).unwrap() - x.grad(&g2).unwrap()).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-5, "gradients differ by {diff}");
         }
     }
 }

@@ -39,8 +39,8 @@ impl LmHead {
     /// f32 logits of hidden states (log-softmax and the loss run in f32).
     ///
     /// # Shapes
-    /// - hidden: `[B, S, hidden]` → `[B, S, V]`
-    pub fn project(&self, hidden: Tensor<3>) -> Tensor<3> {
+    /// - hidden: `[..., hidden]` → `[..., V]`
+    pub fn project<const D: usize>(&self, hidden: Tensor<D>) -> Tensor<D> {
         linear_rows(hidden, self.weight.clone(), None).cast(FloatDType::F32)
     }
 

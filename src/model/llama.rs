@@ -8,6 +8,7 @@
 //! multiplies by `[in, out]`: the one transposing rule is in [`super::hf`].
 
 use std::path::Path;
+use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
@@ -20,8 +21,9 @@ use super::head::LmHead;
 use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
-use super::rope::{Rope, RopeScaling};
+use super::rope::{Rope, RopeScaling, rotate};
 use super::weights::TensorSource;
+use crate::data::Span;
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -222,6 +224,17 @@ impl RmsNorm {
     }
 }
 
+/// Where the tokens of a forward pass sit: the rotary angles of each column's position and the
+/// attention spans of a packed row (empty: every row attends causally on its own). Built once per
+/// batch ([`Llama::place`]) and shared by every layer.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// `[1, 1, L, D]` each, in the compute dtype.
+    cos: Tensor<4>,
+    sin: Tensor<4>,
+    spans: Arc<[Span]>,
+}
+
 /// Multi-head self-attention with grouped-query key/value heads.
 #[derive(Module, Debug)]
 pub struct Attention {
@@ -257,18 +270,18 @@ impl Attention {
         })
     }
 
-    /// Causal self-attention over right-padded rows: a real token only ever sees earlier real
-    /// tokens, so the padding needs no mask of its own (padded positions are never read).
+    /// Causal self-attention over right-padded rows (a real token only ever sees earlier real
+    /// tokens, so the padding needs no mask of its own), or over the spans of a packed row.
     ///
-    /// With a `cache`, keys and values of earlier positions are reused and the new ones appended;
-    /// the first token of `x` sits at position `cache.len()`.
+    /// With a `cache`, keys and values of earlier positions are reused and the new ones appended
+    /// (`at` places the new tokens after them).
     ///
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
     ///
     /// # Panics
     /// If a cache that already holds positions is given more than one new token.
-    pub fn forward(&self, x: Tensor<3>, rope: &Rope, cache: Option<&mut LayerCache>) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, at: &Placement, cache: Option<&mut LayerCache>) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = self.q_proj.forward(x.clone()).reshape([b, s, h, d]); // [B, S, H, D]
@@ -279,32 +292,19 @@ impl Attention {
             _ => (q, k),
         };
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let q = rope.apply(q.swap_dims(1, 2), offset); // [B, H, S, D]
-        let k = rope.apply(k.swap_dims(1, 2), offset); // [B, Hkv, S, D]
+        let q = rotate(q.swap_dims(1, 2), &at.cos, &at.sin); // [B, H, S, D]
+        let k = rotate(k.swap_dims(1, 2), &at.cos, &at.sin); // [B, Hkv, S, D]
         let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, T, D]
             None => (k, v),
         };
         assert!(offset == 0 || s == 1, "a filled KV cache takes one token at a time");
-        let (k, v) = (repeat_kv(k, h / hkv), repeat_kv(v, h / hkv)); // [B, H, T, D]
         // The S new queries are the last S of the T positions (one at a time with a filled cache).
-        let y = super::fused::causal_attention(q, k, v); // [B, H, S, D]
+        let y = super::fused::causal_attention(q, k, v, at.spans.clone()); // [B, H, S, D]
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
     }
-}
-
-/// Shares each key/value head with `n_rep` query heads (`repeat_kv` in transformers).
-///
-/// # Shapes
-/// - x: `[B, Hkv, S, D]` → `[B, Hkv*n_rep, S, D]`
-fn repeat_kv(x: Tensor<4>, n_rep: usize) -> Tensor<4> {
-    if n_rep == 1 {
-        return x;
-    }
-    let [b, hkv, s, d] = x.dims();
-    x.unsqueeze_dim::<5>(2).expand([b, hkv, n_rep, s, d]).reshape([b, hkv * n_rep, s, d]) // [B, H, S, D]
 }
 
 /// The SiLU-gated feed-forward block: `down(silu(gate(x)) * up(x))`.
@@ -356,8 +356,8 @@ impl DecoderLayer {
 
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
-    pub fn forward(&self, x: Tensor<3>, rope: &Rope, cache: Option<&mut LayerCache>) -> Tensor<3> {
-        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), rope, cache);
+    pub fn forward(&self, x: Tensor<3>, at: &Placement, cache: Option<&mut LayerCache>) -> Tensor<3> {
+        let x = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), at, cache);
         x.clone() + self.mlp.forward(self.post_attention_layernorm.forward(x))
     }
 }
@@ -460,18 +460,34 @@ impl Llama {
         projections!(self.model.layers.iter_mut(), &mut)
     }
 
+    /// Tokens at `positions` (one per column, every row alike) attending by `spans` (empty:
+    /// each row causally on its own).
+    ///
+    /// # Shapes
+    /// - positions: `[L]`
+    ///
+    /// # Panics
+    /// If a position reaches `max_position_embeddings`; callers check
+    /// [`Llama::max_sequence_length`] first.
+    pub fn place(&self, positions: Tensor<1, Int>, spans: Arc<[Span]>) -> Placement {
+        let (cos, sin) = self.rope.at(positions, self.compute_dtype);
+        Placement { cos, sin, spans }
+    }
+
+    /// Rows of `len` tokens from position `offset` on, each attending causally on its own.
+    pub fn place_rows(&self, offset: usize, len: usize, device: &Device) -> Placement {
+        let positions = Tensor::<1, Int>::arange(offset as i64..(offset + len) as i64, device);
+        self.place(positions, Arc::from([]))
+    }
+
     /// Final hidden states, after the last norm.
     ///
     /// # Shapes
     /// - input_ids: `[B, S]` → `[B, S, hidden]`
-    ///
-    /// # Panics
-    /// If `S` exceeds `max_position_embeddings` or the sliding window; callers check
-    /// [`Llama::max_sequence_length`] first.
-    pub fn hidden_states(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
+    pub fn hidden_states(&self, input_ids: Tensor<2, Int>, at: &Placement) -> Tensor<3> {
         let mut x = self.embed(input_ids); // [B, S, hidden]
         for layer in &self.model.layers {
-            x = layer.forward(x, &self.rope, None);
+            x = layer.forward(x, at, None);
         }
         self.model.norm.forward(x)
     }
@@ -488,8 +504,8 @@ impl Llama {
     ///
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
-    pub fn layer(&self, i: usize, x: Tensor<3>) -> Tensor<3> {
-        self.model.layers[i].forward(x, &self.rope, None)
+    pub fn layer(&self, i: usize, x: Tensor<3>, at: &Placement) -> Tensor<3> {
+        self.model.layers[i].forward(x, at, None)
     }
 
     /// The final norm.
@@ -505,9 +521,10 @@ impl Llama {
     /// # Shapes
     /// - input_ids: `[B, S]` (the prompt, then one token at a time) → `[B, V]`
     pub fn forward_cached(&self, input_ids: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<2> {
+        let at = self.place_rows(cache.len(), input_ids.dims()[1], &input_ids.device());
         let mut x = self.embed(input_ids); // [B, S, hidden]
         for (layer, layer_cache) in self.model.layers.iter().zip(cache.layers.iter_mut()) {
-            x = layer.forward(x, &self.rope, Some(layer_cache));
+            x = layer.forward(x, &at, Some(layer_cache));
         }
         let [b, s, _] = x.dims();
         let last = self.model.norm.forward(x.narrow(1, s - 1, 1)); // [B, 1, hidden]
@@ -537,7 +554,8 @@ impl Llama {
     /// # Shapes
     /// - input_ids: `[B, S]` → `[B, S, V]`
     pub fn forward(&self, input_ids: Tensor<2, Int>) -> Tensor<3> {
-        let hidden = self.hidden_states(input_ids); // [B, S, hidden]
+        let at = self.place_rows(0, input_ids.dims()[1], &input_ids.device());
+        let hidden = self.hidden_states(input_ids, &at); // [B, S, hidden]
         self.head(FloatDType::from(hidden.dtype())).project(hidden)
     }
 

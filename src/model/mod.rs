@@ -24,7 +24,7 @@ use weights::WeightsError;
 pub use compat::CompatError;
 pub use head::LmHead;
 pub use kv_cache::KvCache;
-pub use llama::{Llama, LlamaConfig};
+pub use llama::{Llama, LlamaConfig, Placement};
 pub use lora::{AdapterConfig, AdapterError, AdapterInit};
 pub use weights::{RandomInit, TensorSource, Weights};
 

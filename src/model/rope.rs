@@ -2,11 +2,12 @@
 //! (`transformers/modeling_rope_utils.py` and `apply_rotary_pos_emb` in `modeling_llama.py`),
 //! with the `llama3` frequency bands (`_compute_llama3_parameters`).
 //!
-//! cos/sin are computed once for every position and shared by all layers.
+//! cos/sin are computed once for every position; a forward pass gathers the rows of its tokens'
+//! positions once ([`Rope::at`]) and every layer rotates with them ([`rotate`]).
 
 use std::f64::consts::PI;
 
-use burn::tensor::{Device, FloatDType, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 
 /// How the inverse frequencies are derived from `rope_theta`.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,21 +55,29 @@ impl Rope {
         self.cos.dims()[0]
     }
 
-    /// Rotates queries or keys whose first token sits at position `offset`.
+    /// cos and sin at each of `positions`, in `dtype` (transformers casts them to the activations'
+    /// dtype under mixed precision).
     ///
     /// # Shapes
-    /// - x: `[B, H, S, D]` → `[B, H, S, D]`
-    pub fn apply(&self, x: Tensor<4>, offset: usize) -> Tensor<4> {
-        let [_, _, s, d] = x.dims();
-        // In the input's dtype, as transformers casts cos/sin under mixed precision.
-        let dtype = FloatDType::from(x.dtype());
-        let cos = self.cos.clone().narrow(0, offset, s).reshape([1, 1, s, d]).cast(dtype); // [1, 1, S, D]
-        let sin = self.sin.clone().narrow(0, offset, s).reshape([1, 1, s, d]).cast(dtype); // [1, 1, S, D]
-        let x1 = x.clone().narrow(3, 0, d / 2); // [B, H, S, D/2]
-        let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, H, S, D/2]
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, S, D]
-        x * cos + rotated * sin
+    /// - positions: `[L]` → `[1, 1, L, D]` each
+    pub fn at(&self, positions: Tensor<1, Int>, dtype: FloatDType) -> (Tensor<4>, Tensor<4>) {
+        let (l, d) = (positions.dims()[0], self.cos.dims()[1]);
+        let positions = positions.inner();
+        let gather = |table: &Tensor<2>| table.clone().select(0, positions.clone()).reshape([1, 1, l, d]).cast(dtype);
+        (gather(&self.cos), gather(&self.sin))
     }
+}
+
+/// Rotates queries or keys by the angles of their positions (`x·cos + rotate_half(x)·sin`).
+///
+/// # Shapes
+/// - x: `[B, H, L, D]`, cos, sin: `[1, 1, L, D]` → `[B, H, L, D]`
+pub fn rotate(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let d = x.dims()[3];
+    let x1 = x.clone().narrow(3, 0, d / 2); // [B, H, L, D/2]
+    let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, H, L, D/2]
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, L, D]
+    x * cos.clone() + rotated * sin.clone()
 }
 
 /// `inv_freq` as transformers computes it (f32 arithmetic on the exponent, as there).

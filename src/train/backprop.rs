@@ -44,8 +44,9 @@ pub fn forward_backward(
     loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
 ) -> Result<(SequenceScores, Tensor<1>), DistError> {
     let policy = model.skeleton();
+    let at = batch.placement(policy);
     if checkpointing.is_none() && !model.segmented() {
-        let hidden = policy.hidden_states(batch.input_ids.clone()); // [2B, S, hidden]
+        let hidden = policy.hidden_states(batch.input_ids.clone(), &at); // [R, L, hidden]
         let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
         grads.add(policy, &(hidden * dh).sum().backward());
         return Ok((scores, loss));
@@ -61,16 +62,16 @@ pub fn forward_backward(
     // Forward without a graph (the same tensors, no autodiff), keeping each layer's input.
     let layers = policy.num_layers();
     let mut inputs = Vec::with_capacity(layers);
-    let mut x = model.part(Part::Embed)?.valid().embed(batch.input_ids.clone().inner()); // [2B, S, hidden]
+    let mut x = model.part(Part::Embed)?.valid().embed(batch.input_ids.clone().inner()); // [R, L, hidden]
     for i in 0..layers {
         reseed(i);
         inputs.push(x.clone());
-        x = model.part(Part::Layer(i))?.valid().layer(i, x);
+        x = model.part(Part::Layer(i))?.valid().layer(i, x, &at);
     }
 
     // The head and the final norm: their backward yields the gradient at the top of the decoder.
     let head_part = model.part(Part::Head)?;
-    let top = Tensor::from_inner(x).require_grad(); // [2B, S, hidden]
+    let top = Tensor::from_inner(x).require_grad(); // [R, L, hidden]
     let hidden = head_part.final_norm(top.clone());
     let mut fresh = GradAccumulator::default();
     let (scores, loss, dh) = head_backward(&head_part, hidden.clone(), batch, with_stats, scale, &mut fresh, loss_of);
@@ -86,7 +87,7 @@ pub fn forward_backward(
         reseed(i);
         let part = model.part(Part::Layer(i))?;
         let x = Tensor::from_inner(input).require_grad();
-        let y = part.layer(i, x.clone());
+        let y = part.layer(i, x.clone(), &at);
         let g = (y * Tensor::from_inner(dy)).sum().backward();
         let mut fresh = GradAccumulator::default();
         fresh.add_where(&*part, &g, |n| model.in_part(n, Part::Layer(i)));
@@ -130,14 +131,16 @@ pub fn idle_pass(model: &dyn Segments, grads: &mut GradAccumulator) -> Result<()
 }
 
 /// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would
-/// keep and revisit several vocabulary-wide tensors per row, where `∂ log p(y_t) / ∂ z_t =
+/// keep and revisit several vocabulary-wide tensors per prediction, where `∂ log p(y_t) / ∂ z_t =
 /// onehot(y_t) − p_t` needs one (the probabilities) and torch's fused log-softmax.
 ///
 /// Adds the output projection's gradient to `grads` when it trains, and returns the scores (their
-/// log-probs a leaf of their own graph), the unscaled loss, and `∂(loss·scale) / ∂hidden`.
+/// log-probs a leaf of their own graph), the unscaled loss, and `∂(loss·scale) / ∂hidden` (zero
+/// where no scored token is predicted; summed where one position predicts two, as a shared
+/// prompt's last position does).
 ///
 /// # Shapes
-/// - hidden: `[2B, S, h]` (the model's final hidden states) → gradient `[2B, S, h]`
+/// - hidden: `[R, L, h]` (the model's final hidden states) → gradient `[R, L, h]`
 fn head_backward(
     policy: &Llama,
     hidden: Tensor<3>,
@@ -147,40 +150,36 @@ fn head_backward(
     grads: &mut GradAccumulator,
     loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
 ) -> (SequenceScores, Tensor<1>, Tensor<3>) {
-    let [rows, s, h] = hidden.dims();
+    let [r, l, h] = hidden.dims();
     let dtype = FloatDType::from(hidden.dtype());
-    let hidden = hidden.inner(); // [2B, S, h], no graph
+    let hidden = hidden.inner(); // [R, L, h], no graph
+    let device = hidden.device();
     let lm_head = policy.head(dtype).inner(); // weight [h, V]
-    let input_ids = batch.input_ids.clone().inner(); // [2B, S]
-    let head = head_forward(hidden.clone(), &lm_head, input_ids.clone(), with_stats, true);
+    let head = head_forward(hidden, &lm_head, batch, with_stats, true);
 
     // The loss over a leaf holding the log-probs gives their gradient.
+    let n = head.token_logps.dims()[0];
     let leaf = Tensor::from_inner(head.token_logps).require_grad();
     let scores = assemble(leaf.clone(), head.stats.map(|stats| stats.map(Tensor::from_inner)), batch);
     let loss = loss_of(&scores);
     let g = (loss.clone() * scale).backward();
-    let dlogp = match leaf.grad(&g) {
-        Some(d) => d, // [2B, S-1]
-        None => Tensor::zeros([rows, s - 1], &hidden.device()),
-    };
+    let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]
 
     // Backward through softmax and the projection, block by block.
-    let trains = lm_head.trains;
+    let labels = batch.labels.clone().inner(); // [N]
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
     for (block, probs) in head.probs {
-        let d = dlogp.clone().slice([block.clone(), 0..s - 1]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
-        let labels = input_ids.clone().slice([block.clone(), 1..s]).unsqueeze_dim::<3>(2); // [c, S-1, 1]
+        let d = dlogp.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
+        let y = labels.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         // ∂/∂z = d·(onehot(y) − p)
-        let dz = (-probs * d.clone()).scatter(2, labels, d, IndexingUpdateOp::Add); // [c, S-1, V]
-        let v = dz.dims()[2];
+        let dz = (-probs * d.clone()).scatter(1, y, d, IndexingUpdateOp::Add); // [c, V]
         // Both products in the compute dtype, as autocast runs them; only the sum is kept in f32.
         let dz = dz.cast(dtype);
-        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [c, S-1, h]
-        if trains {
-            let n = block.len() * (s - 1);
-            let x = hidden.clone().slice([block, 0..s - 1, 0..h]).reshape([n, h]);
-            let dw = x.transpose().matmul(dz.reshape([n, v])).cast(FloatDType::F32); // [h, V]
+        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [c, h]
+        if lm_head.trains {
+            let x = head.selected.clone().slice([block, 0..h]); // [c, h]
+            let dw = x.transpose().matmul(dz).cast(FloatDType::F32); // [h, V]
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
                 None => dw,
@@ -195,7 +194,10 @@ fn head_backward(
         };
         grads.grads.insert(lm_head.param_name.to_owned(), summed);
     }
-    let dh = Tensor::cat(dh, 0); // [2B, S-1, h]
-    let dh = Tensor::cat(vec![dh, Tensor::<3>::zeros([rows, 1, h], &hidden.device()).cast(dtype)], 1); // [2B, S, h]
-    (scores, loss.detach(), Tensor::from_inner(dh))
+    let zeros = Tensor::<2>::zeros([r * l, h], &device).cast(dtype);
+    let dh = match dh.is_empty() {
+        true => zeros,
+        false => zeros.select_assign(0, batch.at.clone().inner(), Tensor::cat(dh, 0), IndexingUpdateOp::Add),
+    };
+    (scores, loss.detach(), Tensor::from_inner(dh.reshape([r, l, h])))
 }

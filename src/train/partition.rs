@@ -246,12 +246,12 @@ impl Partitioned {
     /// The per-step reference's scores (no graph), one part gathered at a time.
     ///
     /// # Shapes
-    /// - batch.input_ids: `[2B, S]`; every output: `[2B]`
+    /// - batch.input_ids: `[R, L]`; every output: `[2B]`
     pub fn score(&self, batch: &DeviceBatch, workers: Workers) -> Result<SequenceScores, DistError> {
-        let ids = batch.input_ids.clone();
-        let mut x = self.whole(Some(Part::Embed), workers)?.embed(ids); // [2B, S, h]
+        let (ids, at) = (batch.input_ids.clone(), batch.placement(&self.hollow));
+        let mut x = self.whole(Some(Part::Embed), workers)?.embed(ids); // [R, L, h]
         for i in 0..self.hollow.num_layers() {
-            x = self.whole(Some(Part::Layer(i)), workers)?.layer(i, x);
+            x = self.whole(Some(Part::Layer(i)), workers)?.layer(i, x, &at);
         }
         let head = self.whole(Some(Part::Head), workers)?;
         let hidden = head.final_norm(x);

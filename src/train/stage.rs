@@ -22,9 +22,10 @@ use super::references::References;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
 use super::step::{StepPlan, Trained, optimizer_step};
-use super::window::Window;
+use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
+use crate::data::Packing;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
@@ -52,6 +53,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     let tracks_peak = crate::malloc::reset_peak_resident();
     let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
     let mut window = Window::new();
+    let mut positions = Positions::default();
     let (mut last_eval, mut last_status, mut interrupted) = (None, String::new(), false);
     if cfg.eval_on_start && trained.state.step == 0 {
         last_eval = evaluate(&trained, log.as_mut(), progress)?;
@@ -78,6 +80,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             // Reading the values back is a host sync: it happens on logging steps only.
             let norm = report.grad_norm.map(|n| n.into_scalar::<f32>() as f64);
             let done = std::mem::take(&mut window);
+            positions.add(done.positions);
             let (row, status) = done.finish(state, lr, norm, plan.objective, cfg.loss.beta, workers)?;
             window = Window::new();
             if let Some(out) = log.as_mut() {
@@ -99,6 +102,8 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     if !workers.any(!tracks_peak)? {
         report_peak(run, name, progress)?;
     }
+    positions.add(window.positions);
+    report_positions(run, name, positions, plan.packing, progress)?;
     finish(
         run,
         stage,
@@ -119,6 +124,30 @@ fn report_peak(run: &Run, name: &str, progress: &mut dyn Progress) -> anyhow::Re
     workers.sum_f64(&mut peaks)?;
     let gib: Vec<String> = peaks.iter().map(|b| format!("{:.2} GiB", b / f64::from(1u32 << 30))).collect();
     progress.line(&format!("{name}: peak resident memory while training, per rank: {}", gib.join(", ")));
+    Ok(())
+}
+
+/// Prints (rank 0) how many token positions the forward passes computed over every rank, next to
+/// what padded rows of the same sequences hold (`padding_free`, `prefix_sharing`).
+fn report_positions(
+    run: &Run,
+    name: &str,
+    mut p: Positions,
+    packing: Packing,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    let mut sums = [p.computed, p.padded];
+    run.rt.workers.sum_f64(&mut sums)?;
+    [p.computed, p.padded] = sums;
+    if p.padded > 0.0 {
+        progress.line(&format!(
+            "{name}: computed {:.0} token positions where padded rows hold {:.0}: {:.1}% avoided ({})",
+            p.computed,
+            p.padded,
+            100.0 * p.avoided(),
+            packing.describe()
+        ));
+    }
     Ok(())
 }
 
@@ -222,6 +251,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
                 pad_id: data.tokenizer.pad_id(),
                 max_length: Some(cfg.max_length),
                 ld_alpha: cfg.loss.ld_alpha,
+                packing: Packing::of(cfg.padding_free, cfg.prefix_sharing),
             };
             Some(References::prepare(run, reference, collation, progress)?)
         }
@@ -245,6 +275,8 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         sharding,
         layout,
         device: run.rt.device.clone(),
+        // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two.
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }

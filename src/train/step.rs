@@ -21,7 +21,7 @@ use super::sampler::{RankStep, Sampler, rank_step, shard_step};
 use super::window::Window;
 use super::workers::Workers;
 use crate::config::Sharding;
-use crate::data::{self, Batch, TokenizedPair};
+use crate::data::{self, Packing, TokenizedPair};
 use crate::dist::DistError;
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
@@ -44,6 +44,8 @@ pub struct StepPlan {
     pub layout: Layout,
     /// The run's plain device.
     pub device: Device,
+    /// How a micro-batch's sequences are laid out (`padding_free`, `prefix_sharing`).
+    pub packing: Packing,
 }
 
 impl StepPlan {
@@ -169,7 +171,8 @@ pub fn optimizer_step(
     let step_tokens = match plan.objective {
         Objective::Sft => {
             let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
-            scored_tokens(&data::collate_chosen(&all, data.tokenizer.pad_id(), Some(cfg.max_length)))
+            let batch = data::collate_chosen(&all, data.tokenizer.pad_id(), Some(cfg.max_length), Packing::Packed);
+            batch.labels.len() as f64
         }
         Objective::Dpo => 0.0,
     };
@@ -309,7 +312,7 @@ fn micro_batch(
     let policy = segments.as_ref();
     match (plan.objective, refs) {
         (Objective::Sft, _) => {
-            let batch = data::collate_chosen(pass.chunk, pad_id, max_length);
+            let batch = data::collate_chosen(pass.chunk, pad_id, max_length, plan.packing);
             let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
             // Each micro-batch's loss is its share of the step's token mean.
             let (_, nll) =
@@ -321,7 +324,7 @@ fn micro_batch(
         }
         (Objective::Dpo, Some(refs)) => {
             let loss_cfg = &run.cfg.loss;
-            let batch = data::collate(pass.chunk, pad_id, max_length);
+            let batch = data::collate(pass.chunk, pad_id, max_length, plan.packing);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
             let ref_rows = refs.train_rows(pass.ids, &batch, run)?;
             let (scores, loss) =
@@ -345,10 +348,4 @@ fn pair_tokens(pair: &TokenizedPair, max_length: usize, objective: Objective) ->
         Objective::Sft => chosen as f64,
         Objective::Dpo => (chosen + rejected) as f64,
     }
-}
-
-/// Completion tokens scored in a batch.
-fn scored_tokens(batch: &Batch) -> f64 {
-    let s = batch.seq_len;
-    (0..batch.rows).map(|r| batch.completion_mask[r * s + 1..(r + 1) * s].iter().sum::<i64>() as f64).sum()
 }

@@ -15,6 +15,26 @@ use crate::dpo::logps::{DeviceBatch, SequenceScores};
 use crate::dpo::metrics::{MetricSums, ScoredPairs};
 use crate::model::host;
 
+/// Token positions computed by forward passes, and those padded rows of the same sequences hold.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Positions {
+    pub computed: f64,
+    pub padded: f64,
+}
+
+impl Positions {
+    /// Adds another count.
+    pub fn add(&mut self, other: Positions) {
+        self.computed += other.computed;
+        self.padded += other.padded;
+    }
+
+    /// The share of the padded positions not computed.
+    pub fn avoided(&self) -> f64 {
+        if self.padded > 0.0 { 1.0 - self.computed / self.padded } else { 0.0 }
+    }
+}
+
 /// What the steps since the last log did, kept on the device until the log reads it.
 pub struct Window {
     started: Instant,
@@ -22,6 +42,8 @@ pub struct Window {
     pub steps: usize,
     pairs: usize,
     tokens: f64,
+    /// Token positions the forward passes computed, and those TRL's padded rows would hold.
+    pub positions: Positions,
     /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
     pub pending: Vec<(DeviceBatch, SequenceScores, Vec<f32>, Tensor<1>)>,
     /// SFT: each micro-batch's (scaled) loss.
@@ -31,13 +53,23 @@ pub struct Window {
 impl Window {
     /// A window opening now.
     pub fn new() -> Self {
-        Self { started: Instant::now(), steps: 0, pairs: 0, tokens: 0.0, pending: Vec::new(), losses: Vec::new() }
+        Self {
+            started: Instant::now(),
+            steps: 0,
+            pairs: 0,
+            tokens: 0.0,
+            positions: Positions::default(),
+            pending: Vec::new(),
+            losses: Vec::new(),
+        }
     }
 
-    /// Counts a micro-batch's pairs and tokens (throughput).
+    /// Counts a micro-batch's pairs and tokens (throughput) and the positions it computed.
     pub fn count(&mut self, batch: &Batch) {
-        self.pairs += batch.batch_size;
-        self.tokens += batch.attention_mask.iter().sum::<i64>() as f64;
+        self.pairs += batch.pairs;
+        self.tokens += batch.tokens() as f64;
+        self.positions.computed += batch.computed_tokens() as f64;
+        self.positions.padded += batch.padded_tokens() as f64;
     }
 
     /// The logged row and a one-line status, TRL's names in TRL's order, over every rank.
