@@ -397,17 +397,41 @@ fn setup_lines(o: &mut String, plan: &Plan, st: Style) {
 }
 
 /// `communication ~0.42 s per optimizer step: 3.1 GB of gradients all-reduced at 14.8 GB/s
-/// measured bus bandwidth (nccl, 16 MiB messages)`.
+/// measured bus bandwidth (nccl, 16 MiB messages)`; under ZeRO each collective in turn, e.g.
+/// `... under zero3: 8 x 3.1 GB of weights all-gathered at 20.1 GB/s + 4 x ...`.
 pub fn communication_line(c: &crate::plan::comm::Communication) -> String {
     let s = c.seconds_per_step;
     let time = if s >= 0.1 { format!("{s:.2} s") } else { format!("{:.1} ms", s * 1e3) };
-    let g = c.gradient_bytes as f64;
-    let size = if g >= 1e9 { format!("{:.1} GB", g / 1e9) } else { format!("{:.1} MB", g / 1e6) };
+    let gb = |b: u64| {
+        let b = b as f64;
+        if b >= 1e9 { format!("{:.1} GB", b / 1e9) } else { format!("{:.1} MB", b / 1e6) }
+    };
+    let at = c.transfers.first().map_or(0, |t| t.measured_at_bytes);
+    // One message size for all, said once at the end; else each collective's beside it.
+    let one_size = c.transfers.iter().all(|t| t.measured_at_bytes == at);
+    let parts: Vec<String> = c
+        .transfers
+        .iter()
+        .map(|t| {
+            let times = if t.calls > 1 { format!("{} x ", t.calls) } else { String::new() };
+            let verb = match t.collective {
+                bench::Collective::AllReduce => "all-reduced",
+                bench::Collective::AllGather => "all-gathered",
+                bench::Collective::ReduceScatter => "reduce-scattered",
+            };
+            let size = if one_size { String::new() } else { format!(" ({})", size_label(t.measured_at_bytes)) };
+            format!("{times}{} of {} {verb} at {:.1} GB/s{size}", gb(t.bytes), t.what, t.busbw_gbps)
+        })
+        .collect();
+    let stage = match c.sharding {
+        crate::memory::Sharding::None => String::new(),
+        stage => format!(" under {}", stage.name()),
+    };
+    let messages = if one_size { format!(", {} messages", size_label(at)) } else { String::new() };
     format!(
-        "communication ~{time} per optimizer step: {size} of gradients all-reduced at {:.1} GB/s measured bus bandwidth ({}, {} messages)",
-        c.busbw_gbps,
+        "communication ~{time} per optimizer step{stage}: {} measured bus bandwidth ({}{messages})",
+        parts.join(" + "),
         c.backend,
-        size_label(c.measured_at_bytes)
     )
 }
 

@@ -112,7 +112,10 @@ fn a_saved_bench_gives_the_communication_time() {
     let v = stdout_json(&out);
     let c = &v["communication"];
     assert_eq!(c["gradient_bytes"], 6_000_000_000u64);
-    assert_eq!(c["measured_at_bytes"], 16 * MIB);
+    assert_eq!(c["sharding"], "none");
+    assert_eq!(c["transfers"].as_array().map(Vec::len), Some(1), "{c}");
+    assert_eq!(c["transfers"][0]["collective"], "all_reduce");
+    assert_eq!(c["transfers"][0]["measured_at_bytes"], 16 * MIB);
     assert!((c["seconds_per_step"].as_f64().expect("seconds") - 0.357_627_868_65).abs() < 1e-9, "{c}");
     let b = &v["bench"];
     assert_eq!(b["gpus"], json!([0, 1, 2, 3]));
@@ -242,7 +245,7 @@ fn bench_runs_dpo_train_and_reports_it() {
     let v = stdout_json(&run(&["--bench", "--devices", "cpu:2", "--model-params", "0.5B", "--json"], Some(&ok)));
     let c = &v["communication"];
     let busbw = 16.0 * MIB as f64 / 0.001 / 1e9;
-    assert!((c["busbw_gbps"].as_f64().expect("busbw") - busbw).abs() < 1e-9, "{c}");
+    assert!((c["transfers"][0]["busbw_gbps"].as_f64().expect("busbw") - busbw).abs() < 1e-9, "{c}");
     let grads = c["gradient_bytes"].as_f64().expect("gradient bytes");
     assert!(grads > 1.8e9 && grads < 2.2e9, "0.5B f32 gradients: {c}");
     assert!((c["seconds_per_step"].as_f64().expect("seconds") - grads / (busbw * 1e9)).abs() < 1e-9, "{c}");
@@ -281,5 +284,48 @@ fn bench_failures_are_one_line_with_exit_2() {
     ] {
         assert_eq!(run(&args, Some(&fail)).status.code(), Some(3), "{args:?}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Under zero3 the plan counts what dpo-train sends per optimizer step: the weights (fp32
+/// masters, 4P) all-gathered twice per micro-batch, the fp32 gradients reduce-scattered once per
+/// micro-batch and the bf16 reference (2P) gathered once per micro-batch. The canned bench has
+/// all-gather and reduce-scatter at 1 GiB in 50 ms only: algbw 21.47483648 GB/s, so with
+/// A micro-batches and P = 1.5e9: A × (8 + 4 + 2) × 1.5e9 / 21.47483648e9 s.
+#[test]
+fn a_sharded_plan_counts_each_stages_collectives() {
+    let dir = temp_dir("zero3");
+    let snap = snapshot_with_bench(&dir, &[0, 1, 2, 3], canned("nccl", 4, 0.1));
+    let s = snap.to_str().expect("path");
+    let args = ["--snapshot", s, "--model-params", "1.5B", "--sharding", "zero3", "--json"];
+    let v = stdout_json(&run(&args, None));
+    assert_eq!(v["dtype"], "bf16", "{v}");
+    // Micro-batch 16 over 4 GPUs: one micro-batch per rank per step (the line's ~0.98 s).
+    let a = v["grad_accum"].as_u64().expect("accumulation");
+    assert_eq!(a, 1, "{v}");
+    let c = &v["communication"];
+    assert_eq!(c["sharding"], "zero3");
+    let ops: Vec<(String, u64, u64)> = c["transfers"]
+        .as_array()
+        .expect("transfers")
+        .iter()
+        .map(|t| (t["collective"].as_str().expect("op").to_string(), t["bytes"].as_u64().expect("b"), t["calls"].as_u64().expect("n")))
+        .collect();
+    let p = 1_500_000_000u64;
+    let want = [("all_gather", 4 * p, 2 * a), ("reduce_scatter", 4 * p, a), ("all_gather", 2 * p, a)];
+    assert_eq!(ops, want.map(|(op, b, n)| (op.to_string(), b, n)), "{c}");
+    let by_hand = a as f64 * 14.0 * 1.5e9 / 21.474_836_48e9;
+    assert!((c["seconds_per_step"].as_f64().expect("seconds") - by_hand).abs() < 1e-9, "{c} vs {by_hand}");
+
+    let out = run(&args[..args.len() - 1], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let x = |n: u64| if n > 1 { format!("{n} x ") } else { String::new() };
+    let line = format!(
+        "communication ~0.98 s per optimizer step under zero3: {}6.0 GB of weights all-gathered at 16.1 GB/s + {}6.0 GB of gradients reduce-scattered at 16.1 GB/s + {}3.0 GB of reference weights all-gathered at 16.1 GB/s measured bus bandwidth (nccl, 1 GiB messages)",
+        x(2 * a),
+        x(a),
+        x(a)
+    );
+    assert!(text.contains(&line), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

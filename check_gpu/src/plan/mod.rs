@@ -193,7 +193,7 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// Filled when nothing fits: what would.
     pub alternatives: Vec<Alternative>,
-    /// Gradient all-reduce time per optimizer step, from a bench of the chosen GPUs; `None`
+    /// The collectives of an optimizer step and their time, from a bench of the chosen GPUs; `None`
     /// without one, without a model or with one GPU.
     #[serde(default)]
     pub communication: Option<comm::Communication>,
@@ -236,6 +236,22 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// What decides the collectives of one optimizer step (one micro-batch per rank when the
+    /// plan has no batch split).
+    pub fn step_setting(&self) -> comm::StepSetting {
+        comm::StepSetting {
+            finetune: self.finetune,
+            sharding: self.sharding,
+            dtype: self.dtype,
+            offload_optimizer: self.offload_optimizer,
+            gradient_checkpointing: self.gradient_checkpointing,
+            reference: self.reference,
+            micro_batches: self.grad_accum.max(1),
+        }
+    }
+}
+
 /// What the steps report besides their results.
 #[derive(Debug, Default)]
 struct Log {
@@ -257,13 +273,13 @@ impl Log {
 }
 
 /// The plan to train on CPU processes, with what a bench of them measured: its warnings (there
-/// is no link to compare with, but wrong results count) and the gradient all-reduce time.
+/// is no link to compare with, but wrong results count) and the time its collectives take per step.
 pub fn cpu_plan(req: &PlanRequest, cpus: u32, reason: String, bench: Option<&crate::bench::BenchRecord>) -> Plan {
     let mut p = Plan::cpu_fallback(req, cpus, reason);
     if let Some(rec) = bench {
         p.warnings.extend(crate::bench::peak::warnings(rec, None));
         if let Some(model) = &req.model {
-            p.communication = comm::estimate(comm::gradient_bytes(model, req.finetune), &rec.bench);
+            p.communication = comm::estimate(model, &p.step_setting(), &rec.bench);
         }
     }
     p
@@ -314,7 +330,16 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     // 8. Command.
     let command = command::dpo_train(req, &setting, chosen.len(), &split, dtype);
     // 9. Communication, when a bench measured these GPUs.
-    let communication = comm::communication(snap, &chosen, req.model.as_ref(), req.finetune, &mut log);
+    let step = comm::StepSetting {
+        finetune: req.finetune,
+        sharding: setting.sharding,
+        dtype,
+        offload_optimizer: setting.offload,
+        gradient_checkpointing: setting.checkpointing,
+        reference: req.reference,
+        micro_batches: split.accum,
+    };
+    let communication = comm::communication(snap, &chosen, req.model.as_ref(), &step, &mut log);
     let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
     Plan {
         schema_version: PLAN_SCHEMA_VERSION,
