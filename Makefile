@@ -19,7 +19,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test lint bench bench-1m bench-trl build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test lint bench bench-1m bench-trl gpu-check build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -49,7 +49,7 @@ lint: build
 	$(CARGO) fmt --all -- --check
 	python3 tools/layers.py
 
-bench: build
+bench: build ref-venv
 	$(CARGO) bench --bench throughput --bench memory --bench ddp --bench data
 
 # One million rows (1.1 GB of JSON Lines, benches/big_data.py) read and tokenised by a one-step
@@ -69,6 +69,11 @@ bench-1m: build ref-venv
 # dpo-train against TRL's DPOTrainer, side by side on this machine.
 bench-trl: build ref-venv
 	$(CARGO) bench --bench trl
+
+# The GPU path on cuda:0 (benches/gpu.rs): check-gpu's probe, NCCL, 20 steps against the CPU,
+# throughput next to TRL; writes results/gpu/<date>-<gpu>.md. Without CUDA it says so, exit 0.
+gpu-check: build ref-venv
+	$(CARGO) bench --features nccl --bench gpu
 
 build: venv gloo
 	$(CARGO) build --release --workspace

@@ -1,6 +1,8 @@
 //! `make bench` (throughput): DPO training pairs/s and tokens/s on a small (hidden 256, 4 layers)
 //! and the medium model (hidden 768, 12 layers, 12 heads), 512-token sequences; evaluation
-//! pairs/s; generation tokens/s. Each line prints its model FLOPs utilisation: the model FLOP/s
+//! pairs/s; generation tokens/s; then how the cost grows with `max_length` (256 to 2048 tokens on
+//! the medium model, every sequence that long), dpo-train's and TRL's `DPOTrainer`'s side by side.
+//! Each line prints its model FLOPs utilisation: the model FLOP/s
 //! achieved (policy forward + backward, plus the reference forward when it runs every step;
 //! PaLM's count, [`common::forward_flops_per_token`]) over the best square matrix product
 //! measured on the same backend, in the same precision, at the start of this run.
@@ -13,7 +15,10 @@ use std::path::Path;
 use std::time::Instant;
 
 use burn::tensor::{Device, FloatDType};
-use common::{MEDIUM, SMALL, Shape, dpo_flops_per_token, dpo_train_rate, forward_flops_per_token, matmul_peak};
+use common::{
+    MEDIUM, SMALL, Shape, dpo_train_rate, dpo_train_rate_at, forward_flops_per_token, matmul_peak, pair_forward_flops,
+    passes, trl_rate,
+};
 use dpo_train::config::LossConfig;
 use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::eval::{EvalOptions, evaluate};
@@ -22,28 +27,49 @@ use dpo_train::model::generate::{SamplingConfig, generate, rng};
 const SEQ_LEN: usize = 512;
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+/// Every section, or those named (`cargo bench --bench throughput -- growth`): `training`,
+/// `evaluation`, `generation`, `growth`.
 fn main() {
+    let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let runs = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
     let data = common::long_pairs(&work.join("long-pairs.jsonl"), 64);
     let out = tempfile::tempdir().expect("a temporary directory");
     let peak_f32 = matmul_peak(FloatDType::F32);
-    let peak_bf16 = matmul_peak(FloatDType::BF16);
-    println!(
-        "libtorch CPU, {} threads; matrix-multiply peak {:.0} GFLOP/s f32, {:.0} GFLOP/s bf16",
-        common::torch_threads(),
-        peak_f32 / 1e9,
-        peak_bf16 / 1e9
-    );
+    println!("libtorch CPU, {} threads; matrix-multiply peak {:.0} GFLOP/s f32", common::torch_threads(), peak_f32 / 1e9);
+    if runs("training") {
+        let peak_bf16 = matmul_peak(FloatDType::BF16);
+        println!("matrix-multiply peak {:.0} GFLOP/s bf16", peak_bf16 / 1e9);
+        training(&work, &data, out.path(), (peak_f32, peak_bf16));
+    }
+    let device = Device::libtorch();
+    let model = common::model_dir(&work.join("medium"), &MEDIUM);
+    if runs("evaluation") {
+        evaluation(&model, &data, &MEDIUM, peak_f32, &device);
+    }
+    if runs("generation") {
+        generation(&model, &MEDIUM, peak_f32, &device);
+    }
+    if runs("growth") {
+        growth(&work, out.path(), peak_f32);
+    }
+}
+
+/// DPO training of the small and medium models, f32 with the reference every step and bf16
+/// with it precomputed.
+fn training(work: &Path, data: &Path, out: &Path, (peak_f32, peak_bf16): (f64, f64)) {
     println!("DPO training, {SEQ_LEN}-token sequences, steps 2..N timed");
     for (name, shape, batch, steps) in [("small", &SMALL, 8, 6), ("medium", &MEDIUM, 2, 5)] {
         let model = common::model_dir(&work.join(name), shape);
+        let forward = pair_forward_flops(data, &model, shape, SEQ_LEN);
+        println!("  {name}: {:.3} useful GFLOP in a pair's forward", forward / 1e9);
         for (label, flags, peak, reference) in [
             ("f32, reference every step", &[][..], peak_f32, true),
             ("bf16, precomputed reference", &["--bf16", "--precompute-ref-log-probs"][..], peak_bf16, false),
         ] {
-            let rate = dpo_train_rate(&model, &data, out.path(), batch, steps, flags);
-            let mfu = rate.tokens_per_second * dpo_flops_per_token(shape, SEQ_LEN, reference) / peak;
+            let rate = dpo_train_rate(&model, data, out, batch, steps, flags);
+            let mfu = rate.pairs_per_second * forward * passes(reference) / peak;
             println!(
                 "  {name:<6} {label:<29} {:7.2} pairs/s {:9.0} tokens/s   MFU {:5.1}%",
                 rate.pairs_per_second,
@@ -52,10 +78,45 @@ fn main() {
             );
         }
     }
-    let device = Device::libtorch();
+}
+
+/// Training cost against `max_length`: every sequence is `max_length` tokens (prompts of 32-64),
+/// 2 pairs a step, f32, the reference computed every step; the same pairs and steps for TRL. Each
+/// run's peak is its resident memory while training (dpo-train's report; `trl_dpo.py` resets and
+/// reads `VmHWM` likewise).
+fn growth(work: &Path, out: &Path, peak: f64) {
+    const BATCH: usize = 2;
     let model = common::model_dir(&work.join("medium"), &MEDIUM);
-    evaluation(&model, &data, &MEDIUM, peak_f32, &device);
-    generation(&model, &MEDIUM, peak_f32, &device);
+    let gib = |b: Option<f64>| b.map_or("-".to_owned(), |b| format!("{:.2}", b / f64::from(1u32 << 30)));
+    println!(
+        "growth with max_length: medium, {BATCH} pairs a step, f32, reference every step, sequences max_length long"
+    );
+    println!(
+        "  {:>10} {:>9} {:>10} {:>6} {:>9} | {:>9} {:>10} {:>6} {:>9} | {:>8}",
+        "max_length", "pairs/s", "tokens/s", "MFU%", "peak GiB", "TRL p/s", "TRL tok/s", "MFU%", "peak GiB", "ours/TRL"
+    );
+    for len in [256, 512, 1024, 2048] {
+        let data = common::sized_pairs(&work.join(format!("full-{len}.jsonl")), &model, 64, 32..=64, len..=len, 7);
+        // Timed steps (2..N) of at least 8k sequence tokens in all, whatever the length.
+        let steps = 2 + 2048 / len;
+        let ours = dpo_train_rate_at(&model, &data, out, (BATCH, steps, len), &[]);
+        let theirs = trl_rate(&model, &data, (BATCH, steps, len), &[]);
+        let tokens = |pairs_per_second: f64| pairs_per_second * 2.0 * len as f64;
+        let flops = pair_forward_flops(&data, &model, &MEDIUM, len) * passes(true);
+        let mfu = |pairs_per_second: f64| 100.0 * pairs_per_second * flops / peak;
+        println!(
+            "  {len:>10} {:>9.2} {:>10.0} {:>6.1} {:>9} | {:>9.2} {:>10.0} {:>6.1} {:>9} | {:>7.2}x",
+            ours.pairs_per_second,
+            tokens(ours.pairs_per_second),
+            mfu(ours.pairs_per_second),
+            gib(ours.peak_bytes),
+            theirs.pairs_per_second,
+            tokens(theirs.pairs_per_second),
+            mfu(theirs.pairs_per_second),
+            gib(Some(theirs.peak_bytes)),
+            ours.pairs_per_second / theirs.pairs_per_second
+        );
+    }
 }
 
 /// `dpo-train eval`'s scoring: the policy and the reference forward over every pair.
@@ -71,14 +132,15 @@ fn evaluation(model: &Path, data: &Path, shape: &Shape, peak: f64, device: &Devi
         loss: LossConfig::default(),
         max_length: Some(SEQ_LEN),
         batch_size: 4,
+        packing: dpo_train::data::Packing::SharedPrompt,
         device: device.clone(),
     };
     let started = Instant::now();
     let report = evaluate(&opts).expect("evaluation runs");
     let seconds = started.elapsed().as_secs_f64();
     let pairs = report.pairs as f64;
-    // Two forwards (policy, reference) of 2 sequences per pair.
-    let flops = pairs * 2.0 * SEQ_LEN as f64 * 2.0 * forward_flops_per_token(shape, SEQ_LEN);
+    // Two forwards (policy, reference) per pair.
+    let flops = pairs * 2.0 * pair_forward_flops(data, model, shape, SEQ_LEN);
     println!(
         "evaluation, medium, 4 pairs per pass: {:.2} pairs/s (loading included)   MFU {:.1}%",
         pairs / seconds,

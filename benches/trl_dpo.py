@@ -1,12 +1,14 @@
-"""TRL's DPOTrainer on CPU, timed the way `benches/throughput.rs` times dpo-train.
+"""TRL's DPOTrainer on CPU or one GPU, timed the way `benches/throughput.rs` times dpo-train.
 
 Usage: python benches/trl_dpo.py MODEL_DIR DATA_JSONL --batch-size B --max-length L --steps N
-                                 --threads T [--precompute] [--bf16]
+                                 --threads T [--precompute] [--bf16] [--device cpu|cuda]
 
 Trains N optimizer steps of `per_device_train_batch_size = B` pairs (no accumulation, no evaluation,
 no checkpoints, the default sigmoid loss, AdamW) and prints one JSON line:
-{"pairs_per_second": ..., "seconds": ..., "steps": ...}, measured from the end of step 1 to the
-end of step N (step 1 pays for warm-up), excluding the reference precomputation.
+{"pairs_per_second": ..., "seconds": ..., "steps": ..., "peak_bytes": ...},
+measured from the end of step 1 to the end of step N (step 1 pays for warm-up), excluding the
+reference precomputation. `peak_bytes` is the peak resident set while training on CPU (the peak is
+reset just before `train()`, as dpo-train resets its own), the peak allocated CUDA memory on a GPU.
 """
 
 import argparse
@@ -28,6 +30,20 @@ class StepClock(TrainerCallback):
         self.ends.append(time.perf_counter())
 
 
+def reset_peak_resident() -> None:
+    # Linux: writing 5 to clear_refs resets VmHWM to the current resident set.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_resident() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -38,7 +54,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--precompute", action="store_true")
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = p.parse_args()
+    cuda = a.device == "cuda"
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -50,7 +68,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         args = DPOConfig(
             output_dir=out,
-            use_cpu=True,
+            use_cpu=not cuda,
             report_to=[],
             bf16=a.bf16,
             gradient_checkpointing=False,  # TRL 1.16 turns it on by default; dpo-train runs without it here
@@ -76,10 +94,24 @@ def main() -> None:
             train_dataset=Dataset.from_list(rows),
             callbacks=[clock],
         )
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            reset_peak_resident()
         trainer.train()
+        peak = torch.cuda.max_memory_allocated() if cuda else peak_resident()
     seconds = clock.ends[-1] - clock.ends[0]
     steps = len(clock.ends) - 1
-    print(json.dumps({"pairs_per_second": steps * a.batch_size / seconds, "seconds": seconds, "steps": steps}))
+    print(
+        json.dumps(
+            {
+                "pairs_per_second": steps * a.batch_size / seconds,
+                "seconds": seconds,
+                "steps": steps,
+                "peak_bytes": peak,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

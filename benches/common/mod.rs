@@ -19,14 +19,18 @@ pub struct Shape {
     pub hidden: usize,
     pub layers: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub intermediate: usize,
     pub vocab: usize,
 }
 
 /// The issue's medium model: about 110M parameters (GPT-2 small's trunk, Llama layers).
-pub const MEDIUM: Shape = Shape { hidden: 768, layers: 12, heads: 12, intermediate: 2048, vocab: 32000 };
+pub const MEDIUM: Shape = Shape { hidden: 768, layers: 12, heads: 12, kv_heads: 12, intermediate: 2048, vocab: 32000 };
 /// The small one: hidden 256, 4 layers.
-pub const SMALL: Shape = Shape { hidden: 256, layers: 4, heads: 4, intermediate: 688, vocab: 32000 };
+pub const SMALL: Shape = Shape { hidden: 256, layers: 4, heads: 4, kv_heads: 4, intermediate: 688, vocab: 32000 };
+/// A 32M-parameter chat-sized Llama with grouped-query attention (8 heads, 4 key/value heads):
+/// the shape `make bench-trl` compares on.
+pub const GQA32M: Shape = Shape { hidden: 512, layers: 8, heads: 8, kv_heads: 4, intermediate: 1408, vocab: 8192 };
 
 /// Writes a randomly initialised model of `shape` with the fixture tokenizer into `dir`
 /// (skipped when already there) and returns `dir`.
@@ -42,9 +46,9 @@ pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
         "intermediate_size": shape.intermediate,
         "num_hidden_layers": shape.layers,
         "num_attention_heads": shape.heads,
-        "num_key_value_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
         "vocab_size": shape.vocab,
-        "max_position_embeddings": 1024,
+        "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "tie_word_embeddings": true,
@@ -64,28 +68,30 @@ pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
     dir.to_owned()
 }
 
+/// The vocabulary of the generated pairs.
+const WORDS: [&str; 16] = [
+    "the",
+    "model",
+    "answers",
+    "a",
+    "question",
+    "about",
+    "data",
+    "and",
+    "training",
+    "with",
+    "preference",
+    "pairs",
+    "is",
+    "better",
+    "than",
+    "worse",
+];
+
 /// Writes `n` preference pairs of about 170 prompt and 420 completion tokens (the fixture
 /// tokenizer makes about 2.8 tokens of a word)
 /// (so `max_length = 512` truncates every sequence to 512) as JSONL, and returns the path.
 pub fn long_pairs(path: &Path, n: usize) -> PathBuf {
-    const WORDS: [&str; 16] = [
-        "the",
-        "model",
-        "answers",
-        "a",
-        "question",
-        "about",
-        "data",
-        "and",
-        "training",
-        "with",
-        "preference",
-        "pairs",
-        "is",
-        "better",
-        "than",
-        "worse",
-    ];
     // A small linear congruential generator: the text only needs to vary, not to be random.
     let mut state = 12345u64;
     let mut words = |count: usize| -> String {
@@ -104,25 +110,92 @@ pub fn long_pairs(path: &Path, n: usize) -> PathBuf {
     path.to_owned()
 }
 
+/// Writes `n` preference pairs as JSONL whose sequences (prompt + completion + the eos TRL
+/// appends) run `total` tokens under the tokenizer in `tokenizer_dir`, each drawn uniformly, with
+/// prompts of `prompt` tokens (drawn likewise, the same for both completions), and returns the
+/// path. Token counts are exact: the byte-level tokenizer encodes each word with its leading
+/// space on its own, so a text's count is the sum of its words'.
+pub fn sized_pairs(
+    path: &Path,
+    tokenizer_dir: &Path,
+    n: usize,
+    prompt: std::ops::RangeInclusive<usize>,
+    total: std::ops::RangeInclusive<usize>,
+    seed: u64,
+) -> PathBuf {
+    let tokenizer = dpo_train::data::tokenizer::Tokenizer::from_dir(tokenizer_dir).expect("the tokenizer loads");
+    let tokens = |text: &str| tokenizer.encode(text).expect("encodes").len();
+    // Each word with its leading space and its token count; a one-token word fills any remainder.
+    let words: Vec<(String, usize)> = WORDS.iter().map(|w| (format!(" {w}"), tokens(&format!(" {w}")))).collect();
+    assert!(words.iter().any(|w| w.1 == 1) && tokens("a") == 1, "the fixture tokenizer has one-token words");
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    let mut next = move |bound: usize| -> usize {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as usize % bound
+    };
+    let draw = |range: &std::ops::RangeInclusive<usize>, next: &mut dyn FnMut(usize) -> usize| {
+        range.start() + next(range.end() - range.start() + 1)
+    };
+    // Words of exactly `count` tokens, each with its leading space.
+    let text = |mut count: usize, next: &mut dyn FnMut(usize) -> usize| -> String {
+        let mut out = String::new();
+        while count > 0 {
+            let (word, n) = &words[next(words.len())];
+            if *n <= count {
+                out.push_str(word);
+                count -= n;
+            }
+        }
+        out
+    };
+    let lines: Vec<String> = (0..n)
+        .map(|_| {
+            let p = draw(&prompt, &mut next);
+            let (c, r) = (draw(&total, &mut next), draw(&total, &mut next));
+            // The prompt starts with the one-token "a"; each completion ends with the eos TRL appends.
+            let prompt_text = format!("a{}", text(p - 1, &mut next));
+            let (chosen, rejected) = (text(c - p - 1, &mut next), text(r - p - 1, &mut next));
+            serde_json::json!({ "prompt": prompt_text, "chosen": chosen, "rejected": rejected }).to_string()
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").expect("the data is written");
+    path.to_owned()
+}
+
 /// Training throughput measured from `metrics.csv`, from the end of step 1 (which pays for
-/// warm-up) to the end of the last step.
+/// warm-up) to the end of the last step, and the peak resident memory dpo-train reports.
 #[derive(Debug, Clone, Copy)]
 pub struct TrainRate {
     pub pairs_per_second: f64,
     pub tokens_per_second: f64,
+    /// Peak resident memory while training (rank 0), bytes; `None` where it cannot be tracked.
+    pub peak_bytes: Option<f64>,
 }
 
 /// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
 /// sigmoid loss, AdamW; no warm-up stage, evaluation, samples or intermediate checkpoints;
 /// constant learning rate; f32 without activation checkpointing unless `extra` says otherwise)
-/// with `extra` flags, and times it.
+/// at `max_length` 512 with `extra` flags, and times it.
 pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps: usize, extra: &[&str]) -> TrainRate {
-    let run = format!("run{}", extra.join("").replace('-', "_"));
+    dpo_train_rate_at(model, data, out, (batch, steps, 512), extra)
+}
+
+/// [`dpo_train_rate`] with `(batch, steps, max_length)`. The peak is the resident set with the
+/// allocator as training configures it (freed memory it keeps for reuse counts), unlike
+/// `memory.rs`, which trades speed for a resident set that tracks live tensors.
+pub fn dpo_train_rate_at(
+    model: &Path,
+    data: &Path,
+    out: &Path,
+    (batch, steps, max_length): (usize, usize, usize),
+    extra: &[&str],
+) -> TrainRate {
+    let run = format!("run{max_length}{}", extra.join("").replace(['-', ':'], "_"));
     let _ = std::fs::remove_dir_all(out.join(&run));
     let config = out.join(format!("{run}.toml"));
     let text = format!(
         "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\n\
-         max_length = 512\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\nlogging_steps = 1\n\
+         max_length = {max_length}\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\nlogging_steps = 1\n\
          save_steps = 0\nnum_samples = 0\nlr_scheduler_type = \"constant\"\nlearning_rate = 1e-6\n\
          bf16 = false\ngradient_checkpointing = false\n",
         model.display(),
@@ -132,38 +205,127 @@ pub fn dpo_train_rate(model: &Path, data: &Path, out: &Path, batch: usize, steps
     std::fs::write(&config, text).expect("the config is written");
     let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("dpo-train runs");
-    assert!(status.success(), "dpo-train {} failed", args.join(" "));
+    let output =
+        std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(&args).output().expect("dpo-train runs");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "dpo-train {} failed:\n{said}", args.join(" "));
     let rows = dpo_train::train::log::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
     let train: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::train::log::Split::Train).collect();
     let (first, last) = (train[0], train[train.len() - 1]);
     let seconds = last.elapsed_seconds - first.elapsed_seconds;
     let tokens = last.metric("num_tokens").unwrap_or(0.0) - first.metric("num_tokens").unwrap_or(0.0);
-    TrainRate { pairs_per_second: ((train.len() - 1) * batch) as f64 / seconds, tokens_per_second: tokens / seconds }
+    TrainRate {
+        pairs_per_second: ((train.len() - 1) * batch) as f64 / seconds,
+        tokens_per_second: tokens / seconds,
+        peak_bytes: reported_peak(&said),
+    }
+}
+
+/// Rank 0's figure of dpo-train's "peak resident memory while training, per rank: X GiB, ..." line.
+fn reported_peak(said: &str) -> Option<f64> {
+    let line = said.lines().find(|l| l.contains("peak resident memory while training"))?;
+    let gib: f64 = line.split("per rank: ").nth(1)?.split(' ').next()?.parse().ok()?;
+    Some(gib * f64::from(1u32 << 30))
+}
+
+/// TRL's side of a comparison: `benches/trl_dpo.py`'s measurement.
+#[derive(Debug, Clone, Copy)]
+pub struct TrlRate {
+    pub pairs_per_second: f64,
+    /// Peak resident memory while training (peak allocated CUDA memory on a GPU), bytes.
+    pub peak_bytes: f64,
+}
+
+/// The venv's python (`DPO_TRAIN_VENV`, else `.venv`), where TRL lives.
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("DPO_TRAIN_VENV").map_or_else(|| root().join(".venv"), PathBuf::from);
+    venv.join("bin/python")
+}
+
+/// TRL's `DPOTrainer` for `steps` steps of `batch` pairs at `max_length`, with `flags` for
+/// `benches/trl_dpo.py`, on the threads libtorch uses here.
+pub fn trl_rate(
+    model: &Path,
+    data: &Path,
+    (batch, steps, max_length): (usize, usize, usize),
+    flags: &[&str],
+) -> TrlRate {
+    let out = std::process::Command::new(python())
+        .arg(root().join("benches/trl_dpo.py"))
+        .arg(model)
+        .arg(data)
+        .args(["--batch-size", &batch.to_string(), "--max-length", &max_length.to_string()])
+        .args(["--steps", &steps.to_string(), "--threads", &torch_threads().to_string()])
+        .args(flags)
+        .output()
+        .expect("the venv's python runs (make ref-venv installs TRL)");
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(1);
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let value: serde_json::Value =
+        serde_json::from_str(line.lines().last().unwrap_or_default()).expect("one JSON line from trl_dpo.py");
+    let number = |key: &str| value[key].as_f64().unwrap_or_else(|| panic!("{key} in trl_dpo.py's line"));
+    TrlRate { pairs_per_second: number("pairs_per_second"), peak_bytes: number("peak_bytes") }
 }
 
 /// Model FLOPs of one token's forward pass, counted as in the PaLM paper (Chowdhery et al. 2022,
 /// appendix B): `2·N` for the `N` matrix-multiply parameters (the LM head included, embedding
-/// lookups excluded) plus `4·L·h·S` for attention scores and values over `S` positions.
+/// lookups excluded; key and value projections `h × kv·d` under grouped-query attention) plus
+/// `4·L·h·S` for attention scores and values over `S` positions.
 pub fn forward_flops_per_token(shape: &Shape, seq_len: usize) -> f64 {
     let (h, l, i, v) = (shape.hidden as f64, shape.layers as f64, shape.intermediate as f64, shape.vocab as f64);
-    let n = l * (4.0 * h * h + 3.0 * h * i) + v * h;
+    let kv = h * shape.kv_heads as f64 / shape.heads as f64;
+    let n = l * (2.0 * h * h + 2.0 * h * kv + 3.0 * h * i) + v * h;
     2.0 * n + 4.0 * l * h * seq_len as f64
 }
 
-/// A DPO step per token: the policy's forward and backward (a backward costs two forwards) and,
-/// when it is computed every step, the reference's forward.
-pub fn dpo_flops_per_token(shape: &Shape, seq_len: usize, reference: bool) -> f64 {
-    forward_flops_per_token(shape, seq_len) * if reference { 4.0 } else { 3.0 }
+/// Useful model FLOPs of one forward pass over a pair, on average over `data` (JSON Lines of
+/// prompt, chosen and rejected, tokenised by the tokenizer in `model`, each sequence with its eos
+/// and cut at `max_length`): the decoder over the prompt once and both completions (each token at
+/// its own sequence's length `S` in the attention term), and the LM head (`2·V·h`) only where a
+/// completion token is predicted, since nothing else reaches the loss; PaLM's count otherwise
+/// ([`forward_flops_per_token`]). Padding, a prompt's second copy and the head at prompt positions
+/// are work a trainer may do, never useful work, so no MFU exceeds 100%. A DPO step is
+/// [`passes`] forwards.
+pub fn pair_forward_flops(data: &Path, model: &Path, shape: &Shape, max_length: usize) -> f64 {
+    let tokenizer = dpo_train::data::tokenizer::Tokenizer::from_dir(model).expect("the tokenizer loads");
+    let count = |text: &str| tokenizer.encode(text).expect("encodes").len();
+    let head = 2.0 * shape.vocab as f64 * shape.hidden as f64;
+    // The decoder's share of a token at sequence length `s`: PaLM's count less the head.
+    let decoder = |s: usize| forward_flops_per_token(shape, s) - head;
+    let text = std::fs::read_to_string(data).expect("the data is read");
+    let (mut total, mut pairs) = (0.0, 0usize);
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let row: serde_json::Value = serde_json::from_str(line).expect("JSON lines");
+        let field = |k: &str| row[k].as_str().unwrap_or_default().to_owned();
+        let prompt = field("prompt");
+        let p = count(&prompt);
+        let mut forward = 0.0;
+        for (i, completion) in [field("chosen"), field("rejected")].iter().enumerate() {
+            let s = (count(&(prompt.clone() + completion)) + 1).min(max_length);
+            let (prompt_here, completion_here) = (p.min(s), s - p.min(s));
+            // The prompt's positions are computed once, with the chosen sequence.
+            let positions = completion_here + if i == 0 { prompt_here } else { 0 };
+            forward += positions as f64 * decoder(s) + completion_here as f64 * head;
+        }
+        total += forward;
+        pairs += 1;
+    }
+    total / pairs.max(1) as f64
+}
+
+/// Forward passes' worth of a DPO step: the policy's forward and backward (a backward costs two
+/// forwards) and, when it is computed every step, the reference's forward.
+pub fn passes(reference: bool) -> f64 {
+    if reference { 4.0 } else { 3.0 }
 }
 
 /// The best of a few large square matrix products on the libtorch CPU backend in `dtype`,
-/// FLOP/s: the peak the utilisation is measured against.
+/// FLOP/s: the peak the utilisation is measured against. A CPU without half-precision matrix
+/// units runs bf16 on torch's reference loop (a 3072-cube product takes minutes there), so the
+/// sizes stop growing once one product takes more than a second.
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 pub fn matmul_peak(dtype: burn::tensor::FloatDType) -> f64 {
     use burn::tensor::{Distribution, Tensor};
@@ -177,6 +339,9 @@ pub fn matmul_peak(dtype: burn::tensor::FloatDType) -> f64 {
             let c = a.clone().matmul(b.clone());
             let _ = c.slice([0..1, 0..1]).into_data();
             best = best.max(2.0 * (n * n * n) as f64 / started.elapsed().as_secs_f64());
+        }
+        if 2.0 * (n * n * n) as f64 / best > 1.0 {
+            break;
         }
     }
     best
