@@ -66,17 +66,22 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
     if spans.is_empty() {
         return sdpa_causal(qkv);
     }
-    let [q, k, v] = qkv;
     let outputs: Vec<tch::Tensor> = spans
         .iter()
         .map(|s| {
             let own = |x: &tch::Tensor| x.narrow(2, s.start as i64, s.len as i64);
-            // The prefix's keys first: the span's queries are then the last of its keys.
-            let keys = |x: &tch::Tensor| match s.prefix {
-                Some((start, len)) => tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2),
-                None => own(x),
-            };
-            sdpa_causal(&[own(q), keys(k), keys(v)])
+            match s.prefix {
+                // The prefix's queries go in too and their outputs are dropped: the mask is then
+                // torch's square causal one, which skips the blocks above the diagonal; the
+                // rectangular one needs a dense mask, under which the CPU kernel computes every
+                // block (1.7x the time of the square call at 2000 queries over 2048 keys).
+                Some((start, len)) => {
+                    let joined = |x: &tch::Tensor| tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2);
+                    let [q, k, v] = qkv.each_ref().map(joined);
+                    sdpa_causal(&[q, k, v]).narrow(2, len as i64, s.len as i64)
+                }
+                None => sdpa_causal(&qkv.each_ref().map(own)),
+            }
         })
         .collect();
     tch::Tensor::cat(&outputs, 2)
