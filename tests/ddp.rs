@@ -188,7 +188,7 @@ fn an_offloaded_optimizer_trains_the_parameters_of_one_process() {
     resume(&dir.path().join("one"), 1, 4);
     let offload: &[&str] = &["--offload-optimizer"];
     train_with(&config, "offload", 1, 6, offload);
-    //resume_with(&dir.path().join("offload"), 1, 4, offload);
+    resume_with(&dir.path().join("offload"), 1, 4, offload);
     train_with(&config, "zero3-offload", 2, 3, &["--offload-optimizer", "--sharding", "zero3"]);
     resume_with(&dir.path().join("zero3-offload"), 2, 4, &[]);
     let one = weights(&dir.path().join("one"));
@@ -226,7 +226,9 @@ fn a_bf16_run_with_host_masters_trains_the_parameters_of_plain_bf16() {
         let (x, y) = (weights(&dir.path().join(against)), weights(&dir.path().join(run)));
         for ((param, a), (_, b)) in x.iter().zip(&y) {
             let far = a.iter().zip(b).filter(|(p, q)| (*p - *q).abs() > 1e-5).count();
-            let allowed = if param == "model.embed_tokens.weight" { a.len() / 200 } else { 0 };
+            // On a CPU without bf16 units torch's reference gemm sums the two paths' bf16 products
+            // in other orders, and any entry whose gradient is near zero can step the other way.
+            let allowed = if param == "model.embed_tokens.weight" || !common::bf16_units() { a.len() / 200 } else { 0 };
             assert!(far <= allowed, "{run}: {far} of {} entries of {param} differ from {against}", a.len());
         }
     }
@@ -281,7 +283,7 @@ fn sharded_bf16_training_equals_plain_data_parallelism() {
             // Three bf16 terms round twice, in an order the reduce-scatter and the all-reduce
             // need not share: an entry whose gradient is near zero can take another first step.
             let reordered = name == "hook" && world == 3 && stage != "zero1";
-            let allowed = if embedding || reordered { x.len() / 200 } else { 0 };
+            let allowed = if embedding || reordered || !common::bf16_units() { x.len() / 200 } else { 0 };
             assert!(far <= allowed, "{sharded}: {far} of {} entries of {param} differ from {plain}", x.len());
         }
     }
