@@ -207,19 +207,14 @@ fn gib(bytes: u64) -> String {
 
 /// (resident set before the model, peak resident set) of one training process, bytes.
 fn measure(config: &Path) -> (u64, u64) {
-    let out = Command::new(std::env::current_exe().expect("the bench binary"))
+    let mut command = Command::new(std::env::current_exe().expect("the bench binary"));
+    command
         .env(ROLE, config)
         // Every allocation above 64 KiB gets its own mapping, returned to the system when freed:
         // the resident set then follows the live tensors (glibc's adaptive threshold otherwise
         // keeps freed activations resident, up to 3x the live bytes on this workload).
-        .env("MALLOC_MMAP_THRESHOLD_", "65536")
-        .output()
-        .expect("the bench's child runs");
-    if !out.status.success() {
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        std::process::exit(1);
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+        .env("MALLOC_MMAP_THRESHOLD_", "65536");
+    let text = common::stdout_of(&mut command, "the bench's child runs");
     let mut numbers = text.split_whitespace().filter_map(|w| w.parse::<u64>().ok());
     match (numbers.next(), numbers.next()) {
         (Some(baseline), Some(peak)) => (baseline, peak),

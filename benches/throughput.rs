@@ -37,7 +37,11 @@ fn main() {
     let data = common::long_pairs(&work.join("long-pairs.jsonl"), 64);
     let out = tempfile::tempdir().expect("a temporary directory");
     let peak_f32 = matmul_peak(FloatDType::F32);
-    println!("libtorch CPU, {} threads; matrix-multiply peak {:.0} GFLOP/s f32", common::torch_threads(), peak_f32 / 1e9);
+    println!(
+        "libtorch CPU, {} threads; matrix-multiply peak {:.0} GFLOP/s f32",
+        common::torch_threads(),
+        peak_f32 / 1e9
+    );
     if runs("training") {
         let peak_bf16 = matmul_peak(FloatDType::BF16);
         println!("matrix-multiply peak {:.0} GFLOP/s bf16", peak_bf16 / 1e9);

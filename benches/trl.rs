@@ -19,7 +19,6 @@
 
 mod common;
 
-
 use burn::tensor::FloatDType;
 use common::{GQA32M, dpo_train_rate_at, matmul_peak, pair_forward_flops, passes, trl_rate};
 

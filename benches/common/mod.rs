@@ -250,24 +250,30 @@ pub fn trl_rate(
     (batch, steps, max_length): (usize, usize, usize),
     flags: &[&str],
 ) -> TrlRate {
-    let out = std::process::Command::new(python())
+    let mut command = std::process::Command::new(python());
+    command
         .arg(root().join("benches/trl_dpo.py"))
         .arg(model)
         .arg(data)
         .args(["--batch-size", &batch.to_string(), "--max-length", &max_length.to_string()])
         .args(["--steps", &steps.to_string(), "--threads", &torch_threads().to_string()])
-        .args(flags)
-        .output()
-        .expect("the venv's python runs (make ref-venv installs TRL)");
-    if !out.status.success() {
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        std::process::exit(1);
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
+        .args(flags);
+    let line = stdout_of(&mut command, "the venv's python runs (make ref-venv installs TRL)");
     let value: serde_json::Value =
         serde_json::from_str(line.lines().last().unwrap_or_default()).expect("one JSON line from trl_dpo.py");
     let number = |key: &str| value[key].as_f64().unwrap_or_else(|| panic!("{key} in trl_dpo.py's line"));
     TrlRate { pairs_per_second: number("pairs_per_second"), peak_bytes: number("peak_bytes") }
+}
+
+/// What a bench's child process printed; its stderr and exit 1 when it failed (`what` names
+/// the child when it cannot start at all).
+pub fn stdout_of(command: &mut std::process::Command, what: &str) -> String {
+    let out = command.output().expect(what);
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        std::process::exit(1);
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Model FLOPs of one token's forward pass, counted as in the PaLM paper (Chowdhery et al. 2022,

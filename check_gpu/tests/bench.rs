@@ -309,7 +309,13 @@ fn a_sharded_plan_counts_each_stages_collectives() {
         .as_array()
         .expect("transfers")
         .iter()
-        .map(|t| (t["collective"].as_str().expect("op").to_string(), t["bytes"].as_u64().expect("b"), t["calls"].as_u64().expect("n")))
+        .map(|t| {
+            (
+                t["collective"].as_str().expect("op").to_string(),
+                t["bytes"].as_u64().expect("b"),
+                t["calls"].as_u64().expect("n"),
+            )
+        })
         .collect();
     let p = 1_500_000_000u64;
     let want = [("all_gather", 4 * p, 2 * a), ("reduce_scatter", 4 * p, a), ("all_gather", 2 * p, a)];

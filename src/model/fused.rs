@@ -76,7 +76,8 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
                 // rectangular one needs a dense mask, under which the CPU kernel computes every
                 // block (1.7x the time of the square call at 2000 queries over 2048 keys).
                 Some((start, len)) => {
-                    let joined = |x: &tch::Tensor| tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2);
+                    let joined =
+                        |x: &tch::Tensor| tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2);
                     let [q, k, v] = qkv.each_ref().map(joined);
                     sdpa_causal(&[q, k, v]).narrow(2, len as i64, s.len as i64)
                 }

@@ -100,7 +100,10 @@ pub fn traffic(model: &ModelShape, s: &StepSetting) -> Vec<(Collective, &'static
     match s.sharding {
         Sharding::None => vec![(Collective::AllReduce, "gradients", grads, 1)],
         Sharding::Zero1 => {
-            vec![(Collective::AllReduce, "gradients", grads, 1), (Collective::AllGather, "updated weights", trained_bytes, 1)]
+            vec![
+                (Collective::AllReduce, "gradients", grads, 1),
+                (Collective::AllGather, "updated weights", trained_bytes, 1),
+            ]
         }
         Sharding::Zero2 => {
             let scatters = if s.gradient_checkpointing { a } else { 1 };
@@ -237,7 +240,10 @@ mod tests {
         let c = estimate(&m, &setting(Sharding::None), &bench(4)).expect("estimate");
         assert_eq!(c.gradient_bytes, 4 * m.params);
         let [t] = c.transfers.as_slice() else { panic!("one transfer: {c:?}") };
-        assert_eq!((t.collective, t.bytes, t.calls, t.measured_at_bytes), (Collective::AllReduce, 4 * m.params, 1, 16 * MIB));
+        assert_eq!(
+            (t.collective, t.bytes, t.calls, t.measured_at_bytes),
+            (Collective::AllReduce, 4 * m.params, 1, 16 * MIB)
+        );
         assert_eq!(t.bus_factor, 1.5);
         assert!((t.busbw_gbps - 25.165_824).abs() < 1e-9, "{}", t.busbw_gbps);
         let by_hand = 4.0 * m.params as f64 / 16.777_216e9;
