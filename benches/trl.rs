@@ -83,6 +83,17 @@ fn main() {
     row("f32, reference every step", (ours(&[]), f32_peak), (theirs(&[]), f32_peak), live);
     let (our_f32, trl_f32) = (ours(&["--precompute-ref-log-probs"]), theirs(&["--precompute"]));
     row("f32, precomputed reference", (our_f32, f32_peak), (trl_f32, f32_peak), precomputed);
+    // Without bf16 matrix units (AVX2 only) torch multiplies bf16 in its scalar reference loop, at
+    // a small fraction of f32's rate: an epoch would take hours on each side and nobody trains so.
+    if bf16_peak < f32_peak / 2.0 {
+        println!(
+            "bf16 rows skipped: this CPU multiplies bf16 at {:.0} GFLOP/s against {:.0} f32 (no bf16 matrix units); \
+             each side's best is its f32 row",
+            bf16_peak / 1e9,
+            f32_peak / 1e9
+        );
+        return;
+    }
     let (our_bf16, trl_bf16) = (ours(&["--precompute-ref-log-probs", "--bf16"]), theirs(&["--precompute", "--bf16"]));
     row("bf16, precomputed reference", (our_bf16, bf16_peak), (trl_bf16, bf16_peak), precomputed);
     // Each side's faster precision, with that precision's peak.

@@ -1,6 +1,7 @@
 // c10d shim: the only C++ in dpo-train. It exposes PyTorch's distributed process groups (TCPStore
 // rendezvous + ProcessGroupGloo, and ProcessGroupNCCL when compiled with USE_C10D_NCCL) through the
-// C ABI declared in c10d.h. Every exception is caught here and turned into a status code plus a
+// C ABI declared in c10d.h, and the one torch kernel tch does not bind that training needs (fused
+// AdamW). Every exception is caught here and turned into a status code plus a
 // thread-local message, so nothing unwinds into Rust.
 
 #include "c10d.h"
@@ -323,3 +324,28 @@ int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output,
 }
 
 }  // extern "C"
+
+extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const c10d_tensor* exp_avgs,
+                                const c10d_tensor* exp_avg_sqs, size_t n, double step, double lr, double beta1,
+                                double beta2, double weight_decay, double eps) {
+  return guarded("fused_adamw", [&] {
+    TORCH_CHECK(n == 0 || (params && grads && exp_avgs && exp_avg_sqs), "null tensor list");
+    std::vector<at::Tensor> p, g, m, v, steps;
+    for (size_t i = 0; i < n; ++i) {
+      for (const at::Tensor* t : {params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]}) {
+        check_tensor(t, "fused_adamw");
+        TORCH_CHECK(t->sizes() == params[i]->sizes(), "fused_adamw: entry ", i, " mixes sizes ", t->sizes(), " and ",
+                    params[i]->sizes());
+      }
+      p.push_back(*params[i]);
+      g.push_back(*grads[i]);
+      m.push_back(*exp_avgs[i]);
+      v.push_back(*exp_avg_sqs[i]);
+      // The kernel reads each parameter's step count from a float tensor on its device.
+      steps.push_back(at::full({}, step, params[i]->options().dtype(at::kFloat)));
+    }
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+  });
+}
+

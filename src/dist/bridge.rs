@@ -26,6 +26,16 @@ pub(crate) fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, 
     Ok((primitive.tensor, origin))
 }
 
+/// [`to_tch`] for an in-place kernel: the tensor is contiguous and nothing else sees its values.
+/// Where burn tracks another handle on the storage (a clone, the tensor a view was taken from),
+/// the kernel gets a copy, as burn's own operations only write in place into storage they alone hold.
+pub(crate) fn to_tch_exclusive<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), String> {
+    let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
+    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
+    let tensor = if primitive.can_mut() { primitive.tensor } else { primitive.tensor.copy() };
+    Ok((tensor.contiguous(), origin))
+}
+
 /// Wraps `tensor` as a burn tensor with the autodiff state of `origin`.
 ///
 /// `tensor` must have `D` dimensions (the callers reshape to the original shape first).

@@ -8,11 +8,14 @@
 //! - [`launcher`]: `torchrun --nproc-per-node` for this binary: one worker process per rank.
 //! - [`slurm`]: the sbatch script for a multi-node job.
 //!
-//! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] touches it.
+//! - [`fused`]: torch's fused AdamW kernel, which the same C++ shim exposes.
+//!
+//! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] and [`fused`] touch it.
 
 pub mod bench;
 pub mod env;
 pub mod flight;
+pub mod fused;
 pub mod launcher;
 pub mod process_group;
 pub mod shards;

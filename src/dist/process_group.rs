@@ -116,7 +116,7 @@ pub enum DistError {
 }
 
 /// The C ABI of `csrc/c10d.cpp` (see `csrc/c10d.h`).
-mod ffi {
+pub(super) mod ffi {
     use std::ffi::c_char;
 
     use torch_sys::C_tensor;
@@ -152,6 +152,19 @@ mod ffi {
         pub fn c10d_all_gather(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
         pub fn c10d_all_gather_flat(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
         pub fn c10d_reduce_scatter(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor, op: i32) -> i32;
+        pub fn c10d_fused_adamw(
+            params: *const *mut C_tensor,
+            grads: *const *mut C_tensor,
+            exp_avgs: *const *mut C_tensor,
+            exp_avg_sqs: *const *mut C_tensor,
+            n: usize,
+            step: f64,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+        ) -> i32;
     }
 }
 
@@ -168,7 +181,7 @@ pub(super) fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> DistError {
 }
 
 /// Maps a shim status code to a result.
-fn check(op: &'static str, code: i32) -> Result<(), DistError> {
+pub(super) fn check(op: &'static str, code: i32) -> Result<(), DistError> {
     if code == 0 { Ok(()) } else { Err(DistError::C10d { op, code, message: last_error() }) }
 }
 

@@ -244,10 +244,10 @@ fn apply(
     let grad_norm = grads.clip_to(norm, cfg.max_grad_norm);
     let shard = (workers.rank(), workers.world_size());
     if let (true, Some(parts)) = (applied, t.parts.as_mut()) {
-        t.optimizer.step_slices(&mut parts.slices, &grads, (lr, &plan.adamw), shard);
+        t.optimizer.step_slices(&mut parts.slices, &grads, (lr, &plan.adamw), shard)?;
     } else if applied {
         t.policy = match plan.sharding {
-            Sharding::None | Sharding::Zero3 => t.optimizer.step(t.policy, &grads, lr, &plan.adamw),
+            Sharding::None | Sharding::Zero3 => t.optimizer.step(t.policy, &grads, lr, &plan.adamw)?,
             stage => {
                 if stage == Sharding::Zero1 {
                     grads.keep_slices(shard);
