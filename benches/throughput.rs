@@ -28,7 +28,7 @@ const SEQ_LEN: usize = 512;
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 /// Every section, or those named (`cargo bench --bench throughput -- growth`): `training`,
-/// `evaluation`, `generation`, `growth`.
+/// `evaluation`, `generation`, `growth`, `attention`.
 fn main() {
     let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let runs = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
@@ -57,6 +57,9 @@ fn main() {
     }
     if runs("growth") {
         growth(&work, out.path(), peak_f32);
+    }
+    if runs("attention") {
+        attention(&MEDIUM, peak_f32);
     }
 }
 
@@ -99,6 +102,7 @@ fn growth(work: &Path, out: &Path, peak: f64) {
         "  {:>10} {:>9} {:>10} {:>6} {:>9} | {:>9} {:>10} {:>6} {:>9} | {:>8}",
         "max_length", "pairs/s", "tokens/s", "MFU%", "peak GiB", "TRL p/s", "TRL tok/s", "MFU%", "peak GiB", "ours/TRL"
     );
+    let (mut ours_peaks, mut trl_peaks) = (Vec::new(), Vec::new());
     for len in [256, 512, 1024, 2048] {
         let data = common::sized_pairs(&work.join(format!("full-{len}.jsonl")), &model, 64, 32..=64, len..=len, 7);
         // Timed steps (2..N) of at least 8k sequence tokens in all, whatever the length.
@@ -119,6 +123,72 @@ fn growth(work: &Path, out: &Path, peak: f64) {
             mfu(theirs.pairs_per_second),
             gib(Some(theirs.peak_bytes)),
             ours.pairs_per_second / theirs.pairs_per_second
+        );
+        ours_peaks.extend(ours.peak_bytes.map(|b| (len as f64, b)));
+        trl_peaks.push((len as f64, theirs.peak_bytes));
+    }
+    for (who, points) in [("dpo-train", &ours_peaks), ("TRL", &trl_peaks)] {
+        if let Some((base, slope, residual)) = linear_fit(points) {
+            println!(
+                "  {who} peak memory, least squares over max_length: {:.2} GiB + {:.2} GiB per 1k tokens of max_length, \
+                 largest residual {:.1}%",
+                base / f64::from(1u32 << 30),
+                slope * 1024.0 / f64::from(1u32 << 30),
+                100.0 * residual
+            );
+        }
+    }
+}
+
+/// Least squares `y = a + b·x` over `points`: `(a, b, largest |residual| / y)`; `None` under two points.
+fn linear_fit(points: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return None;
+    }
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    let b = sxy / sxx;
+    let a = my - b * mx;
+    let residual = points.iter().map(|(x, y)| ((a + b * x - y) / y).abs()).fold(0.0, f64::max);
+    Some((a, b, residual))
+}
+
+/// torch's fused causal attention alone (`model::fused::causal_attention`, what training runs),
+/// forward and backward on the medium model's heads at each growth length, 2048 positions a call:
+/// the rate the attention share of a long sequence's FLOPs runs at, against the matrix-product
+/// peak. Its products have the head dimension (64) as their inner size, which caps them well below
+/// a square product's rate on CPUs.
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn attention(shape: &Shape, peak: f64) {
+    use burn::tensor::{Distribution, Tensor};
+    let device = Device::libtorch().autodiff();
+    let (heads, dim) = (shape.heads, shape.hidden / shape.heads);
+    println!("attention alone: torch's fused causal kernel, {heads} heads of {dim}, f32, forward + backward");
+    for len in [256, 512, 1024, 2048] {
+        let rows = 2048 / len;
+        let t = || Tensor::<4>::random([rows, heads, len, dim], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let (q, k, v) = (t(), t(), t());
+        let pass = || {
+            let spans = std::sync::Arc::from([]);
+            let out = dpo_train::model::fused::causal_attention(q.clone(), k.clone(), v.clone(), spans);
+            let grads = out.sum().backward();
+            let _ = q.grad(&grads).map(|g| g.slice([0..1, 0..1, 0..1, 0..1]).into_data());
+        };
+        pass();
+        let started = Instant::now();
+        for _ in 0..3 {
+            pass();
+        }
+        let seconds = started.elapsed().as_secs_f64() / 3.0;
+        // q·kᵀ and p·v over the causal half, forward (1x) and backward (2x).
+        let flops = 3.0 * (rows * heads) as f64 * 2.0 * 2.0 * (len * len * dim) as f64 / 2.0;
+        println!(
+            "  {len:>5} tokens x {rows}: {:6.1} ms   {:5.1} GFLOP/s   {:4.1}% of the matrix-product peak",
+            seconds * 1e3,
+            flops / seconds / 1e9,
+            100.0 * flops / seconds / peak
         );
     }
 }

@@ -12,10 +12,13 @@
 //! prompt share.
 //!
 //! Rows: equal settings with the reference computed every step, equal settings with precomputed
-//! reference log-probs, and each side's best (the faster of f32 and bf16, reference precomputed).
+//! reference log-probs, and each side's best (the faster of f32 and bf16, reference precomputed;
+//! the bf16 rows are skipped on a CPU without bf16 matrix units, where torch's bf16 product runs its
+//! scalar reference loop).
 //! Each row prints both sides' model-FLOPs utilisation against the best matrix product in its dtype
-//! measured in this run: useful FLOPs only (each pair's two sequences at their own length, PaLM's
-//! count; padding does not count, and neither does work an implementation saves).
+//! measured in this run (the higher of before and after the runs): useful FLOPs only (each pair's
+//! two sequences at their own length, PaLM's count; padding does not count, and neither does work
+//! an implementation saves).
 
 mod common;
 
@@ -54,9 +57,25 @@ fn main() {
         dpo_train_rate_at(&model, &data, out.path(), (BATCH, STEPS, MAX_LENGTH), flags).pairs_per_second
     };
     let theirs = |flags: &[&str]| trl_rate(&model, &data, (BATCH, STEPS, MAX_LENGTH), flags).pairs_per_second;
-    let (f32_peak, bf16_peak) = (matmul_peak(FloatDType::F32), matmul_peak(FloatDType::BF16));
     let forward = pair_forward_flops(&data, &model, &GQA32M, MAX_LENGTH);
     let (live, precomputed) = (forward * passes(true), forward * passes(false));
+    // The peaks are measured before and after the runs and the higher kept: on a shared machine
+    // one measurement can catch a slow moment and put an MFU above 100%.
+    let peaks = || (matmul_peak(FloatDType::F32), matmul_peak(FloatDType::BF16));
+    let before = peaks();
+    // Without bf16 matrix units (AVX2 only) torch multiplies bf16 in its scalar reference loop, at
+    // a small fraction of f32's rate: an epoch would take hours on each side and nobody trains so.
+    let bf16 = before.1 >= before.0 / 2.0;
+    let rates = [
+        (ours(&[]), theirs(&[])),
+        (ours(&["--precompute-ref-log-probs"]), theirs(&["--precompute"])),
+        match bf16 {
+            true => (ours(&["--precompute-ref-log-probs", "--bf16"]), theirs(&["--precompute", "--bf16"])),
+            false => (0.0, 0.0),
+        },
+    ];
+    let after = peaks();
+    let (f32_peak, bf16_peak) = (before.0.max(after.0), before.1.max(after.1));
 
     println!(
         "DPO training, 32M Llama (hidden 512, 8 layers, 8/4 heads, vocabulary 8192), {PAIRS} pairs of 150-250 tokens \
@@ -67,7 +86,8 @@ fn main() {
     );
     println!(
         "MFU: useful model FLOPs ({:.3} GFLOP in a pair's forward: no padding, each prompt once, the LM head where a \
-         completion token is predicted) over the best matrix product in the row's dtype, {:.0} GFLOP/s f32, {:.0} GFLOP/s bf16",
+         completion token is predicted) over the best matrix product in the row's dtype, {:.0} GFLOP/s f32, {:.0} GFLOP/s bf16 \
+         (the higher of before and after the runs)",
         forward / 1e9,
         f32_peak / 1e9,
         bf16_peak / 1e9
@@ -80,12 +100,10 @@ fn main() {
         let mfu = |rate: f64, peak: f64| 100.0 * rate * flops / peak;
         println!("{label:<42} {a:>10.3} {b:>10.3} {:>8.2}x {:>7.1}% {:>7.1}%", a / b, mfu(a, peak_a), mfu(b, peak_b));
     };
-    row("f32, reference every step", (ours(&[]), f32_peak), (theirs(&[]), f32_peak), live);
-    let (our_f32, trl_f32) = (ours(&["--precompute-ref-log-probs"]), theirs(&["--precompute"]));
+    let [(our_live, trl_live), (our_f32, trl_f32), (our_bf16, trl_bf16)] = rates;
+    row("f32, reference every step", (our_live, f32_peak), (trl_live, f32_peak), live);
     row("f32, precomputed reference", (our_f32, f32_peak), (trl_f32, f32_peak), precomputed);
-    // Without bf16 matrix units (AVX2 only) torch multiplies bf16 in its scalar reference loop, at
-    // a small fraction of f32's rate: an epoch would take hours on each side and nobody trains so.
-    if bf16_peak < f32_peak / 2.0 {
+    if !bf16 {
         println!(
             "bf16 rows skipped: this CPU multiplies bf16 at {:.0} GFLOP/s against {:.0} f32 (no bf16 matrix units); \
              each side's best is its f32 row",
@@ -94,7 +112,6 @@ fn main() {
         );
         return;
     }
-    let (our_bf16, trl_bf16) = (ours(&["--precompute-ref-log-probs", "--bf16"]), theirs(&["--precompute", "--bf16"]));
     row("bf16, precomputed reference", (our_bf16, bf16_peak), (trl_bf16, bf16_peak), precomputed);
     // Each side's faster precision, with that precision's peak.
     let best = |f: f64, b: f64| if f >= b { (f, f32_peak) } else { (b, bf16_peak) };
