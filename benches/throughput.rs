@@ -28,7 +28,7 @@ const SEQ_LEN: usize = 512;
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 /// Every section, or those named (`cargo bench --bench throughput -- growth`): `training`,
-/// `evaluation`, `generation`, `growth`, `attention`.
+/// `evaluation`, `generation`, `growth`, `attention`, `optimizer`.
 fn main() {
     let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let runs = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
@@ -60,6 +60,9 @@ fn main() {
     }
     if runs("attention") {
         attention(&MEDIUM, peak_f32);
+    }
+    if runs("optimizer") {
+        optimizer(&work);
     }
 }
 
@@ -190,6 +193,37 @@ fn attention(shape: &Shape, peak: f64) {
             flops / seconds / 1e9,
             100.0 * flops / seconds / peak
         );
+    }
+}
+
+/// One AdamW update (`train::optim::AdamW::step`, torch's fused kernel) of every parameter of the
+/// 32M and the medium model from fixed gradients, as a training step runs it: eight updates, each
+/// timed until the new values are readable.
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn optimizer(work: &Path) {
+    use burn::tensor::{Distribution, Tensor};
+    use dpo_train::model::params;
+    use dpo_train::train::optim::{AdamW, AdamWConfig, GradAccumulator};
+    let cfg = AdamWConfig { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 };
+    for (name, shape) in [("gqa32m", &common::GQA32M), ("medium", &MEDIUM)] {
+        let dir = common::model_dir(&work.join(name), shape);
+        let (_, mut model) = dpo_train::model::load(&dir, &Device::libtorch().autodiff()).expect("the model loads");
+        let (mut grads, mut count) = (GradAccumulator::default(), 0);
+        params::visit(&model, None, |p| {
+            count += p.flat.dims()[0];
+            let grad = Tensor::<1>::random(p.flat.dims(), Distribution::Normal(0.0, 1e-3), &Device::libtorch());
+            grads.grads.insert(p.name, grad);
+        });
+        let mut opt = AdamW::default();
+        let mut ms = Vec::new();
+        for _ in 0..8 {
+            let started = Instant::now();
+            model = opt.step(model, &grads, 1e-4, &cfg).expect("the update runs");
+            params::visit(&model, None, |p| drop(p.flat.narrow(0, 0, 1).into_data()));
+            ms.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let shown: Vec<String> = ms.iter().map(|m| format!("{m:.0}")).collect();
+        println!("AdamW update, {name} ({:.1}M parameters): {} ms", count as f64 / 1e6, shown.join(" "));
     }
 }
 
