@@ -336,6 +336,9 @@ extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* gr
         check_tensor(t, "fused_adamw");
         TORCH_CHECK(t->sizes() == params[i]->sizes(), "fused_adamw: entry ", i, " mixes sizes ", t->sizes(), " and ",
                     params[i]->sizes());
+        TORCH_CHECK(t->scalar_type() == params[i]->scalar_type() && t->device() == params[i]->device(),
+                    "fused_adamw: entry ", i, " mixes ", t->scalar_type(), " on ", t->device(), " with ",
+                    params[i]->scalar_type(), " on ", params[i]->device());
       }
       p.push_back(*params[i]);
       g.push_back(*grads[i]);

@@ -71,7 +71,8 @@ int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output,
 
 // One AdamW step by torch's fused kernel (`torch._fused_adamw_`: `torch.optim.AdamW(fused=True)`,
 // transformers' default `adamw_torch_fused`), in place on `n` parameters and their moments, all
-// contiguous, of one dtype, on one device, each list entry the same size; `grads` are read only.
+// contiguous, of one dtype, on one device, each list entry the same size (checked); `grads` are
+// read only.
 // `step` is the update's count (1 for the first), for the bias corrections. tch does not bind the
 // op, so it comes through this shim; failures read from `c10d_last_error()` like the collectives'.
 int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const c10d_tensor* exp_avgs,

@@ -35,3 +35,27 @@ pub fn fused_adamw(
     };
     check("fused_adamw", code)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tch::{Device, Kind, Tensor};
+
+    /// Tensors the kernel cannot pair (another dtype, another size) are an error from the shim,
+    /// and nothing is written.
+    #[test]
+    fn mismatched_tensors_are_an_error() {
+        let mut p = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+        let (mut m, mut v) = (p.zeros_like(), p.zeros_like());
+        let s = AdamWStep { step: 1, lr: 0.1, beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
+        for grad in [Tensor::ones([3], (Kind::Double, Device::Cpu)), Tensor::ones([4], (Kind::Float, Device::Cpu))] {
+            let err = fused_adamw(&mut p, &grad, [&mut m, &mut v], &s).expect_err("a mismatch fails");
+            assert!(err.to_string().contains("fused_adamw"), "{err}");
+        }
+        assert_eq!(p.abs().sum(Kind::Double).double_value(&[]), 0.0);
+        // Matched, the first step moves each value by lr against its gradient's sign.
+        fused_adamw(&mut p, &Tensor::ones([3], (Kind::Float, Device::Cpu)), [&mut m, &mut v], &s).unwrap();
+        assert!((p.double_value(&[0]) + 0.1).abs() < 1e-6, "{p}");
+    }
+}
