@@ -289,12 +289,12 @@ impl AdamW {
             .moments
             .remove(name)
             .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
-        let own =
-            |t: Tensor<1>| bridge::to_tch_exclusive(t).map_err(|reason| DistError::NotLibTorch { index: 0, reason });
+        let not_libtorch = |reason| DistError::NotLibTorch { index: 0, reason };
+        let own = |t: Tensor<1>| bridge::to_tch_exclusive(t).map_err(not_libtorch);
         let (mut values, origin) = own(p)?;
         let (mut exp_avg, plain) = own(moments.exp_avg)?;
         let (mut exp_avg_sq, _) = own(moments.exp_avg_sq)?;
-        let grad = bridge::to_tch(grad).map_err(|reason| DistError::NotLibTorch { index: 0, reason })?.0;
+        let grad = bridge::to_tch(grad).map_err(not_libtorch)?.0;
         let settings = AdamWStep {
             step: self.step,
             lr,
