@@ -11,17 +11,20 @@
 #include <iostream>
 #include <cstring>
 #include <exception>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
 #include <torch/torch.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -352,3 +355,48 @@ extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* gr
   });
 }
 
+extern "C" int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak) {
+#ifdef USE_C10D_NCCL
+  return guarded("cuda_peak_allocated", [&] {
+    TORCH_CHECK(peak != nullptr, "null output");
+    auto index = static_cast<c10::DeviceIndex>(device);
+    if (reset != 0) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+    }
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    *peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  });
+#else
+  (void)device;
+  (void)reset;
+  (void)peak;
+  return fail(C10D_ERR_STD, "cuda_peak_allocated: this build has no CUDA (the nccl feature is off)");
+#endif
+}
+
+extern "C" int c10d_profiler_start(int with_cuda) {
+  return guarded("profiler_start", [&] {
+    using torch::profiler::impl::ActivityType;
+    torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                                 /*report_input_shapes=*/true);
+    std::set<ActivityType> activities{ActivityType::CPU};
+    if (with_cuda != 0) {
+      activities.insert(ActivityType::CUDA);
+    }
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  });
+}
+
+extern "C" int c10d_profiler_stop(const char* path) {
+  return guarded("profiler_stop", [&] {
+    TORCH_CHECK(path != nullptr, "null path");
+    auto result = torch::autograd::profiler::disableProfiler();
+    TORCH_CHECK(result != nullptr, "the profiler was not running");
+    result->save(path);
+  });
+}
+
+extern "C" int c10d_sdp_use_cudnn(int enable) {
+  return guarded("sdp_use_cudnn", [&] { at::globalContext().setSDPUseCuDNN(enable != 0); });
+}

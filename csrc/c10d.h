@@ -79,6 +79,20 @@ int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const 
                      const c10d_tensor* exp_avg_sqs, size_t n, double step, double lr, double beta1, double beta2,
                      double weight_decay, double eps);
 
+// The most bytes the CUDA caching allocator has handed out on `device` since the last reset (what
+// `torch.cuda.max_memory_allocated` reports) into `*peak`; `reset` != 0 first starts a new mark.
+// C10D_ERR_STD in a build without CUDA (the nccl feature off).
+int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak);
+
+// Whether torch's scaled_dot_product_attention may pick cuDNN's kernel
+// (`torch.backends.cuda.enable_cudnn_sdp`). Process-wide.
+int c10d_sdp_use_cudnn(int enable);
+
+// torch's profiler (Kineto, what `torch.profiler.profile` runs) for this thread's operators, and
+// the CUDA kernels of every thread when `with_cuda` != 0; stop writes the Chrome trace to `path`.
+int c10d_profiler_start(int with_cuda);
+int c10d_profiler_stop(const char* path);
+
 #ifdef __cplusplus
 }
 #endif

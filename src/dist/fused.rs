@@ -36,6 +36,13 @@ pub fn fused_adamw(
     check("fused_adamw", code)
 }
 
+/// Whether torch's attention may choose cuDNN's kernel (`torch.backends.cuda.enable_cudnn_sdp`),
+/// for this whole process.
+pub fn use_cudnn_attention(enable: bool) -> Result<(), DistError> {
+    // SAFETY: a plain flag setter; the shim catches every C++ exception.
+    check("sdp_use_cudnn", unsafe { ffi::c10d_sdp_use_cudnn(i32::from(enable)) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,15 +9,20 @@
 //! - [`slurm`]: the sbatch script for a multi-node job.
 //!
 //! - [`fused`]: torch's fused AdamW kernel, which the same C++ shim exposes.
+//! - [`cuda_memory`]: the CUDA caching allocator's peak, and [`profiler`]: torch's profiler around
+//!   chosen steps, through the shim too.
 //!
-//! The C++ lives in `csrc/c10d.cpp`; only [`process_group`] and [`fused`] touch it.
+//! The C++ lives in `csrc/c10d.cpp`; only [`process_group`], [`fused`], [`cuda_memory`] and
+//! [`profiler`] touch it.
 
 pub mod bench;
+pub mod cuda_memory;
 pub mod env;
 pub mod flight;
 pub mod fused;
 pub mod launcher;
 pub mod process_group;
+pub mod profiler;
 pub mod shards;
 pub mod slurm;
 pub mod watch;

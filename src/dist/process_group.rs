@@ -165,6 +165,10 @@ pub(super) mod ffi {
             weight_decay: f64,
             eps: f64,
         ) -> i32;
+        pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64) -> i32;
+        pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
+        pub fn c10d_profiler_start(with_cuda: i32) -> i32;
+        pub fn c10d_profiler_stop(path: *const std::ffi::c_char) -> i32;
     }
 }
 

@@ -63,6 +63,9 @@ pub trait FusedOps: Backend {
 
 /// [`causal_attention`] on torch tensors: by rows, or span by span of one packed row.
 fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
+    if qkv[0].device() != tch::Device::Cpu {
+        avoid_cudnn_attention();
+    }
     if spans.is_empty() {
         return sdpa_causal(qkv);
     }
@@ -93,8 +96,29 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
 /// only when `Sq == Sk`: one query attends to every key, other shapes get an explicit mask. Fewer
 /// key/value heads than query heads (grouped-query attention) go in as they are (`enable_gqa`):
 /// repeating them would copy keys and values and sum their gradients back.
-fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
+fn sdpa_causal(qkv: &[tch::Tensor; 3]) -> tch::Tensor {
+    sdpa_causal_with(qkv, takes_grouped_heads(&qkv[0]))
+}
+
+/// Whether torch's fused attention takes `q` with fewer key/value heads than query heads: flash
+/// attention does (the CPU's, and CUDA's in half precision). CUDA's f32 kernel (memory-efficient
+/// attention) does not, and torch then falls back to its unfused math path, which took a quarter
+/// of a 32M grouped-query model's f32 step on an H100 (torch profiler, results/gpu/): there the
+/// key/value heads are repeated instead.
+fn takes_grouped_heads(q: &tch::Tensor) -> bool {
+    q.device() == tch::Device::Cpu || matches!(q.kind(), tch::Kind::BFloat16 | tch::Kind::Half)
+}
+
+/// [`sdpa_causal`], with `grouped`: whether grouped key/value heads go to torch as they are.
+fn sdpa_causal_with([q, k, v]: &[tch::Tensor; 3], grouped: bool) -> tch::Tensor {
     let (sq, sk) = (q.size()[2], k.size()[2]);
+    let groups = q.size()[1] / k.size()[1];
+    // torch's `enable_gqa` pairs query head i with key/value head i / groups: repeat_interleave.
+    let repeat = |x: &tch::Tensor| match groups > 1 && !grouped {
+        true => x.repeat_interleave_self_int(groups, 1, None),
+        false => x.shallow_clone(),
+    };
+    let (k, v) = (&repeat(k), &repeat(v));
     let gqa = q.size()[1] != k.size()[1];
     let sdpa = |mask: Option<tch::Tensor>, is_causal| {
         tch::Tensor::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, None, gqa)
@@ -108,6 +132,19 @@ fn sdpa_causal([q, k, v]: &[tch::Tensor; 3]) -> tch::Tensor {
             sdpa(Some(visible), false)
         }
     }
+}
+
+/// Turns cuDNN's attention off for the process, once. torch 2.11 picks it on Hopper in half
+/// precision, and it builds an execution graph for each input shape: 6-7 ms of host time per call
+/// on an H100 (torch profiler, results/gpu/), while packed batches change shape every step, so a
+/// step of the medium model spent 2 s there. torch then takes flash attention, which needs no setup.
+fn avoid_cudnn_attention() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = crate::dist::fused::use_cudnn_attention(false) {
+            eprintln!("warning: cuDNN's attention stays on: {e}");
+        }
+    });
 }
 
 impl FusedOps for LibTorch {
@@ -224,6 +261,28 @@ mod tests {
                 let fused = causal_attention(q.clone(), k.clone(), v.clone(), Arc::from([]));
                 let diff = (fused - reference(q, k, v)).abs().max().into_scalar::<f32>();
                 assert!(diff < 1e-5, "Sq {sq}, Sk {sk}, autodiff {}: max difference {diff}", device.is_autodiff());
+            }
+        }
+    }
+
+    /// Key/value heads repeated for their query heads (CUDA's f32 path) give what torch's grouped
+    /// attention gives, outputs and the gradients summed back onto the shared heads.
+    #[test]
+    fn repeated_heads_equal_grouped_heads() {
+        let t = |h, s| tch::Tensor::randn([2, h, s, 8], (tch::Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        for (sq, sk) in [(7, 7), (3, 7), (1, 7)] {
+            let (q, k, v) = (t(6, sq), t(2, sk), t(2, sk));
+            let weights = tch::Tensor::randn([2, 6, sq, 8], (tch::Kind::Float, tch::Device::Cpu));
+            let run = |grouped| {
+                let y = super::sdpa_causal_with(&[q.shallow_clone(), k.shallow_clone(), v.shallow_clone()], grouped);
+                let grads =
+                    tch::Tensor::run_backward(&[(&y * &weights).sum(tch::Kind::Float)], &[&q, &k, &v], false, false);
+                (y.detach(), grads)
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            assert!(y1.allclose(&y2, 1e-5, 1e-6, false), "Sq {sq}, Sk {sk}: outputs differ");
+            for (a, b) in g1.iter().zip(&g2) {
+                assert!(a.allclose(b, 1e-5, 1e-6, false), "Sq {sq}, Sk {sk}: gradients differ");
             }
         }
     }

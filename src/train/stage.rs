@@ -51,6 +51,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
 
     progress.start(name, trained.state.step, total_steps);
     let tracks_peak = crate::malloc::reset_peak_resident();
+    let cuda = crate::dist::cuda_memory::cuda_index(&run.rt.device);
+    if let Some(index) = cuda {
+        crate::dist::cuda_memory::reset_peak_allocated(index)?;
+    }
     let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
     let mut window = Window::new();
     let mut positions = Positions::default();
@@ -58,6 +62,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     if cfg.eval_on_start && trained.state.step == 0 {
         last_eval = evaluate(&trained, log.as_mut(), progress)?;
     }
+    let mut profile = match workers.rank() {
+        0 => crate::dist::profiler::ProfileWindow::from_env(cuda.is_some()).map_err(anyhow::Error::msg)?,
+        _ => None,
+    };
     while trained.state.step < total_steps {
         workers.at_step(trained.state.step + 1);
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
@@ -66,6 +74,9 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             break;
         }
         let lr = schedule.lr(trained.state.step);
+        if let Some(p) = profile.as_mut() {
+            p.before(trained.state.step + 1)?;
+        }
         let report;
         (trained, report) = optimizer_step(&plan, run, trained, references.as_ref(), &mut window, lr)?;
         let state = &mut trained.state;
@@ -89,6 +100,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
             last_status = status;
         }
+        let at_end = trained.state.step == total_steps;
+        if let Some(path) = profile.as_mut().map(|p| p.after(trained.state.step, at_end)).transpose()?.flatten() {
+            progress.line(&format!("{name}: torch profiler trace written to `{}`", path.display()));
+        }
         let every = cfg.eval_every();
         if every > 0 && (trained.state.step % every == 0 || trained.state.step == total_steps) {
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
@@ -100,7 +115,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     }
     // Every rank must take part in the report's sum: it runs only where all of them track.
     if !workers.any(!tracks_peak)? {
-        report_peak(run, name, progress)?;
+        report_peak(run, name, cuda, progress)?;
     }
     positions.add(window.positions);
     report_positions(run, name, positions, plan.packing, progress)?;
@@ -116,14 +131,23 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
 /// Prints (rank 0) every rank's peak resident memory since the loop started: the model, optimizer
 /// and activations of training, not the export after it. (Under dpo-train's allocator settings
 /// freed memory stays resident, so the mark starts from what loading left resident; with
-/// `MALLOC_MMAP_THRESHOLD_=65536`, as `make bench` runs, it follows the live tensors.)
-fn report_peak(run: &Run, name: &str, progress: &mut dyn Progress) -> anyhow::Result<()> {
+/// `MALLOC_MMAP_THRESHOLD_=65536`, as `make bench` runs, it follows the live tensors.) On CUDA
+/// (`cuda`: this rank's device; every rank's is CUDA if one is) also the most the CUDA allocator
+/// handed out, which is what `torch.cuda.max_memory_allocated` reports.
+fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Progress) -> anyhow::Result<()> {
+    let resident = crate::malloc::peak_resident().unwrap_or(0);
+    let mut lines = vec![("peak resident memory while training", resident)];
+    if let Some(index) = cuda {
+        lines.push(("peak CUDA memory allocated while training", crate::dist::cuda_memory::peak_allocated(index)?));
+    }
     let workers = run.rt.workers;
-    let mut peaks = vec![0.0; workers.world_size()];
-    peaks[workers.rank()] = crate::malloc::peak_resident().unwrap_or(0) as f64;
-    workers.sum_f64(&mut peaks)?;
-    let gib: Vec<String> = peaks.iter().map(|b| format!("{:.2} GiB", b / f64::from(1u32 << 30))).collect();
-    progress.line(&format!("{name}: peak resident memory while training, per rank: {}", gib.join(", ")));
+    for (what, bytes) in lines {
+        let mut peaks = vec![0.0; workers.world_size()];
+        peaks[workers.rank()] = bytes as f64;
+        workers.sum_f64(&mut peaks)?;
+        let gib: Vec<String> = peaks.iter().map(|b| format!("{:.2} GiB", b / f64::from(1u32 << 30))).collect();
+        progress.line(&format!("{name}: {what}, per rank: {}", gib.join(", ")));
+    }
     Ok(())
 }
 
