@@ -19,7 +19,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test lint bench bench-1m bench-trl gpu-check build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -74,6 +74,11 @@ bench-trl: build ref-venv
 # throughput next to TRL; writes results/gpu/<date>-<gpu>.md. Without CUDA it says so, exit 0.
 gpu-check: build ref-venv
 	$(CARGO) bench --features nccl --bench gpu
+
+# The same check for a GPU machine without a Rust toolchain: the binaries built here against that
+# machine's torch (TORCH_GPU, default 2.11.0 = CUDA 13.0), packed into gpu-bundle/ with run.sh.
+gpu-bundle: gloo
+	tools/gpu_bundle.sh
 
 build: venv gloo
 	$(CARGO) build --release --workspace

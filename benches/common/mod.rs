@@ -170,6 +170,8 @@ pub struct TrainRate {
     pub tokens_per_second: f64,
     /// Peak resident memory while training (rank 0), bytes; `None` where it cannot be tracked.
     pub peak_bytes: Option<f64>,
+    /// On CUDA, the most the CUDA allocator handed out while training (rank 0), bytes.
+    pub cuda_peak_bytes: Option<f64>,
 }
 
 /// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
@@ -190,6 +192,18 @@ pub fn dpo_train_rate_at(
     (batch, steps, max_length): (usize, usize, usize),
     extra: &[&str],
 ) -> TrainRate {
+    dpo_train_rate_env(model, data, out, (batch, steps, max_length), extra, &[])
+}
+
+/// [`dpo_train_rate_at`] with environment variables `envs` set for the run.
+pub fn dpo_train_rate_env(
+    model: &Path,
+    data: &Path,
+    out: &Path,
+    (batch, steps, max_length): (usize, usize, usize),
+    extra: &[&str],
+    envs: &[(&str, &Path)],
+) -> TrainRate {
     let run = format!("run{max_length}{}", extra.join("").replace(['-', ':'], "_"));
     let _ = std::fs::remove_dir_all(out.join(&run));
     let config = out.join(format!("{run}.toml"));
@@ -205,8 +219,11 @@ pub fn dpo_train_rate_at(
     std::fs::write(&config, text).expect("the config is written");
     let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
-    let output =
-        std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(&args).output().expect("dpo-train runs");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(&args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("dpo-train runs");
     let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "dpo-train {} failed:\n{said}", args.join(" "));
     let rows = dpo_train::train::log::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
@@ -217,13 +234,14 @@ pub fn dpo_train_rate_at(
     TrainRate {
         pairs_per_second: ((train.len() - 1) * batch) as f64 / seconds,
         tokens_per_second: tokens / seconds,
-        peak_bytes: reported_peak(&said),
+        peak_bytes: reported_peak(&said, "peak resident memory while training"),
+        cuda_peak_bytes: reported_peak(&said, "peak CUDA memory allocated while training"),
     }
 }
 
-/// Rank 0's figure of dpo-train's "peak resident memory while training, per rank: X GiB, ..." line.
-fn reported_peak(said: &str) -> Option<f64> {
-    let line = said.lines().find(|l| l.contains("peak resident memory while training"))?;
+/// Rank 0's figure of dpo-train's "<what>, per rank: X GiB, ..." line.
+fn reported_peak(said: &str, what: &str) -> Option<f64> {
+    let line = said.lines().find(|l| l.contains(what))?;
     let gib: f64 = line.split("per rank: ").nth(1)?.split(' ').next()?.parse().ok()?;
     Some(gib * f64::from(1u32 << 30))
 }
@@ -250,6 +268,20 @@ pub fn trl_rate(
     (batch, steps, max_length): (usize, usize, usize),
     flags: &[&str],
 ) -> TrlRate {
+    try_trl_rate(model, data, (batch, steps, max_length), flags).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    })
+}
+
+/// [`trl_rate`], with what went wrong as the error instead of exiting (for a bench that goes on
+/// to its next section).
+pub fn try_trl_rate(
+    model: &Path,
+    data: &Path,
+    (batch, steps, max_length): (usize, usize, usize),
+    flags: &[&str],
+) -> Result<TrlRate, String> {
     let mut command = std::process::Command::new(python());
     command
         .arg(root().join("benches/trl_dpo.py"))
@@ -258,11 +290,17 @@ pub fn trl_rate(
         .args(["--batch-size", &batch.to_string(), "--max-length", &max_length.to_string()])
         .args(["--steps", &steps.to_string(), "--threads", &torch_threads().to_string()])
         .args(flags);
-    let line = stdout_of(&mut command, "the venv's python runs (make ref-venv installs TRL)");
-    let value: serde_json::Value =
-        serde_json::from_str(line.lines().last().unwrap_or_default()).expect("one JSON line from trl_dpo.py");
-    let number = |key: &str| value[key].as_f64().unwrap_or_else(|| panic!("{key} in trl_dpo.py's line"));
-    TrlRate { pairs_per_second: number("pairs_per_second"), peak_bytes: number("peak_bytes") }
+    let out = command
+        .output()
+        .map_err(|e| format!("{} does not run (make ref-venv installs TRL): {e}", python().display()))?;
+    if !out.status.success() {
+        return Err(format!("trl_dpo.py failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let value: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .map_err(|e| format!("trl_dpo.py printed no JSON line ({e}): {stdout}"))?;
+    let number = |key: &str| value[key].as_f64().ok_or_else(|| format!("no {key} in trl_dpo.py's line: {stdout}"));
+    Ok(TrlRate { pairs_per_second: number("pairs_per_second")?, peak_bytes: number("peak_bytes")? })
 }
 
 /// What a bench's child process printed; its stderr and exit 1 when it failed (`what` names

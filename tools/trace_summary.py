@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Summarise a torch profiler Chrome trace (dpo-train's DPO_TRAIN_PROFILE, or torch.profiler's
+export_chrome_trace) in text: the window's wall time, how much of it the host spends inside torch
+operators and how much between them (the caller's own overhead), the operators by self time, and on
+CUDA the kernels' busy time, launches and synchronisations.
+
+    python3 tools/trace_summary.py trace.json[.gz] [--steps N] [--top 25]
+"""
+
+import argparse
+import collections
+import gzip
+import json
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def union_length(intervals):
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def self_times(ops):
+    """Per-name (count, total, self) of nested host operators on one thread."""
+    stats = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    stack = []  # [end, name, child time]
+    top = []
+
+    def close(until):
+        while stack and stack[-1][0] <= until:
+            end, name, dur, child = stack.pop()
+            stats[name][2] += dur - child
+
+    for e in sorted(ops, key=lambda e: (e["ts"], -e["dur"])):
+        close(e["ts"])
+        stats[e["name"]][0] += 1
+        stats[e["name"]][1] += e["dur"]
+        if stack:
+            stack[-1][3] += e["dur"]
+        else:
+            top.append((e["ts"], e["ts"] + e["dur"]))
+        stack.append([e["ts"] + e["dur"], e["name"], e["dur"], 0.0])
+    close(float("inf"))
+    return stats, top
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("trace")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps in the trace (for per-step figures)")
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+    ev = [e for e in load(a.trace) if e.get("ph") == "X"]
+    ops = [e for e in ev if e.get("cat") == "cpu_op"]
+    if not ops:
+        raise SystemExit(f"{a.trace}: no cpu_op events")
+    threads = collections.Counter(e["tid"] for e in ops)
+    main_tid = threads.most_common(1)[0][0]
+    mine = [e for e in ops if e["tid"] == main_tid]
+    start = min(e["ts"] for e in mine)
+    end = max(e["ts"] + e["dur"] for e in mine)
+    wall = end - start
+    stats, top = self_times(mine)
+    inside = union_length(top)
+    ms = lambda us: us / 1000.0
+    n = a.steps
+    print(f"window {ms(wall):.1f} ms over {n} steps = {ms(wall) / n:.1f} ms a step (main thread {main_tid}; "
+          f"{len(threads)} threads ran operators)")
+    print(f"host: inside torch operators {ms(inside):.1f} ms ({100 * inside / wall:.0f}%), between them "
+          f"{ms(wall - inside):.1f} ms ({100 * (wall - inside) / wall:.0f}%); {len(mine)} operator calls "
+          f"({len(mine) / n:.0f} a step)")
+    kernels = [e for e in ev if e.get("cat") == "kernel"]
+    if kernels:
+        busy = union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+        print(f"GPU: kernels busy {ms(busy):.1f} ms ({100 * busy / wall:.0f}% of the window), "
+              f"{len(kernels)} kernels ({len(kernels) / n:.0f} a step), mean {sum(e['dur'] for e in kernels) / len(kernels):.1f} us")
+        runtime = collections.defaultdict(lambda: [0, 0.0])
+        for e in ev:
+            if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":
+                runtime[e["name"]][0] += 1
+                runtime[e["name"]][1] += e["dur"]
+        print("CUDA runtime calls by total time:")
+        for name, (count, dur) in sorted(runtime.items(), key=lambda kv: -kv[1][1])[:10]:
+            print(f"  {ms(dur):9.1f} ms  {count:7d}x  {name}")
+        kstats = collections.defaultdict(lambda: [0, 0.0])
+        for e in kernels:
+            kstats[e["name"][:90]][0] += 1
+            kstats[e["name"][:90]][1] += e["dur"]
+        print("kernels by total time:")
+        for name, (count, dur) in sorted(kstats.items(), key=lambda kv: -kv[1][1])[: a.top]:
+            print(f"  {ms(dur):9.1f} ms  {count:7d}x  {name}")
+    print("host operators by self time (main thread):")
+    for name, (count, total, own) in sorted(stats.items(), key=lambda kv: -kv[1][2])[: a.top]:
+        print(f"  {ms(own):9.1f} ms self  {ms(total):9.1f} ms total  {count:7d}x  {name}")
+
+
+if __name__ == "__main__":
+    main()
