@@ -13,12 +13,14 @@ use std::path::PathBuf;
 use super::process_group::{DistError, check, ffi};
 
 /// Which steps to profile and where the trace goes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ProfileWindow {
     pub path: PathBuf,
     pub first: u64,
     pub last: u64,
     pub cuda: bool,
+    /// Where the shim writes the trace before it is renamed to `path`.
+    tmp: CString,
     running: bool,
 }
 
@@ -30,12 +32,28 @@ impl ProfileWindow {
         let steps = std::env::var("DPO_TRAIN_PROFILE_STEPS").unwrap_or_else(|_| "11-15".to_owned());
         let (first, last) = parse_steps(&steps)
             .ok_or_else(|| format!("DPO_TRAIN_PROFILE_STEPS=`{steps}`: expected <first>-<last>, e.g. 11-15"))?;
-        Ok(Some(Self { path: PathBuf::from(path), first, last, cuda, running: false }))
+        Self::new(PathBuf::from(path), (first, last), cuda).map(Some)
+    }
+
+    /// Steps `first..=last` (1-based) traced into `path`.
+    pub fn new(path: PathBuf, (first, last): (u64, u64), cuda: bool) -> Result<Self, String> {
+        let tmp = path.with_extension("json.tmp");
+        let tmp = CString::new(tmp.to_string_lossy().as_bytes())
+            .map_err(|_| format!("DPO_TRAIN_PROFILE=`{}` holds a NUL byte", path.display()))?;
+        Ok(Self { path, first, last, cuda, tmp, running: false })
     }
 
     /// Before optimizer step `step` (1-based) runs: starts the profiler at the window's first.
     pub fn before(&mut self, step: u64) -> Result<(), DistError> {
         if step == self.first && !self.running {
+            // The trace's folder is made before the profiler starts: once started, it must be stopped.
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| DistError::C10d {
+                    op: "profiler_start",
+                    code: -1,
+                    message: format!("cannot create `{}`: {e}", dir.display()),
+                })?;
+            }
             synchronize(self.cuda);
             // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
             check("profiler_start", unsafe { ffi::c10d_profiler_start(i32::from(self.cuda)) })?;
@@ -52,15 +70,27 @@ impl ProfileWindow {
         }
         synchronize(self.cuda); // the step's kernels belong in the trace
         self.running = false;
-        let path = CString::new(self.path.to_string_lossy().as_bytes()).map_err(|_| DistError::C10d {
+        // Written beside the trace, then renamed: a trace is whole or absent.
+        // SAFETY: `tmp` is a NUL-terminated string alive for the call; the shim catches every C++
+        // exception.
+        check("profiler_stop", unsafe { ffi::c10d_profiler_stop(self.tmp.as_ptr()) })?;
+        let tmp = PathBuf::from(self.tmp.to_string_lossy().into_owned());
+        std::fs::rename(&tmp, &self.path).map_err(|e| DistError::C10d {
             op: "profiler_stop",
             code: -1,
-            message: format!("`{}` holds a NUL byte", self.path.display()),
+            message: format!("cannot write `{}`: {e}", self.path.display()),
         })?;
-        // SAFETY: `path` is a NUL-terminated string alive for the call; the shim catches every C++
-        // exception.
-        check("profiler_stop", unsafe { ffi::c10d_profiler_stop(path.as_ptr()) })?;
         Ok(Some(self.path.clone()))
+    }
+}
+
+impl Drop for ProfileWindow {
+    /// A window cut short (Ctrl-C, an error) still stops the profiler and keeps what it traced:
+    /// one left running crashed the process at exit (a segmentation fault after the last line).
+    fn drop(&mut self) {
+        if self.running {
+            let _ = self.after(self.last, true);
+        }
     }
 }
 
@@ -96,8 +126,8 @@ mod tests {
     #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
     fn a_window_writes_a_chrome_trace_of_the_operators() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("trace.json");
-        let mut w = ProfileWindow { path: path.clone(), first: 2, last: 3, cuda: false, running: false };
+        let path = dir.path().join("traces/trace.json"); // the folder is created
+        let mut w = ProfileWindow::new(path.clone(), (2, 3), false).unwrap();
         for step in 1..=4 {
             w.before(step).unwrap();
             let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, tch::Device::Cpu));
@@ -109,5 +139,6 @@ mod tests {
         let events = trace["traceEvents"].as_array().unwrap();
         let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
         assert!(names.iter().filter(|n| **n == "aten::matmul").count() == 2, "{:?}", &names[..names.len().min(20)]);
+        assert!(!path.with_extension("json.tmp").exists());
     }
 }

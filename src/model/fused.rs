@@ -94,8 +94,9 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
 /// `torch.nn.functional.scaled_dot_product_attention` with the causal mask aligned to the last
 /// query (see [`causal_attention`]). torch's `is_causal` aligns it to the first, which is right
 /// only when `Sq == Sk`: one query attends to every key, other shapes get an explicit mask. Fewer
-/// key/value heads than query heads (grouped-query attention) go in as they are (`enable_gqa`):
-/// repeating them would copy keys and values and sum their gradients back.
+/// key/value heads than query heads (grouped-query attention) go in as they are (`enable_gqa`)
+/// where torch's kernel takes them: repeating them would copy keys and values and sum their
+/// gradients back.
 fn sdpa_causal(qkv: &[tch::Tensor; 3]) -> tch::Tensor {
     sdpa_causal_with(qkv, takes_grouped_heads(&qkv[0]))
 }

@@ -4,7 +4,7 @@
 //! ([`super::step`]), and logs, evaluates and checkpoints at fixed cadences; then the end
 //! ([`finish`]): the last checkpoint, `final/`, the test set.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -26,6 +26,7 @@ use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
 use crate::data::Packing;
+use crate::dist::profiler::ProfileWindow;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
@@ -50,11 +51,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     };
 
     progress.start(name, trained.state.step, total_steps);
-    let tracks_peak = crate::malloc::reset_peak_resident();
-    let cuda = crate::dist::cuda_memory::cuda_index(&run.rt.device);
-    if let Some(index) = cuda {
-        crate::dist::cuda_memory::reset_peak_allocated(index)?;
-    }
+    let mut marks = Marks::start(run)?;
     let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
     let mut window = Window::new();
     let mut positions = Positions::default();
@@ -62,10 +59,6 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     if cfg.eval_on_start && trained.state.step == 0 {
         last_eval = evaluate(&trained, log.as_mut(), progress)?;
     }
-    let mut profile = match workers.rank() {
-        0 => crate::dist::profiler::ProfileWindow::from_env(cuda.is_some()).map_err(anyhow::Error::msg)?,
-        _ => None,
-    };
     while trained.state.step < total_steps {
         workers.at_step(trained.state.step + 1);
         // Ctrl-C reaches the ranks at different moments: they agree before each step.
@@ -74,9 +67,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             break;
         }
         let lr = schedule.lr(trained.state.step);
-        if let Some(p) = profile.as_mut() {
-            p.before(trained.state.step + 1)?;
-        }
+        marks.before_step(trained.state.step + 1, progress);
         let report;
         (trained, report) = optimizer_step(&plan, run, trained, references.as_ref(), &mut window, lr)?;
         let state = &mut trained.state;
@@ -100,10 +91,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             progress.line(&format!("{name} step {}/{total_steps} | {status}", state.step));
             last_status = status;
         }
-        let at_end = trained.state.step == total_steps;
-        if let Some(path) = profile.as_mut().map(|p| p.after(trained.state.step, at_end)).transpose()?.flatten() {
-            progress.line(&format!("{name}: torch profiler trace written to `{}`", path.display()));
-        }
+        marks.after_step(trained.state.step, trained.state.step == total_steps, progress);
         let every = cfg.eval_every();
         if every > 0 && (trained.state.step % every == 0 || trained.state.step == total_steps) {
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
@@ -113,9 +101,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         }
         progress.step(trained.state.step, &last_status);
     }
+    marks.after_step(trained.state.step, true, progress); // a window Ctrl-C cut short
     // Every rank must take part in the report's sum: it runs only where all of them track.
-    if !workers.any(!tracks_peak)? {
-        report_peak(run, name, cuda, progress)?;
+    if !workers.any(!marks.tracks_peak)? {
+        report_peak(run, name, marks.cuda, progress)?;
     }
     positions.add(window.positions);
     report_positions(run, name, positions, plan.packing, progress)?;
@@ -126,6 +115,55 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         Ending { files, config_json: &config_json, interrupted, last_eval, references },
         progress,
     )
+}
+
+/// What a stage's loop measures besides its metrics: the high-water marks of host memory and (on
+/// CUDA) of the CUDA allocator, both started here, and torch's profiler over the steps
+/// `DPO_TRAIN_PROFILE` asks for (rank 0).
+struct Marks {
+    tracks_peak: bool,
+    cuda: Option<usize>,
+    profile: Option<ProfileWindow>,
+}
+
+impl Marks {
+    fn start(run: &Run) -> anyhow::Result<Self> {
+        let tracks_peak = crate::malloc::reset_peak_resident();
+        let cuda = crate::dist::cuda_memory::cuda_index(&run.rt.device);
+        if let Some(index) = cuda {
+            crate::dist::cuda_memory::reset_peak_allocated(index)?;
+        }
+        let profile = match run.rt.workers.rank() {
+            0 => ProfileWindow::from_env(cuda.is_some()).map_err(anyhow::Error::msg)?,
+            _ => None,
+        };
+        Ok(Self { tracks_peak, cuda, profile })
+    }
+
+    fn before_step(&mut self, step: u64, progress: &mut dyn Progress) {
+        self.profiled(progress, |p| p.before(step).map(|()| None));
+    }
+
+    fn after_step(&mut self, step: u64, end: bool, progress: &mut dyn Progress) {
+        self.profiled(progress, |p| p.after(step, end));
+    }
+
+    /// A profiler that fails to start or to write its trace is a warning: the training goes on.
+    fn profiled(
+        &mut self,
+        progress: &mut dyn Progress,
+        f: impl FnOnce(&mut ProfileWindow) -> Result<Option<PathBuf>, crate::dist::DistError>,
+    ) {
+        let Some(p) = self.profile.as_mut() else { return };
+        match f(p) {
+            Ok(Some(path)) => progress.line(&format!("torch profiler trace written to `{}`", path.display())),
+            Ok(None) => {}
+            Err(e) => {
+                progress.line(&format!("warning: the torch profiler stopped ({e}); training goes on"));
+                self.profile = None;
+            }
+        }
+    }
 }
 
 /// Prints (rank 0) every rank's peak resident memory since the loop started: the model, optimizer
