@@ -233,37 +233,47 @@ fn parity(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     text
 }
 
+/// The throughput and profile sections' inputs, made once under `work`: `make bench-trl`'s 32M
+/// model and pairs, and the medium model.
+struct Assets {
+    small: PathBuf,
+    data: PathBuf,
+    medium: PathBuf,
+}
+
+fn assets(work: &Path) -> Assets {
+    let small = common::model_dir(&work.join("gqa32m"), &GQA32M);
+    let data = common::sized_pairs(&work.join("pairs-16-96.jsonl"), &small, 256, 16..=96, 150..=250, 1);
+    Assets { small, data, medium: common::model_dir(&work.join("medium"), &MEDIUM) }
+}
+
 /// `make bench-trl`'s workload on cuda:0, both sides, f32 and bf16 with the reference computed
 /// every step, then the medium model in bf16, with model-FLOPs utilisation against the best
 /// matrix product measured here.
 fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let small = common::model_dir(&work.join("gqa32m"), &GQA32M);
-    let data = common::sized_pairs(&work.join("pairs-16-96.jsonl"), &small, 256, 16..=96, 150..=250, 1);
-    let medium = common::model_dir(&work.join("medium"), &MEDIUM);
-    let peaks =
-        [(FloatDType::F32, cuda_matmul_peak(FloatDType::F32)), (FloatDType::BF16, cuda_matmul_peak(FloatDType::BF16))];
+    let Assets { small, data, medium } = assets(work);
+    let (f32_peak, bf16_peak) = (cuda_matmul_peak(FloatDType::F32), cuda_matmul_peak(FloatDType::BF16));
     let mut text = format!(
         "256 pairs of 150-250 tokens, 4 a step, max_length 512; matmul peak f32 {:.1}, bf16 {:.1} TFLOP/s\n",
-        peaks[0].1 / 1e12,
-        peaks[1].1 / 1e12
+        f32_peak / 1e12,
+        bf16_peak / 1e12
     );
-    // (name, model, shape, 0 f32 / 1 bf16, padding_free, TRL beside it)
-    let rows: [(&str, &Path, &Shape, usize, bool, bool); 5] = [
-        ("32M f32", &small, &GQA32M, 0, true, true),
-        ("32M bf16", &small, &GQA32M, 1, true, true),
-        ("medium bf16", &medium, &MEDIUM, 1, true, true),
-        ("32M f32 padded", &small, &GQA32M, 0, false, false),
-        ("32M bf16 padded", &small, &GQA32M, 1, false, false),
+    // (name, model, shape, bf16, padding_free, TRL beside it)
+    let rows: [(&str, &Path, &Shape, bool, bool, bool); 5] = [
+        ("32M f32", &small, &GQA32M, false, true, true),
+        ("32M bf16", &small, &GQA32M, true, true, true),
+        ("medium bf16", &medium, &MEDIUM, true, true, true),
+        ("32M f32 padded", &small, &GQA32M, false, false, false),
+        ("32M bf16 padded", &small, &GQA32M, true, false, false),
     ];
-    for (name, model, shape, precision, padding_free, with_trl) in rows {
+    for (name, model, shape, bf16, padding_free, with_trl) in rows {
         let flops = pair_forward_flops(&data, model, shape, 512) * passes(true);
-        let bf16 = precision == 1;
         let mut ours_flags = vec!["--device", "cuda:0"];
         ours_flags.extend(if bf16 { &["--bf16"][..] } else { &[] });
         ours_flags.extend(if padding_free { &[][..] } else { &["--padding-free", "false"] });
         let trl_flags: &[&str] = if bf16 { &["--device", "cuda", "--bf16"] } else { &["--device", "cuda"] };
         let ours = dpo_train_rate_at(model, &data, out, (4, 64, 512), &ours_flags);
-        let mfu = |rate: f64| 100.0 * rate * flops / peaks[precision].1;
+        let mfu = |rate: f64| 100.0 * rate * flops / if bf16 { bf16_peak } else { f32_peak };
         let _ = write!(
             text,
             "{name}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
@@ -273,8 +283,11 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
             ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
         );
         let trl = with_trl.then(|| try_trl_rate(model, &data, (4, 64, 512), trl_flags));
-        match trl.unwrap_or_else(|| Err("not run for this row".to_owned())) {
-            Ok(theirs) => {
+        match trl {
+            None => {
+                let _ = writeln!(text, ", TRL not run for this row");
+            }
+            Some(Ok(theirs)) => {
                 let _ = writeln!(
                     text,
                     ", TRL {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
@@ -284,10 +297,7 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
                     ours.pairs_per_second / theirs.pairs_per_second
                 );
             }
-            Err(e) if !with_trl => {
-                let _ = writeln!(text, ", TRL {e}");
-            }
-            Err(e) => {
+            Some(Err(e)) => {
                 let _ = writeln!(text, ", TRL did not run: {e}");
                 failures.push(format!("TRL on cuda ({name}): {}", e.lines().last().unwrap_or_default()));
             }
@@ -302,9 +312,7 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
 /// launches and synchronisations; padded and padding-free, f32 and bf16. The traces stay in
 /// `results/gpu/traces/` (gzipped) for Perfetto.
 fn profile(work: &Path, out: &Path) -> String {
-    let small = common::model_dir(&work.join("gqa32m"), &GQA32M);
-    let data = common::sized_pairs(&work.join("pairs-16-96.jsonl"), &small, 256, 16..=96, 150..=250, 1);
-    let medium = common::model_dir(&work.join("medium"), &MEDIUM);
+    let Assets { small, data, medium } = assets(work);
     let traces = common::root().join("results/gpu/traces");
     std::fs::create_dir_all(&traces).expect("results/gpu/traces");
     let mut text = String::new();

@@ -34,7 +34,7 @@ def union_length(intervals):
 def self_times(ops):
     """Per-name (count, total, self) of nested host operators on one thread."""
     stats = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    stack = []  # [end, name, child time]
+    stack = []  # [end, name, duration, children's time]
     top = []
 
     def close(until):

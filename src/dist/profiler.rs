@@ -7,7 +7,8 @@
 //! chooses the optimizer steps, 1-based (default 11-15: after the warm-up of allocators, kernels
 //! and caches).
 
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use super::process_group::{DistError, check, ffi};
@@ -15,10 +16,10 @@ use super::process_group::{DistError, check, ffi};
 /// Which steps to profile and where the trace goes.
 #[derive(Debug)]
 pub struct ProfileWindow {
-    pub path: PathBuf,
-    pub first: u64,
-    pub last: u64,
-    pub cuda: bool,
+    path: PathBuf,
+    first: u64,
+    last: u64,
+    cuda: bool,
     /// Where the shim writes the trace before it is renamed to `path`.
     tmp: CString,
     running: bool,
@@ -38,7 +39,7 @@ impl ProfileWindow {
     /// Steps `first..=last` (1-based) traced into `path`.
     pub fn new(path: PathBuf, (first, last): (u64, u64), cuda: bool) -> Result<Self, String> {
         let tmp = path.with_extension("json.tmp");
-        let tmp = CString::new(tmp.to_string_lossy().as_bytes())
+        let tmp = CString::new(tmp.as_os_str().as_bytes())
             .map_err(|_| format!("DPO_TRAIN_PROFILE=`{}` holds a NUL byte", path.display()))?;
         Ok(Self { path, first, last, cuda, tmp, running: false })
     }
@@ -74,7 +75,7 @@ impl ProfileWindow {
         // SAFETY: `tmp` is a NUL-terminated string alive for the call; the shim catches every C++
         // exception.
         check("profiler_stop", unsafe { ffi::c10d_profiler_stop(self.tmp.as_ptr()) })?;
-        let tmp = PathBuf::from(self.tmp.to_string_lossy().into_owned());
+        let tmp = PathBuf::from(OsString::from_vec(self.tmp.as_bytes().to_vec()));
         std::fs::rename(&tmp, &self.path).map_err(|e| DistError::C10d {
             op: "profiler_stop",
             code: -1,
