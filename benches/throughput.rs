@@ -174,7 +174,7 @@ fn attention(shape: &Shape, peak: f64) {
         let t = || Tensor::<4>::random([rows, heads, len, dim], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let (q, k, v) = (t(), t(), t());
         let pass = || {
-            let spans = std::sync::Arc::from([]);
+            let spans = dpo_train::model::fused::Spans::none();
             let out = dpo_train::model::fused::causal_attention(q.clone(), k.clone(), v.clone(), spans);
             let grads = out.sum().backward();
             let _ = q.grad(&grads).map(|g| g.slice([0..1, 0..1, 0..1, 0..1]).into_data());

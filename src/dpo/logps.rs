@@ -13,8 +13,8 @@ use std::sync::Arc;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::data::{self, Batch, Packing, Span, TokenizedPair};
-use crate::model::{Llama, LmHead, Placement};
+use crate::data::{self, Batch, Packing, TokenizedPair};
+use crate::model::{Llama, LmHead, Placement, fused::Spans};
 
 /// A batch on the device, with the per-token weights of the summed log-probs.
 pub struct DeviceBatch {
@@ -27,7 +27,7 @@ pub struct DeviceBatch {
     /// `[L]` each column's position.
     pub positions: Tensor<1, Int>,
     /// The attention spans of a packed row (empty: rows).
-    pub spans: Arc<[Span]>,
+    pub spans: Arc<Spans>,
     /// `[N]` flat index (`row * L + column`) of the hidden state that predicts each scored token.
     pub at: Tensor<1, Int>,
     /// `[N]` the scored tokens.
@@ -83,7 +83,7 @@ impl DeviceBatch {
             sequences: batch.sequences,
             input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [batch.rows, batch.len]), device),
             positions: ints(&batch.positions, vec![batch.len]),
-            spans: Arc::from(batch.spans.as_slice()),
+            spans: Arc::new(Spans::new(batch.spans.clone())),
             at: ints(&batch.at, vec![n]),
             labels: ints(&batch.labels, vec![n]),
             seq: ints(&batch.seq, vec![n]),

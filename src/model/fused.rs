@@ -20,7 +20,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::Tensor;
@@ -30,16 +30,16 @@ use crate::data::Span;
 
 /// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
 ///
-/// Without `spans`, each row attends causally within itself, and the `Sq` queries are the last
+/// Without spans, each row attends causally within itself, and the `Sq` queries are the last
 /// `Sq` of the `Sk` key positions (a KV-cache step has one query and every earlier key): query
-/// `i` sees keys `0..=i + Sk - Sq`. With `spans` (one packed row, `Sq == Sk`), each span's
-/// queries see the span's earlier keys and its prefix, and nothing else: one fused call per span
-/// on views of the row, never a dense `Sq x Sk` mask.
+/// `i` sees keys `0..=i + Sk - Sq`. With spans (one packed row, `Sq == Sk`), each span's queries
+/// see the span's earlier keys and its prefix, and nothing else: the spans are gathered into a
+/// batch of sequences for one fused call ([`Spans`]), never a dense `Sq x Sk` mask.
 ///
 /// # Shapes
 /// - q: `[B, H, Sq, D]`, k, v: `[B, Hkv, Sk, D]` with `Sq <= Sk` and `H` a multiple of `Hkv` →
 ///   `[B, H, Sq, D]`
-pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spans: Arc<[Span]>) -> Tensor<4> {
+pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, spans: Arc<Spans>) -> Tensor<4> {
     let out = <burn::backend::Dispatch as FusedOps>::causal_attention(
         q.into_dispatch(),
         k.into_dispatch(),
@@ -57,38 +57,102 @@ pub trait FusedOps: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        spans: Arc<[Span]>,
+        spans: Arc<Spans>,
     ) -> FloatTensor<Self>;
 }
 
-/// [`causal_attention`] on torch tensors: by rows, or span by span of one packed row.
-fn attend(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
-    if qkv[0].device() != tch::Device::Cpu {
+/// The attention spans of one packed row (none: every row attends causally on its own), and
+/// where they go in the batch of sequences one fused call attends over.
+///
+/// Sequence `i` of that batch is span `i`'s prefix then its own positions, right-padded to the
+/// longest: the padding comes after every real key, so the causal mask alone keeps it out of the
+/// real queries' view, and its outputs are dropped. A span with a prefix (a rejected completion
+/// after its shared prompt) computes the prefix's queries again and drops them too. One call per
+/// layer, where a call per span cost a GPU a kernel launch and its host time each.
+#[derive(Debug, Default)]
+pub struct Spans {
+    spans: Vec<Span>,
+    /// Made on first use, on that call's device, and kept for every later layer and pass: an
+    /// upload per layer would wait on the device each time.
+    gather: Mutex<Option<Gather>>,
+}
+
+/// [`Spans`] as index tensors.
+#[derive(Debug)]
+struct Gather {
+    /// `[n · L]` the row position at each slot of the `[n, L]` batch (padding reads position 0).
+    slots: tch::Tensor,
+    /// `[S]` the slot of each row position's own query.
+    back: tch::Tensor,
+    /// Sequences n and their padded length L.
+    shape: (i64, i64),
+}
+
+impl Spans {
+    /// The spans of a packed row; empty for rows that attend on their own.
+    pub fn new(spans: Vec<Span>) -> Self {
+        Self { spans, gather: Mutex::new(None) }
+    }
+
+    /// Rows that attend on their own.
+    pub fn none() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// `(slots, back, (n, L))` on the host (see [`Gather`]).
+    fn layout(&self) -> (Vec<i64>, Vec<i64>, (i64, i64)) {
+        let prefix_len = |s: &Span| s.prefix.map_or(0, |(_, len)| len);
+        let width = self.spans.iter().map(|s| prefix_len(s) + s.len).max().unwrap_or(0);
+        let row = self.spans.iter().map(|s| s.start + s.len).max().unwrap_or(0);
+        let (mut slots, mut back) = (Vec::with_capacity(self.spans.len() * width), vec![0i64; row]);
+        for (i, s) in self.spans.iter().enumerate() {
+            let prefix = s.prefix.map_or(0..0, |(start, len)| start..start + len);
+            let own = s.start..s.start + s.len;
+            let first = slots.len() + prefix.len();
+            for (j, t) in own.clone().enumerate() {
+                back[t] = (first + j) as i64;
+            }
+            let padding = std::iter::repeat_n(0, width - prefix.len() - s.len); // any real position
+            slots.extend(prefix.chain(own).chain(padding).map(|t| t as i64));
+            debug_assert_eq!(slots.len(), (i + 1) * width);
+        }
+        (slots, back, (self.spans.len() as i64, width as i64))
+    }
+
+    /// Runs `f` with the index tensors on `device`, making them the first time.
+    fn with_gather<T>(&self, device: tch::Device, f: impl FnOnce(&Gather) -> T) -> T {
+        let mut gather = self.gather.lock().unwrap_or_else(|e| e.into_inner());
+        let stale = gather.as_ref().is_none_or(|g| g.slots.device() != device);
+        if stale {
+            let (slots, back, shape) = self.layout();
+            let upload = |v: &[i64]| tch::Tensor::from_slice(v).to_device(device);
+            *gather = Some(Gather { slots: upload(&slots), back: upload(&back), shape });
+        }
+        f(gather.as_ref().expect("made above"))
+    }
+}
+
+/// [`causal_attention`] on torch tensors: by rows, or over the spans of one packed row.
+fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
+    let device = qkv[0].device();
+    if device != tch::Device::Cpu {
         avoid_cudnn_attention();
     }
-    if spans.is_empty() {
+    if spans.spans.is_empty() {
         return sdpa_causal(qkv);
     }
-    let outputs: Vec<tch::Tensor> = spans
-        .iter()
-        .map(|s| {
-            let own = |x: &tch::Tensor| x.narrow(2, s.start as i64, s.len as i64);
-            match s.prefix {
-                // The prefix's queries go in too and their outputs are dropped: the mask is then
-                // torch's square causal one, which skips the blocks above the diagonal; the
-                // rectangular one needs a dense mask, under which the CPU kernel computes every
-                // block (1.7x the time of the square call at 2000 queries over 2048 keys).
-                Some((start, len)) => {
-                    let joined =
-                        |x: &tch::Tensor| tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2);
-                    let [q, k, v] = qkv.each_ref().map(joined);
-                    sdpa_causal(&[q, k, v]).narrow(2, len as i64, s.len as i64)
-                }
-                None => sdpa_causal(&qkv.each_ref().map(own)),
-            }
-        })
-        .collect();
-    tch::Tensor::cat(&outputs, 2)
+    spans.with_gather(device, |g| {
+        let (n, width) = g.shape;
+        // [1, H, S, D] → [S, H, D] → [n·L, H, D] → [n, H, L, D]: rows of heads, so each
+        // gather and scatter moves whole rows.
+        let batch = |x: &tch::Tensor| {
+            let [_, h, _, d] = x.size()[..] else { unreachable!("4-D") };
+            x.squeeze_dim(0).transpose(0, 1).index_select(0, &g.slots).view([n, width, h, d]).transpose(1, 2)
+        };
+        let y = sdpa_causal(&qkv.each_ref().map(batch)); // [n, H, L, D]
+        let [_, h, _, d] = y.size()[..] else { unreachable!("4-D") };
+        y.transpose(1, 2).reshape([n * width, h, d]).index_select(0, &g.back).transpose(0, 1).unsqueeze(0)
+    })
 }
 
 /// `torch.nn.functional.scaled_dot_product_attention` with the causal mask aligned to the last
@@ -149,7 +213,7 @@ fn avoid_cudnn_attention() {
 }
 
 impl FusedOps for LibTorch {
-    fn causal_attention(q: TchTensor, k: TchTensor, v: TchTensor, spans: Arc<[Span]>) -> TchTensor {
+    fn causal_attention(q: TchTensor, k: TchTensor, v: TchTensor, spans: Arc<Spans>) -> TchTensor {
         TchTensor::new(attend(&[q.tensor, k.tensor, v.tensor], &spans))
     }
 }
@@ -159,7 +223,7 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
-        spans: Arc<[Span]>,
+        spans: Arc<Spans>,
     ) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct CausalAttention;
@@ -259,7 +323,7 @@ mod tests {
             for (sq, sk, hkv) in [(7, 7, 6), (1, 7, 6), (3, 7, 6), (1, 1, 6), (7, 7, 2), (3, 7, 3)] {
                 let t = |h, s| Tensor::<4>::random([2, h, s, 8], Distribution::Normal(0.0, 1.0), &device);
                 let (q, k, v) = (t(6, sq), t(hkv, sk), t(hkv, sk));
-                let fused = causal_attention(q.clone(), k.clone(), v.clone(), Arc::from([]));
+                let fused = causal_attention(q.clone(), k.clone(), v.clone(), super::Spans::none());
                 let diff = (fused - reference(q, k, v)).abs().max().into_scalar::<f32>();
                 assert!(diff < 1e-5, "Sq {sq}, Sk {sk}, autodiff {}: max difference {diff}", device.is_autodiff());
             }
@@ -296,11 +360,13 @@ mod tests {
         let device = Device::libtorch().autodiff();
         let t = |h| Tensor::<4>::random([1, h, 12, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let (q, k, v) = (t(4), t(2), t(2));
-        let spans: Arc<[Span]> = Arc::from(vec![
+        let spans = Arc::new(super::Spans::new(vec![
             Span { start: 0, len: 5, prefix: None },
             Span { start: 5, len: 4, prefix: None },
             Span { start: 9, len: 3, prefix: Some((0, 3)) },
-        ]);
+        ]));
+        // Twice: the second call reuses the gather the first made.
+        let _ = causal_attention(q.clone(), k.clone(), v.clone(), spans.clone());
         let packed = causal_attention(q.clone(), k.clone(), v.clone(), spans);
         let part = |x: &Tensor<4>, a: usize, n: usize| x.clone().narrow(2, a, n);
         let prefixed = |x: &Tensor<4>| Tensor::cat(vec![part(x, 0, 3), part(x, 9, 3)], 2);
@@ -320,5 +386,20 @@ mod tests {
             let diff = (x.grad(&g1).unwrap() - x.grad(&g2).unwrap()).abs().max().into_scalar::<f32>();
             assert!(diff < 1e-5, "gradients differ by {diff}");
         }
+    }
+
+    /// Each span's prefix and own positions, right-padded to the longest; every row position's
+    /// output read back from its own slot.
+    #[test]
+    fn spans_gather_into_padded_sequences() {
+        let spans = super::Spans::new(vec![
+            Span { start: 0, len: 5, prefix: None },
+            Span { start: 5, len: 4, prefix: None },
+            Span { start: 9, len: 3, prefix: Some((0, 3)) },
+        ]);
+        let (slots, back, shape) = spans.layout();
+        assert_eq!(shape, (3, 6));
+        assert_eq!(slots, [0, 1, 2, 3, 4, 0, 5, 6, 7, 8, 0, 0, 0, 1, 2, 9, 10, 11]);
+        assert_eq!(back, [0, 1, 2, 3, 4, 6, 7, 8, 9, 15, 16, 17]);
     }
 }

@@ -17,13 +17,13 @@ use burn::tensor::{Device, FloatDType, Int, Tensor};
 use hf_config::HfConfig;
 
 use super::ModelError;
+use super::fused::Spans;
 use super::head::LmHead;
 use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
 use super::rope::{Rope, RopeScaling, rotate};
 use super::weights::TensorSource;
-use crate::data::Span;
 
 /// The `model_type` values this module implements.
 pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -232,7 +232,7 @@ pub struct Placement {
     /// `[1, 1, L, D]` each, in the compute dtype.
     cos: Tensor<4>,
     sin: Tensor<4>,
-    spans: Arc<[Span]>,
+    spans: Arc<Spans>,
 }
 
 /// Multi-head self-attention with grouped-query key/value heads.
@@ -469,7 +469,7 @@ impl Llama {
     /// # Panics
     /// If a position reaches `max_position_embeddings`; callers check
     /// [`Llama::max_sequence_length`] first.
-    pub fn place(&self, positions: Tensor<1, Int>, spans: Arc<[Span]>) -> Placement {
+    pub fn place(&self, positions: Tensor<1, Int>, spans: Arc<Spans>) -> Placement {
         let (cos, sin) = self.rope.at(positions, self.compute_dtype);
         Placement { cos, sin, spans }
     }
@@ -477,7 +477,7 @@ impl Llama {
     /// Rows of `len` tokens from position `offset` on, each attending causally on its own.
     pub fn place_rows(&self, offset: usize, len: usize, device: &Device) -> Placement {
         let positions = Tensor::<1, Int>::arange(offset as i64..(offset + len) as i64, device);
-        self.place(positions, Arc::from([]))
+        self.place(positions, Spans::none())
     }
 
     /// Final hidden states, after the last norm.
