@@ -333,25 +333,62 @@ extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* gr
                                 double beta2, double weight_decay, double eps) {
   return guarded("fused_adamw", [&] {
     TORCH_CHECK(n == 0 || (params && grads && exp_avgs && exp_avg_sqs), "null tensor list");
-    std::vector<at::Tensor> p, g, m, v, steps;
+    if (n == 0) return;
+    std::vector<at::Tensor> p, g, m, v;
     for (size_t i = 0; i < n; ++i) {
       for (const at::Tensor* t : {params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]}) {
         check_tensor(t, "fused_adamw");
         TORCH_CHECK(t->sizes() == params[i]->sizes(), "fused_adamw: entry ", i, " mixes sizes ", t->sizes(), " and ",
                     params[i]->sizes());
-        TORCH_CHECK(t->scalar_type() == params[i]->scalar_type() && t->device() == params[i]->device(),
+        TORCH_CHECK(t->scalar_type() == params[0]->scalar_type() && t->device() == params[0]->device(),
                     "fused_adamw: entry ", i, " mixes ", t->scalar_type(), " on ", t->device(), " with ",
-                    params[i]->scalar_type(), " on ", params[i]->device());
+                    params[0]->scalar_type(), " on ", params[0]->device());
       }
       p.push_back(*params[i]);
       g.push_back(*grads[i]);
       m.push_back(*exp_avgs[i]);
       v.push_back(*exp_avg_sqs[i]);
-      // The kernel reads each parameter's step count from a float tensor on its device.
-      steps.push_back(at::full({}, step, params[i]->options().dtype(at::kFloat)));
     }
+    // The kernel reads each parameter's step count from a float tensor on their device (and never
+    // writes it: torch.optim increments the counts before the call), so one serves every entry.
+    std::vector<at::Tensor> steps(n, at::full({}, step, params[0]->options().dtype(at::kFloat)));
     at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
                       /*maximize=*/false);
+  });
+}
+
+namespace {
+
+// The `n` tensors as a list for a multi-tensor operation, checked: defined, one dtype, one device.
+std::vector<at::Tensor> tensor_list(const c10d_tensor* tensors, size_t n, const char* op) {
+  TORCH_CHECK(n == 0 || tensors != nullptr, op, ": null tensor list");
+  std::vector<at::Tensor> list;
+  for (size_t i = 0; i < n; ++i) {
+    check_tensor(tensors[i], op);
+    TORCH_CHECK(tensors[i]->scalar_type() == tensors[0]->scalar_type() && tensors[i]->device() == tensors[0]->device(),
+                op, ": entry ", i, " is ", tensors[i]->scalar_type(), " on ", tensors[i]->device(), ", entry 0 ",
+                tensors[0]->scalar_type(), " on ", tensors[0]->device());
+    list.push_back(*tensors[i]);
+  }
+  return list;
+}
+
+}  // namespace
+
+extern "C" int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out) {
+  return guarded("foreach_norms", [&] {
+    TORCH_CHECK(out != nullptr, "foreach_norms: null output");
+    auto list = tensor_list(tensors, n, "foreach_norms");
+    TORCH_CHECK(n > 0, "foreach_norms: no tensors");
+    *out = new at::Tensor(at::stack(at::_foreach_norm(list, 2)));
+  });
+}
+
+extern "C" int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale) {
+  return guarded("foreach_mul", [&] {
+    auto list = tensor_list(tensors, n, "foreach_mul");
+    TORCH_CHECK(scale != nullptr && scale->defined() && scale->numel() == 1, "foreach_mul: the scale must be one value");
+    if (n > 0) at::_foreach_mul_(list, scale->reshape({}));  // the op takes a 0-dim tensor
   });
 }
 

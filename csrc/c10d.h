@@ -71,13 +71,22 @@ int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output,
 
 // One AdamW step by torch's fused kernel (`torch._fused_adamw_`: `torch.optim.AdamW(fused=True)`,
 // transformers' default `adamw_torch_fused`), in place on `n` parameters and their moments, all
-// contiguous, of one dtype, on one device, each list entry the same size (checked); `grads` are
-// read only.
+// contiguous, of one dtype, on one device (checked: torch's kernel takes one group of each), each
+// list entry the same size; `grads` are read only.
 // `step` is the update's count (1 for the first), for the bias corrections. tch does not bind the
 // op, so it comes through this shim; failures read from `c10d_last_error()` like the collectives'.
 int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const c10d_tensor* exp_avgs,
                      const c10d_tensor* exp_avg_sqs, size_t n, double step, double lr, double beta1, double beta2,
                      double weight_decay, double eps);
+
+// The L2 norm of each of `n` tensors (`torch._foreach_norm`, one multi-tensor kernel on CUDA where a
+// norm each is a launch each), stacked into a new `[n]` float tensor `*out` on their device, which
+// the caller owns (tch's `Tensor::from_ptr`). The tensors need one dtype and one device.
+int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out);
+
+// Multiplies each of `n` tensors in place by the one-element tensor `scale` on their device
+// (`torch._foreach_mul_`, as `clip_grad_norm_` scales the gradients), without reading it on the host.
+int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 
 // The most bytes the CUDA caching allocator has handed out on `device` since the last reset (what
 // `torch.cuda.max_memory_allocated` reports) into `*peak`; `reset` != 0 first starts a new mark.

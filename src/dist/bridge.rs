@@ -32,7 +32,15 @@ pub(crate) fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, 
 pub(crate) fn to_tch_exclusive<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), String> {
     let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
     let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
-    let tensor = if primitive.can_mut() { primitive.tensor } else { primitive.tensor.copy() };
+    let tensor = match primitive.can_mut() {
+        true => primitive.tensor,
+        // Not tch's `copy`, which zero-fills the copy first: a pass and a kernel launch for nothing.
+        false => {
+            let mut copy = primitive.tensor.empty_like();
+            copy.copy_(&primitive.tensor);
+            copy
+        }
+    };
     Ok((tensor.contiguous(), origin))
 }
 

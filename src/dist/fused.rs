@@ -1,6 +1,8 @@
-//! torch's fused AdamW kernel (`torch._fused_adamw_`) through the shim: tch leaves torch's
-//! `_fused_*` and `_foreach_*` operations unbound, and the update written as separate tensor
-//! operations makes about fourteen passes over each parameter's memory where the kernel makes one.
+//! torch's fused AdamW kernel (`torch._fused_adamw_`) and the multi-tensor norm and scale that
+//! clip gradients (`_foreach_norm`, `_foreach_mul_`) through the shim: tch leaves torch's
+//! `_fused_*` and `_foreach_*` operations unbound. The update written as separate tensor
+//! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
+//! and on a GPU each operation per parameter is a kernel launch and its host time.
 
 use super::process_group::{DistError, check, ffi};
 
@@ -16,24 +18,66 @@ pub struct AdamWStep {
     pub eps: f64,
 }
 
-/// Updates `param` and its moments `[exp_avg, exp_avg_sq]` in place from `grad`, as
-/// `torch.optim.AdamW(fused=True)` does: the four tensors contiguous, of one dtype and size, on
-/// one device (the shim checks, and a mismatch is an error, not a crash).
-pub fn fused_adamw(
-    param: &mut tch::Tensor,
-    grad: &tch::Tensor,
-    [exp_avg, exp_avg_sq]: [&mut tch::Tensor; 2],
-    s: &AdamWStep,
-) -> Result<(), DistError> {
-    // The kernel only reads `grad`; the C signature shares one pointer type for every list.
-    let (p, g) = (param.as_mut_ptr(), grad.as_ptr().cast_mut());
-    let (m, v) = (exp_avg.as_mut_ptr(), exp_avg_sq.as_mut_ptr());
-    // SAFETY: each pointer is a live `at::Tensor` borrowed for the call (one-element lists); the
-    // shim checks definedness, contiguity and sizes and catches every C++ exception.
+/// One parameter's tensors for [`fused_adamw`]: its values and moments, updated in place, and its
+/// gradient, read.
+#[derive(Debug)]
+pub struct AdamWEntry {
+    pub param: tch::Tensor,
+    pub grad: tch::Tensor,
+    pub exp_avg: tch::Tensor,
+    pub exp_avg_sq: tch::Tensor,
+}
+
+/// Updates every entry's parameter and moments in place from its gradient, as
+/// `torch.optim.AdamW(fused=True)` does for one parameter group: one call of torch's multi-tensor
+/// kernel for them all. Each entry's four tensors are contiguous and of one size, and every tensor
+/// has one dtype and device (the shim checks before anything is written, and a mismatch is an
+/// error, not a crash).
+pub fn fused_adamw(entries: &mut [AdamWEntry], s: &AdamWStep) -> Result<(), DistError> {
+    // The kernel only reads the gradients; the C signature shares one pointer type for every list.
+    let list =
+        |f: fn(&AdamWEntry) -> &tch::Tensor| entries.iter().map(|e| f(e).as_ptr().cast_mut()).collect::<Vec<_>>();
+    let (p, g) = (list(|e| &e.param), list(|e| &e.grad));
+    let (m, v) = (list(|e| &e.exp_avg), list(|e| &e.exp_avg_sq));
+    // SAFETY: each pointer is a live `at::Tensor` of `entries`, borrowed mutably for the call; the
+    // shim checks definedness, contiguity, sizes, dtypes and devices and catches every C++ exception.
     let code = unsafe {
-        ffi::c10d_fused_adamw(&p, &g, &m, &v, 1, s.step as f64, s.lr, s.beta1, s.beta2, s.weight_decay, s.eps)
+        ffi::c10d_fused_adamw(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            entries.len(),
+            s.step as f64,
+            s.lr,
+            s.beta1,
+            s.beta2,
+            s.weight_decay,
+            s.eps,
+        )
     };
     check("fused_adamw", code)
+}
+
+/// The L2 norm of each tensor, `[n]` on their device (`torch._foreach_norm`: one multi-tensor
+/// kernel on CUDA). The tensors share a dtype and a device; there is at least one.
+pub fn foreach_norms(tensors: &[tch::Tensor]) -> Result<tch::Tensor, DistError> {
+    let ptrs: Vec<_> = tensors.iter().map(|t| t.as_ptr().cast_mut()).collect();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: the pointers are live tensors borrowed for the call, read only; on success `out`
+    // is a new `at::Tensor` whose ownership passes to the returned handle.
+    check("foreach_norms", unsafe { ffi::c10d_foreach_norms(ptrs.as_ptr(), ptrs.len(), &mut out) })?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// Multiplies each tensor in place by the one-element `scale` on their device
+/// (`torch._foreach_mul_`), without reading it on the host.
+pub fn foreach_mul(tensors: &mut [tch::Tensor], scale: &tch::Tensor) -> Result<(), DistError> {
+    let ptrs: Vec<_> = tensors.iter_mut().map(|t| t.as_mut_ptr()).collect();
+    // SAFETY: the tensors are borrowed mutably for the call and `scale` shared; the shim checks
+    // them and catches every C++ exception.
+    check("foreach_mul", unsafe { ffi::c10d_foreach_mul(ptrs.as_ptr(), ptrs.len(), scale.as_ptr().cast_mut()) })
 }
 
 /// Whether torch's attention may choose cuDNN's kernel (`torch.backends.cuda.enable_cudnn_sdp`),
@@ -50,19 +94,41 @@ mod tests {
     use tch::{Device, Kind, Tensor};
 
     /// Tensors the kernel cannot pair (another dtype, another size) are an error from the shim,
-    /// and nothing is written.
+    /// and nothing is written, not even in the entries that were fine.
     #[test]
     fn mismatched_tensors_are_an_error() {
-        let mut p = Tensor::zeros([3], (Kind::Float, Device::Cpu));
-        let (mut m, mut v) = (p.zeros_like(), p.zeros_like());
         let s = AdamWStep { step: 1, lr: 0.1, beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
-        for grad in [Tensor::ones([3], (Kind::Double, Device::Cpu)), Tensor::ones([4], (Kind::Float, Device::Cpu))] {
-            let err = fused_adamw(&mut p, &grad, [&mut m, &mut v], &s).expect_err("a mismatch fails");
+        let entry = |n: i64, grad: Tensor| {
+            let param = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+            AdamWEntry { exp_avg: param.zeros_like(), exp_avg_sq: param.zeros_like(), param, grad }
+        };
+        for bad in [Tensor::ones([3], (Kind::Double, Device::Cpu)), Tensor::ones([4], (Kind::Float, Device::Cpu))] {
+            let mut entries = [entry(2, Tensor::ones([2], (Kind::Float, Device::Cpu))), entry(3, bad)];
+            let err = fused_adamw(&mut entries, &s).expect_err("a mismatch fails");
             assert!(err.to_string().contains("fused_adamw"), "{err}");
+            assert_eq!(entries[0].param.abs().sum(Kind::Double).double_value(&[]), 0.0);
         }
-        assert_eq!(p.abs().sum(Kind::Double).double_value(&[]), 0.0);
-        // Matched, the first step moves each value by lr against its gradient's sign.
-        fused_adamw(&mut p, &Tensor::ones([3], (Kind::Float, Device::Cpu)), [&mut m, &mut v], &s).unwrap();
-        assert!((p.double_value(&[0]) + 0.1).abs() < 1e-6, "{p}");
+        // Matched, the first step moves each value by lr against its gradient's sign, in every entry.
+        let ones = |n: i64| Tensor::ones([n], (Kind::Float, Device::Cpu));
+        let mut entries = [entry(2, ones(2)), entry(3, -ones(3))];
+        fused_adamw(&mut entries, &s).unwrap();
+        assert!((entries[0].param.double_value(&[1]) + 0.1).abs() < 1e-6, "{}", entries[0].param);
+        assert!((entries[1].param.double_value(&[2]) - 0.1).abs() < 1e-6, "{}", entries[1].param);
+    }
+
+    /// Per-tensor norms in one call, and an in-place scale by a tensor on the device; tensors of
+    /// two dtypes are an error.
+    #[test]
+    fn foreach_norms_and_scale() {
+        let mut ts = [Tensor::from_slice(&[3.0f32, 4.0]), Tensor::from_slice(&[12.0f32])];
+        let norms = foreach_norms(&ts).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&norms).unwrap(), [5.0, 12.0]);
+        foreach_mul(&mut ts, &Tensor::from_slice(&[0.5f32])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&ts[0]).unwrap(), [1.5, 2.0]);
+        assert_eq!(Vec::<f32>::try_from(&ts[1]).unwrap(), [6.0]);
+        let mixed = [Tensor::from_slice(&[1.0f32]), Tensor::from_slice(&[1.0f64])];
+        let err = foreach_norms(&mixed).expect_err("two dtypes fail");
+        assert!(err.to_string().contains("foreach_norms"), "{err}");
+        assert!(foreach_norms(&[]).is_err());
     }
 }

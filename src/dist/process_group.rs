@@ -165,6 +165,8 @@ pub(super) mod ffi {
             weight_decay: f64,
             eps: f64,
         ) -> i32;
+        pub fn c10d_foreach_norms(tensors: *const *mut C_tensor, n: usize, out: *mut *mut C_tensor) -> i32;
+        pub fn c10d_foreach_mul(tensors: *const *mut C_tensor, n: usize, scale: *mut C_tensor) -> i32;
         pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64) -> i32;
         pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
         pub fn c10d_profiler_start(with_cuda: i32) -> i32;

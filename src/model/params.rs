@@ -51,8 +51,19 @@ pub fn map<M: Module>(model: M, mut f: impl FnMut(&str, Tensor<1>) -> Option<Ten
 }
 
 /// [`map`] where `f` flattens the old values only if it calls `old` (`[N]`, plain).
-pub fn replace<M: Module>(model: M, f: impl FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>) -> M {
-    model.map(&mut MapWalk { path: Vec::new(), f })
+pub fn replace<M: Module>(model: M, mut f: impl FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>) -> M {
+    model.map(&mut MapWalk { path: Vec::new(), how: Mapping::Replace(&mut f) })
+}
+
+/// Replaces the values of the parameters `keep` accepts with `f(name, values)`, `values` (`[N]`,
+/// plain) handed over rather than shared: where the model held the only handle, an in-place kernel
+/// can write into them without a copy (the optimizer's update). Ids stay, as in [`map`].
+pub fn map_owned<M: Module>(
+    model: M,
+    keep: impl Fn(&str) -> bool,
+    mut f: impl FnMut(&str, Tensor<1>) -> Tensor<1>,
+) -> M {
+    model.map(&mut MapWalk { path: Vec::new(), how: Mapping::Owned(&keep, &mut f) })
 }
 
 struct Walk<'a, K, F> {
@@ -86,12 +97,23 @@ impl<K: Fn(&str) -> bool, F: FnMut(ParamView)> ModuleVisitor for Walk<'_, K, F> 
     }
 }
 
-struct MapWalk<F> {
-    path: Vec<String>,
-    f: F,
+/// [`replace`]'s closure: new values from the name and, if called, the old ones flattened.
+type Replacer<'a> = dyn FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>> + 'a;
+
+/// Where [`MapWalk`] gets a parameter's new values.
+enum Mapping<'a> {
+    /// [`replace`]'s closure; the model keeps the old values for `None`.
+    Replace(&'a mut Replacer<'a>),
+    /// [`map_owned`]'s filter and closure.
+    Owned(&'a dyn Fn(&str) -> bool, &'a mut dyn FnMut(&str, Tensor<1>) -> Tensor<1>),
 }
 
-impl<F: FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>> ModuleMapper for MapWalk<F> {
+struct MapWalk<'a> {
+    path: Vec<String>,
+    how: Mapping<'a>,
+}
+
+impl ModuleMapper for MapWalk<'_> {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_owned());
     }
@@ -103,10 +125,17 @@ impl<F: FnMut(&str, &dyn Fn() -> Tensor<1>) -> Option<Tensor<1>>> ModuleMapper f
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let (id, tensor, mapper) = param.consume();
         let shape = tensor.dims();
+        let n = shape.iter().product::<usize>();
         let (tracked, autodiff) = (tensor.is_require_grad(), tensor.is_autodiff());
-        let flat = || tensor.clone().inner().reshape([shape.iter().product::<usize>()]); // [N]
-        let Some(updated) = (self.f)(&self.path.join("."), &flat) else {
-            return Param::from_mapped_value(id, tensor, mapper);
+        let name = self.path.join(".");
+        let updated = match &mut self.how {
+            Mapping::Replace(f) => match f(&name, &|| tensor.clone().inner().reshape([n])) {
+                Some(updated) => updated,
+                None => return Param::from_mapped_value(id, tensor, mapper),
+            },
+            Mapping::Owned(keep, _) if !keep(&name) => return Param::from_mapped_value(id, tensor, mapper),
+            // Moved, not cloned: the reshape is a view on storage nothing else holds.
+            Mapping::Owned(_, f) => f(&name, tensor.inner().reshape([n])), // [N]
         };
         let updated = updated.reshape(shape);
         let updated = if autodiff { Tensor::<D>::from_inner(updated) } else { updated };

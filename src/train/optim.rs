@@ -12,7 +12,7 @@ use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 
 use crate::dist::DistError;
 use crate::dist::bridge;
-use crate::dist::fused::{AdamWStep, fused_adamw};
+use crate::dist::fused::{AdamWEntry, AdamWStep, foreach_mul, foreach_norms, fused_adamw};
 use crate::model::params;
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
@@ -140,21 +140,19 @@ impl GradAccumulator {
         &self,
         sum: impl FnOnce(Tensor<1>) -> Result<Tensor<1>, DistError>,
     ) -> Result<Option<Tensor<1>>, DistError> {
-        let squares = self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b);
-        squares.map(|s| sum(s).map(Tensor::sqrt)).transpose()
+        let Some(norms) = self.norms()? else { return Ok(None) };
+        sum(norms.square().sum()).map(|s| Some(s.sqrt()))
     }
 
     /// Scales every gradient so that `norm` (their global norm) is at most `max_norm` (0: no
-    /// clipping); returns `norm`.
-    pub fn clip_to(&mut self, norm: Option<Tensor<1>>, max_norm: f64) -> Option<Tensor<1>> {
-        let norm = norm?;
+    /// clipping), by `clip_grad_norm_`'s coefficient `max_norm / (norm + 1e-6)` clamped at 1, read
+    /// on the device; returns `norm`.
+    pub fn clip_to(&mut self, norm: Option<Tensor<1>>, max_norm: f64) -> Result<Option<Tensor<1>>, DistError> {
+        let Some(norm) = norm else { return Ok(None) };
         if max_norm > 0.0 {
-            let coef = ((norm.clone() + 1e-6).recip() * max_norm).clamp_max(1.0); // [1]
-            for g in self.grads.values_mut() {
-                *g = g.clone() * coef.clone();
-            }
+            self.scale_by(((norm.clone() + 1e-6).recip() * max_norm).clamp_max(1.0))?; // [1]
         }
-        Some(norm)
+        Ok(Some(norm))
     }
 
     /// This worker's slice of every gradient (ZeRO-1, after the full sum).
@@ -164,26 +162,59 @@ impl GradAccumulator {
         }
     }
 
-    /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync).
-    pub fn global_norm(&self) -> Option<Tensor<1>> {
-        self.grads.values().map(|g| g.clone().square().sum()).reduce(|a, b| a + b).map(|s| s.sqrt())
+    /// The global L2 norm of the accumulated gradients, `[1]` on the device (no host sync): the
+    /// norm of the per-gradient norms, as `clip_grad_norm_` computes it.
+    pub fn global_norm(&self) -> Result<Option<Tensor<1>>, DistError> {
+        Ok(self.norms()?.map(|n| n.square().sum().sqrt()))
     }
 
     /// Scales the gradients so their global norm is at most `max_norm`, as `clip_grad_norm_`
     /// (coefficient `max_norm / (norm + 1e-6)`, clamped at 1). Returns the norm before clipping.
-    pub fn clip_global_norm(&mut self, max_norm: f64) -> Option<Tensor<1>> {
-        let norm = self.global_norm();
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<Option<Tensor<1>>, DistError> {
+        let norm = self.global_norm()?;
         self.clip_to(norm, max_norm)
+    }
+
+    /// Multiplies every gradient by `factor` (undoing a loss scale).
+    pub fn scale(&mut self, factor: f64) -> Result<(), DistError> {
+        let Some(device) = self.grads.values().next().map(Tensor::device) else { return Ok(()) };
+        self.scale_by(Tensor::full([1], factor, &device))
+    }
+
+    /// The L2 norm of each gradient in name order, `[n]`, by one multi-tensor call (`None`: no
+    /// gradients).
+    fn norms(&self) -> Result<Option<Tensor<1>>, DistError> {
+        if self.grads.is_empty() {
+            return Ok(None);
+        }
+        let handles: Vec<_> =
+            self.grads.values().map(|g| bridge::to_tch(g.clone())).collect::<Result<_, _>>().map_err(not_libtorch)?;
+        let origin = handles[0].1;
+        let tensors: Vec<tch::Tensor> = handles.into_iter().map(|(t, _)| t).collect();
+        Ok(Some(bridge::from_tch(foreach_norms(&tensors)?, origin)))
+    }
+
+    /// Multiplies every gradient in place by the one-element `factor`, by one multi-tensor call
+    /// (a gradient another handle shares is copied first).
+    fn scale_by(&mut self, factor: Tensor<1>) -> Result<(), DistError> {
+        let grads = std::mem::take(&mut self.grads);
+        let mut names = Vec::with_capacity(grads.len());
+        let mut owned = Vec::with_capacity(grads.len());
+        for (name, g) in grads {
+            names.push(name);
+            owned.push(bridge::to_tch_exclusive(g).map_err(not_libtorch)?);
+        }
+        let mut tensors: Vec<tch::Tensor> = owned.iter().map(|(t, _)| t.shallow_clone()).collect();
+        foreach_mul(&mut tensors, &bridge::to_tch(factor).map_err(not_libtorch)?.0)?;
+        self.grads =
+            names.into_iter().zip(owned).map(|(name, (t, origin))| (name, bridge::from_tch(t, origin))).collect();
+        Ok(())
     }
 }
 
-impl GradAccumulator {
-    /// Multiplies every gradient by `factor` (undoing a loss scale).
-    pub fn scale(&mut self, factor: f64) {
-        for g in self.grads.values_mut() {
-            *g = g.clone() * factor;
-        }
-    }
+/// A tensor that is not libtorch's, as an error of the shim's callers.
+fn not_libtorch(reason: String) -> DistError {
+    DistError::NotLibTorch { index: 0, reason }
 }
 
 /// Dynamic loss scaling for fp16 training, as `torch.amp.GradScaler` with its defaults: the loss
@@ -221,6 +252,33 @@ impl LossScaler {
     }
 }
 
+/// AdamW updates waiting for torch's multi-tensor kernel, in the groups it takes: one call per
+/// weight decay, dtype and device, where a call per parameter made a launch and its host time each.
+#[derive(Debug, Default)]
+struct Queue {
+    groups: Vec<((bool, tch::Kind, tch::Device), Vec<AdamWEntry>)>,
+}
+
+impl Queue {
+    fn push(&mut self, decayed: bool, entry: AdamWEntry) {
+        let key = (decayed, entry.param.kind(), entry.param.device());
+        match self.groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, entries)) => entries.push(entry),
+            None => self.groups.push((key, vec![entry])),
+        }
+    }
+
+    /// Runs the queued updates, in place.
+    fn run(self, step: u64, lr: f64, cfg: &AdamWConfig) -> Result<(), DistError> {
+        for ((decayed, _, _), mut entries) in self.groups {
+            let weight_decay = if decayed { cfg.weight_decay } else { 0.0 };
+            let settings = AdamWStep { step, lr, beta1: cfg.beta1, beta2: cfg.beta2, weight_decay, eps: cfg.epsilon };
+            fused_adamw(&mut entries, &settings)?;
+        }
+        Ok(())
+    }
+}
+
 impl AdamW {
     /// Applies one update with learning rate `lr` to every parameter that has a gradient.
     pub fn step<M: Module>(
@@ -231,27 +289,39 @@ impl AdamW {
         cfg: &AdamWConfig,
     ) -> Result<M, DistError> {
         self.step += 1;
-        let mut failed = None;
-        let model = params::map(model, |name, p| {
-            let grad = grads.grads.get(name)?.clone().inner(); // [N]
-            self.update(name, p, grad, lr, cfg).map_err(|e| failed = Some(e)).ok()
-        });
-        failed.map_or(Ok(model), Err)
+        let (mut queue, mut failed) = (Queue::default(), None);
+        let model = params::map_owned(
+            model,
+            |name| grads.grads.contains_key(name),
+            |name, p| {
+                let (n, device) = (p.dims()[0], p.device());
+                let grad = grads.grads[name].clone().inner(); // [N]
+                // A failed parameter gets zeros of its size: the step returns the error, not the model.
+                self.update(&mut queue, name, p, grad, (lr, cfg)).unwrap_or_else(|e| {
+                    failed = Some(e);
+                    Tensor::zeros([n], &device)
+                })
+            },
+        );
+        failed.map_or(Ok(()), Err)?;
+        queue.run(self.step, lr, cfg)?;
+        Ok(model)
     }
 
     /// AdamW on one parameter's values `p` (a whole parameter, or this rank's slice of it) with
-    /// their gradient; the moments of `name` are updated in place. Offloaded, the update runs on
-    /// the host master and `p` only says where the result goes (and, before the first step of a
-    /// parameter without a master, what the master starts from).
+    /// their gradient: queued, the returned tensor and the moments of `name` holding the update
+    /// once `queue` runs. Offloaded, the update runs on the host master at once and `p` only says
+    /// where the result goes (and, before the first step of a parameter without a master, what the
+    /// master starts from).
     fn update(
         &mut self,
+        queue: &mut Queue,
         name: &str,
         p: Tensor<1>,
         grad: Tensor<1>,
-        lr: f64,
-        cfg: &AdamWConfig,
+        (lr, cfg): (f64, &AdamWConfig),
     ) -> Result<Tensor<1>, DistError> {
-        let Some(mut off) = self.offload.take() else { return self.update_here(name, p, grad, lr, cfg) };
+        let Some(mut off) = self.offload.take() else { return self.enqueue(queue, name, p, grad, cfg) };
         let (device, off_dtype) = (p.device(), off.device_dtype);
         let master = match off.masters.remove(name) {
             Some(master) => master,
@@ -264,7 +334,9 @@ impl AdamW {
             None => Moments { exp_avg: off.to_host(master.zeros_like()), exp_avg_sq: off.to_host(master.zeros_like()) },
         };
         self.moments.insert(name.to_owned(), moments);
-        let updated = self.update_here(name, master, off.to_host(grad.cast(FloatDType::F32)), lr, cfg);
+        let mut now = Queue::default();
+        let updated = self.enqueue(&mut now, name, master, off.to_host(grad.cast(FloatDType::F32)), cfg);
+        let updated = updated.and_then(|u| now.run(self.step, lr, cfg).map(|()| u));
         // The offload state goes back before any error is returned.
         let updated = updated.inspect(|u| {
             off.masters.insert(name.to_owned(), u.clone());
@@ -273,40 +345,33 @@ impl AdamW {
         Ok(updated?.cast(off_dtype).to_device(&device))
     }
 
-    /// [`AdamW::update`] where `p` and `grad` are: torch's fused kernel, the one transformers
-    /// trains with by default (`adamw_torch_fused`), updating `p` (a copy where another handle
-    /// shares its values) and the moments of `name` in place.
-    fn update_here(
+    /// Queues [`AdamW::update`] where `p` and `grad` are, for torch's fused kernel (the one
+    /// transformers trains with by default, `adamw_torch_fused`): it will update `p` (a copy where
+    /// another handle shares its values) and the moments of `name` in place. Returns `p`'s handle.
+    fn enqueue(
         &mut self,
+        queue: &mut Queue,
         name: &str,
         p: Tensor<1>,
         grad: Tensor<1>,
-        lr: f64,
         cfg: &AdamWConfig,
     ) -> Result<Tensor<1>, DistError> {
-        let AdamWConfig { beta1, beta2, epsilon, weight_decay } = *cfg;
         let moments = self
             .moments
             .remove(name)
             .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
-        let not_libtorch = |reason| DistError::NotLibTorch { index: 0, reason };
         let own = |t: Tensor<1>| bridge::to_tch_exclusive(t).map_err(not_libtorch);
-        let (mut values, origin) = own(p)?;
-        let (mut exp_avg, plain) = own(moments.exp_avg)?;
-        let (mut exp_avg_sq, _) = own(moments.exp_avg_sq)?;
-        let grad = bridge::to_tch(grad).map_err(not_libtorch)?.0;
-        let settings = AdamWStep {
-            step: self.step,
-            lr,
-            beta1,
-            beta2,
-            weight_decay: if decays(name) { weight_decay } else { 0.0 },
-            eps: epsilon,
-        };
-        fused_adamw(&mut values, &grad.contiguous(), [&mut exp_avg, &mut exp_avg_sq], &settings)?;
-        let (exp_avg, exp_avg_sq) = (bridge::from_tch(exp_avg, plain), bridge::from_tch(exp_avg_sq, plain));
-        self.moments.insert(name.to_owned(), Moments { exp_avg, exp_avg_sq });
-        Ok(bridge::from_tch(values, origin))
+        let (param, origin) = own(p)?;
+        let (exp_avg, plain) = own(moments.exp_avg)?;
+        let (exp_avg_sq, _) = own(moments.exp_avg_sq)?;
+        let grad = bridge::to_tch(grad).map_err(not_libtorch)?.0.contiguous();
+        // burn's handles share the storage the kernel writes into.
+        let handle = |t: &tch::Tensor, origin| bridge::from_tch(t.shallow_clone(), origin);
+        let moments = Moments { exp_avg: handle(&exp_avg, plain), exp_avg_sq: handle(&exp_avg_sq, plain) };
+        self.moments.insert(name.to_owned(), moments);
+        let values = handle(&param, origin);
+        queue.push(decays(name) && cfg.weight_decay != 0.0, AdamWEntry { param, grad, exp_avg, exp_avg_sq });
+        Ok(values)
     }
 
     /// One ZeRO step: `grads` holds this rank's slice of each trainable parameter's gradient;
@@ -329,11 +394,12 @@ impl AdamW {
                 current.insert(p.name, p.flat.inner()); // [N]
             }
         });
-        let mut slices = Vec::with_capacity(current.len());
+        let (mut queue, mut slices) = (Queue::default(), Vec::with_capacity(current.len()));
         for (name, flat) in &current {
             let grad = grads.grads[name].clone().inner(); // [c]
-            slices.push(self.update(name, slice_of(flat.clone(), shard), grad, lr, cfg)?);
+            slices.push(self.update(&mut queue, name, slice_of(flat.clone(), shard), grad, (lr, cfg))?);
         }
+        queue.run(self.step, lr, cfg)?;
         let gathered = gather(&slices)?; // each [world · c]
         let mut whole: BTreeMap<&str, Tensor<1>> = current
             .iter()
@@ -357,12 +423,16 @@ impl AdamW {
     ) -> Result<(), DistError> {
         self.shard = Some(shard);
         self.step += 1;
-        for (name, slice) in slices.iter_mut() {
-            if let Some(grad) = grads.grads.get(name) {
-                *slice = self.update(name, slice.clone(), grad.clone().inner(), lr, cfg)?;
-            }
+        let mut queue = Queue::default();
+        // Handed over, not cloned, so the kernel writes into the slices at rest.
+        for (name, slice) in std::mem::take(slices) {
+            let slice = match grads.grads.get(&name) {
+                Some(grad) => self.update(&mut queue, &name, slice, grad.clone().inner(), (lr, cfg))?,
+                None => slice,
+            };
+            slices.insert(name, slice);
         }
-        Ok(())
+        queue.run(self.step, lr, cfg)
     }
 }
 
@@ -394,7 +464,7 @@ mod tests {
     #[test]
     fn global_norm_clipping_by_hand() {
         let mut acc = accumulator(&[("a.weight", vec![3.0, 4.0]), ("b.weight", vec![12.0])]);
-        let norm = acc.clip_global_norm(6.5).unwrap().into_scalar::<f32>();
+        let norm = acc.clip_global_norm(6.5).unwrap().unwrap().into_scalar::<f32>();
         assert!((norm - 13.0).abs() < 1e-6);
         let coef = 6.5 / (13.0 + 1e-6);
         let a = crate::model::host(&acc.grads["a.weight"]);
@@ -403,7 +473,7 @@ mod tests {
         assert!((b[0] - 12.0 * coef).abs() < 1e-6);
         // Under the limit nothing changes.
         let mut small = accumulator(&[("a.weight", vec![0.3, 0.4])]);
-        small.clip_global_norm(1.0);
+        small.clip_global_norm(1.0).unwrap();
         assert_eq!(crate::model::host(&small.grads["a.weight"]), vec![0.3, 0.4]);
     }
 
@@ -445,9 +515,17 @@ mod tests {
         let mut opt = AdamW::default();
         for (step, lr) in fixture["lrs"].as_array().unwrap().iter().enumerate() {
             opt.step += 1;
+            // Both parameters in one queue: two groups (decayed, not), one kernel call each.
+            let mut queue = Queue::default();
+            let lr = lr.as_f64().unwrap();
             for (k, name) in names.iter().enumerate() {
                 let grad = tensor(&fixture["grads"][step][k]);
-                params[k] = opt.update_here(name, params[k].clone(), grad, lr.as_f64().unwrap(), &cfg).unwrap();
+                let p = std::mem::replace(&mut params[k], Tensor::zeros([1], &cpu()));
+                params[k] = opt.update(&mut queue, name, p, grad, (lr, &cfg)).unwrap();
+            }
+            assert_eq!(queue.groups.len(), if cfg.weight_decay == 0.0 { 1 } else { 2 });
+            queue.run(opt.step, lr, &cfg).unwrap();
+            for (k, name) in names.iter().enumerate() {
                 let ours = crate::model::host(&params[k]);
                 for kind in ["fused", "unfused"] {
                     let torch = floats(&fixture[kind][step][k]);
@@ -467,12 +545,35 @@ mod tests {
         let kept = p.clone();
         let grad = Tensor::<1>::from_data(TensorData::new(vec![0.5f32, -0.5, 1.0], [3]), &device);
         let cfg = AdamWConfig { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.0 };
-        let mut opt = AdamW { step: 1, ..Default::default() };
-        let updated = opt.update_here("w.weight", p, grad, 0.1, &cfg).unwrap();
+        let (mut opt, mut queue) = (AdamW { step: 1, ..Default::default() }, Queue::default());
+        let updated = opt.update(&mut queue, "w.weight", p, grad, (0.1, &cfg)).unwrap();
+        queue.run(1, 0.1, &cfg).unwrap();
         assert_eq!(crate::model::host(&kept), vec![1.0, 2.0, 3.0]);
         // The first step moves each value by lr against its gradient's sign.
         let moved = crate::model::host(&updated);
         for (m, want) in moved.iter().zip([0.9f32, 2.1, 2.9]) {
+            assert!((m - want).abs() < 1e-5, "{moved:?}");
+        }
+    }
+
+    /// A step writes into the parameters' own storage when the model holds the only handle (no
+    /// copy of every parameter a step), and the values move.
+    #[test]
+    fn a_step_updates_a_model_in_place() {
+        use burn::module::Param;
+        let device = cpu();
+        let values = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v, [3]), &device);
+        let weight = Param::from_tensor(values(vec![1.0, 2.0, 3.0]));
+        let address = |w: &Param<Tensor<1>>| bridge::to_tch(w.val()).unwrap().0.data_ptr() as usize;
+        let before = address(&weight);
+        // A bare parameter is named by an empty path.
+        let grads = GradAccumulator { grads: [(String::new(), values(vec![0.5, -0.5, 1.0]))].into() };
+        let cfg = AdamWConfig { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 };
+        let mut opt = AdamW::default();
+        let weight = opt.step(weight, &grads, 0.1, &cfg).unwrap();
+        assert_eq!(address(&weight), before);
+        let moved = crate::model::host(&weight.val());
+        for (m, want) in moved.iter().zip([0.899f32, 2.098, 2.897]) {
             assert!((m - want).abs() < 1e-5, "{moved:?}");
         }
     }

@@ -230,10 +230,10 @@ fn apply(
         workers.sum_grads(&mut grads, &t.policy, cfg.ddp_comm_hook)?;
     }
     let norm_of =
-        |g: &GradAccumulator| if slices { g.sharded_norm(|s| workers.sum_tensor(s)) } else { Ok(g.global_norm()) };
+        |g: &GradAccumulator| if slices { g.sharded_norm(|s| workers.sum_tensor(s)) } else { g.global_norm() };
     let applied = match t.state.loss_scaler.as_mut() {
         Some(scaler) => {
-            grads.scale(1.0 / scaler.scale);
+            grads.scale(1.0 / scaler.scale)?;
             // A host sync, as torch's GradScaler: an overflowing step must not be applied.
             let finite = norm_of(&grads)?.is_none_or(|n| n.into_scalar::<f32>().is_finite());
             scaler.update(finite)
@@ -241,7 +241,7 @@ fn apply(
         None => true,
     };
     let norm = norm_of(&grads)?;
-    let grad_norm = grads.clip_to(norm, cfg.max_grad_norm);
+    let grad_norm = grads.clip_to(norm, cfg.max_grad_norm)?;
     let shard = (workers.rank(), workers.world_size());
     if let (true, Some(parts)) = (applied, t.parts.as_mut()) {
         t.optimizer.step_slices(&mut parts.slices, &grads, (lr, &plan.adamw), shard)?;
