@@ -240,4 +240,8 @@ fn check_trl_gradients(fx: &GradFixture, policy: &dpo_train::model::Llama, batch
         assert!((norm - want.norm).abs() <= 1e-4 * want.norm, "{what}: gradient norm {norm}, TRL {}", want.norm);
         assert!((sum - want.sum).abs() <= 1e-4 * want.norm, "{what}: gradient sum {sum}, TRL {}", want.sum);
     }
+    // The norm clipping reads: over every parameter's gradient, from TRL's per-parameter norms.
+    let global = f64::from(host(&grads.global_norm().unwrap().unwrap())[0]);
+    let want = fx.grads.values().map(|g| g.norm * g.norm).sum::<f64>().sqrt();
+    assert!((global - want).abs() <= 1e-4 * want, "{packing:?}: global gradient norm {global}, TRL {want}");
 }
