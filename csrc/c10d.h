@@ -80,7 +80,7 @@ int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const 
                      double weight_decay, double eps);
 
 // The L2 norm of each of `n` tensors (`torch._foreach_norm`, one multi-tensor kernel on CUDA where a
-// norm each is a launch each), stacked into a new `[n]` float tensor `*out` on their device, which
+// norm each is a launch each), stacked into a new `[n]` tensor of their dtype `*out` on their device, which
 // the caller owns (tch's `Tensor::from_ptr`). The tensors need one dtype and one device.
 int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out);
 

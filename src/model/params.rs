@@ -134,7 +134,8 @@ impl ModuleMapper for MapWalk<'_> {
                 None => return Param::from_mapped_value(id, tensor, mapper),
             },
             Mapping::Owned(keep, _) if !keep(&name) => return Param::from_mapped_value(id, tensor, mapper),
-            // Moved, not cloned: the reshape is a view on storage nothing else holds.
+            // Moved, not cloned: unless something else shares the parameter, the reshape is a
+            // view on storage nothing else holds.
             Mapping::Owned(_, f) => f(&name, tensor.inner().reshape([n])), // [N]
         };
         let updated = updated.reshape(shape);

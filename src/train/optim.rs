@@ -189,8 +189,9 @@ impl GradAccumulator {
         }
         let handles: Vec<_> =
             self.grads.values().map(|g| bridge::to_tch(g.clone())).collect::<Result<_, _>>().map_err(not_libtorch)?;
+        // The shim takes contiguous tensors (a no-op for the flat gradients here).
         let origin = handles[0].1;
-        let tensors: Vec<tch::Tensor> = handles.into_iter().map(|(t, _)| t).collect();
+        let tensors: Vec<tch::Tensor> = handles.into_iter().map(|(t, _)| t.contiguous()).collect();
         Ok(Some(bridge::from_tch(foreach_norms(&tensors)?, origin)))
     }
 
@@ -268,7 +269,8 @@ impl Queue {
         }
     }
 
-    /// Runs the queued updates, in place.
+    /// Runs the queued updates, in place. The shim checks a group before its kernel writes; a
+    /// group that fails leaves the earlier ones applied, and its error ends the run.
     fn run(self, step: u64, lr: f64, cfg: &AdamWConfig) -> Result<(), DistError> {
         for ((decayed, _, _), mut entries) in self.groups {
             let weight_decay = if decayed { cfg.weight_decay } else { 0.0 };
