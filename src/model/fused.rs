@@ -62,22 +62,19 @@ pub trait FusedOps: Backend {
 }
 
 /// The attention spans of one packed row (none: every row attends causally on its own), and
-/// how they are attended.
+/// where they go in the batch of sequences one fused call attends over.
 ///
-/// Batched, sequence `i` of one fused call's batch is span `i`'s prefix then its own positions,
-/// right-padded to the longest: the padding comes after every real key, so the causal mask alone
-/// keeps it out of the real queries' view, and its outputs are dropped (as are a prefix's queries,
-/// computed again for the rejected completion that shares it). One call per layer, where a call
-/// per span cost a GPU a kernel launch and its host time each (the H100 profile in results/gpu/),
-/// at the price of the padding's attention work and the gathered copies torch saves for the
-/// backward (3% of a 32M step's peak memory on `make bench-trl`'s data). Where the padding would
-/// more than double the attention's work (one long sequence among short ones), each span is
-/// attended by its own call instead, so the cost stays that of the sequences alone.
+/// Sequence `i` of that batch is span `i`'s prefix then its own positions, right-padded to the
+/// longest: the padding comes after every real key, so the causal mask alone keeps it out of the
+/// real queries' view, and its outputs are dropped (as are a prefix's queries, computed again for
+/// the rejected completion that shares it). One call per layer, where a call per span cost a GPU
+/// a kernel launch and its host time each (the H100 profile in results/gpu/), at the price of the
+/// padding's attention work (a row with one long sequence among short ones pays for the long one
+/// in every slot) and the gathered copies torch saves for the backward (3% of a 32M step's peak
+/// memory on `make bench-trl`'s data).
 #[derive(Debug, Default)]
 pub struct Spans {
     spans: Vec<Span>,
-    /// Whether one batched call attends them all (else one call per span).
-    batched: bool,
     /// Made on first use, on that call's device, and kept for every later layer and pass: an
     /// upload per layer would wait on the device each time.
     gather: Mutex<Option<Gather>>,
@@ -86,9 +83,7 @@ pub struct Spans {
 /// [`Spans`] as index tensors.
 #[derive(Debug)]
 struct Gather {
-    /// `[n · L]` the row position at each slot of the `[n, L]` batch (padding repeats the span's
-    /// last position: a gradient of zero added there, where one shared position would have every
-    /// padding slot's atomic add on a GPU contend for it).
+    /// `[n · L]` the row position at each slot of the `[n, L]` batch (padding reads position 0).
     slots: tch::Tensor,
     /// `[S]` the slot of each row position's own query.
     back: tch::Tensor,
@@ -99,12 +94,7 @@ struct Gather {
 impl Spans {
     /// The spans of a packed row; empty for rows that attend on their own.
     pub fn new(spans: Vec<Span>) -> Self {
-        let keys = |s: &Span| s.prefix.map_or(0, |(_, len)| len) + s.len;
-        let width = spans.iter().map(keys).max().unwrap_or(0);
-        // Causal attention's work grows with the square of a sequence's keys.
-        let own: usize = spans.iter().map(|s| keys(s).pow(2)).sum();
-        let batched = spans.len() * width.pow(2) <= 2 * own;
-        Self { spans, batched, gather: Mutex::new(None) }
+        Self { spans, gather: Mutex::new(None) }
     }
 
     /// Rows that attend on their own.
@@ -125,7 +115,7 @@ impl Spans {
             for (j, t) in own.clone().enumerate() {
                 back[t] = (first + j) as i64;
             }
-            let padding = std::iter::repeat_n(own.end.saturating_sub(1), width - prefix.len() - s.len);
+            let padding = std::iter::repeat_n(0, width - prefix.len() - s.len); // any real position
             slots.extend(prefix.chain(own).chain(padding).map(|t| t as i64));
             debug_assert_eq!(slots.len(), (i + 1) * width);
         }
@@ -151,15 +141,14 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
     if device != tch::Device::Cpu {
         avoid_cudnn_attention();
     }
-    match (spans.spans.is_empty(), spans.batched) {
-        (true, _) => sdpa_causal(qkv),
-        (false, true) => attend_batched(qkv, spans),
-        (false, false) => attend_each(qkv, &spans.spans),
+    match spans.spans.is_empty() {
+        true => sdpa_causal(qkv),
+        false => attend_spans(qkv, spans),
     }
 }
 
 /// The spans of one packed row gathered into a batch of sequences for one call (see [`Spans`]).
-fn attend_batched(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
+fn attend_spans(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
     spans.with_gather(qkv[0].device(), |g| {
         let (n, width) = g.shape;
         // [1, H, S, D] → [S, H, D] → [n·L, H, D] → [n, H, L, D]: rows of heads, so each
@@ -172,30 +161,6 @@ fn attend_batched(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
         let [_, h, _, d] = y.size()[..] else { unreachable!("4-D") };
         y.transpose(1, 2).reshape([n * width, h, d]).index_select(0, &g.back).transpose(0, 1).unsqueeze(0)
     })
-}
-
-/// The spans of one packed row, a call each on views of the row.
-fn attend_each(qkv: &[tch::Tensor; 3], spans: &[Span]) -> tch::Tensor {
-    let outputs: Vec<tch::Tensor> = spans
-        .iter()
-        .map(|s| {
-            let own = |x: &tch::Tensor| x.narrow(2, s.start as i64, s.len as i64);
-            match s.prefix {
-                // The prefix's queries go in too and their outputs are dropped: the mask is then
-                // torch's square causal one, which skips the blocks above the diagonal; the
-                // rectangular one needs a dense mask, under which the CPU kernel computes every
-                // block (1.7x the time of the square call at 2000 queries over 2048 keys).
-                Some((start, len)) => {
-                    let joined =
-                        |x: &tch::Tensor| tch::Tensor::cat(&[x.narrow(2, start as i64, len as i64), own(x)], 2);
-                    let [q, k, v] = qkv.each_ref().map(joined);
-                    sdpa_causal(&[q, k, v]).narrow(2, len as i64, s.len as i64)
-                }
-                None => sdpa_causal(&qkv.each_ref().map(own)),
-            }
-        })
-        .collect();
-    tch::Tensor::cat(&outputs, 2)
 }
 
 /// `torch.nn.functional.scaled_dot_product_attention` with the causal mask aligned to the last
@@ -408,16 +373,7 @@ mod tests {
             Span { start: 5, len: 4, prefix: None },
             Span { start: 9, len: 3, prefix: Some((0, 3)) },
         ];
-        for batched in [true, false] {
-            let spans = Arc::new(super::Spans { batched, ..super::Spans::new(list.clone()) });
-            check_spans(&[q.clone(), k.clone(), v.clone()], spans);
-        }
-    }
-
-    /// [`spans_attend_within_themselves_and_their_prefix`] for one way of attending the spans.
-    fn check_spans([q, k, v]: &[Tensor<4>; 3], spans: Arc<super::Spans>) {
-        let device = q.device();
-        let what = if spans.batched { "batched" } else { "span by span" };
+        let spans = Arc::new(super::Spans::new(list));
         // Twice: the second call reuses the gather the first made.
         let _ = causal_attention(q.clone(), k.clone(), v.clone(), spans.clone());
         let packed = causal_attention(q.clone(), k.clone(), v.clone(), spans);
@@ -425,23 +381,23 @@ mod tests {
         let prefixed = |x: &Tensor<4>| Tensor::cat(vec![part(x, 0, 3), part(x, 9, 3)], 2);
         let apart = Tensor::cat(
             vec![
-                reference(part(q, 0, 5), part(k, 0, 5), part(v, 0, 5)),
-                reference(part(q, 5, 4), part(k, 5, 4), part(v, 5, 4)),
-                reference(part(q, 9, 3), prefixed(k), prefixed(v)),
+                reference(part(&q, 0, 5), part(&k, 0, 5), part(&v, 0, 5)),
+                reference(part(&q, 5, 4), part(&k, 5, 4), part(&v, 5, 4)),
+                reference(part(&q, 9, 3), prefixed(&k), prefixed(&v)),
             ],
             2,
         );
         let diff = (packed.clone() - apart.clone()).abs().max().into_scalar::<f32>();
-        assert!(diff < 1e-5, "{what}: forward differs by {diff}");
+        assert!(diff < 1e-5, "forward differs by {diff}");
         let weights = Tensor::<4>::random([1, 4, 12, 8], Distribution::Normal(0.0, 1.0), &device);
         let (g1, g2) = ((packed * weights.clone()).sum().backward(), (apart * weights).sum().backward());
         for x in [&q, &k, &v] {
             let diff = (x.grad(&g1).unwrap() - x.grad(&g2).unwrap()).abs().max().into_scalar::<f32>();
-            assert!(diff < 1e-5, "{what}: gradients differ by {diff}");
+            assert!(diff < 1e-5, "gradients differ by {diff}");
         }
     }
 
-    /// Each span's prefix and own positions, right-padded to the longest with its last position;
+    /// Each span's prefix and own positions, right-padded to the longest (with position 0);
     /// every row position's output read back from its own slot.
     #[test]
     fn spans_gather_into_padded_sequences() {
@@ -450,14 +406,9 @@ mod tests {
             Span { start: 5, len: 4, prefix: None },
             Span { start: 9, len: 3, prefix: Some((0, 3)) },
         ]);
-        // 3 x 6² = 108 key pairs for 5² + 4² + 6² = 77: batched.
-        assert!(spans.batched);
         let (slots, back, shape) = spans.layout();
         assert_eq!(shape, (3, 6));
-        assert_eq!(slots, [0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 8, 8, 0, 1, 2, 9, 10, 11]);
+        assert_eq!(slots, [0, 1, 2, 3, 4, 0, 5, 6, 7, 8, 0, 0, 0, 1, 2, 9, 10, 11]);
         assert_eq!(back, [0, 1, 2, 3, 4, 6, 7, 8, 9, 15, 16, 17]);
-        // One long sequence among short ones: 4 x 40² = 6400 for 1600 + 3 x 4² = 1648, span by span.
-        let long = [(0, 40), (40, 4), (44, 4), (48, 4)].map(|(start, len)| Span { start, len, prefix: None });
-        assert!(!super::Spans::new(long.to_vec()).batched);
     }
 }
