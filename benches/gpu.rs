@@ -3,10 +3,11 @@
 //! 1. check-gpu's live probe of this machine (NVML, topology, NCCL);
 //! 2. a one-process NCCL group: an all-reduce checked against its expected sum, then
 //!    all-reduce / all-gather / reduce-scatter bandwidth as `check-gpu --bench` measures it;
-//! 3. 20 training steps of the medium model on `cuda:0` in f32 and in bf16, each step's loss and
+//! 3. packed rows' attention (torch's variable-length kernel) against the CPU's padded span batch;
+//! 4. 20 training steps of the medium model on `cuda:0` in f32 and in bf16, each step's loss and
 //!    chosen log-prob next to the same 20 steps on the CPU in f32 (equal within the precision's
 //!    round-off; the CPU runs f32 only, since a CPU without bf16 units takes hours in bf16);
-//! 4. throughput and model-FLOPs utilisation next to TRL's `DPOTrainer` on the same GPU
+//! 5. throughput and model-FLOPs utilisation next to TRL's `DPOTrainer` on the same GPU
 //!    (the chat-sized workload of `make bench-trl`, and the medium model).
 //!
 //! Without a CUDA device it says so and exits 0. The file is rewritten after each section, so a
@@ -35,7 +36,7 @@ fn main() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [probe|nccl|parity|throughput|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [probe|nccl|attention|parity|throughput|profile ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
@@ -57,6 +58,9 @@ fn main() {
     }
     if runs("nccl") {
         report.section("NCCL, one process", nccl);
+    }
+    if runs("attention") {
+        report.section("Packed rows' attention on cuda:0 against the CPU", attention);
     }
     if runs("parity") {
         report.section("Training on cuda:0 against the CPU", |f| parity(&work, out.path(), f));
@@ -185,6 +189,78 @@ fn nccl(failures: &mut Vec<String>) -> String {
             text
         }
     }
+}
+
+/// One packed row of two shared-prompt pairs (the rejected completions attend to their prompt)
+/// on cuda:0, where torch's variable-length kernel attends it, against the padded span batch on
+/// the CPU in f32 (the path the CPU tests check against attention written out): the output and
+/// the gradients of q, k and v, 8 query heads on 4 key/value heads of 64, in f32 and bf16.
+#[allow(deprecated)]
+fn attention(failures: &mut Vec<String>) -> String {
+    use burn::tensor::Distribution;
+    use dpo_train::data::Span;
+    use dpo_train::model::fused::{Spans, causal_attention, varlen_failure, varlen_ran};
+    let spans = || {
+        let span = |start, len, prefix| Span { start, len, prefix };
+        let list = vec![
+            span(0, 190, None),
+            span(190, 120, Some((0, 40))),
+            span(310, 130, None),
+            span(440, 200, Some((310, 30))),
+        ];
+        std::sync::Arc::new(Spans::new(list))
+    };
+    let cpu = Device::libtorch().autodiff();
+    let t = |h| Tensor::<4>::random([1, h, 640, 64], Distribution::Normal(0.0, 1.0), &Device::libtorch());
+    let (q, k, v, w) = (t(8), t(4), t(4), t(8));
+    // [output, dq, dk, dv] of Σ w ⊙ attention on `device` in `dtype`, as f32 host data.
+    let run = |device: &Device, dtype: FloatDType| {
+        let on = |x: &Tensor<4>| Tensor::<4>::from_data(x.clone().into_data(), device).cast(dtype);
+        let (q, k, v) = (on(&q).require_grad(), on(&k).require_grad(), on(&v).require_grad());
+        let y = causal_attention(q.clone(), k.clone(), v.clone(), spans());
+        let grads = (y.clone() * on(&w)).sum().backward();
+        let grad = |x: &Tensor<4>| x.grad(&grads).expect("a gradient");
+        [y, grad(&q), grad(&k), grad(&v)].map(|x| x.cast(FloatDType::F32).into_data().to_vec::<f32>().expect("f32"))
+    };
+    let reference = run(&cpu, FloatDType::F32);
+    let mut text = String::from("largest difference over the largest value, output / dq / dk / dv:\n");
+    for (name, dtype, tol) in [("f32", FloatDType::F32, 1e-4), ("bf16", FloatDType::BF16, 2e-2)] {
+        let got = catch_unwind(AssertUnwindSafe(|| run(&Device::libtorch_cuda(0).autodiff(), dtype)));
+        let Ok(got) = got else {
+            failures.push(format!("attention on cuda:0 ({name}) panicked"));
+            let _ = writeln!(text, "{name}: panicked");
+            continue;
+        };
+        let rel: Vec<f64> = got
+            .iter()
+            .zip(&reference)
+            .map(|(g, r)| {
+                let diff = g.iter().zip(r).map(|(a, b)| f64::from((a - b).abs())).fold(0.0, f64::max);
+                diff / r.iter().map(|b| f64::from(b.abs())).fold(0.0, f64::max)
+            })
+            .collect();
+        let ok = rel.iter().all(|&d| d <= tol);
+        let shown: Vec<String> = rel.iter().map(|d| format!("{d:.1e}")).collect();
+        let _ =
+            writeln!(text, "{name}: {} (allowed {tol:.0e}): {}", shown.join(" / "), if ok { "ok" } else { "FAILED" });
+        if !ok {
+            failures.push(format!("packed attention on cuda:0 ({name}) differs from the CPU: {}", shown.join(" / ")));
+        }
+    }
+    match varlen_failure() {
+        None if varlen_ran() => {
+            text.push_str("torch's variable-length kernel ran (flash attention in bf16, memory-efficient in f32)\n")
+        }
+        None => {
+            failures.push("the variable-length kernel never ran on cuda:0".to_owned());
+            text.push_str("the variable-length kernel never ran: FAILED\n");
+        }
+        Some(e) => {
+            failures.push(format!("the variable-length kernel failed, packed rows fell back to padded batches: {e}"));
+            let _ = writeln!(text, "the variable-length kernel FAILED and the padded batch ran instead: {e}");
+        }
+    }
+    text
 }
 
 /// Per-step (loss, logps/chosen) of `STEPS` steps of the medium model on `device` with `flags`.

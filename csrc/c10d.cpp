@@ -1,7 +1,7 @@
 // c10d shim: the only C++ in dpo-train. It exposes PyTorch's distributed process groups (TCPStore
 // rendezvous + ProcessGroupGloo, and ProcessGroupNCCL when compiled with USE_C10D_NCCL) through the
-// C ABI declared in c10d.h, and the one torch kernel tch does not bind that training needs (fused
-// AdamW). Every exception is caught here and turned into a status code plus a
+// C ABI declared in c10d.h, and the torch operations training needs that tch does not bind (fused
+// AdamW, multi-tensor norms and scaling, variable-length attention). Every exception is caught here and turned into a status code plus a
 // thread-local message, so nothing unwinds into Rust.
 
 #include "c10d.h"
@@ -328,35 +328,6 @@ int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output,
 
 }  // extern "C"
 
-extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const c10d_tensor* exp_avgs,
-                                const c10d_tensor* exp_avg_sqs, size_t n, double step, double lr, double beta1,
-                                double beta2, double weight_decay, double eps) {
-  return guarded("fused_adamw", [&] {
-    TORCH_CHECK(n == 0 || (params && grads && exp_avgs && exp_avg_sqs), "null tensor list");
-    if (n == 0) return;
-    std::vector<at::Tensor> p, g, m, v;
-    for (size_t i = 0; i < n; ++i) {
-      for (const at::Tensor* t : {params[i], grads[i], exp_avgs[i], exp_avg_sqs[i]}) {
-        check_tensor(t, "fused_adamw");
-        TORCH_CHECK(t->sizes() == params[i]->sizes(), "fused_adamw: entry ", i, " mixes sizes ", t->sizes(), " and ",
-                    params[i]->sizes());
-        TORCH_CHECK(t->scalar_type() == params[0]->scalar_type() && t->device() == params[0]->device(),
-                    "fused_adamw: entry ", i, " mixes ", t->scalar_type(), " on ", t->device(), " with ",
-                    params[0]->scalar_type(), " on ", params[0]->device());
-      }
-      p.push_back(*params[i]);
-      g.push_back(*grads[i]);
-      m.push_back(*exp_avgs[i]);
-      v.push_back(*exp_avg_sqs[i]);
-    }
-    // The kernel reads each parameter's step count from a float tensor on their device (and never
-    // writes it: torch.optim increments the counts before the call), so one serves every entry.
-    std::vector<at::Tensor> steps(n, at::full({}, step, params[0]->options().dtype(at::kFloat)));
-    at::_fused_adamw_(p, g, m, v, {}, steps, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
-                      /*maximize=*/false);
-  });
-}
-
 namespace {
 
 // The `n` tensors as a list for a multi-tensor operation, checked: defined, one dtype, one device.
@@ -375,6 +346,32 @@ std::vector<at::Tensor> tensor_list(const c10d_tensor* tensors, size_t n, const 
 
 }  // namespace
 
+extern "C" int c10d_fused_adamw(const c10d_tensor* params, const c10d_tensor* grads, const c10d_tensor* exp_avgs,
+                                const c10d_tensor* exp_avg_sqs, size_t n, double step, double lr, double beta1,
+                                double beta2, double weight_decay, double eps) {
+  return guarded("fused_adamw", [&] {
+    if (n == 0) return;
+    // One list per role, each of one dtype and device; the roles must agree with each other too.
+    auto p = tensor_list(params, n, "fused_adamw");
+    std::vector<std::vector<at::Tensor>> rest;
+    for (const c10d_tensor* list : {grads, exp_avgs, exp_avg_sqs}) {
+      rest.push_back(tensor_list(list, n, "fused_adamw"));
+      TORCH_CHECK(rest.back()[0].scalar_type() == p[0].scalar_type() && rest.back()[0].device() == p[0].device(),
+                  "fused_adamw: the lists mix ", rest.back()[0].scalar_type(), " on ", rest.back()[0].device(),
+                  " with ", p[0].scalar_type(), " on ", p[0].device());
+      for (size_t i = 0; i < n; ++i) {
+        TORCH_CHECK(rest.back()[i].sizes() == p[i].sizes(), "fused_adamw: entry ", i, " mixes sizes ",
+                    rest.back()[i].sizes(), " and ", p[i].sizes());
+      }
+    }
+    // The kernel reads each parameter's step count from a float tensor on their device (and never
+    // writes it: torch.optim increments the counts before the call), so one serves every entry.
+    std::vector<at::Tensor> steps(n, at::full({}, step, p[0].options().dtype(at::kFloat)));
+    at::_fused_adamw_(p, rest[0], rest[1], rest[2], {}, steps, lr, beta1, beta2, weight_decay, eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  });
+}
+
 extern "C" int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out) {
   return guarded("foreach_norms", [&] {
     TORCH_CHECK(out != nullptr, "foreach_norms: null output");
@@ -389,6 +386,41 @@ extern "C" int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tenso
     auto list = tensor_list(tensors, n, "foreach_mul");
     TORCH_CHECK(scale != nullptr && scale->defined() && scale->numel() == 1, "foreach_mul: the scale must be one value");
     if (n > 0) at::_foreach_mul_(list, scale->reshape({}));  // the op takes a 0-dim tensor
+  });
+}
+
+extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
+                                     int64_t max_q, int64_t max_k, c10d_tensor* out) {
+  return guarded("varlen_attention", [&] {
+    for (const at::Tensor* t : {q, k, v, cu_q, cu_k}) {
+      TORCH_CHECK(t != nullptr && t->defined(), "varlen_attention: a null or undefined tensor");
+    }
+    TORCH_CHECK(out != nullptr, "varlen_attention: null output");
+    TORCH_CHECK(q->is_cuda(), "varlen_attention: torch's variable-length kernels are CUDA only, got ", q->device());
+    TORCH_CHECK(q->dim() == 3 && k->dim() == 3 && v->dim() == 3, "varlen_attention: q, k, v must be [T, heads, D]");
+    TORCH_CHECK(cu_q->scalar_type() == at::kInt && cu_k->scalar_type() == at::kInt &&
+                    cu_q->numel() == cu_k->numel(), "varlen_attention: cu_q and cu_k must be int32 of one length");
+    // Both kernels need unit stride in the head dimension; contiguous() is free where it holds.
+    auto [qc, kc, vc] = std::make_tuple(q->contiguous(), k->contiguous(), v->contiguous());
+    at::Tensor y;
+    if (q->scalar_type() == at::kHalf || q->scalar_type() == at::kBFloat16) {
+      // Flash attention: grouped key/value heads as they are; `is_causal` aligns each sequence's
+      // mask to its last query (bottom right), as torch.nn.attention.bias.causal_lower_right.
+      y = std::get<0>(at::_flash_attention_forward(qc, kc, vc, *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
+                                                   /*is_causal=*/true, /*return_debug_mask=*/false));
+    } else {
+      // Memory-efficient attention (the one that takes f32): [1, T, heads, D], as many key/value
+      // heads as query heads; the log-sum-exp is what its backward reads.
+      TORCH_CHECK(k->size(1) == q->size(1), "varlen_attention: ", q->scalar_type(), " needs as many key/value heads (",
+                  k->size(1), ") as query heads (", q->size(1), ")");
+      bool grad = q->requires_grad() || k->requires_grad() || v->requires_grad();
+      constexpr int64_t causal_from_bottom_right = 2;  // sdp::CustomMaskType
+      y = std::get<0>(at::_efficient_attention_forward(qc.unsqueeze(0), kc.unsqueeze(0), vc.unsqueeze(0), std::nullopt,
+                                                       *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
+                                                       causal_from_bottom_right, /*compute_log_sumexp=*/grad))
+              .squeeze(0);
+    }
+    *out = new at::Tensor(y);
   });
 }
 

@@ -88,6 +88,17 @@ int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out);
 // (`torch._foreach_mul_`, as `clip_grad_norm_` scales the gradients), without reading it on the host.
 int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 
+// Causal attention over variable-length sequences packed end to end, by torch's fused CUDA kernels
+// (flash attention in half precision, memory-efficient attention in f32), with no padding: q is
+// [Tq, H, D], k and v [Tk, Hkv, D] (Hkv dividing H in half precision, equal to H in f32); sequence
+// i's queries are q[cu_q[i]..cu_q[i+1]] and its keys k[cu_k[i]..cu_k[i+1]] (int32 [n+1] on the
+// device), each query seeing its sequence's keys up to its own position counted from the last
+// (the mask aligned bottom right, so keys before the first query are a visible prefix). max_q and
+// max_k are the longest of each. `*out` ([Tq, H, D], the caller's) carries torch's autograd graph
+// when the inputs require gradients. CUDA only: torch has no CPU kernel for it.
+int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
+                          int64_t max_q, int64_t max_k, c10d_tensor* out);
+
 // The most bytes the CUDA caching allocator has handed out on `device` since the last reset (what
 // `torch.cuda.max_memory_allocated` reports) into `*peak`; `reset` != 0 first starts a new mark.
 // C10D_ERR_STD in a build without CUDA (the nccl feature off).

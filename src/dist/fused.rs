@@ -2,7 +2,9 @@
 //! clip gradients (`_foreach_norm`, `_foreach_mul_`) through the shim: tch leaves torch's
 //! `_fused_*` and `_foreach_*` operations unbound. The update written as separate tensor
 //! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
-//! and on a GPU each operation per parameter is a kernel launch and its host time.
+//! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
+//! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
+//! with cumulative sequence lengths), which tch binds neither.
 
 use super::process_group::{DistError, check, ffi};
 
@@ -80,6 +82,47 @@ pub fn foreach_mul(tensors: &mut [tch::Tensor], scale: &tch::Tensor) -> Result<(
     check("foreach_mul", unsafe { ffi::c10d_foreach_mul(ptrs.as_ptr(), ptrs.len(), scale.as_ptr().cast_mut()) })
 }
 
+/// The cumulative sequence lengths of a [`varlen_attention`] call: sequence `i` is rows
+/// `cu_q[i]..cu_q[i + 1]` of the queries and `cu_k[i]..cu_k[i + 1]` of the keys and values.
+#[derive(Debug)]
+pub struct VarlenSeqs {
+    /// `[n + 1]` int32 on the tensors' device, from 0 to the query rows.
+    pub cu_q: tch::Tensor,
+    /// `[n + 1]` int32 on the tensors' device, from 0 to the key rows.
+    pub cu_k: tch::Tensor,
+    /// The longest sequence's queries and keys.
+    pub max_q: i64,
+    pub max_k: i64,
+}
+
+/// Causal attention over sequences packed end to end without padding, by torch's
+/// variable-length CUDA kernels (flash attention in half precision, memory-efficient attention in
+/// f32): q `[Tq, H, D]`, k and v `[Tk, Hkv, D]` → `[Tq, H, D]`. Each sequence's queries are its
+/// last keys (the mask aligned bottom right): keys before its first query are a prefix every
+/// query sees. f32 needs `Hkv == H`. Differentiable by torch's autograd where the inputs require
+/// gradients. CUDA only (an error elsewhere: torch has no CPU kernel).
+pub fn varlen_attention([q, k, v]: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, DistError> {
+    let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: the tensors are live and only read; on success `out` is a new `at::Tensor` whose
+    // ownership passes to the returned handle. The shim catches every C++ exception.
+    let code = unsafe {
+        ffi::c10d_varlen_attention(
+            ptr(q),
+            ptr(k),
+            ptr(v),
+            ptr(&seqs.cu_q),
+            ptr(&seqs.cu_k),
+            seqs.max_q,
+            seqs.max_k,
+            &mut out,
+        )
+    };
+    check("varlen_attention", code)?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
 /// Whether torch's attention may choose cuDNN's kernel (`torch.backends.cuda.enable_cudnn_sdp`),
 /// for this whole process.
 pub fn use_cudnn_attention(enable: bool) -> Result<(), DistError> {
@@ -130,5 +173,15 @@ mod tests {
         let err = foreach_norms(&mixed).expect_err("two dtypes fail");
         assert!(err.to_string().contains("foreach_norms"), "{err}");
         assert!(foreach_norms(&[]).is_err());
+    }
+
+    /// Off CUDA the variable-length kernel is an error that says so, not a crash.
+    #[test]
+    fn varlen_attention_is_an_error_off_cuda() {
+        let t = |h: i64| Tensor::randn([5, h, 8], (Kind::Float, Device::Cpu));
+        let cu = || Tensor::from_slice(&[0i32, 2, 5]);
+        let seqs = VarlenSeqs { cu_q: cu(), cu_k: cu(), max_q: 3, max_k: 3 };
+        let err = varlen_attention([&t(2), &t(2), &t(2)], &seqs).expect_err("no CPU kernel");
+        assert!(err.to_string().contains("varlen_attention") && err.to_string().contains("CUDA only"), "{err}");
     }
 }

@@ -167,6 +167,16 @@ pub(super) mod ffi {
         ) -> i32;
         pub fn c10d_foreach_norms(tensors: *const *mut C_tensor, n: usize, out: *mut *mut C_tensor) -> i32;
         pub fn c10d_foreach_mul(tensors: *const *mut C_tensor, n: usize, scale: *mut C_tensor) -> i32;
+        pub fn c10d_varlen_attention(
+            q: *mut C_tensor,
+            k: *mut C_tensor,
+            v: *mut C_tensor,
+            cu_q: *mut C_tensor,
+            cu_k: *mut C_tensor,
+            max_q: i64,
+            max_k: i64,
+            out: *mut *mut C_tensor,
+        ) -> i32;
         pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64) -> i32;
         pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
         pub fn c10d_profiler_start(with_cuda: i32) -> i32;

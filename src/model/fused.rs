@@ -27,6 +27,8 @@ use burn::tensor::Tensor;
 use burn_tch::{LibTorch, TchTensor};
 
 use crate::data::Span;
+use crate::dist::fused::VarlenSeqs;
+use crate::dist::process_group::DistError;
 
 /// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
 ///
@@ -62,25 +64,33 @@ pub trait FusedOps: Backend {
 }
 
 /// The attention spans of one packed row (none: every row attends causally on its own), and
-/// where they go in the batch of sequences one fused call attends over.
+/// how one fused call per layer attends over them.
 ///
-/// Sequence `i` of that batch is span `i`'s prefix then its own positions, right-padded to the
-/// longest: the padding comes after every real key, so the causal mask alone keeps it out of the
-/// real queries' view, and its outputs are dropped (as are a prefix's queries, computed again for
-/// the rejected completion that shares it). One call per layer, where a call per span cost a GPU
-/// a kernel launch and its host time each (the H100 profile in results/gpu/), at the price of the
-/// padding's attention work (a row with one long sequence among short ones pays for the long one
-/// in every slot) and the gathered copies torch saves for the backward (3% of a 32M step's peak
-/// memory on `make bench-trl`'s data).
+/// On CUDA, by torch's variable-length kernel: the spans tile the row, so the queries are the row
+/// itself and sequence `i` is span `i`; its keys are its prefix then its own positions (the only
+/// copy is of the prefixes' keys and values), and the kernel's mask, aligned to each sequence's
+/// last query, lets every query see the whole prefix. No padding is computed.
+///
+/// Elsewhere (torch has no CPU kernel for it), and should the CUDA call fail, the spans are
+/// gathered into a batch of sequences: sequence `i` is span `i`'s prefix then its own positions,
+/// right-padded to the longest. The padding comes after every real key, so the causal mask alone
+/// keeps it out of the real queries' view, and its outputs are dropped (as are a prefix's queries,
+/// computed again for the rejected completion that shares it). One call per layer, where a call
+/// per span cost a GPU a kernel launch and its host time each (the H100 profile in results/gpu/),
+/// at the price of the padding's attention work (a row with one long sequence among short ones
+/// pays for the long one in every slot) and the gathered copies torch saves for the backward (3%
+/// of a 32M step's peak memory on `make bench-trl`'s data).
 #[derive(Debug, Default)]
 pub struct Spans {
     spans: Vec<Span>,
-    /// Made on first use, on that call's device, and kept for every later layer and pass: an
-    /// upload per layer would wait on the device each time.
-    gather: Mutex<Option<Gather>>,
+    /// Index tensors made on first use, on that call's device, and kept for every later layer
+    /// and pass: an upload per layer would wait on the device each time.
+    gather: Mutex<Option<(tch::Device, Gather)>>,
+    /// The same for the variable-length call (None: the spans do not tile the row).
+    varlen: Mutex<Option<(tch::Device, Option<Varlen>)>>,
 }
 
-/// [`Spans`] as index tensors.
+/// [`Spans`] as index tensors for the padded batch.
 #[derive(Debug)]
 struct Gather {
     /// `[n · L]` the row position at each slot of the `[n, L]` batch (padding reads position 0).
@@ -91,10 +101,24 @@ struct Gather {
     shape: (i64, i64),
 }
 
+/// [`Spans`] for the variable-length call.
+#[derive(Debug)]
+struct Varlen {
+    seqs: VarlenSeqs,
+    /// `[Tk]` the row position of each key, where some span has a prefix; None where the keys are
+    /// the row itself.
+    keys: Option<tch::Tensor>,
+    /// The row positions the spans cover: all of the row, or this path does not apply.
+    rows: i64,
+}
+
+/// The host side of [`Varlen`]: `(cu_q, cu_k, keys, (max_q, max_k))`.
+type VarlenLayout = (Vec<i32>, Vec<i32>, Option<Vec<i64>>, (i64, i64));
+
 impl Spans {
     /// The spans of a packed row; empty for rows that attend on their own.
     pub fn new(spans: Vec<Span>) -> Self {
-        Self { spans, gather: Mutex::new(None) }
+        Self { spans, ..Self::default() }
     }
 
     /// Rows that attend on their own.
@@ -122,18 +146,62 @@ impl Spans {
         (slots, back, (self.spans.len() as i64, width as i64))
     }
 
-    /// Runs `f` with the index tensors on `device`, making them the first time.
-    fn with_gather<T>(&self, device: tch::Device, f: impl FnOnce(&Gather) -> T) -> T {
-        let mut gather = self.gather.lock().unwrap_or_else(|e| e.into_inner());
-        let stale = gather.as_ref().is_none_or(|g| g.slots.device() != device);
-        if stale {
-            let (slots, back, shape) = self.layout();
-            let upload = |v: &[i64]| tch::Tensor::from_slice(v).to_device(device);
-            *gather = Some(Gather { slots: upload(&slots), back: upload(&back), shape });
+    /// The variable-length call's layout on the host (see [`Varlen`]); None unless the spans
+    /// tile the row in order from position 0 (as `data::batch` lays them out) within int32.
+    fn varlen_layout(&self) -> Option<VarlenLayout> {
+        let (mut cu_q, mut cu_k, mut keys) = (vec![0i32], vec![0i32], Vec::new());
+        let (mut max_q, mut max_k, mut end) = (0, 0, 0);
+        for s in &self.spans {
+            if s.start != end {
+                return None;
+            }
+            end = s.start + s.len;
+            let prefix = s.prefix.map_or(0..0, |(start, len)| start..start + len);
+            max_q = max_q.max(s.len);
+            max_k = max_k.max(prefix.len() + s.len);
+            keys.extend(prefix.chain(s.start..end).map(|t| t as i64));
+            cu_q.push(i32::try_from(end).ok()?);
+            cu_k.push(i32::try_from(keys.len()).ok()?);
         }
-        f(gather.as_ref().expect("made above"))
+        let keys = self.spans.iter().any(|s| s.prefix.is_some()).then_some(keys);
+        Some((cu_q, cu_k, keys, (max_q as i64, max_k as i64)))
     }
 }
+
+/// Runs `f` with `cell`'s value for `device`, made by `make` the first time and again when the
+/// device changes.
+fn cached<G, T>(
+    cell: &Mutex<Option<(tch::Device, G)>>,
+    device: tch::Device,
+    make: impl FnOnce() -> G,
+    f: impl FnOnce(&G) -> T,
+) -> T {
+    let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.as_ref().is_some_and(|(d, _)| *d != device) {
+        *slot = None;
+    }
+    let (_, value) = slot.get_or_insert_with(|| (device, make()));
+    f(value)
+}
+
+/// Tensors on `device` from host values.
+fn upload<T: tch::kind::Element>(values: &[T], device: tch::Device) -> tch::Tensor {
+    tch::Tensor::from_slice(values).to_device(device)
+}
+
+/// Why the variable-length kernel was given up on in this process (it then stays off and packed
+/// rows go through the padded batch), or None while it works or has not run.
+pub fn varlen_failure() -> Option<&'static str> {
+    VARLEN_FAILURE.get().map(String::as_str)
+}
+
+/// Whether the variable-length kernel has attended a packed row in this process.
+pub fn varlen_ran() -> bool {
+    VARLEN_RAN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static VARLEN_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static VARLEN_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// [`causal_attention`] on torch tensors: by rows, or over the spans of one packed row.
 fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
@@ -141,15 +209,71 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
     if device != tch::Device::Cpu {
         avoid_cudnn_attention();
     }
-    match spans.spans.is_empty() {
-        true => sdpa_causal(qkv),
-        false => attend_spans(qkv, spans),
+    if spans.spans.is_empty() {
+        return sdpa_causal(qkv);
     }
+    if device.is_cuda() && varlen_failure().is_none() {
+        match attend_varlen(qkv, spans, crate::dist::fused::varlen_attention) {
+            Some(Ok(y)) => {
+                VARLEN_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
+                return y;
+            }
+            Some(Err(e)) => {
+                let reason = e.to_string();
+                eprintln!(
+                    "warning: torch's variable-length attention failed ({reason}); packed rows are attended as padded span batches from now on"
+                );
+                let _ = VARLEN_FAILURE.set(reason);
+            }
+            None => {}
+        }
+    }
+    attend_spans(qkv, spans)
+}
+
+/// The spans of one packed row by a variable-length `kernel` (see [`Spans`]); None where they do
+/// not tile the row.
+fn attend_varlen(
+    qkv: &[tch::Tensor; 3],
+    spans: &Spans,
+    kernel: impl FnOnce([&tch::Tensor; 3], &VarlenSeqs) -> Result<tch::Tensor, DistError>,
+) -> Option<Result<tch::Tensor, DistError>> {
+    let device = qkv[0].device();
+    let make = || {
+        spans.varlen_layout().map(|(cu_q, cu_k, keys, (max_q, max_k))| Varlen {
+            seqs: VarlenSeqs { cu_q: upload(&cu_q, device), cu_k: upload(&cu_k, device), max_q, max_k },
+            keys: keys.map(|k| upload(&k, device)),
+            rows: cu_q.last().copied().unwrap_or(0).into(),
+        })
+    };
+    cached(&spans.varlen, device, make, |varlen| {
+        let varlen = varlen.as_ref().filter(|v| v.rows == qkv[0].size()[2])?;
+        let rows = |x: &tch::Tensor| x.squeeze_dim(0).transpose(0, 1); // [1, H, S, D] → [S, H, D]
+        let q = rows(&qkv[0]);
+        let groups = q.size()[1] / qkv[1].size()[1];
+        let keys = |x: &tch::Tensor| {
+            let x = match &varlen.keys {
+                Some(at) => rows(x).index_select(0, at), // [Tk, Hkv, D]
+                None => rows(x),
+            };
+            match groups > 1 && !takes_grouped_heads(&q) {
+                true => x.repeat_interleave_self_int(groups, 1, None),
+                false => x,
+            }
+        };
+        let y = kernel([&q, &keys(&qkv[1]), &keys(&qkv[2])], &varlen.seqs); // [S, H, D]
+        Some(y.map(|y| y.transpose(0, 1).unsqueeze(0)))
+    })
 }
 
 /// The spans of one packed row gathered into a batch of sequences for one call (see [`Spans`]).
 fn attend_spans(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
-    spans.with_gather(qkv[0].device(), |g| {
+    let device = qkv[0].device();
+    let make = || {
+        let (slots, back, shape) = spans.layout();
+        Gather { slots: upload(&slots, device), back: upload(&back, device), shape }
+    };
+    cached(&spans.gather, device, make, |g| {
         let (n, width) = g.shape;
         // [1, H, S, D] → [S, H, D] → [n·L, H, D] → [n, H, L, D]: rows of heads, so each
         // gather and scatter moves whole rows.
@@ -401,14 +525,74 @@ mod tests {
     /// every row position's output read back from its own slot.
     #[test]
     fn spans_gather_into_padded_sequences() {
-        let spans = super::Spans::new(vec![
-            Span { start: 0, len: 5, prefix: None },
-            Span { start: 5, len: 4, prefix: None },
-            Span { start: 9, len: 3, prefix: Some((0, 3)) },
-        ]);
-        let (slots, back, shape) = spans.layout();
+        let (slots, back, shape) = three_spans().layout();
         assert_eq!(shape, (3, 6));
         assert_eq!(slots, [0, 1, 2, 3, 4, 0, 5, 6, 7, 8, 0, 0, 0, 1, 2, 9, 10, 11]);
         assert_eq!(back, [0, 1, 2, 3, 4, 6, 7, 8, 9, 15, 16, 17]);
+    }
+
+    /// The variable-length layout: the row's spans as its sequences, each prefix's keys before
+    /// its span's own; spans that do not tile the row from 0 have none.
+    #[test]
+    fn spans_lay_out_for_the_variable_length_kernel() {
+        let (cu_q, cu_k, keys, max) = three_spans().varlen_layout().expect("the spans tile the row");
+        assert_eq!((cu_q, cu_k, max), (vec![0, 5, 9, 12], vec![0, 5, 9, 15], (5, 6)));
+        assert_eq!(keys.expect("a prefix"), [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 9, 10, 11]);
+        let plain =
+            super::Spans::new(vec![Span { start: 0, len: 2, prefix: None }, Span { start: 2, len: 3, prefix: None }]);
+        assert_eq!(plain.varlen_layout(), Some((vec![0, 2, 5], vec![0, 2, 5], None, (3, 3))));
+        for gap in [1, 3] {
+            let spans = super::Spans::new(vec![
+                Span { start: 0, len: 2, prefix: None },
+                Span { start: gap, len: 2, prefix: None },
+            ]);
+            assert_eq!(spans.varlen_layout(), None, "second span at {gap}");
+        }
+    }
+
+    /// The variable-length path's plumbing (the queries as rows, the prefixes' keys gathered, the
+    /// output put back) with a CPU stand-in for the CUDA kernel, which attends each sequence's
+    /// queries to its keys with the mask aligned to the last query: equal to the padded batch,
+    /// forward and gradients, with 4 query heads on 2 key/value heads.
+    #[test]
+    fn the_variable_length_path_equals_the_padded_batch() {
+        let stand_in = |[q, k, v]: [&tch::Tensor; 3], seqs: &super::VarlenSeqs| {
+            let (cu_q, cu_k) = (Vec::<i32>::try_from(&seqs.cu_q).unwrap(), Vec::<i32>::try_from(&seqs.cu_k).unwrap());
+            let part = |x: &tch::Tensor, cu: &[i32], i: usize| {
+                x.narrow(0, cu[i].into(), (cu[i + 1] - cu[i]).into()).transpose(0, 1).unsqueeze(0) // [1, H, n, D]
+            };
+            let ys: Vec<_> = (0..cu_q.len() - 1)
+                .map(|i| super::sdpa_causal(&[part(q, &cu_q, i), part(k, &cu_k, i), part(v, &cu_k, i)]))
+                .map(|y| y.squeeze_dim(0).transpose(0, 1))
+                .collect();
+            Ok(tch::Tensor::cat(&ys, 0))
+        };
+        let t = |h| tch::Tensor::randn([1, h, 12, 8], (tch::Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let (q, k, v) = (t(4), t(2), t(2));
+        let weights = tch::Tensor::randn([1, 4, 12, 8], (tch::Kind::Float, tch::Device::Cpu));
+        let spans = three_spans();
+        let qkv = [q.shallow_clone(), k.shallow_clone(), v.shallow_clone()];
+        let varlen = super::attend_varlen(&qkv, &spans, stand_in).expect("tiles").unwrap();
+        let padded = super::attend_spans(&qkv, &spans);
+        assert!(varlen.allclose(&padded, 1e-5, 1e-6, false), "outputs differ");
+        let grads = |y: &tch::Tensor| {
+            tch::Tensor::run_backward(&[(y * &weights).sum(tch::Kind::Float)], &[&q, &k, &v], false, false)
+        };
+        for (a, b) in grads(&varlen).iter().zip(&grads(&padded)) {
+            assert!(a.allclose(b, 1e-5, 1e-6, false), "gradients differ");
+        }
+        // Spans that leave the row's last positions out are not this path's.
+        let short =
+            super::Spans::new(vec![Span { start: 0, len: 5, prefix: None }, Span { start: 5, len: 4, prefix: None }]);
+        assert!(super::attend_varlen(&qkv, &short, stand_in).is_none());
+    }
+
+    /// Two plain spans and a third whose prefix is the first span's first 3 positions.
+    fn three_spans() -> super::Spans {
+        super::Spans::new(vec![
+            Span { start: 0, len: 5, prefix: None },
+            Span { start: 5, len: 4, prefix: None },
+            Span { start: 9, len: 3, prefix: Some((0, 3)) },
+        ])
     }
 }
