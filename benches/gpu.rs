@@ -8,7 +8,9 @@
 //!    chosen log-prob next to the same 20 steps on the CPU in f32 (equal within the precision's
 //!    round-off; the CPU runs f32 only, since a CPU without bf16 units takes hours in bf16);
 //! 5. throughput and model-FLOPs utilisation next to TRL's `DPOTrainer` on the same GPU
-//!    (the chat-sized workload of `make bench-trl`, and the medium model).
+//!    (the chat-sized workload of `make bench-trl`, and the medium model);
+//! 6. the same for a 1B model (TinyLlama's shape) at max_length 1024, packed and padded;
+//! 7. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces).
 //!
 //! Without a CUDA device it says so and exits 0. The file is rewritten after each section, so a
 //! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
@@ -23,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
-use common::{GQA32M, MEDIUM, Shape, dpo_train_rate_at, pair_forward_flops, passes, try_trl_rate};
+use common::{GQA32M, LLAMA1B, MEDIUM, Shape, dpo_train_rate_at, pair_forward_flops, passes, try_trl_rate};
 use dpo_train::dist::bench::{measure, single_rank_group};
 use dpo_train::train::log::{Split, read_metrics};
 
@@ -36,7 +38,7 @@ fn main() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [probe|nccl|attention|parity|throughput|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [probe|nccl|attention|parity|throughput|scale|profile ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
@@ -67,6 +69,9 @@ fn main() {
     }
     if runs("throughput") {
         report.section("Throughput against TRL on this GPU", |f| throughput(&work, out.path(), f));
+    }
+    if runs("scale") {
+        report.section("A 1B model against TRL on this GPU", |f| scale(&work, out.path(), f));
     }
     if runs("profile") {
         report.section("Where a step's time goes (torch profiler)", |_| profile(&work, out.path()));
@@ -323,63 +328,116 @@ fn assets(work: &Path) -> Assets {
     Assets { small, data, medium: common::model_dir(&work.join("medium"), &MEDIUM) }
 }
 
+/// One comparison: a model and its pairs, dpo-train's precision and packing, TRL beside it or not.
+struct Row<'a> {
+    name: &'a str,
+    model: &'a Path,
+    shape: &'a Shape,
+    data: &'a Path,
+    /// (pairs a step, steps, max_length)
+    run: (usize, usize, usize),
+    bf16: bool,
+    padding_free: bool,
+    with_trl: bool,
+}
+
 /// `make bench-trl`'s workload on cuda:0, both sides, f32 and bf16 with the reference computed
 /// every step, then the medium model in bf16, with model-FLOPs utilisation against the best
 /// matrix product measured here.
 fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let Assets { small, data, medium } = assets(work);
-    let (f32_peak, bf16_peak) = (cuda_matmul_peak(FloatDType::F32), cuda_matmul_peak(FloatDType::BF16));
+    let peaks = (cuda_matmul_peak(FloatDType::F32), cuda_matmul_peak(FloatDType::BF16));
     let mut text = format!(
         "256 pairs of 150-250 tokens, 4 a step, max_length 512; matmul peak f32 {:.1}, bf16 {:.1} TFLOP/s\n",
-        f32_peak / 1e12,
-        bf16_peak / 1e12
+        peaks.0 / 1e12,
+        peaks.1 / 1e12
     );
-    // (name, model, shape, bf16, padding_free, TRL beside it)
-    let rows: [(&str, &Path, &Shape, bool, bool, bool); 5] = [
-        ("32M f32", &small, &GQA32M, false, true, true),
-        ("32M bf16", &small, &GQA32M, true, true, true),
-        ("medium bf16", &medium, &MEDIUM, true, true, true),
-        ("32M f32 padded", &small, &GQA32M, false, false, false),
-        ("32M bf16 padded", &small, &GQA32M, true, false, false),
+    let row = |name, model, shape, bf16, padding_free, with_trl| Row {
+        name,
+        model,
+        shape,
+        data: &data,
+        run: (4, 64, 512),
+        bf16,
+        padding_free,
+        with_trl,
+    };
+    let rows = [
+        row("32M f32", &small, &GQA32M, false, true, true),
+        row("32M bf16", &small, &GQA32M, true, true, true),
+        row("medium bf16", &medium, &MEDIUM, true, true, true),
+        row("32M f32 padded", &small, &GQA32M, false, false, false),
+        row("32M bf16 padded", &small, &GQA32M, true, false, false),
     ];
-    for (name, model, shape, bf16, padding_free, with_trl) in rows {
-        let flops = pair_forward_flops(&data, model, shape, 512) * passes(true);
-        let mut ours_flags = vec!["--device", "cuda:0"];
-        ours_flags.extend(if bf16 { &["--bf16"][..] } else { &[] });
-        ours_flags.extend(if padding_free { &[][..] } else { &["--padding-free", "false"] });
-        let trl_flags: &[&str] = if bf16 { &["--device", "cuda", "--bf16"] } else { &["--device", "cuda"] };
-        let ours = dpo_train_rate_at(model, &data, out, (4, 64, 512), &ours_flags);
-        let mfu = |rate: f64| 100.0 * rate * flops / if bf16 { bf16_peak } else { f32_peak };
-        let _ = write!(
-            text,
-            "{name}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
-            flops / 1e9,
-            ours.pairs_per_second,
-            mfu(ours.pairs_per_second),
-            ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
-        );
-        let trl = with_trl.then(|| try_trl_rate(model, &data, (4, 64, 512), trl_flags));
-        match trl {
-            None => {
-                let _ = writeln!(text, ", TRL not run for this row");
-            }
-            Some(Ok(theirs)) => {
-                let _ = writeln!(
-                    text,
-                    ", TRL {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
-                    theirs.pairs_per_second,
-                    mfu(theirs.pairs_per_second),
-                    theirs.peak_bytes / f64::from(1u32 << 30),
-                    ours.pairs_per_second / theirs.pairs_per_second
-                );
-            }
-            Some(Err(e)) => {
-                let _ = writeln!(text, ", TRL did not run: {e}");
-                failures.push(format!("TRL on cuda ({name}): {}", e.lines().last().unwrap_or_default()));
-            }
-        }
-        print!("{}", text.lines().last().map(|l| format!("{l}\n")).unwrap_or_default()); // progress, row by row
+    for row in &rows {
+        text += &compare(row, peaks, out, failures);
     }
+    text
+}
+
+/// A model of the size researchers tune on one GPU: TinyLlama's 1B shape in bf16, 8 pairs of
+/// 256-1000 tokens a step at max_length 1024, where the GPU, not the host, sets the pace;
+/// packed and padded, TRL beside the packed row.
+fn scale(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let model = common::model_dir(&work.join("llama1b"), &LLAMA1B);
+    let data = common::sized_pairs(&work.join("pairs-32-200-256-1000.jsonl"), &model, 256, 32..=200, 256..=1000, 2);
+    let peaks = (cuda_matmul_peak(FloatDType::F32), cuda_matmul_peak(FloatDType::BF16));
+    let mut text = format!(
+        "256 pairs of 256-1000 tokens (prompts 32-200), 8 a step, max_length 1024; matmul peak bf16 {:.1} TFLOP/s\n",
+        peaks.1 / 1e12
+    );
+    for (name, padding_free) in [("1.0B bf16", true), ("1.0B bf16 padded", false)] {
+        let row = Row {
+            name,
+            model: &model,
+            shape: &LLAMA1B,
+            data: &data,
+            run: (8, 24, 1024),
+            bf16: true,
+            padding_free,
+            with_trl: padding_free,
+        };
+        text += &compare(&row, peaks, out, failures);
+    }
+    text
+}
+
+/// One row's line: dpo-train's pairs/s, MFU and peak CUDA memory, then TRL's and the ratio.
+fn compare(row: &Row, (f32_peak, bf16_peak): (f64, f64), out: &Path, failures: &mut Vec<String>) -> String {
+    let (_, _, max_length) = row.run;
+    let flops = pair_forward_flops(row.data, row.model, row.shape, max_length) * passes(true);
+    let mut ours_flags = vec!["--device", "cuda:0"];
+    ours_flags.extend(if row.bf16 { &["--bf16"][..] } else { &[] });
+    ours_flags.extend(if row.padding_free { &[][..] } else { &["--padding-free", "false"] });
+    let trl_flags: &[&str] = if row.bf16 { &["--device", "cuda", "--bf16"] } else { &["--device", "cuda"] };
+    let ours = dpo_train_rate_at(row.model, row.data, out, row.run, &ours_flags);
+    let mfu = |rate: f64| 100.0 * rate * flops / if row.bf16 { bf16_peak } else { f32_peak };
+    let mut text = format!(
+        "{}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
+        row.name,
+        flops / 1e9,
+        ours.pairs_per_second,
+        mfu(ours.pairs_per_second),
+        ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
+    );
+    match row.with_trl.then(|| try_trl_rate(row.model, row.data, row.run, trl_flags)) {
+        None => text.push_str(", TRL not run for this row\n"),
+        Some(Ok(theirs)) => {
+            let _ = writeln!(
+                text,
+                ", TRL {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
+                theirs.pairs_per_second,
+                mfu(theirs.pairs_per_second),
+                theirs.peak_bytes / f64::from(1u32 << 30),
+                ours.pairs_per_second / theirs.pairs_per_second
+            );
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(text, ", TRL did not run: {e}");
+            failures.push(format!("TRL on cuda ({}): {}", row.name, e.lines().last().unwrap_or_default()));
+        }
+    }
+    print!("{text}"); // progress, row by row
     text
 }
 

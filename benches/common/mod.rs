@@ -32,6 +32,10 @@ pub const SMALL: Shape = Shape { hidden: 256, layers: 4, heads: 4, kv_heads: 4, 
 /// the shape `make bench-trl` compares on.
 pub const GQA32M: Shape = Shape { hidden: 512, layers: 8, heads: 8, kv_heads: 4, intermediate: 1408, vocab: 8192 };
 
+/// TinyLlama-1.1B's trunk (22 layers, hidden 2048, 32 heads, 4 key/value heads) with tied
+/// embeddings: 1.03B parameters, the GPU check's model of the size researchers tune.
+pub const LLAMA1B: Shape = Shape { hidden: 2048, layers: 22, heads: 32, kv_heads: 4, intermediate: 5632, vocab: 32000 };
+
 /// Writes a randomly initialised model of `shape` with the fixture tokenizer into `dir`
 /// (skipped when already there) and returns `dir`.
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
