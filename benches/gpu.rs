@@ -420,23 +420,30 @@ fn compare(row: &Row, (f32_peak, bf16_peak): (f64, f64), out: &Path, failures: &
         mfu(ours.pairs_per_second),
         ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
     );
-    match row.with_trl.then(|| try_trl_rate(row.model, row.data, row.run, trl_flags)) {
-        None => text.push_str(", TRL not run for this row\n"),
-        Some(Ok(theirs)) => {
-            let _ = writeln!(
-                text,
-                ", TRL {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
-                theirs.pairs_per_second,
-                mfu(theirs.pairs_per_second),
-                theirs.peak_bytes / f64::from(1u32 << 30),
-                ours.pairs_per_second / theirs.pairs_per_second
-            );
-        }
-        Some(Err(e)) => {
-            let _ = writeln!(text, ", TRL did not run: {e}");
-            failures.push(format!("TRL on cuda ({}): {}", row.name, e.lines().last().unwrap_or_default()));
+    // TRL as installed, then, in half precision, with cuDNN's attention off as dpo-train runs.
+    let mut variants = vec![("TRL", trl_flags.to_vec())];
+    if row.bf16 {
+        variants.push(("TRL without cuDNN's attention", [trl_flags, &["--no-cudnn-attention"]].concat()));
+    }
+    for (who, flags) in variants.iter().filter(|_| row.with_trl) {
+        match try_trl_rate(row.model, row.data, row.run, flags) {
+            Ok(theirs) => {
+                let _ = write!(
+                    text,
+                    "; {who} {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
+                    theirs.pairs_per_second,
+                    mfu(theirs.pairs_per_second),
+                    theirs.peak_bytes / f64::from(1u32 << 30),
+                    ours.pairs_per_second / theirs.pairs_per_second
+                );
+            }
+            Err(e) => {
+                let _ = write!(text, "; {who} did not run: {e}");
+                failures.push(format!("{who} on cuda ({}): {}", row.name, e.lines().last().unwrap_or_default()));
+            }
         }
     }
+    text.push_str(if row.with_trl { "\n" } else { "; TRL not run for this row\n" });
     print!("{text}"); // progress, row by row
     text
 }

@@ -2,6 +2,7 @@
 
 Usage: python benches/trl_dpo.py MODEL_DIR DATA_JSONL --batch-size B --max-length L --steps N
                                  --threads T [--precompute] [--bf16] [--device cpu|cuda]
+                                 [--no-cudnn-attention]
 
 Trains N optimizer steps of `per_device_train_batch_size = B` pairs (no accumulation, no evaluation,
 no checkpoints, the default sigmoid loss, AdamW) and prints one JSON line:
@@ -9,6 +10,9 @@ no checkpoints, the default sigmoid loss, AdamW) and prints one JSON line:
 measured from the end of step 1 to the end of step N (step 1 pays for warm-up), excluding the
 reference precomputation. `peak_bytes` is the peak resident set while training on CPU (the peak is
 reset just before `train()`, as dpo-train resets its own), the peak allocated CUDA memory on a GPU.
+`--no-cudnn-attention` turns cuDNN's fused attention off (`torch.backends.cuda.enable_cudnn_sdp`),
+as dpo-train does on CUDA: torch picks it for half precision on Hopper, where it builds a graph per
+input shape; TRL as installed keeps torch's choice.
 """
 
 import argparse
@@ -55,8 +59,11 @@ def main() -> None:
     p.add_argument("--precompute", action="store_true")
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--no-cudnn-attention", action="store_true")
     a = p.parse_args()
     cuda = a.device == "cuda"
+    if a.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
