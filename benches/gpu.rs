@@ -421,11 +421,14 @@ fn compare(row: &Row, (f32_peak, bf16_peak): (f64, f64), out: &Path, failures: &
         ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
     );
     // TRL as installed, then, in half precision, with cuDNN's attention off as dpo-train runs.
-    let mut variants = vec![("TRL", trl_flags.to_vec())];
-    if row.bf16 {
+    let mut variants = Vec::new();
+    if row.with_trl {
+        variants.push(("TRL", trl_flags.to_vec()));
+    }
+    if row.with_trl && row.bf16 {
         variants.push(("TRL without cuDNN's attention", [trl_flags, &["--no-cudnn-attention"]].concat()));
     }
-    for (who, flags) in variants.iter().filter(|_| row.with_trl) {
+    for (who, flags) in &variants {
         match try_trl_rate(row.model, row.data, row.run, flags) {
             Ok(theirs) => {
                 let _ = write!(
