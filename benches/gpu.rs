@@ -370,7 +370,7 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         row("32M bf16 padded", &small, &GQA32M, true, false, false),
     ];
     for row in &rows {
-        text += &compare(row, peaks, out, failures);
+        text += &compare(row, if row.bf16 { peaks.1 } else { peaks.0 }, out, failures);
     }
     text
 }
@@ -381,10 +381,10 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
 fn scale(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let model = common::model_dir(&work.join("llama1b"), &LLAMA1B);
     let data = common::sized_pairs(&work.join("pairs-32-200-256-1000.jsonl"), &model, 256, 32..=200, 256..=1000, 2);
-    let peaks = (cuda_matmul_peak(FloatDType::F32), cuda_matmul_peak(FloatDType::BF16));
+    let peak = cuda_matmul_peak(FloatDType::BF16);
     let mut text = format!(
         "256 pairs of 256-1000 tokens (prompts 32-200), 8 a step, max_length 1024; matmul peak bf16 {:.1} TFLOP/s\n",
-        peaks.1 / 1e12
+        peak / 1e12
     );
     for (name, padding_free) in [("1.0B bf16", true), ("1.0B bf16 padded", false)] {
         let row = Row {
@@ -397,13 +397,14 @@ fn scale(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
             padding_free,
             with_trl: padding_free,
         };
-        text += &compare(&row, peaks, out, failures);
+        text += &compare(&row, peak, out, failures);
     }
     text
 }
 
-/// One row's line: dpo-train's pairs/s, MFU and peak CUDA memory, then TRL's and the ratio.
-fn compare(row: &Row, (f32_peak, bf16_peak): (f64, f64), out: &Path, failures: &mut Vec<String>) -> String {
+/// One row's line: dpo-train's pairs/s, MFU (against `peak`, the matrix-product FLOP/s of the
+/// row's precision) and peak CUDA memory, then TRL's and the ratio.
+fn compare(row: &Row, peak: f64, out: &Path, failures: &mut Vec<String>) -> String {
     let (_, _, max_length) = row.run;
     let flops = pair_forward_flops(row.data, row.model, row.shape, max_length) * passes(true);
     let mut ours_flags = vec!["--device", "cuda:0"];
@@ -411,7 +412,7 @@ fn compare(row: &Row, (f32_peak, bf16_peak): (f64, f64), out: &Path, failures: &
     ours_flags.extend(if row.padding_free { &[][..] } else { &["--padding-free", "false"] });
     let trl_flags: &[&str] = if row.bf16 { &["--device", "cuda", "--bf16"] } else { &["--device", "cuda"] };
     let ours = dpo_train_rate_at(row.model, row.data, out, row.run, &ours_flags);
-    let mfu = |rate: f64| 100.0 * rate * flops / if row.bf16 { bf16_peak } else { f32_peak };
+    let mfu = |rate: f64| 100.0 * rate * flops / peak;
     let mut text = format!(
         "{}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
         row.name,

@@ -105,23 +105,21 @@ impl Gather {
     /// `[1, H, S, D]` → `[n, H, L, D]` by way of `[S, H, D]` and `[n·L, H, D]`: rows of heads, so
     /// each gather and scatter moves whole rows.
     fn batch(&self, x: &tch::Tensor) -> tch::Tensor {
-        let ((n, width), [_, h, _, d]) = (self.shape, dims(x));
-        x.squeeze_dim(0).transpose(0, 1).index_select(0, &self.slots).view([n, width, h, d]).transpose(1, 2)
+        self.unflatten(&to_rows(x).index_select(0, &self.slots))
     }
 
     /// `[n, H, L, D]` → `[1, H, S, D]`: each row position's output from its own slot.
     fn read_back(&self, y: &tch::Tensor) -> tch::Tensor {
-        let ((n, width), [_, h, _, d]) = (self.shape, dims(y));
-        y.transpose(1, 2).reshape([n * width, h, d]).index_select(0, &self.back).transpose(0, 1).unsqueeze(0)
+        from_rows(&self.flatten(y).index_select(0, &self.back))
     }
 
     /// The gradient at [`Gather::batch`]'s input from the one at its output, as torch's autograd
     /// makes it (zeros, then each slot's row added onto its position): `[n, H, L, D]` → `[1, H, S, D]`.
     fn batch_grad(&self, grad: &tch::Tensor) -> tch::Tensor {
-        let ((n, width), [_, h, _, d]) = (self.shape, dims(grad));
+        let [_, h, _, d] = dims(grad);
         let mut rows = tch::Tensor::zeros([self.back.size()[0], h, d], (grad.kind(), grad.device()));
-        let _ = rows.index_add_(0, &self.slots, &grad.transpose(1, 2).reshape([n * width, h, d]));
-        rows.transpose(0, 1).unsqueeze(0)
+        let _ = rows.index_add_(0, &self.slots, &self.flatten(grad));
+        from_rows(&rows)
     }
 
     /// The gradient at [`Gather::read_back`]'s input from the one at its output, likewise:
@@ -129,9 +127,32 @@ impl Gather {
     fn read_back_grad(&self, dy: &tch::Tensor) -> tch::Tensor {
         let ((n, width), [_, h, _, d]) = (self.shape, dims(dy));
         let mut slots = tch::Tensor::zeros([n * width, h, d], (dy.kind(), dy.device()));
-        let _ = slots.index_add_(0, &self.back, &dy.squeeze_dim(0).transpose(0, 1));
-        slots.view([n, width, h, d]).transpose(1, 2)
+        let _ = slots.index_add_(0, &self.back, &to_rows(dy));
+        self.unflatten(&slots)
     }
+
+    /// `[n·L, H, D]` → `[n, H, L, D]`.
+    fn unflatten(&self, x: &tch::Tensor) -> tch::Tensor {
+        let [_, h, d] = x.size()[..] else { unreachable!("[n·L, H, D] slots") };
+        let (n, width) = self.shape;
+        x.view([n, width, h, d]).transpose(1, 2)
+    }
+
+    /// `[n, H, L, D]` → `[n·L, H, D]`.
+    fn flatten(&self, x: &tch::Tensor) -> tch::Tensor {
+        let ((n, width), [_, h, _, d]) = (self.shape, dims(x));
+        x.transpose(1, 2).reshape([n * width, h, d])
+    }
+}
+
+/// `[1, H, S, D]` → `[S, H, D]`: a row's positions as rows of heads.
+fn to_rows(x: &tch::Tensor) -> tch::Tensor {
+    x.squeeze_dim(0).transpose(0, 1)
+}
+
+/// `[S, H, D]` → `[1, H, S, D]`.
+fn from_rows(x: &tch::Tensor) -> tch::Tensor {
+    x.transpose(0, 1).unsqueeze(0)
 }
 
 /// A 4-D tensor's sizes.
@@ -308,13 +329,12 @@ fn attend_varlen(
     };
     cached(&spans.varlen, device, make, |varlen| {
         let varlen = varlen.as_ref().filter(|v| v.rows == qkv[0].size()[2])?;
-        let rows = |x: &tch::Tensor| x.squeeze_dim(0).transpose(0, 1); // [1, H, S, D] → [S, H, D]
-        let q = rows(&qkv[0]);
+        let q = to_rows(&qkv[0]);
         let groups = q.size()[1] / qkv[1].size()[1];
         let keys = |x: &tch::Tensor| {
             let x = match &varlen.keys {
-                Some(at) => rows(x).index_select(0, at), // [Tk, Hkv, D]
-                None => rows(x),
+                Some(at) => to_rows(x).index_select(0, at), // [Tk, Hkv, D]
+                None => to_rows(x),
             };
             match groups > 1 && !takes_grouped_heads(&q) {
                 true => x.repeat_interleave_self_int(groups, 1, None),
@@ -322,7 +342,7 @@ fn attend_varlen(
             }
         };
         let y = kernel([&q, &keys(&qkv[1]), &keys(&qkv[2])], &varlen.seqs); // [S, H, D]
-        Some(y.map(|y| y.transpose(0, 1).unsqueeze(0)))
+        Some(y.map(|y| from_rows(&y)))
     })
 }
 
@@ -440,8 +460,9 @@ impl Backward<LibTorch, 3> for CausalAttention {
 /// gathered batch, and the gather and the read-back are differentiated here. Recorded from the
 /// row's own q, k and v (as [`CausalAttention`] is), the node would keep them alive beside the
 /// gathered copies torch saves, and the batch's output beside the row's: 0.8 GiB of the medium
-/// model's 14.8 GiB peak at 2048 tokens, 2 pairs a step (`make bench`'s growth run). The gradients are the ones torch's autograd makes through
-/// the gather (`index_select`'s backward: zeros, then `index_add_`), bit for bit.
+/// model's 14.8 GiB peak at 2048 tokens, 2 pairs a step (`make bench`'s growth run). The
+/// gradients are the ones torch's autograd makes through the gather (`index_select`'s backward:
+/// zeros, then `index_add_`), bit for bit.
 #[derive(Debug)]
 struct PaddedSpans;
 
@@ -647,11 +668,11 @@ mod tests {
         let stand_in = |[q, k, v]: [&tch::Tensor; 3], seqs: &super::VarlenSeqs| {
             let (cu_q, cu_k) = (Vec::<i32>::try_from(&seqs.cu_q).unwrap(), Vec::<i32>::try_from(&seqs.cu_k).unwrap());
             let part = |x: &tch::Tensor, cu: &[i32], i: usize| {
-                x.narrow(0, cu[i].into(), (cu[i + 1] - cu[i]).into()).transpose(0, 1).unsqueeze(0) // [1, H, n, D]
+                super::from_rows(&x.narrow(0, cu[i].into(), (cu[i + 1] - cu[i]).into())) // [1, H, n, D]
             };
             let ys: Vec<_> = (0..cu_q.len() - 1)
                 .map(|i| super::sdpa_causal(&[part(q, &cu_q, i), part(k, &cu_k, i), part(v, &cu_k, i)]))
-                .map(|y| y.squeeze_dim(0).transpose(0, 1))
+                .map(|y| super::to_rows(&y))
                 .collect();
             Ok(tch::Tensor::cat(&ys, 0))
         };
