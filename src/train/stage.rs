@@ -259,23 +259,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let sampler = batch_plan(cfg, data.train.len(), world)?;
     let total_steps =
         stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
-    let lr_factor = cfg.lr_scaling.factor(world);
-    progress.line(&format!(
-        "{}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} (lr_scaling = {})",
-        stage.objective.name(),
-        sampler.global_batch,
-        sampler.micro_batch,
-        sampler.global_batch / (sampler.micro_batch * world),
-        stage.learning_rate,
-        cfg.lr_scaling
-    ));
-    let schedule = Schedule {
-        kind: cfg.lr_scheduler_type,
-        peak: stage.learning_rate * lr_factor,
-        warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
-        total_steps,
-        min_lr_rate: cfg.min_lr_rate,
-    };
+    let schedule = schedule(run, stage, &sampler, total_steps, progress);
     let adamw = AdamWConfig {
         beta1: cfg.adam_beta1,
         beta2: cfg.adam_beta2,
@@ -287,37 +271,8 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let train_device = run.rt.device.clone().autodiff();
     let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
     let mut trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
-    let log = match (&resume_from, workers.is_main()) {
-        (_, false) => None,
-        // A resumed stage keeps the rows up to its checkpoint; a stage started afresh (again, after
-        // dying before its first checkpoint) starts an empty file: no step is ever logged twice.
-        (Some(_), true) => Some(MetricsWriter::resume(stage.dir, trained.state.step)?),
-        (None, true) => Some(MetricsWriter::create(stage.dir)?),
-    };
-    let log = match (log, stage.tensorboard) {
-        (Some(log), Some(dir)) => {
-            let resumed_at = resume_from.is_some().then_some(trained.state.step);
-            Some(log.with_tensorboard(&dir.join(stage.objective.name()), resumed_at)?)
-        }
-        (log, _) => log,
-    };
-    let mut references = match stage.objective {
-        Objective::Sft => None,
-        Objective::Dpo => {
-            let reference = match cfg.loss.reference_free {
-                true => None,
-                false => Some(spec.reference(&trained.policy, stage.ref_dir, &run.rt.device)?),
-            };
-            let collation = Collation {
-                batch_size: cfg.per_device_eval_batch_size,
-                pad_id: data.tokenizer.pad_id(),
-                max_length: Some(cfg.max_length),
-                ld_alpha: cfg.loss.ld_alpha,
-                packing: Packing::of(cfg.padding_free, cfg.prefix_sharing),
-            };
-            Some(References::prepare(run, reference, collation, progress)?)
-        }
-    };
+    let log = open_log(run, stage, resume_from.is_some(), trained.state.step)?;
+    let mut references = references(run, stage, &spec, &trained, progress)?;
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let sharding = if workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None };
     let layout = Layout::of(&trained.policy);
@@ -341,6 +296,72 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
+}
+
+/// The learning-rate schedule of a stage, announced with the batch it steps on.
+fn schedule(run: &Run, stage: &Stage, sampler: &Sampler, total_steps: u64, progress: &mut dyn Progress) -> Schedule {
+    let (cfg, world) = (run.cfg, run.rt.workers.world_size());
+    let lr_factor = cfg.lr_scaling.factor(world);
+    progress.line(&format!(
+        "{}: global batch {} = {} per device x {world} devices x {} accumulation; learning rate {:e} x {lr_factor:.3} (lr_scaling = {})",
+        stage.objective.name(),
+        sampler.global_batch,
+        sampler.micro_batch,
+        sampler.global_batch / (sampler.micro_batch * world),
+        stage.learning_rate,
+        cfg.lr_scaling
+    ));
+    Schedule {
+        kind: cfg.lr_scheduler_type,
+        peak: stage.learning_rate * lr_factor,
+        warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+        total_steps,
+        min_lr_rate: cfg.min_lr_rate,
+    }
+}
+
+/// `metrics.csv` on rank 0 (with its TensorBoard twin when asked): a resumed stage keeps the rows
+/// up to its checkpoint; a stage started afresh (again, after dying before its first checkpoint)
+/// starts an empty file, so no step is ever logged twice.
+fn open_log(run: &Run, stage: &Stage, resumed: bool, step: u64) -> anyhow::Result<Option<MetricsWriter>> {
+    if !run.rt.workers.is_main() {
+        return Ok(None);
+    }
+    let log = match resumed {
+        true => MetricsWriter::resume(stage.dir, step)?,
+        false => MetricsWriter::create(stage.dir)?,
+    };
+    Ok(Some(match stage.tensorboard {
+        Some(dir) => log.with_tensorboard(&dir.join(stage.objective.name()), resumed.then_some(step))?,
+        None => log,
+    }))
+}
+
+/// DPO's frozen side: the reference model (none when reference-free) and the held-out sets it
+/// scores, prepared once; SFT has none.
+fn references(
+    run: &Run,
+    stage: &Stage,
+    spec: &PolicySpec,
+    trained: &Trained,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<Option<References>> {
+    let cfg = run.cfg;
+    if stage.objective == Objective::Sft {
+        return Ok(None);
+    }
+    let reference = match cfg.loss.reference_free {
+        true => None,
+        false => Some(spec.reference(&trained.policy, stage.ref_dir, &run.rt.device)?),
+    };
+    let collation = Collation {
+        batch_size: cfg.per_device_eval_batch_size,
+        pad_id: run.data.tokenizer.pad_id(),
+        max_length: Some(cfg.max_length),
+        ld_alpha: cfg.loss.ld_alpha,
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing),
+    };
+    Ok(Some(References::prepare(run, reference, collation, progress)?))
 }
 
 /// ZeRO-3: the policy (and the per-step reference), loaded whole and the held-out sets scored,

@@ -305,21 +305,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let chosen = select::world(snap, &fit.gpus, req, fit.world, &mut log);
     log.warn_exclusions(fit.nothing_fits);
     if chosen.is_empty() {
-        if !fit.nothing_fits {
-            log.warnings.push("no usable GPU: every GPU was excluded".to_string());
-        }
-        return Plan {
-            warnings: log.warnings,
-            notes: log.notes,
-            excluded: log.excluded,
-            alternatives: fit.alternatives,
-            dtype,
-            topology: topo,
-            memory: fit.need,
-            memory_per_gpu_bytes: fit.need.map(|m| m.total),
-            command: String::new(),
-            ..Plan::cpu_fallback(req, cpus, String::new())
-        };
+        return unplaced(req, cpus, topo, dtype, fit, log);
     }
     // 6. Batch split, in the chosen setting over the chosen GPUs.
     let global = req.global_batch.max(1);
@@ -370,6 +356,25 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         notes: log.notes,
         alternatives: fit.alternatives,
         communication,
+    }
+}
+
+/// The plan when no GPU could be chosen: why (the log), what would fit instead, and the CPU's run.
+fn unplaced(req: &PlanRequest, cpus: u32, topo: Topology, dtype: Dtype, fit: fit::Fit, mut log: Log) -> Plan {
+    if !fit.nothing_fits {
+        log.warnings.push("no usable GPU: every GPU was excluded".to_string());
+    }
+    Plan {
+        warnings: log.warnings,
+        notes: log.notes,
+        excluded: log.excluded,
+        alternatives: fit.alternatives,
+        dtype,
+        topology: topo,
+        memory: fit.need,
+        memory_per_gpu_bytes: fit.need.map(|m| m.total),
+        command: String::new(),
+        ..Plan::cpu_fallback(req, cpus, String::new())
     }
 }
 
