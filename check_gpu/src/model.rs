@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use hf_config::HfConfig;
 use serde::{Deserialize, Serialize};
 
+/// The `model_type` values dpo-train builds (`src/model/llama.rs`, `SUPPORTED_MODEL_TYPES`).
+pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+
 /// Errors reading a model description.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -29,6 +32,10 @@ pub enum ModelError {
     /// A shape value is zero or inconsistent.
     #[error("{path}:1: `{key}` must be {expected}")]
     Invalid { path: PathBuf, key: &'static str, expected: &'static str },
+    /// `model_type` names an architecture dpo-train does not build (its parameters would be
+    /// counted as a Llama's, and the printed command would fail).
+    #[error("{path}:{line}: unsupported `model_type` {found}: dpo-train trains {}", SUPPORTED_MODEL_TYPES.join(", "))]
+    ModelType { path: PathBuf, line: usize, found: String },
     /// `--model-params` text that is not a count.
     #[error("Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
     Count(String),
@@ -107,11 +114,23 @@ impl ModelShape {
 
     /// Parses `config.json` text; `path` names it in errors.
     pub fn from_hf_json(text: &str, path: &Path) -> Result<ModelShape, ModelError> {
-        let cfg = HfConfig::parse(text).map_err(|e| {
+        let json_error = |e: serde_json::Error| {
             let m = e.to_string();
             let message = m.rfind(" at line ").map_or(m.clone(), |i| m[..i].to_string());
             ModelError::Json { path: path.to_path_buf(), line: e.line().max(1), column: e.column(), message }
-        })?;
+        };
+        // The architecture first: a t5 or mixtral config has other keys (or more weights) than
+        // the shape fields below describe.
+        let head: ModelTypeOnly = serde_json::from_str(text).map_err(json_error)?;
+        match head.model_type.as_deref() {
+            Some(t) if SUPPORTED_MODEL_TYPES.contains(&t) => {}
+            found => {
+                let line = key_line(text, "model_type");
+                let found = found.map_or("(missing)".to_string(), |t| format!("`{t}`"));
+                return Err(ModelError::ModelType { path: path.to_path_buf(), line, found });
+            }
+        }
+        let cfg = HfConfig::parse(text).map_err(json_error)?;
         let invalid = |key, expected| ModelError::Invalid { path: path.to_path_buf(), key, expected };
         for (key, value) in [
             ("hidden_size", cfg.hidden_size),
@@ -168,6 +187,18 @@ impl ModelShape {
         best.params = params;
         best
     }
+}
+
+/// The one key read before the rest of `config.json`.
+#[derive(Deserialize)]
+struct ModelTypeOnly {
+    model_type: Option<String>,
+}
+
+/// The 1-based line of `"key"` in `text` (1 when absent).
+fn key_line(text: &str, key: &str) -> usize {
+    let quoted = format!("\"{key}\"");
+    text.find(&quoted).map_or(1, |at| text[..at].matches('\n').count() + 1)
 }
 
 /// Product of `x`, saturating: a config.json with absurd sizes gives a count that fits nowhere,
@@ -273,20 +304,38 @@ mod tests {
 
     #[test]
     fn config_errors() {
-        let err =
-            ModelShape::from_hf_json("{\"hidden_size\": 8}", Path::new("m/config.json")).expect_err("missing keys");
+        let err = ModelShape::from_hf_json(r#"{"model_type":"llama","hidden_size": 8}"#, Path::new("m/config.json"))
+            .expect_err("missing keys");
         assert!(err.to_string().starts_with("m/config.json:1:"), "{err}");
         assert!(err.to_string().contains("missing field"), "{err}");
-        let zero =
-            r#"{"hidden_size":0,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#;
+        let zero = r#"{"model_type":"llama","hidden_size":0,"num_hidden_layers":1,"num_attention_heads":1,"intermediate_size":1,"vocab_size":1}"#;
         assert_eq!(
             ModelShape::from_hf_json(zero, Path::new("c.json")).expect_err("zero").to_string(),
             "c.json:1: `hidden_size` must be greater than zero"
         );
-        let gqa = r#"{"hidden_size":8,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":1,"vocab_size":1}"#;
+        let gqa = r#"{"model_type":"qwen3","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"intermediate_size":1,"vocab_size":1}"#;
         assert_eq!(
             ModelShape::from_hf_json(gqa, Path::new("c.json")).expect_err("gqa").to_string(),
             "c.json:1: `num_key_value_heads` must be a divisor of num_attention_heads"
+        );
+    }
+
+    /// A config dpo-train cannot build is refused before its shape is read: a t5 has none of the
+    /// Llama keys, a mixtral has 8 experts the Llama count would miss.
+    #[test]
+    fn unsupported_model_types_are_refused() {
+        let t5 = r#"{"model_type":"t5","d_model":512,"num_layers":6}"#;
+        assert_eq!(
+            ModelShape::from_hf_json(t5, Path::new("t5/config.json")).expect_err("t5").to_string(),
+            "t5/config.json:1: unsupported `model_type` `t5`: dpo-train trains llama, mistral, qwen2, qwen3"
+        );
+        let moe = "{\n  \"hidden_size\": 4096,\n  \"model_type\": \"mixtral\",\n  \"num_local_experts\": 8\n}";
+        let err = ModelShape::from_hf_json(moe, Path::new("c.json")).expect_err("mixtral").to_string();
+        assert!(err.starts_with("c.json:3: unsupported `model_type` `mixtral`"), "{err}");
+        let none = r#"{"hidden_size":8}"#;
+        assert_eq!(
+            ModelShape::from_hf_json(none, Path::new("c.json")).expect_err("missing").to_string(),
+            "c.json:1: unsupported `model_type` (missing): dpo-train trains llama, mistral, qwen2, qwen3"
         );
     }
 
