@@ -175,7 +175,30 @@ pub struct Gpu {
 /// Throttle reasons that mean the hardware itself is slowing the GPU down.
 pub const HARDWARE_THROTTLES: [&str; 3] = ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"];
 
+/// Where [`Gpu::available_memory`] took its figure from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryBasis {
+    /// The reported free memory.
+    Free,
+    /// Free memory unknown: the total less the memory in use.
+    TotalLessUsed,
+    /// Free and used memory unknown: the whole of it.
+    Total,
+}
+
 impl Gpu {
+    /// The memory a run can take and where the figure comes from: the free memory (never more
+    /// than the total), else total − used, else the total; `None` when neither free nor total
+    /// memory is known.
+    pub fn available_memory(&self) -> Option<(u64, MemoryBasis)> {
+        match (self.memory_free_bytes, self.memory_total_bytes, self.memory_used_bytes) {
+            (Some(free), total, _) => Some((total.map_or(free, |t| free.min(t)), MemoryBasis::Free)),
+            (None, Some(total), Some(used)) => Some((total.saturating_sub(used), MemoryBasis::TotalLessUsed)),
+            (None, Some(total), None) => Some((total, MemoryBasis::Total)),
+            (None, None, _) => None,
+        }
+    }
+
     /// Name for messages: `GPU 3 (NVIDIA A100-SXM4-80GB)`.
     pub fn label(&self) -> String {
         match &self.name {

@@ -31,7 +31,7 @@ pub(super) fn split(snap: &Snapshot, chosen: &[u32], global: u64, est: &Estimato
             "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));
     }
-    let min_free = chosen.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).min();
+    let min_free = chosen.iter().filter_map(|&i| super::fit::available(snap, i)).min();
     let mut micro = 1;
     let mut estimate = est.at(1);
     let mut m = 1;

@@ -9,7 +9,7 @@
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
 use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, Sharding};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{MemoryBasis, Snapshot};
 use crate::units::bytes;
 
 /// The memory estimate of the planned run at any micro-batch (`None` without a model).
@@ -140,21 +140,20 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
     if !est.has_model() || candidates.is_empty() {
         return Fit { gpus: candidates, need: est.with(1, base, most), ..empty };
     }
+    warn_unknown_free(snap, &candidates, log);
     let ladder = ladder(est.req, base, most);
     for &s in &ladder {
         let Some((gpus, world, need)) = place(snap, &candidates, est, s, most) else { continue };
         for &i in &candidates {
-            match snap.gpu(i).and_then(|g| g.memory_free_bytes) {
-                Some(free) if !gpus.contains(&i) => log.excluded.push(Excluded {
+            if let Some(free) = available(snap, i).filter(|_| !gpus.contains(&i)) {
+                log.excluded.push(Excluded {
                     index: i,
                     reason: format!(
                         "too little free memory: needs {} at micro-batch 1, has {} free",
                         bytes(need.total),
                         bytes(free)
                     ),
-                }),
-                None => log.notes.push(format!("GPU {i}: free memory unknown, not checked against the estimate")),
-                Some(_) => {}
+                });
             }
         }
         if s != base {
@@ -165,7 +164,7 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
         return Fit { gpus, need: Some(need), setting: s, world: Some(world), ..empty };
     }
     let need = est.with(1, base, most);
-    let best_free = candidates.iter().filter_map(|&i| snap.gpu(i)?.memory_free_bytes).max().unwrap_or(0);
+    let best_free = candidates.iter().filter_map(|&i| available(snap, i)).max().unwrap_or(0);
     let mut warning = format!(
         "nothing fits: even micro-batch 1 with gradient accumulation needs {} per GPU and the largest free memory is {}",
         bytes(need.map_or(0, |e| e.total)),
@@ -237,10 +236,36 @@ fn place(
         let gpus: Vec<u32> = candidates
             .iter()
             .copied()
-            .filter(|&i| snap.gpu(i).and_then(|g| g.memory_free_bytes).is_none_or(|free| free >= need.total))
+            .filter(|&i| available(snap, i).is_none_or(|free| free >= need.total))
             .collect();
         (gpus.len() >= n).then_some((gpus, n, need))
     })
+}
+
+/// The memory GPU `i` offers the run ([`crate::snapshot::Gpu::available_memory`]).
+pub(super) fn available(snap: &Snapshot, i: u32) -> Option<u64> {
+    snap.gpu(i)?.available_memory().map(|(b, _)| b)
+}
+
+/// One warning per kind of guess: without `memory.free` the plan goes by total − used or the
+/// total (a GPU shared with another job has less), and without any memory figure it checks
+/// nothing, so such a plan is never plainly ready.
+fn warn_unknown_free(snap: &Snapshot, candidates: &[u32], log: &mut Log) {
+    let mut by_basis: [(Option<MemoryBasis>, &str, Vec<String>); 3] = [
+        (Some(MemoryBasis::TotalLessUsed), "free memory unknown: planned against total minus used memory", Vec::new()),
+        (Some(MemoryBasis::Total), "free and used memory unknown: planned against the total memory, as if no other process used any", Vec::new()),
+        (None, "memory unknown (no --query): the estimate is not checked against it", Vec::new()),
+    ];
+    for &i in candidates {
+        let basis = snap.gpu(i).and_then(|g| g.available_memory()).map(|(_, b)| b);
+        if let Some(slot) = by_basis.iter_mut().find(|(b, _, _)| *b == basis) {
+            slot.2.push(i.to_string());
+        }
+    }
+    for (_, what, gpus) in by_basis.into_iter().filter(|(_, _, g)| !g.is_empty()) {
+        let label = if gpus.len() == 1 { "GPU" } else { "GPUs" };
+        log.warnings.push(format!("{label} {}: {what}", gpus.join(",")));
+    }
 }
 
 /// Why the plan shards or offloads: what the requested setting would need against what the

@@ -557,6 +557,42 @@ mod tests {
         );
     }
 
+    /// Without `memory.free` the plan goes by total − used (else the total), says so, and is
+    /// never plainly ready; free memory above the total counts as the total.
+    #[test]
+    fn unknown_free_memory_is_total_less_used_with_a_warning() {
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(1_500_000_000)), ..PlanRequest::default() };
+        let unknown = |used: Option<u64>| {
+            let mut g = gpu(0, "A", 0);
+            (g.memory_free_bytes, g.memory_used_bytes) = (None, used);
+            g
+        };
+        // 1 GiB of a 24 GiB card in use: 23 GiB left, too little for the 35.6 GiB full replica.
+        let mut small = unknown(Some(GIB));
+        small.memory_total_bytes = Some(24 * GIB);
+        let p = plan(&machine(vec![small], |_, _| Link::Phb), &req);
+        assert_eq!(p.min_free_bytes, Some(23 * GIB));
+        assert!(p.memory_per_gpu_bytes.expect("a model") <= 23 * GIB);
+        assert!(p.offload_optimizer, "{:?}", p.warnings);
+        assert_eq!(p.status, Status::ReadyWithWarnings);
+        assert_eq!(p.warnings[0], "GPU 0: free memory unknown: planned against total minus used memory");
+        let p = plan(&machine(vec![unknown(None)], |_, _| Link::Phb), &req);
+        assert_eq!((p.status, p.min_free_bytes), (Status::ReadyWithWarnings, Some(80 * GIB)));
+        assert!(p.warnings[0].starts_with("GPU 0: free and used memory unknown: planned against the total"));
+        // Nothing known: not checked, and said so.
+        let mut g = unknown(None);
+        g.memory_total_bytes = None;
+        let h = Gpu { index: 1, ..g.clone() };
+        let p = plan(&machine(vec![g, h], |_, _| Link::Phb), &req);
+        assert_eq!(p.status, Status::ReadyWithWarnings);
+        assert!(p.warnings.iter().any(|w| w.starts_with("GPUs 0,1: memory unknown")), "{:?}", p.warnings);
+        // A free figure above the total is capped at the total.
+        let mut g = gpu(0, "A", 0);
+        (g.memory_free_bytes, g.memory_total_bytes) = (Some(900 * GIB), Some(24 * GIB));
+        let p = plan(&machine(vec![g], |_, _| Link::Phb), &req);
+        assert_eq!(p.min_free_bytes, Some(24 * GIB));
+    }
+
     #[test]
     fn no_model_caps_micro_batch() {
         let s = machine(vec![gpu(0, "A", 70)], |_, _| Link::Phb);
