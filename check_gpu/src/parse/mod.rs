@@ -42,6 +42,13 @@ pub fn read(path: &Path) -> Result<String, ParseError> {
     std::fs::read_to_string(path).map_err(|source| ParseError::Read { path: path.to_path_buf(), source })
 }
 
+/// The non-blank lines of `text` with their 1-based numbers, a leading UTF-8 byte-order mark
+/// (Windows editors write one) removed.
+pub(crate) fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> + Clone {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty())
+}
+
 /// One offline input: its text and the path used in messages.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {

@@ -61,21 +61,26 @@ fn is_na(v: &str) -> bool {
     matches!(v, "" | "[N/A]" | "N/A" | "[Not Supported]" | "Not Supported" | "[Unknown Error]")
 }
 
+/// The command whose output `--query` reads.
+pub fn query_command() -> String {
+    format!("nvidia-smi --query-gpu={} --format=csv", DEFAULT_COLUMNS.join(","))
+}
+
 /// Parses the CSV text; `path` only names the file in errors.
 pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
     let err = |line: usize, message: String| ParseError::Query { path: path.to_path_buf(), line, message };
-    let mut rows = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| (i + 1, super::topo::strip_ansi(l)))
-        .filter(|(_, l)| !l.trim().is_empty())
-        .peekable();
+    let mut rows = super::lines(text).map(|(i, l)| (i, super::topo::strip_ansi(l))).peekable();
+    if let Some((no, _)) = rows.clone().take(3).find(|(_, l)| l.contains("NVSMI LOG")) {
+        let message = format!("this is `nvidia-smi -q` output; --query reads the CSV of `{}`", query_command());
+        return Err(err(no, message));
+    }
     let columns = match rows.peek() {
-        Some((_, first)) if split(first).iter().any(|c| c.eq_ignore_ascii_case("index")) => {
-            let names = split(first)
-                .into_iter()
-                .map(|c| c.split(" [").next().unwrap_or_default().trim().to_ascii_lowercase())
-                .collect();
+        Some((no, first)) if split(first).iter().any(|c| is_column_name(c)) => {
+            let names: Vec<String> = split(first).iter().map(|c| column_name(c)).collect();
+            if !names.iter().any(|c| c == "index") {
+                let message = format!("the header lacks `index`, which names each GPU: run `{}`", query_command());
+                return Err(err(*no, message));
+            }
             rows.next();
             names
         }
@@ -106,6 +111,7 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
         if !have_index {
             return Err(err(no, "column `index`: expected a GPU index, found `[N/A]`".into()));
         }
+        check_memory(&gpu).map_err(|m| err(no, m))?;
         if table.gpus.iter().any(|g: &Gpu| g.index == gpu.index) {
             return Err(err(no, format!("column `index`: GPU {} appears twice", gpu.index)));
         }
@@ -116,6 +122,36 @@ pub fn parse(text: &str, path: &Path) -> Result<QueryTable, ParseError> {
         return Err(err(1, "expected at least one GPU row".into()));
     }
     Ok(table)
+}
+
+/// `memory.total [MiB]` -> `memory.total`.
+fn column_name(cell: &str) -> String {
+    cell.split(" [").next().unwrap_or_default().trim().to_ascii_lowercase()
+}
+
+/// Whether a cell of the first row is a column name, so that row is a header (no GPU value
+/// looks like one).
+fn is_column_name(cell: &str) -> bool {
+    DEFAULT_COLUMNS.contains(&column_name(cell).as_str())
+}
+
+/// Free and used memory beyond the total is a garbled or hand-edited file: planning with it
+/// would place a model on memory that does not exist.
+fn check_memory(gpu: &Gpu) -> Result<(), String> {
+    let Some(total) = gpu.memory_total_bytes else { return Ok(()) };
+    for (col, value) in [("memory.used", gpu.memory_used_bytes), ("memory.free", gpu.memory_free_bytes)] {
+        if let Some(v) = value.filter(|&v| v > total) {
+            return Err(format!("column `{col}`: {} MiB exceeds memory.total, {} MiB", v / MIB, total / MIB));
+        }
+    }
+    Ok(())
+}
+
+/// `550.54.15` or `535.104`: a file cut off inside the version (`55`) must not pass, since the
+/// RTX 40xx NCCL workaround compares it.
+fn is_driver_version(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    (2..=3).contains(&parts.len()) && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn split(line: &str) -> Vec<String> {
@@ -152,6 +188,12 @@ impl Cell<'_> {
         self.number().parse::<f64>().map_err(|_| self.expected(what))
     }
 
+    /// Memory in MiB, as bytes.
+    fn mib(&self) -> Result<u64, ParseError> {
+        let n = self.int("memory in MiB")?;
+        n.checked_mul(MIB).ok_or_else(|| self.err(format!("column `{}`: value `{}` is too large", self.col, self.v)))
+    }
+
     fn small(&self, what: &str) -> Result<u32, ParseError> {
         let n = self.int(what)?;
         u32::try_from(n).map_err(|_| self.err(format!("column `{}`: value `{}` is too large", self.col, self.v)))
@@ -175,9 +217,9 @@ impl Cell<'_> {
             "name" => gpu.name = Some(v.to_string()),
             "uuid" => gpu.uuid = Some(v.to_string()),
             "pci.bus_id" => gpu.pci_bus_id = Some(v.to_string()),
-            "memory.total" => gpu.memory_total_bytes = Some(self.int("memory in MiB")? * MIB),
-            "memory.used" => gpu.memory_used_bytes = Some(self.int("memory in MiB")? * MIB),
-            "memory.free" => gpu.memory_free_bytes = Some(self.int("memory in MiB")? * MIB),
+            "memory.total" => gpu.memory_total_bytes = Some(self.mib()?),
+            "memory.used" => gpu.memory_used_bytes = Some(self.mib()?),
+            "memory.free" => gpu.memory_free_bytes = Some(self.mib()?),
             "compute_cap" => {
                 self.float("a compute capability like `8.0`")?;
                 gpu.compute_capability = Some(v.to_string());
@@ -186,6 +228,7 @@ impl Cell<'_> {
             "pcie.link.gen.max" => gpu.pcie.gen_max = Some(self.small("a PCIe generation")?),
             "pcie.link.width.current" => gpu.pcie.width_current = Some(self.small("a PCIe link width")?),
             "pcie.link.width.max" => gpu.pcie.width_max = Some(self.small("a PCIe link width")?),
+            "driver_version" if !is_driver_version(v) => return Err(self.expected("a version like `550.54.15`")),
             "driver_version" => *driver_version = Some(v.to_string()),
             "mig.mode.current" => gpu.mig_enabled = Some(self.flag("Enabled", "Disabled")?),
             "persistence_mode" => gpu.persistence_mode = Some(self.flag("Enabled", "Disabled")?),
@@ -272,21 +315,66 @@ mod tests {
         let msg = p(&short).expect_err("short").to_string();
         assert!(msg.starts_with("q.csv:2: expected 13 comma-separated values (index, name, uuid,"), "{msg}");
         assert!(msg.ends_with("found 3"), "{msg}");
-        let bad_mem = format!("{HEADER}\n0, Tesla T4, GPU-1, 0:4.0, lots, 0, 0, 7.5, 1, 3, 16, 16, 535\n");
+        let bad_mem = format!("{HEADER}\n0, Tesla T4, GPU-1, 0:4.0, lots, 0, 0, 7.5, 1, 3, 16, 16, 535.183.01\n");
         assert_eq!(
             p(&bad_mem).expect_err("mem").to_string(),
             "q.csv:2: column `memory.total`: expected memory in MiB, found `lots`"
         );
-        let bad_index = "x, Tesla T4, GPU-1, 0:4.0, 1, 0, 0, 7.5, 1, 3, 16, 16, 535\n";
+        let bad_index = "x, Tesla T4, GPU-1, 0:4.0, 1, 0, 0, 7.5, 1, 3, 16, 16, 535.183.01\n";
         assert_eq!(
             p(bad_index).expect_err("index").to_string(),
             "q.csv:1: column `index`: expected a GPU index, found `x`"
         );
-        let dup = "0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535\n0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535\n";
+        let dup = "0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535.183.01\n0, T4, G, B, 1, 0, 0, 7.5, 1, 3, 16, 16, 535.183.01\n";
         assert_eq!(p(dup).expect_err("dup").to_string(), "q.csv:2: column `index`: GPU 0 appears twice");
-        let no_header = "name, memory.total\nT4, 1\n";
-        assert!(
-            p(no_header).expect_err("no index").to_string().starts_with("q.csv:1: expected 13 comma-separated values")
+        let no_index = "name, memory.total\nT4, 1\n";
+        assert!(p(no_index).expect_err("no index").to_string().starts_with(
+            "q.csv:1: the header lacks `index`, which names each GPU: run `nvidia-smi --query-gpu=index,name,"
+        ));
+    }
+
+    /// Values no GPU reports: more free or used memory than the total, a count of MiB whose
+    /// bytes overflow, a driver version cut off mid-value.
+    #[test]
+    fn impossible_values_are_refused() {
+        let row = |total: &str, used: &str, free: &str, driver: &str| {
+            format!("{HEADER}\n0, A100, G, B, {total} MiB, {used} MiB, {free} MiB, 8.0, 4, 4, 16, 16, {driver}\n")
+        };
+        assert_eq!(
+            p(&row("81920", "4", "999999", "550.54.15")).expect_err("free").to_string(),
+            "q.csv:2: column `memory.free`: 999999 MiB exceeds memory.total, 81920 MiB"
         );
+        assert_eq!(
+            p(&row("81920", "81921", "0", "550.54.15")).expect_err("used").to_string(),
+            "q.csv:2: column `memory.used`: 81921 MiB exceeds memory.total, 81920 MiB"
+        );
+        assert_eq!(
+            p(&row("81920", "4", "17592186044416", "550.54.15")).expect_err("overflow").to_string(),
+            "q.csv:2: column `memory.free`: value `17592186044416 MiB` is too large"
+        );
+        assert_eq!(
+            p(&row("81920", "4", "81000", "55")).expect_err("driver").to_string(),
+            "q.csv:2: column `driver_version`: expected a version like `550.54.15`, found `55`"
+        );
+        for ok in ["535.104", "550.54.15"] {
+            assert_eq!(p(&row("81920", "4", "81000", ok)).expect("parses").driver_version.as_deref(), Some(ok));
+        }
+    }
+
+    #[test]
+    fn byte_order_mark_and_nvsmi_log() {
+        let t =
+            p(&format!("\u{feff}{HEADER}\n0, T4, G, B, 15360 MiB, 0 MiB, 14930 MiB, 7.5, 1, 3, 16, 16, 535.183.01\n"))
+                .expect("a BOM is skipped");
+        assert_eq!(t.gpus[0].name.as_deref(), Some("T4"));
+        let log = "\n==============NVSMI LOG==============\n\nTimestamp : Tue Mar  4 10:12:01 2025\n";
+        let msg = p(log).expect_err("nvidia-smi -q").to_string();
+        assert!(
+            msg.starts_with(
+                "q.csv:2: this is `nvidia-smi -q` output; --query reads the CSV of `nvidia-smi --query-gpu=index,"
+            ),
+            "{msg}"
+        );
+        assert!(msg.ends_with(",driver_version --format=csv`"), "{msg}");
     }
 }

@@ -74,7 +74,7 @@ fn na(cell: &str) -> bool {
 /// Parses the text of `nvidia-smi topo -m`; `path` only names the file in errors.
 pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
     let err = |line: usize, message: String| ParseError::Topo { path: path.to_path_buf(), line, message };
-    let lines: Vec<(usize, String)> = text.lines().enumerate().map(|(i, l)| (i + 1, strip_ansi(l))).collect();
+    let lines: Vec<(usize, String)> = super::lines(text).map(|(i, l)| (i, strip_ansi(l))).collect();
 
     let mut rest = lines.iter().skip_while(|(_, l)| l.trim().is_empty());
     let Some((header_no, header)) = rest.next() else {
@@ -274,6 +274,12 @@ mlx5_0  PXB     SYS      X\n";
         assert_eq!(m.links[1][0], Link::Sys);
         assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("20-39"));
         assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
+    }
+
+    #[test]
+    fn byte_order_mark_is_skipped() {
+        let m = p(&format!("\u{feff}{T4}")).expect("parses");
+        assert_eq!(m.gpus.len(), 2);
     }
 
     #[test]

@@ -233,11 +233,8 @@ fn place(
     let least = if est.req.sharding.is_none() && s.sharding != Sharding::None { 2 } else { 1 };
     (least..=most).rev().find_map(|n| {
         let need = est.with(1, s, n)?;
-        let gpus: Vec<u32> = candidates
-            .iter()
-            .copied()
-            .filter(|&i| available(snap, i).is_none_or(|free| free >= need.total))
-            .collect();
+        let gpus: Vec<u32> =
+            candidates.iter().copied().filter(|&i| available(snap, i).is_none_or(|free| free >= need.total)).collect();
         (gpus.len() >= n).then_some((gpus, n, need))
     })
 }
@@ -253,7 +250,11 @@ pub(super) fn available(snap: &Snapshot, i: u32) -> Option<u64> {
 fn warn_unknown_free(snap: &Snapshot, candidates: &[u32], log: &mut Log) {
     let mut by_basis: [(Option<MemoryBasis>, &str, Vec<String>); 3] = [
         (Some(MemoryBasis::TotalLessUsed), "free memory unknown: planned against total minus used memory", Vec::new()),
-        (Some(MemoryBasis::Total), "free and used memory unknown: planned against the total memory, as if no other process used any", Vec::new()),
+        (
+            Some(MemoryBasis::Total),
+            "free and used memory unknown: planned against the total memory, as if no other process used any",
+            Vec::new(),
+        ),
         (None, "memory unknown (no --query): the estimate is not checked against it", Vec::new()),
     ];
     for &i in candidates {
