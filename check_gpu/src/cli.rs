@@ -69,9 +69,9 @@ pub struct Args {
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// ZeRO stage, dpo-train's --sharding: zero1 partitions AdamW's state over the GPUs, zero2
-    /// also the gradients, zero3 also the weights. `auto`: for full fine-tuning, the first of
-    /// none, zero1, zero2 (with activation checkpointing if that makes it fit), zero3 and zero3
-    /// with --offload-optimizer that fits.
+    /// also the gradients, zero3 also the weights. `auto`: the first of none, zero1, zero2 (with
+    /// activation checkpointing if that makes it fit), zero3 and zero3 with --offload-optimizer
+    /// that fits (for LoRA too).
     #[arg(long, value_enum, value_name = "STAGE", default_value = "auto")]
     pub sharding: ShardingChoice,
     /// Plan with AdamW's state (and the fp32 master weights in mixed precision) in host memory.

@@ -1,11 +1,12 @@
-//! Step 4, memory: the estimate at micro-batch 1 against each GPU's free memory. A full
-//! fine-tuning run with `--sharding auto` that does not fit as a full replica tries the ZeRO
+//! Step 4, memory: the estimate at micro-batch 1 against each GPU's free memory. A run (full
+//! fine-tuning or LoRA) with `--sharding auto` that does not fit as a full replica tries the ZeRO
 //! stages, cheapest in communication first: zero1, zero2, zero2 with activation checkpointing
 //! (its gradients shrink only when the backward runs layer by layer), zero3, zero3 with the
 //! optimizer offloaded; one GPU has nothing to shard over, so there only the offload is tried.
 //! The first that fits at micro-batch 1 (the micro-batch an unsharded run that does not fit
 //! would get) is kept. When nothing fits, what would, least intrusive first: activation
-//! checkpointing, a precomputed reference, LoRA, and their combinations, each with its estimate.
+//! checkpointing, a precomputed reference, LoRA, and their combinations, each run through the
+//! same search and estimated in the first setting of it that fits.
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
 use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, Sharding};
@@ -142,27 +143,56 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
     }
     warn_unknown_free(snap, &candidates, log);
     let ladder = ladder(est.req, base, most);
-    for &s in &ladder {
-        let Some((gpus, world, need)) = place(snap, &candidates, est, s, most) else { continue };
-        for &i in &candidates {
-            if let Some(free) = available(snap, i).filter(|_| !gpus.contains(&i)) {
-                log.excluded.push(Excluded {
-                    index: i,
-                    reason: format!(
-                        "too little free memory: needs {} at micro-batch 1, has {} free",
-                        bytes(need.total),
-                        bytes(free)
-                    ),
-                });
-            }
+    let Some(placed) = first_fit(snap, &candidates, est, &ladder, most) else {
+        return nothing_fits(snap, &candidates, est, &ladder, most, log);
+    };
+    let Placed { setting: s, gpus, world, need } = placed;
+    for &i in &candidates {
+        if let Some(free) = available(snap, i).filter(|_| !gpus.contains(&i)) {
+            log.excluded.push(Excluded {
+                index: i,
+                reason: format!(
+                    "too little free memory: needs {} at micro-batch 1, has {} free",
+                    bytes(need.total),
+                    bytes(free)
+                ),
+            });
         }
-        if s != base {
-            log.notes.push(stage_note(est, base, s, world));
-        } else if s.sharding != Sharding::None && world == 1 {
-            log.warnings.push(format!("{} over one GPU partitions nothing: it needs two or more", s.sharding.name()));
-        }
-        return Fit { gpus, need: Some(need), setting: s, world: Some(world), ..empty };
     }
+    if s != base {
+        log.notes.push(stage_note(est, base, s, world));
+    } else if s.sharding != Sharding::None && world == 1 {
+        log.warnings.push(format!("{} over one GPU partitions nothing: it needs two or more", s.sharding.name()));
+    }
+    Fit { gpus, need: Some(need), setting: s, world: Some(world), ..empty }
+}
+
+/// A rung of the ladder that fits: where, and what it needs at micro-batch 1.
+struct Placed {
+    setting: Setting,
+    gpus: Vec<u32>,
+    world: usize,
+    need: MemoryEstimate,
+}
+
+/// The first setting of `ladder` that fits on enough of `candidates`.
+fn first_fit(snap: &Snapshot, candidates: &[u32], est: &Estimator, ladder: &[Setting], most: usize) -> Option<Placed> {
+    ladder.iter().find_map(|&setting| {
+        let (gpus, world, need) = place(snap, candidates, est, setting, most)?;
+        Some(Placed { setting, gpus, world, need })
+    })
+}
+
+/// Step 4 when no setting of the search fits: the warning, and what would fit instead.
+fn nothing_fits(
+    snap: &Snapshot,
+    candidates: &[u32],
+    est: &Estimator,
+    ladder: &[Setting],
+    most: usize,
+    log: &mut Log,
+) -> Fit {
+    let base = Setting::requested(est.req);
     let need = est.with(1, base, most);
     let best_free = candidates.iter().filter_map(|&i| available(snap, i)).max().unwrap_or(0);
     let mut warning = format!(
@@ -176,7 +206,7 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
         warning.push_str(&format!("; {}{over} needs {}", s.describe(base), bytes(e.total)));
     }
     log.warnings.push(warning);
-    let alternatives = alternatives(est, most, best_free);
+    let alternatives = alternatives(snap, candidates, est, most);
     let tried = match leanest.map(|s| s.sharding) {
         Some(Sharding::None) => "offloading the optimizer, ",
         Some(_) => "ZeRO sharding up to zero3 with the optimizer offloaded, ",
@@ -186,13 +216,15 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
         Some(a) => log.notes.push(format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description)),
         None => log.notes.push(format!("none of {tried}LoRA, a precomputed reference or activation checkpointing fits: use GPUs with more memory or a smaller model")),
     }
-    Fit { nothing_fits: true, need, alternatives, ..empty }
+    Fit { gpus: Vec::new(), nothing_fits: true, need, alternatives, setting: base, world: None }
 }
 
-/// The settings to try in order: the requested one, then for full fine-tuning with
-/// `--sharding auto` the ZeRO stages (on two GPUs or more) or the offload alone (on one).
+/// The settings to try in order: the requested one, then with `--sharding auto` the ZeRO
+/// stages (on two GPUs or more) or the offload alone (on one).
 fn ladder(req: &PlanRequest, base: Setting, most: usize) -> Vec<Setting> {
-    if req.sharding.is_some() || base.finetune != FineTune::Full {
+    // LoRA and a precomputed reference take the same rungs: zero3 splits LoRA's frozen base,
+    // by far its largest term, and the offload its adapters' optimizer.
+    if req.sharding.is_some() {
         return vec![base];
     }
     let with = |sharding, checkpointing: bool, offload: bool| Setting {
@@ -287,21 +319,59 @@ fn stage_note(est: &Estimator, base: Setting, s: Setting, world: usize) -> Strin
     note
 }
 
-/// Each suggestion's estimate at micro-batch 1 over `world` GPUs, and whether it fits `free`.
-fn alternatives(est: &Estimator, world: usize, free: u64) -> Vec<Alternative> {
+/// Each suggestion in the setting it would run in: the first rung of its own search that fits
+/// (with `--sharding auto`, a LoRA run may shard as a full one does), else the leanest rung's need.
+/// A suggestion that lands on a setting the main search or an earlier suggestion already
+/// covers (checkpointing is part of the ZeRO rungs) is left out.
+fn alternatives(snap: &Snapshot, candidates: &[u32], est: &Estimator, most: usize) -> Vec<Alternative> {
+    let mut seen = ladder(est.req, Setting::requested(est.req), most);
     suggestions(est.req)
         .into_iter()
         .filter_map(|s| {
-            let e = est.with(1, s.setting, world)?;
+            let ladder = ladder(est.req, s.setting, most);
+            let (rung, need, fits) = match first_fit(snap, candidates, est, &ladder, most) {
+                Some(p) => (p.setting, p.need, true),
+                None => {
+                    let leanest = *ladder.last()?;
+                    (leanest, est.with(1, leanest, most)?, false)
+                }
+            };
+            if seen.contains(&rung) {
+                return None;
+            }
+            seen.push(rung);
+            let (description, flags) = if rung == s.setting {
+                (s.description, s.flags)
+            } else {
+                (
+                    format!("{}, {}", s.description, rung.describe(s.setting)),
+                    format!("{}{}", s.flags, added_flags(rung, s.setting)),
+                )
+            };
             Some(Alternative {
-                description: s.description,
-                flags: s.flags,
+                description,
+                flags,
                 check_gpu_flags: s.check_gpu_flags,
-                memory_per_gpu_bytes: e.total,
-                fits: e.total <= free,
+                memory_per_gpu_bytes: need.total,
+                fits,
             })
         })
         .collect()
+}
+
+/// The `dpo-train` flags that `s` adds to `base`: checkpointing, the stage, the offload.
+fn added_flags(s: Setting, base: Setting) -> String {
+    let mut out = String::new();
+    if s.checkpointing && !base.checkpointing {
+        out.push_str(" --gradient-checkpointing");
+    }
+    if s.sharding != base.sharding {
+        out.push_str(&format!(" --sharding {}", s.sharding.name()));
+    }
+    if s.offload && !base.offload {
+        out.push_str(" --offload-optimizer");
+    }
+    out
 }
 
 /// The settings that lower the need from `req`'s, least intrusive first.

@@ -67,8 +67,8 @@ pub struct PlanRequest {
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
-    /// `None` (`--sharding auto`): for full fine-tuning, the first ZeRO stage that fits when a
-    /// full replica does not; else that stage.
+    /// `None` (`--sharding auto`): the first ZeRO stage that fits when a full replica does not
+    /// (LoRA and a precomputed reference included); else that stage.
     pub sharding: Option<Sharding>,
     /// Keep AdamW's state (and the fp32 master weights) in host memory.
     pub offload_optimizer: bool,
@@ -530,8 +530,9 @@ mod tests {
             "{}",
             p.warnings[0]
         );
+        // The precomputed reference, under zero3 with the offload as the search would run it, fits.
         assert!(
-            p.notes.iter().any(|n| n.starts_with("plan again with `--lora 16 --gradient-checkpointing`")),
+            p.notes.iter().any(|n| n.starts_with("plan again with `--reference precompute` added")),
             "{:?}",
             p.notes
         );
@@ -591,6 +592,27 @@ mod tests {
         (g.memory_free_bytes, g.memory_total_bytes) = (Some(900 * GIB), Some(24 * GIB));
         let p = plan(&machine(vec![g], |_, _| Link::Phb), &req);
         assert_eq!(p.min_free_bytes, Some(24 * GIB));
+    }
+
+    /// 70B on eight 80 GiB GPUs: no full fine-tuning setting fits, LoRA does under zero3; the
+    /// search runs for LoRA too, and each alternative is estimated in the setting it would run in.
+    #[test]
+    fn lora_and_precomputed_reference_search_the_stages_too() {
+        let s = machine((0..8).map(|i| gpu(i, "H100", 79)).collect(), |_, _| Link::NvLink(18));
+        let req = PlanRequest { model: Some(ModelShape::from_param_count(70_000_000_000)), ..PlanRequest::default() };
+        let p = plan(&s, &req);
+        assert_eq!(p.status, Status::NotReady);
+        let lora = p.alternatives.iter().find(|a| a.check_gpu_flags == "--lora 16").expect("LoRA is suggested");
+        assert!(lora.fits && lora.memory_per_gpu_bytes <= 79 * GIB, "{lora:?}");
+        assert!(lora.flags.ends_with(" --gradient-checkpointing --sharding zero3"), "{}", lora.flags);
+        assert_eq!(lora.description, "LoRA rank 16, zero3");
+        // Checkpointing alone is one of the search's own rungs: not listed again.
+        assert!(p.alternatives.iter().all(|a| a.check_gpu_flags != "--gradient-checkpointing"), "{:?}", p.alternatives);
+        let asked = PlanRequest { finetune: FineTune::Lora { rank: 16 }, gradient_checkpointing: true, ..req.clone() };
+        let p = plan(&s, &asked);
+        assert_eq!((p.status, p.sharding, p.world_size), (Status::Ready, Sharding::Zero3, 8), "{:?}", p.warnings);
+        let pre = plan(&s, &PlanRequest { reference: Reference::Precompute, ..req });
+        assert_eq!((pre.status, pre.sharding, pre.offload_optimizer), (Status::Ready, Sharding::Zero3, true));
     }
 
     #[test]
