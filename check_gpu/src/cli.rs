@@ -309,11 +309,12 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         p.command,
         crate::plan::CONFIG_PLACEHOLDER
     );
+    // The first warning is `reason`, printed above.
+    for w in p.warnings.iter().skip(1) {
+        stdout.push_str(&format!("  ! {w}\n"));
+    }
     if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
         stdout.push_str(&render::bench_text(&bench::peak::summarize(rec, None), style));
-        for w in p.warnings.iter().skip(1) {
-            stdout.push_str(&format!("  ! {w}\n"));
-        }
         if let Some(c) = &p.communication {
             stdout.push_str(&format!("  {}\n", render::communication_line(c)));
         }

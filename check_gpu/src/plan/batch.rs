@@ -6,7 +6,6 @@
 use super::fit::Estimator;
 use super::{DEFAULT_MICRO_BATCH_CAP, Log, LrScale};
 use crate::memory::MemoryEstimate;
-use crate::snapshot::Snapshot;
 
 /// The batch arithmetic of a plan.
 pub(super) struct Split {
@@ -20,9 +19,10 @@ pub(super) struct Split {
     pub min_free: Option<u64>,
 }
 
-/// Splits the global batch over `chosen`.
-pub(super) fn split(snap: &Snapshot, chosen: &[u32], global: u64, est: &Estimator, log: &mut Log) -> Split {
-    let wu = chosen.len() as u64;
+/// Splits the global batch over `world` ranks whose smallest free memory is `min_free`
+/// (`None`: unknown, as on CPU processes).
+pub(super) fn split(world: usize, min_free: Option<u64>, global: u64, est: &Estimator, log: &mut Log) -> Split {
+    let wu = (world as u64).max(1);
     let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
     let effective = per_rank * wu;
     if effective != global {
@@ -31,7 +31,6 @@ pub(super) fn split(snap: &Snapshot, chosen: &[u32], global: u64, est: &Estimato
             "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));
     }
-    let min_free = chosen.iter().filter_map(|&i| super::fit::available(snap, i)).min();
     let mut micro = 1;
     let mut estimate = est.at(1);
     let mut m = 1;

@@ -8,10 +8,23 @@ use super::fit::Setting;
 use super::{CONFIG_PLACEHOLDER, LORA_TARGETS, PlanRequest};
 use crate::memory::{Dtype, FineTune, Reference, Sharding};
 
-/// The command for `world` GPUs with the batch `split` in `dtype` and setting `s`.
-pub(super) fn dpo_train(req: &PlanRequest, s: &Setting, world: usize, split: &Split, dtype: Dtype) -> String {
+/// What the ranks run on.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Ranks {
+    /// `--gpus N`.
+    Gpus(usize),
+    /// `--devices cpu:N`, no GPU usable.
+    Cpu(usize),
+}
+
+/// The command for `ranks` with the batch `split` in `dtype` and setting `s`.
+pub(super) fn dpo_train(req: &PlanRequest, s: &Setting, ranks: Ranks, split: &Split, dtype: Dtype) -> String {
+    let devices = match ranks {
+        Ranks::Gpus(n) => format!("--gpus {n}"),
+        Ranks::Cpu(n) => format!("--devices cpu:{n}"),
+    };
     let mut cmd = format!(
-        "{} --gpus {world} --per-device-train-batch-size {} --gradient-accumulation-steps {} --global-batch-size {} --max-length {}",
+        "{} {devices} --per-device-train-batch-size {} --gradient-accumulation-steps {} --global-batch-size {} --max-length {}",
         head(req),
         split.micro,
         split.accum,
@@ -41,7 +54,7 @@ pub(super) fn dpo_train(req: &PlanRequest, s: &Setting, world: usize, split: &Sp
 }
 
 /// `dpo-train train --config YOUR_CONFIG.toml`, and the model when `--model` named one.
-pub(super) fn head(req: &PlanRequest) -> String {
+fn head(req: &PlanRequest) -> String {
     let mut head = format!("dpo-train train --config {CONFIG_PLACEHOLDER}");
     if let Some(dir) = &req.model_dir {
         head.push_str(&format!(" --model-name-or-path {}", shell_word(&dir.display().to_string())));

@@ -200,21 +200,29 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for a machine without usable NVIDIA GPUs: train on CPU cores.
+    /// The plan for a machine without usable NVIDIA GPUs: train on one CPU process per core,
+    /// with the batch split and every requested setting in the command, as on GPUs.
     pub fn cpu_fallback(req: &PlanRequest, cpus: u32, reason: String) -> Plan {
-        let lr = batch::lr_scale(req.global_batch, req.lr_base_batch);
+        let procs = usize::try_from(cpus.max(1)).unwrap_or(1);
+        let dtype = req.dtype.unwrap_or(Dtype::Fp32);
+        let setting = fit::Setting::requested(req);
+        let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
+        let mut log = Log { warnings: vec![reason], ..Log::default() };
+        let global = req.global_batch.max(1);
+        let split = batch::split(procs, None, global, &est, &mut log);
+        let command = command::dpo_train(req, &setting, command::Ranks::Cpu(procs), &split, dtype);
         Plan {
             schema_version: PLAN_SCHEMA_VERSION,
             status: Status::NotReady,
             world_size: 0,
             gpus: Vec::new(),
             excluded: Vec::new(),
-            micro_batch: 0,
-            grad_accum: 0,
-            global_batch: req.global_batch,
-            requested_global_batch: req.global_batch,
-            lr_scale: lr,
-            dtype: req.dtype.unwrap_or(Dtype::Fp32),
+            micro_batch: split.micro,
+            grad_accum: split.accum,
+            global_batch: split.effective,
+            requested_global_batch: global,
+            lr_scale: batch::lr_scale(split.effective, req.lr_base_batch),
+            dtype,
             finetune: req.finetune,
             reference: req.reference,
             gradient_checkpointing: req.gradient_checkpointing,
@@ -227,9 +235,9 @@ impl Plan {
             model: req.model.clone(),
             topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
             env: BTreeMap::new(),
-            command: format!("{} --devices cpu:{}", command::head(req), cpus.max(1)),
-            warnings: vec![reason],
-            notes: Vec::new(),
+            command,
+            warnings: log.warnings,
+            notes: log.notes,
             alternatives: Vec::new(),
             communication: None,
         }
@@ -310,11 +318,12 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     // 6. Batch split, in the chosen setting over the chosen GPUs.
     let global = req.global_batch.max(1);
     let (setting, est) = (fit.setting, est.chosen(fit.setting, chosen.len()));
-    let split = batch::split(snap, &chosen, global, &est, &mut log);
+    let min_free = chosen.iter().filter_map(|&i| fit::available(snap, i)).min();
+    let split = batch::split(chosen.len(), min_free, global, &est, &mut log);
     // 7. Environment.
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
-    let command = command::dpo_train(req, &setting, chosen.len(), &split, dtype);
+    let command = command::dpo_train(req, &setting, command::Ranks::Gpus(chosen.len()), &split, dtype);
     // 9. Communication, when a bench measured these GPUs.
     let step = comm::StepSetting {
         finetune: req.finetune,
@@ -374,6 +383,10 @@ fn unplaced(req: &PlanRequest, cpus: u32, topo: Topology, dtype: Dtype, fit: fit
         memory: fit.need,
         memory_per_gpu_bytes: fit.need.map(|m| m.total),
         command: String::new(),
+        micro_batch: 0,
+        grad_accum: 0,
+        global_batch: req.global_batch,
+        lr_scale: batch::lr_scale(req.global_batch, req.lr_base_batch),
         ..Plan::cpu_fallback(req, cpus, String::new())
     }
 }
@@ -631,8 +644,33 @@ mod tests {
         s.system.cpu_count = Some(12);
         let p = plan(&s, &PlanRequest::default());
         assert_eq!(p.status, Status::NotReady);
-        assert_eq!(p.command, "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12");
+        // 64 over 12 processes rounds to 60 (5 each), and says so.
+        assert_eq!(
+            p.command,
+            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12 --per-device-train-batch-size 1 --gradient-accumulation-steps 5 --global-batch-size 60 --max-length 1024 --bf16 false --gradient-checkpointing false"
+        );
+        assert!(p.warnings[1].starts_with("global batch 64 cannot be split exactly over 12"), "{:?}", p.warnings);
         assert_eq!(p.status.exit_code(), 2);
+    }
+
+    /// The CPU command carries what the plan reports, as the GPU command does.
+    #[test]
+    fn cpu_fallback_command_keeps_the_settings() {
+        let req = PlanRequest {
+            model: Some(ModelShape::from_param_count(1_000_000_000)),
+            model_dir: Some("m".into()),
+            finetune: FineTune::Lora { rank: 16 },
+            global_batch: 32,
+            seq_len: 2048,
+            reference: Reference::Precompute,
+            ..PlanRequest::default()
+        };
+        let p = Plan::cpu_fallback(&req, 2, "no GPU".into());
+        assert_eq!((p.micro_batch, p.grad_accum, p.global_batch, p.dtype), (8, 2, 32, Dtype::Fp32));
+        assert_eq!(
+            p.command,
+            "dpo-train train --config YOUR_CONFIG.toml --model-name-or-path m --devices cpu:2 --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 --bf16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj --precompute-ref-log-probs --gradient-checkpointing false"
+        );
     }
 
     #[test]
