@@ -189,7 +189,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     }
     Ok(PlanRequest {
         model,
-        model_dir: args.model.clone(),
+        model_dir: args.model.as_deref().map(ModelShape::hf_dir),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,

@@ -112,6 +112,18 @@ impl ModelShape {
         ModelShape::from_hf_json(&text, &path)
     }
 
+    /// The model directory `--model` names: `path` itself, or the directory of a `config.json`
+    /// given as a file (dpo-train's `--model-name-or-path` wants the directory).
+    pub fn hf_dir(path: &Path) -> PathBuf {
+        if path.is_dir() {
+            return path.to_path_buf();
+        }
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    }
+
     /// Parses `config.json` text; `path` names it in errors.
     pub fn from_hf_json(text: &str, path: &Path) -> Result<ModelShape, ModelError> {
         let json_error = |e: serde_json::Error| {

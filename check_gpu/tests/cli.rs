@@ -546,5 +546,9 @@ fn the_command_names_the_model_directory_and_the_config() {
     let head =
         format!("dpo-train train --config YOUR_CONFIG.toml --model-name-or-path '{}' --gpus 2 ", model.display());
     assert!(cmd.starts_with(&head), "{cmd}");
+    // `--model DIR/config.json` plans the same model, and dpo-train is given the directory.
+    let file = model.join("config.json");
+    let (_, v) = plan_json("t4x2-phb", &["--model", file.to_str().expect("utf-8 path"), "--lora", "8"]);
+    assert!(v["command"].as_str().expect("command").starts_with(&head), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
