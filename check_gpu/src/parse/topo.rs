@@ -90,8 +90,9 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
             format!("expected the header row of `nvidia-smi topo -m` (GPU0 GPU1 ... CPU Affinity), found `{found}`"),
         )
     })?;
+    header.check_columns().map_err(|m| err(*header_no, m))?;
 
-    let (mut gpus, mut links, mut nics) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut gpus, mut links, mut nics, mut row_lines) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last_line = *header_no;
     let mut in_legend = false;
     for (no, line) in rest {
@@ -127,12 +128,41 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         let (gpu, row_links) = header.gpu_row(index, &row).map_err(|m| err(*no, m))?;
         gpus.push(gpu);
         links.push(row_links);
+        row_lines.push(*no);
     }
     header.check_rows(&gpus).map_err(|m| err(last_line, m))?;
+    check_matrix(&gpus, &links, &row_lines).map_err(|(line, m)| err(line, m))?;
     if nics.is_empty() {
         nics = header.nic_cols;
     }
     Ok(TopoMatrix { gpus, links, nics })
+}
+
+/// The matrix `nvidia-smi` prints is symmetric with `X` exactly on the diagonal; anything else
+/// is an edited or garbled file, whose links the plan would misread. Returns the line and message
+/// of the first fault. `N/A` on one side contradicts nothing.
+fn check_matrix(gpus: &[TopoGpu], links: &[Vec<Link>], lines: &[usize]) -> Result<(), (usize, String)> {
+    for (i, row) in links.iter().enumerate() {
+        let (label, line) = (gpus[i].index, lines[i]);
+        for (j, &link) in row.iter().enumerate() {
+            let col = gpus[j].index;
+            if (i == j) != (link == Link::SelfLink) {
+                let want = if i == j { "X on the diagonal" } else { "X only on the diagonal" };
+                return Err((line, format!("column GPU{col} of `GPU{label}`: expected {want}, found `{link}`")));
+            }
+            let mirror = links[j][i];
+            if j < i && link != mirror && link != Link::Unknown && mirror != Link::Unknown {
+                return Err((
+                    line,
+                    format!(
+                        "column GPU{col} of `GPU{label}` is `{link}` but column GPU{label} of `GPU{col}` (line {}) is `{mirror}`: expected the same link both ways",
+                        lines[j]
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The header row: device columns (GPUs, then NICs), then affinity columns.
@@ -201,6 +231,16 @@ impl Header {
             }
         }
         Ok((g, links))
+    }
+
+    /// Each GPU column once.
+    fn check_columns(&self) -> Result<(), String> {
+        for (n, &(_, gpu)) in self.gpu_cols.iter().enumerate() {
+            if self.gpu_cols[..n].iter().any(|&(_, g)| g == gpu) {
+                return Err(format!("column `GPU{gpu}` appears twice in the header"));
+            }
+        }
+        Ok(())
     }
 
     /// One row per GPU column, in column order.
@@ -320,6 +360,23 @@ mlx5_0  PXB     SYS      X\n";
             p(junk).expect_err("junk").to_string(),
             "topo.txt:3: expected a `GPU<n>` or NIC row of `nvidia-smi topo -m`, found `foo`"
         );
+        let asym = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-7\nGPU1\tSYS\t X \t0-7\n";
+        assert_eq!(
+            p(asym).expect_err("asymmetric").to_string(),
+            "topo.txt:3: column GPU0 of `GPU1` is `SYS` but column GPU1 of `GPU0` (line 2) is `NV12`: expected the same link both ways"
+        );
+        let diag = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\tPIX\tNV12\t0-7\nGPU1\tNV12\t X \t0-7\n";
+        assert_eq!(
+            p(diag).expect_err("diagonal").to_string(),
+            "topo.txt:2: column GPU0 of `GPU0`: expected X on the diagonal, found `PIX`"
+        );
+        let off = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \t X \t0-7\nGPU1\t X \t X \t0-7\n";
+        assert_eq!(
+            p(off).expect_err("off-diagonal X").to_string(),
+            "topo.txt:2: column GPU1 of `GPU0`: expected X only on the diagonal, found `X`"
+        );
+        let dup = "\tGPU0\tGPU0\tCPU Affinity\nGPU0\t X \tNV12\t0-7\nGPU0\tNV12\t X \t0-7\n";
+        assert_eq!(p(dup).expect_err("dup").to_string(), "topo.txt:1: column `GPU0` appears twice in the header");
         let bad_cpu = "\tGPU0\tCPU Affinity\nGPU0\t X \tzero\n";
         assert!(p(bad_cpu).expect_err("cpu").to_string().starts_with("topo.txt:2: `CPU Affinity` of `GPU0`"));
     }
