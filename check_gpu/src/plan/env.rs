@@ -28,7 +28,7 @@ pub(super) fn environment(
         (DeviceIds::Index, _) => list(chosen),
     };
     env.insert("CUDA_VISIBLE_DEVICES".to_string(), visible);
-    match snap.system.cpu_count {
+    match rank_cpus(snap, chosen) {
         Some(cpus) => {
             env.insert("OMP_NUM_THREADS".to_string(), (cpus / w as u32).max(1).to_string());
         }
@@ -48,6 +48,24 @@ pub(super) fn environment(
         }
     }
     env
+}
+
+/// The CPUs the ranks' threads share: those close to the chosen GPUs (the union of their CPU
+/// affinity lists, where each GPU has one) rather than the whole machine, since two ranks on one
+/// NUMA node of a two-socket box would otherwise each start a thread per CPU of both sockets.
+fn rank_cpus(snap: &Snapshot, chosen: &[u32]) -> Option<u32> {
+    let lists: Option<Vec<Vec<u32>>> =
+        chosen.iter().map(|&i| crate::cpulist::parse(snap.gpu(i)?.cpu_affinity.as_deref()?)).collect();
+    let near = lists.map(|l| {
+        let mut all = l.concat();
+        all.sort_unstable();
+        all.dedup();
+        u32::try_from(all.len()).unwrap_or(u32::MAX)
+    });
+    match (near.filter(|&n| n > 0), snap.system.cpu_count) {
+        (Some(n), Some(machine)) => Some(n.min(machine)),
+        (near, machine) => near.or(machine),
+    }
 }
 
 /// Peer-to-peer off where NVML says it does not work, or for RTX 40xx on old drivers (as

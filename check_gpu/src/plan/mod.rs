@@ -638,6 +638,21 @@ mod tests {
         assert_eq!(p.env["OMP_NUM_THREADS"], "64");
     }
 
+    /// Two ranks kept to NUMA node 0 of a two-socket box share node 0's 32 CPUs, not all 64.
+    #[test]
+    fn omp_threads_count_the_cpus_near_the_chosen_gpus() {
+        let mut gpus: Vec<Gpu> = (0..4).map(|i| gpu(i, "A", 70)).collect();
+        for g in &mut gpus {
+            g.cpu_affinity = Some(if g.index < 2 { "0-15,32-47" } else { "16-31,48-63" }.to_string());
+            g.numa_node = Some(g.index / 2);
+        }
+        let s = machine(gpus, |a, b| if a / 2 == b / 2 { Link::Pix } else { Link::Sys });
+        let p = plan(&s, &PlanRequest { max_world_size: Some(2), ..PlanRequest::default() });
+        assert_eq!((p.gpus.clone(), p.env["OMP_NUM_THREADS"].as_str()), (vec![0, 1], "16"));
+        let p = plan(&s, &PlanRequest::default());
+        assert_eq!(p.env["OMP_NUM_THREADS"], "16");
+    }
+
     #[test]
     fn empty_machine_falls_back_to_cpu() {
         let mut s = Snapshot::new(Source::NvidiaSmi);
