@@ -95,11 +95,11 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["snapshot", "topo", "query"])]
     pub bench: bool,
     /// With --bench: measure N CPU processes over Gloo instead of the GPUs, e.g. `cpu:2`.
-    #[arg(long, value_name = "cpu:N", requires = "bench", value_parser = Devices::parse)]
+    #[arg(long, value_name = "cpu:N", requires = "bench", conflicts_with_all = ["snapshot", "topo", "query"], value_parser = Devices::parse)]
     pub devices: Option<Devices>,
     /// With --bench: the largest message, e.g. `256M`, `1G` (binary units; sizes go 1M, 4M, 16M,
     /// ... up to it) [default: 1G on GPUs, 64M on CPU processes].
-    #[arg(long, value_name = "BYTES", requires = "bench", value_parser = bench::parse_bytes)]
+    #[arg(long, value_name = "BYTES", requires = "bench", conflicts_with_all = ["snapshot", "topo", "query"], value_parser = bench::parse_bytes)]
     pub bench_max_bytes: Option<u64>,
 }
 
@@ -157,12 +157,11 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// 3 for bad input, 2 for everything else.
+    /// 3 for bad input (a `--save` path that cannot be written included), 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Parse(_) | CliError::Model(_) | CliError::Flag(_) => EXIT_BAD_INPUT,
-            CliError::Snapshot(SnapshotError::Write { .. }) | CliError::Probe(_) | CliError::Bench(_) => 2,
-            CliError::Snapshot(_) => EXIT_BAD_INPUT,
+            CliError::Parse(_) | CliError::Model(_) | CliError::Flag(_) | CliError::Snapshot(_) => EXIT_BAD_INPUT,
+            CliError::Probe(_) | CliError::Bench(_) => 2,
         }
     }
 }
@@ -172,6 +171,45 @@ impl CliError {
 pub struct Outcome {
     pub stdout: String,
     pub exit_code: u8,
+    /// An error that did not stop the report (a `--save` that failed): stderr's one line.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// The report, and the exit code of `status` unless `saved` failed (then its error and 3).
+    fn after_save(stdout: String, status: crate::plan::Status, saved: Result<(), SnapshotError>) -> Outcome {
+        match saved {
+            Ok(()) => Outcome { stdout, exit_code: status.exit_code(), error: None },
+            Err(e) => {
+                let e = CliError::from(e);
+                Outcome { stdout, exit_code: e.exit_code(), error: Some(one_line(&e)) }
+            }
+        }
+    }
+}
+
+/// clap's error (several lines: the message, a tip, the usage) as one line for
+/// `check-gpu: error: ..`: the lines before the usage, without clap's own `error: `.
+pub fn flag_error_line(rendered: &str) -> String {
+    let parts: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut line = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if i == 0 {
+            ""
+        } else if part.starts_with("tip:") {
+            "; "
+        } else {
+            " "
+        };
+        line.push_str(sep);
+        line.push_str(part);
+    }
+    format!("{} (see --help)", line.strip_prefix("error: ").unwrap_or(&line))
 }
 
 /// The run settings from the flags.
@@ -253,12 +291,11 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
         let devices = args.devices.clone().unwrap_or_else(|| Devices::Gpus(plan(&snap, &req).gpus));
         snap.bench = Some(measure(args, devices)?);
     }
-    if let Some(path) = &args.save {
-        snap.save(path)?;
-    }
+    // A failed save still prints the plan, then reports the path (exit 3).
+    let saved = args.save.as_deref().map_or(Ok(()), |path| snap.save(path));
     let p = plan(&snap, &req);
     let stdout = if args.json { render::json(Some(&snap), &p) } else { render::text(Some(&snap), &p, style) };
-    Ok(Outcome { stdout, exit_code: p.status.exit_code() })
+    Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
 /// Runs `dpo-train bench-comm` on `devices` with the flags' sizes.
@@ -298,11 +335,12 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         None
     };
     let p = crate::plan::cpu_plan(req, cpus, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
-    if let (Some(path), Some(s)) = (&args.save, &snap) {
-        s.save(path)?;
-    }
+    let saved = match (&args.save, &snap) {
+        (Some(path), Some(s)) => s.save(path),
+        _ => Ok(()),
+    };
     if args.json {
-        return Ok(Outcome { stdout: render::json(snap.as_ref(), &p), exit_code: p.status.exit_code() });
+        return Ok(Outcome::after_save(render::json(snap.as_ref(), &p), p.status, saved));
     }
     let mut stdout = format!(
         "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)\n",
@@ -320,13 +358,13 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         }
     }
     match (&args.save, &snap) {
-        (Some(path), Some(_)) => {
+        (Some(path), Some(_)) if saved.is_ok() => {
             stdout.push_str(&format!("Saved `{}`: no GPU, the CPU bench only.\n", path.display()));
         }
         (Some(path), None) => {
             stdout.push_str(&format!("Nothing was saved to `{}`: there is no GPU state to save.\n", path.display()));
         }
-        (None, _) => {}
+        _ => {}
     }
-    Ok(Outcome { stdout, exit_code: p.status.exit_code() })
+    Ok(Outcome::after_save(stdout, p.status, saved))
 }

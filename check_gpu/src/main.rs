@@ -10,17 +10,24 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
         Ok(a) => a,
-        Err(e) => {
-            // --help and --version are not errors; bad flags are bad input.
-            let code = if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
+        // --help and --version are not errors: clap prints them.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        // Bad flags are bad input, reported on one line like every other error.
+        Err(e) => {
+            eprintln!("check-gpu: error: {}", cli::flag_error_line(&e.render().to_string()));
+            return ExitCode::from(EXIT_BAD_INPUT);
         }
     };
     match cli::run(&args, Style::detect()) {
         Ok(out) => {
             // A closed pipe (`check-gpu | head`) is not an error worth reporting.
             let _ = std::io::stdout().write_all(out.stdout.as_bytes());
+            if let Some(e) = &out.error {
+                eprintln!("check-gpu: error: {e}");
+            }
             ExitCode::from(out.exit_code)
         }
         Err(e) => {

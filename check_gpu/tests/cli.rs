@@ -305,8 +305,10 @@ fn sharding_flag_errors() {
     let out = run(&["--topo", topo, "--sharding", "zero4"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.starts_with("error: invalid value 'zero4' for '--sharding <STAGE>'\n"), "{stderr}");
-    assert!(stderr.contains("[possible values: auto, none, zero1, zero2, zero3]"), "{stderr}");
+    assert_eq!(
+        stderr,
+        "check-gpu: error: invalid value 'zero4' for '--sharding <STAGE>' [possible values: auto, none, zero1, zero2, zero3]; tip: a similar value exists: 'zero3' (see --help)\n"
+    );
     let out = run(&["--topo", topo, "--sharding", "zero2", "--world-size", "1"]);
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(
@@ -316,6 +318,55 @@ fn sharding_flag_errors() {
     // The offload is a switch, and `none` on one GPU is a plan like any other.
     assert_eq!(run(&["--topo", topo, "--offload-optimizer=true"]).status.code(), Some(3));
     assert!(run(&["--topo", topo, "--sharding", "none", "--world-size", "1"]).status.code().is_some_and(|c| c < 3));
+}
+
+/// Flag errors are one `check-gpu: error:` line, exit 3; `--help` and `--version` exit 0. The
+/// bench's own flags conflict with offline input instead of being ignored.
+#[test]
+fn flag_errors_are_one_line() {
+    let topo = fixture("t4x2-phb.topo.txt");
+    let topo = topo.to_str().expect("utf-8 path");
+    for args in [
+        &["--topo", topo, "--devices", "cpu:2"][..],
+        &["--topo", topo, "--bench-max-bytes", "1M"],
+        &["--snapshot", topo, "--devices", "cpu:2", "--bench"],
+        &["--no-such-flag"],
+        &["--devices", "cpu:2"],
+        &["--global-batch", "0"],
+    ] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("check-gpu: error: ") && stderr.lines().count() == 1, "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = run(&["--topo", topo, "--devices", "cpu:2"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'--topo <TOPO.txt>' cannot be used with"));
+    for flag in ["--help", "--version"] {
+        let out = run(&[flag]);
+        assert_eq!(out.status.code(), Some(0), "{flag}");
+        assert!(!out.stdout.is_empty() && out.stderr.is_empty(), "{flag}");
+    }
+}
+
+/// A `--save` path that cannot be written: the plan is still printed, then the path, exit 3.
+#[test]
+fn unwritable_save_path_prints_the_plan_and_exits_3() {
+    let (topo, query) = (fixture("t4x2-phb.topo.txt"), fixture("t4x2-phb.query.csv"));
+    let save = std::env::temp_dir().join(format!("check-gpu-no-dir-{}", std::process::id())).join("s.json");
+    let out = run(&[
+        "--topo",
+        topo.to_str().expect("utf-8 path"),
+        "--query",
+        query.to_str().expect("utf-8 path"),
+        "--save",
+        save.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dpo-train train --config"));
+    assert!(stderr.starts_with(&format!("check-gpu: error: Cannot write snapshot `{}`: ", save.display())), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
 #[test]
