@@ -143,6 +143,10 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         return o;
     }
     gpu_table(&mut o, snap, plan, st);
+    if snap.pairs.is_empty() {
+        // No matrix (one GPU, or CSV only): the islands and groups still need their heading.
+        let _ = writeln!(o, "\n{}", st.bold("Topology"));
+    }
     topology_matrix(&mut o, snap, st);
     let t = &plan.topology;
     let islands = if t.nvlink_islands.is_empty() {
@@ -486,5 +490,15 @@ mod tests {
         let st = Style { color: true };
         assert_eq!(st.red("x"), "\u{1b}[31mx\u{1b}[0m");
         assert_eq!(Style { color: false }.red("x"), "x");
+    }
+
+    /// One GPU has no link matrix; its islands and NUMA lines still sit under a heading.
+    #[test]
+    fn topology_heading_without_a_matrix() {
+        let mut snap = Snapshot::new(crate::snapshot::Source::NvidiaSmi);
+        snap.gpus.push(crate::snapshot::Gpu { index: 0, ..Default::default() });
+        let plan = crate::plan::plan(&snap, &crate::plan::PlanRequest::default());
+        let text = snapshot_text(&snap, &plan, Style { color: false });
+        assert!(text.contains("\nTopology\n  NVLink islands: none\n  NUMA groups: "), "{text}");
     }
 }

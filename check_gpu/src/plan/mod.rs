@@ -469,9 +469,12 @@ mod tests {
         assert_eq!(r.len(), 6, "{r:?}");
         assert_eq!(r[1], "busy: 1 other process(es) hold 2.0 GiB (pid 7)");
         assert_eq!(r[5], "throttled by hardware (hw_power_brake_slowdown): check cooling and power");
-        // Without a process list, memory in use marks the GPU busy.
+        // Without a process list, memory in use marks the GPU busy; an empty list (a container
+        // that sees no other PID) too.
         let mut h = gpu(1, "A", 80);
         h.memory_used_bytes = Some(3 * GIB);
+        assert_eq!(health_reasons(&h), vec!["busy: 3.0 GiB of memory already in use".to_string()]);
+        h.processes = Some(Vec::new());
         assert_eq!(health_reasons(&h), vec!["busy: 3.0 GiB of memory already in use".to_string()]);
     }
 

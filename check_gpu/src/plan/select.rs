@@ -80,8 +80,9 @@ pub(super) fn health_reasons(g: &Gpu) -> Vec<String> {
                 pids.join(", ")
             ));
         }
-        Some(_) => {}
-        None => {
+        // No process listed: containers often cannot see other PIDs, so memory in use is the
+        // sign of another job, as when processes are unknown.
+        Some(_) | None => {
             if let Some(used) = g.memory_used_bytes
                 && used > BUSY_BYTES
             {
