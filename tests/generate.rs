@@ -1,4 +1,7 @@
-//! Generation with the KV cache against plain full-sequence forwards.
+//! Generation with the KV cache against plain full-sequence forwards, and `dpo-train generate`
+//! against transformers.
+
+mod common;
 
 use std::path::PathBuf;
 
@@ -83,4 +86,74 @@ fn greedy_equals_argmax(model: &dpo_train::model::Llama, device: &Device, kind: 
         seq.push(next);
     }
     assert_eq!(out[0], expected, "{kind}");
+}
+
+/// A copy of the llama fixture whose tokenizer prepends a BOS (`<|endoftext|>`, id 0) to every
+/// encoded text, as Llama's and Mistral's tokenizers do.
+fn model_with_bos(dir: &std::path::Path) -> PathBuf {
+    let out = dir.join("llama-bos");
+    std::fs::create_dir_all(&out).unwrap();
+    for entry in std::fs::read_dir(model_dir("llama")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, out.join(path.file_name().unwrap())).unwrap();
+    }
+    let path = out.join("tokenizer.json");
+    let mut tok: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let bos = serde_json::json!({"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}});
+    let seq = |id: &str, type_id: u32| serde_json::json!({"Sequence": {"id": id, "type_id": type_id}});
+    tok["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [bos, seq("A", 0)],
+        "pair": [bos, seq("A", 0), seq("B", 1)],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}},
+    });
+    std::fs::write(&path, tok.to_string()).unwrap();
+    out
+}
+
+/// `dpo-train generate --temperature 0` answers as transformers' greedy `generate` does
+/// (`tests/gen/check_generate.py`), for plain prompts encoded with the tokenizer's BOS (as
+/// training encodes them) and for a conversational prompt rendered by the chat template. The
+/// plain prompts are ones whose answer changes without the BOS.
+#[test]
+fn greedy_cli_answers_as_transformers_with_a_bos_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_with_bos(dir.path());
+    let plain = ["Hello there", "The sky is", "2 + 2 ="];
+    let chat = serde_json::json!([{"role": "user", "content": "Hi"}]);
+    let prompts = dir.path().join("prompts.jsonl");
+    let rows: Vec<String> = plain
+        .iter()
+        .map(|p| serde_json::json!({ "prompt": p }).to_string())
+        .chain([serde_json::json!({ "prompt": chat }).to_string()])
+        .collect();
+    std::fs::write(&prompts, rows.join("\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["generate", "--temperature", "0", "--max-new-tokens", "8", "--json", "--model"])
+        .arg(&model)
+        .arg("--prompts")
+        .arg(&prompts)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ours: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["completions"][0].as_str().unwrap().to_owned())
+        .collect();
+
+    let all: Vec<serde_json::Value> = plain.iter().map(|p| serde_json::json!(p)).chain([chat]).collect();
+    let reference = std::process::Command::new(common::python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gen/check_generate.py"))
+        .arg(&model)
+        .arg(serde_json::Value::from(all).to_string())
+        .arg("8")
+        .output()
+        .expect("the venv's python runs (make ref-venv installs transformers)");
+    assert!(reference.status.success(), "{}", String::from_utf8_lossy(&reference.stderr));
+    let reference: serde_json::Value = serde_json::from_slice(&reference.stdout).unwrap();
+    let theirs: Vec<String> = serde_json::from_value(reference["completions"].clone()).unwrap();
+    let without: Vec<String> = serde_json::from_value(reference["without_special_tokens"].clone()).unwrap();
+    assert_eq!(ours, theirs);
+    assert_ne!(theirs[..plain.len()], without[..plain.len()], "the prompts must tell a missing BOS apart");
 }

@@ -235,21 +235,22 @@ pub struct GenerateArgs {
     /// Model directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// Prompts: a text file with one prompt per line, or a .jsonl with a `prompt` field.
+    /// Prompts: a text file with one prompt per line, or a .jsonl whose `prompt` is a string or a
+    /// list of {role, content} messages (rendered by the chat template).
     #[arg(long, value_name = "FILE")]
     pub prompts: PathBuf,
     /// Tokens to generate per sample.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
-    /// Sampling temperature; 0 decodes greedily.
-    #[arg(long, default_value_t = 1.0)]
+    /// Sampling temperature (finite, >= 0); 0 decodes greedily.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_temperature)]
     pub temperature: f64,
-    /// Nucleus sampling: keep the smallest token set of this total probability.
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling: keep the smallest token set of this total probability, in (0, 1].
+    #[arg(long, default_value_t = 1.0, value_parser = parse_top_p)]
     pub top_p: f64,
-    /// Completions per prompt.
-    #[arg(long, default_value_t = 1)]
-    pub num_samples: usize,
+    /// Completions per prompt (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub num_samples: u64,
     /// Seed of the sampler (prompt i samples from seed + i, whatever the device count).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -356,6 +357,18 @@ pub struct ColumnArgs {
 pub enum DeviceArg {
     Cpu,
     Cuda(usize),
+}
+
+/// A temperature transformers' `TemperatureLogitsWarper` accepts, or 0 (greedy).
+fn parse_temperature(s: &str) -> Result<f64, String> {
+    let t: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if t.is_finite() && t >= 0.0 { Ok(t) } else { Err(format!("must be finite and >= 0, got {s}")) }
+}
+
+/// A nucleus probability `TopPLogitsWarper` accepts: in (0, 1].
+fn parse_top_p(s: &str) -> Result<f64, String> {
+    let p: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if p > 0.0 && p <= 1.0 { Ok(p) } else { Err(format!("must be in (0, 1], got {s}")) }
 }
 
 fn parse_device(s: &str) -> Result<DeviceArg, String> {

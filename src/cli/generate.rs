@@ -10,6 +10,7 @@ use anyhow::Context;
 use super::INTERRUPTED;
 use super::args::GenerateArgs;
 use super::launch::{Placed, place};
+use crate::data::Text;
 use crate::data::tokenizer::Tokenizer;
 use crate::dist::LaunchOutcome;
 use crate::model::generate::{GenerateError, SamplingConfig, generate, read_prompts, rng};
@@ -27,7 +28,12 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let mut encoded = Vec::with_capacity(prompts.len());
     let mut notes = Vec::new();
     for prompt in &prompts {
-        let ids = tokenizer.encode(&prompt.text)?;
+        // As training encodes a prompt: the tokenizer's special tokens (a BOS) around plain text;
+        // the chat template, which writes its own, around messages.
+        let ids = match &prompt.text {
+            Text::Plain(text) => tokenizer.encode_with_special_tokens(text)?,
+            Text::Messages(messages) => tokenizer.encode_chat(messages, true)?,
+        };
         let (path, line, tokens) = (args.prompts.clone(), prompt.line, ids.len());
         if tokens >= limit {
             return Err(GenerateError::PromptTooLong { path, line, tokens, limit, key }.into());
@@ -57,7 +63,8 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let mut local = Vec::new();
     for i in workers.shard(prompts.len()) {
         let mut sampler = rng(args.seed.wrapping_add(i as u64));
-        local.push(generate(&model, &encoded[i], args.num_samples, tokenizer.eos_id(), &cfg, &mut sampler, &device));
+        let samples = args.num_samples as usize;
+        local.push(generate(&model, &encoded[i], samples, tokenizer.eos_id(), &cfg, &mut sampler, &device));
     }
     let completions = gather_completions(&workers, prompts.len(), &local)?;
     if !workers.is_main() {
@@ -66,11 +73,16 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     for (prompt, samples) in prompts.iter().zip(completions) {
         let texts = samples.iter().map(|s| tokenizer.decode(s, true)).collect::<Result<Vec<_>, _>>()?;
+        // Messages are shown as the chat template rendered them: the text the model continued.
+        let (shown, value) = match &prompt.text {
+            Text::Plain(text) => (text.clone(), serde_json::json!(text)),
+            Text::Messages(messages) => (tokenizer.apply_chat_template(messages, true)?, serde_json::json!(messages)),
+        };
         if args.json {
-            writeln!(out, "{}", serde_json::json!({ "prompt": prompt.text, "completions": texts }))?;
+            writeln!(out, "{}", serde_json::json!({ "prompt": value, "completions": texts }))?;
         } else {
             for text in texts {
-                writeln!(out, "{}{text}", prompt.text)?;
+                writeln!(out, "{shown}{text}")?;
                 writeln!(out, "---")?;
             }
         }

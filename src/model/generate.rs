@@ -12,6 +12,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::KvCache;
 use super::Llama;
+use crate::data::Text;
+use crate::data::load::row::text_field;
 
 /// A prompts file that cannot be generated from, named by file and line.
 #[derive(Debug, thiserror::Error)]
@@ -37,27 +39,30 @@ pub enum GenerateError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompt {
     pub line: usize,
-    pub text: String,
+    /// Plain text (encoded with the tokenizer's special tokens, as training encodes prompts) or
+    /// chat messages (rendered by the chat template with the assistant's header).
+    pub text: Text,
 }
 
 /// One prompt per non-blank line of a text file (`\n` written as two characters becomes a
-/// newline), or the `prompt` field of each row of a `.jsonl` file.
+/// newline), or the `prompt` field of each row of a `.jsonl` file: a string or, as in
+/// conversational training data, a list of `{role, content}` messages.
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, GenerateError> {
     let text = std::fs::read_to_string(path).map_err(|source| GenerateError::Read { path: path.to_owned(), source })?;
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
-    let bad =
-        |line, message: &str| GenerateError::BadPrompt { path: path.to_owned(), line, message: message.to_owned() };
+    let bad = |line, message: String| GenerateError::BadPrompt { path: path.to_owned(), line, message };
     let prompts = text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, line)| {
             let text = if jsonl {
-                let value: serde_json::Value = serde_json::from_str(line).map_err(|_| bad(i + 1, "malformed JSON"))?;
-                let prompt = value.get("prompt").and_then(|p| p.as_str());
-                prompt.ok_or_else(|| bad(i + 1, "field `prompt` is missing or not a string"))?.to_owned()
+                let value: serde_json::Value =
+                    serde_json::from_str(line).map_err(|_| bad(i + 1, "malformed JSON".to_owned()))?;
+                let prompt = value.get("prompt").ok_or_else(|| bad(i + 1, "field `prompt` is missing".to_owned()))?;
+                text_field(prompt, "prompt").map_err(|problem| bad(i + 1, problem.to_string()))?
             } else {
-                line.replace("\\n", "\n")
+                Text::Plain(line.replace("\\n", "\n"))
             };
             Ok(Prompt { line: i + 1, text })
         })

@@ -28,7 +28,7 @@ mod csv;
 pub mod hub;
 mod json;
 mod parquet;
-mod row;
+pub(crate) mod row;
 
 /// Good rows handed over at a time by [`read_rows`].
 pub const CHUNK_ROWS: usize = 4096;

@@ -20,7 +20,7 @@ pub(super) fn json_kind(v: &Value) -> &'static str {
 
 /// A field as [`Text`]: a string, or a list of `{role, content}` messages (TRL's
 /// `is_conversational`: a list whose first element is a dict with `role`).
-pub(super) fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
+pub(crate) fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
     match value {
         Value::String(s) => Ok(Text::Plain(s.clone())),
         Value::Array(items) => {
