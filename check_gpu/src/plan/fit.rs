@@ -11,7 +11,7 @@
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
 use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, Sharding};
 use crate::snapshot::{MemoryBasis, Snapshot};
-use crate::units::bytes;
+use crate::units::{bytes, list};
 
 /// The memory estimate of the planned run at any micro-batch (`None` without a model).
 pub(super) struct Estimator<'a> {
@@ -165,6 +165,43 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
         log.warnings.push(format!("{} over one GPU partitions nothing: it needs two or more", s.sharding.name()));
     }
     Fit { gpus, need: Some(need), setting: s, world: Some(world), ..empty }
+}
+
+/// When no GPU is left and some were left out only for memory other processes hold: what would
+/// fit in the memory they leave free (the search as on an idle GPU, else the first alternative),
+/// so whoever shares the GPU knows what to ask for.
+pub(super) fn busy_advice(snap: &Snapshot, est: &Estimator, log: &mut Log) {
+    let busy: Vec<u32> = log
+        .excluded
+        .iter()
+        .filter(|e| e.reason.starts_with("busy:") && !e.reason.contains("; "))
+        .map(|e| e.index)
+        .collect();
+    if busy.is_empty() || !est.has_model() {
+        return;
+    }
+    let free = busy.iter().filter_map(|&i| available(snap, i)).max().unwrap_or(0);
+    let f = fit(snap, busy.clone(), est, &mut Log::default());
+    let base = Setting::requested(est.req);
+    let what = match (&f.need, f.alternatives.iter().find(|a| a.fits)) {
+        (Some(need), _) if !f.nothing_fits => {
+            let how = if f.setting == base { String::new() } else { format!(" with {}", f.setting.describe(base)) };
+            format!("the run fits there{how} (micro-batch 1 needs {})", bytes(need.total))
+        }
+        (_, Some(a)) => format!(
+            "it fits there with `{}` added to the check-gpu flags ({}, {})",
+            a.check_gpu_flags,
+            a.description,
+            bytes(a.memory_per_gpu_bytes)
+        ),
+        _ => "no setting check-gpu tries fits there".to_string(),
+    };
+    let (label, has) = if busy.len() == 1 { ("GPU", "has") } else { ("GPUs", "have up to") };
+    log.notes.push(format!(
+        "{label} {}, left out as busy, {has} {} free: {what}; stop the other processes, then plan again",
+        list(&busy),
+        bytes(free)
+    ));
 }
 
 /// A rung of the ladder that fits: where, and what it needs at micro-batch 1.

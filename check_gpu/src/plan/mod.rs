@@ -313,6 +313,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let chosen = select::world(snap, &fit.gpus, req, fit.world, &mut log);
     log.warn_exclusions(fit.nothing_fits);
     if chosen.is_empty() {
+        fit::busy_advice(snap, &est, &mut log);
         return unplaced(req, cpus, topo, dtype, fit, log);
     }
     // 6. Batch split, in the chosen setting over the chosen GPUs.
@@ -654,6 +655,24 @@ mod tests {
         assert_eq!((p.gpus.clone(), p.env["OMP_NUM_THREADS"].as_str()), (vec![0, 1], "16"));
         let p = plan(&s, &PlanRequest::default());
         assert_eq!(p.env["OMP_NUM_THREADS"], "16");
+    }
+
+    /// A GPU left out only because another job holds 18 of its 40 GiB: the plan says what
+    /// would fit in the 22 GiB left.
+    #[test]
+    fn busy_gpu_says_what_fits_in_its_free_memory() {
+        let mut g = gpu(0, "A100-40GB", 22);
+        (g.memory_total_bytes, g.memory_used_bytes) = (Some(40 * GIB), Some(18 * GIB));
+        let s = machine(vec![g], |_, _| Link::Phb);
+        let note = |params: u64| {
+            let p =
+                plan(&s, &PlanRequest { model: Some(ModelShape::from_param_count(params)), ..PlanRequest::default() });
+            assert_eq!(p.status, Status::NotReady);
+            p.notes.into_iter().find(|n| n.starts_with("GPU 0, left out as busy, has 22.0 GiB free: ")).expect("advice")
+        };
+        assert!(note(1_000_000_000).contains(": the run fits there"));
+        assert!(note(7_000_000_000).contains(": it fits there with `--lora 16"));
+        assert!(note(13_000_000_000).contains(": no setting check-gpu tries fits there"));
     }
 
     #[test]
