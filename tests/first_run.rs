@@ -476,6 +476,44 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
     }
 }
 
+/// A second Ctrl-C right behind the first aborts, in one process and under a launcher (where two
+/// quick signals must not reach the workers as one): exit 130, no panic (exit's teardown under a
+/// running kernel crashed in torch's dispatcher), no worker left. Whether the first signal's
+/// checkpoint is written before the second lands is a race with a step of milliseconds.
+#[test]
+fn a_second_interrupt_aborts_at_once() {
+    for devices in [None, Some("cpu:2")] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut extra = vec!["--logging-steps", "1", "--save-steps", "0"];
+        extra.extend(devices.iter().flat_map(|d| ["--devices", d]));
+        let mut args = short_run(dir.path(), "abort", &model(), &data(), &extra);
+        let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
+        args[steps] = "100000".into();
+        let mut cmd = dpo_train();
+        cmd.arg("train").args(&args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        let metrics = dir.path().join("abort/metrics.csv");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
+            assert!(Instant::now() < deadline, "{devices:?}: it never trained");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let workers = children_of(pid);
+        for _ in 0..2 {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid, libc::SIGINT) };
+        }
+        let out = wait_or_kill(child, Duration::from_secs(30));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(130), "{devices:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("INTERNAL ASSERT"), "{devices:?}: {err}");
+        for worker in workers {
+            assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");
+        }
+    }
+}
+
 /// The processes whose parent is `pid`.
 fn children_of(pid: i32) -> Vec<i32> {
     fs::read_dir("/proc")

@@ -35,7 +35,11 @@ fn on_signal() {
             eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)")
         }
         (_, true) => eprintln!("\ninterrupt: aborting the workers"),
-        (_, false) => std::process::exit(INTERRUPTED_EXIT),
+        // `_exit`, not `exit`: exit's handlers tear down torch's statics under the thread still
+        // running a kernel (a crash in aten's dispatcher, seen); an abort keeps no promise that
+        // exit's flushing would serve.
+        // SAFETY: `_exit` ends the process at once; it touches no memory of this program.
+        (_, false) => unsafe { libc::_exit(INTERRUPTED_EXIT) },
     }
 }
 

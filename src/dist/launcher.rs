@@ -312,6 +312,12 @@ fn supervise(
     let mut forwarded = 0;
     while exits.iter().any(Option::is_none) {
         let asked = interrupts.load(Ordering::SeqCst);
+        if asked >= 2 {
+            // A second Ctrl-C aborts, however close behind the first: forwarded one by one, two
+            // quick signals could reach a worker as one and it would save and exit as asked once.
+            kill_all(&mut workers);
+            return Ok(LaunchOutcome::Interrupted);
+        }
         if asked > forwarded {
             forwarded = asked;
             signal_running(&workers, &exits, libc::SIGINT);
