@@ -390,7 +390,8 @@ fn degraded_link_is_excluded() {
         excluded(&v),
         vec![(2, "degraded PCIe link: x8 of x16 (reseat the card or check the riser)".to_string())]
     );
-    assert_eq!(split(&v), (3, 1, 21, 63));
+    // 21 pairs per GPU: micro-batch 7 (the largest divisor that fits), not 1, the largest power of two.
+    assert_eq!(split(&v), (3, 7, 3, 63));
     assert!(
         warnings(&v)
             .iter()
@@ -463,7 +464,7 @@ fn mig_gpu_snapshot() {
     assert_eq!(code, 1, "{v}");
     assert_eq!(gpus(&v), (0..7).collect::<Vec<_>>());
     assert!(excluded(&v)[0].1.starts_with("MIG mode is enabled"));
-    assert_eq!(split(&v), (7, 1, 9, 63));
+    assert_eq!(split(&v), (7, 9, 1, 63));
     assert!(v["env"]["CUDA_VISIBLE_DEVICES"].as_str().expect("visible").starts_with("GPU-1f2ae3c1-"));
 }
 

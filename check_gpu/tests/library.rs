@@ -90,7 +90,8 @@ fn plan_invariants_on_every_machine() {
             }
             assert_eq!(p.world_size, p.gpus.len(), "{name}");
             assert_eq!(p.micro_batch * p.world_size as u64 * p.grad_accum, p.global_batch, "{name} global {global}");
-            assert!(p.micro_batch.is_power_of_two(), "{name}");
+            let per_gpu = p.global_batch / p.world_size as u64;
+            assert!(per_gpu.is_multiple_of(p.micro_batch), "{name}: the micro-batch divides the per-GPU batch");
             let total = p.memory_per_gpu_bytes.expect("a model was given");
             assert!(total <= p.min_free_bytes.expect("free memory known"), "{name}: the plan fits");
             assert!(p.excluded.iter().all(|e| !p.gpus.contains(&e.index)), "{name}");

@@ -1,7 +1,7 @@
 //! Step 6, the batch split: `micro × world × accumulation = global` (rounded to the nearest
 //! multiple of the world size when it does not divide, with the world size that would be exact),
-//! the micro-batch the largest power of two dividing the per-GPU batch whose estimate fits the
-//! smallest free memory; and the learning-rate factors for the effective batch.
+//! the micro-batch the largest divisor of the per-GPU batch whose estimate fits the smallest
+//! free memory (at most 8 when there is no memory to check against); and the learning-rate factors for the effective batch.
 
 use super::fit::Estimator;
 use super::{DEFAULT_MICRO_BATCH_CAP, Log, LrScale};
@@ -31,25 +31,17 @@ pub(super) fn split(world: usize, min_free: Option<u64>, global: u64, est: &Esti
             "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));
     }
+    // Divisors ascending: the estimate grows with the micro-batch, so the first that does not
+    // fit ends the search. Without a model or free memory the cap stands in for the check.
     let mut micro = 1;
     let mut estimate = est.at(1);
-    let mut m = 1;
-    while m <= per_rank {
-        if per_rank.is_multiple_of(m) {
-            match (est.at(m), min_free) {
-                (Some(e), Some(free)) if e.total <= free => {
-                    micro = m;
-                    estimate = Some(e);
-                }
-                (Some(e), None) if m <= DEFAULT_MICRO_BATCH_CAP => {
-                    micro = m;
-                    estimate = Some(e);
-                }
-                (None, _) if m <= DEFAULT_MICRO_BATCH_CAP => micro = m,
-                _ => {}
-            }
-        }
-        m *= 2;
+    for m in divisors(per_rank) {
+        let fits = match (est.at(m), min_free) {
+            (Some(e), Some(free)) => (e.total <= free).then_some(Some(e)),
+            (e, _) => (m <= DEFAULT_MICRO_BATCH_CAP).then_some(e),
+        };
+        let Some(e) = fits else { break };
+        (micro, estimate) = (m, e);
     }
     if !est.has_model() {
         log.notes.push(format!(
@@ -61,8 +53,37 @@ pub(super) fn split(world: usize, min_free: Option<u64>, global: u64, est: &Esti
     Split { micro, accum: per_rank / micro, effective, estimate, min_free }
 }
 
+/// The divisors of `n`, ascending.
+fn divisors(n: u64) -> Vec<u64> {
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d: u64 = 1;
+    while d.saturating_mul(d) <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d != n / d {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
 /// Learning-rate factors for a global batch against the one the rate was tuned at.
 pub(super) fn lr_scale(global: u64, base: u64) -> LrScale {
     let ratio = global as f64 / base.max(1) as f64;
     LrScale { base_batch: base, linear: ratio, sqrt: ratio.sqrt() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::divisors;
+
+    #[test]
+    fn divisors_ascend() {
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(21), vec![1, 3, 7, 21]);
+        assert_eq!(divisors(36), vec![1, 2, 3, 4, 6, 9, 12, 18, 36]);
+    }
 }

@@ -508,14 +508,19 @@ mod tests {
         let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));
         let req = PlanRequest { model: Some(ModelShape::from_param_count(500_000_000)), ..PlanRequest::default() };
         let p = plan(&s, &req);
-        // 64 over 6 rounds to 66 (11 per GPU, odd, so micro-batch 1).
-        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (6, 1, 11, 66));
+        // 64 over 6 rounds to 66: 11 per GPU, all of it in one micro-batch (11 divides 11).
+        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (6, 11, 1, 66));
         assert_eq!(p.status, Status::ReadyWithWarnings);
         assert!(p.warnings[0].ends_with("for exactly 64 use --world-size 4"), "{}", p.warnings[0]);
         let p = plan(&s, &PlanRequest { max_world_size: Some(4), ..req.clone() });
         assert_eq!((p.world_size, p.global_batch), (4, 64));
         assert!(p.micro_batch >= 2 && p.micro_batch * p.grad_accum == 16);
         assert_eq!(p.status, Status::Ready);
+        // 63 over 3 GPUs: 21 each, a 1B model on 70 GiB takes micro-batch 7, not 1 (a power of two).
+        let s3 = machine((0..3).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));
+        let one_b = PlanRequest { model: Some(ModelShape::from_param_count(1_000_000_000)), global_batch: 63, ..req };
+        let p = plan(&s3, &one_b);
+        assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (3, 7, 3, 63));
     }
 
     /// `--sharding auto` keeps the first stage that fits: 1.5B full fine-tuning in bf16 needs
@@ -684,7 +689,7 @@ mod tests {
         // 64 over 12 processes rounds to 60 (5 each), and says so.
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12 --per-device-train-batch-size 1 --gradient-accumulation-steps 5 --global-batch-size 60 --max-length 1024 --bf16 false --gradient-checkpointing false"
+            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12 --per-device-train-batch-size 5 --gradient-accumulation-steps 1 --global-batch-size 60 --max-length 1024 --bf16 false --gradient-checkpointing false"
         );
         assert!(p.warnings[1].starts_with("global batch 64 cannot be split exactly over 12"), "{:?}", p.warnings);
         assert_eq!(p.status.exit_code(), 2);
