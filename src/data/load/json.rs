@@ -1,4 +1,5 @@
-//! JSON Lines (streamed line by line) and a JSON array: each row keeps the line it starts on.
+//! JSON Lines (streamed line by line; also a `.json` file written as JSON Lines) and a JSON array:
+//! each row keeps the line it starts on.
 
 use std::io::BufRead;
 
@@ -36,6 +37,19 @@ pub(super) fn read_json_lines(reader: &mut dyn BufRead, rows: &mut Rows) -> Resu
         }
     }
     Ok(())
+}
+
+/// Whether a `.json` file holds JSON Lines: `datasets`' `Dataset.to_json("x.json")` writes them by
+/// default, and `datasets` reads them back. It does when its first non-blank line is a whole JSON
+/// object and the file is not one JSON value (a single object stays an error: not an array).
+pub(super) fn is_json_lines(bytes: &[u8]) -> bool {
+    let start = skip_ws(bytes, 0);
+    if bytes.get(start) != Some(&b'{') {
+        return false;
+    }
+    let first = bytes[start..].split(|b| *b == b'\n').next().unwrap_or_default();
+    serde_json::from_slice::<serde::de::IgnoredAny>(first).is_ok()
+        && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
 }
 
 fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {

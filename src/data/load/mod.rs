@@ -19,7 +19,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
-use self::json::{read_json_array, read_json_lines};
+use self::json::{is_json_lines, read_json_array, read_json_lines};
 use self::row::{build_row, json_kind, text_field};
 use crate::data::error::{DataError, RowProblem};
 use crate::data::tokenizer::Message;
@@ -243,6 +243,7 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
     reader.read_to_end(&mut bytes).map_err(|e| rows.io_error(e))?;
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     match format {
+        Format::JsonArray if is_json_lines(bytes) => read_json_lines(&mut &bytes[..], rows)?,
         Format::JsonArray => read_json_array(bytes, rows)?,
         _ => csv::read_csv(bytes, opts, rows)?,
     }
@@ -585,6 +586,22 @@ mod tests {
         let skipped = load_skip("nonobj2.json", data).unwrap();
         assert_eq!(skipped.rows.len(), 1);
         assert_eq!(skipped.skipped[0].line, 3);
+    }
+
+    /// `datasets`' `Dataset.to_json("x.json")` writes JSON Lines under a `.json` name.
+    #[test]
+    fn json_lines_under_a_json_name() {
+        let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\n{\"prompt\": \"q\", \"chosen\": \"c\", \"rejected\": \"d\"}\n";
+        let loaded = load("lines.json", data).unwrap();
+        assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![1, 3]);
+        let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n{\"prompt\": }\n";
+        let err = load("badlines.json", data).unwrap_err();
+        assert_eq!(err_tail(&err), "line 2: malformed JSON");
+        // One object over several lines is one JSON value, not JSON Lines.
+        let err = load("pretty.json", b"{\n  \"prompt\": \"p\"\n}\n").unwrap_err();
+        assert!(err.to_string().ends_with(": a `.json` data file must hold an array of row objects"), "{err}");
+        let err = load("prettybad.json", b"{\n  \"prompt\": \"p\",\n  \"chosen\": }\n").unwrap_err();
+        assert_eq!(err_tail(&err), "line 3: malformed JSON");
     }
 
     #[test]
