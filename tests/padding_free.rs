@@ -134,7 +134,7 @@ fn packed_rows_train_the_adapters_of_padded_rows() {
 #[test]
 fn lora_dropout_packs_without_sharing_prompts() {
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "lora_r = 4\nlora_dropout = 0.1\n");
+    let config = write_config(dir.path(), "lora_r = 4\nlora_dropout = 0.1\ndisable_dropout = false\n");
     let said = train(&config, "dropout", 1, &["--max-steps", "1"]);
     let line = said.lines().find(|l| l.contains("% avoided")).expect("the avoided positions are reported");
     assert!(line.contains("(packed without padding)"), "{line}");

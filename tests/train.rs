@@ -80,6 +80,7 @@ fn a_lora_run_resumes_exactly() {
     let lora = |cfg: &mut TrainConfig| {
         cfg.lora_r = Some(4);
         cfg.lora_dropout = 0.1;
+        cfg.disable_dropout = false;
         cfg.ref_model_name_or_path = None;
         cfg.learning_rate = 1e-2;
     };

@@ -192,3 +192,42 @@ fn unsupported_adapter_is_refused_by_field() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&format!("`{}`: `use_dora` = true is not supported", config.display())), "{stderr}");
 }
+
+/// TRL's `disable_dropout = true` (the default) sets PEFT's `lora_dropout` to p=0 while training,
+/// and PEFT still saves the configured value: a continued adapter is its own reference, so the
+/// first step's rewards are 0; prompts are shared; `adapter_config.json` records 0.05.
+#[test]
+fn disable_dropout_trains_lora_without_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = root().join("tests/fixtures/adapters/llama-lora");
+    let copy = dir.path().join("adapter");
+    fs::create_dir(&copy).unwrap();
+    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    cfg["base_model_name_or_path"] =
+        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+    fs::write(copy.join("adapter_config.json"), cfg.to_string()).unwrap();
+    let data = root().join("tests/fixtures/data/prefs.jsonl");
+    let out_dir = dir.path().join("out");
+    let args = [
+        ["train", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()].as_slice(),
+        &["--output-dir", out_dir.to_str().unwrap(), "--run-name", "r", "--max-steps", "1", "--logging-steps", "1"],
+        &["--save-steps", "0", "--num-samples", "0", "--bf16", "false", "--per-device-train-batch-size", "4"],
+    ]
+    .concat();
+    let out = dpo_train(&args);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let line = said.lines().find(|l| l.contains("% avoided")).expect("the avoided positions are reported");
+    assert!(line.contains("each prompt once"), "no dropout, so prompts are shared: {line}");
+    let run = out_dir.join("r");
+    let rows = dpo_train::train::log::read_metrics(&run.join("metrics.csv")).unwrap();
+    for name in ["rewards/chosen", "rewards/rejected"] {
+        let value = rows[0].metric(name).unwrap();
+        assert!(value.abs() < 1e-6, "step 1 {name} = {value}: the policy is the reference");
+    }
+    let saved: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(run.join("final/adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(saved["lora_dropout"], serde_json::json!(0.05), "the configured value, as PEFT saves it");
+}

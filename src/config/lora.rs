@@ -12,7 +12,12 @@ pub const DEFAULT_TARGET_MODULES: [&str; 2] = ["q_proj", "v_proj"];
 pub struct LoraSettings {
     pub r: usize,
     pub alpha: f64,
+    /// The dropout the adapters apply while training: 0 under `disable_dropout` (TRL's
+    /// `disable_dropout_in_model` sets every `nn.Dropout`, PEFT's `lora_dropout` included, to p=0).
     pub dropout: f64,
+    /// `lora_dropout` as configured: what `adapter_config.json` records (PEFT saves its
+    /// `LoraConfig`, which `disable_dropout` leaves alone).
+    pub config_dropout: f64,
     /// Module names from [`TARGET_MODULES`], in that order.
     pub target_modules: Vec<String>,
     /// rsLoRA scales by `α/√r` instead of `α/r` (Kalajdzievski 2023).
@@ -33,7 +38,14 @@ impl LoraSettings {
             return Err(("lora_dropout", format!("must be in [0, 1), got {dropout}")));
         }
         let target_modules = resolve_targets(targets).map_err(|m| ("lora_target_modules", m))?;
-        Ok(Self { r, alpha, dropout, target_modules, use_rslora: false })
+        Ok(Self { r, alpha, dropout, config_dropout: dropout, target_modules, use_rslora: false })
+    }
+
+    /// Sets the configured `lora_dropout`; under `disable_dropout` (TRL's default) the adapters
+    /// train without it, though `adapter_config.json` still records it, as PEFT's does.
+    pub fn set_dropout(&mut self, configured: f64, disable_dropout: bool) {
+        self.config_dropout = configured;
+        self.dropout = if disable_dropout { 0.0 } else { configured };
     }
 
     /// The factor on `A·B`.
@@ -59,4 +71,19 @@ fn resolve_targets(targets: &[String]) -> Result<Vec<String>, String> {
         return Err(format!("unknown module `{bad}`; use {} or all-linear", TARGET_MODULES.join(", ")));
     }
     Ok(TARGET_MODULES.iter().filter(|m| targets.iter().any(|t| t == *m)).map(|m| (*m).to_owned()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disable_dropout_trains_without_dropout_but_records_it() {
+        let mut s = LoraSettings::new(8, 16.0, 0.05, &[]).unwrap();
+        assert_eq!((s.dropout, s.config_dropout), (0.05, 0.05));
+        s.set_dropout(0.1, true);
+        assert_eq!((s.dropout, s.config_dropout), (0.0, 0.1));
+        s.set_dropout(0.1, false);
+        assert_eq!((s.dropout, s.config_dropout), (0.1, 0.1));
+    }
 }

@@ -244,10 +244,12 @@ train_config! {
     lora_r: Option<usize> = None,
     /// LoRA α: the adapters' update is scaled by lora_alpha / lora_r.
     lora_alpha: f64 = 32.0,
-    /// Dropout on the adapters' input during training.
+    /// Dropout on the adapters' input during training (applied only with `disable_dropout = false`; adapter_config.json records it either way, as PEFT).
     lora_dropout: f64 = 0.05,
     /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
     lora_target_modules: Vec<String> = Vec::new(),
+    /// Train without dropout, as TRL: the LoRA adapters' dropout is 0 whatever `lora_dropout` says (dpo-train's models apply no other dropout; config.json's attention_dropout is not read).
+    disable_dropout: bool = true,
     /// With LoRA, also write final/merged: the base with the adapters folded in, as a full HF model.
     merge: bool = false,
     /// bfloat16 mixed precision: half-precision weights and activations over f32 master weights and optimizer state [default: true unless fp16, as TRL].
@@ -258,7 +260,7 @@ train_config! {
     gradient_checkpointing: bool = true,
     /// Pack each micro-batch's sequences into one row without padding: positions restart at each sequence and attention never crosses one, so the log-probs are the padded rows' (TRL's key).
     padding_free: bool = true,
-    /// With padding_free, write each pair's prompt once: the rejected completion attends to the prompt it shares with the chosen one (prefix sharing); the same log-probs, fewer tokens. Off while LoRA dropout trains (one dropout mask would serve both rows).
+    /// With padding_free, write each pair's prompt once: the rejected completion attends to the prompt it shares with the chosen one (prefix sharing); the same log-probs, fewer tokens. Off while LoRA dropout trains (`disable_dropout = false`: one dropout mask would serve both rows).
     prefix_sharing: bool = true,
     // --- optimisation ---
     /// Peak learning rate of AdamW (> 0).
@@ -520,10 +522,12 @@ impl TrainConfig {
     }
 
     /// The LoRA adapter to train; `None` for full fine-tuning.
+    /// Under `disable_dropout` its training dropout is 0 (see [`LoraSettings::set_dropout`]).
     pub fn lora(&self) -> Result<Option<LoraSettings>, (&'static str, String)> {
-        self.lora_r
-            .map(|r| LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules))
-            .transpose()
+        let Some(r) = self.lora_r else { return Ok(None) };
+        let mut settings = LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules)?;
+        settings.set_dropout(self.lora_dropout, self.disable_dropout);
+        Ok(Some(settings))
     }
 
     /// Whether bf16 mixed precision is on: as set, else on unless fp16 is (TRL's `bf16 = not fp16`).

@@ -110,7 +110,7 @@ impl AdapterConfig {
             base_model_name_or_path: Some(base.to_owned()),
             r: settings.r,
             lora_alpha: settings.alpha,
-            lora_dropout: settings.dropout,
+            lora_dropout: settings.config_dropout,
             target_modules: TargetModules::List(settings.target_modules.clone()),
             bias: default_bias(),
             fan_in_fan_out: false,

@@ -36,7 +36,7 @@ impl PolicySpec {
         let start = model::adapter_settings(model_dir)?;
         let lora = match start {
             Some(mut saved) => {
-                saved.dropout = cfg.lora_dropout;
+                saved.set_dropout(cfg.lora_dropout, cfg.disable_dropout);
                 Some(saved)
             }
             None => cfg.lora().map_err(|(key, message)| crate::config::ConfigError::Invalid { key, message })?,
