@@ -13,6 +13,7 @@ pub mod keys;
 pub mod layers;
 pub mod lora;
 pub mod loss;
+pub mod trl;
 
 pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
@@ -212,6 +213,10 @@ train_config! {
     skip_bad_rows: bool = false,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     max_length: usize = 1024,
+    /// keep_start, TRL's default: a sequence over max_length keeps its start (TRL's deprecated keep_end is refused).
+    truncation_mode: String = "keep_start".to_owned(),
+    /// Accepted for TRL's configs (its processes tokenising the data): dpo-train tokenises on its own threads, every core of the process, whatever it says.
+    dataset_num_proc: Option<usize> = None,
     }
     loss {
     // --- DPO ---
@@ -352,7 +357,17 @@ impl TrainConfig {
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
         // The loss keys are a flattened struct, which serde cannot combine with
         // `deny_unknown_fields`: unknown keys are refused here, with the closest known one.
-        let table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
+        let mut table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
+        let at = |key: &str, message: String| ConfigError::Toml {
+            path: origin.to_owned(),
+            line: line_of(text, key).unwrap_or(0),
+            message: format!("`{key}`: {message}"),
+        };
+        trl::accept_trl_keys(&mut table).map_err(|(key, message)| ConfigError::Toml {
+            path: origin.to_owned(),
+            line: line_of(text, &key).unwrap_or(0),
+            message,
+        })?;
         if let Some(key) = table.keys().find(|k| !KEYS.iter().any(|d| d.name == k.as_str())) {
             let candidates: Vec<&str> = KEYS.iter().map(|d| d.name).collect();
             let message = match closest(key, &candidates) {
@@ -361,7 +376,20 @@ impl TrainConfig {
             };
             return Err(ConfigError::Toml { path: origin.to_owned(), line: line_of(text, key).unwrap_or(0), message });
         }
-        toml::from_str(text).map_err(|e| toml_error(e, text, origin))
+        strings_as_lists(&mut table).map_err(|(key, message)| at(key, message))?;
+        // Each key alone first: serde loses the position inside the flattened loss keys, so a
+        // wrong type is blamed on the line that sets it.
+        for (key, value) in &table {
+            let alone = toml::Table::from_iter([(key.clone(), value.clone())]);
+            toml::Value::Table(alone)
+                .try_into::<Self>()
+                .map_err(|e| at(key, with_suggestion(e.message().lines().next().unwrap_or("invalid value"))))?;
+        }
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Toml {
+            path: origin.to_owned(),
+            line: 0,
+            message: e.message().to_owned(),
+        })
     }
 
     /// Applies `--key value` overrides (keys in snake_case) on top of this config.
@@ -432,6 +460,7 @@ impl TrainConfig {
             return invalid("min_lr_rate", format!("must be in [0, 1], got {}", self.min_lr_rate));
         }
         self.validate_sizes()?;
+        self.validate_truncation()?;
         if self.max_steps <= 0 && self.num_train_epochs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return invalid(
                 "num_train_epochs",
@@ -496,6 +525,18 @@ impl TrainConfig {
         wanted.then(|| self.logging_dir.clone().unwrap_or_else(|| run_dir.join("runs")))
     }
 
+    /// `truncation_mode`: TRL's `keep_start`, the one dpo-train implements.
+    fn validate_truncation(&self) -> Result<(), ConfigError> {
+        let message = match self.truncation_mode.as_str() {
+            "keep_start" => return Ok(()),
+            "keep_end" => {
+                "`keep_end` is not supported by dpo-train (deprecated in TRL 1.16): use `keep_start`".to_owned()
+            }
+            other => format!("unknown value `{other}`: use `keep_start`"),
+        };
+        Err(ConfigError::Invalid { key: "truncation_mode", message })
+    }
+
     /// Batch sizes, lengths and the process group's settings: counts that must be positive.
     fn validate_sizes(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
@@ -553,6 +594,25 @@ impl TrainConfig {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise the config: {e}\n"))
     }
+}
+
+/// TRL's `DPOConfig` takes `loss_type = "ipo"` for `["ipo"]`, transformers `report_to = "none"`,
+/// and PEFT `target_modules = "all-linear"`: such a string becomes a one-element list. PEFT reads
+/// any other single string as a regular expression, which dpo-train does not implement.
+fn strings_as_lists(table: &mut toml::Table) -> Result<(), (&'static str, String)> {
+    for key in ["loss_type", "report_to", "lora_target_modules"] {
+        let Some(toml::Value::String(one)) = table.get(key) else { continue };
+        if key == "lora_target_modules" && one != "all-linear" {
+            let message = format!(
+                "a single string is a regular expression in PEFT, which dpo-train does not implement: \
+                 write a list ([\"{one}\"]) or `all-linear`"
+            );
+            return Err((key, message));
+        }
+        let list = toml::Value::Array(vec![toml::Value::String(one.clone())]);
+        table.insert(key.to_owned(), list);
+    }
+    Ok(())
 }
 
 /// Turns a TOML error into one line naming the file, line and key.
@@ -654,6 +714,72 @@ mod tests {
         assert_eq!(err.to_string(), "`--beta`: expected a number, got `x`");
         let err = TrainConfig::default().with_overrides(&[("loss_type".into(), "sigmoidd".into())]).unwrap_err();
         assert_eq!(err.to_string(), "`--loss-type`: unknown value `sigmoidd`; did you mean `sigmoid`?");
+    }
+
+    #[test]
+    fn a_string_is_a_one_element_list_where_trl_takes_one() {
+        let text = "beta = 0.1\nloss_type = \"ipo\"\nreport_to = \"none\"\nlora_target_modules = \"all-linear\"\n";
+        let cfg = TrainConfig::from_toml_str(text, "k.toml").unwrap();
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Ipo]);
+        assert_eq!(cfg.report_to, vec!["none".to_owned()]);
+        assert_eq!(cfg.lora_target_modules, vec!["all-linear".to_owned()]);
+        let err = TrainConfig::from_toml_str("lora_r = 8\nlora_target_modules = \"q_proj\"\n", "k.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`k.toml`, line 2: `lora_target_modules`: a single string is a regular"));
+        let cfg = TrainConfig::default().with_overrides(&[("loss_type".into(), "ipo".into())]).unwrap();
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Ipo]);
+    }
+
+    #[test]
+    fn trls_other_keys_are_accepted_or_refused_by_name() {
+        let text = "beta = 0.1\ndataset_num_proc = 8\ntruncation_mode = \"keep_start\"\ndisable_dropout = true\n\
+                    sync_ref_model = false\ndataloader_num_workers = 2\n";
+        let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
+        assert_eq!((cfg.dataset_num_proc, cfg.truncation_mode.as_str()), (Some(8), "keep_start"));
+        let err = TrainConfig::from_toml_str("beta = 0.1\nsync_ref_model = true\n", "t.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`t.toml`, line 2: `sync_ref_model = true` is not supported by dpo-train: \
+             TR-DPO's reference syncing is not implemented"
+        );
+        let cfg = TrainConfig::from_toml_str("eval_strategy = \"no\"\n", "t.toml").unwrap();
+        assert_eq!(cfg.eval_every(), 0, "TRL's eval_strategy = \"no\" never evaluates");
+        let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
+        let l = Layered::new(
+            Some(ConfigFile { name: "t.toml".into(), text: format!("{base}truncation_mode = \"keep_end\"\n") }),
+            &[],
+        )
+        .unwrap();
+        let err = l.validate().unwrap_err().to_string();
+        assert!(
+            err.starts_with("`t.toml`, line 3: `truncation_mode`: `keep_end` is not supported by dpo-train"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_own_line() {
+        let text = "# TRL\nbeta = 0.1\n\nlearning_rate = 1e-6\nloss_weights = 1.0\n";
+        let err = TrainConfig::from_toml_str(text, "k2.toml").unwrap_err().to_string();
+        assert!(err.starts_with("`k2.toml`, line 5: `loss_weights`: invalid type: floating point"), "{err}");
+        let err = TrainConfig::from_toml_str("beta = 0.1\n\nmax_length = \"long\"\n", "k2.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`k2.toml`, line 3: `max_length`: invalid type: string"), "{err}");
+        let err = TrainConfig::from_toml_str("beta = 0.1\nloss_type = \"sigmoidd\"\n", "k2.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`k2.toml`, line 2: `loss_type`: unknown value `sigmoidd`; did you mean `sigmoid`?"
+        );
+    }
+
+    #[test]
+    fn disable_dropout_zeroes_the_trained_lora_dropout() {
+        let cfg = |text: &str| TrainConfig::from_toml_str(text, "c.toml").unwrap().lora().unwrap().unwrap();
+        let default = cfg("lora_r = 8\n");
+        assert_eq!((default.dropout, default.config_dropout), (0.0, 0.05), "TRL's disable_dropout = true");
+        let on = cfg("lora_r = 8\nlora_dropout = 0.1\ndisable_dropout = false\n");
+        assert_eq!((on.dropout, on.config_dropout), (0.1, 0.1));
+        let off = TrainConfig::default().with_overrides(&[("lora_r".into(), "4".into())]).unwrap();
+        assert_eq!(off.lora().unwrap().unwrap().dropout, 0.0);
+        assert!(TrainConfig::default().disable_dropout);
     }
 
     #[test]

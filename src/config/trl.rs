@@ -1,0 +1,213 @@
+//! The keys of TRL 1.16's `DPOConfig` and transformers' `TrainingArguments` that dpo-train has no
+//! key of its own for (read from `trl/trainer/dpo_config.py` and `transformers/training_args.py`).
+//! A TRL config that sets one is never told "unknown key": the key is accepted where its value
+//! changes nothing here (then dropped), and refused by name, with the reason, otherwise.
+
+/// What a config that sets the key gets.
+#[derive(Debug, Clone, Copy)]
+pub enum Treatment {
+    /// Changes nothing in dpo-train whatever its value (a data-loader, logging or hub knob, or a
+    /// setting of a feature that is off): accepted and dropped.
+    Inert,
+    /// Accepted at these values (TOML literals, TRL's default first), which change nothing here;
+    /// any other value is refused with the reason.
+    Only(&'static [&'static str], &'static str),
+    /// Refused at any value, with the reason.
+    Never(&'static str),
+}
+
+use Treatment::{Inert, Never, Only};
+
+const FALSE: &[&str] = &["false"];
+const NOT_IMPLEMENTED: &str = "not implemented";
+
+/// Every such key, `DPOConfig`'s first.
+pub const TRL_KEYS: &[(&str, Treatment)] = &[
+    ("model_init_kwargs", Never("models load from their directory's config.json; the precision is `bf16`/`fp16`")),
+    ("trust_remote_code", Only(FALSE, "no model code is run: llama, mistral, qwen2 and qwen3 are built in")),
+    ("router_aux_loss_coef", Never("mixture-of-experts models are not supported")),
+    ("pad_to_multiple_of", Inert),
+    ("precompute_ref_batch_size", Inert),
+    ("activation_offloading", Only(FALSE, "activations are not offloaded (`gradient_checkpointing` saves them)")),
+    ("sync_ref_model", Only(FALSE, "TR-DPO's reference syncing is not implemented")),
+    ("ref_model_mixup_alpha", Inert),
+    ("ref_model_sync_steps", Inert),
+    ("pad_token", Never("deprecated in TRL 1.16: padding uses the tokenizer's pad token (eos when it has none)")),
+    ("lr_scheduler_kwargs", Never("write `min_lr_rate` (of cosine_with_min_lr) as a key of its own")),
+    ("optim", Only(&["\"adamw_torch_fused\"", "\"adamw_torch\""], "the optimizer is AdamW (adamw_torch)")),
+    ("optim_args", Never("AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`")),
+    ("optim_target_modules", Never("only GaLore-style optimizers use it, and they are not implemented")),
+    ("average_tokens_across_devices", Inert),
+    ("label_smoothing_factor", Only(&["0.0"], "DPO's smoothing is `label_smoothing`")),
+    ("bf16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
+    ("fp16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
+    ("tf32", Never("TF32 matmuls are not configurable")),
+    ("activation_checkpointing", Never("use `gradient_checkpointing`")),
+    ("activation_checkpointing_kwargs", Never("use `gradient_checkpointing`")),
+    ("gradient_checkpointing_kwargs", Inert),
+    ("torch_compile", Only(FALSE, "torch.compile is not used")),
+    ("torch_compile_backend", Inert),
+    ("torch_compile_mode", Inert),
+    ("use_liger_kernel", Only(FALSE, "Liger kernels are not used")),
+    ("liger_kernel_config", Inert),
+    ("use_cache", Inert),
+    ("neftune_noise_alpha", Never("NEFTune's embedding noise is not implemented")),
+    ("torch_empty_cache_steps", Inert),
+    ("auto_find_batch_size", Only(FALSE, "batch sizes are as configured (`check-gpu` finds ones that fit)")),
+    ("logging_strategy", Only(&["\"steps\""], "logging is every `logging_steps`")),
+    ("logging_first_step", Only(FALSE, "logging is every `logging_steps`")),
+    ("log_on_each_node", Inert),
+    ("logging_nan_inf_filter", Inert),
+    ("include_num_input_tokens_seen", Only(&["\"no\"", "false"], "the tokens seen are not logged")),
+    ("log_level", Inert),
+    ("log_level_replica", Inert),
+    ("disable_tqdm", Inert),
+    ("project", Inert),
+    ("trackio_space_id", Inert),
+    ("trackio_bucket_id", Inert),
+    ("trackio_static_space_id", Inert),
+    // `"no"` also sets `eval_steps = 0` (see `translate`).
+    ("eval_strategy", Only(&["\"steps\"", "\"no\""], "evaluation runs every `eval_steps`")),
+    ("eval_delay", Only(&["0"], "evaluation runs every `eval_steps`")),
+    ("prediction_loss_only", Inert),
+    ("eval_do_concat_batches", Inert),
+    ("eval_use_gather_object", Inert),
+    ("eval_accumulation_steps", Inert),
+    ("include_for_metrics", Inert),
+    ("batch_eval_metrics", Inert),
+    ("save_only_model", Only(FALSE, "checkpoints hold the optimizer state, so that a run resumes")),
+    // `"no"` also sets `save_steps = 0` (see `translate`).
+    ("save_strategy", Only(&["\"steps\"", "\"no\""], "checkpoints are saved every `save_steps`")),
+    ("save_on_each_node", Only(FALSE, "checkpoints are written once")),
+    ("enable_jit_checkpoint", Only(FALSE, NOT_IMPLEMENTED)),
+    ("push_to_hub", Only(FALSE, "dpo-train does not upload")),
+    ("hub_token", Inert),
+    ("hub_private_repo", Inert),
+    ("hub_model_id", Inert),
+    ("hub_strategy", Inert),
+    ("hub_always_push", Inert),
+    ("hub_revision", Inert),
+    ("load_best_model_at_end", Only(FALSE, "final/ holds the last step's model")),
+    ("metric_for_best_model", Inert),
+    ("greater_is_better", Inert),
+    ("ignore_data_skip", Only(FALSE, "a resumed run skips the batches it has trained on")),
+    ("restore_callback_states_from_checkpoint", Inert),
+    ("full_determinism", Only(FALSE, NOT_IMPLEMENTED)),
+    ("data_seed", Never("the data order follows `seed`")),
+    ("use_cpu", Only(FALSE, "run on the CPU with `--devices cpu`")),
+    ("accelerator_config", Never("dpo-train's launcher sets up the workers (`--gpus`)")),
+    ("parallelism_config", Never("dpo-train's launcher sets up the workers (`--gpus`)")),
+    ("dataloader_drop_last", Only(FALSE, NOT_IMPLEMENTED)),
+    ("dataloader_num_workers", Inert),
+    ("dataloader_pin_memory", Inert),
+    ("dataloader_persistent_workers", Inert),
+    ("dataloader_prefetch_factor", Inert),
+    ("dataloader_multiprocessing_context", Inert),
+    ("dataloader_in_order", Inert),
+    ("remove_unused_columns", Inert),
+    ("label_names", Inert),
+    ("train_sampling_strategy", Only(&["\"random\""], "pairs are shuffled by `seed`")),
+    ("length_column_name", Inert),
+    ("ddp_find_unused_parameters", Inert),
+    ("ddp_broadcast_buffers", Inert),
+    ("ddp_static_graph", Inert),
+    ("ddp_backend", Inert),
+    ("fsdp_config", Never("use `sharding` and `offload_optimizer`")),
+    ("deepspeed", Never("use `sharding` (the ZeRO stages) and `offload_optimizer`")),
+    ("debug", Only(&["\"\""], NOT_IMPLEMENTED)),
+    ("skip_memory_metrics", Inert),
+    ("do_train", Inert),
+    ("do_eval", Inert),
+    ("do_predict", Inert),
+    ("resume_from_checkpoint", Never("resume with `dpo-train train --resume [RUN_DIR]`")),
+    ("local_rank", Inert),
+];
+
+/// Accepts or refuses each TRL key of `table` that dpo-train has no key for; the accepted ones
+/// leave the table (`eval_strategy`/`save_strategy = "no"` become `eval_steps`/`save_steps = 0`).
+/// An error is the key and a one-line message.
+pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> {
+    for (key, treatment) in TRL_KEYS {
+        let Some(value) = table.get(*key) else { continue };
+        match treatment {
+            Inert => {}
+            Only(values, reason) => {
+                if !values.iter().any(|v| same(value, v)) {
+                    let message = format!("`{key} = {value}` is not supported by dpo-train: {reason}");
+                    return Err(((*key).to_owned(), message));
+                }
+            }
+            Never(reason) => {
+                return Err(((*key).to_owned(), format!("`{key}` is not supported by dpo-train: {reason}")));
+            }
+        }
+        let value = table.remove(*key);
+        translate(key, value, table);
+    }
+    Ok(())
+}
+
+/// TRL's `eval_strategy = "no"` and `save_strategy = "no"` in dpo-train's keys.
+fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
+    let target = match key {
+        "eval_strategy" => "eval_steps",
+        "save_strategy" => "save_steps",
+        _ => return,
+    };
+    if value.as_ref().and_then(toml::Value::as_str) == Some("no") {
+        table.insert(target.to_owned(), toml::Value::Integer(0));
+    }
+}
+
+/// Whether `value` equals the TOML literal `literal` (an integer equals the same float).
+fn same(value: &toml::Value, literal: &str) -> bool {
+    let Ok(parsed) = format!("v = {literal}").parse::<toml::Table>() else { return false };
+    let Some(want) = parsed.get("v") else { return false };
+    match (value, want) {
+        (toml::Value::Integer(i), toml::Value::Float(f)) | (toml::Value::Float(f), toml::Value::Integer(i)) => {
+            *i as f64 == *f
+        }
+        _ => value == want,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> toml::Table {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn inert_and_default_values_are_accepted_and_dropped() {
+        let mut t = table("dataloader_num_workers = 4\nsync_ref_model = false\noptim = \"adamw_torch\"\nbeta = 0.1\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("beta = 0.1\n"));
+        let mut t = table("eval_strategy = \"no\"\nsave_strategy = \"no\"\nlabel_smoothing_factor = 0\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("eval_steps = 0\nsave_steps = 0\n"));
+    }
+
+    #[test]
+    fn other_values_are_refused_by_name() {
+        let refused = |text: &str| accept_trl_keys(&mut table(text)).unwrap_err();
+        assert_eq!(
+            refused("sync_ref_model = true\n"),
+            (
+                "sync_ref_model".to_owned(),
+                "`sync_ref_model = true` is not supported by dpo-train: TR-DPO's reference syncing is not implemented"
+                    .to_owned()
+            )
+        );
+        assert!(refused("optim = \"sgd\"\n").1.starts_with("`optim = \"sgd\"` is not supported by dpo-train"));
+        assert!(refused("deepspeed = \"ds.json\"\n").1.starts_with("`deepspeed` is not supported by dpo-train: use"));
+    }
+
+    #[test]
+    fn no_trl_key_is_also_ours() {
+        for (key, _) in TRL_KEYS {
+            assert!(!super::super::KEYS.iter().any(|k| k.name == *key), "{key} is a key of dpo-train's");
+        }
+    }
+}
