@@ -364,6 +364,17 @@ fn references(
     Ok(Some(References::prepare(run, reference, collation, progress)?))
 }
 
+/// `final/merged`'s model: the adapter just saved in `final_dir` folded into its base as read from
+/// disk, in f32 on the CPU, as PEFT's `merge_and_unload` of the saved pair. The training copy of a
+/// mixed-precision base is half precision: folding into it rounded every weight of the merged
+/// model, those no adapter touches too; and on the CPU a second copy costs no GPU memory.
+#[allow(deprecated)] // burn marks its libtorch devices deprecated; libtorch is this project's backend.
+fn merged_model(final_dir: &Path) -> anyhow::Result<crate::model::Llama> {
+    let (_, model) = crate::model::load(final_dir, &burn::tensor::Device::libtorch())
+        .with_context(|| format!("cannot load the adapter in `{}` to merge it", final_dir.display()))?;
+    Ok(model.merge_lora())
+}
+
 /// ZeRO-3: the policy (and the per-step reference), loaded whole and the held-out sets scored,
 /// kept as this rank's slices from here on; a reference that is the policy's base shares its
 /// slices.
@@ -527,7 +538,7 @@ fn finish(
         if run.cfg.merge {
             let merged = final_dir.join("merged");
             let full = ModelFiles::Full { config_json: end.config_json };
-            checkpoint::export_final(&merged, &inference_copy(&policy).merge_lora(), full, &run.data.tokenizer_dir)?;
+            checkpoint::export_final(&merged, &merged_model(&final_dir)?, full, &run.data.tokenizer_dir)?;
             progress.line(&format!("merged model written to `{}`", merged.display()));
         }
     }
