@@ -171,6 +171,26 @@ fn precision_and_lora_errors_name_the_key() {
     }
 }
 
+/// `dpo-train sft` trains at `learning_rate` for `max_steps` and evaluates nothing: the warm-up's
+/// keys and `--eval-file` are refused before any work instead of being printed as in effect.
+#[test]
+fn sft_refuses_the_keys_it_would_ignore() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("warm.toml");
+    fs::write(&config, "beta = 0.1\nsft_steps = 3\nmodel_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n").unwrap();
+    let config = config.to_str().unwrap();
+    for (args, expected) in [
+        (vec!["--sft-learning-rate", "1e-3"], "error: `--sft-learning-rate`: not used: `dpo-train sft` trains at"),
+        (vec!["--eval-file", "x.jsonl"], "error: `--eval-file`: not used: `dpo-train sft` does not evaluate"),
+        (vec!["--config", config], "`, line 2: `sft_steps`: not used: `dpo-train sft` runs `max_steps`"),
+    ] {
+        let mut all = vec!["sft"];
+        all.extend(args);
+        let err = one_line_error(&dpo_train(&all));
+        assert!(err.starts_with(expected) || err.contains(expected), "{err}");
+    }
+}
+
 /// A PEFT adapter using a feature we do not implement is refused, naming the file and field.
 #[test]
 fn unsupported_adapter_is_refused_by_field() {

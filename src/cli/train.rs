@@ -18,7 +18,7 @@ use super::args::TrainArgs;
 use super::launch::{Placed, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
-use crate::config::{ConfigError, ConfigFile, Layered};
+use crate::config::{ConfigError, ConfigFile, Layered, Origin};
 use crate::demo::{DEMO, DEMO_CONFIG};
 use crate::dist::LaunchOutcome;
 use crate::run::{RunRequest, RunSummary};
@@ -29,6 +29,11 @@ use crate::train::{Progress, Runtime};
 pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let (layered, name, resume) = resolve(&args)?;
     layered.validate()?;
+    if sft_only {
+        // The demo's embedded config and a resumed run's saved one hold every key: only the
+        // user's own file and flags say what they asked for.
+        check_sft_keys(&layered, args.config.is_some())?;
+    }
     let mut cfg = layered.cfg.clone();
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers.
@@ -72,6 +77,29 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         print_summary(&summary)?;
     }
     Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
+}
+
+/// `sft` trains at `learning_rate` for `max_steps` (or `num_train_epochs`) and evaluates nothing:
+/// the warm-up's keys, set anywhere, and `--eval-file` on its command line would be ignored, so
+/// they are refused (a config file shared with `train` may keep its `eval_file`). `own_file`: the
+/// config file is the user's `--config`.
+fn check_sft_keys(layered: &Layered, own_file: bool) -> Result<(), ConfigError> {
+    let unused = [
+        ("sft_steps", "`dpo-train sft` runs `max_steps` (or `num_train_epochs`); `sft_steps` sizes `train`'s warm-up"),
+        ("sft_learning_rate", "`dpo-train sft` trains at `learning_rate`; `sft_learning_rate` is `train`'s warm-up's"),
+        ("eval_file", "`dpo-train sft` does not evaluate"),
+    ];
+    for (key, why) in unused {
+        let set = match layered.origin(key) {
+            Origin::Flag => true,
+            Origin::File => own_file && key != "eval_file",
+            Origin::Default => false,
+        };
+        if set {
+            return Err(layered.locate(ConfigError::Invalid { key, message: format!("not used: {why}") }));
+        }
+    }
+    Ok(())
 }
 
 /// The config layers, the run's default name, and the run directory to resume.
