@@ -590,9 +590,35 @@ impl TrainConfig {
         self.eval_steps.unwrap_or(self.logging_steps)
     }
 
-    /// The config as TOML, as saved in the run directory and every checkpoint.
+    /// The config as TOML, as saved in the run directory and every checkpoint: with the paths
+    /// made absolute, so `--resume` from another working directory (a scheduler's) reads the same
+    /// model, tokenizer and data.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_else(|e| format!("# cannot serialise the config: {e}\n"))
+        toml::to_string(&self.with_absolute_paths()).unwrap_or_else(|e| format!("# cannot serialise the config: {e}\n"))
+    }
+
+    /// Each relative path that names an existing file or directory, made absolute; other values
+    /// (`demo`, a Hub dataset's name, a file not there yet) as they are.
+    fn with_absolute_paths(&self) -> Self {
+        let absolute = |p: &Path| p.is_relative().then(|| std::fs::canonicalize(p).ok()).flatten();
+        let fix = |s: &mut String| {
+            if let Some(a) = absolute(Path::new(s.as_str())).and_then(|a| a.to_str().map(str::to_owned)) {
+                *s = a;
+            }
+        };
+        let fix_path = |p: &mut PathBuf| {
+            if let Some(a) = absolute(p) {
+                *p = a;
+            }
+        };
+        let mut cfg = self.clone();
+        fix(&mut cfg.model_name_or_path);
+        fix(&mut cfg.train_file);
+        cfg.eval_file.iter_mut().chain(cfg.test_file.iter_mut()).for_each(fix);
+        let paths = [&mut cfg.ref_model_name_or_path, &mut cfg.tokenizer_name_or_path, &mut cfg.logging_dir];
+        paths.into_iter().flatten().for_each(fix_path);
+        fix_path(&mut cfg.output_dir);
+        cfg
     }
 }
 
@@ -658,6 +684,26 @@ pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--resume` from another working directory: the saved config names existing inputs by
+    /// absolute paths; names that are no path here stay as written.
+    #[test]
+    fn the_saved_config_holds_absolute_paths() {
+        let cfg = TrainConfig {
+            model_name_or_path: "tests/fixtures/models/llama".into(),
+            train_file: "tests/fixtures/data/prefs.jsonl".into(),
+            eval_file: Some("not/there.jsonl".into()),
+            tokenizer_name_or_path: Some("tests/fixtures/tokenizer".into()),
+            ..Default::default()
+        };
+        let saved: toml::Table = cfg.to_toml().parse().unwrap();
+        let root = std::fs::canonicalize(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let at = |rel: &str| root.join(rel).display().to_string();
+        assert_eq!(saved["model_name_or_path"].as_str(), Some(at("tests/fixtures/models/llama").as_str()));
+        assert_eq!(saved["train_file"].as_str(), Some(at("tests/fixtures/data/prefs.jsonl").as_str()));
+        assert_eq!(saved["tokenizer_name_or_path"].as_str(), Some(at("tests/fixtures/tokenizer").as_str()));
+        assert_eq!(saved["eval_file"].as_str(), Some("not/there.jsonl"));
+    }
 
     #[test]
     fn every_field_has_a_key_and_a_flag() {
