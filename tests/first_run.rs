@@ -320,6 +320,14 @@ fn inputs_the_model_cannot_take_are_refused_before_any_work() {
         "{err}"
     );
 
+    // A truncated weights file (a download cut short) is found before the run directory exists.
+    let cut = edited_model(dir.path(), "truncated", |_| {});
+    let weights = fs::read(cut.join("model.safetensors")).unwrap();
+    fs::write(cut.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
+    let err = one_line_error(&train(&[&["--model", s(&cut), "--data", s(&d)][..], &base].concat()));
+    assert!(err.contains(&format!("cannot load the model in `{}`", cut.display())), "{err}");
+    assert!(err.contains("model.safetensors"), "{err}");
+
     let err = one_line_error(&train(&[&["--model", s(&m), "--data", s(&d), "--device", "cuda"][..], &base].concat()));
     assert!(err.ends_with("`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`"), "{err}");
     let err = one_line_error(&eval(&["--model", s(&m), "--data", s(&d), "--device", "cuda:1"]));
@@ -417,6 +425,24 @@ fn restarts_and_resumes_log_each_step_once() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("resuming dpo from"), "{}", stderr(&out));
     assert_eq!(steps("again").iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+
+    // Another global batch would replay or skip data: refused, naming both, before anything is
+    // rewritten; the same batch another way (2 per device x 2 accumulation) resumes.
+    let config = fs::read_to_string(dir.path().join("again/config.toml")).unwrap();
+    let run = dir.path().join("again");
+    let resume = |extra: &[&str]| {
+        let mut args = vec!["--resume", s(&run), "--max-steps", "6"];
+        args.extend_from_slice(extra);
+        train(&args)
+    };
+    let err = one_line_error(&resume(&["--per-device-train-batch-size", "2"]));
+    assert!(
+        err.contains("was saved at a global batch of 4 pairs and this run's is 2 (2 per device x 1 devices"),
+        "{err}"
+    );
+    assert_eq!(fs::read_to_string(dir.path().join("again/config.toml")).unwrap(), config);
+    let out = resume(&["--per-device-train-batch-size", "2", "--global-batch-size", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// A file-size limit (as a full disk) while a checkpoint is written: exit 2, one line that says

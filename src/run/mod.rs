@@ -104,6 +104,9 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     // Every rank checked for an earlier run before rank 0 creates anything.
     workers.barrier("run directory")?;
     let cfg = &req.cfg;
+    if resume {
+        crate::train::stage::check_resume_batch(&[&run_dir.join("sft"), &run_dir], cfg, workers.world_size())?;
+    }
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.

@@ -64,6 +64,10 @@ pub struct TrainerState {
     /// fp16's dynamic loss scale.
     #[serde(default)]
     pub loss_scaler: Option<LossScaler>,
+    /// Pairs per optimizer step (all devices and accumulation): the data position and the
+    /// schedule count steps of this batch. `None` in checkpoints written before it was kept.
+    #[serde(default)]
+    pub global_batch: Option<usize>,
 }
 
 const STATE_FILE: &str = "trainer_state.json";
@@ -264,14 +268,24 @@ struct StateFile {
     optimizer_step: u64,
 }
 
+fn read_state_file(dir: &Path) -> Result<StateFile, CheckpointError> {
+    let corrupt = |message: String| CheckpointError::Corrupt { path: dir.to_owned(), message };
+    let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))
+}
+
+/// A checkpoint's trainer state alone (no tensors): what a resume checks before anything loads.
+pub fn trainer_state(dir: &Path) -> Result<TrainerState, CheckpointError> {
+    Ok(read_state_file(dir)?.trainer)
+}
+
 /// Reads a checkpoint's trainer and optimizer state onto `device` (the model loads through
 /// [`model::load`] from the same directory), the moments in the layout of the resumed run:
 /// whole parameters, or this rank's slices (`shard` = `(rank, world_size)`, ZeRO). Either kind
 /// of checkpoint loads into either layout, one parameter at a time.
 pub fn load_state(dir: &Path, device: &Device, shard: Option<(usize, usize)>) -> Result<Saved, CheckpointError> {
     let corrupt = |message: String| CheckpointError::Corrupt { path: dir.to_owned(), message };
-    let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
-    let file: StateFile = serde_json::from_str(&text).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
+    let file = read_state_file(dir)?;
     let mut optimizer = AdamW { step: file.optimizer_step, shard, ..Default::default() };
     let layout = |whole: Vec<f32>| {
         let n = whole.len();

@@ -244,6 +244,9 @@ struct Setup {
 /// and its log.
 fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<Setup> {
     let (cfg, data, workers) = (run.cfg, run.data, run.rt.workers);
+    let world = workers.world_size();
+    let sampler = batch_plan(cfg, data.train.len(), world)?;
+    let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
     if workers.is_main() {
         let path = stage.dir.join("config.toml");
         crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
@@ -255,8 +258,6 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         std::fs::read_to_string(&config_path).with_context(|| format!("cannot read `{}`", config_path.display()))?;
 
     // --- the plan: steps, batches, schedule ---
-    let world = workers.world_size();
-    let sampler = batch_plan(cfg, data.train.len(), world)?;
     let total_steps =
         stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
     let schedule = schedule(run, stage, &sampler, total_steps, progress);
@@ -269,8 +270,8 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
 
     // --- the models: policy (autodiff), reference (plain, frozen) ---
     let train_device = run.rt.device.clone().autodiff();
-    let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
     let mut trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
+    trained.state.global_batch = Some(sampler.global_batch);
     let log = open_log(run, stage, resume_from.is_some(), trained.state.step)?;
     let mut references = references(run, stage, &spec, &trained, progress)?;
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
@@ -423,6 +424,7 @@ fn start(
                 elapsed_seconds: 0.0,
                 num_tokens: 0.0,
                 loss_scaler: (cfg.compute_dtype() == FloatDType::F16).then(LossScaler::default),
+                global_batch: None,
             },
         ),
     };
@@ -450,6 +452,12 @@ fn start(
 
 /// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
 fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
+    let (global_batch, _) = global_batch(cfg, world_size)?;
+    Ok(Sampler { len, global_batch, micro_batch: cfg.per_device_train_batch_size, seed: cfg.seed })
+}
+
+/// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it.
+fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, usize)> {
     let micro = cfg.per_device_train_batch_size;
     let per_pass = micro * world_size;
     let accumulation = match cfg.global_batch_size {
@@ -462,7 +470,29 @@ fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Resul
         Some(global) => global / per_pass,
         None => cfg.gradient_accumulation_steps,
     };
-    Ok(Sampler { len, global_batch: per_pass * accumulation, micro_batch: micro, seed: cfg.seed })
+    Ok((per_pass * accumulation, accumulation))
+}
+
+/// A run resumes with the global batch its checkpoints were saved at, whatever the devices: their
+/// data position and schedule count steps of that batch, and another would replay or skip data.
+/// Checked for each stage directory (`sft/`, the run's) before anything is loaded or rewritten.
+pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: usize) -> anyhow::Result<()> {
+    let (now, accumulation) = global_batch(cfg, world_size)?;
+    for ckpt in stage_dirs.iter().filter_map(|dir| checkpoint::latest(dir)) {
+        match checkpoint::trainer_state(&ckpt)?.global_batch {
+            Some(saved) if saved != now => anyhow::bail!(ConfigError::Invalid {
+                key: "global_batch_size",
+                message: format!(
+                    "`{}` was saved at a global batch of {saved} pairs and this run's is {now} ({} per device x \
+                     {world_size} devices x {accumulation} accumulation): add `--global-batch-size {saved}`",
+                    ckpt.display(),
+                    cfg.per_device_train_batch_size,
+                ),
+            }),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Writes a checkpoint of the stage (rank 0), every rank waiting until it is complete.
