@@ -75,6 +75,16 @@ pub fn load(dir: &Path, device: &Device) -> Result<(LlamaConfig, Llama), ModelEr
     Ok((cfg, model))
 }
 
+/// Maps the safetensors files of `dir` (and of its adapter's base) and reads their headers,
+/// nothing more: a missing, truncated or corrupt file is refused before a run does any work.
+pub fn check_weights(dir: &Path) -> Result<(), ModelError> {
+    Weights::open(&base_dir(dir)?)?;
+    if lora::is_adapter_dir(dir) {
+        lora::open_adapter_weights(dir)?;
+    }
+    Ok(())
+}
+
 /// The adapter of an adapter directory; `None` for a full model.
 pub fn adapter_settings(dir: &Path) -> Result<Option<LoraSettings>, ModelError> {
     if !lora::is_adapter_dir(dir) {

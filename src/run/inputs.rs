@@ -188,8 +188,9 @@ fn check_models(
     tokenizer: &Tokenizer,
 ) -> anyhow::Result<Vec<(PathBuf, model::LlamaConfig)>> {
     let load = |dir: &Path| -> anyhow::Result<model::LlamaConfig> {
-        let loaded =
-            model::load_config(dir).with_context(|| format!("cannot load the model in `{}`", dir.display()))?;
+        let context = || format!("cannot load the model in `{}`", dir.display());
+        let loaded = model::load_config(dir).with_context(context)?;
+        model::check_weights(dir).with_context(context)?;
         compat::check_vocab(&loaded, dir, tokenizer.vocab_size())?;
         Ok(loaded)
     };
