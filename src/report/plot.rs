@@ -273,6 +273,9 @@ fn run_cells(rows: &[MetricsRow]) -> [Cell; 6] {
 /// colour can stay one run.
 fn comparison_cells(runs: &[(String, Vec<MetricsRow>)]) -> [Cell; 6] {
     let chart = |field: Field, y_fixed: Option<(f64, f64)>, with_eval: bool, smooth: bool| {
+        // Every run smoothed or none: a short run drawn raw beside smoothed ones reads as noisier.
+        let long = |rows: &[MetricsRow]| series(rows, Split::Train, field).len() >= MIN_POINTS_TO_SMOOTH;
+        let smooth = smooth && runs.iter().all(|(_, rows)| long(rows));
         let mut curves = Vec::new();
         for (i, (label, rows)) in runs.iter().enumerate() {
             let color = TAB10[i % TAB10.len()];
@@ -653,6 +656,32 @@ mod tests {
         rows.push(eval);
         assert_eq!(series(&rows, Split::Train, Field::Metric("loss")), [(3.0, 0.5), (4.0, 0.25)]);
         assert_eq!(series(&rows, Split::Eval, Field::Metric("loss")), [(4.0, 0.3)]);
+    }
+
+    /// Overlaid runs are all smoothed or all drawn raw: a 2-point run beside a 3-point one
+    /// smoothed alone misread as the noisier run.
+    #[test]
+    fn an_overlay_smooths_every_run_or_none() {
+        let run = |name: &str, steps: u64| {
+            let rows = (1..=steps)
+                .map(|step| {
+                    let mut r = MetricsRow::empty(step, 0.0, Split::Train, 0.0);
+                    r.set_metric("loss", 1.0 / step as f64);
+                    r
+                })
+                .collect();
+            (name.to_owned(), rows)
+        };
+        let smoothed = |runs: &[(String, Vec<MetricsRow>)]| -> Vec<bool> {
+            let [loss, ..] = comparison_cells(runs);
+            let train = loss[0].curves.iter().filter_map(|c| match c.kind {
+                CurveKind::Train { smooth, .. } => Some(smooth),
+                CurveKind::Eval { .. } => None,
+            });
+            train.collect()
+        };
+        assert_eq!(smoothed(&[run("a", 3), run("b", 2)]), [false, false]);
+        assert_eq!(smoothed(&[run("a", 3), run("b", 4)]), [true, true]);
     }
 
     #[test]
