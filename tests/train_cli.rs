@@ -163,6 +163,11 @@ fn precision_and_lora_errors_name_the_key() {
         (vec!["--lora-r", "0"], "error: `--lora-r`: must be at least 1"),
         (vec!["--lora-r", "8", "--lora-dropout", "1.5"], "error: `--lora-dropout`: must be in [0, 1)"),
         (vec!["--merge"], "error: `--merge`: needs LoRA"),
+        (
+            vec!["--model", "/nonexistent/model", "--data", "x.jsonl"],
+            "error: `--model-name-or-path`: `/nonexistent/model` is not a model directory",
+        ),
+        (vec!["--max-grad-norm", "nan"], "error: `--max-grad-norm`: must be finite and >= 0"),
     ] {
         let mut all = vec!["train"];
         all.extend(args);

@@ -103,7 +103,7 @@ impl LossConfig {
     pub fn validate(&self) -> Result<(), LossConfigError> {
         let err = |key, message: String| Err(LossConfigError { key, message });
         if !(self.beta > 0.0 && self.beta.is_finite()) {
-            return err("beta", format!("must be > 0, got {}", self.beta));
+            return err("beta", format!("must be finite and > 0, got {}", self.beta));
         }
         if self.loss_type.is_empty() {
             return err("loss_type", "needs at least one loss type".to_owned());

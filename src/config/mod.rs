@@ -447,11 +447,15 @@ impl TrainConfig {
                 return invalid(key, format!("must be in [0, 1), got {value}"));
             }
         }
-        if self.adam_epsilon <= 0.0 {
-            return invalid("adam_epsilon", format!("must be > 0, got {}", self.adam_epsilon));
+        // Written so that NaN fails too: every comparison with it is false.
+        if !(self.adam_epsilon > 0.0 && self.adam_epsilon.is_finite()) {
+            return invalid("adam_epsilon", format!("must be finite and > 0, got {}", self.adam_epsilon));
         }
-        if self.max_grad_norm < 0.0 {
-            return invalid("max_grad_norm", format!("must be >= 0, got {}", self.max_grad_norm));
+        if !(self.max_grad_norm >= 0.0 && self.max_grad_norm.is_finite()) {
+            return invalid(
+                "max_grad_norm",
+                format!("must be finite and >= 0 (0: no clipping), got {}", self.max_grad_norm),
+            );
         }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return invalid("warmup_ratio", format!("must be in [0, 1], got {}", self.warmup_ratio));
@@ -843,6 +847,9 @@ mod tests {
         check("per_device_train_batch_size = 0", "per_device_train_batch_size");
         check("gradient_accumulation_steps = 0", "gradient_accumulation_steps");
         check("warmup_ratio = 1.5", "warmup_ratio");
+        check("max_grad_norm = nan", "max_grad_norm");
+        check("adam_epsilon = nan", "adam_epsilon");
+        check("beta = inf", "beta");
         let required = TrainConfig::default().validate().unwrap_err();
         assert!(required.to_string().starts_with("`model_name_or_path`: is required"), "{required}");
     }

@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn validation_names_the_key() {
         let bad_beta = LossConfig { beta: 0.0, ..Default::default() };
-        assert_eq!(bad_beta.validate().unwrap_err().to_string(), "`beta`: must be > 0, got 0");
+        assert_eq!(bad_beta.validate().unwrap_err().to_string(), "`beta`: must be finite and > 0, got 0");
         let robust = LossConfig { loss_type: vec![LossType::Robust], label_smoothing: 0.5, ..Default::default() };
         assert_eq!(robust.validate().unwrap_err().key, "label_smoothing");
         let exo = LossConfig { loss_type: vec![LossType::ExoPair], ..Default::default() };

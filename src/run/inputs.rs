@@ -79,6 +79,10 @@ pub(super) fn load_inputs(
         (DEMO, Some(a)) => a.model_dir.clone(),
         (path, _) => PathBuf::from(path),
     };
+    if !model_dir.is_dir() {
+        let message = format!("`{}` is not a model directory (it does not exist or is a file)", model_dir.display());
+        anyhow::bail!(crate::config::ConfigError::Invalid { key: "model_name_or_path", message });
+    }
     let tokenizer_dir = match &cfg.tokenizer_name_or_path {
         Some(dir) => dir.clone(),
         None => model::tokenizer_dir(&model_dir)?,
