@@ -67,6 +67,13 @@ fn reference_defaults_to_the_policy() {
     // Policy = reference: every log-ratio is 0, so the sigmoid loss is ln 2.
     assert!((value["loss"].as_f64().unwrap() - std::f64::consts::LN_2).abs() < 1e-6);
     assert_eq!(value["rewards/margins"].as_f64().unwrap(), 0.0);
+    // Said up front; an adapter's reference is its base, and gets no note.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("note: no --ref-model: ") && stderr.contains("is its own reference"), "{stderr}");
+    let adapter = fixtures().join("adapters/llama-lora");
+    let out = eval(&with_defaults(adapter.to_str().unwrap(), data.to_str().unwrap(), &["--json"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note: no --ref-model"));
 }
 
 #[test]
@@ -129,5 +136,5 @@ fn bad_loss_settings_name_the_key() {
     let data = fixtures().join("data/prefs.jsonl");
     let err =
         one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
-    assert_eq!(err, "error: invalid loss settings: `beta`: must be > 0, got 0");
+    assert_eq!(err, "error: invalid loss settings: `beta`: must be finite and > 0, got 0");
 }

@@ -34,6 +34,9 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     let label = format!("reading `{}`", opts.data.display());
     let report = evaluate_showing(&opts, &mut |done, total| console.reading(&label, done, total))?;
     drop(console);
+    if let Some(note) = reference_note(&opts) {
+        eprintln!("note: {note}");
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", serde_json::to_string(&report.metrics)?)?;
@@ -41,6 +44,18 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         print_table(&mut out, &opts, &report)?;
     }
     Ok(())
+}
+
+/// Without `--ref-model` a full model is its own reference (as TRL copies it), so every reward is
+/// 0: said up front, since a user comparing a trained model most likely meant its starting point.
+fn reference_note(opts: &EvalOptions) -> Option<String> {
+    let own = opts.ref_model.is_none() && !crate::model::lora::is_adapter_dir(&opts.model);
+    (own && !opts.loss.reference_free).then(|| {
+        format!(
+            "no --ref-model: `{}` is its own reference, so every reward and margin is 0; pass --ref-model with the model it was trained from",
+            opts.model.display()
+        )
+    })
 }
 
 fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) -> anyhow::Result<()> {
@@ -52,8 +67,10 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         )
         .collect();
     writeln!(out, "model      {}", opts.model.display())?;
-    if let Some(r) = &opts.ref_model {
-        writeln!(out, "reference  {}", r.display())?;
+    match (&opts.ref_model, crate::model::lora::is_adapter_dir(&opts.model)) {
+        (Some(r), _) => writeln!(out, "reference  {}", r.display())?,
+        (None, true) => writeln!(out, "reference  the adapter's base (adapter off)")?,
+        (None, false) => writeln!(out, "reference  the model itself")?,
     }
     writeln!(out, "data       {} ({} pairs)", opts.data.display(), report.pairs)?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
