@@ -168,6 +168,10 @@ fn precision_and_lora_errors_name_the_key() {
             "error: `--model-name-or-path`: `/nonexistent/model` is not a model directory",
         ),
         (vec!["--max-grad-norm", "nan"], "error: `--max-grad-norm`: must be finite and >= 0"),
+        (
+            vec!["--model", "demo", "--output-dir", "Cargo.toml"],
+            "error: `--output-dir`: `Cargo.toml` is a file, not a directory",
+        ),
     ] {
         let mut all = vec!["train"];
         all.extend(args);

@@ -260,6 +260,11 @@ pub fn run_dir(
             Ok((dir, true))
         }
         None => {
+            // Bad input, said before any work (creating the run directory under it would fail late).
+            if cfg.output_dir.exists() && !cfg.output_dir.is_dir() {
+                let message = format!("`{}` is a file, not a directory", cfg.output_dir.display());
+                anyhow::bail!(crate::config::ConfigError::Invalid { key: "output_dir", message });
+            }
             let name = cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), config_name));
             let dir = cfg.output_dir.join(name);
             if crate::train::checkpoint::latest(&dir).is_some() {
