@@ -11,6 +11,7 @@ use super::INTERRUPTED;
 use super::args::GenerateArgs;
 use super::launch::{Placed, place};
 use crate::data::Text;
+use crate::data::tokenize::encode_prompt;
 use crate::data::tokenizer::Tokenizer;
 use crate::dist::LaunchOutcome;
 use crate::model::generate::{GenerateError, SamplingConfig, generate, read_prompts, rng};
@@ -28,12 +29,7 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let mut encoded = Vec::with_capacity(prompts.len());
     let mut notes = Vec::new();
     for prompt in &prompts {
-        // As training encodes a prompt: the tokenizer's special tokens (a BOS) around plain text;
-        // the chat template, which writes its own, around messages.
-        let ids = match &prompt.text {
-            Text::Plain(text) => tokenizer.encode_with_special_tokens(text)?,
-            Text::Messages(messages) => tokenizer.encode_chat(messages, true)?,
-        };
+        let ids = encode_prompt(&tokenizer, &prompt.text, usize::MAX)?;
         let (path, line, tokens) = (args.prompts.clone(), prompt.line, ids.len());
         if tokens >= limit {
             return Err(GenerateError::PromptTooLong { path, line, tokens, limit, key }.into());

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
-use crate::data::tokenizer::{Message, Tokenizer};
+use crate::data::tokenizer::{Message, Tokenizer, TokenizerError};
 
 /// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,7 +192,7 @@ fn tokenize_row(
         (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
             let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
             (
-                tok.encode_chat_head(p, true, keep).map_err(err("prompt"))?,
+                encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?,
                 tok.encode_chat_head(&joined(c), false, keep).map_err(err("chosen"))?,
                 tok.encode_chat_head(&joined(r), false, keep).map_err(err("rejected"))?,
             )
@@ -203,7 +203,7 @@ fn tokenize_row(
                 if s.ends_with(eos) { s.to_string() } else { format!("{s}{eos}") }
             };
             (
-                tok.encode_head(p, true, keep).map_err(err("prompt"))?,
+                encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?,
                 tok.encode_head(&format!("{p}{}", with_eos(c)), true, keep).map_err(err("chosen"))?,
                 tok.encode_head(&format!("{p}{}", with_eos(r)), true, keep).map_err(err("rejected"))?,
             )
@@ -220,6 +220,17 @@ fn tokenize_row(
         rejected_ids: rejected_full[prompt_len..].to_vec(),
     };
     Ok((pair, prompt_len < prompt_ids.len()))
+}
+
+/// A prompt's ids as training encodes it (`keep`: as in [`Tokenizer::encode_head`]): plain text
+/// with the tokenizer's special tokens (a Llama BOS), messages through the chat template with the
+/// assistant's header (the template writes its own special tokens). `generate` encodes its
+/// prompts here too, so it continues what training's samples continue.
+pub fn encode_prompt(tok: &Tokenizer, prompt: &Text, keep: usize) -> Result<Vec<u32>, TokenizerError> {
+    match prompt {
+        Text::Plain(text) => tok.encode_head(text, true, keep),
+        Text::Messages(messages) => tok.encode_chat_head(messages, true, keep),
+    }
 }
 
 /// Number of leading ids `a` and `b` share (`trl/data_utils.py` `common_prefix_length`).

@@ -105,7 +105,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     workers.barrier("run directory")?;
     let cfg = &req.cfg;
     if resume {
-        crate::train::stage::check_resume_batch(&[&run_dir.join("sft"), &run_dir], cfg, workers.world_size())?;
+        crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
     }
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
@@ -177,10 +177,13 @@ enum WarmUp {
     Ready(Option<StageOutcome>, PathBuf),
 }
 
+/// The warm-up's stage directory inside the run's.
+const SFT_DIR: &str = "sft";
+
 /// The supervised warm-up (`sft_steps > 0`) in `<run>/sft/`, unless a finished one is there.
 fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Result<WarmUp> {
     let cfg = run.cfg;
-    let sft_dir = base.dir.join("sft");
+    let sft_dir = base.dir.join(SFT_DIR);
     if cfg.sft_steps == 0 {
         return Ok(WarmUp::Ready(None, base.model_dir.to_owned()));
     }
