@@ -358,23 +358,20 @@ impl TrainConfig {
         // The loss keys are a flattened struct, which serde cannot combine with
         // `deny_unknown_fields`: unknown keys are refused here, with the closest known one.
         let mut table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
-        let at = |key: &str, message: String| ConfigError::Toml {
+        let located = |key: &str, message: String| ConfigError::Toml {
             path: origin.to_owned(),
             line: line_of(text, key).unwrap_or(0),
-            message: format!("`{key}`: {message}"),
-        };
-        trl::accept_trl_keys(&mut table).map_err(|(key, message)| ConfigError::Toml {
-            path: origin.to_owned(),
-            line: line_of(text, &key).unwrap_or(0),
             message,
-        })?;
+        };
+        let at = |key: &str, message: String| located(key, format!("`{key}`: {message}"));
+        trl::accept_trl_keys(&mut table).map_err(|(key, message)| located(&key, message))?;
         if let Some(key) = table.keys().find(|k| !KEYS.iter().any(|d| d.name == k.as_str())) {
             let candidates: Vec<&str> = KEYS.iter().map(|d| d.name).collect();
             let message = match closest(key, &candidates) {
                 Some(best) => format!("unknown key `{key}`; did you mean `{best}`?"),
                 None => format!("unknown key `{key}` (`dpo-train --help` lists every key)"),
             };
-            return Err(ConfigError::Toml { path: origin.to_owned(), line: line_of(text, key).unwrap_or(0), message });
+            return Err(located(key, message));
         }
         strings_as_lists(&mut table).map_err(|(key, message)| at(key, message))?;
         // Each key alone first: serde loses the position inside the flattened loss keys, so a
