@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use dpo_train::report::{
-    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, plot_meta_from_run, render_comparison, render_run,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, SFT_PLOT_FILES, plot_meta_from_run, render_comparison,
+    render_run,
 };
 use dpo_train::train::log::{MetricsRow, MetricsWriter, Split, read_metrics};
 use dpo_train::train::samples::{Sample, write_samples};
@@ -23,8 +24,12 @@ fn png_size(path: &Path) -> (u32, u32) {
 }
 
 fn assert_plots(paths: &[PathBuf], dir: &Path) {
+    assert_plot_files(paths, dir, &PLOT_FILES);
+}
+
+fn assert_plot_files(paths: &[PathBuf], dir: &Path, files: &[&str]) {
     let names: Vec<String> = paths.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, PLOT_FILES);
+    assert_eq!(names, files);
     for path in paths {
         assert_eq!(path.parent().unwrap(), dir);
         let expected = if path.ends_with("dashboard.png") { DASHBOARD_SIZE } else { PLOT_SIZE };
@@ -94,20 +99,31 @@ fn renders_a_dpo_run() {
     keep_for_inspection(&paths, "dpo");
 }
 
+/// An SFT stage logs loss, learning rate and grad norm, no rewards: it gets those panels (and the
+/// rare eval loss), not DPO's reward panels saying "no rewards logged".
 #[test]
-fn renders_an_sft_run_with_only_loss() {
+fn renders_an_sft_run_without_reward_panels() {
     let dir = tempfile::tempdir().unwrap();
-    let rows: Vec<MetricsRow> = (1..=30)
+    let mut rows: Vec<MetricsRow> = (1..=30)
         .map(|step| {
             let mut row = MetricsRow::empty(step, step as f64 / 30.0, Split::Train, step as f64);
             row.set_metric("loss", 2.0 / (1.0 + step as f64 * 0.1));
+            row.set_metric("num_tokens", 512.0 * step as f64);
+            row.learning_rate = Some(1e-4 * (1.0 - step as f64 / 30.0));
+            row.grad_norm = Some(3.0 / (1.0 + step as f64 * 0.05));
             row
         })
         .collect();
+    let mut eval = MetricsRow::empty(30, 1.0, Split::Eval, 31.0);
+    eval.set_metric("loss", 0.9);
+    rows.push(eval);
     write_run(dir.path(), &rows);
-    let meta = PlotMeta { run_name: "sft".into(), model: "tiny".into(), beta: f64::NAN };
+    let meta = PlotMeta { run_name: "sft".into(), model: "tiny".into(), beta: 0.1 };
     let paths = render_run(dir.path(), &meta).unwrap();
-    assert_plots(&paths, dir.path());
+    assert_plot_files(&paths, dir.path(), &SFT_PLOT_FILES);
+    for file in ["rewards.png", "margins.png", "accuracies.png"] {
+        assert!(!dir.path().join(file).exists(), "{file}");
+    }
     keep_for_inspection(&paths, "sft");
 }
 

@@ -183,6 +183,11 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     // SFT rows carry the loss only; the DPO metrics stay empty.
     assert!(rows.iter().all(|r| r.metric("rewards/accuracies").is_none()));
     assert!(summary.run_dir.join("final/model.safetensors").is_file());
+    // Its plots are SFT's: no reward panels that could only say "no rewards logged".
+    for file in dpo_train::report::SFT_PLOT_FILES {
+        assert!(summary.run_dir.join(file).is_file(), "{file}");
+    }
+    assert!(!summary.run_dir.join("rewards.png").exists());
 }
 
 #[test]

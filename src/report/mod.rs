@@ -2,14 +2,16 @@
 //! ([`crate::train::log`]): [`render_run`] for one run, [`render_comparison`] to overlay several.
 //! Every image is written to `<name>.tmp` first and renamed, so a reader never sees half a file.
 
+mod meta;
 pub mod plot;
 
 use std::path::{Path, PathBuf};
 
 use crate::fsutil::FileError;
 use crate::train::log::LogError;
+pub use meta::{PlotMeta, StageKind, plot_meta_from_run};
 pub use plot::{
-    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, ema, ema_alpha, plot_meta_from_run, render_comparison, render_run,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, SFT_PLOT_FILES, ema, ema_alpha, render_comparison, render_run,
 };
 
 /// Errors drawing a run's plots; each names the file it concerns.

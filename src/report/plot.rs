@@ -3,7 +3,8 @@
 //!
 //! The panels follow what TRL's `DPOTrainer` logs (`loss`, `rewards/chosen` vs
 //! `rewards/rejected`, `rewards/margins`, `rewards/accuracies`) plus `learning_rate` and
-//! `grad_norm`. Training curves are noisy, so each is drawn twice, as TensorBoard does: the raw
+//! `grad_norm`; an SFT stage, which logs no rewards, gets its loss, learning rate and grad norm
+//! only ([`SFT_PLOT_FILES`]). Training curves are noisy, so each is drawn twice, as TensorBoard does: the raw
 //! values faint, and an exponential moving average ([`ema`], [`ema_alpha`]) bold. Evaluations
 //! are sparse and already averaged over the eval set, so they are drawn unsmoothed as line plus
 //! markers. Text uses the DejaVu Sans font embedded in the binary, so rendering never depends on
@@ -19,6 +20,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::ReportError;
+use super::meta::{PlotMeta, StageKind};
 use crate::train::log::{METRICS_FILE, MetricsRow, Split, read_metrics};
 
 /// Size in pixels (width, height) of each single-panel PNG.
@@ -40,53 +42,11 @@ const MIN_POINTS_TO_SMOOTH: usize = 3;
 /// Opacity of the raw training values behind their EMA: visible, but clearly secondary.
 const RAW_ALPHA: f64 = 0.4;
 
-/// The file names written by [`render_run`] and [`render_comparison`], in the order returned.
+/// The file names written by [`render_run`] and [`render_comparison`] for DPO, in the order returned.
 pub const PLOT_FILES: [&str; 6] =
     ["loss.png", "rewards.png", "margins.png", "accuracies.png", "lr_grad_norm.png", "dashboard.png"];
-
-/// What the plot titles say about a run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlotMeta {
-    pub run_name: String,
-    /// The model's Hugging Face id or local path.
-    pub model: String,
-    /// DPO's β; `NaN` when unknown (shown as `?`).
-    pub beta: f64,
-}
-
-impl PlotMeta {
-    /// `<run_name> · <model> · β = <beta>`.
-    fn title(&self) -> String {
-        let beta = if self.beta.is_finite() { format!("{}", self.beta) } else { "?".to_string() };
-        format!("{} · {} · β = {beta}", self.run_name, self.model)
-    }
-}
-
-/// Reads `run_name`, `model_name_or_path` and `beta` from `<run_dir>/config.toml`, so a run can
-/// be re-plotted from its files alone.
-///
-/// Keys are looked up at the top level, then inside any top-level table. Whatever is missing
-/// (or the whole file, if absent or unreadable) falls back to the directory name, `?` and `NaN`.
-pub fn plot_meta_from_run(run_dir: &Path) -> PlotMeta {
-    let dir_name = run_dir
-        .canonicalize()
-        .unwrap_or_else(|_| run_dir.to_path_buf())
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| run_dir.display().to_string());
-    let table = std::fs::read_to_string(run_dir.join("config.toml"))
-        .ok()
-        .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
-        .unwrap_or_default();
-    let find = |key: &str| -> Option<&toml::Value> {
-        table.get(key).or_else(|| table.values().filter_map(toml::Value::as_table).find_map(|t| t.get(key)))
-    };
-    PlotMeta {
-        run_name: find("run_name").and_then(toml::Value::as_str).map_or(dir_name, str::to_string),
-        model: find("model_name_or_path").and_then(toml::Value::as_str).unwrap_or("?").to_string(),
-        beta: find("beta").and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64))).unwrap_or(f64::NAN),
-    }
-}
+/// The same for an SFT stage, which logs no rewards: its dashboard is loss, learning rate, grad norm.
+pub const SFT_PLOT_FILES: [&str; 3] = ["loss.png", "lr_grad_norm.png", "dashboard.png"];
 
 /// Exponential moving average of `values` with weight `alpha`, seeded with the first value;
 /// fewer than 3 values come back unchanged.
@@ -108,10 +68,11 @@ pub fn ema(values: &[f64], alpha: f64) -> Vec<f64> {
 }
 
 /// Reads `<run_dir>/metrics.csv` and writes the plots into `run_dir`; returns their paths in
-/// [`PLOT_FILES`] order.
+/// [`PLOT_FILES`] order ([`SFT_PLOT_FILES`] for an SFT stage, see [`StageKind::of`]).
 pub fn render_run(run_dir: &Path, meta: &PlotMeta) -> Result<Vec<PathBuf>, ReportError> {
     let rows = read_metrics(&run_dir.join(METRICS_FILE))?;
-    render_cells(&run_cells(&rows), run_dir, &meta.title())
+    let stage = StageKind::of(&rows);
+    render_cells(run_cells(&rows), stage, run_dir, &meta.title(stage))
 }
 
 /// Overlays several runs (`(label, rows)`, one colour each) into the [`PLOT_FILES`] in
@@ -123,7 +84,9 @@ pub fn render_comparison(
     meta_title: &str,
 ) -> Result<Vec<PathBuf>, ReportError> {
     std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
-    render_cells(&comparison_cells(runs), out_dir, meta_title)
+    let sft = runs.iter().all(|(_, rows)| StageKind::of(rows) == StageKind::Sft);
+    let stage = if sft { StageKind::Sft } else { StageKind::Dpo };
+    render_cells(comparison_cells(runs), stage, out_dir, meta_title)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -371,14 +334,24 @@ fn font(size: u32, color: &'static RGBColor) -> TextStyle<'static> {
     (FONT_FAMILY, size).into_font().color(color)
 }
 
-/// Writes the five panel files and the dashboard into `out_dir`.
-fn render_cells(cells: &[Cell; 6], out_dir: &Path, title: &str) -> Result<Vec<PathBuf>, ReportError> {
+/// Writes the panel files and the dashboard into `out_dir`: DPO's five and a 2×3 dashboard, or
+/// for SFT the loss and learning-rate panels and a 1×3 dashboard (its reward panels would be
+/// empty).
+fn render_cells(cells: [Cell; 6], stage: StageKind, out_dir: &Path, title: &str) -> Result<Vec<PathBuf>, ReportError> {
     ensure_font()?;
     let [loss, rewards, margins, accuracies, lr, grad_norm] = cells;
-    let lr_grad: Cell = lr.iter().chain(grad_norm).cloned().collect();
-    let singles: [&Cell; 5] = [loss, rewards, margins, accuracies, &lr_grad];
-    let mut written = Vec::with_capacity(PLOT_FILES.len());
-    for (name, cell) in PLOT_FILES.iter().zip(singles) {
+    let lr_grad: Cell = lr.iter().chain(&grad_norm).cloned().collect();
+    let (files, singles, dashboard, grid): (&[&str], _, _, _) = match stage {
+        StageKind::Dpo => (
+            &PLOT_FILES,
+            vec![loss.clone(), rewards.clone(), margins.clone(), accuracies.clone(), lr_grad],
+            vec![loss, rewards, margins, accuracies, lr, grad_norm],
+            (2, 3),
+        ),
+        StageKind::Sft => (&SFT_PLOT_FILES, vec![loss.clone(), lr_grad], vec![loss, lr, grad_norm], (1, 3)),
+    };
+    let mut written = Vec::with_capacity(files.len());
+    for (name, cell) in files.iter().zip(&singles) {
         let path = out_dir.join(name);
         render_png(&path, PLOT_SIZE, |root| {
             let body = root.titled(title, font(SINGLE_SCALE.title, &TEXT_COLOR))?;
@@ -386,10 +359,10 @@ fn render_cells(cells: &[Cell; 6], out_dir: &Path, title: &str) -> Result<Vec<Pa
         })?;
         written.push(path);
     }
-    let path = out_dir.join(PLOT_FILES[5]);
+    let path = out_dir.join(files[files.len() - 1]);
     render_png(&path, DASHBOARD_SIZE, |root| {
         let body = root.titled(title, font(DASHBOARD_SCALE.title, &TEXT_COLOR))?;
-        for (area, cell) in body.split_evenly((2, 3)).iter().zip(cells) {
+        for (area, cell) in body.split_evenly(grid).iter().zip(&dashboard) {
             draw_cell(area, cell, &DASHBOARD_SCALE)?;
         }
         Ok(())
@@ -706,26 +679,5 @@ mod tests {
         assert_eq!(pos, SeriesLabelPosition::UpperRight);
         let rising: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, i as f64)).collect();
         assert_eq!(legend_corner(&rising, (0.0, 9.0), (0.0, 9.0)), SeriesLabelPosition::UpperLeft);
-    }
-
-    #[test]
-    fn meta_from_config_and_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let run = dir.path().join("my-run");
-        std::fs::create_dir(&run).unwrap();
-        let meta = plot_meta_from_run(&run);
-        assert_eq!(meta.run_name, "my-run");
-        assert_eq!(meta.model, "?");
-        assert!(meta.beta.is_nan());
-        assert_eq!(meta.title(), "my-run · ? · β = ?");
-
-        std::fs::write(
-            run.join("config.toml"),
-            "run_name = \"dpo-a\"\n[dpo]\nbeta = 0.1\n[model]\nmodel_name_or_path = \"Qwen/Qwen2.5-0.5B\"\n",
-        )
-        .unwrap();
-        let meta = plot_meta_from_run(&run);
-        assert_eq!(meta, PlotMeta { run_name: "dpo-a".into(), model: "Qwen/Qwen2.5-0.5B".into(), beta: 0.1 });
-        assert_eq!(meta.title(), "dpo-a · Qwen/Qwen2.5-0.5B · β = 0.1");
     }
 }
