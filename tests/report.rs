@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use dpo_train::report::{
-    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, SFT_PLOT_FILES, plot_meta_from_run, render_comparison,
-    render_run,
+    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, PlotMeta, SFT_PLOT_FILES, plot_meta_from_run, render_comparison, render_run,
 };
 use dpo_train::train::log::{MetricsRow, MetricsWriter, Split, read_metrics};
 use dpo_train::train::samples::{Sample, write_samples};

@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::fsutil::FileError;
 use crate::train::log::LogError;
 pub use meta::{PlotMeta, StageKind, plot_meta_from_run};
-pub use plot::{
-    DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, SFT_PLOT_FILES, ema, ema_alpha, render_comparison, render_run,
-};
+pub use plot::{DASHBOARD_SIZE, PLOT_FILES, PLOT_SIZE, SFT_PLOT_FILES, ema, ema_alpha, render_comparison, render_run};
 
 /// Errors drawing a run's plots; each names the file it concerns.
 #[derive(Debug, thiserror::Error)]
