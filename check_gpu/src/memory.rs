@@ -4,11 +4,20 @@
 //! gradients (zero2) and also of the weights (zero3), as dpo-train implements each stage.
 //!
 //! Sources: Hugging Face "Model training anatomy" (bytes per parameter for fp32 and mixed
-//! precision), Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-//! Models" (activations per layer `s*b*h*(34 + 5*a*s/h)` bytes in half precision, of which
-//! `5*a*s/h` is the attention scores: dpo-train's fused attention, flash or memory-efficient,
-//! keeps only its output and log-sum-exp, so that term is left out), and TRL's `DPOTrainer`,
-//! which runs chosen and rejected as one concatenated batch of `2*b` rows.
+//! precision), TRL's `DPOTrainer`, which runs chosen and rejected as one concatenated batch of
+//! `2*b` rows, and for the activations a measurement of transformers' eager autograd (Llama and
+//! Qwen2 with `attn_implementation="sdpa"`, full sequences without a padding mask):
+//! `check_gpu/tests/gen/activation_bytes.py` counts the bytes autograd saves per token and layer
+//! (fixture `check_gpu/tests/fixtures/activation_bytes.json`, the estimate matches it to the byte).
+//! A decoder layer keeps, per token, `A = 8h + 4c*h + 2c*d*(a+kv) + 4c*i + 4a + 8` bytes: each of
+//! its two RMSNorms its input in fp32 (`4h`), the normalized values and its output (`2c*h`) and
+//! `1/rms` (4); attention q, k, v after RoPE and sdpa's output (`c*d*(2a+2kv)`, GQA's k and v at
+//! `kv` heads) and the fused kernel's fp32 log-sum-exp (`4a`; no `s*s` scores); the SwiGLU MLP
+//! gate, silu(gate), up and their product (`4c*i`). The final norm and the token ids add
+//! `4h + 2c*h + 12` once. This replaces Korthikanti et al. 2022's `s*b*h*34` (GPT, 4h MLP), which
+//! put Qwen2.5-1.5B's layer at half of it. A padding mask makes transformers repeat k and v to
+//! all `a` heads (`kv` becomes `a` above; not measured); dpo-train's own libtorch graph is not
+//! what was measured, transformers' is what users compare against.
 //!
 //! | term | none (DDP) | zero1 | zero2 | zero3 |
 //! |---|---|---|---|---|
@@ -16,9 +25,9 @@
 //! | gradients | 4P (fp32) | 4P | 4P/N + 4Pg with checkpointing, else 4P | 4P/N + 4Pg |
 //! | optimizer | 8P (AdamW m and v in fp32) | 8P/N | 8P/N | 8P/N |
 //! | reference | c*P, or 0 with precomputed log-probs | same | same | c*P/N + c*Pg |
-//! | activations | L * s*2b*h*34 * c/2 | same | same | always checkpointed |
-//! | ... with checkpointing | L * 2*s*2b*h * c/2 + one layer's full activations | same | same | same |
-//! | logits | 2b*s*V*4 (fp32) | same | same | same |
+//! | activations | s*2b*(L*A + 4h + 2c*h + 12) | same | same | always checkpointed |
+//! | ... with checkpointing | s*2b*(L*c*h + A + 4h + 2c*h + 12): each layer's input, one layer recomputed | same | same | same |
+//! | logits | 2b*s*V*4 (the fp32 log-softmax) | same | same | same |
 //!
 //! Why: zero1 keeps AdamW's moments for this rank's slice only. zero2 reduce-scatters each
 //! layer's gradients right after that layer's backward, which bounds them only when the backward
@@ -39,9 +48,10 @@
 //! gradients 4A and optimizer 8A, divided by N as above (a gathered adapter piece is one
 //! layer's, A/L); reference 0 (adapter disabled = base).
 //!
-//! `P` parameters, `A = L * r * ((h+a*d) + 2*(h+kv*d) + (a*d+h))` adapter parameters, `N` world
-//! size, `c` bytes of the compute dtype (2 or 4), `s` sequence length, `b` micro-batch, `h`
-//! hidden size, `a` heads, `L` layers, `V` vocabulary. The total adds 10% (allocator
+//! `P` parameters, `L * r * ((h+a*d) + 2*(h+kv*d) + (a*d+h))` adapter parameters (LoRA's `A`
+//! above, not the activations' `A`), `N` world size, `c` bytes of the compute dtype (2 or 4), `s`
+//! sequence length, `b` micro-batch, `h` hidden size, `i` MLP width, `a` heads, `kv` key/value
+//! heads, `d` head dimension, `L` layers, `V` vocabulary. The total adds 10% (allocator
 //! fragmentation, temporary buffers, NCCL) plus 500 MiB for the CUDA context. Sharded terms
 //! round up (dpo-train pads each flat tensor to a multiple of `N`).
 
@@ -272,6 +282,22 @@ fn optimizer_terms(req: &MemoryRequest<'_>, n: u64, count: u64) -> (u64, u64) {
     }
 }
 
+/// Bytes per token one decoder layer keeps for the backward, `A` of the module doc:
+/// `8h + 4c*h + 2c*d*(a+kv) + 4c*i + 4a + 8` (two RMSNorms, attention, SwiGLU MLP).
+pub fn layer_activation_bytes(m: &ModelShape, c: u64) -> u64 {
+    let (h, a, kv, d, i) = (m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size);
+    let norms = mul(&[2, mul(&[4, h]).saturating_add(mul(&[2, c, h])).saturating_add(4)]);
+    let attention = mul(&[2, c, d, a.saturating_add(kv)]).saturating_add(mul(&[4, a]));
+    let mlp = mul(&[4, c, i]);
+    norms.saturating_add(attention).saturating_add(mlp)
+}
+
+/// Bytes per token kept once, outside the layers: the final RMSNorm (`4h + 2c*h + 4`) and the
+/// int64 token ids the embedding saves (8).
+pub fn head_activation_bytes(m: &ModelShape, c: u64) -> u64 {
+    mul(&[4, m.hidden_size]).saturating_add(mul(&[2, c, m.hidden_size])).saturating_add(12)
+}
+
 /// Estimates the peak memory of one rank (see the module doc for every formula).
 pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
     let m = req.model;
@@ -281,16 +307,17 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
         FineTune::Full => full_state(req, n),
         FineTune::Lora { rank } => lora_state(req, n, rank),
     };
-    let (s, rows, h) = (req.seq_len, req.micro_batch.saturating_mul(2), m.hidden_size);
-    // Korthikanti et al. without the attention scores: s*b*h*34 bytes at 2 bytes per value.
-    let layer_full = mul(&[s, rows, 34, h, c]) / 2;
+    let tokens = mul(&[req.seq_len, req.micro_batch, 2]);
+    let layer_full = mul(&[tokens, layer_activation_bytes(m, c)]);
+    let head = mul(&[tokens, head_activation_bytes(m, c)]);
     // zero3 runs the decoder a layer at a time and recomputes it in the backward.
-    let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
-        (mul(&[m.num_layers, 2, s, rows, h, c]) / 2).saturating_add(layer_full)
+    let layers = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
+        mul(&[m.num_layers, tokens, m.hidden_size, c]).saturating_add(layer_full)
     } else {
         mul(&[m.num_layers, layer_full])
     };
-    let logits = mul(&[rows, s, m.vocab_size, 4]);
+    let activations = layers.saturating_add(head);
+    let logits = mul(&[tokens, m.vocab_size, 4]);
     let sum =
         [weights, gradients, optimizer, reference, activations, logits].iter().fold(0u64, |a, &b| a.saturating_add(b));
     let overhead = (sum.saturating_mul(OVERHEAD_PERCENT) / 100).saturating_add(CUDA_CONTEXT_BYTES);
@@ -350,13 +377,20 @@ mod tests {
         let m = shape();
         let e = estimate(&req(&m));
         let (s, b2, h, l) = (1024, 2, m.hidden_size, m.num_layers);
-        assert_eq!(e.activations, l * s * b2 * 34 * h);
+        // Llama-3.2-1B's shape (h 2048, i 8192, 32 heads / 8 kv of 64) in bf16: per token and layer
+        // 8h + 4ch + 2cd(a+kv) + 4ci + 4a + 8 = 16384 + 16384 + 10240 + 65536 + 128 + 8, the head
+        // 4h + 2ch + 12.
+        let (layer, head) = (108_680, 16_396);
+        assert_eq!((m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim), (8192, 32, 8, 64));
+        assert_eq!((layer_activation_bytes(&m, 2), head_activation_bytes(&m, 2)), (layer, head));
+        assert_eq!(e.activations, s * b2 * (l * layer + head));
         assert_eq!(e.logits, 2 * 1024 * m.vocab_size * 4);
         let sum = e.weights + e.gradients + e.optimizer + e.reference + e.activations + e.logits;
         assert_eq!(e.overhead, sum / 10 + CUDA_CONTEXT_BYTES);
         assert_eq!(e.total, sum + e.overhead);
+        // Checkpointed: each layer's bf16 input, one layer recomputed, the head.
         let ck = estimate(&MemoryRequest { gradient_checkpointing: true, ..req(&m) });
-        assert_eq!(ck.activations, l * 2 * s * b2 * h + s * b2 * 34 * h);
+        assert_eq!(ck.activations, s * b2 * (l * 2 * h + layer + head));
         assert!(ck.activations < e.activations);
         let two = estimate(&MemoryRequest { micro_batch: 2, ..req(&m) });
         assert_eq!(two.activations, 2 * e.activations);

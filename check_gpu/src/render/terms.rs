@@ -48,7 +48,7 @@ pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
             ("optimizer", m.optimizer, opt_formula(plan)),
             ("reference", m.reference, ref_formula(plan)),
             ("activations", m.activations, act_formula(plan)),
-            ("logits", m.logits, "2b*s*V*4 (fp32, chosen+rejected)".to_string()),
+            ("logits", m.logits, "2b*s*V*4 (fp32 log-softmax, chosen+rejected)".to_string()),
             ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
         ] {
             let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
@@ -180,13 +180,18 @@ fn ref_formula(p: &Plan) -> String {
     }
 }
 
+/// A = 8h + 4c*h + 2c*d*(a+kv) + 4c*i + 4a + 8 bytes per token and layer, the head's
+/// 4h + 2c*h + 12 once (see [`crate::memory`]).
 fn act_formula(p: &Plan) -> String {
+    let c = p.dtype.bytes();
+    let layer = format!("A={}h+{}d(a+kv)+{}i+4a+8", 8 + 4 * c, 2 * c, 4 * c);
+    let head = format!("head {}h+12", 4 + 2 * c);
     if p.sharding == Sharding::Zero3 {
-        "L*2*s*2b*h + one layer (zero3 recomputes layer by layer)".to_string()
+        format!("s*2b*(L*{c}h + A + {head}), {layer} (zero3 recomputes layer by layer)")
     } else if p.gradient_checkpointing {
-        "L*2*s*2b*h + one layer (checkpointing)".to_string()
+        format!("s*2b*(L*{c}h + A + {head}), {layer} (checkpointing)")
     } else {
-        "L*s*2b*h*34 (Korthikanti 2022, fused attention)".to_string()
+        format!("s*2b*(L*A + {head}), {layer} (transformers eager, sdpa)")
     }
 }
 
@@ -250,7 +255,12 @@ mod tests {
             weights_formula(&z3),
             "4 B/param fp32 master / 4 GPUs + largest piece (4+2) B x 233M (gathered in fp32, cast to bf16)"
         );
-        assert_eq!(act_formula(&z3), "L*2*s*2b*h + one layer (zero3 recomputes layer by layer)");
+        assert_eq!(
+            act_formula(&z3),
+            "s*2b*(L*2h + A + head 8h+12), A=16h+4d(a+kv)+8i+4a+8 (zero3 recomputes layer by layer)"
+        );
+        let f32 = Plan { dtype: Dtype::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
+        assert_eq!(act_formula(&f32), "s*2b*(L*A + head 12h+12), A=24h+8d(a+kv)+16i+4a+8 (transformers eager, sdpa)");
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
         assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
