@@ -88,7 +88,8 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     };
     let read =
         LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
-    let Prepared { pairs, summary } = data::prepare(&opts.data, &read, &tokenizer, opts.max_length, reading)?;
+    let Prepared { pairs, summary } =
+        data::prepare(&opts.data, &read, &tokenizer, opts.max_length, Default::default(), reading)?;
     let longest = pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
     if let Some((dir, ref_cfg)) = &ref_cfg {

@@ -3,10 +3,11 @@
 //! read instead of tokenising again.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use dpo_train::data::load::CHUNK_ROWS;
 use dpo_train::data::tokenizer::Tokenizer;
-use dpo_train::data::{LoadOptions, Prepared, cache, load_preferences, prepare, tokenize};
+use dpo_train::data::{LoadOptions, Prepared, TokenizeControl, cache, load_preferences, prepare, tokenize};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -42,7 +43,8 @@ fn streamed_pairs_equal_the_whole_file_tokenised_at_once() {
     let (dir, tok) = (temp_dir("whole"), tokenizer());
     let path = big_file(&dir);
     let opts = LoadOptions::default();
-    let Prepared { pairs, summary } = prepare(&path, &opts, &tok, Some(24), &mut |_, _| {}).unwrap();
+    let Prepared { pairs, summary } =
+        prepare(&path, &opts, &tok, Some(24), Default::default(), &mut |_, _| {}).unwrap();
     let loaded = load_preferences(&path, &opts).unwrap();
     let (whole, report) = tokenize(&loaded.rows, &tok, Some(24)).unwrap();
     assert_eq!(pairs, whole);
@@ -57,12 +59,41 @@ fn streamed_pairs_equal_the_whole_file_tokenised_at_once() {
     assert!(pairs.len() > CHUNK_ROWS && summary.read.rows > 2 * CHUNK_ROWS);
 }
 
+/// `dataset_num_proc` sizes the pool that tokenises; the pairs and the summary (what the cache
+/// stores) are the same on one thread, three, and every core.
+#[test]
+fn the_pairs_do_not_depend_on_the_threads() {
+    let (dir, tok) = (temp_dir("threads"), tokenizer());
+    let path = big_file(&dir);
+    let opts = LoadOptions::default();
+    let on = |threads| {
+        let ctl = TokenizeControl { threads, ..TokenizeControl::default() };
+        prepare(&path, &opts, &tok, Some(24), ctl, &mut |_, _| {}).unwrap()
+    };
+    let every_core = on(None);
+    assert_eq!(on(Some(1)), every_core);
+    assert_eq!(on(Some(3)), every_core);
+}
+
+/// A raised stop flag (Ctrl-C) ends the preparation with `Interrupted`, naming the file.
+#[test]
+fn a_raised_stop_flag_stops_the_preparation() {
+    let (dir, tok) = (temp_dir("stop"), tokenizer());
+    let path = big_file(&dir);
+    let stop = AtomicBool::new(true);
+    let ctl = TokenizeControl { threads: Some(2), stop: &stop };
+    let err = prepare(&path, &LoadOptions::default(), &tok, None, ctl, &mut |_, _| {}).unwrap_err();
+    assert!(err.interrupted(), "{err:?}");
+    let text = format!("{:#}", anyhow::Error::from(err));
+    assert_eq!(text, format!("`{}`: interrupted while tokenising: nothing was written", path.display()));
+}
+
 #[test]
 fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
     let (dir, tok) = (temp_dir("cache"), tokenizer());
     let path = big_file(&dir);
     let opts = LoadOptions::default();
-    let prepared = prepare(&path, &opts, &tok, Some(24), &mut |_, _| {}).unwrap();
+    let prepared = prepare(&path, &opts, &tok, Some(24), Default::default(), &mut |_, _| {}).unwrap();
     let cache_dir = dir.join("cache");
     let tok_dir = fixtures().join("tokenizer");
     let entry = |path: &Path, opts: &LoadOptions, max: Option<usize>| {
@@ -106,7 +137,7 @@ fn a_tokenisation_error_in_a_shard_names_the_shard() {
     config.remove("chat_template");
     std::fs::write(tok_dir.join("tokenizer_config.json"), serde_json::to_string(&config).unwrap()).unwrap();
     let tok = Tokenizer::from_dir(&tok_dir).unwrap();
-    let err = prepare(&dir, &LoadOptions::default(), &tok, None, &mut |_, _| {}).unwrap_err();
+    let err = prepare(&dir, &LoadOptions::default(), &tok, None, Default::default(), &mut |_, _| {}).unwrap_err();
     let text = format!("{:#}", anyhow::Error::from(err));
     assert!(
         text.starts_with(&format!(
@@ -122,7 +153,8 @@ fn data_with_nothing_left_to_train_on_is_named() {
     let dir = temp_dir("nothing");
     let path = dir.join("same.jsonl");
     std::fs::write(&path, "{\"prompt\": \"Q\", \"chosen\": \" a\", \"rejected\": \" a\"}\n").unwrap();
-    let err = prepare(&path, &LoadOptions::default(), &tokenizer(), None, &mut |_, _| {}).unwrap_err();
+    let err =
+        prepare(&path, &LoadOptions::default(), &tokenizer(), None, Default::default(), &mut |_, _| {}).unwrap_err();
     let text = format!("{:#}", anyhow::Error::from(err));
     assert_eq!(text, format!("`{}`: All 1 examples were dropped: 1 have chosen identical to rejected", path.display()));
 }

@@ -14,13 +14,17 @@ pub struct ConsoleProgress {
     reading: Option<Reading>,
 }
 
-/// A data file being read: a bar of bytes on a terminal, else a line every [`READING_EVERY`].
+/// A data file being read: a bar of bytes on a terminal, else a line after
+/// [`FIRST_READING_LINE`] and every [`READING_EVERY`] from then on.
 struct Reading {
     bar: Option<ProgressBar>,
-    last_line: Instant,
+    next_line: Instant,
 }
 
 const READING_EVERY: Duration = Duration::from_secs(10);
+/// A log says soon what is being read (and that Ctrl-C will find it reading); a file read sooner,
+/// or a bad row found sooner, prints no line.
+const FIRST_READING_LINE: Duration = Duration::from_secs(1);
 
 impl ConsoleProgress {
     /// Clears the bars before the summary (or an error) prints.
@@ -82,14 +86,14 @@ impl Progress for ConsoleProgress {
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
                 ProgressBar::new(total).with_style(style).with_prefix(what.to_owned())
             });
-            Reading { bar, last_line: Instant::now() }
+            Reading { bar, next_line: Instant::now() + FIRST_READING_LINE }
         });
         match &reading.bar {
             Some(bar) => bar.set_position(done),
-            None if reading.last_line.elapsed() >= READING_EVERY => {
+            None if Instant::now() >= reading.next_line => {
                 let pct = 100.0 * done as f64 / total.max(1) as f64;
                 eprintln!("{what}: {pct:.0}% ({} of {})", HumanBytes(done), HumanBytes(total));
-                reading.last_line = Instant::now();
+                reading.next_line = Instant::now() + READING_EVERY;
             }
             None => {}
         }

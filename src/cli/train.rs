@@ -19,14 +19,26 @@ use super::launch::{Placed, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
 use crate::config::{ConfigError, ConfigFile, Layered, Origin};
+use crate::data::DataError;
 use crate::demo::{DEMO, DEMO_CONFIG};
 use crate::dist::LaunchOutcome;
 use crate::run::{RunRequest, RunSummary};
 use crate::train::Workers;
 use crate::train::{Progress, Runtime};
 
-/// Runs `train` (or `sft` with `sft_only`); 130 when interrupted.
+/// Runs `train` (or `sft` with `sft_only`); 130 when interrupted, also while the data is
+/// tokenised (then nothing was written: no run directory, no cache entry).
 pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
+    match train(args, sft_only) {
+        Err(e) if e.chain().any(|e| e.downcast_ref::<DataError>().is_some_and(DataError::interrupted)) => {
+            eprintln!("{e:#}");
+            Ok(ExitCode::from(INTERRUPTED))
+        }
+        done => done,
+    }
+}
+
+fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let (layered, name, resume) = resolve(&args)?;
     layered.validate()?;
     if sft_only {
@@ -45,7 +57,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let resumed = resume.clone().map(Some);
     let mut tokenize_first = |shown: bool| {
         let progress: &mut dyn Progress = if shown { &mut console } else { &mut Silent };
-        crate::run::warm_data_cache(&cfg, (resumed.as_ref(), &name), progress)
+        crate::run::warm_data_cache(&cfg, (resumed.as_ref(), &name), interrupt, progress)
     };
     let (device, mut group, worker) = match place(&args.parallel, &extra, timeout, &mut tokenize_first)? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),

@@ -215,7 +215,7 @@ train_config! {
     max_length: usize = 1024,
     /// keep_start, TRL's default: a sequence over max_length keeps its start (TRL's deprecated keep_end is refused).
     truncation_mode: String = "keep_start".to_owned(),
-    /// Accepted for TRL's configs (its processes tokenising the data): dpo-train tokenises on its own threads, every core of the process, whatever it says.
+    /// Threads that tokenise the data (TRL's processes for it); unset: every core of the process.
     dataset_num_proc: Option<usize> = None,
     }
     loss {
@@ -554,6 +554,9 @@ impl TrainConfig {
         if self.ddp_bucket_cap_mb == 0 {
             return invalid("ddp_bucket_cap_mb", "must be at least 1".to_owned());
         }
+        if self.dataset_num_proc == Some(0) {
+            return invalid("dataset_num_proc", "must be at least 1 (unset: every core)".to_owned());
+        }
         if self.ddp_timeout == 0 {
             return invalid("ddp_timeout", "must be at least 1 second".to_owned());
         }
@@ -801,6 +804,15 @@ mod tests {
             err.starts_with("`t.toml`, line 3: `truncation_mode`: `keep_end` is not supported by dpo-train"),
             "{err}"
         );
+    }
+
+    /// `dataset_num_proc` sizes the tokenising pool: 0 threads is bad input, named by key and line.
+    #[test]
+    fn zero_tokenising_threads_are_refused() {
+        let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
+        let file = ConfigFile { name: "t.toml".into(), text: format!("{base}dataset_num_proc = 0\n") };
+        let err = Layered::new(Some(file), &[]).unwrap().validate().unwrap_err().to_string();
+        assert_eq!(err, "`t.toml`, line 3: `dataset_num_proc`: must be at least 1 (unset: every core)");
     }
 
     #[test]

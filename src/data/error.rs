@@ -106,6 +106,27 @@ pub enum DataError {
     /// `reasons` counts each ("3 have chosen identical to rejected, ...").
     #[error("All {total} examples were dropped: {reasons}")]
     NothingLeft { total: usize, reasons: String },
+    /// Ctrl-C (or SIGTERM) while the data was read and tokenised: nothing was kept or written.
+    #[error("interrupted while tokenising: nothing was written")]
+    Interrupted,
+    /// The pool of `dataset_num_proc` tokenising threads could not be started.
+    #[error("cannot start {threads} tokenising threads (`dataset_num_proc`)")]
+    Threads {
+        threads: usize,
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+}
+
+impl DataError {
+    /// Whether Ctrl-C stopped the reading ([`DataError::Interrupted`], in a file or not).
+    pub fn interrupted(&self) -> bool {
+        match self {
+            Self::Interrupted => true,
+            Self::InFile { source, .. } => source.interrupted(),
+            _ => false,
+        }
+    }
 }
 
 /// What is wrong with one row; `Display` is the part after "`file`, line N: ".

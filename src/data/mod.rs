@@ -21,7 +21,7 @@ pub use error::{DataError, RowProblem};
 pub use load::{
     Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, SkippedRow, Text, load_preferences, read_rows,
 };
-pub use prepare::{DataSummary, Prepared, prepare};
+pub use prepare::{DataSummary, Prepared, TokenizeControl, prepare};
 pub use report::{DataReport, ReportInput};
 pub use tokenize::{TokenizeReport, TokenizedPair, Tokenizing, common_prefix_length, tokenize};
 pub use tokenizer::{Message, Tokenizer, TokenizerError};

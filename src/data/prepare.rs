@@ -1,8 +1,9 @@
 //! A split's rows streamed into tokenised pairs: each chunk the reader hands over is tokenised on
-//! all cores and its text dropped, so memory holds the ids and one chunk of text, whatever the
-//! size of the file.
+//! all cores (or `dataset_num_proc` threads) and its text dropped, so memory holds the ids and one
+//! chunk of text, whatever the size of the file.
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,22 +27,55 @@ pub struct DataSummary {
     pub eos_in_content: usize,
 }
 
+/// How [`prepare`] tokenises: on `threads` threads (TRL's `dataset_num_proc`; `None`: rayon's
+/// global pool, every core of the process), stopping at the next row once `stop` (Ctrl-C's flag)
+/// is raised. The pairs do not depend on the number of threads.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenizeControl<'a> {
+    pub threads: Option<usize>,
+    pub stop: &'a AtomicBool,
+}
+
+/// Never raised: for callers that do not stop on Ctrl-C.
+static NEVER: AtomicBool = AtomicBool::new(false);
+
+impl Default for TokenizeControl<'static> {
+    fn default() -> Self {
+        Self { threads: None, stop: &NEVER }
+    }
+}
+
 /// Reads `path` (a file, or `opts.split` of a dataset directory) and tokenises it as TRL does
-/// (see [`super::tokenize()`]); `progress` gets the bytes read so far and in all.
+/// (see [`super::tokenize()`]); `progress` gets the bytes read so far and in all. Stopped by
+/// `ctl.stop`, it fails with [`DataError::Interrupted`] and has kept nothing.
 pub fn prepare(
     path: &Path,
     opts: &LoadOptions,
     tok: &Tokenizer,
     max_length: Option<usize>,
+    ctl: TokenizeControl,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Prepared, DataError> {
-    let mut tokenizing = Tokenizing::new(tok, max_length);
+    let pool = match ctl.threads {
+        Some(threads) => Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|source| DataError::Threads { threads, source })?,
+        ),
+        None => None,
+    };
+    let mut tokenizing = Tokenizing::new(tok, max_length).stop_on(ctl.stop);
     let mut eos_in_content = 0;
     let eos = tok.eos_token();
     let mut each = |file: &Path, rows: Vec<PreferenceRow>| {
         eos_in_content +=
             rows.iter().filter(|r| ends_with_eos(&r.chosen, eos) || ends_with_eos(&r.rejected, eos)).count();
-        tokenizing.push(&rows).map_err(|e| DataError::InFile { path: file.to_path_buf(), source: Box::new(e) })
+        let pushed = match &pool {
+            Some(pool) => pool.install(|| tokenizing.push(&rows)),
+            None => tokenizing.push(&rows),
+        };
+        pushed.map_err(|e| DataError::InFile { path: file.to_path_buf(), source: Box::new(e) })
     };
     let read = read_rows(path, opts, &mut each, progress)?;
     // Nothing left to train on: the error names the data, as every other one does.

@@ -23,6 +23,8 @@
 //! already cut to what that collator keeps (keep_start), so a huge row costs `max_length` ids and
 //! not its full length. [`TokenizeReport::truncated`] counts the sequences cut.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rayon::prelude::*;
 
 use super::error::DataError;
@@ -97,18 +99,32 @@ pub struct Tokenizing<'a> {
     max_length: Option<usize>,
     pairs: Vec<TokenizedPair>,
     report: TokenizeReport,
+    /// Raised (by Ctrl-C) to stop: the rows not yet started are skipped and `push` fails.
+    stop: Option<&'a AtomicBool>,
 }
 
 impl<'a> Tokenizing<'a> {
     pub fn new(tok: &'a Tokenizer, max_length: Option<usize>) -> Self {
-        Self { tok, max_length, pairs: Vec::new(), report: TokenizeReport::default() }
+        Self { tok, max_length, pairs: Vec::new(), report: TokenizeReport::default(), stop: None }
+    }
+
+    /// Stops at the next row once `stop` is raised: [`Self::push`] then fails with
+    /// [`DataError::Interrupted`] (a chunk takes seconds on a large file; a row, microseconds).
+    pub fn stop_on(self, stop: &'a AtomicBool) -> Self {
+        Self { stop: Some(stop), ..self }
     }
 
     /// Tokenises the next rows, keeping or dropping each.
     pub fn push(&mut self, rows: &[PreferenceRow]) -> Result<(), DataError> {
-        let (tok, max_length) = (self.tok, self.max_length);
-        let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> =
-            rows.par_iter().map(|row| tokenize_row(row, tok, max_length)).collect();
+        let (tok, max_length, stop) = (self.tok, self.max_length, self.stop);
+        let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
+        let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> = rows
+            .par_iter()
+            .map(|row| if stopped() { Err(DataError::Interrupted) } else { tokenize_row(row, tok, max_length) })
+            .collect();
+        if stopped() {
+            return Err(DataError::Interrupted);
+        }
         let report = &mut self.report;
         for (row, result) in rows.iter().zip(tokenized) {
             let (mut pair, prefix_mismatch) = result?;

@@ -3,12 +3,15 @@
 //! launcher, another rank or an earlier attempt of the run left in `<output_dir>/.data_cache/`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 
 use crate::config::TrainConfig;
 use crate::data::tokenizer::Tokenizer;
-use crate::data::{self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizedPair, cache};
+use crate::data::{
+    self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, cache,
+};
 use crate::demo::{DEMO, DemoAssets};
 use crate::model::{self, compat};
 use crate::train::{Progress, RunData};
@@ -55,24 +58,28 @@ fn splits(cfg: &TrainConfig) -> [Split<'_>; 3] {
 /// demo's data is built in the run directory and is skipped.
 /// A run the workers would refuse for its run directory (one that already holds a run, none to
 /// resume) is refused here first, before any tokenising.
+/// Ctrl-C (`interrupt`) stops the tokenising with [`data::DataError::Interrupted`].
 pub fn warm_data_cache(
     cfg: &TrainConfig,
     (resume, config_name): (Option<&Option<PathBuf>>, &str),
+    interrupt: &AtomicBool,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<()> {
     super::run_dir(cfg, resume, config_name)?;
     let demo = cfg.model_name_or_path == DEMO || splits(cfg).iter().any(|s| s.file.is_some_and(|f| f == DEMO));
     if !demo {
-        load_inputs(cfg, None, progress)?;
+        load_inputs(cfg, None, interrupt, progress)?;
     }
     Ok(())
 }
 
 /// The starting model's directory and the tokenised data, every model checked against the
-/// tokenizer, each other and the data's lengths.
+/// tokenizer, each other and the data's lengths. Ctrl-C (`interrupt`) stops the tokenising before
+/// any cache entry is written ([`data::DataError::Interrupted`]).
 pub(super) fn load_inputs(
     cfg: &TrainConfig,
     demo_assets: Option<&DemoAssets>,
+    interrupt: &AtomicBool,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<Inputs> {
     let model_dir = match (cfg.model_name_or_path.as_str(), demo_assets) {
@@ -103,7 +110,8 @@ pub(super) fn load_inputs(
             (Some(DEMO), Some(a)) => (split.demo)(a).clone(),
             (Some(path), _) => PathBuf::from(path),
         };
-        let (data, store, split_notes) = prepare_split(&path, split.name, cfg, (&tokenizer, &tokenizer_dir), progress)?;
+        let (data, store, split_notes) =
+            prepare_split(&path, split.name, cfg, (&tokenizer, &tokenizer_dir), interrupt, progress)?;
         notes.extend(split_notes);
         let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
         for (dir, model_cfg) in &models {
@@ -146,6 +154,7 @@ fn prepare_split(
     split: &str,
     cfg: &TrainConfig,
     (tokenizer, tokenizer_dir): (&Tokenizer, &Path),
+    interrupt: &AtomicBool,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<(Prepared, Option<PathBuf>, Vec<String>)> {
     let columns = Columns {
@@ -164,9 +173,12 @@ fn prepare_split(
             (hit, None)
         }
         None => {
-            let label = format!("reading `{}`", path.display());
+            let threads = cfg.dataset_num_proc.unwrap_or_else(rayon::current_num_threads);
+            let plural = if threads == 1 { "" } else { "s" };
+            let label = format!("reading `{}` (tokenising on {threads} thread{plural})", path.display());
             let mut report = |done, total| progress.reading(&label, done, total);
-            (data::prepare(path, &opts, tokenizer, max_length, &mut report)?, entry)
+            let ctl = TokenizeControl { threads: cfg.dataset_num_proc, stop: interrupt };
+            (data::prepare(path, &opts, tokenizer, max_length, ctl, &mut report)?, entry)
         }
     };
     let skipped = &prepared.summary.read.skipped;

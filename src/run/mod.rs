@@ -110,7 +110,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
-    let inputs::Inputs { model_dir, data, reports, notes } = inputs::load_inputs(cfg, demo_assets.as_ref(), progress)?;
+    let inputs::Inputs { model_dir, data, reports, notes } =
+        inputs::load_inputs(cfg, demo_assets.as_ref(), req.rt.interrupt, progress)?;
     if workers.is_main() {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
         let path = run_dir.join("data_report.json");
