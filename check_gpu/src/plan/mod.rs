@@ -208,19 +208,25 @@ impl Plan {
         let setting = fit::Setting::requested(req);
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
-        let global = req.global_batch.max(1);
-        let split = batch::split(procs, None, global, &est, &mut log);
+        let split = batch::split(procs, None, req.global_batch.max(1), &est, &mut log);
         let command = command::dpo_train(req, &setting, command::Ranks::Cpu(procs), &split, dtype);
+        Plan::with_split(req, dtype, &split, command, log)
+    }
+
+    /// What the CPU and the GPU plans share: the batch split and its learning-rate factors, the
+    /// requested settings, the command and the log; no GPU, no memory estimate per GPU, no
+    /// topology, environment or alternatives (the GPU plan fills those in).
+    fn with_split(req: &PlanRequest, dtype: Dtype, split: &batch::Split, command: String, log: Log) -> Plan {
         Plan {
             schema_version: PLAN_SCHEMA_VERSION,
             status: Status::NotReady,
             world_size: 0,
             gpus: Vec::new(),
-            excluded: Vec::new(),
+            excluded: log.excluded,
             micro_batch: split.micro,
             grad_accum: split.accum,
             global_batch: split.effective,
-            requested_global_batch: global,
+            requested_global_batch: req.global_batch.max(1),
             lr_scale: batch::lr_scale(split.effective, req.lr_base_batch),
             dtype,
             finetune: req.finetune,
@@ -338,34 +344,20 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let communication = comm::communication(snap, &chosen, req.model.as_ref(), &step, &mut log);
     let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
     Plan {
-        schema_version: PLAN_SCHEMA_VERSION,
         status,
         world_size: chosen.len(),
         gpus: chosen,
-        excluded: log.excluded,
-        micro_batch: split.micro,
-        grad_accum: split.accum,
-        global_batch: split.effective,
-        requested_global_batch: global,
-        lr_scale: batch::lr_scale(split.effective, req.lr_base_batch),
-        dtype,
-        finetune: req.finetune,
-        reference: req.reference,
         gradient_checkpointing: setting.checkpointing,
         sharding: setting.sharding,
         offload_optimizer: setting.offload,
-        seq_len: req.seq_len,
         memory_per_gpu_bytes: split.estimate.map(|e| e.total),
         memory: split.estimate,
         min_free_bytes: split.min_free,
-        model: req.model.clone(),
         topology: topo,
         env,
-        command,
-        warnings: log.warnings,
-        notes: log.notes,
         alternatives: fit.alternatives,
         communication,
+        ..Plan::with_split(req, dtype, &split, command, log)
     }
 }
 
