@@ -322,19 +322,19 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 /// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
 fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
     let reason = one_line(err);
-    let cpus = probe::cpu_count();
+    let (cpus, host) = (probe::cpu_count(), probe::host_memory_available());
     let snap = if args.bench {
         let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
         let rec = measure(args, devices)?;
         let mut s = Snapshot::new(Source::Live);
-        s.system.cpu_count = Some(cpus);
+        (s.system.cpu_count, s.system.memory_available_bytes) = (Some(cpus), host);
         s.probe_notes.push(reason.clone());
         s.bench = Some(rec);
         Some(s)
     } else {
         None
     };
-    let p = crate::plan::cpu_plan(req, cpus, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
+    let p = crate::plan::cpu_plan(req, cpus, reason.clone(), host, snap.as_ref().and_then(|s| s.bench.as_ref()));
     let saved = match (&args.save, &snap) {
         (Some(path), Some(s)) => s.save(path),
         _ => Ok(()),
@@ -350,6 +350,9 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     // The first warning is `reason`, printed above.
     for w in p.warnings.iter().skip(1) {
         stdout.push_str(&format!("  ! {w}\n"));
+    }
+    for n in &p.notes {
+        stdout.push_str(&format!("  - {n}\n"));
     }
     if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
         stdout.push_str(&render::bench_text(&bench::peak::summarize(rec, None), style));

@@ -85,6 +85,10 @@ pub struct System {
     pub nvml_version: Option<String>,
     /// Logical CPUs usable by the job (for `OMP_NUM_THREADS`).
     pub cpu_count: Option<u32>,
+    /// Host memory available to a new process (`MemAvailable` of `/proc/meminfo`), what a run on
+    /// CPU processes is checked against; `None` when not probed (offline input, older snapshots).
+    #[serde(default)]
+    pub memory_available_bytes: Option<u64>,
     /// NCCL found by the probe; `None` when not probed (offline input).
     pub nccl: Option<Nccl>,
     /// `NCCL_*`, `CUDA_*` and `OMP_NUM_THREADS` variables in effect when probed.

@@ -507,6 +507,12 @@ fn live_probe_without_driver() {
                 .starts_with("dpo-train train --config YOUR_CONFIG.toml --devices cpu:")
         );
         assert!(warnings(&v)[0].starts_with("NVML could not be loaded"));
+        // The CPU plan checks this host's MemAvailable (Linux): 1000T parameters fit on none.
+        let out = run(&["--model-params", "1000T"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let checked = std::path::Path::new("/proc/meminfo").exists();
+        assert_eq!(stdout.contains("\n  ! does not fit in host memory: "), checked, "{stdout}");
+        assert_eq!(stdout.contains(" is available (MemAvailable); "), checked, "{stdout}");
     } else {
         // A machine with the driver: the probe must produce a report.
         assert!(stdout.contains("from live NVML probe"), "{stdout}");

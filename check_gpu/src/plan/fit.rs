@@ -313,6 +313,24 @@ pub(super) fn available(snap: &Snapshot, i: u32) -> Option<u64> {
     snap.gpu(i)?.available_memory().map(|(b, _)| b)
 }
 
+/// A run on `procs` CPU processes against the host's available memory (`None`: unknown): each
+/// process needs the estimate at `micro` (with the offloaded optimizer's host bytes, all of it
+/// host memory here). Too much is a warning with the numbers; what fits, or is unchecked, a note.
+pub(super) fn host_check(e: Option<&MemoryEstimate>, micro: u64, procs: usize, host: Option<u64>, log: &mut Log) {
+    let Some(e) = e else { return };
+    let each = e.total.saturating_add(e.host);
+    let all = each.saturating_mul(procs as u64);
+    let need = format!("{procs} process(es) x {} at micro-batch {micro} = {}", bytes(each), bytes(all));
+    match host {
+        Some(free) if all > free => log.warnings.push(format!(
+            "does not fit in host memory: {need}, and {} is available (MemAvailable); fewer processes (--devices cpu:N), LoRA or activation checkpointing need less",
+            bytes(free)
+        )),
+        Some(free) => log.notes.push(format!("host memory: {need} of {} available (MemAvailable)", bytes(free))),
+        None => log.notes.push(format!("host memory unknown (not in this input): {need}, not checked")),
+    }
+}
+
 /// One warning per kind of guess: without `memory.free` the plan goes by total − used or the
 /// total (a GPU shared with another job has less), and without any memory figure it checks
 /// nothing, so such a plan is never plainly ready.

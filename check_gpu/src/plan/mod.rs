@@ -201,14 +201,24 @@ pub struct Plan {
 
 impl Plan {
     /// The plan for a machine without usable NVIDIA GPUs: train on one CPU process per core,
-    /// with the batch split and every requested setting in the command, as on GPUs.
+    /// with the batch split and every requested setting in the command, as on GPUs. The host's
+    /// memory is unknown here ([`Plan::on_cpu`] checks it).
     pub fn cpu_fallback(req: &PlanRequest, cpus: u32, reason: String) -> Plan {
+        Plan::on_cpu(req, cpus, reason, None)
+    }
+
+    /// [`Plan::cpu_fallback`] on a host with `host_available` bytes of memory available
+    /// (`MemAvailable`; `None`: unknown): the micro-batch is the largest whose estimate fits
+    /// each process's share, and a run that does not fit even at micro-batch 1 says so.
+    pub fn on_cpu(req: &PlanRequest, cpus: u32, reason: String, host_available: Option<u64>) -> Plan {
         let procs = usize::try_from(cpus.max(1)).unwrap_or(1);
         let dtype = req.dtype.unwrap_or(Dtype::Fp32);
         let setting = fit::Setting::requested(req);
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
-        let split = batch::split(procs, None, req.global_batch.max(1), &est, &mut log);
+        let share = host_available.map(|b| b / procs as u64);
+        let split = batch::split(procs, share, req.global_batch.max(1), &est, &mut log);
+        fit::host_check(split.estimate.as_ref(), split.micro, procs, host_available, &mut log);
         let command = command::dpo_train(req, &setting, command::Ranks::Cpu(procs), &split, dtype);
         Plan::with_split(req, dtype, &split, command, log)
     }
@@ -286,10 +296,17 @@ impl Log {
     }
 }
 
-/// The plan to train on CPU processes, with what a bench of them measured: its warnings (there
-/// is no link to compare with, but wrong results count) and the time its collectives take per step.
-pub fn cpu_plan(req: &PlanRequest, cpus: u32, reason: String, bench: Option<&crate::bench::BenchRecord>) -> Plan {
-    let mut p = Plan::cpu_fallback(req, cpus, reason);
+/// The plan to train on CPU processes on a host with `host_available` bytes of memory available
+/// (`None`: unknown), with what a bench of them measured: its warnings (there is no link to
+/// compare with, but wrong results count) and the time its collectives take per step.
+pub fn cpu_plan(
+    req: &PlanRequest,
+    cpus: u32,
+    reason: String,
+    host_available: Option<u64>,
+    bench: Option<&crate::bench::BenchRecord>,
+) -> Plan {
+    let mut p = Plan::on_cpu(req, cpus, reason, host_available);
     if let Some(rec) = bench {
         p.warnings.extend(crate::bench::peak::warnings(rec, None));
         if let Some(model) = &req.model {
@@ -305,7 +322,8 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let cpus = snap.system.cpu_count.unwrap_or(1);
     if snap.gpus.is_empty() {
         let reason = "no NVIDIA GPU found".to_string();
-        return Plan { topology: topo, ..cpu_plan(req, cpus, reason, snap.bench.as_ref()) };
+        let host = snap.system.memory_available_bytes;
+        return Plan { topology: topo, ..cpu_plan(req, cpus, reason, host, snap.bench.as_ref()) };
     }
     let mut log = Log::default();
     // 1-2. Health and one GPU model.
@@ -704,6 +722,35 @@ mod tests {
         assert_eq!(
             p.command,
             "dpo-train train --config YOUR_CONFIG.toml --model-name-or-path m --devices cpu:2 --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 --bf16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj --precompute-ref-log-probs --gradient-checkpointing false"
+        );
+    }
+
+    /// On CPU processes the estimate is checked against the host's available memory: a 70B model
+    /// does not fit in 16 GiB, said with the numbers; a small one fits and says how much it takes;
+    /// a snapshot without the figure says it is unknown.
+    #[test]
+    fn cpu_plan_checks_host_memory() {
+        let req = |params| PlanRequest { model: Some(ModelShape::from_param_count(params)), ..PlanRequest::default() };
+        let huge = Plan::on_cpu(&req(70_000_000_000), 4, "no GPU".into(), Some(16 * GIB));
+        assert_eq!((huge.status, huge.micro_batch, huge.grad_accum), (Status::NotReady, 1, 16));
+        let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
+        // fp32 full fine-tuning: 16 B/param + a 4 B/param reference, 1304 GiB, and the activations.
+        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1558.4 GiB at micro-batch 1 = 6233.7 GiB, and 16.0 GiB is available (MemAvailable)"), "{w}");
+        // A snapshot with no GPU carries the host's figure to the same check.
+        let mut snap = Snapshot::new(Source::Live);
+        (snap.system.cpu_count, snap.system.memory_available_bytes) = (Some(4), Some(16 * GIB));
+        let p = plan(&snap, &req(70_000_000_000));
+        assert!(p.warnings.iter().any(|x| x == w), "{:?}", p.warnings);
+        // 135M on 2 processes with 256 GiB: the micro-batch is the largest that fits, past the cap of 8.
+        let small = Plan::on_cpu(&req(135_000_000), 2, "no GPU".into(), Some(256 * GIB));
+        assert!(small.warnings.iter().all(|w| !w.contains("host memory")), "{:?}", small.warnings);
+        assert!(small.micro_batch > DEFAULT_MICRO_BATCH_CAP, "{}", small.micro_batch);
+        let note = small.notes.iter().find(|n| n.starts_with("host memory: 2 process(es) x ")).expect("a note");
+        assert!(note.ends_with(" of 256.0 GiB available (MemAvailable)"), "{note}");
+        let unknown = Plan::cpu_fallback(&req(135_000_000), 2, "no GPU".into());
+        assert_eq!(unknown.micro_batch, DEFAULT_MICRO_BATCH_CAP);
+        assert!(
+            unknown.notes.iter().any(|n| n.starts_with("host memory unknown (not in this input): 2 process(es) x "))
         );
     }
 

@@ -39,11 +39,25 @@ pub fn cpu_count() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
+/// The host memory available to a new process, `MemAvailable` of `/proc/meminfo`; `None` where
+/// there is no such file (not Linux) or it lacks the line.
+pub fn host_memory_available() -> Option<u64> {
+    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `MemAvailable:   16280176 kB` of `/proc/meminfo` text, in bytes.
+pub fn mem_available(meminfo: &str) -> Option<u64> {
+    let value = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Probes this machine. Fails only when NVML cannot be loaded or cannot count devices.
 pub fn probe_live() -> Result<Snapshot, ProbeError> {
     let nvml = nvml::init()?;
     let mut snap = nvml::probe(&nvml, Path::new(sysfs::PCI_DEVICES))?;
     snap.system.cpu_count = Some(cpu_count());
+    snap.system.memory_available_bytes = host_memory_available();
     snap.system.env =
         relevant_env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))));
     snap.system.nccl = Some(nccl::probe());
@@ -65,6 +79,18 @@ mod tests {
         ];
         let env = relevant_env(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         assert_eq!(env.keys().collect::<Vec<_>>(), ["CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "OMP_NUM_THREADS"]);
+    }
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       32567284 kB\nMemFree:         1034560 kB\nMemAvailable:   16280176 kB\n";
+        assert_eq!(mem_available(text), Some(16_280_176 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots\n"), None);
+        // This machine's, where there is one.
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(host_memory_available().is_some_and(|b| b > 0));
+        }
     }
 
     #[test]
