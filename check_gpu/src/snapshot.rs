@@ -85,7 +85,8 @@ pub struct System {
     pub nvml_version: Option<String>,
     /// Logical CPUs usable by the job (for `OMP_NUM_THREADS`).
     pub cpu_count: Option<u32>,
-    /// Host memory available to a new process (`MemAvailable` of `/proc/meminfo`), what a run on
+    /// Host memory available to a new process (`MemAvailable` of `/proc/meminfo`, or the job's
+    /// cgroup limit less its working set where that is lower), what a run on
     /// CPU processes is checked against; `None` when not probed (offline input, older snapshots).
     #[serde(default)]
     pub memory_available_bytes: Option<u64>,

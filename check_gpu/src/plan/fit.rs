@@ -323,10 +323,10 @@ pub(super) fn host_check(e: Option<&MemoryEstimate>, micro: u64, procs: usize, h
     let need = format!("{procs} process(es) x {} at micro-batch {micro} = {}", bytes(each), bytes(all));
     match host {
         Some(free) if all > free => log.warnings.push(format!(
-            "does not fit in host memory: {need}, and {} is available (MemAvailable); fewer processes (--devices cpu:N), LoRA or activation checkpointing need less",
+            "does not fit in host memory: {need}, and {} is available (MemAvailable, or the cgroup's limit); fewer processes (--devices cpu:N), LoRA or activation checkpointing need less",
             bytes(free)
         )),
-        Some(free) => log.notes.push(format!("host memory: {need} of {} available (MemAvailable)", bytes(free))),
+        Some(free) => log.notes.push(format!("host memory: {need} of {} available (MemAvailable, or the cgroup's limit)", bytes(free))),
         None => log.notes.push(format!("host memory unknown (not in this input): {need}, not checked")),
     }
 }

@@ -735,7 +735,7 @@ mod tests {
         assert_eq!((huge.status, huge.micro_batch, huge.grad_accum), (Status::NotReady, 1, 16));
         let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
         // fp32 full fine-tuning: 16 B/param + a 4 B/param reference, 1304 GiB, and the activations.
-        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1558.4 GiB at micro-batch 1 = 6233.7 GiB, and 16.0 GiB is available (MemAvailable)"), "{w}");
+        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1558.4 GiB at micro-batch 1 = 6233.7 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
         // A snapshot with no GPU carries the host's figure to the same check.
         let mut snap = Snapshot::new(Source::Live);
         (snap.system.cpu_count, snap.system.memory_available_bytes) = (Some(4), Some(16 * GIB));
@@ -746,7 +746,7 @@ mod tests {
         assert!(small.warnings.iter().all(|w| !w.contains("host memory")), "{:?}", small.warnings);
         assert!(small.micro_batch > DEFAULT_MICRO_BATCH_CAP, "{}", small.micro_batch);
         let note = small.notes.iter().find(|n| n.starts_with("host memory: 2 process(es) x ")).expect("a note");
-        assert!(note.ends_with(" of 256.0 GiB available (MemAvailable)"), "{note}");
+        assert!(note.ends_with(" of 256.0 GiB available (MemAvailable, or the cgroup's limit)"), "{note}");
         let unknown = Plan::cpu_fallback(&req(135_000_000), 2, "no GPU".into());
         assert_eq!(unknown.micro_batch, DEFAULT_MICRO_BATCH_CAP);
         assert!(
