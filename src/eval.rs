@@ -113,7 +113,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     let collation = Collation {
         batch_size: opts.batch_size,
         pad_id: tokenizer.pad_id(),
-        max_length: opts.max_length,
+        truncation: opts.max_length.into(),
         ld_alpha: opts.loss.ld_alpha,
         packing: opts.packing,
     };

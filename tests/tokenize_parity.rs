@@ -1,12 +1,14 @@
 //! Parity with transformers 5.23 and TRL 1.16 on the committed fixtures
 //! (`tests/gen/make_fixtures.py`): the tokenizer's `encode`/`decode`/`apply_chat_template` against
 //! `tests/fixtures/expected/tokenize.json`, and the TRL `DPOTrainer._prepare_dataset` ids and the
-//! `DataCollatorForPreference` batch against `tests/fixtures/expected/tokenized_<dataset>.json`.
+//! `DataCollatorForPreference` batch against `tests/fixtures/expected/tokenized_<dataset>.json`
+//! (`tokenized_prefs_keep_end_16.json`: `truncation_mode = "keep_end"`, from
+//! `tests/gen/make_keep_end_fixture.py`).
 
 use std::path::{Path, PathBuf};
 
 use dpo_train::data::tokenizer::{Message, Tokenizer};
-use dpo_train::data::{LoadOptions, Packing, collate, load_preferences, tokenize};
+use dpo_train::data::{LoadOptions, Packing, Truncation, collate, load_preferences, tokenize};
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
@@ -85,6 +87,7 @@ fn tokenizer_matches_transformers() {
 #[derive(Deserialize)]
 struct TokenizedFixture {
     max_length: Option<usize>,
+    truncation_mode: String,
     num_rows: usize,
     num_rows_after_preprocessing: usize,
     dropped_rows: usize,
@@ -114,10 +117,19 @@ fn check_dataset(data: &str, expected: &str) {
     let loaded = load_preferences(&fixtures().join(data), &LoadOptions::default()).unwrap();
     assert!(loaded.skipped.is_empty());
     assert_eq!(loaded.rows.len(), fx.num_rows, "{data}");
-    let (pairs, report) = tokenize(&loaded.rows, &tok, fx.max_length).unwrap();
+    let truncation = Truncation { max_length: fx.max_length, keep_end: fx.truncation_mode == "keep_end" };
+    let (pairs, report) = tokenize(&loaded.rows, &tok, truncation).unwrap();
     assert_eq!(report.dropped_prompt_too_long.len(), fx.dropped_rows, "{data}");
     assert_eq!(pairs.len(), fx.num_rows_after_preprocessing, "{data}");
     for (i, (pair, want)) in pairs.iter().zip(&fx.rows).enumerate() {
+        if truncation.keep_end {
+            // Only the ends the collator keeps are held: tails of TRL's ids (the batch below
+            // checks that they are the right ones).
+            assert!(want.prompt_input_ids.ends_with(&pair.prompt_ids), "{data} row {i} prompt");
+            assert!(want.chosen_input_ids.ends_with(&pair.chosen_ids), "{data} row {i} chosen");
+            assert!(want.rejected_input_ids.ends_with(&pair.rejected_ids), "{data} row {i} rejected");
+            continue;
+        }
         assert_eq!(pair.prompt_ids, want.prompt_input_ids, "{data} row {i} prompt");
         // With max_length, completions are kept as far as TRL's collator keeps them (keep_start).
         let room = fx.max_length.map_or(usize::MAX, |m| m - want.prompt_input_ids.len());
@@ -126,7 +138,7 @@ fn check_dataset(data: &str, expected: &str) {
         assert_eq!(pair.rejected_ids, kept(&want.rejected_input_ids), "{data} row {i} rejected");
     }
     assert_eq!(tok.pad_id(), fx.pad_token_id);
-    let batch = collate(&pairs, tok.pad_id(), fx.max_length, Packing::Padded);
+    let batch = collate(&pairs, tok.pad_id(), truncation, Packing::Padded);
     let rows = |flat: &[i64]| -> Vec<Vec<i64>> { flat.chunks(batch.len.max(1)).map(<[i64]>::to_vec).collect() };
     assert_eq!(batch.pairs, pairs.len());
     assert_eq!(rows(&batch.input_ids), fx.collated.input_ids, "{data} input_ids");
@@ -177,4 +189,11 @@ fn implicit_prompt_matches_trl() {
 #[test]
 fn max_length_24_matches_trl() {
     check_dataset("data/prefs.jsonl", "expected/tokenized_prefs_max_length_24.json");
+}
+
+/// keep_end (deprecated in TRL 1.16, still implemented): no row dropped for its prompt, each
+/// sequence its last 16 ids, so a pair's prompts are cut at different tokens.
+#[test]
+fn keep_end_max_length_16_matches_trl() {
+    check_dataset("data/prefs.jsonl", "expected/tokenized_prefs_keep_end_16.json");
 }

@@ -213,7 +213,7 @@ train_config! {
     skip_bad_rows: bool = false,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     max_length: usize = 1024,
-    /// keep_start, TRL's default: a sequence over max_length keeps its start (TRL's deprecated keep_end is refused).
+    /// keep_start, TRL's default: a sequence over max_length keeps its start; keep_end (deprecated in TRL 1.16, as it implements it): its end, and no row is dropped for a long prompt.
     truncation_mode: String = "keep_start".to_owned(),
     /// Threads that tokenise the data (TRL's processes for it); unset: every core of the process.
     dataset_num_proc: Option<usize> = None,
@@ -526,16 +526,15 @@ impl TrainConfig {
         wanted.then(|| self.logging_dir.clone().unwrap_or_else(|| run_dir.join("runs")))
     }
 
-    /// `truncation_mode`: TRL's `keep_start`, the one dpo-train implements.
+    /// `truncation_mode`: TRL's two, `keep_start` and `keep_end`.
     fn validate_truncation(&self) -> Result<(), ConfigError> {
-        let message = match self.truncation_mode.as_str() {
-            "keep_start" => return Ok(()),
-            "keep_end" => {
-                "`keep_end` is not supported by dpo-train (deprecated in TRL 1.16): use `keep_start`".to_owned()
-            }
-            other => format!("unknown value `{other}`: use `keep_start`"),
-        };
-        Err(ConfigError::Invalid { key: "truncation_mode", message })
+        match self.truncation_mode.as_str() {
+            "keep_start" | "keep_end" => Ok(()),
+            other => Err(ConfigError::Invalid {
+                key: "truncation_mode",
+                message: format!("unknown value `{other}`: use `keep_start` or `keep_end`"),
+            }),
+        }
     }
 
     /// Batch sizes, lengths and the process group's settings: counts that must be positive.
@@ -794,15 +793,16 @@ mod tests {
         let cfg = TrainConfig::from_toml_str("eval_strategy = \"no\"\n", "t.toml").unwrap();
         assert_eq!(cfg.eval_every(), 0, "TRL's eval_strategy = \"no\" never evaluates");
         let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
-        let l = Layered::new(
-            Some(ConfigFile { name: "t.toml".into(), text: format!("{base}truncation_mode = \"keep_end\"\n") }),
-            &[],
-        )
-        .unwrap();
-        let err = l.validate().unwrap_err().to_string();
-        assert!(
-            err.starts_with("`t.toml`, line 3: `truncation_mode`: `keep_end` is not supported by dpo-train"),
-            "{err}"
+        let mode = |m: &str| {
+            let text = format!("{base}truncation_mode = \"{m}\"\n");
+            Layered::new(Some(ConfigFile { name: "t.toml".into(), text }), &[]).unwrap().validate()
+        };
+        // TRL 1.16 deprecates keep_end but implements it, and so does dpo-train.
+        mode("keep_end").unwrap();
+        let err = mode("keep_middle").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`t.toml`, line 3: `truncation_mode`: unknown value `keep_middle`: use `keep_start` or `keep_end`"
         );
     }
 

@@ -4,7 +4,8 @@
 //! [`Packing::Padded`] is TRL 1.16's `DataCollatorForPreference.torch_call`
 //! (`trl/trainer/dpo_trainer.py` lines 146-208): rows `[chosen_0 .. chosen_{B-1}; rejected_0 ..
 //! rejected_{B-1}]`, each `prompt_ids ++ completion_ids`, cut to `max_length` keeping the start
-//! (lines 152-166), right-padded with the pad id to the longest row (lines 183-200). A real token
+//! (or, with `truncation_mode = "keep_end"`, the end: `ids[-max_length:]`, lines 152-166),
+//! right-padded with the pad id to the longest row (lines 183-200). A real token
 //! only ever attends to earlier tokens of its own row, so the padding needs no mask.
 //!
 //! [`Packing::Packed`] (TRL's `padding_free`) puts the same sequences end to end in one row
@@ -19,6 +20,7 @@
 //! from the last prompt position, and a sequence's first token is never scored.
 
 use super::tokenize::TokenizedPair;
+use crate::config::TrainConfig;
 
 /// How the sequences of a batch are laid out for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,29 @@ pub struct Span {
     pub start: usize,
     pub len: usize,
     pub prefix: Option<(usize, usize)>,
+}
+
+/// TRL's `max_length` and `truncation_mode`: how long a sequence may be, and whether a longer one
+/// keeps its start (`keep_start`, TRL's default) or its end (`keep_end`, which TRL 1.16 deprecates
+/// but still implements: its collator keeps `ids[-max_length:]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Truncation {
+    pub max_length: Option<usize>,
+    pub keep_end: bool,
+}
+
+impl Truncation {
+    /// A run's: its `max_length` and `truncation_mode`.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        Self { max_length: Some(cfg.max_length), keep_end: cfg.truncation_mode == "keep_end" }
+    }
+}
+
+impl From<Option<usize>> for Truncation {
+    /// `keep_start` at `max_length`.
+    fn from(max_length: Option<usize>) -> Self {
+        Self { max_length, keep_end: false }
+    }
 }
 
 /// A batch as host data.
@@ -110,21 +135,30 @@ impl Batch {
     }
 }
 
-/// The `[chosen; rejected]` batch of `pairs`; `max_length` truncates each sequence keeping its start.
-pub fn collate(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>, packing: Packing) -> Batch {
-    let chosen = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, max_length));
-    let rejected = pairs.iter().map(|p| cut(&p.prompt_ids, &p.rejected_ids, max_length));
+/// The `[chosen; rejected]` batch of `pairs`, each sequence cut as `truncation` says.
+pub fn collate(pairs: &[TokenizedPair], pad_id: u32, truncation: impl Into<Truncation>, packing: Packing) -> Batch {
+    let t = truncation.into();
+    let chosen = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, t));
+    let rejected = pairs.iter().map(|p| cut(&p.prompt_ids, &p.rejected_ids, t));
     let seqs: Vec<Seq> = chosen.chain(rejected).collect();
     match packing {
         Packing::Padded => padded(&seqs, pairs.len(), pad_id),
         Packing::Packed => packed(&seqs, pairs.len()),
+        // keep_end cuts a pair's two prompts at different tokens: there is no one prompt to share.
+        Packing::SharedPrompt if t.keep_end => packed(&seqs, pairs.len()),
         Packing::SharedPrompt => shared_prompt(&seqs, pairs.len()),
     }
 }
 
 /// Only the chosen sequences of `pairs` (B of them): supervised fine-tuning's batch.
-pub fn collate_chosen(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<usize>, packing: Packing) -> Batch {
-    let seqs: Vec<Seq> = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, max_length)).collect();
+pub fn collate_chosen(
+    pairs: &[TokenizedPair],
+    pad_id: u32,
+    truncation: impl Into<Truncation>,
+    packing: Packing,
+) -> Batch {
+    let t = truncation.into();
+    let seqs: Vec<Seq> = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, t)).collect();
     match packing {
         Packing::Padded => padded(&seqs, pairs.len(), pad_id),
         Packing::Packed | Packing::SharedPrompt => packed(&seqs, pairs.len()),
@@ -134,9 +168,14 @@ pub fn collate_chosen(pairs: &[TokenizedPair], pad_id: u32, max_length: Option<u
 /// A sequence as its prompt and completion, truncated.
 type Seq<'a> = (&'a [u32], &'a [u32]);
 
-/// `prompt ++ completion` cut to `max_length` keeping the start.
-fn cut<'a>(prompt: &'a [u32], completion: &'a [u32], max_length: Option<usize>) -> Seq<'a> {
-    let Some(max) = max_length else { return (prompt, completion) };
+/// `prompt ++ completion` cut to `max_length`, keeping its start or (`keep_end`) its end.
+fn cut<'a>(prompt: &'a [u32], completion: &'a [u32], t: Truncation) -> Seq<'a> {
+    let Some(max) = t.max_length else { return (prompt, completion) };
+    if t.keep_end {
+        // `ids[-max_length:]`: the prompt loses its start first, then the completion.
+        let completion = &completion[completion.len().saturating_sub(max)..];
+        return (&prompt[prompt.len().saturating_sub(max - completion.len())..], completion);
+    }
     let prompt = &prompt[..prompt.len().min(max)];
     (prompt, &completion[..completion.len().min(max - prompt.len())])
 }
@@ -280,6 +319,19 @@ mod tests {
         assert_eq!(b.len, 4);
         assert_eq!(b.input_ids, vec![1, 2, 3, 4, 8, 9, 99, 99, 1, 2, 3, 7, 8, 10, 11, 12]);
         assert_eq!(b.completion_lengths, vec![1, 1, 1, 3]);
+    }
+
+    /// TRL's `ids[-max_length:]`: each sequence keeps its end, so a pair's two prompts are cut
+    /// at different tokens (and a long completion loses its start); nothing is shared then.
+    #[test]
+    fn keep_end_truncation() {
+        let pairs = [pair(&[1, 2, 3], &[4, 5, 6], &[7]), pair(&[8], &[9], &[10, 11, 12, 13, 14])];
+        let keep_end = Truncation { max_length: Some(4), keep_end: true };
+        let b = collate(&pairs, 99, keep_end, Packing::Padded);
+        assert_eq!(b.len, 4);
+        assert_eq!(b.input_ids, vec![3, 4, 5, 6, 8, 9, 99, 99, 1, 2, 3, 7, 11, 12, 13, 14]);
+        assert_eq!(b.completion_lengths, vec![3, 1, 1, 4]);
+        assert_eq!(collate(&pairs, 0, keep_end, Packing::SharedPrompt), collate(&pairs, 0, keep_end, Packing::Packed));
     }
 
     /// Packed, each sequence is a span of its own with positions from 0; the predictions are the

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::batch::Truncation;
 use super::load::{LoadOptions, hub};
 use super::prepare::{DataSummary, Prepared};
 use super::tokenize::TokenizedPair;
@@ -23,14 +24,15 @@ const TOKENIZER_FILES: [&str; 4] =
     ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"];
 
 /// The cache entry for `data` (a file or a dataset directory) read with `opts`, tokenised by the
-/// tokenizer in `tokenizer_dir` with `max_length`: `<dir>/<sha256 of the inputs>.tokens`.
+/// tokenizer in `tokenizer_dir` and cut as `truncation` says: `<dir>/<sha256 of the inputs>.tokens`.
 pub fn entry(
     dir: &Path,
     data: &Path,
     opts: &LoadOptions,
     tokenizer_dir: &Path,
-    max_length: Option<usize>,
+    truncation: impl Into<Truncation>,
 ) -> std::io::Result<PathBuf> {
+    let Truncation { max_length, keep_end } = truncation.into();
     let mut hash = Sha256::new();
     let files = if data.is_dir() {
         let split = opts.split.as_deref().unwrap_or("train");
@@ -54,7 +56,7 @@ pub fn entry(
     let built = exe.map(|m| (m.len(), m.modified().ok()));
     let c = &opts.columns;
     let settings = format!(
-        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{built:?}",
+        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{keep_end}|{built:?}",
         String::from_utf8_lossy(MAGIC),
         files.len(),
         c.prompt,

@@ -16,7 +16,7 @@ pub mod report;
 pub mod tokenize;
 pub mod tokenizer;
 
-pub use batch::{Batch, Packing, Span, collate, collate_chosen};
+pub use batch::{Batch, Packing, Span, Truncation, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{
     Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, SkippedRow, Text, load_preferences, read_rows,

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
+use super::batch::Truncation;
 use super::load::{LoadOptions, PreferenceRow, ReadSummary, Text, read_rows};
 use super::tokenize::{TokenizeReport, TokenizedPair, Tokenizing};
 use super::{DataError, Tokenizer};
@@ -52,7 +53,7 @@ pub fn prepare(
     path: &Path,
     opts: &LoadOptions,
     tok: &Tokenizer,
-    max_length: Option<usize>,
+    truncation: impl Into<Truncation>,
     ctl: TokenizeControl,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Prepared, DataError> {
@@ -65,7 +66,7 @@ pub fn prepare(
         ),
         None => None,
     };
-    let mut tokenizing = Tokenizing::new(tok, max_length).stop_on(ctl.stop);
+    let mut tokenizing = Tokenizing::new(tok, truncation).stop_on(ctl.stop);
     let mut eos_in_content = 0;
     let eos = tok.eos_token();
     let mut each = |file: &Path, rows: Vec<PreferenceRow>| {

@@ -15,18 +15,20 @@
 //!    count the row in [`TokenizeReport::prefix_mismatch`]. The pair is then
 //!    `prompt_ids[:prompt_len]`, `chosen_full[prompt_len:]`, `rejected_full[prompt_len:]`
 //!    (lines 1123-1125).
-//! 4. With `max_length` (keep_start, TRL's only supported mode), rows whose prompt ids alone have
-//!    `max_length` tokens or more are dropped (lines 1137-1140) and counted.
+//! 4. With `max_length` and keep_start (TRL's default), rows whose prompt ids alone have
+//!    `max_length` tokens or more are dropped (lines 1137-1140) and counted; keep_end drops none.
 //!
 //! Truncation itself happens in TRL's collator (`DataCollatorForPreference.torch_call`, lines
-//! 152-166, see [`super::batch::collate`]); with `max_length` the completions returned here are
-//! already cut to what that collator keeps (keep_start), so a huge row costs `max_length` ids and
-//! not its full length. [`TokenizeReport::truncated`] counts the sequences cut.
+//! 152-166, see [`super::batch::collate`]); with `max_length` the ids returned here are already
+//! cut to what that collator keeps (keep_start: the completions' starts; keep_end: their ends and
+//! the prompt's tail), so a huge row costs `max_length` ids and not its full length.
+//! [`TokenizeReport::truncated`] counts the sequences cut.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
+use super::batch::Truncation;
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
 use crate::data::tokenizer::{Message, Tokenizer, TokenizerError};
@@ -63,7 +65,7 @@ pub struct TokenizeReport {
     /// the two diverge.
     pub prefix_mismatch: Vec<usize>,
     /// Number of sequences (a chosen or a rejected one, prompt included) longer than `max_length`,
-    /// which collation truncates (keep_start).
+    /// which collation truncates.
     pub truncated: usize,
     /// Lines of rows dropped because their chosen and rejected completions are the same text:
     /// there is nothing to prefer, and each would add ln 2 to the loss and no gradient.
@@ -86,9 +88,9 @@ pub struct TokenizeReport {
 pub fn tokenize(
     rows: &[PreferenceRow],
     tok: &Tokenizer,
-    max_length: Option<usize>,
+    truncation: impl Into<Truncation>,
 ) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
-    let mut tokenizing = Tokenizing::new(tok, max_length);
+    let mut tokenizing = Tokenizing::new(tok, truncation);
     tokenizing.push(rows)?;
     tokenizing.finish()
 }
@@ -96,7 +98,7 @@ pub fn tokenize(
 /// Tokenisation of a dataset that arrives in chunks (see [`tokenize`]).
 pub struct Tokenizing<'a> {
     tok: &'a Tokenizer,
-    max_length: Option<usize>,
+    truncation: Truncation,
     pairs: Vec<TokenizedPair>,
     report: TokenizeReport,
     /// Raised (by Ctrl-C) to stop: the rows not yet started are skipped and `push` fails.
@@ -104,8 +106,9 @@ pub struct Tokenizing<'a> {
 }
 
 impl<'a> Tokenizing<'a> {
-    pub fn new(tok: &'a Tokenizer, max_length: Option<usize>) -> Self {
-        Self { tok, max_length, pairs: Vec::new(), report: TokenizeReport::default(), stop: None }
+    pub fn new(tok: &'a Tokenizer, truncation: impl Into<Truncation>) -> Self {
+        let truncation = truncation.into();
+        Self { tok, truncation, pairs: Vec::new(), report: TokenizeReport::default(), stop: None }
     }
 
     /// Stops at the next row once `stop` is raised: [`Self::push`] then fails with
@@ -116,7 +119,9 @@ impl<'a> Tokenizing<'a> {
 
     /// Tokenises the next rows, keeping or dropping each.
     pub fn push(&mut self, rows: &[PreferenceRow]) -> Result<(), DataError> {
-        let (tok, max_length, stop) = (self.tok, self.max_length, self.stop);
+        let (tok, stop) = (self.tok, self.stop);
+        // keep_end needs every id: the ends are kept.
+        let max_length = self.truncation.max_length.filter(|_| !self.truncation.keep_end);
         let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
         let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> = rows
             .par_iter()
@@ -136,17 +141,20 @@ impl<'a> Tokenizing<'a> {
             if prefix_mismatch {
                 report.prefix_mismatch.push(pair.line);
             }
-            if let Some(max) = max_length {
-                // dpo_trainer.py line 1140: keep `len(prompt_ids) < max_length`.
-                if pair.prompt_ids.len() >= max {
+            if let Some(max) = self.truncation.max_length {
+                let (p, c, r) = (pair.prompt_ids.len(), pair.chosen_ids.len(), pair.rejected_ids.len());
+                // dpo_trainer.py line 1140, under keep_start only: keep `len(prompt_ids) < max_length`.
+                if !self.truncation.keep_end && p >= max {
                     report.dropped_prompt_too_long.push(pair.line);
                     continue;
                 }
-                let room = max - pair.prompt_ids.len();
-                report.truncated +=
-                    usize::from(pair.chosen_ids.len() > room) + usize::from(pair.rejected_ids.len() > room);
-                pair.chosen_ids.truncate(room);
-                pair.rejected_ids.truncate(room);
+                report.truncated += usize::from(p + c > max) + usize::from(p + r > max);
+                if self.truncation.keep_end {
+                    keep_ends(&mut pair, max);
+                } else {
+                    pair.chosen_ids.truncate(max - p);
+                    pair.rejected_ids.truncate(max - p);
+                }
             }
             if pair.chosen_ids.is_empty() || pair.rejected_ids.is_empty() {
                 report.empty_completion.push(pair.line);
@@ -172,7 +180,7 @@ impl<'a> Tokenizing<'a> {
             let (too_long, empty, identical) =
                 (r.dropped_prompt_too_long.len(), r.empty_completion.len(), r.identical.len());
             // Prompts are only dropped with `max_length` set.
-            let max_length = self.max_length.unwrap_or(0);
+            let max_length = self.truncation.max_length.unwrap_or(0);
             return Err(match (too_long, empty, identical) {
                 (0, 0, 0) => DataError::NoRows,
                 (dropped, 0, 0) => DataError::AllDropped { dropped, max_length },
@@ -192,6 +200,17 @@ impl<'a> Tokenizing<'a> {
         report.kept = pairs.len();
         Ok((pairs, report))
     }
+}
+
+/// What keep_end's collation keeps of a pair, each sequence its last `max` ids: the completions'
+/// last `max` ids, and the prompt's tail as far as the sequence with the shorter completion reaches
+/// (the other sequence's shorter tail is cut from it at collation).
+fn keep_ends(pair: &mut TokenizedPair, max: usize) {
+    for ids in [&mut pair.chosen_ids, &mut pair.rejected_ids] {
+        ids.drain(..ids.len().saturating_sub(max));
+    }
+    let room = max - pair.chosen_ids.len().min(pair.rejected_ids.len());
+    pair.prompt_ids.drain(..pair.prompt_ids.len().saturating_sub(room));
 }
 
 /// `tokenize_fn` of `_prepare_dataset` for one row (eos already handled here), and whether the

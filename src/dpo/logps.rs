@@ -13,7 +13,7 @@ use std::sync::Arc;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::data::{self, Batch, Packing, TokenizedPair};
+use crate::data::{self, Batch, Packing, TokenizedPair, Truncation};
 use crate::model::{Llama, LmHead, Placement, fused::Spans};
 
 /// A batch on the device, with the per-token weights of the summed log-probs.
@@ -268,7 +268,7 @@ impl RefLogps {
 pub struct Collation {
     pub batch_size: usize,
     pub pad_id: u32,
-    pub max_length: Option<usize>,
+    pub truncation: Truncation,
     pub ld_alpha: Option<f64>,
     pub packing: Packing,
 }
@@ -276,7 +276,7 @@ pub struct Collation {
 impl Collation {
     /// The `[chosen; rejected]` batch of `pairs` on `device`.
     pub fn batch(&self, pairs: &[TokenizedPair], device: &Device) -> DeviceBatch {
-        let batch = data::collate(pairs, self.pad_id, self.max_length, self.packing);
+        let batch = data::collate(pairs, self.pad_id, self.truncation, self.packing);
         DeviceBatch::new(&batch, self.ld_alpha, device)
     }
 }

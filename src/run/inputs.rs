@@ -10,7 +10,7 @@ use anyhow::Context;
 use crate::config::TrainConfig;
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{
-    self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, cache,
+    self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, Truncation, cache,
 };
 use crate::demo::{DEMO, DemoAssets};
 use crate::model::{self, compat};
@@ -163,9 +163,9 @@ fn prepare_split(
         rejected: cfg.rejected_column.clone(),
     };
     let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
-    let max_length = Some(cfg.max_length);
+    let truncation = Truncation::of(cfg);
     // No entry when the data cannot be listed or read: `prepare` then says why.
-    let entry = cache::entry(&cfg.output_dir.join(".data_cache"), path, &opts, tokenizer_dir, max_length).ok();
+    let entry = cache::entry(&cfg.output_dir.join(".data_cache"), path, &opts, tokenizer_dir, truncation).ok();
     let mut notes = Vec::new();
     let (prepared, store) = match entry.as_deref().and_then(|e| Some((e, cache::load(e)?))) {
         Some((entry, hit)) => {
@@ -178,7 +178,7 @@ fn prepare_split(
             let label = format!("reading `{}` (tokenising on {threads} thread{plural})", path.display());
             let mut report = |done, total| progress.reading(&label, done, total);
             let ctl = TokenizeControl { threads: cfg.dataset_num_proc, stop: interrupt };
-            (data::prepare(path, &opts, tokenizer, max_length, ctl, &mut report)?, entry)
+            (data::prepare(path, &opts, tokenizer, truncation, ctl, &mut report)?, entry)
         }
     };
     let skipped = &prepared.summary.read.skipped;

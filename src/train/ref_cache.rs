@@ -1,7 +1,7 @@
 //! Precomputed reference log-probs (`precompute_ref_log_probs`): one pass of the reference over
 //! the training pairs before training, cached on disk under `<output_dir>/.ref_cache/` and keyed
 //! by everything the numbers depend on: the reference's weights (adapters included) and precision,
-//! the tokenised data, `max_length`, `ld_alpha` and the tokenizer. A changed input changes the key; nothing stale is ever reused.
+//! the tokenised data, `max_length` and `truncation_mode`, `ld_alpha` and the tokenizer. A changed input changes the key; nothing stale is ever reused.
 
 use std::path::PathBuf;
 
@@ -64,7 +64,7 @@ fn cache_path(reference: &Llama, run: &Run, collation: &Collation) -> anyhow::Re
         }
     }
     hash.update(
-        format!("{:?}|{:?}|{:?}", collation.max_length, collation.ld_alpha, reference.compute_dtype()).as_bytes(),
+        format!("{:?}|{:?}|{:?}", collation.truncation, collation.ld_alpha, reference.compute_dtype()).as_bytes(),
     );
     let tokenizer = run.data.tokenizer_dir.join("tokenizer.json");
     hash.update(std::fs::read(&tokenizer).with_context(|| format!("cannot read `{}`", tokenizer.display()))?);

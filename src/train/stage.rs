@@ -25,7 +25,7 @@ use super::step::{StepPlan, Trained, optimizer_step};
 use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
-use crate::data::Packing;
+use crate::data::{Packing, Truncation};
 use crate::dist::profiler::ProfileWindow;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
@@ -293,8 +293,9 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         sharding,
         layout,
         device: run.rt.device.clone(),
-        // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two.
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout),
+        // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two;
+        // keep_end cuts a pair's two prompts differently.
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout && !Truncation::of(cfg).keep_end),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }
@@ -358,9 +359,9 @@ fn references(
     let collation = Collation {
         batch_size: cfg.per_device_eval_batch_size,
         pad_id: run.data.tokenizer.pad_id(),
-        max_length: Some(cfg.max_length),
+        truncation: Truncation::of(cfg),
         ld_alpha: cfg.loss.ld_alpha,
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing),
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !Truncation::of(cfg).keep_end),
     };
     Ok(Some(References::prepare(run, reference, collation, progress)?))
 }

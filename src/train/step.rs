@@ -21,7 +21,7 @@ use super::sampler::{RankStep, Sampler, rank_step, shard_step};
 use super::window::Window;
 use super::workers::Workers;
 use crate::config::Sharding;
-use crate::data::{self, Packing, TokenizedPair};
+use crate::data::{self, Packing, TokenizedPair, Truncation};
 use crate::dist::DistError;
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
@@ -171,7 +171,7 @@ pub fn optimizer_step(
     let step_tokens = match plan.objective {
         Objective::Sft => {
             let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
-            let batch = data::collate_chosen(&all, data.tokenizer.pad_id(), Some(cfg.max_length), Packing::Packed);
+            let batch = data::collate_chosen(&all, data.tokenizer.pad_id(), Truncation::of(cfg), Packing::Packed);
             batch.labels.len() as f64
         }
         Objective::Dpo => 0.0,
@@ -307,12 +307,12 @@ fn micro_batch(
     grads: &mut GradAccumulator,
     window: &mut Window,
 ) -> Result<(), DistError> {
-    let (pad_id, max_length) = (run.data.tokenizer.pad_id(), Some(run.cfg.max_length));
+    let (pad_id, truncation) = (run.data.tokenizer.pad_id(), Truncation::of(run.cfg));
     let segments = policy_segments(plan, run, t);
     let policy = segments.as_ref();
     match (plan.objective, refs) {
         (Objective::Sft, _) => {
-            let batch = data::collate_chosen(pass.chunk, pad_id, max_length, plan.packing);
+            let batch = data::collate_chosen(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
             // Each micro-batch's loss is its share of the step's token mean.
             let (_, nll) =
@@ -324,7 +324,7 @@ fn micro_batch(
         }
         (Objective::Dpo, Some(refs)) => {
             let loss_cfg = &run.cfg.loss;
-            let batch = data::collate(pass.chunk, pad_id, max_length, plan.packing);
+            let batch = data::collate(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
             let ref_rows = refs.train_rows(pass.ids, &batch, run)?;
             let (scores, loss) =
