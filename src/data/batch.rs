@@ -19,8 +19,7 @@
 //! Position `t` of a sequence predicts its token `t + 1`: the first completion token is scored
 //! from the last prompt position, and a sequence's first token is never scored.
 
-use super::tokenize::TokenizedPair;
-use crate::config::TrainConfig;
+use super::tokenize::{TokenizedPair, Truncation};
 
 /// How the sequences of a batch are laid out for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,29 +59,6 @@ pub struct Span {
     pub start: usize,
     pub len: usize,
     pub prefix: Option<(usize, usize)>,
-}
-
-/// TRL's `max_length` and `truncation_mode`: how long a sequence may be, and whether a longer one
-/// keeps its start (`keep_start`, TRL's default) or its end (`keep_end`, which TRL 1.16 deprecates
-/// but still implements: its collator keeps `ids[-max_length:]`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Truncation {
-    pub max_length: Option<usize>,
-    pub keep_end: bool,
-}
-
-impl Truncation {
-    /// A run's: its `max_length` and `truncation_mode`.
-    pub fn of(cfg: &TrainConfig) -> Self {
-        Self { max_length: Some(cfg.max_length), keep_end: cfg.truncation_mode == "keep_end" }
-    }
-}
-
-impl From<Option<usize>> for Truncation {
-    /// `keep_start` at `max_length`.
-    fn from(max_length: Option<usize>) -> Self {
-        Self { max_length, keep_end: false }
-    }
 }
 
 /// A batch as host data.

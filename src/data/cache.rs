@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::batch::Truncation;
 use super::load::{LoadOptions, hub};
 use super::prepare::{DataSummary, Prepared};
-use super::tokenize::TokenizedPair;
+use super::tokenize::{TokenizedPair, Truncation};
 
 const MAGIC: &[u8; 8] = b"DPOTOK01";
 

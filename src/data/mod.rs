@@ -16,12 +16,12 @@ pub mod report;
 pub mod tokenize;
 pub mod tokenizer;
 
-pub use batch::{Batch, Packing, Span, Truncation, collate, collate_chosen};
+pub use batch::{Batch, Packing, Span, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{
     Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, SkippedRow, Text, load_preferences, read_rows,
 };
 pub use prepare::{DataSummary, Prepared, TokenizeControl, prepare};
 pub use report::{DataReport, ReportInput};
-pub use tokenize::{TokenizeReport, TokenizedPair, Tokenizing, common_prefix_length, tokenize};
+pub use tokenize::{TokenizeReport, TokenizedPair, Tokenizing, Truncation, common_prefix_length, tokenize};
 pub use tokenizer::{Message, Tokenizer, TokenizerError};

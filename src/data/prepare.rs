@@ -7,9 +7,8 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use super::batch::Truncation;
 use super::load::{LoadOptions, PreferenceRow, ReadSummary, Text, read_rows};
-use super::tokenize::{TokenizeReport, TokenizedPair, Tokenizing};
+use super::tokenize::{TokenizeReport, TokenizedPair, Tokenizing, Truncation};
 use super::{DataError, Tokenizer};
 
 /// A split ready to train on, and what became of its rows.

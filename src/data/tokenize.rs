@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::batch::Truncation;
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
+use crate::config::TrainConfig;
 use crate::data::tokenizer::{Message, Tokenizer, TokenizerError};
 
 /// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
@@ -50,6 +50,29 @@ impl TokenizedPair {
     /// Tokens of the pair's longer sequence, prompt included.
     pub fn longest(&self) -> usize {
         self.prompt_ids.len() + self.chosen_ids.len().max(self.rejected_ids.len())
+    }
+}
+
+/// TRL's `max_length` and `truncation_mode`: how long a sequence may be, and whether a longer one
+/// keeps its start (`keep_start`, TRL's default) or its end (`keep_end`, which TRL 1.16 deprecates
+/// but still implements: its collator keeps `ids[-max_length:]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Truncation {
+    pub max_length: Option<usize>,
+    pub keep_end: bool,
+}
+
+impl Truncation {
+    /// A run's: its `max_length` and `truncation_mode`.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        Self { max_length: Some(cfg.max_length), keep_end: cfg.truncation_mode == "keep_end" }
+    }
+}
+
+impl From<Option<usize>> for Truncation {
+    /// `keep_start` at `max_length`.
+    fn from(max_length: Option<usize>) -> Self {
+        Self { max_length, keep_end: false }
     }
 }
 
