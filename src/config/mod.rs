@@ -213,7 +213,7 @@ train_config! {
     skip_bad_rows: bool = false,
     /// Tokens kept per sequence, prompt included (truncation keeps the start).
     max_length: usize = 1024,
-    /// keep_start, TRL's default: a sequence over max_length keeps its start; keep_end (deprecated in TRL 1.16, as it implements it): its end, and no row is dropped for a long prompt.
+    /// keep_start, TRL's default: a sequence over max_length keeps its start; keep_end (deprecated in TRL 1.16, which still implements it): its end, and no row is dropped for a long prompt.
     truncation_mode: String = "keep_start".to_owned(),
     /// Threads that tokenise the data (TRL's processes for it); unset: every core of the process.
     dataset_num_proc: Option<usize> = None,
