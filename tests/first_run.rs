@@ -534,6 +534,10 @@ fn a_second_interrupt_aborts_at_once() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(130), "{devices:?}: {err}");
         assert!(!err.contains("panicked") && !err.contains("INTERNAL ASSERT"), "{devices:?}: {err}");
+        if devices.is_none() {
+            // Training had begun: the first signal promised the step and a checkpoint.
+            assert!(err.contains("interrupt: finishing the current step, then saving a checkpoint"), "{err}");
+        }
         for worker in workers {
             assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");
         }
@@ -584,6 +588,9 @@ fn an_interrupt_while_tokenising_stops_at_once_and_writes_nothing() {
     assert_eq!(status.code(), Some(130), "{err:?}");
     let last = format!("`{}`: interrupted while tokenising: nothing was written", big.display());
     assert_eq!(err.last(), Some(&last), "{err:?}");
+    // No step to finish and no checkpoint to save: the handler says so.
+    assert!(err.iter().any(|l| l == "interrupt: stopping (Ctrl-C again to abort)"), "{err:?}");
+    assert!(!err.iter().any(|l| l.contains("saving a checkpoint")), "{err:?}");
     // A generous bound: the whole file would take about 20 s more.
     assert!(took < Duration::from_secs(5), "stopped {took:?} after the signal");
     let left: Vec<_> = fs::read_dir(out_dir.join(".data_cache")).map(|d| d.flatten().collect()).unwrap_or_default();

@@ -14,6 +14,7 @@ use crate::dist::launcher::INTERRUPTED_EXIT;
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FORWARDING: AtomicBool = AtomicBool::new(false);
+static TRAINING: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
 
 /// Installs the handler (once per process) and returns the flag a run polls between steps.
@@ -31,9 +32,11 @@ fn on_signal() {
     let forwarding = FORWARDING.load(Ordering::SeqCst);
     match (n, forwarding) {
         (1, true) => eprintln!("\ninterrupt: asking the workers to save a checkpoint and stop (Ctrl-C again to abort)"),
-        (1, false) => {
+        (1, false) if TRAINING.load(Ordering::SeqCst) => {
             eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)")
         }
+        // Reading, tokenising or loading: there is no step to finish yet.
+        (1, false) => eprintln!("\ninterrupt: stopping (Ctrl-C again to abort)"),
         (_, true) => eprintln!("\ninterrupt: aborting the workers"),
         // `_exit`, not `exit`: exit's handlers tear down torch's statics under the thread still
         // running a kernel (a crash in aten's dispatcher, seen); an abort keeps no promise that
@@ -41,6 +44,11 @@ fn on_signal() {
         // SAFETY: `_exit` ends the process at once; it touches no memory of this program.
         (_, false) => unsafe { libc::_exit(INTERRUPTED_EXIT) },
     }
+}
+
+/// A stage's steps have begun: from now on an interrupt finishes the step and saves a checkpoint.
+pub fn training_began() {
+    TRAINING.store(true, Ordering::SeqCst);
 }
 
 /// From now on this process is a launcher: signals are counted for forwarding, not acted on.

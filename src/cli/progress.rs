@@ -44,6 +44,7 @@ impl Drop for ConsoleProgress {
 
 impl Progress for ConsoleProgress {
     fn start(&mut self, stage: &str, start_step: u64, total_steps: u64) {
+        super::interrupt::training_began();
         self.finish();
         if std::io::stderr().is_terminal() {
             let style =
@@ -100,11 +101,13 @@ impl Progress for ConsoleProgress {
     }
 }
 
-/// Progress of the ranks other than 0: nothing.
+/// Progress of the ranks other than 0: nothing (but the stage's start, which Ctrl-C's message needs).
 pub struct Silent;
 
 impl Progress for Silent {
-    fn start(&mut self, _stage: &str, _start_step: u64, _total_steps: u64) {}
+    fn start(&mut self, _stage: &str, _start_step: u64, _total_steps: u64) {
+        super::interrupt::training_began();
+    }
     fn step(&mut self, _step: u64, _status: &str) {}
     fn line(&mut self, _text: &str) {}
 }
