@@ -26,6 +26,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 OUT = "check_gpu/tests/fixtures/activation_bytes.json"
 
+# The config keys of a shape, in SHAPES' order after the model type; the fixture uses the same names.
+KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
 # (model_type, hidden, intermediate, heads, kv heads, head_dim, vocab)
 SHAPES = [
     ("llama", 256, 688, 8, 8, 32, 1000),
@@ -41,14 +43,9 @@ BATCHES = [(2, 64), (4, 128)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def build(kind, h, i, a, kv, d, v, layers, dtype, checkpointing):
+def build(kind, *dims, layers, dtype, checkpointing):
     common = dict(
-        hidden_size=h,
-        intermediate_size=i,
-        num_attention_heads=a,
-        num_key_value_heads=kv,
-        head_dim=d,
-        vocab_size=v,
+        zip(KEYS, dims),
         num_hidden_layers=layers,
         max_position_embeddings=512,
         tie_word_embeddings=False,
@@ -87,7 +84,7 @@ def saved_bytes(model, rows, seq):
 def measure(shape, dtype_name, rows, seq, checkpointing):
     torch.manual_seed(0)
     dtype = DTYPES[dtype_name]
-    one, two = (saved_bytes(build(*shape, n, dtype, checkpointing), rows, seq) for n in (1, 2))
+    one, two = (saved_bytes(build(*shape, layers=n, dtype=dtype, checkpointing=checkpointing), rows, seq) for n in (1, 2))
     tokens = rows * seq
     return (two - one) / tokens, (one - (two - one)) / tokens
 
@@ -96,7 +93,7 @@ def main():
     torch.set_num_threads(2)
     cases = []
     for shape in SHAPES:
-        kind, h, i, a, kv, d, v = shape
+        kind, dims = shape[0], shape[1:]
         for dtype_name in DTYPES:
             for rows, seq in BATCHES:
                 layer, head = measure(shape, dtype_name, rows, seq, False)
@@ -104,12 +101,7 @@ def main():
                 cases.append(
                     dict(
                         model_type=kind,
-                        hidden_size=h,
-                        intermediate_size=i,
-                        num_attention_heads=a,
-                        num_key_value_heads=kv,
-                        head_dim=d,
-                        vocab_size=v,
+                        **dict(zip(KEYS, dims)),
                         dtype=dtype_name,
                         rows=rows,
                         seq_len=seq,
@@ -118,7 +110,7 @@ def main():
                         checkpointed_layer_bytes_per_token=kept,
                     )
                 )
-                print(kind, h, i, a, kv, d, v, dtype_name, rows, seq, layer, head, kept, file=sys.stderr)
+                print(*shape, dtype_name, rows, seq, layer, head, kept, file=sys.stderr)
     doc = dict(
         generator="check_gpu/tests/gen/activation_bytes.py",
         torch=torch.__version__,
