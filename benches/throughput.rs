@@ -238,7 +238,7 @@ fn evaluation(model: &Path, data: &Path, shape: &Shape, peak: f64, device: &Devi
         skip_bad_rows: false,
         split: None,
         loss: LossConfig::default(),
-        max_length: Some(SEQ_LEN),
+        truncation: Some(SEQ_LEN).into(),
         batch_size: 4,
         packing: dpo_train::data::Packing::SharedPrompt,
         device: device.clone(),

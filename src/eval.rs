@@ -11,7 +11,7 @@ use burn::tensor::Device;
 
 use crate::config::LossConfig;
 use crate::data::{
-    self, Columns, LoadOptions, Packing, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer,
+    self, Columns, LoadOptions, Packing, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer, Truncation,
 };
 use crate::dpo::logps::{Collation, RefLogps, reference_logps};
 use crate::dpo::metrics::Metrics;
@@ -41,8 +41,9 @@ pub struct EvalOptions {
     /// The split of a dataset directory (`None`: `train`).
     pub split: Option<String>,
     pub loss: LossConfig,
-    /// Tokens kept per sequence (prompt + completion), TRL's `max_length`.
-    pub max_length: Option<usize>,
+    /// Tokens kept per sequence (prompt + completion), TRL's `max_length`, and which of them
+    /// (`truncation_mode`): use the model's training settings.
+    pub truncation: Truncation,
     /// Pairs per forward pass.
     pub batch_size: usize,
     /// How a pass lays out its sequences (the numbers do not depend on it).
@@ -89,7 +90,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     let read =
         LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
     let Prepared { pairs, summary } =
-        data::prepare(&opts.data, &read, &tokenizer, opts.max_length, Default::default(), reading)?;
+        data::prepare(&opts.data, &read, &tokenizer, opts.truncation, Default::default(), reading)?;
     let longest = pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
     if let Some((dir, ref_cfg)) = &ref_cfg {
@@ -113,7 +114,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     let collation = Collation {
         batch_size: opts.batch_size,
         pad_id: tokenizer.pad_id(),
-        truncation: opts.max_length.into(),
+        truncation: opts.truncation,
         ld_alpha: opts.loss.ld_alpha,
         packing: opts.packing,
     };

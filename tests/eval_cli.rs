@@ -138,3 +138,66 @@ fn bad_loss_settings_name_the_key() {
         one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
     assert_eq!(err, "error: invalid loss settings: `beta`: must be finite and > 0, got 0");
 }
+
+/// `--truncation-mode keep_end` at a `--max-length` the data exceeds: TRL's keep_end keeps every
+/// pair and cuts each sequence to its end (tests/fixtures/expected/tokenized_prefs_keep_end_16.json,
+/// from tests/gen/make_keep_end_fixture.py, with TRL's `evaluate` metrics), where keep_start drops
+/// the pairs whose prompt alone reaches 16 tokens; the scores are of other tokens, so they differ.
+#[test]
+fn truncation_mode_keep_end_is_honoured() {
+    let fixture: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(fixtures().join("expected/tokenized_prefs_keep_end_16.json")).unwrap(),
+    )
+    .unwrap();
+    let max = fixture["max_length"].as_u64().unwrap() as usize;
+    let rows = fixture["rows"].as_array().unwrap();
+    let len = |r: &serde_json::Value, k: &str| r[k].as_array().unwrap().len();
+    let over = |r: &serde_json::Value, k: &str| usize::from(len(r, "prompt_input_ids") + len(r, k) > max);
+    let truncated: usize = rows.iter().map(|r| over(r, "chosen_input_ids") + over(r, "rejected_input_ids")).sum();
+    let long_prompts = rows.iter().filter(|r| len(r, "prompt_input_ids") >= max).count();
+    assert!(long_prompts > 0 && truncated > 0, "the fixture exercises neither");
+
+    let (model, reference) = (fixtures().join("models/llama"), fixtures().join("models/llama-ref"));
+    let data = fixtures().join(fixture["dataset"].as_str().unwrap());
+    let run = |mode: &str, json: bool| {
+        let max = max.to_string();
+        let mut extra =
+            vec!["--ref-model", reference.to_str().unwrap(), "--max-length", &max, "--truncation-mode", mode];
+        if json {
+            extra.push("--json");
+        }
+        let out = eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &extra));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let end = run("keep_end", false);
+    let kept = fixture["num_rows_after_preprocessing"].as_u64().unwrap();
+    assert!(end.contains(&format!("({kept} pairs)")), "{end}");
+    assert!(end.contains(&format!("sequences truncated to max_length (keep_end): {truncated}\n")), "{end}");
+    assert!(!end.contains("prompt alone reaches max_length"), "{end}");
+    let start = run("keep_start", false);
+    assert!(start.contains(&format!("({} pairs)", rows.len() - long_prompts)), "{start}");
+    assert!(start.contains(&format!("pairs dropped, prompt alone reaches max_length: {long_prompts} ")), "{start}");
+    assert!(start.contains("sequences truncated to max_length (keep_start): "), "{start}");
+
+    let metrics = |mode| serde_json::from_str::<serde_json::Value>(&run(mode, true)).unwrap();
+    let (end, start) = (metrics("keep_end"), metrics("keep_start"));
+    for (name, got) in end.as_object().unwrap() {
+        let (got, trl) = (got.as_f64().unwrap(), fixture["metrics"][name].as_f64().unwrap());
+        assert!((got - trl).abs() <= 1e-4 * trl.abs().max(1.0), "{name}: {got}, TRL's keep_end {trl}");
+    }
+    for name in ["logps/chosen", "logps/rejected"] {
+        let (end, start) = (end[name].as_f64().unwrap(), start[name].as_f64().unwrap());
+        assert!((end - start).abs() > 1e-3, "{name}: keep_end {end}, keep_start {start}");
+    }
+}
+
+#[test]
+fn an_unknown_truncation_mode_is_one_line() {
+    let model = fixtures().join("models/llama");
+    let data = fixtures().join("data/prefs.jsonl");
+    let out =
+        eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--truncation-mode", "keep_middle"]));
+    let err = one_line_error(&out, 1);
+    assert!(err.contains("--truncation-mode") && err.contains("use `keep_start` or `keep_end`"), "{err}");
+}

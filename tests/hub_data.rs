@@ -117,7 +117,7 @@ fn hub_datasets_evaluate_to_trls_metrics_within_1e_5() {
             skip_bad_rows: false,
             split: Some(case.split.clone()),
             loss: LossConfig::default(),
-            max_length: Some(1024),
+            truncation: Some(1024).into(),
             batch_size: 4,
             packing: dpo_train::data::Packing::SharedPrompt,
             device: cpu(),

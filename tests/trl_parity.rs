@@ -94,7 +94,7 @@ fn options_in(case: &Case, batch_size: usize, packing: Packing) -> EvalOptions {
             reference_free: false,
             use_weighting: c.use_weighting,
         },
-        max_length: c.max_length,
+        truncation: c.max_length.into(),
         batch_size,
         packing,
         device: cpu(),

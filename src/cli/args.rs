@@ -324,9 +324,20 @@ pub struct EvalArgs {
     pub skip_bad_rows: bool,
     #[command(flatten)]
     pub loss: LossFlags,
-    /// Tokens kept per sequence, prompt included (truncation keeps the start).
+    /// Tokens kept per sequence, prompt included (which part: --truncation-mode).
     #[arg(long, default_value_t = 1024)]
     pub max_length: usize,
+    /// keep_start (TRL's default): a sequence over --max-length keeps its start, and a pair whose
+    /// prompt alone reaches it is dropped; keep_end: its end, none dropped. Pass the
+    /// truncation_mode the model was trained with.
+    #[arg(
+        long = "truncation-mode",
+        value_name = "keep_start|keep_end",
+        default_value = "keep_start",
+        value_parser = parse_truncation_mode,
+        action = clap::ArgAction::Set
+    )]
+    pub keep_end: bool,
     /// Pairs per forward pass; results do not depend on it.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
@@ -369,6 +380,11 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 fn parse_top_p(s: &str) -> Result<f64, String> {
     let p: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if p > 0.0 && p <= 1.0 { Ok(p) } else { Err(format!("must be in (0, 1], got {s}")) }
+}
+
+/// `--truncation-mode`: whether it keeps the end, refused as the config key is.
+fn parse_truncation_mode(s: &str) -> Result<bool, String> {
+    crate::config::truncation_keeps_end(s)
 }
 
 fn parse_device(s: &str) -> Result<DeviceArg, String> {

@@ -6,7 +6,7 @@ use super::args::EvalArgs;
 use super::launch::single_device;
 use super::progress::ConsoleProgress;
 use crate::config::TrainConfig;
-use crate::data::{Columns, Packing};
+use crate::data::{Columns, Packing, Truncation};
 use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
 use crate::train::Progress;
 
@@ -25,7 +25,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         skip_bad_rows: args.skip_bad_rows,
         split: Some(args.split),
         loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
-        max_length: Some(args.max_length),
+        truncation: Truncation { max_length: Some(args.max_length), keep_end: args.keep_end },
         batch_size: args.batch_size,
         packing: Packing::SharedPrompt,
         device: single_device(args.device)?,
@@ -101,7 +101,8 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         writeln!(out, "{what}: {} (lines {})", rows.len(), lines(&mut rows.iter().copied()))?;
     }
     if t.truncated > 0 {
-        writeln!(out, "sequences truncated to max_length (keep_start): {}", t.truncated)?;
+        let mode = if opts.truncation.keep_end { "keep_end" } else { "keep_start" };
+        writeln!(out, "sequences truncated to max_length ({mode}): {}", t.truncated)?;
     }
     Ok(())
 }

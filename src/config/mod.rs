@@ -20,6 +20,7 @@ pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
 pub use lora::LoraSettings;
 pub use loss::{FDivergence, LossConfigError, LossType};
+pub use validate::truncation_keeps_end;
 
 use std::path::{Path, PathBuf};
 
@@ -212,7 +213,7 @@ train_config! {
     rejected_column: String = "rejected".to_owned(),
     /// Skip malformed rows (and report their lines) instead of stopping.
     skip_bad_rows: bool = false,
-    /// Tokens kept per sequence, prompt included (truncation keeps the start).
+    /// Tokens kept per sequence, prompt included (which part: truncation_mode).
     max_length: usize = 1024,
     /// keep_start, TRL's default: a sequence over max_length keeps its start; keep_end (deprecated in TRL 1.16, which still implements it): its end, and no row is dropped for a long prompt.
     truncation_mode: String = "keep_start".to_owned(),

@@ -111,13 +111,9 @@ impl TrainConfig {
 
     /// `truncation_mode`: TRL's two, `keep_start` and `keep_end`.
     fn validate_truncation(&self) -> Result<(), ConfigError> {
-        match self.truncation_mode.as_str() {
-            "keep_start" | "keep_end" => Ok(()),
-            other => Err(ConfigError::Invalid {
-                key: "truncation_mode",
-                message: format!("unknown value `{other}`: use `keep_start` or `keep_end`"),
-            }),
-        }
+        truncation_keeps_end(&self.truncation_mode)
+            .map(|_| ())
+            .map_err(|message| ConfigError::Invalid { key: "truncation_mode", message })
     }
 
     /// Batch sizes, lengths and the process group's settings: counts that must be positive.
@@ -146,6 +142,16 @@ impl TrainConfig {
             return invalid("global_batch_size", "must be at least 1".to_owned());
         }
         Ok(())
+    }
+}
+
+/// Whether a `truncation_mode` (the key's, or `dpo-train eval --truncation-mode`'s) keeps each
+/// sequence's end: `keep_end` yes, `keep_start` no, anything else the error's message.
+pub fn truncation_keeps_end(mode: &str) -> Result<bool, String> {
+    match mode {
+        "keep_start" => Ok(false),
+        "keep_end" => Ok(true),
+        other => Err(format!("unknown value `{other}`: use `keep_start` or `keep_end`")),
     }
 }
 
