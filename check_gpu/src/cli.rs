@@ -322,19 +322,25 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 /// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
 fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
     let reason = one_line(err);
-    let (cpus, host) = (probe::cpu_count(), probe::host_memory_available());
+    let system = crate::snapshot::System {
+        cpu_count: Some(probe::cpu_count()),
+        cpu_numa_nodes: probe::cpu_numa_nodes(),
+        memory_available_bytes: probe::host_memory_available(),
+        ..Default::default()
+    };
     let snap = if args.bench {
         let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
         let rec = measure(args, devices)?;
         let mut s = Snapshot::new(Source::Live);
-        (s.system.cpu_count, s.system.memory_available_bytes) = (Some(cpus), host);
+        s.system = system.clone();
         s.probe_notes.push(reason.clone());
         s.bench = Some(rec);
         Some(s)
     } else {
         None
     };
-    let p = crate::plan::cpu_plan(req, cpus, reason.clone(), host, snap.as_ref().and_then(|s| s.bench.as_ref()));
+    let p = crate::plan::cpu_plan(req, &system, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
+    let cpus = system.cpu_count.unwrap_or(1);
     let saved = match (&args.save, &snap) {
         (Some(path), Some(s)) => s.save(path),
         _ => Ok(()),

@@ -85,6 +85,10 @@ pub struct System {
     pub nvml_version: Option<String>,
     /// Logical CPUs usable by the job (for `OMP_NUM_THREADS`).
     pub cpu_count: Option<u32>,
+    /// NUMA nodes holding CPUs the job may use (a training run on CPUs starts a process on each);
+    /// `None` when not probed (offline input, older snapshots).
+    #[serde(default)]
+    pub cpu_numa_nodes: Option<u32>,
     /// Host memory available to a new process (`MemAvailable` of `/proc/meminfo`, or the job's
     /// cgroup limit less its working set where that is lower), what a run on
     /// CPU processes is checked against; `None` when not probed (offline input, older snapshots).

@@ -200,18 +200,18 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for a machine without usable NVIDIA GPUs: train on one CPU process per core,
-    /// with the batch split and every requested setting in the command, as on GPUs. The host's
-    /// memory is unknown here ([`Plan::on_cpu`] checks it).
-    pub fn cpu_fallback(req: &PlanRequest, cpus: u32, reason: String) -> Plan {
-        Plan::on_cpu(req, cpus, reason, None)
+    /// The plan for a machine without usable NVIDIA GPUs: train on `procs` CPU processes (see
+    /// [`cpu_processes`]), with the batch split and every requested setting in the command, as on
+    /// GPUs. The host's memory is unknown here ([`Plan::on_cpu`] checks it).
+    pub fn cpu_fallback(req: &PlanRequest, procs: u32, reason: String) -> Plan {
+        Plan::on_cpu(req, procs, reason, None)
     }
 
     /// [`Plan::cpu_fallback`] on a host with `host_available` bytes of memory available
     /// (`MemAvailable`; `None`: unknown): the micro-batch is the largest whose estimate fits
     /// each process's share, and a run that does not fit even at micro-batch 1 says so.
-    pub fn on_cpu(req: &PlanRequest, cpus: u32, reason: String, host_available: Option<u64>) -> Plan {
-        let procs = usize::try_from(cpus.max(1)).unwrap_or(1);
+    pub fn on_cpu(req: &PlanRequest, procs: u32, reason: String, host_available: Option<u64>) -> Plan {
+        let procs = usize::try_from(procs.max(1)).unwrap_or(1);
         let dtype = req.dtype.unwrap_or(Dtype::Fp32);
         let setting = fit::Setting::requested(req);
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
@@ -296,17 +296,35 @@ impl Log {
     }
 }
 
-/// The plan to train on CPU processes on a host with `host_available` bytes of memory available
-/// (`None`: unknown), with what a bench of them measured: its warnings (there is no link to
-/// compare with, but wrong results count) and the time its collectives take per step.
+/// CPU processes for a run without GPUs: one per NUMA node with the job's CPUs (one when that is
+/// unknown), each dividing its node's cores among its threads. One process per core is slower:
+/// every process holds a replica and all-reduces the gradients while the cores it could have
+/// shared sit in another process (`make bench` on 2 cores: `cpu:1` 291.5 pairs/s, `cpu:2` 256.3),
+/// and torch's CPU guidance (`torch.backends.xeon.run_cpu`) likewise runs one instance per socket.
+pub fn cpu_processes(system: &crate::snapshot::System) -> u32 {
+    system.cpu_numa_nodes.unwrap_or(1).clamp(1, system.cpu_count.unwrap_or(1).max(1))
+}
+
+/// The plan to train on CPU processes ([`cpu_processes`]) on a host with `system`'s available
+/// memory (`None`: unknown), with what a bench of them measured: its warnings (there is no link
+/// to compare with, but wrong results count) and the time its collectives take per step.
 pub fn cpu_plan(
     req: &PlanRequest,
-    cpus: u32,
+    system: &crate::snapshot::System,
     reason: String,
-    host_available: Option<u64>,
     bench: Option<&crate::bench::BenchRecord>,
 ) -> Plan {
-    let mut p = Plan::on_cpu(req, cpus, reason, host_available);
+    let procs = cpu_processes(system);
+    let mut p = Plan::on_cpu(req, procs, reason, system.memory_available_bytes);
+    let nodes = match system.cpu_numa_nodes {
+        Some(n) => format!("{n} NUMA node(s) with this job's CPUs"),
+        None => "the NUMA nodes unknown".to_owned(),
+    };
+    let cores = system.cpu_count.map_or_else(|| "its cores".to_owned(), |c| format!("{c} cores"));
+    p.notes.insert(
+        0,
+        format!("{procs} process(es) on {cores}, one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"),
+    );
     if let Some(rec) = bench {
         p.warnings.extend(crate::bench::peak::warnings(rec, None));
         if let Some(model) = &req.model {
@@ -319,11 +337,9 @@ pub fn cpu_plan(
 /// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
 pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let topo = topology::analyze(snap);
-    let cpus = snap.system.cpu_count.unwrap_or(1);
     if snap.gpus.is_empty() {
         let reason = "no NVIDIA GPU found".to_string();
-        let host = snap.system.memory_available_bytes;
-        return Plan { topology: topo, ..cpu_plan(req, cpus, reason, host, snap.bench.as_ref()) };
+        return Plan { topology: topo, ..cpu_plan(req, &snap.system, reason, snap.bench.as_ref()) };
     }
     let mut log = Log::default();
     // 1-2. Health and one GPU model.
@@ -338,7 +354,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     log.warn_exclusions(fit.nothing_fits);
     if chosen.is_empty() {
         fit::busy_advice(snap, &est, &mut log);
-        return unplaced(req, cpus, topo, dtype, fit, log);
+        return unplaced(req, topo, dtype, fit, log);
     }
     // 6. Batch split, in the chosen setting over the chosen GPUs.
     let global = req.global_batch.max(1);
@@ -380,7 +396,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
 }
 
 /// The plan when no GPU could be chosen: why (the log), what would fit instead, and the CPU's run.
-fn unplaced(req: &PlanRequest, cpus: u32, topo: Topology, dtype: Dtype, fit: fit::Fit, mut log: Log) -> Plan {
+fn unplaced(req: &PlanRequest, topo: Topology, dtype: Dtype, fit: fit::Fit, mut log: Log) -> Plan {
     if !fit.nothing_fits {
         log.warnings.push("no usable GPU: every GPU was excluded".to_string());
     }
@@ -398,7 +414,7 @@ fn unplaced(req: &PlanRequest, cpus: u32, topo: Topology, dtype: Dtype, fit: fit
         grad_accum: 0,
         global_batch: req.global_batch,
         lr_scale: batch::lr_scale(req.global_batch, req.lr_base_batch),
-        ..Plan::cpu_fallback(req, cpus, String::new())
+        ..Plan::cpu_fallback(req, 1, String::new())
     }
 }
 
@@ -694,15 +710,24 @@ mod tests {
     fn empty_machine_falls_back_to_cpu() {
         let mut s = Snapshot::new(Source::NvidiaSmi);
         s.system.cpu_count = Some(12);
+        // NUMA nodes unknown: one process on all 12 cores.
         let p = plan(&s, &PlanRequest::default());
         assert_eq!(p.status, Status::NotReady);
-        // 64 over 12 processes rounds to 60 (5 each), and says so.
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:12 --per-device-train-batch-size 5 --gradient-accumulation-steps 1 --global-batch-size 60 --max-length 1024 --bf16 false --gradient-checkpointing false"
+            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:1 --per-device-train-batch-size 8 --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 false --gradient-checkpointing false"
         );
-        assert!(p.warnings[1].starts_with("global batch 64 cannot be split exactly over 12"), "{:?}", p.warnings);
+        assert!(p.notes[0].starts_with("1 process(es) on 12 cores, one per NUMA node (the NUMA nodes unknown)"));
+        // Three nodes: a process each; 64 over 3 processes rounds, and says so.
+        s.system.cpu_numa_nodes = Some(3);
+        let p = plan(&s, &PlanRequest::default());
+        assert!(p.command.contains(" --devices cpu:3 "), "{}", p.command);
+        assert!(p.warnings[1].starts_with("global batch 64 cannot be split exactly over 3"), "{:?}", p.warnings);
+        assert!(p.notes[0].starts_with("3 process(es) on 12 cores, one per NUMA node (3 NUMA node(s) with"));
         assert_eq!(p.status.exit_code(), 2);
+        // Never more processes than cores.
+        (s.system.cpu_count, s.system.cpu_numa_nodes) = (Some(2), Some(4));
+        assert!(plan(&s, &PlanRequest::default()).command.contains(" --devices cpu:2 "));
     }
 
     /// The CPU command carries what the plan reports, as the GPU command does.
@@ -739,6 +764,7 @@ mod tests {
         // A snapshot with no GPU carries the host's figure to the same check.
         let mut snap = Snapshot::new(Source::Live);
         (snap.system.cpu_count, snap.system.memory_available_bytes) = (Some(4), Some(16 * GIB));
+        snap.system.cpu_numa_nodes = Some(4);
         let p = plan(&snap, &req(70_000_000_000));
         assert!(p.warnings.iter().any(|x| x == w), "{:?}", p.warnings);
         // 135M on 2 processes with 256 GiB: the micro-batch is the largest that fits, past the cap of 8.

@@ -39,6 +39,31 @@ pub fn cpu_count() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
+/// NUMA nodes with CPUs this process may run on (sysfs `node*/cpulist` against the affinity of
+/// `/proc/self/status`); `None` where either is missing (not Linux, no NUMA in the kernel).
+pub fn cpu_numa_nodes() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let allowed = crate::cpulist::parse(status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?)?;
+    let nodes = std::fs::read_dir("/sys/devices/system/node").ok()?;
+    let lists: Vec<String> = nodes
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| n.strip_prefix("node").is_some_and(|i| i.parse::<u32>().is_ok()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cpulist")).ok())
+        .collect();
+    numa_nodes_used(&lists, &allowed)
+}
+
+/// How many of the nodes' CPU lists hold a CPU of `allowed`; `None` when none does (lists unread).
+pub fn numa_nodes_used(node_cpulists: &[String], allowed: &[u32]) -> Option<u32> {
+    let used = node_cpulists
+        .iter()
+        .filter(|list| crate::cpulist::parse(list).is_some_and(|cpus| cpus.iter().any(|c| allowed.contains(c))))
+        .count();
+    u32::try_from(used).ok().filter(|&n| n > 0)
+}
+
 /// The host memory available to a new process of this job: `MemAvailable` of `/proc/meminfo`, or
 /// less where the job's cgroup (v2: a container, a SLURM or systemd job) caps it. `None` where
 /// there is no `/proc/meminfo` (not Linux) or it lacks the line.
@@ -86,6 +111,7 @@ pub fn probe_live() -> Result<Snapshot, ProbeError> {
     let nvml = nvml::init()?;
     let mut snap = nvml::probe(&nvml, Path::new(sysfs::PCI_DEVICES))?;
     snap.system.cpu_count = Some(cpu_count());
+    snap.system.cpu_numa_nodes = cpu_numa_nodes();
     snap.system.memory_available_bytes = host_memory_available();
     snap.system.env =
         relevant_env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))));
@@ -119,6 +145,18 @@ mod tests {
         // This machine's, where there is one.
         if std::path::Path::new("/proc/meminfo").exists() {
             assert!(host_memory_available().is_some_and(|b| b > 0));
+        }
+    }
+
+    #[test]
+    fn numa_nodes_of_the_allowed_cpus() {
+        let nodes = ["0-15,32-47\n".to_owned(), "16-31,48-63\n".to_owned(), "\n".to_owned()];
+        assert_eq!(numa_nodes_used(&nodes, &(0..64).collect::<Vec<_>>()), Some(2));
+        // A job pinned to one socket (taskset, a SLURM allocation), and a memory-only node's empty list.
+        assert_eq!(numa_nodes_used(&nodes, &[16, 17, 48]), Some(1));
+        assert_eq!(numa_nodes_used(&nodes, &[99]), None);
+        if std::path::Path::new("/sys/devices/system/node/node0/cpulist").exists() {
+            assert!(cpu_numa_nodes().is_some_and(|n| n >= 1));
         }
     }
 
