@@ -42,6 +42,12 @@ impl Packing {
         }
     }
 
+    /// The layout as `truncation` allows it: keep_end cuts a pair's two prompts at different
+    /// tokens, so there is no one prompt to share and [`Packing::SharedPrompt`] packs plainly.
+    pub fn under(self, truncation: Truncation) -> Self {
+        if self == Self::SharedPrompt && truncation.keep_end { Self::Packed } else { self }
+    }
+
     /// How the layout reads in a log line.
     pub fn describe(self) -> &'static str {
         match self {
@@ -117,11 +123,9 @@ pub fn collate(pairs: &[TokenizedPair], pad_id: u32, truncation: impl Into<Trunc
     let chosen = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, t));
     let rejected = pairs.iter().map(|p| cut(&p.prompt_ids, &p.rejected_ids, t));
     let seqs: Vec<Seq> = chosen.chain(rejected).collect();
-    match packing {
+    match packing.under(t) {
         Packing::Padded => padded(&seqs, pairs.len(), pad_id),
         Packing::Packed => packed(&seqs, pairs.len()),
-        // keep_end cuts a pair's two prompts at different tokens: there is no one prompt to share.
-        Packing::SharedPrompt if t.keep_end => packed(&seqs, pairs.len()),
         Packing::SharedPrompt => shared_prompt(&seqs, pairs.len()),
     }
 }
@@ -308,6 +312,9 @@ mod tests {
         assert_eq!(b.input_ids, vec![3, 4, 5, 6, 8, 9, 99, 99, 1, 2, 3, 7, 11, 12, 13, 14]);
         assert_eq!(b.completion_lengths, vec![3, 1, 1, 4]);
         assert_eq!(collate(&pairs, 0, keep_end, Packing::SharedPrompt), collate(&pairs, 0, keep_end, Packing::Packed));
+        // The training log names the layout collate uses.
+        assert_eq!(Packing::SharedPrompt.under(keep_end), Packing::Packed);
+        assert_eq!(Packing::SharedPrompt.under(Truncation::from(Some(4))), Packing::SharedPrompt);
     }
 
     /// Packed, each sequence is a span of its own with positions from 0; the predictions are the

@@ -65,7 +65,9 @@ pub struct Truncation {
 impl Truncation {
     /// A run's: its `max_length` and `truncation_mode`.
     pub fn of(cfg: &TrainConfig) -> Self {
-        Self { max_length: Some(cfg.max_length), keep_end: cfg.truncation_mode == "keep_end" }
+        // A validated config holds one of the two modes.
+        let keep_end = crate::config::truncation_keeps_end(&cfg.truncation_mode) == Ok(true);
+        Self { max_length: Some(cfg.max_length), keep_end }
     }
 }
 

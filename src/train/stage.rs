@@ -293,9 +293,8 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         sharding,
         layout,
         device: run.rt.device.clone(),
-        // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two;
-        // keep_end cuts a pair's two prompts differently.
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout && !Truncation::of(cfg).keep_end),
+        // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two.
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout).under(Truncation::of(cfg)),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }
@@ -361,7 +360,7 @@ fn references(
         pad_id: run.data.tokenizer.pad_id(),
         truncation: Truncation::of(cfg),
         ld_alpha: cfg.loss.ld_alpha,
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !Truncation::of(cfg).keep_end),
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing).under(Truncation::of(cfg)),
     };
     Ok(Some(References::prepare(run, reference, collation, progress)?))
 }
