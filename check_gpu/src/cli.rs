@@ -322,12 +322,8 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 /// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
 fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
     let reason = one_line(err);
-    let system = crate::snapshot::System {
-        cpu_count: Some(probe::cpu_count()),
-        cpu_numa_nodes: probe::cpu_numa_nodes(),
-        memory_available_bytes: probe::host_memory_available(),
-        ..Default::default()
-    };
+    let mut system = crate::snapshot::System::default();
+    probe::host_facts(&mut system);
     let snap = if args.bench {
         let devices = args.devices.clone().ok_or(BenchError::NoGpuHere)?;
         let rec = measure(args, devices)?;

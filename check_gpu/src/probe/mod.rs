@@ -106,13 +106,18 @@ pub fn mem_available(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// The host's own facts a plan on CPUs needs, with or without NVML: cores, NUMA nodes, memory.
+pub fn host_facts(system: &mut crate::snapshot::System) {
+    system.cpu_count = Some(cpu_count());
+    system.cpu_numa_nodes = cpu_numa_nodes();
+    system.memory_available_bytes = host_memory_available();
+}
+
 /// Probes this machine. Fails only when NVML cannot be loaded or cannot count devices.
 pub fn probe_live() -> Result<Snapshot, ProbeError> {
     let nvml = nvml::init()?;
     let mut snap = nvml::probe(&nvml, Path::new(sysfs::PCI_DEVICES))?;
-    snap.system.cpu_count = Some(cpu_count());
-    snap.system.cpu_numa_nodes = cpu_numa_nodes();
-    snap.system.memory_available_bytes = host_memory_available();
+    host_facts(&mut snap.system);
     snap.system.env =
         relevant_env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))));
     snap.system.nccl = Some(nccl::probe());
