@@ -322,11 +322,16 @@ pub(super) fn host_check(e: Option<&MemoryEstimate>, micro: u64, procs: usize, h
     let all = each.saturating_mul(procs as u64);
     let need = format!("{procs} process(es) x {} at micro-batch {micro} = {}", bytes(each), bytes(all));
     match host {
-        Some(free) if all > free => log.warnings.push(format!(
-            "does not fit in host memory: {need}, and {} is available (MemAvailable, or the cgroup's limit); fewer processes (--devices cpu:N), LoRA or activation checkpointing need less",
-            bytes(free)
-        )),
-        Some(free) => log.notes.push(format!("host memory: {need} of {} available (MemAvailable, or the cgroup's limit)", bytes(free))),
+        Some(free) if all > free => {
+            let fewer = if procs > 1 { "fewer processes (--devices cpu:N), " } else { "" };
+            log.warnings.push(format!(
+                "does not fit in host memory: {need}, and {} is available (MemAvailable, or the cgroup's limit); {fewer}LoRA or activation checkpointing need less",
+                bytes(free)
+            ))
+        }
+        Some(free) => log
+            .notes
+            .push(format!("host memory: {need} of {} available (MemAvailable, or the cgroup's limit)", bytes(free))),
         None => log.notes.push(format!("host memory unknown (not in this input): {need}, not checked")),
     }
 }

@@ -761,6 +761,14 @@ mod tests {
         let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
         // fp32 full fine-tuning: 16 B/param + a 4 B/param reference, 1304 GiB, and the activations.
         assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1558.4 GiB at micro-batch 1 = 6233.7 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
+        assert!(w.ends_with("; fewer processes (--devices cpu:N), LoRA or activation checkpointing need less"), "{w}");
+        // One process cannot be fewer.
+        let one = Plan::on_cpu(&req(70_000_000_000), 1, "no GPU".into(), Some(16 * GIB));
+        let w1 = one.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
+        assert!(
+            w1.ends_with("(MemAvailable, or the cgroup's limit); LoRA or activation checkpointing need less"),
+            "{w1}"
+        );
         // A snapshot with no GPU carries the host's figure to the same check.
         let mut snap = Snapshot::new(Source::Live);
         (snap.system.cpu_count, snap.system.memory_available_bytes) = (Some(4), Some(16 * GIB));
