@@ -19,7 +19,10 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-.PHONY: demo test lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
+CPU_PATH_TESTS := --lib --test ddp --test train --test padding_free --test trl_parity --test model_parity \
+	--test lora --test export --test generate --test eval_cli --test hub_data
+
+.PHONY: demo test test-cpu-paths lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -35,13 +38,20 @@ example: build
 # A fresh demo against results/example/ and the README (number for number on the machine kind
 # that made it; the learning thresholds anywhere). `make test` runs the same test.
 check-example: build
-	$(CARGO) test --release --test demo
+	DPO_TRAIN_CHECK_EXAMPLE=1 $(CARGO) test --release --test demo
 
 test: build ref-venv
 	$(CARGO) test --release --workspace --no-fail-fast
 	# The NCCL path cannot run here; it must still compile and link.
 	$(CARGO) build --release --features nccl
 	$(CARGO) build --release --benches
+
+# The numerical suites (equivalence, parity, ZeRO, bf16) under each of torch's CPU kernel paths
+# this CPU offers (ATEN_CPU_CAPABILITY default / avx2 / avx512, with oneDNN and MKL capped to
+# match): their bounds (tests/common/bounds.rs) must hold on whatever CPU CI draws. A path the
+# CPU lacks is reported as not run.
+test-cpu-paths: build ref-venv
+	CARGO="$(CARGO)" tools/cpu_paths.sh $(CPU_PATH_TESTS)
 
 # clippy (warnings are errors), rustfmt, and the one-way layers of ARCHITECTURE.md.
 lint: build

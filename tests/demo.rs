@@ -3,9 +3,10 @@
 //! the README's numbers (those of `results/example/`, made by `make example`).
 //!
 //! Float results differ between CPU instruction sets (AVX2, AVX-512 and AMX take other kernels,
-//! and a 1600-step run amplifies the last bit), so a fresh run is compared number for number with
-//! `results/example/` when it runs on the kind of machine that made it (`summary.txt` names it),
-//! and against the learning thresholds everywhere.
+//! and a 1600-step run amplifies the last bit), so `make test` checks the learning thresholds,
+//! which hold on every CPU; `make check-example` (`DPO_TRAIN_CHECK_EXAMPLE=1`) also compares the
+//! fresh run number for number with `results/example/`, on the kind of machine that made it
+//! (`summary.txt` names it).
 
 mod common;
 
@@ -18,6 +19,9 @@ use dpo_train::config::TrainConfig;
 use dpo_train::train::log::{Split, read_metrics};
 
 use common::{Quiet, run_alone};
+
+/// Set by `make check-example`: compare the fresh demo with `results/example/` number for number.
+const CHECK_EXAMPLE: &str = "DPO_TRAIN_CHECK_EXAMPLE";
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -65,20 +69,16 @@ fn the_demo_as_make_demo_runs_it() {
         assert_eq!(written.len(), cfg.num_samples, "{samples}");
         assert_eq!(written, generated[..written.len()], "{samples} differs from `generate` on final/");
     }
+    if std::env::var_os(CHECK_EXAMPLE).is_none() {
+        return;
+    }
     let example = root().join("results/example");
     let recorded = machine_of(&example.join("summary.txt"));
     let here = dpo_train::run::machine();
-    if recorded == here {
-        assert_eq!(
-            DemoNumbers::of_run(&run),
-            DemoNumbers::of_run(&example),
-            "results/example is stale: `make example`"
-        );
-        let columns = |dir: &Path| metric_columns(&dir.join("metrics.csv"));
-        assert_eq!(columns(&run), columns(&example), "results/example/metrics.csv is stale: `make example`");
-    } else {
-        eprintln!("results/example was made on `{recorded}`, this is `{here}`: its numbers are not compared here");
-    }
+    assert_eq!(recorded, here, "results/example was made on another kind of machine: its numbers cannot be compared here");
+    assert_eq!(DemoNumbers::of_run(&run), DemoNumbers::of_run(&example), "results/example is stale: `make example`");
+    let columns = |dir: &Path| metric_columns(&dir.join("metrics.csv"));
+    assert_eq!(columns(&run), columns(&example), "results/example/metrics.csv is stale: `make example`");
 }
 
 /// The same claims in bf16 mixed precision, on a shortened schedule (1200 SFT + 200 DPO steps).

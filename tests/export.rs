@@ -34,7 +34,8 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     let ours = model.forward(input).into_data().convert::<f32>().as_slice::<f32>().unwrap().to_vec();
     let theirs = reference_logits(&final_dir, &ids);
     let worst = max_rel_diff(&ours, &theirs);
-    assert!(worst < 1e-4, "worst relative logit difference {worst}");
+    let bound = common::bounds::llama_logits(&fixtures.join("models/qwen2"), 8) as f32;
+    assert!(worst <= bound, "worst relative logit difference {worst} (bound {bound:e})");
     // Training moved the weights: the comparison is not of the untouched fixture.
     let (_, start) = dpo_train::model::load(&fixtures.join("models/qwen2"), &device).unwrap();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids.concat(), [2, 8]), &device);

@@ -50,8 +50,10 @@ fn cached_logits_equal_full_forward_logits() {
             let full = model.forward(ids(&tokens[..t], &device)); // [1, t, V]
             let [_, _, v] = full.dims();
             let last = values(full.narrow(1, t - 1, 1).reshape([1, v]));
-            let worst = last.iter().zip(&cached).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{name} ({kind}) position {t}: {worst}");
+            // The same forward with attention over cached keys: twice the chain's relative error.
+            let worst = last.iter().zip(&cached).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0f32, f32::max);
+            let bound = common::bounds::llama_logits(&model_dir(name), tokens.len()) as f32;
+            assert!(worst <= bound, "{name} ({kind}) position {t}: {worst} (bound {bound:e})");
             cached = values(model.forward_cached(ids(&tokens[t..t + 1], &device), &mut cache));
         }
         assert_eq!(cache.len(), tokens.len());

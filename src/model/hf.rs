@@ -30,7 +30,10 @@ pub(super) fn load_linear(
 ) -> Result<Linear, ModelError> {
     let name = format!("{prefix}.weight");
     debug_assert!(stored_transposed(&name, 2));
-    let weight = w.tensor(&name, [d_out, d_in], device)?.transpose(); // [in, out]
+    // [in, out], stored so: the reshape through [in·out] copies the transposed view. Every other
+    // copy of the weight (after an optimizer step, gathered under ZeRO-3) is laid out so too, and
+    // a product's rounding may depend on its operand's layout.
+    let weight = w.tensor(&name, [d_out, d_in], device)?.transpose().reshape([d_in * d_out]).reshape([d_in, d_out]);
     let bias =
         if bias { Some(Param::from_tensor(w.tensor(&format!("{prefix}.bias"), [d_out], device)?)) } else { None };
     Ok(Linear { weight: Param::from_tensor(weight), bias, lora: None })

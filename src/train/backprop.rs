@@ -47,8 +47,13 @@ pub fn forward_backward(
     let at = batch.placement(policy);
     if checkpointing.is_none() && !model.segmented() {
         let hidden = policy.hidden_states(batch.input_ids.clone(), &at); // [R, L, hidden]
-        let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, grads, loss_of);
-        grads.add(policy, &(hidden * dh).sum().backward());
+        // This micro-batch's gradients are summed apart first (the tied embedding's head and input
+        // parts), then added: the order data parallelism sums them in, so one process and two
+        // ranks on the same micro-batches compute the same bits.
+        let mut fresh = GradAccumulator::default();
+        let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, &mut fresh, loss_of);
+        fresh.add(policy, &(hidden * dh).sum().backward());
+        grads.merge(fresh);
         return Ok((scores, loss));
     }
     let dropout_seed = checkpointing.and_then(|c| c.dropout_seed);

@@ -10,6 +10,8 @@ use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, RunSummary, run};
 use dpo_train::train::Progress;
 
+pub mod bounds;
+
 /// `tests/fixtures/` of this checkout.
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -97,11 +99,4 @@ pub fn reference_logits(dir: &Path, ids: &[Vec<i64>]) -> Vec<f32> {
 pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1.0)).fold(0.0, f32::max)
-}
-
-/// Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX), where torch's oneDNN
-/// kernels run; elsewhere its reference gemm does, summing in other orders.
-pub fn bf16_units() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .is_ok_and(|info| info.split_whitespace().any(|flag| flag == "avx512_bf16" || flag == "amx_bf16"))
 }

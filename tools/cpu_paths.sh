@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# make test-cpu-paths: the numerical test suites under each of torch's CPU kernel paths this CPU
+# offers, so that their bounds (tests/common/bounds.rs) are seen to hold on every CPU CI may draw.
+# A path is torch's own dispatch (ATEN_CPU_CAPABILITY) with oneDNN and MKL capped at the same
+# instruction set: below AVX-512 torch then multiplies bf16 in its reference gemm, as on a CPU
+# without bf16 units. Arguments: cargo test's target selection (--lib, --test NAME, ...).
+set -uo pipefail
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { [[ " $flags " == *" $1 "* ]]; }
+paths=(default)
+has avx2 && paths+=(avx2)
+has avx512f && paths+=(avx512)
+declare -A env_of=(
+  [default]="ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2"
+  [avx2]="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
+  [avx512]="ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=ALL MKL_ENABLE_INSTRUCTIONS=AVX512"
+)
+declare -A result
+status=0
+for path in "${paths[@]}"; do
+  echo "== ${path}: ${env_of[$path]}"
+  start=$SECONDS
+  if env ${env_of[$path]} ${CARGO:-cargo} test --release --no-fail-fast "$@"; then
+    result[$path]="passed ($((SECONDS - start)) s)"
+  else
+    result[$path]="FAILED ($((SECONDS - start)) s)"
+    status=1
+  fi
+done
+echo "== CPU paths"
+for path in default avx2 avx512; do
+  echo "$path: ${result[$path]:-not run: this CPU has no ${path/avx512/avx512f}}"
+done
+exit $status
