@@ -6,16 +6,16 @@
 //! (log-probs, losses, metrics) → [`train`] → [`report`] → [`demo`], [`eval`] → [`run`] → [`cli`].
 
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod data;
+pub use dpo_base::clock;
+pub use dpo_config as config;
+pub use dpo_data as data;
 pub mod demo;
-pub mod dist;
+pub use dpo_dist as dist;
 pub mod dpo;
 pub mod eval;
-pub mod fsutil;
+pub use dpo_base::fsutil;
 pub mod malloc;
-pub mod model;
+pub use dpo_model as model;
 pub mod report;
 pub mod run;
 pub mod tboard;

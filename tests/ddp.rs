@@ -278,7 +278,9 @@ fn an_offloaded_optimizer_trains_the_parameters_of_one_process() {
     resume_with(&dir.path().join("offload"), 1, 4, offload);
     train_with(&config, "zero3-offload", 2, 3, &["--offload-optimizer", "--sharding", "zero3"]);
     resume_with(&dir.path().join("zero3-offload"), 2, 4, &[]);
-    for (run, one, expect) in [("offload", "one-6", Expect::Bits), ("zero3-offload", "one-3", Expect::Reordered { world: 2 })] {
+    for (run, one, expect) in
+        [("offload", "one-6", Expect::Bits), ("zero3-offload", "one-3", Expect::Reordered { world: 2 })]
+    {
         assert_params(run, &weights(&dir.path().join(one)), &weights(&dir.path().join(run)), 4, expect);
     }
 }
@@ -464,7 +466,10 @@ fn bf16_gradient_compression_trains_the_same_parameters_to_bf16_round_off() {
     let (diff, bound) = (bounds::l2_diff(&one, &bf16), adam.norm(rounding * 2.0 * MAX_GRAD_NORM));
     eprintln!("step-1 norm {rounded} vs {exact}; parameters {diff:e} apart in L2 (bound {bound:e})");
     assert!(diff <= bound, "the parameters are {diff:e} apart in L2 (bound {bound:e})");
-    assert!(f64::from(max_diff(&one, &bf16)) <= adam.any_gradients(WEIGHT_DECAY), "an entry moved further than Adam can");
+    assert!(
+        f64::from(max_diff(&one, &bf16)) <= adam.any_gradients(WEIGHT_DECAY),
+        "an entry moved further than Adam can"
+    );
 }
 
 /// The launcher tokenises the data into the cache before it starts the workers, so no worker

@@ -75,7 +75,10 @@ fn the_demo_as_make_demo_runs_it() {
     let example = root().join("results/example");
     let recorded = machine_of(&example.join("summary.txt"));
     let here = dpo_train::run::machine();
-    assert_eq!(recorded, here, "results/example was made on another kind of machine: its numbers cannot be compared here");
+    assert_eq!(
+        recorded, here,
+        "results/example was made on another kind of machine: its numbers cannot be compared here"
+    );
     assert_eq!(DemoNumbers::of_run(&run), DemoNumbers::of_run(&example), "results/example is stale: `make example`");
     let columns = |dir: &Path| metric_columns(&dir.join("metrics.csv"));
     assert_eq!(columns(&run), columns(&example), "results/example/metrics.csv is stale: `make example`");

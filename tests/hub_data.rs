@@ -127,7 +127,8 @@ fn hub_datasets_evaluate_to_trls_metrics() {
         let report = evaluate(&opts).unwrap_or_else(|e| panic!("{}: {e:#}", case.dataset));
         // Ours and TRL's f32 forwards over sequences of at most max_length (1024) positions.
         let model = fixtures().join("models/llama");
-        let forward = common::bounds::llama_logits(&model, 1024) + common::bounds::reordered(1024, common::bounds::U_F32);
+        let forward =
+            common::bounds::llama_logits(&model, 1024) + common::bounds::reordered(1024, common::bounds::U_F32);
         let trl = |n: &str| case.metrics.get(n).copied();
         for (name, got) in report.metrics.named() {
             let want = case.metrics[name];

@@ -306,7 +306,9 @@ fn mixed_precision_logits_are_close_to_f32() {
     let (_, model) = model::load(&fixtures().join("models/llama"), &device).unwrap();
     let exact = logits(&model, &device);
     let half_bound = |u: f64| bounds::half_logits(&fixtures().join("models/llama"), IDS[0].len(), u) as f32;
-    for (dtype, tolerance) in [(FloatDType::BF16, half_bound(bounds::U_BF16)), (FloatDType::F16, half_bound(1.0 / 2048.0))] {
+    for (dtype, tolerance) in
+        [(FloatDType::BF16, half_bound(bounds::U_BF16)), (FloatDType::F16, half_bound(1.0 / 2048.0))]
+    {
         let half = logits(&model.clone().with_compute_dtype(dtype), &device);
         let worst = max_rel_diff(&half, &exact);
         assert!(worst > 0.0 && worst < tolerance, "{dtype:?}: worst relative difference {worst}");

@@ -58,7 +58,11 @@ fn check_on(name: &str, device: &Device) {
     }
     // Two f32 forwards of this model over s positions: at most twice the chain's error.
     let bound = common::bounds::llama_logits(&dir, s);
-    assert!(f64::from(worst) <= bound, "{name} (autodiff: {}): worst relative logit error {worst:e} (bound {bound:e})", device.is_autodiff());
+    assert!(
+        f64::from(worst) <= bound,
+        "{name} (autodiff: {}): worst relative logit error {worst:e} (bound {bound:e})",
+        device.is_autodiff()
+    );
 }
 
 #[test]

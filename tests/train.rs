@@ -158,7 +158,8 @@ fn accumulation_equals_one_large_batch() {
     two.gradient_accumulation_steps = 2;
     let a = train(one, None, None);
     let b = train(two, None, None);
-    let (x, y) = (tensors(&a.run_dir.join("final/model.safetensors")), tensors(&b.run_dir.join("final/model.safetensors")));
+    let (x, y) =
+        (tensors(&a.run_dir.join("final/model.safetensors")), tensors(&b.run_dir.join("final/model.safetensors")));
     // Other batch shapes, the same arithmetic: the step's gradients are at most
     // `bounds::dpo_gradient` times the clipped norm apart in L2, and Adam's step follows.
     let bound = gradient_bound(&a.run_dir, &x, 8, 1);
@@ -247,7 +248,8 @@ fn precomputed_reference_equals_the_live_reference_and_is_cached() {
     pre.precompute_ref_log_probs = true;
     let a = train(live, None, None);
     let b = train(pre.clone(), None, None);
-    let (x, y) = (tensors(&a.run_dir.join("final/model.safetensors")), tensors(&b.run_dir.join("final/model.safetensors")));
+    let (x, y) =
+        (tensors(&a.run_dir.join("final/model.safetensors")), tensors(&b.run_dir.join("final/model.safetensors")));
     // The reference's log-probs are scored in other batches: `bounds::dpo_gradient` covers them.
     let bound = gradient_bound(&a.run_dir, &x, 4, 4);
     let diff = bounds::l2_diff(&x, &y);

@@ -11,9 +11,9 @@ use burn::module::Module;
 use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 
 use crate::dist::DistError;
-use crate::dist::bridge;
-use crate::dist::fused::{AdamWEntry, AdamWStep, foreach_mul, foreach_norms, fused_adamw};
 use crate::model::params;
+use dpo_torch::bridge;
+use dpo_torch::kernels::{AdamWEntry, AdamWStep, foreach_mul, foreach_norms, fused_adamw};
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -47,7 +47,7 @@ impl PolicySpec {
             lora,
             start_adapter: model::lora::is_adapter_dir(model_dir).then(|| model_dir.to_owned()),
             base_dir,
-            compute_dtype: cfg.compute_dtype(),
+            compute_dtype: crate::model::compute_dtype(cfg.precision()),
         })
     }
 

@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use burn::module::Module;
-use burn::tensor::FloatDType;
 
 use super::checkpoint::{self, ModelFiles, TrainerState};
 use super::context::{DrawPlots, Objective, Progress, Run, Stage, StageOutcome};
@@ -26,10 +25,10 @@ use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
 use crate::data::{Packing, Truncation};
-use crate::dist::profiler::ProfileWindow;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
+use dpo_torch::profiler::ProfileWindow;
 
 /// Runs one stage to its end, a Ctrl-C, or an error.
 pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<StageOutcome> {
@@ -129,9 +128,9 @@ struct Marks {
 impl Marks {
     fn start(run: &Run) -> anyhow::Result<Self> {
         let tracks_peak = crate::malloc::reset_peak_resident();
-        let cuda = crate::dist::cuda_memory::cuda_index(&run.rt.device);
+        let cuda = dpo_torch::allocator::cuda_index(&run.rt.device);
         if let Some(index) = cuda {
-            crate::dist::cuda_memory::reset_peak_allocated(index)?;
+            dpo_torch::allocator::reset_peak_allocated(index)?;
         }
         let profile = match run.rt.workers.rank() {
             0 => ProfileWindow::from_env(cuda.is_some()).map_err(anyhow::Error::msg)?,
@@ -152,7 +151,7 @@ impl Marks {
     fn profiled(
         &mut self,
         progress: &mut dyn Progress,
-        f: impl FnOnce(&mut ProfileWindow) -> Result<Option<PathBuf>, crate::dist::DistError>,
+        f: impl FnOnce(&mut ProfileWindow) -> Result<Option<PathBuf>, dpo_torch::TorchError>,
     ) {
         let Some(p) = self.profile.as_mut() else { return };
         match f(p) {
@@ -176,7 +175,7 @@ fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Pr
     let resident = crate::malloc::peak_resident().unwrap_or(0);
     let mut lines = vec![("peak resident memory while training", resident)];
     if let Some(index) = cuda {
-        lines.push(("peak CUDA memory allocated while training", crate::dist::cuda_memory::peak_allocated(index)?));
+        lines.push(("peak CUDA memory allocated while training", dpo_torch::allocator::peak_allocated(index)?));
     }
     let workers = run.rt.workers;
     for (what, bytes) in lines {
@@ -423,7 +422,7 @@ fn start(
                 epoch: 0.0,
                 elapsed_seconds: 0.0,
                 num_tokens: 0.0,
-                loss_scaler: (cfg.compute_dtype() == FloatDType::F16).then(LossScaler::default),
+                loss_scaler: (cfg.precision() == crate::config::Precision::Fp16).then(LossScaler::default),
                 global_batch: None,
             },
         ),

@@ -1,0 +1,198 @@
+//! The effective config as three layers: TRL's defaults ([`TrainConfig::default`]), then one TOML
+//! file (the user's `--config`, a resumed run's saved `config.toml`, or the embedded demo), then
+//! `--key value` flags. Each value remembers its layer, so a run can print where every value came
+//! from, and an invalid value is reported where the user set it: the file and line, or the flag.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::{ConfigError, KEYS, TrainConfig};
+
+/// Where a value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Nobody set it: TRL's `DPOConfig` default (or ours, for keys TRL does not have).
+    Default,
+    /// The config file.
+    File,
+    /// A `--key value` flag.
+    Flag,
+}
+
+impl Origin {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::File => "file",
+            Self::Flag => "flag",
+        }
+    }
+}
+
+/// A config file's text and the name errors give it.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    /// The path as the user gave it (or a label for the embedded demo).
+    pub name: String,
+    pub text: String,
+}
+
+impl ConfigFile {
+    /// Reads a TOML config file.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
+        Ok(Self { name: path.display().to_string(), text })
+    }
+
+    /// Keys the file sets (a flat table: every key is top-level).
+    fn keys(&self) -> BTreeSet<String> {
+        self.text.parse::<toml::Table>().map(|t| t.keys().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The 1-based line that sets `key`, when one does.
+    fn line_of(&self, key: &str) -> Option<usize> {
+        super::line_of(&self.text, key)
+    }
+}
+
+/// A value as TOML, floats in the shortest form that reads back (`1e-6`, not `0.000001`).
+fn show(value: &toml::Value) -> String {
+    match value {
+        toml::Value::Float(v) if v.is_finite() && *v != 0.0 && !(1e-4..1e15).contains(&v.abs()) => format!("{v:e}"),
+        toml::Value::Array(items) => format!("[{}]", items.iter().map(show).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}
+
+/// The effective config, and where each of its values came from.
+#[derive(Debug, Clone)]
+pub struct Layered {
+    pub cfg: TrainConfig,
+    file: Option<ConfigFile>,
+    file_keys: BTreeSet<String>,
+    flag_keys: BTreeSet<String>,
+}
+
+impl Layered {
+    /// TRL's defaults, then `file`, then `overrides` (`(key, text)` in snake_case).
+    pub fn new(file: Option<ConfigFile>, overrides: &[(String, String)]) -> Result<Self, ConfigError> {
+        let (base, file_keys) = match &file {
+            Some(f) => (TrainConfig::from_toml_str(&f.text, &f.name)?, f.keys()),
+            None => (TrainConfig::default(), BTreeSet::new()),
+        };
+        let cfg = base.with_overrides(overrides)?;
+        let flag_keys = overrides.iter().map(|(k, _)| k.clone()).collect();
+        Ok(Self { cfg, file, file_keys, flag_keys })
+    }
+
+    /// Where `key`'s value came from (a flag wins over the file).
+    pub fn origin(&self, key: &str) -> Origin {
+        if self.flag_keys.contains(key) {
+            Origin::Flag
+        } else if self.file_keys.contains(key) {
+            Origin::File
+        } else {
+            Origin::Default
+        }
+    }
+
+    /// The config file's name, if any.
+    pub fn file_name(&self) -> Option<&str> {
+        self.file.as_ref().map(|f| f.name.as_str())
+    }
+
+    /// [`TrainConfig::validate`], with an invalid value located where it was set.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.cfg.validate().map_err(|e| self.locate(e))
+    }
+
+    /// Adds the file and line, or the flag, to an error about one key.
+    pub fn locate(&self, err: ConfigError) -> ConfigError {
+        let ConfigError::Invalid { key, message } = err else { return err };
+        let place = match (self.origin(key), &self.file) {
+            (Origin::Flag, _) => format!("`--{}`", key.replace('_', "-")),
+            (Origin::File, Some(file)) => match file.line_of(key) {
+                Some(line) => format!("`{}`, line {line}: `{key}`", file.name),
+                None => format!("`{}`: `{key}`", file.name),
+            },
+            _ => return ConfigError::Invalid { key, message },
+        };
+        ConfigError::At { place, key, message }
+    }
+
+    /// The effective config, one key per line, each marked with its origin:
+    /// `beta = 0.1  # default`; then the optional keys nobody set, on one line.
+    pub fn describe(&self) -> String {
+        let Ok(toml::Value::Table(mut table)) = toml::Value::try_from(&self.cfg) else { return self.cfg.to_toml() };
+        // bf16 left unset means TRL's `bf16 = not fp16`: show what it resolves to.
+        table.entry("bf16").or_insert(toml::Value::Boolean(self.cfg.bf16()));
+        let lines: Vec<(String, Origin)> = KEYS
+            .iter()
+            .filter_map(|k| table.get(k.name).map(|v| (format!("{} = {}", k.name, show(v)), self.origin(k.name))))
+            .collect();
+        let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(0).min(60);
+        let mut text: String =
+            lines.iter().map(|(line, origin)| format!("{line:<width$}  # {}\n", origin.label())).collect();
+        let unset: Vec<&str> = KEYS.iter().map(|k| k.name).filter(|name| !table.contains_key(*name)).collect();
+        if !unset.is_empty() {
+            text.push_str(&format!("# unset: {}\n", unset.join(", ")));
+        }
+        text
+    }
+
+    /// One line saying what the origins mean: `from `x.toml`, flags and TRL's defaults`.
+    pub fn sources(&self) -> String {
+        match self.file_name() {
+            Some(name) => format!("file `{name}`, flags, and TRL's DPOConfig defaults for the rest"),
+            None => "flags, and TRL's DPOConfig defaults for the rest".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> Option<ConfigFile> {
+        Some(ConfigFile { name: "c.toml".into(), text: text.into() })
+    }
+
+    #[test]
+    fn each_value_knows_its_layer() {
+        let l = Layered::new(file("beta = 0.2\nmax_length = 512\n"), &[("max_length".into(), "256".into())]).unwrap();
+        assert_eq!((l.cfg.loss.beta, l.cfg.max_length, l.cfg.learning_rate), (0.2, 256, 1e-6));
+        assert_eq!(l.origin("beta"), Origin::File);
+        assert_eq!(l.origin("max_length"), Origin::Flag);
+        assert_eq!(l.origin("learning_rate"), Origin::Default);
+        let text = l.describe();
+        assert!(text.lines().any(|x| x.starts_with("beta = 0.2") && x.ends_with("# file")), "{text}");
+        assert!(text.lines().any(|x| x.starts_with("max_length = 256") && x.ends_with("# flag")), "{text}");
+        assert!(text.lines().any(|x| x.starts_with("learning_rate = 1e-6") && x.ends_with("# default")), "{text}");
+    }
+
+    #[test]
+    fn invalid_values_are_located_in_the_file_or_the_flag() {
+        let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
+        let l = Layered::new(file(&format!("{base}\n  learning_rate = -1.0\n")), &[]).unwrap();
+        assert_eq!(l.validate().unwrap_err().to_string(), "`c.toml`, line 4: `learning_rate`: must be > 0, got -1");
+        let l = Layered::new(file(base), &[("learning_rate".into(), "0".into())]).unwrap();
+        assert_eq!(l.validate().unwrap_err().to_string(), "`--learning-rate`: must be > 0, got 0");
+        let l = Layered::new(None, &[]).unwrap();
+        assert!(l.validate().unwrap_err().to_string().starts_with("`model_name_or_path`: is required"));
+    }
+
+    #[test]
+    fn trls_defaults_apply_to_what_nobody_set() {
+        let cfg = TrainConfig::default();
+        assert_eq!((cfg.loss.beta, cfg.learning_rate, cfg.max_length), (0.1, 1e-6, 1024));
+        assert_eq!(cfg.loss.loss_type, vec![crate::LossType::Sigmoid]);
+        assert_eq!((cfg.warmup_steps, cfg.warmup_ratio, cfg.sft_steps), (0, 0.0, 0));
+        assert_eq!(
+            (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.num_train_epochs),
+            (8, 1, 3.0)
+        );
+        assert_eq!((cfg.logging_steps, cfg.save_steps, cfg.seed), (10, 500, 42));
+        assert!(cfg.eval_file.is_none() && cfg.gradient_checkpointing && cfg.bf16());
+        assert!(!TrainConfig { fp16: true, ..TrainConfig::default() }.bf16());
+    }
+}

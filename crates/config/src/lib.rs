@@ -1,0 +1,661 @@
+//! dpo-config: the training configuration: TOML files in `configs/` whose keys are TRL's `DPOConfig` /
+//! transformers' `TrainingArguments` names wherever one exists, so a TRL config ports line by line.
+//!
+//! Every key is declared once, in [`train_config!`], which yields the serde struct, its defaults,
+//! its documentation and a kebab-case CLI flag (`per_device_train_batch_size` →
+//! `--per-device-train-batch-size`). The defaults are TRL 1.16's `DPOConfig` defaults wherever TRL
+//! has the key (a key the user leaves out behaves as in TRL); the demo's settings live in
+//! `configs/demo.toml` and apply only to the demo. [`layers`] stacks defaults, a file and flags,
+//! remembers where each value came from, and validates once; the rest of the program only reads
+//! the result.
+
+pub mod keys;
+pub mod layers;
+pub mod lora;
+pub mod loss;
+pub mod trl;
+mod validate;
+
+pub use keys::{FlagValue, KeyDoc, Section};
+pub use layers::{ConfigFile, Layered, Origin};
+pub use lora::LoraSettings;
+pub use loss::{FDivergence, LossConfigError, LossType};
+pub use validate::truncation_keeps_end;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use dpo_vocab::{Precision, Sharding};
+
+/// Errors in a config file or a flag, each naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`, line {line}: {message}")]
+    Toml { path: String, line: usize, message: String },
+    #[error("`--{flag}`: {message}")]
+    Flag { flag: String, message: String },
+    #[error("`{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+    /// An invalid value, located where the user set it: `` `c.toml`, line 3: `beta` `` or
+    /// `` `--beta` ``.
+    #[error("{place}: {message}")]
+    At { place: String, key: &'static str, message: String },
+}
+
+/// The learning-rate schedule after warm-up (transformers' `lr_scheduler_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulerType {
+    Constant,
+    Linear,
+    Cosine,
+    CosineWithMinLr,
+}
+
+/// How the learning rate follows the number of data-parallel workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrScaling {
+    /// The configured rate as is.
+    None,
+    /// × world size (Goyal et al. 2017).
+    Linear,
+    /// × √world size (Malladi et al. 2022, for Adam).
+    Sqrt,
+}
+
+impl LrScaling {
+    /// The factor for `world_size` workers.
+    pub fn factor(self, world_size: usize) -> f64 {
+        match self {
+            Self::None => 1.0,
+            Self::Linear => world_size as f64,
+            Self::Sqrt => (world_size as f64).sqrt(),
+        }
+    }
+}
+
+/// How gradient buckets travel between workers (DDP's communication hook, TRL's
+/// `ddp_comm_hook`): as they are, or in half precision, halving the bytes sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommHook {
+    None,
+    /// torch's `bf16_compress_hook`.
+    Bf16,
+    /// torch's `fp16_compress_hook`.
+    Fp16,
+}
+
+impl std::fmt::Display for LrScaling {
+    /// The config's spelling (`none`, `linear`, `sqrt`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Linear => "linear",
+            Self::Sqrt => "sqrt",
+        })
+    }
+}
+
+macro_rules! train_config {
+    (
+        run { $( #[doc = $doc:literal] $name:ident : $ty:ty = $default:expr, )* }
+        loss { $( #[doc = $ldoc:literal] $lname:ident : $lty:ty = $ldefault:expr, )* }
+        rest { $( #[doc = $rdoc:literal] $rname:ident : $rty:ty = $rdefault:expr, )* }
+    ) => {
+        /// The effective configuration of a run (see the module doc).
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct TrainConfig {
+            $( #[doc = $doc] pub $name: $ty, )*
+            /// The loss keys, flat in the file as in TRL.
+            #[serde(flatten)]
+            pub loss: LossConfig,
+            $( #[doc = $rdoc] pub $rname: $rty, )*
+        }
+
+        /// Everything that shapes the DPO loss (validated by [`LossConfig::validate`]); its keys are
+        /// [`TrainConfig`]'s too, and `dpo-train eval`'s flags.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        pub struct LossConfig {
+            $( #[doc = $ldoc] pub $lname: $lty, )*
+        }
+
+        impl Default for TrainConfig {
+            fn default() -> Self {
+                Self { $( $name: $default, )* loss: LossConfig::default(), $( $rname: $rdefault, )* }
+            }
+        }
+
+        impl Default for LossConfig {
+            fn default() -> Self {
+                Self { $( $lname: $ldefault, )* }
+            }
+        }
+
+        /// Every key, in declaration order.
+        pub const KEYS: &[KeyDoc] = &[
+            $( key_doc!($name, $ty, $doc, Section::Run), )*
+            $( key_doc!($lname, $lty, $ldoc, Section::Loss), )*
+            $( key_doc!($rname, $rty, $rdoc, Section::Run), )*
+        ];
+
+        fn parse_key(key: &str, text: &str) -> Option<Result<toml::Value, String>> {
+            match key {
+                $( stringify!($name) => Some(<$ty as FlagValue>::parse_flag(text)), )*
+                $( stringify!($lname) => Some(<$lty as FlagValue>::parse_flag(text)), )*
+                $( stringify!($rname) => Some(<$rty as FlagValue>::parse_flag(text)), )*
+                _ => None,
+            }
+        }
+    };
+}
+
+macro_rules! key_doc {
+    ($name:ident, $ty:ty, $doc:literal, $section:expr) => {
+        KeyDoc {
+            name: stringify!($name),
+            kind: <$ty as FlagValue>::KIND,
+            doc: $doc,
+            is_bool: <$ty as FlagValue>::IS_BOOL,
+            section: $section,
+        }
+    };
+}
+
+train_config! {
+    run {
+    // --- model and data ---
+    /// Policy to train (required): a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo.
+    model_name_or_path: String = String::new(),
+    /// Reference model directory [default: a frozen copy of the starting policy].
+    ref_model_name_or_path: Option<PathBuf> = None,
+    /// Directory with tokenizer.json [default: the policy's directory].
+    tokenizer_name_or_path: Option<PathBuf> = None,
+    /// Training preference data (required): .jsonl, .json, .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out (its `dataset_train_split`), or `demo` for the synthetic demo task.
+    train_file: String = String::new(),
+    /// Held-out data for evaluations and samples, a file or a dataset directory (its `dataset_test_split`) [default: none: no evaluation].
+    eval_file: Option<String> = None,
+    /// Test data, scored and sampled once at the end (a directory: its `dataset_test_split`).
+    test_file: Option<String> = None,
+    /// The split `train_file` reads when it is a dataset directory (TRL's script argument).
+    dataset_train_split: String = "train".to_owned(),
+    /// The split `eval_file` and `test_file` read when they are dataset directories.
+    dataset_test_split: String = "test".to_owned(),
+    /// Column holding the prompt.
+    prompt_column: String = "prompt".to_owned(),
+    /// Column holding the preferred completion.
+    chosen_column: String = "chosen".to_owned(),
+    /// Column holding the dispreferred completion.
+    rejected_column: String = "rejected".to_owned(),
+    /// Skip malformed rows (and report their lines) instead of stopping.
+    skip_bad_rows: bool = false,
+    /// Tokens kept per sequence, prompt included (which part: truncation_mode).
+    max_length: usize = 1024,
+    /// keep_start, TRL's default: a sequence over max_length keeps its start; keep_end (deprecated in TRL 1.16, which still implements it): its end, and no row is dropped for a long prompt.
+    truncation_mode: String = "keep_start".to_owned(),
+    /// Threads that tokenise the data (TRL's processes for it); unset: every core of the process.
+    dataset_num_proc: Option<usize> = None,
+    }
+    loss {
+    // --- DPO ---
+    /// Temperature of the implicit reward.
+    beta: f64 = 0.1,
+    /// Loss types, summed with `loss_weights`.
+    loss_type: Vec<LossType> = vec![LossType::Sigmoid],
+    /// One weight per loss type [default: 1 each].
+    loss_weights: Vec<f64> = Vec::new(),
+    /// ε of robust, exo_pair and aot.
+    label_smoothing: f64 = 0.0,
+    /// reverse_kl, forward_kl, js_divergence or alpha_divergence.
+    f_divergence_type: FDivergence = FDivergence::ReverseKl,
+    /// α of alpha_divergence.
+    f_alpha_divergence_coef: f64 = 0.5,
+    /// LD-DPO weight of the tokens past the shorter completion.
+    ld_alpha: Option<f64> = None,
+    /// τ of discopop.
+    discopop_tau: f64 = 0.05,
+    /// WPO weighting of each pair by the policy's own probability.
+    use_weighting: bool = false,
+    /// Train without a reference model (reference log-probs taken as 0).
+    reference_free: bool = false,
+    }
+    rest {
+    /// Compute the reference log-probs once before training (cached on disk) and free the reference.
+    precompute_ref_log_probs: bool = false,
+    // --- LoRA, precision, memory ---
+    /// LoRA rank: setting it trains low-rank adapters on a frozen base instead of every weight.
+    lora_r: Option<usize> = None,
+    /// LoRA α: the adapters' update is scaled by lora_alpha / lora_r.
+    lora_alpha: f64 = 32.0,
+    /// Dropout on the adapters' input during training (applied only with `disable_dropout = false`; adapter_config.json records it either way, as PEFT).
+    lora_dropout: f64 = 0.05,
+    /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
+    lora_target_modules: Vec<String> = Vec::new(),
+    /// Train without dropout, as TRL: the LoRA adapters' dropout is 0 whatever `lora_dropout` says (dpo-train's models apply no other dropout; config.json's attention_dropout is not read).
+    disable_dropout: bool = true,
+    /// With LoRA, also write final/merged: the base with the adapters folded in, as a full HF model.
+    merge: bool = false,
+    /// bfloat16 mixed precision: half-precision weights and activations over f32 master weights and optimizer state [default: true unless fp16, as TRL].
+    bf16: Option<bool> = None,
+    /// float16 mixed precision, with dynamic loss scaling.
+    fp16: bool = false,
+    /// Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's default: on).
+    gradient_checkpointing: bool = true,
+    /// Pack each micro-batch's sequences into one row without padding: positions restart at each sequence and attention never crosses one, so the log-probs are the padded rows' (TRL's key).
+    padding_free: bool = true,
+    /// With padding_free, write each pair's prompt once: the rejected completion attends to the prompt it shares with the chosen one (prefix sharing); the same log-probs, fewer tokens. Off while LoRA dropout trains (`disable_dropout = false`: one dropout mask would serve both rows).
+    prefix_sharing: bool = true,
+    // --- optimisation ---
+    /// Peak learning rate of AdamW (> 0).
+    learning_rate: f64 = 1e-6,
+    /// Decoupled weight decay (not applied to norms, biases and embeddings).
+    weight_decay: f64 = 0.0,
+    /// AdamW β1.
+    adam_beta1: f64 = 0.9,
+    /// AdamW β2.
+    adam_beta2: f64 = 0.999,
+    /// AdamW ε.
+    adam_epsilon: f64 = 1e-8,
+    /// Clip gradients to this global L2 norm (0 disables clipping).
+    max_grad_norm: f64 = 1.0,
+    /// constant, linear, cosine or cosine_with_min_lr.
+    lr_scheduler_type: SchedulerType = SchedulerType::Linear,
+    /// Final learning rate of cosine_with_min_lr, as a fraction of the peak.
+    min_lr_rate: f64 = 0.1,
+    /// Linear warm-up steps (takes precedence over warmup_ratio).
+    warmup_steps: u64 = 0,
+    /// Linear warm-up as a fraction of the training steps.
+    warmup_ratio: f64 = 0.0,
+    /// Pairs per device per micro-batch.
+    per_device_train_batch_size: usize = 8,
+    /// Pairs per device per evaluation batch.
+    per_device_eval_batch_size: usize = 8,
+    /// Micro-batches accumulated into one optimizer step.
+    gradient_accumulation_steps: usize = 1,
+    /// Pairs per optimizer step over all devices; when set, split into micro-batch × devices × accumulation.
+    global_batch_size: Option<usize> = None,
+    /// none, linear or sqrt: scale learning_rate by the number of data-parallel workers.
+    lr_scaling: LrScaling = LrScaling::None,
+    /// Gradient all-reduce bucket size in MB (one collective per bucket).
+    ddp_bucket_cap_mb: usize = 25,
+    /// none, bf16 or fp16: send gradient buckets in half precision (divided by the world size first, as torch's compress hooks).
+    ddp_comm_hook: CommHook = CommHook::None,
+    /// none, zero1 (AdamW moments partitioned over the workers), zero2 (and gradients reduce-scattered) or zero3 (and parameters, gathered one layer at a time).
+    sharding: Sharding = Sharding::None,
+    /// accelerate/TRL's spelling of the sharding: `shard_grad_op` is zero2, `full_shard` zero3.
+    fsdp: String = String::new(),
+    /// Seconds a rendezvous or collective may wait for a peer before the job fails.
+    ddp_timeout: u64 = 1800,
+    /// Keep AdamW's moments and the fp32 master weights in host memory and run the update there; the device keeps the compute dtype's copy (DeepSpeed's offload_optimizer).
+    offload_optimizer: bool = false,
+    /// Passes over the training data (fractions allowed).
+    num_train_epochs: f64 = 3.0,
+    /// Optimizer steps; overrides num_train_epochs when positive.
+    max_steps: i64 = -1,
+    /// Supervised warm-up steps on the chosen completions before DPO (0: none).
+    sft_steps: u64 = 0,
+    /// Learning rate of the supervised warm-up.
+    sft_learning_rate: f64 = 1e-4,
+    /// Seed of initialisation, data order and sampling.
+    seed: u64 = 42,
+    // --- reporting ---
+    /// Log (console, metrics.csv) every this many optimizer steps.
+    logging_steps: u64 = 10,
+    /// Evaluate every this many steps [default: logging_steps]; 0 disables periodic evaluation.
+    eval_steps: Option<u64> = None,
+    /// Also evaluate before the first step (the policy still equals the reference there).
+    eval_on_start: bool = false,
+    /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
+    save_steps: u64 = 500,
+    /// Checkpoints kept (oldest deleted first) [default: all].
+    save_total_limit: Option<usize> = None,
+    /// Where else to log: `tensorboard` (event files under `logging_dir`; `all` is the same), or none [default: none, as TRL].
+    report_to: Vec<String> = Vec::new(),
+    /// TensorBoard's directory, one subdirectory per stage [default: <run>/runs].
+    logging_dir: Option<PathBuf> = None,
+    /// Parent of the run directory.
+    output_dir: PathBuf = PathBuf::from("results"),
+    /// Run directory name [default: date-time plus config name].
+    run_name: Option<String> = None,
+    /// Held-out prompts sampled into samples_val.txt and samples_test.txt.
+    num_samples: usize = 8,
+    /// Tokens generated per sample.
+    max_new_tokens: usize = 32,
+    }
+}
+
+impl TrainConfig {
+    /// Reads a TOML file; unknown keys and wrong types are errors naming the line.
+    pub fn from_toml_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        // The loss keys are a flattened struct, which serde cannot combine with
+        // `deny_unknown_fields`: unknown keys are refused here, with the closest known one.
+        let mut table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
+        let located = |key: &str, message: String| ConfigError::Toml {
+            path: origin.to_owned(),
+            line: line_of(text, key).unwrap_or(0),
+            message,
+        };
+        let at = |key: &str, message: String| located(key, format!("`{key}`: {message}"));
+        trl::accept_trl_keys(&mut table).map_err(|(key, message)| located(&key, message))?;
+        if let Some(key) = table.keys().find(|k| !KEYS.iter().any(|d| d.name == k.as_str())) {
+            let candidates: Vec<&str> = KEYS.iter().map(|d| d.name).collect();
+            let message = match closest(key, &candidates) {
+                Some(best) => format!("unknown key `{key}`; did you mean `{best}`?"),
+                None => format!("unknown key `{key}` (`dpo-train --help` lists every key)"),
+            };
+            return Err(located(key, message));
+        }
+        strings_as_lists(&mut table).map_err(|(key, message)| at(key, message))?;
+        // Each key alone first: serde loses the position inside the flattened loss keys, so a
+        // wrong type is blamed on the line that sets it.
+        for (key, value) in &table {
+            let alone = toml::Table::from_iter([(key.clone(), value.clone())]);
+            toml::Value::Table(alone)
+                .try_into::<Self>()
+                .map_err(|e| at(key, with_suggestion(e.message().lines().next().unwrap_or("invalid value"))))?;
+        }
+        toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| ConfigError::Toml {
+            path: origin.to_owned(),
+            line: 0,
+            message: e.message().to_owned(),
+        })
+    }
+
+    /// Applies `--key value` overrides (keys in snake_case) on top of this config.
+    pub fn with_overrides(self, overrides: &[(String, String)]) -> Result<Self, ConfigError> {
+        if overrides.is_empty() {
+            return Ok(self);
+        }
+        let toml::Value::Table(mut table) =
+            toml::Value::try_from(&self).map_err(|e| ConfigError::Invalid { key: "config", message: e.to_string() })?
+        else {
+            unreachable!("a struct serialises to a table")
+        };
+        for (key, text) in overrides {
+            let flag = key.replace('_', "-");
+            let value = parse_key(key, text)
+                .ok_or_else(|| ConfigError::Flag { flag: flag.clone(), message: "unknown option".to_owned() })?
+                .map_err(|message| ConfigError::Flag { flag: flag.clone(), message })?;
+            // Checked alone, so a bad value is blamed on its own flag.
+            let alone = toml::Table::from_iter([(key.clone(), value.clone())]);
+            toml::Value::Table(alone)
+                .try_into::<Self>()
+                .map_err(|e| ConfigError::Flag { flag: flag.clone(), message: with_suggestion(e.message()) })?;
+            table.insert(key.clone(), value);
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid { key: "config", message: e.message().to_owned() })
+    }
+
+    /// The TensorBoard directory of the run in `run_dir`, when `report_to` asks for TensorBoard.
+    pub fn tensorboard_dir(&self, run_dir: &Path) -> Option<PathBuf> {
+        let wanted = self.report_to.iter().any(|r| r == "tensorboard" || r == "all");
+        wanted.then(|| self.logging_dir.clone().unwrap_or_else(|| run_dir.join("runs")))
+    }
+
+    /// The LoRA adapter to train; `None` for full fine-tuning.
+    /// Under `disable_dropout` its training dropout is 0 (see [`LoraSettings::set_dropout`]).
+    pub fn lora(&self) -> Result<Option<LoraSettings>, (&'static str, String)> {
+        let Some(r) = self.lora_r else { return Ok(None) };
+        let mut settings = LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules)?;
+        settings.set_dropout(self.lora_dropout, self.disable_dropout);
+        Ok(Some(settings))
+    }
+
+    /// Whether bf16 mixed precision is on: as set, else on unless fp16 is (TRL's `bf16 = not fp16`).
+    pub fn bf16(&self) -> bool {
+        self.bf16.unwrap_or(!self.fp16)
+    }
+
+    /// The precision of weights and activations in the forward pass (master weights stay f32).
+    pub fn precision(&self) -> Precision {
+        Precision::of_keys(self.bf16(), self.fp16)
+    }
+
+    /// Evaluation cadence in steps (0: never during training).
+    pub fn eval_every(&self) -> u64 {
+        self.eval_steps.unwrap_or(self.logging_steps)
+    }
+
+    /// The config as TOML, as saved in the run directory and every checkpoint: with the paths
+    /// made absolute, so `--resume` from another working directory (a scheduler's) reads the same
+    /// model, tokenizer and data.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(&self.with_absolute_paths()).unwrap_or_else(|e| format!("# cannot serialise the config: {e}\n"))
+    }
+
+    /// Each relative path that names an existing file or directory, made absolute; other values
+    /// (`demo`, a Hub dataset's name, a file not there yet) as they are.
+    fn with_absolute_paths(&self) -> Self {
+        let absolute = |p: &Path| p.is_relative().then(|| std::fs::canonicalize(p).ok()).flatten();
+        let fix = |s: &mut String| {
+            if let Some(a) = absolute(Path::new(s.as_str())).and_then(|a| a.to_str().map(str::to_owned)) {
+                *s = a;
+            }
+        };
+        let fix_path = |p: &mut PathBuf| {
+            if let Some(a) = absolute(p) {
+                *p = a;
+            }
+        };
+        let mut cfg = self.clone();
+        fix(&mut cfg.model_name_or_path);
+        fix(&mut cfg.train_file);
+        cfg.eval_file.iter_mut().chain(cfg.test_file.iter_mut()).for_each(fix);
+        let paths = [&mut cfg.ref_model_name_or_path, &mut cfg.tokenizer_name_or_path, &mut cfg.logging_dir];
+        paths.into_iter().flatten().for_each(fix_path);
+        fix_path(&mut cfg.output_dir);
+        cfg
+    }
+}
+
+/// TRL's `DPOConfig` takes `loss_type = "ipo"` for `["ipo"]`, transformers `report_to = "none"`,
+/// and PEFT `target_modules = "all-linear"`: such a string becomes a one-element list. PEFT reads
+/// any other single string as a regular expression, which dpo-train does not implement.
+fn strings_as_lists(table: &mut toml::Table) -> Result<(), (&'static str, String)> {
+    for key in ["loss_type", "report_to", "lora_target_modules"] {
+        let Some(toml::Value::String(one)) = table.get(key) else { continue };
+        if key == "lora_target_modules" && one != "all-linear" {
+            let message = format!(
+                "a single string is a regular expression in PEFT, which dpo-train does not implement: \
+                 write a list ([\"{one}\"]) or `all-linear`"
+            );
+            return Err((key, message));
+        }
+        let list = toml::Value::Array(vec![toml::Value::String(one.clone())]);
+        table.insert(key.to_owned(), list);
+    }
+    Ok(())
+}
+
+/// Turns a TOML error into one line naming the file, line and key.
+fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
+    let line = e.span().map_or(0, |span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+    let message = e.message().lines().next().unwrap_or("invalid TOML");
+    ConfigError::Toml { path: origin.to_owned(), line, message: with_suggestion(message) }
+}
+
+/// serde's "unknown variant `x`, expected one of `a`, `b`, ..." becomes "unknown value `x`; did
+/// you mean `a`?" when one is close.
+fn with_suggestion(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown variant ") else { return message.to_owned() };
+    let names: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+    let Some((given, candidates)) = names.split_first() else { return message.to_owned() };
+    match closest(given, candidates) {
+        Some(best) => format!("unknown value `{given}`; did you mean `{best}`?"),
+        None => message.to_owned(),
+    }
+}
+
+/// The candidate a misspelling most likely meant: within a third of its length in edits.
+fn closest<'a>(given: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::levenshtein(given, c), *c))
+        .filter(|(d, c)| *d <= (c.len() / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// The 1-based line of a flat TOML file that sets `key`, when one does.
+pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            let rest = line.strip_prefix(key).or_else(|| line.strip_prefix(&format!("\"{key}\"")));
+            rest.is_some_and(|r| r.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--resume` from another working directory: the saved config names existing inputs by
+    /// absolute paths; names that are no path here stay as written.
+    #[test]
+    fn the_saved_config_holds_absolute_paths() {
+        // Relative to this crate's directory, where its tests run: the workspace's fixtures.
+        let cfg = TrainConfig {
+            model_name_or_path: "../../tests/fixtures/models/llama".into(),
+            train_file: "../../tests/fixtures/data/prefs.jsonl".into(),
+            eval_file: Some("not/there.jsonl".into()),
+            tokenizer_name_or_path: Some("../../tests/fixtures/tokenizer".into()),
+            ..Default::default()
+        };
+        let saved: toml::Table = cfg.to_toml().parse().unwrap();
+        let root = std::fs::canonicalize(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).unwrap();
+        let at = |rel: &str| root.join(rel).display().to_string();
+        assert_eq!(saved["model_name_or_path"].as_str(), Some(at("tests/fixtures/models/llama").as_str()));
+        assert_eq!(saved["train_file"].as_str(), Some(at("tests/fixtures/data/prefs.jsonl").as_str()));
+        assert_eq!(saved["tokenizer_name_or_path"].as_str(), Some(at("tests/fixtures/tokenizer").as_str()));
+        assert_eq!(saved["eval_file"].as_str(), Some("not/there.jsonl"));
+    }
+
+    #[test]
+    fn every_field_has_a_key_and_a_flag() {
+        let toml::Value::Table(table) = toml::Value::try_from(TrainConfig::default()).unwrap() else { panic!() };
+        for key in table.keys() {
+            assert!(KEYS.iter().any(|k| k.name == key), "{key} has no KeyDoc");
+        }
+        assert!(KEYS.iter().find(|k| k.name == "skip_bad_rows").unwrap().is_bool);
+        assert!(!KEYS.iter().find(|k| k.name == "beta").unwrap().is_bool);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let cfg = TrainConfig::from_toml_str("beta = 0.2\nper_device_train_batch_size = 2\n", "x.toml").unwrap();
+        let cfg = cfg
+            .with_overrides(&[
+                ("per_device_train_batch_size".into(), "4".into()),
+                ("loss_type".into(), "sigmoid,sft".into()),
+                ("loss_weights".into(), "1,0.5".into()),
+                ("output_dir".into(), "/tmp/x".into()),
+            ])
+            .unwrap();
+        assert_eq!(cfg.loss.beta, 0.2);
+        assert_eq!(cfg.per_device_train_batch_size, 4);
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Sigmoid, LossType::Sft]);
+        assert_eq!(cfg.loss.loss_weights, vec![1.0, 0.5]);
+        assert_eq!(cfg.output_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let err = TrainConfig::from_toml_str("beta = 0.1\nlearning_rat = 1e-5\n", "c.toml").unwrap_err();
+        assert_eq!(err.to_string(), "`c.toml`, line 2: unknown key `learning_rat`; did you mean `learning_rate`?");
+        let err = TrainConfig::from_toml_str("temperature = 1\n", "c.toml").unwrap_err();
+        assert_eq!(err.to_string(), "`c.toml`, line 1: unknown key `temperature` (`dpo-train --help` lists every key)");
+        let err = TrainConfig::from_toml_str("beta = \"high\"\n", "c.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`c.toml`, line 1: "), "{err}");
+        let err = TrainConfig::default().with_overrides(&[("beta".into(), "x".into())]).unwrap_err();
+        assert_eq!(err.to_string(), "`--beta`: expected a number, got `x`");
+        let err = TrainConfig::default().with_overrides(&[("loss_type".into(), "sigmoidd".into())]).unwrap_err();
+        assert_eq!(err.to_string(), "`--loss-type`: unknown value `sigmoidd`; did you mean `sigmoid`?");
+    }
+
+    #[test]
+    fn a_string_is_a_one_element_list_where_trl_takes_one() {
+        let text = "beta = 0.1\nloss_type = \"ipo\"\nreport_to = \"none\"\nlora_target_modules = \"all-linear\"\n";
+        let cfg = TrainConfig::from_toml_str(text, "k.toml").unwrap();
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Ipo]);
+        assert_eq!(cfg.report_to, vec!["none".to_owned()]);
+        assert_eq!(cfg.lora_target_modules, vec!["all-linear".to_owned()]);
+        let err = TrainConfig::from_toml_str("lora_r = 8\nlora_target_modules = \"q_proj\"\n", "k.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`k.toml`, line 2: `lora_target_modules`: a single string is a regular"));
+        let cfg = TrainConfig::default().with_overrides(&[("loss_type".into(), "ipo".into())]).unwrap();
+        assert_eq!(cfg.loss.loss_type, vec![LossType::Ipo]);
+    }
+
+    #[test]
+    fn trls_other_keys_are_accepted_or_refused_by_name() {
+        let text = "beta = 0.1\ndataset_num_proc = 8\ntruncation_mode = \"keep_start\"\ndisable_dropout = true\n\
+                    sync_ref_model = false\ndataloader_num_workers = 2\n";
+        let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
+        assert_eq!((cfg.dataset_num_proc, cfg.truncation_mode.as_str()), (Some(8), "keep_start"));
+        let err = TrainConfig::from_toml_str("beta = 0.1\nsync_ref_model = true\n", "t.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`t.toml`, line 2: `sync_ref_model = true` is not supported by dpo-train: \
+             TR-DPO's reference syncing is not implemented"
+        );
+        let cfg = TrainConfig::from_toml_str("eval_strategy = \"no\"\n", "t.toml").unwrap();
+        assert_eq!(cfg.eval_every(), 0, "TRL's eval_strategy = \"no\" never evaluates");
+        let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
+        let mode = |m: &str| {
+            let text = format!("{base}truncation_mode = \"{m}\"\n");
+            Layered::new(Some(ConfigFile { name: "t.toml".into(), text }), &[]).unwrap().validate()
+        };
+        // TRL 1.16 deprecates keep_end but implements it, and so does dpo-train.
+        mode("keep_end").unwrap();
+        let err = mode("keep_middle").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "`t.toml`, line 3: `truncation_mode`: unknown value `keep_middle`: use `keep_start` or `keep_end`"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_own_line() {
+        let text = "# TRL\nbeta = 0.1\n\nlearning_rate = 1e-6\nloss_weights = 1.0\n";
+        let err = TrainConfig::from_toml_str(text, "k2.toml").unwrap_err().to_string();
+        assert!(err.starts_with("`k2.toml`, line 5: `loss_weights`: invalid type: floating point"), "{err}");
+        let err = TrainConfig::from_toml_str("beta = 0.1\n\nmax_length = \"long\"\n", "k2.toml").unwrap_err();
+        assert!(err.to_string().starts_with("`k2.toml`, line 3: `max_length`: invalid type: string"), "{err}");
+        let err = TrainConfig::from_toml_str("beta = 0.1\nloss_type = \"sigmoidd\"\n", "k2.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`k2.toml`, line 2: `loss_type`: unknown value `sigmoidd`; did you mean `sigmoid`?"
+        );
+    }
+
+    #[test]
+    fn disable_dropout_zeroes_the_trained_lora_dropout() {
+        let cfg = |text: &str| TrainConfig::from_toml_str(text, "c.toml").unwrap().lora().unwrap().unwrap();
+        let default = cfg("lora_r = 8\n");
+        assert_eq!((default.dropout, default.config_dropout), (0.0, 0.05), "TRL's disable_dropout = true");
+        let on = cfg("lora_r = 8\nlora_dropout = 0.1\ndisable_dropout = false\n");
+        assert_eq!((on.dropout, on.config_dropout), (0.1, 0.1));
+        let off = TrainConfig::default().with_overrides(&[("lora_r".into(), "4".into())]).unwrap();
+        assert_eq!(off.lora().unwrap().unwrap().dropout, 0.0);
+        assert!(TrainConfig::default().disable_dropout);
+    }
+}

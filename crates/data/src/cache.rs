@@ -1,0 +1,169 @@
+//! Tokenised splits kept on disk, so that the other ranks of a run and a resumed run read the ids
+//! instead of tokenising again (a big dataset then never keeps a rank at a collective while
+//! another tokenises). An entry is keyed by everything the ids depend on: the data files' bytes,
+//! the tokenizer's files, the columns, the split, `skip_bad_rows`, `max_length`, and the program
+//! that tokenised them; a changed input changes the key, so nothing stale is reused.
+//!
+//! An entry is one file, written atomically: a magic line, the key, the [`DataSummary`] as JSON,
+//! then per pair its line and three lengths, then the ids, all little-endian.
+
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::load::{LoadOptions, hub};
+use super::prepare::{DataSummary, Prepared};
+use super::tokenize::{TokenizedPair, Truncation};
+
+const MAGIC: &[u8; 8] = b"DPOTOK01";
+
+/// The files of a tokenizer directory that tokenisation reads.
+const TOKENIZER_FILES: [&str; 4] =
+    ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"];
+
+/// The cache entry for `data` (a file or a dataset directory) read with `opts`, tokenised by the
+/// tokenizer in `tokenizer_dir` and cut as `truncation` says: `<dir>/<sha256 of the inputs>.tokens`.
+pub fn entry(
+    dir: &Path,
+    data: &Path,
+    opts: &LoadOptions,
+    tokenizer_dir: &Path,
+    truncation: impl Into<Truncation>,
+) -> std::io::Result<PathBuf> {
+    let Truncation { max_length, keep_end } = truncation.into();
+    let mut hash = Sha256::new();
+    let files = if data.is_dir() {
+        let split = opts.split.as_deref().unwrap_or("train");
+        hub::split_files(data, split).map_err(std::io::Error::other)?
+    } else {
+        vec![data.to_path_buf()]
+    };
+    for file in &files {
+        hash.update(file.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+        hash_file(&mut hash, file)?;
+    }
+    for name in TOKENIZER_FILES {
+        let path = tokenizer_dir.join(name);
+        if path.is_file() {
+            hash.update(name.as_bytes());
+            hash_file(&mut hash, &path)?;
+        }
+    }
+    // The program: another build may tokenise differently.
+    let exe = std::env::current_exe().and_then(std::fs::metadata).ok();
+    let built = exe.map(|m| (m.len(), m.modified().ok()));
+    let c = &opts.columns;
+    let settings = format!(
+        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{keep_end}|{built:?}",
+        String::from_utf8_lossy(MAGIC),
+        files.len(),
+        c.prompt,
+        c.chosen,
+        c.rejected,
+        // The split only chooses among a directory's files.
+        opts.split.as_ref().filter(|_| data.is_dir()),
+        opts.skip_bad_rows
+    );
+    hash.update(settings.as_bytes());
+    let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(dir.join(format!("{key}.tokens")))
+}
+
+fn hash_file(hash: &mut Sha256, path: &Path) -> std::io::Result<()> {
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    hash.update(file.metadata()?.len().to_le_bytes());
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        hash.update(&buf[..n]);
+    }
+}
+
+/// Writes `prepared` to `path` (atomically).
+pub fn store(path: &Path, prepared: &Prepared) -> std::io::Result<()> {
+    dpo_base::fsutil::write_atomic_with(path, |tmp| {
+        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(tmp)?);
+        out.write_all(MAGIC)?;
+        let summary = serde_json::to_vec(&prepared.summary)?;
+        out.write_all(&(summary.len() as u64).to_le_bytes())?;
+        out.write_all(&summary)?;
+        out.write_all(&(prepared.pairs.len() as u64).to_le_bytes())?;
+        for p in &prepared.pairs {
+            out.write_all(&(p.line as u64).to_le_bytes())?;
+            for ids in [&p.prompt_ids, &p.chosen_ids, &p.rejected_ids] {
+                out.write_all(&(ids.len() as u32).to_le_bytes())?;
+            }
+        }
+        for p in &prepared.pairs {
+            for ids in [&p.prompt_ids, &p.chosen_ids, &p.rejected_ids] {
+                ids.iter().try_for_each(|id| out.write_all(&id.to_le_bytes()))?;
+            }
+        }
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+    })
+}
+
+/// The entry at `path`; `None` when there is none, or it cannot be read whole (a damaged entry is
+/// tokenised again and rewritten).
+pub fn load(path: &Path) -> Option<Prepared> {
+    let file = std::fs::File::open(path).ok()?;
+    // Lengths are checked against the file before anything that large is allocated.
+    let size = file.metadata().ok()?.len();
+    let mut input = BufReader::with_capacity(1 << 20, file);
+    let mut magic = [0u8; 8];
+    input.read_exact(&mut magic).ok()?;
+    if &magic != MAGIC {
+        return None;
+    }
+    let summary_len = usize::try_from(read_u64(&mut input)?).ok().filter(|&l| (l as u64) < size)?;
+    let mut summary = vec![0u8; summary_len];
+    input.read_exact(&mut summary).ok()?;
+    let summary: DataSummary = serde_json::from_slice(&summary).ok()?;
+    let n = read_u64(&mut input)?;
+    let heads_at = 8 + 8 + summary_len as u64 + 8;
+    if n.checked_mul(20).is_none_or(|bytes| heads_at + bytes > size) {
+        return None;
+    }
+    let n = usize::try_from(n).ok()?;
+    let mut heads = Vec::with_capacity(n);
+    for _ in 0..n {
+        let line = usize::try_from(read_u64(&mut input)?).ok()?;
+        let mut lens = [0usize; 3];
+        for len in &mut lens {
+            *len = read_u32(&mut input)? as usize;
+        }
+        heads.push((line, lens));
+    }
+    let ids: u64 = heads.iter().map(|(_, lens)| lens.iter().map(|&l| l as u64).sum::<u64>()).sum();
+    if heads_at + 20 * n as u64 + 4 * ids != size {
+        return None;
+    }
+    let mut pairs = Vec::with_capacity(n);
+    for (line, [p, c, r]) in heads {
+        let mut ids = |len| read_ids(&mut input, len);
+        pairs.push(TokenizedPair { line, prompt_ids: ids(p)?, chosen_ids: ids(c)?, rejected_ids: ids(r)? });
+    }
+    Some(Prepared { pairs, summary })
+}
+
+fn read_u64(input: &mut impl Read) -> Option<u64> {
+    let mut b = [0u8; 8];
+    input.read_exact(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+fn read_u32(input: &mut impl Read) -> Option<u32> {
+    let mut b = [0u8; 4];
+    input.read_exact(&mut b).ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+fn read_ids(input: &mut impl Read, len: usize) -> Option<Vec<u32>> {
+    let mut bytes = vec![0u8; len * 4];
+    input.read_exact(&mut bytes).ok()?;
+    Some(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}

@@ -1,0 +1,96 @@
+//! CSV with a header row (plain-text columns only).
+
+use std::path::Path;
+
+use super::{LineIndex, LoadOptions, PreferenceRow, Rows, Text, build_row};
+use crate::error::{DataError, RowProblem};
+
+/// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
+/// are physical lines (header = line 1; a record with a quoted newline is numbered by its first
+/// line).
+pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Result<(), DataError> {
+    let cols = &opts.columns;
+    let path = &rows.path.clone();
+    let lines = LineIndex::new(bytes);
+    let record_line = |record: &::csv::ByteRecord| {
+        let byte = record.position().map_or(0, |p| p.byte());
+        lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX))
+    };
+    let mut reader = ::csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
+    let mut record = ::csv::ByteRecord::new();
+    let malformed = |source: ::csv::Error| {
+        let byte = source.position().map_or(0, |p| p.byte());
+        let line = lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX));
+        DataError::MalformedCsv { path: path.to_path_buf(), line, source }
+    };
+    let header = read_header(&mut reader, &mut record, path, &record_line, &malformed)?;
+    let find = |name: &str| header.iter().position(|h| h == name);
+    let missing = |column: &str| DataError::MissingColumn {
+        path: path.to_path_buf(),
+        column: column.to_string(),
+        found: if header.is_empty() {
+            "no columns".to_string()
+        } else {
+            header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
+        },
+    };
+    let chosen_at = find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?;
+    let rejected_at = find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?;
+    let prompt_at = find(&cols.prompt);
+    rows.implicit = Some((prompt_at.is_none(), 1));
+    loop {
+        match reader.read_byte_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => {
+                let err = malformed(e);
+                let line = match &err {
+                    DataError::MalformedCsv { line, .. } => *line,
+                    _ => 0,
+                };
+                // A CSV syntax error (only invalid UTF-8 in strict readers) leaves the reader able
+                // to continue with the next record.
+                rows.bad(line, err)?;
+                continue;
+            }
+        }
+        let line = record_line(&record);
+        let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
+            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
+            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
+            Ok(Text::Plain(s.to_string()))
+        };
+        let parsed = (|| -> Result<PreferenceRow, RowProblem> {
+            let prompt = match prompt_at {
+                Some(at) => Some(field(at, &cols.prompt)?),
+                None => None,
+            };
+            let chosen = field(chosen_at, &cols.chosen)?;
+            let rejected = field(rejected_at, &cols.rejected)?;
+            build_row(line, prompt, chosen, rejected, cols)
+        })();
+        rows.push(line, parsed)?;
+    }
+    Ok(())
+}
+
+/// The header row's column names.
+fn read_header(
+    reader: &mut ::csv::Reader<&[u8]>,
+    record: &mut ::csv::ByteRecord,
+    path: &Path,
+    record_line: &dyn Fn(&::csv::ByteRecord) -> usize,
+    malformed: &dyn Fn(::csv::Error) -> DataError,
+) -> Result<Vec<String>, DataError> {
+    let header_line = match reader.read_byte_record(record) {
+        Ok(false) => return Err(DataError::Empty { path: path.to_path_buf() }),
+        Ok(true) => record_line(record),
+        Err(e) => return Err(malformed(e)),
+    };
+    let utf8 = |field| std::str::from_utf8(field).map(str::to_string);
+    record.iter().map(utf8).collect::<Result<_, _>>().map_err(|_| DataError::BadRow {
+        path: path.to_path_buf(),
+        line: header_line,
+        problem: RowProblem::InvalidUtf8Field { field: "(header)".into() },
+    })
+}

@@ -1,0 +1,134 @@
+//! Parquet, as the Hugging Face hub stores datasets: string columns, or conversations stored as
+//! `list<struct<role: string, content: string>>` (other struct fields ignored). Only the prompt,
+//! chosen and rejected columns are decoded (extra columns are never read), one record batch at a
+//! time, so memory holds one batch of raw values and one chunk of rows. Rows are numbered from 0,
+//! as `datasets` indexes them.
+
+use std::fs::File;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, OffsetSizeTrait, StructArray};
+use arrow_schema::DataType;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::{Map, Value};
+
+use super::{LoadOptions, ReadSummary, Rows};
+use crate::error::DataError;
+
+/// Rows decoded at a time.
+const BATCH_ROWS: usize = 1024;
+
+pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSummary, DataError> {
+    let path = &rows.path.clone();
+    let err = |message: String| DataError::Parquet { path: path.to_path_buf(), message };
+    let size = file.metadata().map_or(0, |m| m.len());
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(e.to_string()))?;
+    let cols = &opts.columns;
+    let fields = builder.schema().fields().clone();
+    let index = |name: &str| fields.iter().position(|f| f.name() == name);
+    let missing = |column: &str| DataError::MissingColumn {
+        path: path.to_path_buf(),
+        column: column.to_owned(),
+        found: fields.iter().map(|f| format!("`{}`", f.name())).collect::<Vec<_>>().join(", "),
+    };
+    let wanted = [
+        index(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
+        index(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
+    ];
+    let prompt = index(&cols.prompt);
+    for i in wanted.into_iter().chain(prompt) {
+        let field = &fields[i];
+        if !readable(field.data_type()) {
+            return Err(DataError::ColumnType {
+                path: path.to_path_buf(),
+                column: field.name().clone(),
+                found: field.data_type().to_string(),
+            });
+        }
+    }
+    let builder_rows = builder.metadata().file_metadata().num_rows();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), wanted.into_iter().chain(prompt));
+    let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| err(e.to_string()))?;
+
+    // TRL extracts the prompt when the dataset has no prompt column.
+    rows.implicit = Some((prompt.is_none(), 0));
+    let total = u64::try_from(builder_rows).unwrap_or(0).max(1);
+    let names = [cols.prompt.as_str(), &cols.chosen, &cols.rejected];
+    let mut row = 0;
+    for batch in reader {
+        let batch = batch.map_err(|e| err(e.to_string()))?;
+        let columns: Vec<(&str, &ArrayRef)> =
+            names.iter().filter_map(|&name| batch.column_by_name(name).map(|c| (name, c))).collect();
+        for i in 0..batch.num_rows() {
+            let mut object = Map::new();
+            for &(name, column) in &columns {
+                object.insert(name.to_owned(), cell(column, i));
+            }
+            rows.push_value(row, &Value::Object(object))?;
+            row += 1;
+        }
+        // Progress in bytes, as the rows' share of the file.
+        rows.bytes.set(size * row as u64 / total);
+    }
+    rows.finish()
+}
+
+/// A string column, or a list column (of `{role, content}` structs, checked row by row).
+fn readable(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::List(_) | DataType::LargeList(_))
+}
+
+/// One cell as the JSON a `.jsonl` row would hold: a string, a list of `{role, content}`
+/// objects, or null.
+fn cell(column: &ArrayRef, i: usize) -> Value {
+    if column.is_null(i) {
+        return Value::Null;
+    }
+    match column.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column.as_ref(), i),
+        DataType::List(_) => messages(column.as_list::<i32>(), i),
+        DataType::LargeList(_) => messages(column.as_list::<i64>(), i),
+        _ => Value::Null,
+    }
+}
+
+/// A string cell of any of Arrow's string layouts (null where the cell is not a string).
+fn text(column: &dyn Array, i: usize) -> Value {
+    if column.is_null(i) {
+        return Value::Null;
+    }
+    let s = if let Some(a) = column.as_string_opt::<i32>() {
+        a.value(i)
+    } else if let Some(a) = column.as_string_opt::<i64>() {
+        a.value(i)
+    } else if let Some(a) = column.as_string_view_opt() {
+        a.value(i)
+    } else {
+        return Value::Null;
+    };
+    Value::String(s.to_owned())
+}
+
+/// A list cell: its `role` and `content` fields per element, when the elements are structs.
+fn messages<O: OffsetSizeTrait>(list: &arrow_array::GenericListArray<O>, i: usize) -> Value {
+    let items = list.value(i);
+    let Some(structs) = items.as_struct_opt() else {
+        // A list of strings (or numbers): the row check reports a list of non-messages.
+        return Value::Array((0..items.len()).map(|j| text(items.as_ref(), j)).collect());
+    };
+    Value::Array((0..structs.len()).map(|j| message(structs, j)).collect())
+}
+
+fn message(structs: &StructArray, j: usize) -> Value {
+    if structs.is_null(j) {
+        return Value::Null;
+    }
+    let mut object = Map::new();
+    for field in ["role", "content"] {
+        if let Some(column) = structs.column_by_name(field) {
+            object.insert(field.to_owned(), text(column.as_ref(), j));
+        }
+    }
+    Value::Object(object)
+}

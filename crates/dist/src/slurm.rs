@@ -1,0 +1,129 @@
+//! The sbatch script of a multi-node `dpo-train train` job (what `dpo-train slurm` prints), after
+//! the usual SLURM + NCCL recipe: `#SBATCH` resources, NCCL variables, `MASTER_ADDR` from the first
+//! host of the allocation, then `srun` with one task per GPU. Each task finds its rank in
+//! `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` ([`super::env::detect`]), so no launcher runs
+//! inside the job.
+
+use std::path::PathBuf;
+
+/// The resources and the config of the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmOptions {
+    /// Nodes to allocate (`--nodes`).
+    pub nodes: usize,
+    /// GPUs per node, and so tasks per node (`--gres=gpu:N`, `--ntasks-per-node`).
+    pub gpus_per_node: usize,
+    /// The training config passed to `dpo-train train --config`.
+    pub config: PathBuf,
+    /// Wall-clock limit in SLURM's syntax (`--time`, e.g. `24:00:00`).
+    pub time: String,
+    /// The partition (`--partition`), or the cluster's default.
+    pub partition: Option<String>,
+    /// `--job-name`.
+    pub job_name: String,
+    /// CPU cores per task (`--cpus-per-task`), also the worker's thread count.
+    pub cpus_per_task: usize,
+    /// Host memory per GPU in SLURM's syntax (`--mem-per-gpu`, e.g. `64G`).
+    pub mem_per_gpu: String,
+}
+
+/// The sbatch script for `opts`. `dpo-train` must be on the nodes' `PATH`.
+///
+/// The rendezvous port is derived from the job id (`20000 + SLURM_JOB_ID % 20000`), so two jobs
+/// sharing a node do not collide.
+pub fn sbatch_script(opts: &SlurmOptions) -> String {
+    let mut lines = vec![
+        "#!/bin/bash".to_string(),
+        format!("#SBATCH --job-name={}", opts.job_name),
+        format!("#SBATCH --nodes={}", opts.nodes),
+        format!("#SBATCH --ntasks-per-node={}", opts.gpus_per_node),
+        format!("#SBATCH --gres=gpu:{}", opts.gpus_per_node),
+        format!("#SBATCH --cpus-per-task={}", opts.cpus_per_task),
+        format!("#SBATCH --mem-per-gpu={}", opts.mem_per_gpu),
+        format!("#SBATCH --time={}", opts.time),
+    ];
+    if let Some(partition) = &opts.partition {
+        lines.push(format!("#SBATCH --partition={partition}"));
+    }
+    let config = shell_quote(&opts.config.to_string_lossy());
+    let threads = opts.cpus_per_task;
+    lines.extend([
+        "#SBATCH --output=slurm-%j.out".to_string(),
+        "#SBATCH --error=slurm-%j.out".to_string(),
+        String::new(),
+        "set -euo pipefail".to_string(),
+        String::new(),
+        "# NCCL: a failed or stuck collective ends the job instead of hanging it.".to_string(),
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1".to_string(),
+        "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}".to_string(),
+        "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-^lo,docker}".to_string(),
+        String::new(),
+        "# Threads per task: its share of the node's cores.".to_string(),
+        format!("export OMP_NUM_THREADS={threads}"),
+        format!("export DPO_TRAIN_THREADS={threads}"),
+        String::new(),
+        "# Rank 0 runs on the first node and serves the rendezvous store there.".to_string(),
+        "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)".to_string(),
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))".to_string(),
+        String::new(),
+        "# One task per GPU; dpo-train reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.".to_string(),
+        // `--device cuda`: each task takes the GPU of its local rank.
+        format!("srun --kill-on-bad-exit=1 dpo-train train --config {config} --device cuda"),
+    ]);
+    let mut script = lines.join("\n");
+    script.push('\n');
+    script
+}
+
+/// `s` as one shell word: unchanged when it has only safe characters, else single-quoted.
+fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    if safe { s.to_string() } else { format!("'{}'", s.replace('\'', r"'\''")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_reviewed_fixture() {
+        let opts = SlurmOptions {
+            nodes: 2,
+            gpus_per_node: 4,
+            config: PathBuf::from("configs/llama-1b.toml"),
+            time: "24:00:00".into(),
+            partition: Some("gpu".into()),
+            job_name: "dpo".into(),
+            cpus_per_task: 8,
+            mem_per_gpu: "64G".into(),
+        };
+        let expected = include_str!("../../../tests/fixtures/slurm/two_nodes.sbatch");
+        let script = sbatch_script(&opts);
+        for (i, (got, want)) in script.lines().zip(expected.lines()).enumerate() {
+            assert_eq!(got, want, "line {}", i + 1);
+        }
+        assert_eq!(script, expected);
+    }
+
+    #[test]
+    fn no_partition_line_without_a_partition_and_quoted_paths() {
+        let opts = SlurmOptions {
+            nodes: 1,
+            gpus_per_node: 8,
+            config: PathBuf::from("my runs/it's.toml"),
+            time: "1:00:00".into(),
+            partition: None,
+            job_name: "x".into(),
+            cpus_per_task: 4,
+            mem_per_gpu: "32G".into(),
+        };
+        let script = sbatch_script(&opts);
+        assert!(!script.contains("--partition"));
+        assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
+        assert!(
+            script.ends_with(
+                "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --device cuda\n"
+            )
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! Hugging Face causal language models: `config.json` + safetensors → a burn module, and PEFT
+//! LoRA adapter directories on top of one.
+
+pub mod compat;
+pub mod fused;
+pub mod generate;
+pub mod head;
+pub mod hf;
+pub mod kv_cache;
+pub mod linear;
+pub mod llama;
+pub mod lora;
+pub mod params;
+pub mod rope;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, FloatDType, Tensor};
+
+use dpo_config::{LoraSettings, Precision};
+use weights::WeightsError;
+
+pub use compat::CompatError;
+pub use head::LmHead;
+pub use kv_cache::KvCache;
+pub use llama::{Llama, LlamaConfig, Placement};
+pub use lora::{AdapterConfig, AdapterError, AdapterInit};
+pub use weights::{RandomInit, TensorSource, Weights};
+
+/// Errors raised while reading `config.json` or building the model from its weights.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights")]
+    NoConfig { path: std::path::PathBuf },
+    #[error("cannot read `{path}`")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}`: {message}")]
+    BadConfig { path: std::path::PathBuf, message: String },
+    #[error("`{path}`: unsupported `model_type` `{found}`; supported: {}", llama::SUPPORTED_MODEL_TYPES.join(", "))]
+    UnsupportedModelType { path: std::path::PathBuf, found: String },
+    #[error("`{path}`: unsupported `{key}` = {found}; supported: {supported}")]
+    Unsupported { path: std::path::PathBuf, key: &'static str, found: String, supported: &'static str },
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Adapter(#[from] lora::AdapterError),
+}
+
+/// The dtype weights and activations compute in under `precision` (master weights stay f32).
+pub fn compute_dtype(precision: Precision) -> FloatDType {
+    match precision {
+        Precision::Bf16 => FloatDType::BF16,
+        Precision::Fp16 => FloatDType::F16,
+        Precision::Fp32 => FloatDType::F32,
+    }
+}
+
+/// Reads and resolves `dir/config.json` (an adapter directory's base's).
+pub fn load_config(dir: &Path) -> Result<LlamaConfig, ModelError> {
+    LlamaConfig::read(&base_dir(dir)?)
+}
+
+/// Builds the model described by `cfg` from the safetensors in `dir`, weights as f32.
+pub fn load_weights(dir: &Path, cfg: &LlamaConfig, device: &Device) -> Result<Llama, ModelError> {
+    Llama::load(&Weights::open(dir)?, cfg, device)
+}
+
+/// Loads the model in `dir` onto `device`; an adapter directory loads its base with the adapter
+/// attached (its parameters require gradients on an autodiff device, nothing else changes).
+pub fn load(dir: &Path, device: &Device) -> Result<(LlamaConfig, Llama), ModelError> {
+    let base = base_dir(dir)?;
+    let cfg = load_config(&base)?;
+    let mut model = load_weights(&base, &cfg, device)?;
+    if let Some(settings) = adapter_settings(dir)? {
+        let weights = lora::open_adapter_weights(dir)?;
+        model.add_lora(&settings, &AdapterInit::Saved(&weights), device)?;
+        model.set_lora_dropout(0.0);
+    }
+    Ok((cfg, model))
+}
+
+/// Maps the safetensors files of `dir` (and of its adapter's base) and reads their headers,
+/// nothing more: a missing, truncated or corrupt file is refused before a run does any work.
+pub fn check_weights(dir: &Path) -> Result<(), ModelError> {
+    Weights::open(&base_dir(dir)?)?;
+    if lora::is_adapter_dir(dir) {
+        lora::open_adapter_weights(dir)?;
+    }
+    Ok(())
+}
+
+/// The adapter of an adapter directory; `None` for a full model.
+pub fn adapter_settings(dir: &Path) -> Result<Option<LoraSettings>, ModelError> {
+    if !lora::is_adapter_dir(dir) {
+        return Ok(None);
+    }
+    Ok(Some(AdapterConfig::read(dir)?.1))
+}
+
+/// The directory whose tokenizer goes with the model in `dir`: `dir` itself, or for an adapter
+/// saved without tokenizer files, its base's.
+pub fn tokenizer_dir(dir: &Path) -> Result<PathBuf, ModelError> {
+    if dir.join("tokenizer.json").is_file() { Ok(dir.to_owned()) } else { base_dir(dir) }
+}
+
+/// Where the full model lives: `dir` itself, or an adapter directory's `base_model_name_or_path`
+/// (as written; a relative path is tried from the working directory, then from `dir`).
+pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
+    if !lora::is_adapter_dir(dir) {
+        return Ok(dir.to_owned());
+    }
+    let (cfg, _) = AdapterConfig::read(dir)?;
+    let path = dir.join("adapter_config.json");
+    let Some(base) = cfg.base_model_name_or_path.filter(|b| !b.is_empty()) else {
+        return Err(ModelError::BadConfig {
+            path,
+            message: "`base_model_name_or_path` is missing: the adapter does not say which model it adapts".to_owned(),
+        });
+    };
+    let base = PathBuf::from(base);
+    let found = [base.clone(), dir.join(&base)].into_iter().find(|p| p.join("config.json").is_file());
+    found.ok_or_else(|| ModelError::BadConfig {
+        path,
+        message: format!(
+            "`base_model_name_or_path` = `{}` is not a local model directory (it needs `config.json`)",
+            base.display()
+        ),
+    })
+}
+
+/// A copy of `t` in page-locked host memory (the libtorch CPU device): copies between it and a GPU
+/// go by DMA without a staging buffer. Needs the CUDA runtime (callers pin only for a GPU run).
+///
+/// # Panics
+/// If `t` is not a LibTorch tensor, or libtorch cannot allocate pinned memory.
+pub fn pinned_copy<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let (tensor, origin) = dpo_torch::bridge::to_tch(t).expect("a LibTorch tensor");
+    // Pinned for the accelerator `t` lives on (torch's deprecated `device` argument names which one).
+    let mut host = tch::Tensor::empty(tensor.size(), (tensor.kind(), tch::Device::Cpu)).pin_memory(tensor.device());
+    host.copy_(&tensor);
+    dpo_torch::bridge::from_tch(host, origin)
+}
+
+/// A tensor's values on the host, as f32, in row-major order.
+pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
+    // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
+    t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
+}

@@ -1,0 +1,288 @@
+//! Reading Hugging Face safetensors checkpoints: `model.safetensors`, or the shards listed in
+//! `model.safetensors.index.json` (transformers' `save_pretrained(max_shard_size=..)` layout), with
+//! weights stored as f32, bf16 or f16. Every tensor reaches burn as f32; the cast is written out here.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+/// What can go wrong while reading a checkpoint; every message names the file or tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("`{dir}` has no `model.safetensors` and no `model.safetensors.index.json`")]
+    NoWeights { dir: PathBuf },
+    #[error("cannot read `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing failed (a full disk, a file-size limit): a failure of the run, not of its input.
+    #[error("cannot write `{path}`")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}` is not a valid safetensors index: {message}")]
+    BadIndex { path: PathBuf, message: String },
+    #[error("`{path}` is not a valid safetensors file")]
+    BadFile {
+        path: PathBuf,
+        #[source]
+        source: safetensors::SafeTensorError,
+    },
+    #[error("tensor `{name}` is missing from the checkpoint in `{dir}`")]
+    Missing { name: String, dir: PathBuf },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
+    #[error("tensor `{name}` is stored as {dtype:?}; supported: F32, BF16, F16")]
+    Dtype { name: String, dtype: Dtype },
+}
+
+/// The memory-mapped safetensors files of one model directory.
+pub struct Weights {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    /// Tensor name → index into `files`.
+    index: HashMap<String, usize>,
+}
+
+impl Weights {
+    /// Maps `model.safetensors`, or every shard named by `model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self, WeightsError> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if single.is_file() {
+            vec!["model.safetensors".to_owned()]
+        } else if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|source| WeightsError::Io { path: index_path.clone(), source })?;
+            let index: ShardIndex = serde_json::from_str(&text)
+                .map_err(|e| WeightsError::BadIndex { path: index_path.clone(), message: e.to_string() })?;
+            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            return Err(WeightsError::NoWeights { dir: dir.to_owned() });
+        };
+
+        Self::map_files(dir, shard_names.iter().map(|name| dir.join(name)))
+    }
+
+    /// Maps one safetensors file (an optimizer state, for example).
+    pub fn open_file(path: &Path) -> Result<Self, WeightsError> {
+        Self::map_files(path.parent().unwrap_or(Path::new(".")), std::iter::once(path.to_owned()))
+    }
+
+    fn map_files(dir: &Path, paths: impl Iterator<Item = PathBuf>) -> Result<Self, WeightsError> {
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for path in paths {
+            let file = File::open(&path).map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            // SAFETY: the map is read-only and lives as long as `Weights`; a checkpoint modified
+            // by another process while we read it is outside what any loader can guard against.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            let tensors = SafeTensors::deserialize(&mmap)
+                .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+            for tensor_name in tensors.names() {
+                index.insert(tensor_name.to_owned(), files.len());
+            }
+            files.push((path, mmap));
+        }
+        Ok(Self { dir: dir.to_owned(), files, index })
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.index.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// The number of elements of tensor `name`.
+    pub fn len_of(&self, name: &str) -> Option<usize> {
+        let &file = self.index.get(name)?;
+        let tensors = SafeTensors::deserialize(&self.files[file].1).ok()?;
+        tensors.tensor(name).ok().map(|v| v.shape().iter().product())
+    }
+
+    /// Whether the checkpoint holds a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Reads tensor `name` as f32 host values, checking its shape.
+    pub fn values(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        let missing = || WeightsError::Missing { name: name.to_owned(), dir: self.dir.clone() };
+        let &file = self.index.get(name).ok_or_else(missing)?;
+        let (path, mmap) = &self.files[file];
+        let tensors =
+            SafeTensors::deserialize(mmap).map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+        let view = tensors.tensor(name).map_err(|_| missing())?;
+        if view.shape() != expected {
+            return Err(WeightsError::Shape {
+                name: name.to_owned(),
+                found: view.shape().to_vec(),
+                expected: expected.to_vec(),
+            });
+        }
+        to_f32(name, view.dtype(), view.data())
+    }
+}
+
+/// Where a model's parameters come from, by Hugging Face name: a checkpoint, or a seeded
+/// random initialisation. Model construction is one code path over either.
+pub trait TensorSource {
+    /// The tensor `name` of shape `shape` as f32 host values.
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError>;
+}
+
+impl TensorSource for Weights {
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        Weights::values(self, name, shape)
+    }
+}
+
+impl dyn TensorSource + '_ {
+    /// Tensor `name` on `device`.
+    pub fn tensor<const D: usize>(
+        &self,
+        name: &str,
+        shape: [usize; D],
+        device: &Device,
+    ) -> Result<Tensor<D>, WeightsError> {
+        Ok(Tensor::from_data(TensorData::new(self.values(name, &shape)?, shape), device))
+    }
+}
+
+/// transformers' `_init_weights` for these models: normal(0, `std`) matrices, zero biases, unit
+/// norm weights; each tensor seeded from (`seed`, its name) so the result does not depend on order.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomInit {
+    pub seed: u64,
+    pub std: f64,
+}
+
+impl TensorSource for RandomInit {
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightsError> {
+        use rand::RngExt;
+        let n: usize = shape.iter().product();
+        if name.ends_with("norm.weight") {
+            return Ok(vec![1.0; n]);
+        }
+        if name.ends_with(".bias") {
+            return Ok(vec![0.0; n]);
+        }
+        let mut rng = seeded_rng(self.seed, name);
+        // Box–Muller: two uniforms give one standard normal.
+        Ok((0..n)
+            .map(|_| {
+                let u1: f64 = 1.0 - rng.random::<f64>();
+                let u2: f64 = rng.random::<f64>();
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * self.std) as f32
+            })
+            .collect())
+    }
+}
+
+/// A generator seeded from (`seed`, a tensor's name), so an initialisation does not depend on
+/// the order tensors are created in.
+pub fn seeded_rng(seed: u64, name: &str) -> rand_chacha::ChaCha8Rng {
+    use rand::SeedableRng;
+    let name_hash =
+        name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ name_hash)
+}
+
+/// Decodes little-endian f32/bf16/f16 bytes into f32 (exact for all three).
+fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightsError> {
+    Ok(match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        dtype => return Err(WeightsError::Dtype { name: name.to_owned(), dtype }),
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
+
+/// A tensor on its way to disk: HF name, shape and f32 values.
+pub struct NamedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Values,
+}
+
+/// Writes `tensors` as one safetensors file (f32, `{"format": "pt"}` metadata as transformers
+/// writes), atomically: a temporary file in the same directory renamed over `path`.
+pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), WeightsError> {
+    let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    let views = tensors.iter().map(|t| (t.name.clone(), t));
+    dpo_base::fsutil::write_atomic_with(path, |tmp| {
+        safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
+            // The I/O error itself, so the cause is reported once.
+            safetensors::SafeTensorError::IoError(io) => io,
+            other => std::io::Error::other(other),
+        })
+    })
+    .map_err(|source| WeightsError::Write { path: path.to_owned(), source })
+}
+
+/// The values of a [`NamedTensor`]: on the host, or on the device until the moment they are
+/// written (a checkpoint then holds one tensor's host copy at a time, not the whole model's).
+pub enum Values {
+    Host(Vec<f32>),
+    /// A matrix (a vector as one row), saved transposed when `transpose`.
+    Device {
+        tensor: Tensor<2>,
+        transpose: bool,
+    },
+}
+
+impl Values {
+    /// The values as f32 on the host, in the saved layout.
+    pub fn to_vec(&self) -> Vec<f32> {
+        match self {
+            Values::Host(v) => v.clone(),
+            Values::Device { tensor, transpose } => {
+                let t = if *transpose { tensor.clone().transpose() } else { tensor.clone() };
+                let n = t.shape().num_elements();
+                crate::host(&t.reshape([n]))
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Values::Host(v) => v.len(),
+            Values::Device { tensor, .. } => tensor.shape().num_elements(),
+        }
+    }
+}
+
+impl safetensors::View for &NamedTensor {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Owned(self.values.to_vec().into_iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn data_len(&self) -> usize {
+        self.values.len() * 4
+    }
+}

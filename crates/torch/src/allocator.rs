@@ -1,0 +1,52 @@
+//! The CUDA caching allocator's high-water mark through the shim (tch binds no allocator
+//! statistics): what `torch.cuda.max_memory_allocated` reports, the figure TRL's and torchtune's
+//! users read a GPU run's memory by. The host's resident set says little on a GPU.
+
+use burn::tensor::{Device, Tensor};
+
+use crate::{TorchError, check, ffi};
+
+/// The CUDA index of `device`; `None` on the CPU.
+pub fn cuda_index(device: &Device) -> Option<usize> {
+    let (probe, _) = crate::bridge::to_tch(Tensor::<1>::zeros([1], device)).ok()?;
+    match probe.device() {
+        tch::Device::Cuda(i) => Some(i),
+        _ => None,
+    }
+}
+
+/// Starts a new mark on CUDA device `index`.
+pub fn reset_peak_allocated(index: usize) -> Result<(), TorchError> {
+    call(index, true).map(drop)
+}
+
+/// The most bytes allocated on CUDA device `index` since the last reset (or the process start).
+pub fn peak_allocated(index: usize) -> Result<u64, TorchError> {
+    call(index, false)
+}
+
+fn call(index: usize, reset: bool) -> Result<u64, TorchError> {
+    let mut peak = 0i64;
+    let device = i32::try_from(index).unwrap_or(i32::MAX);
+    // SAFETY: `peak` is a live i64 for the call; the shim checks the device and catches every
+    // C++ exception.
+    check("cuda_peak_allocated", unsafe { ffi::c10d_cuda_peak_allocated(device, i32::from(reset), &mut peak) })?;
+    Ok(u64::try_from(peak).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU device has no CUDA mark, and a build or machine without CUDA answers with an error
+    /// naming the call instead of crashing.
+    #[test]
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    fn the_cpu_has_no_cuda_mark() {
+        assert_eq!(cuda_index(&Device::libtorch()), None);
+        if !tch::Cuda::is_available() {
+            let e = peak_allocated(0).unwrap_err().to_string();
+            assert!(e.contains("cuda_peak_allocated"), "{e}");
+        }
+    }
+}

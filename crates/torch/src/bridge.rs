@@ -1,0 +1,64 @@
+//! From a burn `Tensor<D>` (LibTorch backend, with or without autodiff) to the `tch::Tensor` it
+//! wraps, and back, without copying: burn-tch's float primitive is `TchTensor { tensor: tch::Tensor }`,
+//! reached through burn's extension API (`Tensor::try_into_primitive::<LibTorch>`).
+
+// burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
+// purpose (the trainer's device is `Device::libtorch()`), so the deprecation is expected here.
+#![allow(deprecated)]
+
+use burn::tensor::Tensor;
+use burn_tch::{LibTorch, TchTensor};
+
+/// What a tensor was before it was unwrapped, so it can be rewrapped the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct Origin {
+    autodiff: bool,
+    require_grad: bool,
+}
+
+/// The `tch::Tensor` under `tensor` (a shallow handle on the same storage) and how to rewrap it.
+///
+/// Autodiff tensors are unwrapped through [`Tensor::inner`], which drops any graph reference (the
+/// caller holds its own handle on the original tensor).
+pub fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), String> {
+    let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
+    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
+    Ok((primitive.tensor, origin))
+}
+
+/// [`to_tch`] for an in-place kernel: the tensor is contiguous and nothing else sees its values.
+/// Where burn tracks another handle on the storage (a clone, the tensor a view was taken from),
+/// the kernel gets a copy, as burn's own operations only write in place into storage they alone hold.
+pub fn to_tch_exclusive<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), String> {
+    let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
+    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
+    let tensor = match primitive.can_mut() {
+        true => primitive.tensor,
+        // Not tch's `copy`, which zero-fills the copy first: a pass and a kernel launch for nothing.
+        false => {
+            let mut copy = primitive.tensor.empty_like();
+            copy.copy_(&primitive.tensor);
+            copy
+        }
+    };
+    Ok((tensor.contiguous(), origin))
+}
+
+/// Wraps `tensor` as a burn tensor with the autodiff state of `origin`.
+///
+/// `tensor` must have `D` dimensions (the callers reshape to the original shape first).
+pub fn from_tch<const D: usize>(tensor: tch::Tensor, origin: Origin) -> Tensor<D> {
+    let tensor = Tensor::<D>::from_primitive::<LibTorch>(TchTensor::new(tensor));
+    match (origin.autodiff, origin.require_grad) {
+        (false, _) => tensor,
+        (true, false) => tensor.autodiff(),
+        (true, true) => tensor.autodiff().require_grad(),
+    }
+}
+
+impl Origin {
+    /// A plain tensor's origin (no autodiff), for tch tensors made directly.
+    pub fn plain() -> Self {
+        Self { autodiff: false, require_grad: false }
+    }
+}

@@ -1,0 +1,69 @@
+//! The C ABI of `csrc/c10d.cpp` (see `csrc/c10d.h`): c10d's process groups, and the torch
+//! operations tch does not bind (fused AdamW, multi-tensor norms, variable-length attention, the
+//! cuDNN switch, the CUDA allocator's peak, the profiler).
+
+use std::ffi::c_char;
+
+use torch_sys::C_tensor;
+
+/// `C10dGroup`, opaque.
+#[repr(C)]
+pub struct C10dGroup {
+    _private: [u8; 0],
+}
+
+pub const BACKEND_GLOO: i32 = 0;
+pub const BACKEND_NCCL: i32 = 1;
+pub const OP_SUM: i32 = 0;
+pub const OP_AVG: i32 = 1;
+
+unsafe extern "C" {
+    pub fn c10d_last_error() -> *const c_char;
+    pub fn c10d_has_nccl() -> i32;
+    pub fn c10d_group_new(
+        master_addr: *const c_char,
+        master_port: u16,
+        rank: i32,
+        world_size: i32,
+        backend: i32,
+        timeout_ms: i64,
+        device_index: i32,
+        out: *mut *mut C10dGroup,
+    ) -> i32;
+    pub fn c10d_group_free(group: *mut C10dGroup);
+    pub fn c10d_all_reduce(group: *mut C10dGroup, tensors: *const *mut C_tensor, n: usize, op: i32) -> i32;
+    pub fn c10d_broadcast(group: *mut C10dGroup, tensors: *const *mut C_tensor, n: usize, root: i32) -> i32;
+    pub fn c10d_barrier(group: *mut C10dGroup) -> i32;
+    pub fn c10d_all_gather(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
+    pub fn c10d_all_gather_flat(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor) -> i32;
+    pub fn c10d_reduce_scatter(group: *mut C10dGroup, input: *mut C_tensor, output: *mut C_tensor, op: i32) -> i32;
+    pub fn c10d_fused_adamw(
+        params: *const *mut C_tensor,
+        grads: *const *mut C_tensor,
+        exp_avgs: *const *mut C_tensor,
+        exp_avg_sqs: *const *mut C_tensor,
+        n: usize,
+        step: f64,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+    ) -> i32;
+    pub fn c10d_foreach_norms(tensors: *const *mut C_tensor, n: usize, out: *mut *mut C_tensor) -> i32;
+    pub fn c10d_foreach_mul(tensors: *const *mut C_tensor, n: usize, scale: *mut C_tensor) -> i32;
+    pub fn c10d_varlen_attention(
+        q: *mut C_tensor,
+        k: *mut C_tensor,
+        v: *mut C_tensor,
+        cu_q: *mut C_tensor,
+        cu_k: *mut C_tensor,
+        max_q: i64,
+        max_k: i64,
+        out: *mut *mut C_tensor,
+    ) -> i32;
+    pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64) -> i32;
+    pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
+    pub fn c10d_profiler_start(with_cuda: i32) -> i32;
+    pub fn c10d_profiler_stop(path: *const std::ffi::c_char) -> i32;
+}

@@ -1,0 +1,187 @@
+//! torch's fused AdamW kernel (`torch._fused_adamw_`) and the multi-tensor norm and scale that
+//! clip gradients (`_foreach_norm`, `_foreach_mul_`) through the shim: tch leaves torch's
+//! `_fused_*` and `_foreach_*` operations unbound. The update written as separate tensor
+//! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
+//! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
+//! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
+//! with cumulative sequence lengths), which tch binds neither.
+
+use crate::{TorchError, check, ffi};
+
+/// One AdamW update's settings (`torch.optim.AdamW`'s, with decoupled weight decay).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    /// The update's count, 1 for the first (for the bias corrections).
+    pub step: u64,
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// One parameter's tensors for [`fused_adamw`]: its values and moments, updated in place, and its
+/// gradient, read.
+#[derive(Debug)]
+pub struct AdamWEntry {
+    pub param: tch::Tensor,
+    pub grad: tch::Tensor,
+    pub exp_avg: tch::Tensor,
+    pub exp_avg_sq: tch::Tensor,
+}
+
+/// Updates every entry's parameter and moments in place from its gradient, as
+/// `torch.optim.AdamW(fused=True)` does for one parameter group: one call of torch's multi-tensor
+/// kernel for them all. Each entry's four tensors are contiguous and of one size, and every tensor
+/// has one dtype and device (the shim checks before anything is written, and a mismatch is an
+/// error, not a crash).
+pub fn fused_adamw(entries: &mut [AdamWEntry], s: &AdamWStep) -> Result<(), TorchError> {
+    // The kernel only reads the gradients; the C signature shares one pointer type for every list.
+    let list =
+        |f: fn(&AdamWEntry) -> &tch::Tensor| entries.iter().map(|e| f(e).as_ptr().cast_mut()).collect::<Vec<_>>();
+    let (p, g) = (list(|e| &e.param), list(|e| &e.grad));
+    let (m, v) = (list(|e| &e.exp_avg), list(|e| &e.exp_avg_sq));
+    // SAFETY: each pointer is a live `at::Tensor` of `entries`, borrowed mutably for the call; the
+    // shim checks definedness, contiguity, sizes, dtypes and devices and catches every C++ exception.
+    let code = unsafe {
+        ffi::c10d_fused_adamw(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            entries.len(),
+            s.step as f64,
+            s.lr,
+            s.beta1,
+            s.beta2,
+            s.weight_decay,
+            s.eps,
+        )
+    };
+    check("fused_adamw", code)
+}
+
+/// The L2 norm of each tensor, `[n]` on their device (`torch._foreach_norm`: one multi-tensor
+/// kernel on CUDA). The tensors share a dtype and a device; there is at least one.
+pub fn foreach_norms(tensors: &[tch::Tensor]) -> Result<tch::Tensor, TorchError> {
+    let ptrs: Vec<_> = tensors.iter().map(|t| t.as_ptr().cast_mut()).collect();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: the pointers are live tensors borrowed for the call, read only; on success `out`
+    // is a new `at::Tensor` whose ownership passes to the returned handle.
+    check("foreach_norms", unsafe { ffi::c10d_foreach_norms(ptrs.as_ptr(), ptrs.len(), &mut out) })?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// Multiplies each tensor in place by the one-element `scale` on their device
+/// (`torch._foreach_mul_`), without reading it on the host.
+pub fn foreach_mul(tensors: &mut [tch::Tensor], scale: &tch::Tensor) -> Result<(), TorchError> {
+    let ptrs: Vec<_> = tensors.iter_mut().map(|t| t.as_mut_ptr()).collect();
+    // SAFETY: the tensors are borrowed mutably for the call and `scale` shared; the shim checks
+    // them and catches every C++ exception.
+    check("foreach_mul", unsafe { ffi::c10d_foreach_mul(ptrs.as_ptr(), ptrs.len(), scale.as_ptr().cast_mut()) })
+}
+
+/// The cumulative sequence lengths of a [`varlen_attention`] call: sequence `i` is rows
+/// `cu_q[i]..cu_q[i + 1]` of the queries and `cu_k[i]..cu_k[i + 1]` of the keys and values.
+#[derive(Debug)]
+pub struct VarlenSeqs {
+    /// `[n + 1]` int32 on the tensors' device, from 0 to the query rows.
+    pub cu_q: tch::Tensor,
+    /// `[n + 1]` int32 on the tensors' device, from 0 to the key rows.
+    pub cu_k: tch::Tensor,
+    /// The longest sequence's queries and keys.
+    pub max_q: i64,
+    pub max_k: i64,
+}
+
+/// Causal attention over sequences packed end to end without padding, by torch's
+/// variable-length CUDA kernels (flash attention in half precision, memory-efficient attention in
+/// f32): q `[Tq, H, D]`, k and v `[Tk, Hkv, D]` → `[Tq, H, D]`. Each sequence's queries are its
+/// last keys (the mask aligned bottom right): keys before its first query are a prefix every
+/// query sees. f32 needs `Hkv == H`. Differentiable by torch's autograd where the inputs require
+/// gradients. CUDA only (an error elsewhere: torch has no CPU kernel).
+pub fn varlen_attention([q, k, v]: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
+    let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: the tensors are live and only read; on success `out` is a new `at::Tensor` whose
+    // ownership passes to the returned handle. The shim catches every C++ exception.
+    let code = unsafe {
+        ffi::c10d_varlen_attention(
+            ptr(q),
+            ptr(k),
+            ptr(v),
+            ptr(&seqs.cu_q),
+            ptr(&seqs.cu_k),
+            seqs.max_q,
+            seqs.max_k,
+            &mut out,
+        )
+    };
+    check("varlen_attention", code)?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// Whether torch's attention may choose cuDNN's kernel (`torch.backends.cuda.enable_cudnn_sdp`),
+/// for this whole process.
+pub fn use_cudnn_attention(enable: bool) -> Result<(), TorchError> {
+    // SAFETY: a plain flag setter; the shim catches every C++ exception.
+    check("sdp_use_cudnn", unsafe { ffi::c10d_sdp_use_cudnn(i32::from(enable)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tch::{Device, Kind, Tensor};
+
+    /// Tensors the kernel cannot pair (another dtype, another size) are an error from the shim,
+    /// and nothing is written, not even in the entries that were fine.
+    #[test]
+    fn mismatched_tensors_are_an_error() {
+        let s = AdamWStep { step: 1, lr: 0.1, beta1: 0.9, beta2: 0.999, weight_decay: 0.0, eps: 1e-8 };
+        let entry = |n: i64, grad: Tensor| {
+            let param = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+            AdamWEntry { exp_avg: param.zeros_like(), exp_avg_sq: param.zeros_like(), param, grad }
+        };
+        for bad in [Tensor::ones([3], (Kind::Double, Device::Cpu)), Tensor::ones([4], (Kind::Float, Device::Cpu))] {
+            let mut entries = [entry(2, Tensor::ones([2], (Kind::Float, Device::Cpu))), entry(3, bad)];
+            let err = fused_adamw(&mut entries, &s).expect_err("a mismatch fails");
+            assert!(err.to_string().contains("fused_adamw"), "{err}");
+            assert_eq!(entries[0].param.abs().sum(Kind::Double).double_value(&[]), 0.0);
+        }
+        // Matched, the first step moves each value by lr against its gradient's sign, in every entry.
+        let ones = |n: i64| Tensor::ones([n], (Kind::Float, Device::Cpu));
+        let mut entries = [entry(2, ones(2)), entry(3, -ones(3))];
+        fused_adamw(&mut entries, &s).unwrap();
+        assert!((entries[0].param.double_value(&[1]) + 0.1).abs() < 1e-6, "{}", entries[0].param);
+        assert!((entries[1].param.double_value(&[2]) - 0.1).abs() < 1e-6, "{}", entries[1].param);
+    }
+
+    /// Per-tensor norms in one call, and an in-place scale by a tensor on the device; tensors of
+    /// two dtypes are an error.
+    #[test]
+    fn foreach_norms_and_scale() {
+        let mut ts = [Tensor::from_slice(&[3.0f32, 4.0]), Tensor::from_slice(&[12.0f32])];
+        let norms = foreach_norms(&ts).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&norms).unwrap(), [5.0, 12.0]);
+        foreach_mul(&mut ts, &Tensor::from_slice(&[0.5f32])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&ts[0]).unwrap(), [1.5, 2.0]);
+        assert_eq!(Vec::<f32>::try_from(&ts[1]).unwrap(), [6.0]);
+        let mixed = [Tensor::from_slice(&[1.0f32]), Tensor::from_slice(&[1.0f64])];
+        let err = foreach_norms(&mixed).expect_err("two dtypes fail");
+        assert!(err.to_string().contains("foreach_norms"), "{err}");
+        assert!(foreach_norms(&[]).is_err());
+    }
+
+    /// Off CUDA the variable-length kernel is an error that says so, not a crash.
+    #[test]
+    fn varlen_attention_is_an_error_off_cuda() {
+        let t = |h: i64| Tensor::randn([5, h, 8], (Kind::Float, Device::Cpu));
+        let cu = || Tensor::from_slice(&[0i32, 2, 5]);
+        let seqs = VarlenSeqs { cu_q: cu(), cu_k: cu(), max_q: 3, max_k: 3 };
+        let err = varlen_attention([&t(2), &t(2), &t(2)], &seqs).expect_err("no CPU kernel");
+        assert!(err.to_string().contains("varlen_attention") && err.to_string().contains("CUDA only"), "{err}");
+    }
+}

@@ -1,0 +1,56 @@
+//! dpo-torch: what this project calls in libtorch beyond burn and tch, through one C++ shim
+//! (`csrc/c10d.cpp`, built by `build.rs` against the venv's torch): the raw C ABI ([`ffi`]) that
+//! `dpo-dist` wraps as c10d process groups, and the safe wrappers of the rest: torch's fused AdamW
+//! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
+//! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
+//! ([`profiler`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
+//! ([`bridge`]).
+
+pub mod allocator;
+pub mod bridge;
+pub mod ffi;
+pub mod kernels;
+pub mod profiler;
+
+use std::ffi::CStr;
+
+/// A failure of a shim call, or of libtorch preparing one.
+#[derive(Debug, thiserror::Error)]
+pub enum TorchError {
+    /// The shim reported a failure (a mismatched tensor, a CUDA error, a c10d timeout or lost peer).
+    #[error("c10d `{op}` failed (code {code}): {message}")]
+    Shim { op: &'static str, code: i32, message: String },
+    /// libtorch failed while the arguments of `op` were prepared.
+    #[error("libtorch failed while preparing `{op}`")]
+    Tch {
+        op: &'static str,
+        #[source]
+        source: tch::TchError,
+    },
+    /// A tensor is not a LibTorch tensor (another burn backend).
+    #[error("Tensor {index} is not a LibTorch tensor: {reason}")]
+    NotLibTorch { index: usize, reason: String },
+}
+
+/// The message of the last failed shim call on this thread.
+fn last_error() -> String {
+    // SAFETY: `c10d_last_error` returns a pointer to a thread-local, NUL-terminated `std::string`
+    // buffer that stays valid until the next failing call on this thread; it is copied out at once.
+    unsafe { CStr::from_ptr(ffi::c10d_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// Maps a shim status code of `op` to a result, with the shim's message.
+pub fn check(op: &'static str, code: i32) -> Result<(), TorchError> {
+    if code == 0 { Ok(()) } else { Err(TorchError::Shim { op, code, message: last_error() }) }
+}
+
+/// Wraps a libtorch error of `op` (for `map_err`).
+pub fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> TorchError {
+    move |source| TorchError::Tch { op, source }
+}
+
+/// Whether this build has c10d's NCCL backend.
+pub fn has_nccl() -> bool {
+    // SAFETY: a pure query of a compile-time constant, no arguments.
+    unsafe { ffi::c10d_has_nccl() != 0 }
+}

@@ -1,0 +1,145 @@
+//! torch's profiler around a few training steps, through the shim (tch binds none of it): the
+//! Chrome trace `torch.profiler.profile(...).export_chrome_trace` writes, with every operator's
+//! host time and, on CUDA, every kernel. Opened in Perfetto or chrome://tracing, it answers
+//! where a step's time goes, on the host or on the device.
+//!
+//! `DPO_TRAIN_PROFILE=<trace.json>` turns it on (rank 0); `DPO_TRAIN_PROFILE_STEPS=<first>-<last>`
+//! chooses the optimizer steps, 1-based (default 11-15: after the warm-up of allocators, kernels
+//! and caches).
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use crate::{TorchError, check, ffi};
+
+/// Which steps to profile and where the trace goes.
+#[derive(Debug)]
+pub struct ProfileWindow {
+    path: PathBuf,
+    first: u64,
+    last: u64,
+    cuda: bool,
+    /// Where the shim writes the trace before it is renamed to `path`.
+    tmp: CString,
+    running: bool,
+}
+
+impl ProfileWindow {
+    /// The window the environment asks for, if any; a malformed step range is an error naming
+    /// the variable.
+    pub fn from_env(cuda: bool) -> Result<Option<Self>, String> {
+        let Some(path) = std::env::var_os("DPO_TRAIN_PROFILE").filter(|p| !p.is_empty()) else { return Ok(None) };
+        let steps = std::env::var("DPO_TRAIN_PROFILE_STEPS").unwrap_or_else(|_| "11-15".to_owned());
+        let (first, last) = parse_steps(&steps)
+            .ok_or_else(|| format!("DPO_TRAIN_PROFILE_STEPS=`{steps}`: expected <first>-<last>, e.g. 11-15"))?;
+        Self::new(PathBuf::from(path), (first, last), cuda).map(Some)
+    }
+
+    /// Steps `first..=last` (1-based) traced into `path`.
+    pub fn new(path: PathBuf, (first, last): (u64, u64), cuda: bool) -> Result<Self, String> {
+        let tmp = path.with_extension("json.tmp");
+        let tmp = CString::new(tmp.as_os_str().as_bytes())
+            .map_err(|_| format!("DPO_TRAIN_PROFILE=`{}` holds a NUL byte", path.display()))?;
+        Ok(Self { path, first, last, cuda, tmp, running: false })
+    }
+
+    /// Before optimizer step `step` (1-based) runs: starts the profiler at the window's first.
+    pub fn before(&mut self, step: u64) -> Result<(), TorchError> {
+        if step == self.first && !self.running {
+            // The trace's folder is made before the profiler starts: once started, it must be stopped.
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| TorchError::Shim {
+                    op: "profiler_start",
+                    code: -1,
+                    message: format!("cannot create `{}`: {e}", dir.display()),
+                })?;
+            }
+            synchronize(self.cuda);
+            // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
+            check("profiler_start", unsafe { ffi::c10d_profiler_start(i32::from(self.cuda)) })?;
+            self.running = true;
+        }
+        Ok(())
+    }
+
+    /// After step `step` ran (or the loop ended there: `end`): stops at the window's last and
+    /// writes the trace. Returns the trace's path when it was written.
+    pub fn after(&mut self, step: u64, end: bool) -> Result<Option<PathBuf>, TorchError> {
+        if !self.running || (step < self.last && !end) {
+            return Ok(None);
+        }
+        synchronize(self.cuda); // the step's kernels belong in the trace
+        self.running = false;
+        // Written beside the trace, then renamed: a trace is whole or absent.
+        // SAFETY: `tmp` is a NUL-terminated string alive for the call; the shim catches every C++
+        // exception.
+        check("profiler_stop", unsafe { ffi::c10d_profiler_stop(self.tmp.as_ptr()) })?;
+        let tmp = PathBuf::from(OsString::from_vec(self.tmp.as_bytes().to_vec()));
+        std::fs::rename(&tmp, &self.path).map_err(|e| TorchError::Shim {
+            op: "profiler_stop",
+            code: -1,
+            message: format!("cannot write `{}`: {e}", self.path.display()),
+        })?;
+        Ok(Some(self.path.clone()))
+    }
+}
+
+impl Drop for ProfileWindow {
+    /// A window cut short (Ctrl-C, an error) still stops the profiler and keeps what it traced:
+    /// one left running crashed the process at exit (a segmentation fault after the last line).
+    fn drop(&mut self) {
+        if self.running {
+            let _ = self.after(self.last, true);
+        }
+    }
+}
+
+fn parse_steps(text: &str) -> Option<(u64, u64)> {
+    let (a, b) = text.split_once('-')?;
+    let (first, last) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (first >= 1 && first <= last).then_some((first, last))
+}
+
+fn synchronize(cuda: bool) {
+    if cuda {
+        for i in 0..tch::Cuda::device_count() {
+            tch::Cuda::synchronize(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_ranges_parse_and_bad_ones_do_not() {
+        assert_eq!(parse_steps("11-15"), Some((11, 15)));
+        assert_eq!(parse_steps("3-3"), Some((3, 3)));
+        for bad in ["", "5", "0-2", "4-2", "a-b", "1-"] {
+            assert_eq!(parse_steps(bad), None, "{bad}");
+        }
+    }
+
+    /// Two CPU steps profiled: the trace is Chrome's JSON and holds the operators that ran.
+    #[test]
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    fn a_window_writes_a_chrome_trace_of_the_operators() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("traces/trace.json"); // the folder is created
+        let mut w = ProfileWindow::new(path.clone(), (2, 3), false).unwrap();
+        for step in 1..=4 {
+            w.before(step).unwrap();
+            let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, tch::Device::Cpu));
+            let _ = a.matmul(&a);
+            let written = w.after(step, false).unwrap();
+            assert_eq!(written.is_some(), step == 3, "step {step}");
+        }
+        let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let events = trace["traceEvents"].as_array().unwrap();
+        let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert!(names.iter().filter(|n| **n == "aten::matmul").count() == 2, "{:?}", &names[..names.len().min(20)]);
+        assert!(!path.with_extension("json.tmp").exists());
+    }
+}

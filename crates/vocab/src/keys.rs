@@ -1,0 +1,40 @@
+//! The config keys check-gpu sets, by their names in dpo-train's key table (TRL's names where TRL
+//! has the key), and the launcher's flags. dpo-train's tests check that each is a key of its table.
+
+pub const MODEL_NAME_OR_PATH: &str = "model_name_or_path";
+pub const TRAIN_FILE: &str = "train_file";
+pub const PER_DEVICE_TRAIN_BATCH_SIZE: &str = "per_device_train_batch_size";
+pub const GRADIENT_ACCUMULATION_STEPS: &str = "gradient_accumulation_steps";
+pub const GLOBAL_BATCH_SIZE: &str = "global_batch_size";
+pub const MAX_LENGTH: &str = "max_length";
+pub const BF16: &str = "bf16";
+pub const FP16: &str = "fp16";
+pub const LORA_R: &str = "lora_r";
+pub const LORA_TARGET_MODULES: &str = "lora_target_modules";
+pub const PRECOMPUTE_REF_LOG_PROBS: &str = "precompute_ref_log_probs";
+pub const GRADIENT_CHECKPOINTING: &str = "gradient_checkpointing";
+pub const SHARDING: &str = "sharding";
+pub const OFFLOAD_OPTIMIZER: &str = "offload_optimizer";
+
+/// The config keys above.
+pub const CONFIG_KEYS: [&str; 14] = [
+    MODEL_NAME_OR_PATH,
+    TRAIN_FILE,
+    PER_DEVICE_TRAIN_BATCH_SIZE,
+    GRADIENT_ACCUMULATION_STEPS,
+    GLOBAL_BATCH_SIZE,
+    MAX_LENGTH,
+    BF16,
+    FP16,
+    LORA_R,
+    LORA_TARGET_MODULES,
+    PRECOMPUTE_REF_LOG_PROBS,
+    GRADIENT_CHECKPOINTING,
+    SHARDING,
+    OFFLOAD_OPTIMIZER,
+];
+
+/// The launcher's GPU count or list (`--gpus 4`, `--gpus 0,2`, `--gpus auto`).
+pub const GPUS: &str = "gpus";
+/// The launcher's device list (`--devices cpu:4`).
+pub const DEVICES: &str = "devices";

@@ -1,0 +1,107 @@
+//! [`RunSettings`]: the settings of a planned run, and the flags that ask dpo-train for them.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Precision, Sharding, flag, keys};
+
+/// Where a run's ranks go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "count")]
+pub enum Ranks {
+    /// One process per GPU (`--gpus N`).
+    Gpus(usize),
+    /// CPU processes (`--devices cpu:N`), no GPU usable.
+    Cpu(usize),
+}
+
+/// LoRA adapters of rank `r` on `targets` (PEFT's module names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lora {
+    pub r: u64,
+    pub targets: Vec<String>,
+}
+
+/// Every setting a plan assumes, each a dpo-train key or launcher flag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSettings {
+    /// The model directory, when the plan was made for one.
+    pub model: Option<PathBuf>,
+    pub ranks: Ranks,
+    pub micro_batch: u64,
+    pub accumulation: u64,
+    pub global_batch: u64,
+    pub max_length: u64,
+    pub precision: Precision,
+    pub lora: Option<Lora>,
+    pub precompute_ref_log_probs: bool,
+    pub gradient_checkpointing: bool,
+    pub sharding: Sharding,
+    pub offload_optimizer: bool,
+}
+
+impl RunSettings {
+    /// The flags that ask `dpo-train train` for these settings, every one spelled out (dpo-train's
+    /// defaults are TRL's, which a plan need not share): each key through [`flag`], the rule
+    /// dpo-train's flag parser is built with.
+    pub fn flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut set = |key: &str, value: String| out.extend([flag(key), value]);
+        if let Some(model) = &self.model {
+            set(keys::MODEL_NAME_OR_PATH, model.display().to_string());
+        }
+        match self.ranks {
+            Ranks::Gpus(n) => set(keys::GPUS, n.to_string()),
+            Ranks::Cpu(n) => set(keys::DEVICES, format!("cpu:{n}")),
+        }
+        set(keys::PER_DEVICE_TRAIN_BATCH_SIZE, self.micro_batch.to_string());
+        set(keys::GRADIENT_ACCUMULATION_STEPS, self.accumulation.to_string());
+        set(keys::GLOBAL_BATCH_SIZE, self.global_batch.to_string());
+        set(keys::MAX_LENGTH, self.max_length.to_string());
+        set(keys::BF16, (self.precision == Precision::Bf16).to_string());
+        set(keys::FP16, (self.precision == Precision::Fp16).to_string());
+        if let Some(lora) = &self.lora {
+            set(keys::LORA_R, lora.r.to_string());
+            set(keys::LORA_TARGET_MODULES, lora.targets.join(","));
+        }
+        set(keys::PRECOMPUTE_REF_LOG_PROBS, self.precompute_ref_log_probs.to_string());
+        set(keys::GRADIENT_CHECKPOINTING, self.gradient_checkpointing.to_string());
+        set(keys::SHARDING, self.sharding.name().to_owned());
+        set(keys::OFFLOAD_OPTIMIZER, self.offload_optimizer.to_string());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_is_a_flag_and_its_value() {
+        let settings = RunSettings {
+            model: Some("/models/m".into()),
+            ranks: Ranks::Gpus(2),
+            micro_batch: 4,
+            accumulation: 2,
+            global_batch: 16,
+            max_length: 1024,
+            precision: Precision::Bf16,
+            lora: Some(Lora { r: 16, targets: vec!["q_proj".into(), "v_proj".into()] }),
+            precompute_ref_log_probs: false,
+            gradient_checkpointing: true,
+            sharding: Sharding::Zero2,
+            offload_optimizer: false,
+        };
+        let flags = settings.flags().join(" ");
+        assert_eq!(
+            flags,
+            "--model-name-or-path /models/m --gpus 2 --per-device-train-batch-size 4 \
+             --gradient-accumulation-steps 2 --global-batch-size 16 --max-length 1024 --bf16 true --fp16 false \
+             --lora-r 16 --lora-target-modules q_proj,v_proj --precompute-ref-log-probs false \
+             --gradient-checkpointing true --sharding zero2 --offload-optimizer false"
+        );
+        let cpu = RunSettings { ranks: Ranks::Cpu(3), ..settings };
+        assert!(cpu.flags().windows(2).any(|w| w == ["--devices", "cpu:3"]));
+    }
+}
