@@ -213,7 +213,7 @@ fn check_gpus_commands_run_as_printed() {
         format!("train_file = \"{}\"\noutput_dir = \"{}\"\nmax_steps = 1\n", data().display(), out_dir.display()),
     )
     .unwrap();
-    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("check_gpu/tests/fixtures");
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/check_gpu/tests/fixtures");
     let (tp, qp) = (fixture.join("t4x2-phb.topo.txt"), fixture.join("t4x2-phb.query.csv"));
     let (topo, query) = (parse::read(&tp).unwrap(), parse::read(&qp).unwrap());
     let snap = parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))

@@ -118,7 +118,7 @@ fn check_gpu_commands_are_accepted() {
     use check_gpu::{FineTune, ModelShape, PlanRequest, plan};
     use clap::Parser;
 
-    let fixture = root().join("check_gpu/tests/fixtures");
+    let fixture = root().join("crates/check_gpu/tests/fixtures");
     let (tp, qp) = (fixture.join("t4x2-phb.topo.txt"), fixture.join("t4x2-phb.query.csv"));
     let (topo, query) = (parse::read(&tp).unwrap(), parse::read(&qp).unwrap());
     let snap = parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))

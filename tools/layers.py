@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
-"""Checks the one-way layers of ARCHITECTURE.md: every `crate::` / `super::` path in a crate's
-code (tests excluded) must lead to a module of the same top-level module or of a lower layer,
-and no two source files may import each other, directly or around a circle.
+"""Checks the one-way layers of ARCHITECTURE.md across the workspace:
+
+- every crate's path dependencies lie on lower crate layers (Cargo refuses a circle between
+  crates, not a dependency that goes up a layer);
+- in dpo-train's own crate, every `crate::` / `super::` path (tests excluded) leads to a module of
+  the same top-level module or of a lower layer;
+- in every crate, no two source files import each other, directly or around a circle (a module
+  counts as using the modules it declares).
 
     python3 tools/layers.py            # exit 0 when clean, 1 with one line per violation
 
-Layers of dpo-train, low to high (a module may use its own layer's module and lower layers):
+Layers of dpo-train's own modules, low to high (the crates it re-exports lie below them all):
 """
+
+import tomllib
 
 import re
 import sys
@@ -14,12 +21,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The workspace's crates, low to high: a crate may depend only on crates of lower layers.
+CRATE_LAYERS = {
+    "dpo-base": 0, "dpo-vocab": 0, "hf-config": 0,
+    "dpo-torch": 1, "dpo-config": 1, "check-gpu": 1,
+    "dpo-dist": 2, "dpo-data": 2,
+    "dpo-model": 3,
+    "dpo-train": 4,
+}
+
 # dpo-train: top-level module -> layer. Two modules on one layer may not use each other.
 LAYERS = {
-    "fsutil": 0, "clock": 0, "malloc": 0, "tboard": 0,
-    "config": 1, "dist": 1,
-    "data": 2,
-    "model": 3,
+    "malloc": 0, "tboard": 0,
     "dpo": 4,
     "train": 5,
     "report": 6,
@@ -30,8 +43,9 @@ LAYERS = {
 __doc__ += "".join(f"    {layer}: {', '.join(sorted(m for m, l in LAYERS.items() if l == layer))}\n"
                    for layer in sorted(set(LAYERS.values())))
 
-CRATES = [ROOT / "src", ROOT / "check_gpu" / "src"]
+MANIFESTS = [ROOT / "Cargo.toml"] + sorted((ROOT / "crates").glob("*/Cargo.toml"))
 PATH = re.compile(r"\b(crate|super|self)((?:::(?:\w+|\{[^;]*?\}))+)")
+DECLARED = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", re.M)
 
 
 def strip(text):
@@ -92,8 +106,10 @@ def check(crate, layers):
     modules = set(files)
     edges, problems = {}, []
     for module, file in files.items():
-        uses = set()
-        for kind, tail in PATH.findall(strip(file.read_text())):
+        text = strip(file.read_text())
+        # A module uses the modules it declares (`mod peak;`): using it may reach them.
+        uses = {module + (child,) for child in DECLARED.findall(text) if module + (child,) in modules}
+        for kind, tail in PATH.findall(text):
             base = {"crate": (), "self": module}.get(kind)
             if base is None:  # `super`: the parent of this file's module (of a mod.rs: its own parent)
                 base = module[:-1]
@@ -151,8 +167,30 @@ def cycles(crate, files, edges):
     return out
 
 
+def crate_layers():
+    """Every path dependency that does not go down a layer, and every crate without one."""
+    problems = []
+    for manifest in MANIFESTS:
+        cargo = tomllib.loads(manifest.read_text())
+        name = cargo["package"]["name"]
+        mine = CRATE_LAYERS.get(name)
+        if mine is None:
+            problems.append(f"{manifest.relative_to(ROOT)}: crate {name} has no layer in tools/layers.py")
+            continue
+        for dep, spec in cargo.get("dependencies", {}).items():
+            if isinstance(spec, dict) and "path" in spec:
+                theirs = CRATE_LAYERS.get(dep)
+                if theirs is None or theirs >= mine:
+                    problems.append(f"{manifest.relative_to(ROOT)}: depends on {dep} (layer {theirs}), "
+                                    f"{name} is layer {mine}")
+    return problems
+
+
 def main():
-    problems = check(CRATES[0], LAYERS) + check(CRATES[1], None)
+    problems = crate_layers()
+    for manifest in MANIFESTS:
+        name = tomllib.loads(manifest.read_text())["package"]["name"]
+        problems += check(manifest.parent / "src", LAYERS if name == "dpo-train" else None)
     for p in problems:
         print(p)
     if problems:

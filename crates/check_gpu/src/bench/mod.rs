@@ -9,7 +9,6 @@
 //! all-reduce buffer, the gathered output, the scattered input). Bus bandwidth is comparable
 //! with the hardware's per-direction peak whatever the number of ranks.
 
-pub mod peak;
 pub mod run;
 
 use serde::{Deserialize, Serialize};
@@ -169,68 +168,6 @@ pub struct BenchRecord {
     pub gpus: Vec<u32>,
     #[serde(flatten)]
     pub bench: Bench,
-}
-
-/// One table row: a measurement with its bandwidths, for the text and `--json` reports.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Row {
-    pub op: Collective,
-    pub bytes: u64,
-    pub seconds: f64,
-    pub correct: bool,
-    /// GB/s (1e9 bytes).
-    pub algbw_gbps: f64,
-    /// GB/s (1e9 bytes).
-    pub busbw_gbps: f64,
-}
-
-/// The bench as reported: measurements with their bandwidths and the nominal peak.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    pub backend: String,
-    pub world_size: usize,
-    /// GPUs measured (NVML indices); empty for CPU processes.
-    pub gpus: Vec<u32>,
-    pub devices: Vec<DeviceSpeed>,
-    /// By collective, then size.
-    pub collectives: Vec<Row>,
-    /// The weakest link's nominal per-direction peak; `None` when unknown.
-    pub nominal_peak: Option<peak::NominalPeak>,
-    /// Why there is no nominal peak.
-    pub no_peak_reason: Option<String>,
-}
-
-impl Summary {
-    /// The summary of a bench next to the nominal peak of its links (or why there is none;
-    /// [`peak::summarize`] finds it in a snapshot).
-    pub fn new(rec: &BenchRecord, peak: Result<peak::NominalPeak, String>) -> Summary {
-        let b = &rec.bench;
-        let collectives = Collective::ALL
-            .iter()
-            .flat_map(|&op| b.of(op))
-            .map(|m| Row {
-                op: m.op,
-                bytes: m.bytes,
-                seconds: m.seconds,
-                correct: m.correct,
-                algbw_gbps: m.algbw(),
-                busbw_gbps: m.busbw(b.world_size),
-            })
-            .collect();
-        let (nominal_peak, no_peak_reason) = match peak {
-            Ok(p) => (Some(p), None),
-            Err(reason) => (None, Some(reason)),
-        };
-        Summary {
-            backend: b.backend.clone(),
-            world_size: b.world_size,
-            gpus: rec.gpus.clone(),
-            devices: b.devices.clone(),
-            collectives,
-            nominal_peak,
-            no_peak_reason,
-        }
-    }
 }
 
 /// The sizes measured: `min`, ×4, ... while below `max`, then `max` itself, so the largest size

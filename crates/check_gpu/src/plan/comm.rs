@@ -20,7 +20,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Log;
-use crate::bench::{self, Bench, Collective, GRADIENT_BUCKET_BYTES};
+use crate::bench::{Bench, Collective, GRADIENT_BUCKET_BYTES};
 use crate::memory::{Dtype, FineTune, Reference, Sharding};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
@@ -190,8 +190,8 @@ pub(super) fn communication(
         ));
         return None;
     }
-    let peak = bench::peak::nominal_peak(snap, &rec.gpus).ok();
-    log.warnings.extend(bench::peak::warnings(rec, peak.as_ref()));
+    let peak = crate::peak::nominal_peak(snap, &rec.gpus).ok();
+    log.warnings.extend(crate::peak::warnings(rec, peak.as_ref()));
     estimate(model?, setting, &rec.bench)
 }
 

@@ -7,8 +7,8 @@
 //! precision), TRL's `DPOTrainer`, which runs chosen and rejected as one concatenated batch of
 //! `2*b` rows, and for the activations a measurement of transformers' eager autograd (Llama and
 //! Qwen2 with `attn_implementation="sdpa"`, full sequences without a padding mask):
-//! `check_gpu/tests/gen/activation_bytes.py` counts the bytes autograd saves per token and layer
-//! (fixture `check_gpu/tests/fixtures/activation_bytes.json`, the estimate matches it to the byte).
+//! `crates/check_gpu/tests/gen/activation_bytes.py` counts the bytes autograd saves per token and layer
+//! (fixture `crates/check_gpu/tests/fixtures/activation_bytes.json`, the estimate matches it to the byte).
 //! A decoder layer keeps, per token, `A = 8h + 4c*h + 2c*d*(a+kv) + 4c*i + 4a + 8` bytes: each of
 //! its two RMSNorms its input in fp32 (`4h`), the normalized values and its output (`2c*h`) and
 //! `1/rms` (4); attention q, k, v after RoPE and sdpa's output (`c*d*(2a+2kv)`, GQA's k and v at

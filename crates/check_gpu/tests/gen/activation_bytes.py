@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measures the activation bytes transformers' eager autograd keeps for a Llama/Qwen2 decoder
-layer, the fixture check_gpu/src/memory.rs's activation formula is tested against
-(check_gpu/tests/fixtures/activation_bytes.json).
+layer, the fixture crates/check_gpu/src/memory.rs's activation formula is tested against
+(crates/check_gpu/tests/fixtures/activation_bytes.json).
 
 For each shape it builds a small random-weight model (CPU, nothing downloaded) with 1 and with 2
 decoder layers, runs the forward on `rows x seq` token ids (no attention mask: full sequences,
@@ -13,7 +13,7 @@ two runs; the head's (embedding ids, final norm, LM head, fp32 log-softmax) are 
 less one layer. With gradient checkpointing (`use_reentrant=True`, so the saved inputs pass
 through the hooks) a layer keeps only what its checkpoint saves.
 
-Run from the repository root: `.venv/bin/python check_gpu/tests/gen/activation_bytes.py`
+Run from the repository root: `.venv/bin/python crates/check_gpu/tests/gen/activation_bytes.py`
 (writes the fixture; `--print` prints it instead).
 """
 
@@ -24,7 +24,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-OUT = "check_gpu/tests/fixtures/activation_bytes.json"
+OUT = "crates/check_gpu/tests/fixtures/activation_bytes.json"
 
 # The config keys of a shape, in SHAPES' order after the model type; the fixture uses the same names.
 KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
@@ -112,7 +112,7 @@ def main():
                 )
                 print(*shape, dtype_name, rows, seq, layer, head, kept, file=sys.stderr)
     doc = dict(
-        generator="check_gpu/tests/gen/activation_bytes.py",
+        generator="crates/check_gpu/tests/gen/activation_bytes.py",
         torch=torch.__version__,
         transformers=transformers.__version__,
         what="bytes autograd saves per token (rows*seq), per decoder layer and for the head, parameters left out",

@@ -357,7 +357,7 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         stdout.push_str(&format!("  - {n}\n"));
     }
     if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
-        stdout.push_str(&render::bench_text(&bench::peak::summarize(rec, None), style));
+        stdout.push_str(&render::bench_text(&crate::peak::summarize(rec, None), style));
         if let Some(c) = &p.communication {
             stdout.push_str(&format!("  {}\n", render::communication_line(c)));
         }

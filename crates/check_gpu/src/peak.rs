@@ -1,6 +1,6 @@
-//! The nominal per-direction bandwidth of the weakest link among the measured GPUs (a ring
-//! all-reduce runs at the speed of its slowest hop), and the warnings that compare the measured
-//! bus bandwidth with it.
+//! A bench as reported ([`Summary`]): its measurements beside the nominal per-direction
+//! bandwidth of the weakest link among the measured GPUs (a ring all-reduce runs at the speed of
+//! its slowest hop), and the warnings that compare the measured bus bandwidth with it.
 //!
 //! NVLink rates per link and direction, from NVIDIA's totals (bidirectional, all links of one
 //! GPU): NVLink 1, P100: 160 GB/s over 4 links = 20 (Pascal P100 whitepaper); NVLink 2, V100:
@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{BenchRecord, Collective, Summary};
+use crate::bench::{BenchRecord, Collective, DeviceSpeed};
 use crate::snapshot::{Gpu, Link, Snapshot};
 use crate::topology;
 
@@ -26,6 +26,68 @@ pub struct NominalPeak {
     pub link: Link,
     /// How the number was derived, for the report.
     pub how: String,
+}
+
+/// One table row: a measurement with its bandwidths, for the text and `--json` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub op: Collective,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub correct: bool,
+    /// GB/s (1e9 bytes).
+    pub algbw_gbps: f64,
+    /// GB/s (1e9 bytes).
+    pub busbw_gbps: f64,
+}
+
+/// The bench as reported: measurements with their bandwidths and the nominal peak.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub backend: String,
+    pub world_size: usize,
+    /// GPUs measured (NVML indices); empty for CPU processes.
+    pub gpus: Vec<u32>,
+    pub devices: Vec<DeviceSpeed>,
+    /// By collective, then size.
+    pub collectives: Vec<Row>,
+    /// The weakest link's nominal per-direction peak; `None` when unknown.
+    pub nominal_peak: Option<NominalPeak>,
+    /// Why there is no nominal peak.
+    pub no_peak_reason: Option<String>,
+}
+
+impl Summary {
+    /// The summary of a bench next to the nominal peak of its links (or why there is none;
+    /// [`summarize`] finds it in a snapshot).
+    pub fn new(rec: &BenchRecord, peak: Result<NominalPeak, String>) -> Summary {
+        let b = &rec.bench;
+        let collectives = Collective::ALL
+            .iter()
+            .flat_map(|&op| b.of(op))
+            .map(|m| Row {
+                op: m.op,
+                bytes: m.bytes,
+                seconds: m.seconds,
+                correct: m.correct,
+                algbw_gbps: m.algbw(),
+                busbw_gbps: m.busbw(b.world_size),
+            })
+            .collect();
+        let (nominal_peak, no_peak_reason) = match peak {
+            Ok(p) => (Some(p), None),
+            Err(reason) => (None, Some(reason)),
+        };
+        Summary {
+            backend: b.backend.clone(),
+            world_size: b.world_size,
+            gpus: rec.gpus.clone(),
+            devices: b.devices.clone(),
+            collectives,
+            nominal_peak,
+            no_peak_reason,
+        }
+    }
 }
 
 /// The reason given when the bench ran over CPU processes.
@@ -108,7 +170,8 @@ pub fn warnings(rec: &BenchRecord, peak: Option<&NominalPeak>) -> Vec<String> {
     let b = &rec.bench;
     let mut out = Vec::new();
     for op in Collective::ALL {
-        let wrong: Vec<String> = b.of(op).iter().filter(|m| !m.correct).map(|m| super::size_label(m.bytes)).collect();
+        let wrong: Vec<String> =
+            b.of(op).iter().filter(|m| !m.correct).map(|m| crate::bench::size_label(m.bytes)).collect();
         if !wrong.is_empty() {
             out.push(format!(
                 "{} over {} returned wrong values at {}: do not train on this setup",
@@ -125,7 +188,7 @@ pub fn warnings(rec: &BenchRecord, peak: Option<&NominalPeak>) -> Vec<String> {
                 "{} bus bandwidth {:.1} GB/s at {} is below half the nominal {:.1} GB/s of the weakest link ({}: {})",
                 op.name(),
                 m.busbw(b.world_size),
-                super::size_label(m.bytes),
+                crate::bench::size_label(m.bytes),
                 p.gbps,
                 p.link,
                 p.how

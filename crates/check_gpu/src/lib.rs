@@ -14,6 +14,7 @@ pub mod cpulist;
 pub mod memory;
 pub mod model;
 pub mod parse;
+pub mod peak;
 pub mod plan;
 pub mod probe;
 pub mod render;

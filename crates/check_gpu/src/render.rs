@@ -9,8 +9,9 @@ use serde::Serialize;
 
 mod terms;
 
-use crate::bench::{self, Summary, size_label};
+use crate::bench::{self, size_label};
 use crate::memory::{FineTune, Reference};
+use crate::peak::{self, Summary};
 use crate::plan::{Plan, Status};
 use crate::snapshot::{Snapshot, Source};
 use crate::units::{bytes, count, list};
@@ -58,7 +59,7 @@ struct Report<'a> {
 
 /// One JSON object, pretty-printed.
 pub fn json(snap: Option<&Snapshot>, plan: &Plan) -> String {
-    let bench = snap.and_then(|s| s.bench.as_ref().map(|b| bench::peak::summarize(b, Some(s))));
+    let bench = snap.and_then(|s| s.bench.as_ref().map(|b| peak::summarize(b, Some(s))));
     // Serializing plain structs of strings, numbers and maps cannot fail.
     serde_json::to_string_pretty(&Report { plan, bench, snapshot: snap })
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -471,7 +472,7 @@ fn advice_lines(o: &mut String, plan: &Plan, st: Style) {
 pub fn text(snap: Option<&Snapshot>, plan: &Plan, st: Style) -> String {
     let mut o = snap.map(|s| snapshot_text(s, plan, st)).unwrap_or_default();
     if let Some((s, b)) = snap.and_then(|s| s.bench.as_ref().map(|b| (s, b))) {
-        o.push_str(&bench_text(&bench::peak::summarize(b, Some(s)), st));
+        o.push_str(&bench_text(&peak::summarize(b, Some(s)), st));
     }
     o.push_str(&plan_text(plan, st));
     o

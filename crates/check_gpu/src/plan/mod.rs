@@ -326,7 +326,7 @@ pub fn cpu_plan(
         format!("{procs} process(es) on {cores}, one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"),
     );
     if let Some(rec) = bench {
-        p.warnings.extend(crate::bench::peak::warnings(rec, None));
+        p.warnings.extend(crate::peak::warnings(rec, None));
         if let Some(model) = &req.model {
             p.communication = comm::estimate(model, &p.step_setting(), &rec.bench);
         }
