@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Device, Tensor};
 use check_gpu::{
-    Dtype, FineTune, MemoryRequest, ModelShape, Reference, Sharding, estimate, memory::CUDA_CONTEXT_BYTES,
+    FineTune, MemoryRequest, ModelShape, Precision, Reference, Sharding, estimate, memory::CUDA_CONTEXT_BYTES,
 };
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
@@ -112,7 +112,7 @@ fn main() {
             model: &shape,
             micro_batch: MICRO_BATCH,
             seq_len: SEQ_LEN,
-            dtype: Dtype::Fp32,
+            dtype: Precision::Fp32,
             finetune: case.finetune,
             reference: case.reference,
             gradient_checkpointing: case.checkpointing,
@@ -163,7 +163,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 model: shape,
                 micro_batch: MICRO_BATCH,
                 seq_len: SEQ_LEN,
-                dtype: Dtype::Fp32,
+                dtype: Precision::Fp32,
                 finetune: FineTune::Full,
                 reference: Reference::Keep,
                 gradient_checkpointing: checkpointing,

@@ -219,14 +219,15 @@ fn check_gpus_commands_run_as_printed() {
     let snap = parse::offline_snapshot(Some(Input { text: &topo, path: &tp }), Some(Input { text: &query, path: &qp }))
         .unwrap();
     let shape = Some(ModelShape::from_hf_dir(&model()).unwrap());
-    let mut commands = Vec::new();
+    let mut plans = Vec::new();
     for finetune in [FineTune::Full, FineTune::Lora { rank: 4 }] {
         let req = PlanRequest { model: shape.clone(), model_dir: Some(model()), finetune, ..PlanRequest::default() };
-        commands.push(plan(&snap, &req).command);
+        plans.push(plan(&snap, &req));
     }
     let no_gpu = PlanRequest { model_dir: Some(model()), ..PlanRequest::default() };
-    commands.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()).command);
-    for (i, command) in commands.iter().enumerate() {
+    plans.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()));
+    for (i, plan) in plans.iter().enumerate() {
+        let command = &plan.command;
         let words: Vec<String> = command
             .split_whitespace()
             .map(|w| w.replace("YOUR_CONFIG.toml", s(&config)))
@@ -246,6 +247,20 @@ fn check_gpus_commands_run_as_printed() {
         assert_eq!(saved.model_name_or_path, model().display().to_string(), "{command}");
         assert_eq!((saved.loss.beta, saved.learning_rate), (0.1, 1e-6), "{command}");
         assert!(out_dir.join(&name).join("final").is_dir(), "{command}");
+        // dpo-train's own parser read back every setting the plan made, in dpo-vocab's types.
+        let want = plan.settings.as_ref().expect("a plan that fits");
+        let got = (
+            saved.per_device_train_batch_size as u64,
+            saved.gradient_accumulation_steps as u64,
+            saved.global_batch_size.map(|g| g as u64),
+            saved.max_length as u64,
+        );
+        assert_eq!(got, (want.micro_batch, want.accumulation, Some(want.global_batch), want.max_length), "{command}");
+        assert_eq!(saved.precision(), want.precision, "{command}");
+        assert_eq!(saved.lora_r.map(|r| r as u64), want.lora.as_ref().map(|l| l.r), "{command}");
+        assert_eq!(saved.gradient_checkpointing, want.gradient_checkpointing, "{command}");
+        assert_eq!((saved.sharding, saved.offload_optimizer), (want.sharding, want.offload_optimizer), "{command}");
+        assert_eq!(saved.precompute_ref_log_probs, want.precompute_ref_log_probs, "{command}");
     }
 }
 

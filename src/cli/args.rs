@@ -202,7 +202,7 @@ impl<S: KeySelection> clap::Args for KeyFlags<S> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
         KEYS.iter().filter(|k| S::includes(k)).fold(cmd.next_help_heading(S::HEADING), |cmd, key| {
             let arg = clap::Arg::new(key.name)
-                .long(key.name.replace('_', "-"))
+                .long(dpo_vocab::flag_name(key.name))
                 .visible_aliases(short_names(key.name))
                 .value_name(key.kind)
                 .help(key.doc.trim())
@@ -396,5 +396,21 @@ fn parse_device(s: &str) -> Result<DeviceArg, String> {
             .and_then(|i| i.parse().ok())
             .map(DeviceArg::Cuda)
             .ok_or_else(|| format!("expected `cpu`, `cuda` or `cuda:N`, got `{s}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// check-gpu's commands place the ranks with dpo-vocab's launcher flags: `train` has them.
+    #[test]
+    fn the_vocabulary_s_launcher_flags_are_train_s() {
+        let cmd = super::Cli::command();
+        let train = cmd.find_subcommand("train").expect("a train subcommand");
+        for name in [dpo_vocab::keys::GPUS, dpo_vocab::keys::DEVICES] {
+            let long = dpo_vocab::flag_name(name);
+            assert!(train.get_arguments().any(|a| a.get_long() == Some(long.as_str())), "--{long}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use clap::Parser;
 
 use crate::bench::run::{BIN_ENV, BenchError, BenchRequest, Devices};
 use crate::bench::{self, BenchRecord};
-use crate::memory::{Dtype, FineTune, Reference, Sharding};
+use crate::memory::{FineTune, Precision, Reference, Sharding};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
 use crate::plan::{DeviceIds, PlanRequest, plan};
@@ -61,7 +61,7 @@ pub struct Args {
     pub lora: Option<u64>,
     /// Training precision [default: bf16, or fp16 on GPUs older than compute capability 8.0].
     #[arg(long, value_enum)]
-    pub dtype: Option<Dtype>,
+    pub dtype: Option<Precision>,
     /// Keep a reference model on each GPU, or precompute its log-probs before training.
     #[arg(long, value_enum, default_value = "keep")]
     pub reference: Reference,

@@ -64,68 +64,7 @@ pub const CUDA_CONTEXT_BYTES: u64 = 500 * 1024 * 1024;
 /// Fragmentation and temporary buffers, as a percentage of the estimate.
 pub const OVERHEAD_PERCENT: u64 = 10;
 
-/// Training precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    /// bfloat16 mixed precision (compute capability 8.0+).
-    Bf16,
-    /// float16 mixed precision.
-    Fp16,
-    /// full float32.
-    Fp32,
-}
-
-impl Dtype {
-    /// Bytes per element of the compute dtype.
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::Bf16 | Dtype::Fp16 => 2,
-            Dtype::Fp32 => 4,
-        }
-    }
-
-    /// The lowercase name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "bf16",
-            Dtype::Fp16 => "fp16",
-            Dtype::Fp32 => "fp32",
-        }
-    }
-
-    /// Whether an fp32 master copy sits behind half-precision weights.
-    pub fn is_mixed(self) -> bool {
-        self != Dtype::Fp32
-    }
-}
-
-/// What the data-parallel ranks partition (dpo-train's `sharding`, DeepSpeed's ZeRO stages).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Sharding {
-    /// Every rank holds everything (DDP).
-    #[default]
-    None,
-    /// AdamW moments partitioned.
-    Zero1,
-    /// And gradients reduce-scattered.
-    Zero2,
-    /// And weights partitioned, gathered a piece at a time.
-    Zero3,
-}
-
-impl Sharding {
-    /// The name dpo-train's `--sharding` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Sharding::None => "none",
-            Sharding::Zero1 => "zero1",
-            Sharding::Zero2 => "zero2",
-            Sharding::Zero3 => "zero3",
-        }
-    }
-}
+pub use dpo_vocab::{Precision, Sharding};
 
 /// Which parameters train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,7 +93,7 @@ pub struct MemoryRequest<'a> {
     /// Pairs per micro-batch and GPU (`b`); the forward sees `2*b` rows.
     pub micro_batch: u64,
     pub seq_len: u64,
-    pub dtype: Dtype,
+    pub dtype: Precision,
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
@@ -338,7 +277,7 @@ mod tests {
             model,
             micro_batch: 1,
             seq_len: 1024,
-            dtype: Dtype::Bf16,
+            dtype: Precision::Bf16,
             finetune: FineTune::Full,
             reference: Reference::Keep,
             gradient_checkpointing: false,
@@ -355,7 +294,7 @@ mod tests {
         // Mixed precision: 6 + 4 + 8 = 18 bytes/param, plus a 2-byte bf16 reference.
         assert_eq!(e.weights + e.gradients + e.optimizer, 18 * m.params);
         assert_eq!(e.reference, 2 * m.params);
-        let e = estimate(&MemoryRequest { dtype: Dtype::Fp32, ..req(&m) });
+        let e = estimate(&MemoryRequest { dtype: Precision::Fp32, ..req(&m) });
         assert_eq!(e.weights + e.gradients + e.optimizer, 16 * m.params);
         assert_eq!(e.reference, 4 * m.params);
         let e = estimate(&MemoryRequest { reference: Reference::Precompute, ..req(&m) });
@@ -439,7 +378,7 @@ mod tests {
         assert_eq!(z3.activations, z2c.activations);
         assert!(z3.activations < none.activations);
         // fp32: no half cast; the reference is fp32 too.
-        let z3f = estimate(&MemoryRequest { dtype: Dtype::Fp32, ..sharded(&m, Sharding::Zero3) });
+        let z3f = estimate(&MemoryRequest { dtype: Precision::Fp32, ..sharded(&m, Sharding::Zero3) });
         assert_eq!(z3f.weights, 1_500_000_000 + 933_494_784);
         assert_eq!(z3f.reference, 1_500_000_000 + 933_494_784);
         assert_eq!([none.host, z1.host, z2.host, z3.host], [0; 4]);
@@ -459,8 +398,11 @@ mod tests {
         let z3 = off(Sharding::Zero3);
         assert_eq!((z3.weights, z3.optimizer, z3.host), (750_000_000 + 2 * PG, 0, 4.5e9 as u64));
         // fp32: the GPU keeps the fp32 parameters; the host a copy of this rank's slice and its moments.
-        let f =
-            estimate(&MemoryRequest { dtype: Dtype::Fp32, offload_optimizer: true, ..sharded(&m, Sharding::Zero1) });
+        let f = estimate(&MemoryRequest {
+            dtype: Precision::Fp32,
+            offload_optimizer: true,
+            ..sharded(&m, Sharding::Zero1)
+        });
         assert_eq!((f.weights, f.optimizer, f.host), (6e9 as u64, 0, 4.5e9 as u64));
         // The host bytes are not in the GPU total.
         let sum = z3.weights + z3.gradients + z3.reference + z3.activations + z3.logits;
@@ -488,7 +430,7 @@ mod tests {
     fn stages_only_ever_lower_the_total() {
         let m = ModelShape::from_param_count(P);
         let stages = [Sharding::None, Sharding::Zero1, Sharding::Zero2, Sharding::Zero3];
-        for dtype in [Dtype::Bf16, Dtype::Fp32] {
+        for dtype in [Precision::Bf16, Precision::Fp32] {
             for finetune in [FineTune::Full, FineTune::Lora { rank: 16 }] {
                 for gradient_checkpointing in [false, true] {
                     for reference in [Reference::Keep, Reference::Precompute] {

@@ -2,7 +2,7 @@
 //! `tests/gen/activation_bytes.py` (Llama and Qwen2 shapes, fp32 and bf16, sdpa) into
 //! `tests/fixtures/activation_bytes.json`.
 
-use check_gpu::{Dtype, FineTune, MemoryRequest, ModelShape, Reference, Sharding, estimate};
+use check_gpu::{FineTune, MemoryRequest, ModelShape, Precision, Reference, Sharding, estimate};
 use serde::Deserialize;
 
 /// The largest relative error allowed per measured shape.
@@ -59,8 +59,8 @@ impl Case {
     /// Activations and logits per token of the estimate with `layers` layers.
     fn estimated(&self, layers: u64, gradient_checkpointing: bool) -> f64 {
         let dtype = match self.dtype.as_str() {
-            "float32" => Dtype::Fp32,
-            "bfloat16" => Dtype::Bf16,
+            "float32" => Precision::Fp32,
+            "bfloat16" => Precision::Bf16,
             other => panic!("dtype {other}"),
         };
         let model = self.shape(layers);

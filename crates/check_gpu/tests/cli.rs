@@ -97,7 +97,9 @@ fn dgx_a100_uses_all_eight() {
     assert!(v["env"].get("NCCL_P2P_DISABLE").is_none());
     assert_eq!(
         v["command"],
-        "dpo-train train --config YOUR_CONFIG.toml --gpus 8 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 --global-batch-size 64 --max-length 1024 --bf16 --gradient-checkpointing false"
+        "dpo-train train --config YOUR_CONFIG.toml --gpus 8 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 \
+         --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
+         --gradient-checkpointing false --sharding none --offload-optimizer false"
     );
 }
 
@@ -165,7 +167,8 @@ fn t4_pair_full_fine_tuning_needs_zero3_and_offload() {
     assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero3"), Some(true)), "{v}");
     assert!(v["alternatives"].as_array().expect("alternatives").is_empty());
     let cmd = v["command"].as_str().expect("command");
-    assert!(cmd.ends_with(" --fp16 --gradient-checkpointing --sharding zero3 --offload-optimizer"), "{cmd}");
+    let tail = " --fp16 true --precompute-ref-log-probs false --gradient-checkpointing true --sharding zero3 --offload-optimizer true";
+    assert!(cmd.ends_with(tail), "{cmd}");
     // The fp32 master and AdamW's moments, 12 bytes per parameter over two ranks: 12 * 1.5e9 / 2
     // of host memory per GPU.
     assert_eq!(v["memory"]["host"], 9_000_000_000u64);
@@ -234,7 +237,9 @@ fn rtx4090x4_full_fine_tuning_shards_with_zero2() {
     assert_eq!(v["gradient_checkpointing"], true);
     assert_eq!(
         v["command"],
-        "dpo-train train --config YOUR_CONFIG.toml --gpus 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 --gradient-checkpointing --sharding zero2"
+        "dpo-train train --config YOUR_CONFIG.toml --gpus 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 8 \
+         --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
+         --gradient-checkpointing true --sharding zero2 --offload-optimizer false"
     );
     assert!(warnings(&v).is_empty() && v["alternatives"].as_array().expect("alternatives").is_empty(), "{v}");
     // Gradients: 4 * 1.5e9 / 4 + the largest piece in flight, the embedding 151936 * 1536, at 4 B.
@@ -272,7 +277,7 @@ fn rtx4090x4_text_report_names_the_stage() {
     assert!(text.contains("    gradients       2.3 GiB  4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward)\n"), "{text}");
     assert!(text.contains("    optimizer       2.8 GiB  8 B/param / 4 GPUs (AdamW m, v in fp32)\n"), "{text}");
     assert!(text.contains("  - a full replica needs 38.6 GiB per GPU even at micro-batch 1, more than is free: zero2 with activation checkpointing over 4 GPUs needs 20.0 GiB\n"), "{text}");
-    assert!(text.contains(" --bf16 --gradient-checkpointing --sharding zero2\n"), "{text}");
+    assert!(text.contains(" --gradient-checkpointing true --sharding zero2 --offload-optimizer false\n"), "{text}");
 }
 
 /// `--sharding STAGE` and `--offload-optimizer` estimate that choice instead of searching.
@@ -283,7 +288,7 @@ fn fixed_stage_and_offload() {
     assert_eq!(code, 0, "{v}");
     assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero3"), Some(true)));
     let cmd = v["command"].as_str().expect("command");
-    assert!(cmd.ends_with(" --bf16 --gradient-checkpointing --sharding zero3 --offload-optimizer"), "{cmd}");
+    assert!(cmd.ends_with(" --bf16 true --fp16 false --precompute-ref-log-probs false --gradient-checkpointing true --sharding zero3 --offload-optimizer true"), "{cmd}");
     // The fp32 masters and moments of this rank's quarter: 12 * 1.5e9 / 4.
     assert_eq!(v["memory"]["host"], 4_500_000_000u64);
     // A stage that does not fit is not replaced by another.
@@ -294,7 +299,7 @@ fn fixed_stage_and_offload() {
     assert_eq!(code, 0, "{one}");
     assert_eq!((one["sharding"].as_str(), one["offload_optimizer"].as_bool()), (Some("none"), Some(true)));
     let cmd = one["command"].as_str().expect("command");
-    assert!(cmd.ends_with(" --bf16 --gradient-checkpointing false --offload-optimizer"), "{cmd}");
+    assert!(cmd.ends_with(" --gradient-checkpointing false --sharding none --offload-optimizer true"), "{cmd}");
     assert_eq!(one["memory"]["host"], 18_000_000_000u64);
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use check_gpu::parse::{self, Input};
 use check_gpu::snapshot::Link;
 use check_gpu::{
-    Dtype, FineTune, MemoryRequest, ModelShape, PlanRequest, Reference, Sharding, Snapshot, Status, estimate, plan,
+    FineTune, MemoryRequest, ModelShape, PlanRequest, Precision, Reference, Sharding, Snapshot, Status, estimate, plan,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -144,7 +144,7 @@ fn trainer_memory_api() {
         model: &shape,
         micro_batch: 1,
         seq_len: 512,
-        dtype: Dtype::Bf16,
+        dtype: Precision::Bf16,
         finetune: FineTune::Full,
         reference: Reference::Precompute,
         gradient_checkpointing: true,

@@ -110,7 +110,7 @@ impl Layered {
     pub fn locate(&self, err: ConfigError) -> ConfigError {
         let ConfigError::Invalid { key, message } = err else { return err };
         let place = match (self.origin(key), &self.file) {
-            (Origin::Flag, _) => format!("`--{}`", key.replace('_', "-")),
+            (Origin::Flag, _) => format!("`{}`", dpo_vocab::flag(key)),
             (Origin::File, Some(file)) => match file.line_of(key) {
                 Some(line) => format!("`{}`, line {line}: `{key}`", file.name),
                 None => format!("`{}`: `{key}`", file.name),

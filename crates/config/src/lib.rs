@@ -388,7 +388,7 @@ impl TrainConfig {
             unreachable!("a struct serialises to a table")
         };
         for (key, text) in overrides {
-            let flag = key.replace('_', "-");
+            let flag = dpo_vocab::flag_name(key);
             let value = parse_key(key, text)
                 .ok_or_else(|| ConfigError::Flag { flag: flag.clone(), message: "unknown option".to_owned() })?
                 .map_err(|message| ConfigError::Flag { flag: flag.clone(), message })?;
@@ -548,6 +548,18 @@ mod tests {
         assert_eq!(saved["train_file"].as_str(), Some(at("tests/fixtures/data/prefs.jsonl").as_str()));
         assert_eq!(saved["tokenizer_name_or_path"].as_str(), Some(at("tests/fixtures/tokenizer").as_str()));
         assert_eq!(saved["eval_file"].as_str(), Some("not/there.jsonl"));
+    }
+
+    /// check-gpu hands its plan over in dpo-vocab's key names: each is a key of this table, with
+    /// the type the plan writes.
+    #[test]
+    fn the_vocabulary_s_keys_are_keys_of_the_table() {
+        for name in dpo_vocab::keys::CONFIG_KEYS {
+            assert!(KEYS.iter().any(|k| k.name == name), "dpo-vocab's `{name}` is no config key");
+        }
+        for bool_key in [dpo_vocab::keys::BF16, dpo_vocab::keys::FP16, dpo_vocab::keys::GRADIENT_CHECKPOINTING] {
+            assert!(KEYS.iter().find(|k| k.name == bool_key).unwrap().is_bool, "{bool_key}");
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Log;
 use crate::bench::{Bench, Collective, GRADIENT_BUCKET_BYTES};
-use crate::memory::{Dtype, FineTune, Reference, Sharding};
+use crate::memory::{FineTune, Precision, Reference, Sharding};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
 use crate::units::list;
@@ -34,7 +34,7 @@ const GRADIENT_BYTES_PER_PARAM: u64 = 4;
 pub struct StepSetting {
     pub finetune: FineTune,
     pub sharding: Sharding,
-    pub dtype: Dtype,
+    pub dtype: Precision,
     pub offload_optimizer: bool,
     pub gradient_checkpointing: bool,
     pub reference: Reference,
@@ -223,7 +223,7 @@ mod tests {
         StepSetting {
             finetune: FineTune::Full,
             sharding,
-            dtype: Dtype::Bf16,
+            dtype: Precision::Bf16,
             offload_optimizer: false,
             gradient_checkpointing: false,
             reference: Reference::Keep,

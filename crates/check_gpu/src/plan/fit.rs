@@ -9,14 +9,14 @@
 //! same search and estimated in the first setting of it that fits.
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
-use crate::memory::{self, Dtype, FineTune, MemoryEstimate, MemoryRequest, Reference, Sharding};
+use crate::memory::{self, FineTune, MemoryEstimate, MemoryRequest, Precision, Reference, Sharding};
 use crate::snapshot::{MemoryBasis, Snapshot};
 use crate::units::{bytes, list};
 
 /// The memory estimate of the planned run at any micro-batch (`None` without a model).
 pub(super) struct Estimator<'a> {
     req: &'a PlanRequest,
-    dtype: Dtype,
+    dtype: Precision,
     /// The setting [`Estimator::at`] estimates: the requested one until step 4 chooses.
     setting: Setting,
     /// Ranks the sharded terms divide over.
@@ -24,7 +24,7 @@ pub(super) struct Estimator<'a> {
 }
 
 impl<'a> Estimator<'a> {
-    pub fn new(req: &'a PlanRequest, dtype: Dtype) -> Self {
+    pub fn new(req: &'a PlanRequest, dtype: Precision) -> Self {
         Self { req, dtype, setting: Setting::requested(req), world: 1 }
     }
 

@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::{Dtype, FineTune, MemoryEstimate, Reference, Sharding};
+use dpo_vocab::{Ranks, RunSettings};
+
+use crate::memory::{FineTune, MemoryEstimate, Precision, Reference, Sharding};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
 use crate::topology::{self, Topology};
@@ -63,7 +65,7 @@ pub struct PlanRequest {
     /// `--max-length`.
     pub seq_len: u64,
     /// `None`: bf16 when every chosen GPU has compute capability 8.0+, else fp16.
-    pub dtype: Option<Dtype>,
+    pub dtype: Option<Precision>,
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
@@ -168,7 +170,7 @@ pub struct Plan {
     pub global_batch: u64,
     pub requested_global_batch: u64,
     pub lr_scale: LrScale,
-    pub dtype: Dtype,
+    pub dtype: Precision,
     pub finetune: FineTune,
     pub reference: Reference,
     pub gradient_checkpointing: bool,
@@ -187,7 +189,10 @@ pub struct Plan {
     pub model: Option<ModelShape>,
     pub topology: Topology,
     pub env: BTreeMap<String, String>,
-    /// The `dpo-train` command to run with `env` exported.
+    /// What the `dpo-train` command asks for, in dpo-train's terms; `None` when nothing fits.
+    #[serde(default)]
+    pub settings: Option<RunSettings>,
+    /// The `dpo-train` command to run with `env` exported: [`Plan::settings`] as flags.
     pub command: String,
     pub warnings: Vec<String>,
     pub notes: Vec<String>,
@@ -212,21 +217,27 @@ impl Plan {
     /// each process's share, and a run that does not fit even at micro-batch 1 says so.
     pub fn on_cpu(req: &PlanRequest, procs: u32, reason: String, host_available: Option<u64>) -> Plan {
         let procs = usize::try_from(procs.max(1)).unwrap_or(1);
-        let dtype = req.dtype.unwrap_or(Dtype::Fp32);
+        let dtype = req.dtype.unwrap_or(Precision::Fp32);
         let setting = fit::Setting::requested(req);
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
         let share = host_available.map(|b| b / procs as u64);
         let split = batch::split(procs, share, req.global_batch.max(1), &est, &mut log);
         fit::host_check(split.estimate.as_ref(), split.micro, procs, host_available, &mut log);
-        let command = command::dpo_train(req, &setting, command::Ranks::Cpu(procs), &split, dtype);
-        Plan::with_split(req, dtype, &split, command, log)
+        let settings = command::settings(req, &setting, Ranks::Cpu(procs), &split, dtype);
+        Plan::with_split(req, dtype, &split, Some(settings), log)
     }
 
     /// What the CPU and the GPU plans share: the batch split and its learning-rate factors, the
     /// requested settings, the command and the log; no GPU, no memory estimate per GPU, no
     /// topology, environment or alternatives (the GPU plan fills those in).
-    fn with_split(req: &PlanRequest, dtype: Dtype, split: &batch::Split, command: String, log: Log) -> Plan {
+    fn with_split(
+        req: &PlanRequest,
+        dtype: Precision,
+        split: &batch::Split,
+        settings: Option<RunSettings>,
+        log: Log,
+    ) -> Plan {
         Plan {
             schema_version: PLAN_SCHEMA_VERSION,
             status: Status::NotReady,
@@ -251,7 +262,8 @@ impl Plan {
             model: req.model.clone(),
             topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
             env: BTreeMap::new(),
-            command,
+            command: settings.as_ref().map(command::render).unwrap_or_default(),
+            settings,
             warnings: log.warnings,
             notes: log.notes,
             alternatives: Vec::new(),
@@ -364,7 +376,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     // 7. Environment.
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
-    let command = command::dpo_train(req, &setting, command::Ranks::Gpus(chosen.len()), &split, dtype);
+    let settings = command::settings(req, &setting, Ranks::Gpus(chosen.len()), &split, dtype);
     // 9. Communication, when a bench measured these GPUs.
     let step = comm::StepSetting {
         finetune: req.finetune,
@@ -391,12 +403,12 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         env,
         alternatives: fit.alternatives,
         communication,
-        ..Plan::with_split(req, dtype, &split, command, log)
+        ..Plan::with_split(req, dtype, &split, Some(settings), log)
     }
 }
 
 /// The plan when no GPU could be chosen: why (the log), what would fit instead, and the CPU's run.
-fn unplaced(req: &PlanRequest, topo: Topology, dtype: Dtype, fit: fit::Fit, mut log: Log) -> Plan {
+fn unplaced(req: &PlanRequest, topo: Topology, dtype: Precision, fit: fit::Fit, mut log: Log) -> Plan {
     if !fit.nothing_fits {
         log.warnings.push("no usable GPU: every GPU was excluded".to_string());
     }
@@ -410,6 +422,7 @@ fn unplaced(req: &PlanRequest, topo: Topology, dtype: Dtype, fit: fit::Fit, mut 
         memory: fit.need,
         memory_per_gpu_bytes: fit.need.map(|m| m.total),
         command: String::new(),
+        settings: None,
         micro_batch: 0,
         grad_accum: 0,
         global_batch: req.global_batch,
@@ -419,21 +432,21 @@ fn unplaced(req: &PlanRequest, topo: Topology, dtype: Dtype, fit: fit::Fit, mut 
 }
 
 /// Step 3: bf16 unless a chosen GPU lacks it (compute capability below 8.0: fp16), or as asked.
-fn precision(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Dtype {
+fn precision(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Precision {
     let min_cc = candidates.iter().filter_map(|&i| snap.gpu(i)?.compute_capability_pair()).min();
     match (req.dtype, min_cc) {
-        (Some(Dtype::Bf16), Some((maj, min))) if maj < 8 => {
+        (Some(Precision::Bf16), Some((maj, min))) if maj < 8 => {
             log.warnings.push(format!(
                 "bf16 needs compute capability 8.0 or newer and the chosen GPUs have {maj}.{min}: use --dtype fp16"
             ));
-            Dtype::Bf16
+            Precision::Bf16
         }
         (Some(d), _) => d,
         (None, Some((maj, _))) if maj < 8 => {
             log.notes.push("fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)".to_string());
-            Dtype::Fp16
+            Precision::Fp16
         }
-        (None, _) => Dtype::Bf16,
+        (None, _) => Precision::Bf16,
     }
 }
 
@@ -567,8 +580,10 @@ mod tests {
             assert_eq!(p.world_size, 4, "{free} GiB");
             assert_eq!((p.sharding, p.gradient_checkpointing, p.offload_optimizer), (sharding, checkpointing, offload));
             assert!(p.memory_per_gpu_bytes.expect("a model") <= free * GIB, "{free} GiB");
-            assert_eq!(p.command.contains("--sharding"), sharding != Sharding::None, "{}", p.command);
-            assert_eq!(p.command.ends_with(" --offload-optimizer"), offload, "{}", p.command);
+            let settings = p.settings.as_ref().expect("a command");
+            assert_eq!((settings.sharding, settings.offload_optimizer), (sharding, offload), "{}", p.command);
+            assert!(p.command.contains(&format!(" --sharding {}", sharding.name())), "{}", p.command);
+            assert!(p.command.ends_with(&format!(" --offload-optimizer {offload}")), "{}", p.command);
         }
         // Nothing fits: the requested setting is reported, with the leanest stage's need.
         let p = plan(&machine((0..4).map(|i| gpu(i, "A", 6)).collect(), |_, _| Link::Phb), &req);
@@ -715,7 +730,9 @@ mod tests {
         assert_eq!(p.status, Status::NotReady);
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:1 --per-device-train-batch-size 8 --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 false --gradient-checkpointing false"
+            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:1 --per-device-train-batch-size 8 \
+             --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 false --fp16 false \
+             --precompute-ref-log-probs false --gradient-checkpointing false --sharding none --offload-optimizer false"
         );
         assert!(p.notes[0].starts_with("1 process(es) on 12 cores, one per NUMA node (the NUMA nodes unknown)"));
         // Three nodes: a process each; 64 over 3 processes rounds, and says so.
@@ -743,10 +760,13 @@ mod tests {
             ..PlanRequest::default()
         };
         let p = Plan::cpu_fallback(&req, 2, "no GPU".into());
-        assert_eq!((p.micro_batch, p.grad_accum, p.global_batch, p.dtype), (8, 2, 32, Dtype::Fp32));
+        assert_eq!((p.micro_batch, p.grad_accum, p.global_batch, p.dtype), (8, 2, 32, Precision::Fp32));
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --model-name-or-path m --devices cpu:2 --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 --bf16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj --precompute-ref-log-probs --gradient-checkpointing false"
+            "dpo-train train --config YOUR_CONFIG.toml --model-name-or-path m --devices cpu:2 \
+             --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 \
+             --bf16 false --fp16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj \
+             --precompute-ref-log-probs true --gradient-checkpointing false --sharding none --offload-optimizer false"
         );
     }
 

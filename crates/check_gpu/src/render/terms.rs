@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Style;
-use crate::memory::{Dtype, FineTune, Reference, Sharding};
+use crate::memory::{FineTune, Precision, Reference, Sharding};
 use crate::plan::Plan;
 use crate::units::{bytes, count};
 
@@ -100,13 +100,13 @@ fn weights_formula(p: &Plan) -> String {
             over(p)
         ),
         (FineTune::Lora { .. }, ..) => format!("{c} B/param frozen base + 4 B/adapter param"),
-        (FineTune::Full, Sharding::Zero3, Dtype::Fp32) => format!("{} (gathered)", shard(p, "4", "param")),
+        (FineTune::Full, Sharding::Zero3, Precision::Fp32) => format!("{} (gathered)", shard(p, "4", "param")),
         (FineTune::Full, Sharding::Zero3, _) => format!(
             "4 B/param fp32 master{}{} (gathered in fp32, cast to {half})",
             over(p),
             plus_piece(p, &format!("(4+{c})"))
         ),
-        (FineTune::Full, _, Dtype::Fp32) => "4 B/param".to_string(),
+        (FineTune::Full, _, Precision::Fp32) => "4 B/param".to_string(),
         (FineTune::Full, ..) => format!("6 B/param ({half} copy + fp32 master)"),
     }
 }
@@ -115,7 +115,7 @@ fn weights_formula(p: &Plan) -> String {
 /// on the host.
 fn offloaded_weights_formula(p: &Plan) -> String {
     let (c, half) = (p.dtype.bytes(), p.dtype.name());
-    let masters = if p.dtype == Dtype::Fp32 { "" } else { ", fp32 masters on the host" };
+    let masters = if p.dtype == Precision::Fp32 { "" } else { ", fp32 masters on the host" };
     match (p.finetune, p.sharding) {
         (FineTune::Lora { .. }, Sharding::Zero3) => format!(
             "{c} B/param frozen base{}{} + {c} B/adapter param{} + one layer's{masters}",
@@ -259,7 +259,7 @@ mod tests {
             act_formula(&z3),
             "s*2b*(L*2h + A + head 8h+12), A=16h+4d(a+kv)+8i+4a+8 (zero3 recomputes layer by layer)"
         );
-        let f32 = Plan { dtype: Dtype::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
+        let f32 = Plan { dtype: Precision::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
         assert_eq!(act_formula(&f32), "s*2b*(L*A + head 12h+12), A=24h+8d(a+kv)+16i+4a+8 (transformers eager, sdpa)");
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
