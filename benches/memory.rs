@@ -245,10 +245,11 @@ fn child(config: &Path) {
     let _ = (warm.clone().matmul(warm)).sum().into_scalar::<f32>();
     let baseline = status_bytes("VmRSS:");
     let cfg = TrainConfig::from_toml_file(config).expect("the config parses");
-    cfg.validate().expect("the config is valid");
+    let plan = cfg.resolve().expect("the config is valid");
     let interrupt = AtomicBool::new(false);
     let req = RunRequest {
         cfg,
+        plan,
         config_name: "bench".into(),
         resume: None,
         sft_only: false,

@@ -51,7 +51,7 @@ fn every_shipped_config_parses_and_validates() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             let cfg = dpo_train::config::TrainConfig::from_toml_file(&path).unwrap_or_else(|e| panic!("{e}"));
-            cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            cfg.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             seen += 1;
         }
     }
@@ -148,7 +148,7 @@ fn check_gpu_commands_are_accepted() {
             ..Default::default()
         };
         let cfg = base.with_overrides(overrides).unwrap();
-        cfg.validate().unwrap_or_else(|e| panic!("`{command}`: {e}"));
+        cfg.resolve().unwrap_or_else(|e| panic!("`{command}`: {e}"));
     }
 }
 

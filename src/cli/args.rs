@@ -324,20 +324,20 @@ pub struct EvalArgs {
     pub skip_bad_rows: bool,
     #[command(flatten)]
     pub loss: LossFlags,
-    /// Tokens kept per sequence, prompt included (which part: --truncation-mode).
-    #[arg(long, default_value_t = 1024)]
-    pub max_length: usize,
+    /// Tokens kept per sequence, prompt included (which part: --truncation-mode) [default: the
+    /// `max_length` key's default]
+    #[arg(long)]
+    pub max_length: Option<usize>,
     /// keep_start (TRL's default): a sequence over --max-length keeps its start, and a pair whose
     /// prompt alone reaches it is dropped; keep_end: its end, none dropped. Pass the
-    /// truncation_mode the model was trained with.
+    /// truncation_mode the model was trained with [default: the `truncation_mode` key's default]
     #[arg(
         long = "truncation-mode",
         value_name = "keep_start|keep_end",
-        default_value = "keep_start",
         value_parser = parse_truncation_mode,
         action = clap::ArgAction::Set
     )]
-    pub keep_end: bool,
+    pub keep_end: Option<bool>,
     /// Pairs per forward pass; results do not depend on it.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,

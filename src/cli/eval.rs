@@ -25,7 +25,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         skip_bad_rows: args.skip_bad_rows,
         split: Some(args.split),
         loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
-        truncation: Truncation { max_length: Some(args.max_length), keep_end: args.keep_end },
+        truncation: eval_truncation(args.max_length, args.keep_end),
         batch_size: args.batch_size,
         packing: Packing::SharedPrompt,
         device: single_device(args.device)?,
@@ -105,4 +105,11 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         writeln!(out, "sequences truncated to max_length ({mode}): {}", t.truncated)?;
     }
     Ok(())
+}
+
+/// `--max-length` and `--truncation-mode`, each defaulting to its config key's default (eval
+/// reads no config file).
+fn eval_truncation(max_length: Option<usize>, keep_end: Option<bool>) -> Truncation {
+    let defaults = TrainConfig::default().truncation().expect("the key table's default truncation_mode is valid");
+    Truncation { max_length: max_length.or(defaults.max_length), keep_end: keep_end.unwrap_or(defaults.keep_end) }
 }

@@ -40,7 +40,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 
 fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let (layered, name, resume) = resolve(&args)?;
-    layered.validate()?;
+    let plan = layered.validate()?;
     if sft_only {
         // The demo's embedded config and a resumed run's saved one hold every key: only the
         // user's own file and flags say what they asked for.
@@ -57,7 +57,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let resumed = resume.clone().map(Some);
     let mut tokenize_first = |shown: bool| {
         let progress: &mut dyn Progress = if shown { &mut console } else { &mut Silent };
-        crate::run::warm_data_cache(&cfg, (resumed.as_ref(), &name), interrupt, progress)
+        crate::run::warm_data_cache(&cfg, &plan, (resumed.as_ref(), &name), interrupt, progress)
     };
     let (device, mut group, worker) = match place(&args.parallel, &extra, timeout, &mut tokenize_first)? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
@@ -79,7 +79,8 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let config_description = format!("effective config ({}):\n{}", layered.sources(), indent(&layered.describe()));
     let rt = Runtime { device, interrupt, workers };
-    let request = RunRequest { cfg, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
+    let request =
+        RunRequest { cfg, plan, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
     let summary = crate::run::run(request, progress).map_err(|e| match e.downcast::<ConfigError>() {
         Ok(config) => layered.locate(config).into(),
         Err(other) => other,

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 
-use crate::config::TrainConfig;
+use crate::config::{RunPlan, TrainConfig};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{
     self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, Truncation, cache,
@@ -61,6 +61,7 @@ fn splits(cfg: &TrainConfig) -> [Split<'_>; 3] {
 /// Ctrl-C (`interrupt`) stops the tokenising with [`data::DataError::Interrupted`].
 pub fn warm_data_cache(
     cfg: &TrainConfig,
+    plan: &RunPlan,
     (resume, config_name): (Option<&Option<PathBuf>>, &str),
     interrupt: &AtomicBool,
     progress: &mut dyn Progress,
@@ -68,7 +69,7 @@ pub fn warm_data_cache(
     super::run_dir(cfg, resume, config_name)?;
     let demo = cfg.model_name_or_path == DEMO || splits(cfg).iter().any(|s| s.file.is_some_and(|f| f == DEMO));
     if !demo {
-        load_inputs(cfg, None, interrupt, progress)?;
+        load_inputs(cfg, plan.truncation, None, interrupt, progress)?;
     }
     Ok(())
 }
@@ -78,6 +79,7 @@ pub fn warm_data_cache(
 /// any cache entry is written ([`data::DataError::Interrupted`]).
 pub(super) fn load_inputs(
     cfg: &TrainConfig,
+    truncation: Truncation,
     demo_assets: Option<&DemoAssets>,
     interrupt: &AtomicBool,
     progress: &mut dyn Progress,
@@ -111,7 +113,7 @@ pub(super) fn load_inputs(
             (Some(path), _) => PathBuf::from(path),
         };
         let (data, store, split_notes) =
-            prepare_split(&path, split.name, cfg, (&tokenizer, &tokenizer_dir), interrupt, progress)?;
+            prepare_split(&path, split.name, (cfg, truncation), (&tokenizer, &tokenizer_dir), interrupt, progress)?;
         notes.extend(split_notes);
         let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
         for (dir, model_cfg) in &models {
@@ -152,7 +154,7 @@ pub(super) fn load_inputs(
 fn prepare_split(
     path: &Path,
     split: &str,
-    cfg: &TrainConfig,
+    (cfg, truncation): (&TrainConfig, Truncation),
     (tokenizer, tokenizer_dir): (&Tokenizer, &Path),
     interrupt: &AtomicBool,
     progress: &mut dyn Progress,
@@ -163,7 +165,6 @@ fn prepare_split(
         rejected: cfg.rejected_column.clone(),
     };
     let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
-    let truncation = Truncation::of(cfg);
     // No entry when the data cannot be listed or read: `prepare` then says why.
     let entry = cache::entry(&cfg.output_dir.join(".data_cache"), path, &opts, tokenizer_dir, truncation).ok();
     let mut notes = Vec::new();

@@ -8,7 +8,7 @@ use anyhow::Context;
 
 pub use self::inputs::warm_data_cache;
 
-use crate::config::TrainConfig;
+use crate::config::{RunPlan, TrainConfig};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::report;
 
@@ -18,6 +18,8 @@ use crate::train::{DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOut
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
 pub struct RunRequest<'a> {
     pub cfg: TrainConfig,
+    /// `cfg` resolved (`TrainConfig::resolve`, or the `Layered::validate` that checked it).
+    pub plan: RunPlan,
     /// Names the run directory by default (`<date>-<time>-<config_name>`).
     pub config_name: String,
     /// `Some(None)`: resume the newest run under `output_dir`; `Some(Some(dir))`: that run.
@@ -111,7 +113,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
     let inputs::Inputs { model_dir, data, reports, notes } =
-        inputs::load_inputs(cfg, demo_assets.as_ref(), req.rt.interrupt, progress)?;
+        inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
     if workers.is_main() {
         std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
         let path = run_dir.join("data_report.json");
@@ -125,7 +127,7 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
     progress.line(&format!("run directory `{}`", run_dir.display()));
     notes.iter().for_each(|line| progress.line(line));
 
-    let run = Run { cfg, data: &data, rt: &req.rt };
+    let run = Run { cfg, plan: &req.plan, data: &data, rt: &req.rt };
     let tensorboard = cfg.tensorboard_dir(&run_dir);
     // With TensorBoard the plots are redrawn at each evaluation and the dashboard logged there.
     let redraw = |dir: &Path| draw_plots(dir, cfg);

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use burn::tensor::Device;
 
 use super::Workers;
-use crate::config::TrainConfig;
+use crate::config::{RunPlan, TrainConfig};
 use crate::data::{TokenizedPair, Tokenizer};
 use crate::dpo::metrics::Metrics;
 
@@ -65,6 +65,9 @@ pub struct Runtime<'a> {
 #[derive(Clone, Copy)]
 pub struct Run<'a> {
     pub cfg: &'a TrainConfig,
+    /// The config's options, resolved once into their types (truncation, stage, precision,
+    /// schedule).
+    pub plan: &'a RunPlan,
     pub data: &'a RunData,
     pub rt: &'a Runtime<'a>,
 }

@@ -14,7 +14,7 @@ use burn::tensor::{Device, FloatDType};
 
 use super::checkpoint::ModelFiles;
 use crate::config::LoraSettings;
-use crate::config::TrainConfig;
+use crate::config::{RunPlan, TrainConfig};
 use crate::model::{self, AdapterInit, Llama, lora};
 
 /// What trains in a stage.
@@ -32,14 +32,14 @@ pub struct PolicySpec {
 impl PolicySpec {
     /// Reads the stage's starting point: a saved adapter brings its own settings (the config's
     /// LoRA keys then only apply when starting from a full model).
-    pub fn new(cfg: &TrainConfig, model_dir: &Path) -> anyhow::Result<Self> {
+    pub fn new(cfg: &TrainConfig, plan: &RunPlan, model_dir: &Path) -> anyhow::Result<Self> {
         let start = model::adapter_settings(model_dir)?;
         let lora = match start {
             Some(mut saved) => {
                 saved.set_dropout(cfg.lora_dropout, cfg.disable_dropout);
                 Some(saved)
             }
-            None => cfg.lora().map_err(|(key, message)| crate::config::ConfigError::Invalid { key, message })?,
+            None => plan.lora.clone(),
         };
         let base_dir = model::base_dir(model_dir)?;
         let base_dir = std::fs::canonicalize(&base_dir).unwrap_or(base_dir);
@@ -47,7 +47,7 @@ impl PolicySpec {
             lora,
             start_adapter: model::lora::is_adapter_dir(model_dir).then(|| model_dir.to_owned()),
             base_dir,
-            compute_dtype: crate::model::compute_dtype(cfg.precision()),
+            compute_dtype: crate::model::compute_dtype(plan.precision),
         })
     }
 

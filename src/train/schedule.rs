@@ -19,11 +19,6 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Warm-up as transformers resolves it: `warmup_steps` when set, else `ceil(ratio · total)`.
-    pub fn warmup(warmup_steps: u64, warmup_ratio: f64, total_steps: u64) -> u64 {
-        if warmup_steps > 0 { warmup_steps } else { (warmup_ratio * total_steps as f64).ceil() as u64 }
-    }
-
     /// The learning rate of update `step`.
     pub fn lr(&self, step: u64) -> f64 {
         if step < self.warmup_steps {
@@ -73,12 +68,5 @@ mod tests {
         // cosine_with_min_lr: 0.5 · 0.9 + 0.1 at the middle, 0.1 at the end
         close(schedule(SchedulerType::CosineWithMinLr).lr(60), 5.5e-4);
         close(schedule(SchedulerType::CosineWithMinLr).lr(110), 1e-4);
-    }
-
-    #[test]
-    fn warmup_resolution() {
-        assert_eq!(Schedule::warmup(7, 0.5, 100), 7);
-        assert_eq!(Schedule::warmup(0, 0.1, 95), 10);
-        assert_eq!(Schedule::warmup(0, 0.0, 95), 0);
     }
 }

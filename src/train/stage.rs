@@ -24,7 +24,7 @@ use super::step::{StepPlan, Trained, optimizer_step};
 use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
-use crate::data::{Packing, Truncation};
+use crate::data::Packing;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
@@ -251,7 +251,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
-    let spec = PolicySpec::new(cfg, stage.model_dir)?;
+    let spec = PolicySpec::new(cfg, run.plan, stage.model_dir)?;
     let config_path = spec.base_dir.join("config.json");
     let config_json =
         std::fs::read_to_string(&config_path).with_context(|| format!("cannot read `{}`", config_path.display()))?;
@@ -274,7 +274,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let log = open_log(run, stage, resume_from.is_some(), trained.state.step)?;
     let mut references = references(run, stage, &spec, &trained, progress)?;
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
-    let sharding = if workers.world_size() > 1 { cfg.sharding()? } else { Sharding::None };
+    let sharding = if workers.world_size() > 1 { run.plan.sharding } else { Sharding::None };
     let layout = Layout::of(&trained.policy);
     if sharding == Sharding::Zero3 {
         // With LoRA and no reference model of its own, the reference is the policy's base.
@@ -293,7 +293,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         layout,
         device: run.rt.device.clone(),
         // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two.
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout).under(Truncation::of(cfg)),
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout).under(run.plan.truncation),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }
@@ -311,12 +311,13 @@ fn schedule(run: &Run, stage: &Stage, sampler: &Sampler, total_steps: u64, progr
         stage.learning_rate,
         cfg.lr_scaling
     ));
+    let spec = run.plan.schedule;
     Schedule {
-        kind: cfg.lr_scheduler_type,
+        kind: spec.kind,
         peak: stage.learning_rate * lr_factor,
-        warmup_steps: Schedule::warmup(cfg.warmup_steps, cfg.warmup_ratio, total_steps),
+        warmup_steps: spec.warmup_steps(total_steps),
         total_steps,
-        min_lr_rate: cfg.min_lr_rate,
+        min_lr_rate: spec.min_lr_rate,
     }
 }
 
@@ -357,9 +358,9 @@ fn references(
     let collation = Collation {
         batch_size: cfg.per_device_eval_batch_size,
         pad_id: run.data.tokenizer.pad_id(),
-        truncation: Truncation::of(cfg),
+        truncation: run.plan.truncation,
         ld_alpha: cfg.loss.ld_alpha,
-        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing).under(Truncation::of(cfg)),
+        packing: Packing::of(cfg.padding_free, cfg.prefix_sharing).under(run.plan.truncation),
     };
     Ok(Some(References::prepare(run, reference, collation, progress)?))
 }
@@ -407,7 +408,7 @@ fn start(
     let (mut optimizer, state) = match resume_from {
         Some(ckpt) => {
             let workers = run.rt.workers;
-            let sharded = workers.world_size() > 1 && cfg.sharding()? != Sharding::None;
+            let sharded = workers.world_size() > 1 && run.plan.sharding != Sharding::None;
             let shard = sharded.then(|| (workers.rank(), workers.world_size()));
             // Offloaded moments load straight into host memory.
             let saved = checkpoint::load_state(ckpt, host.as_ref().unwrap_or(train_device), shard)?;
@@ -422,7 +423,7 @@ fn start(
                 epoch: 0.0,
                 elapsed_seconds: 0.0,
                 num_tokens: 0.0,
-                loss_scaler: (cfg.precision() == crate::config::Precision::Fp16).then(LossScaler::default),
+                loss_scaler: (run.plan.precision == crate::config::Precision::Fp16).then(LossScaler::default),
                 global_batch: None,
             },
         ),

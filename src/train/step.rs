@@ -21,7 +21,7 @@ use super::sampler::{RankStep, Sampler, rank_step, shard_step};
 use super::window::Window;
 use super::workers::Workers;
 use crate::config::Sharding;
-use crate::data::{self, Packing, TokenizedPair, Truncation};
+use crate::data::{self, Packing, TokenizedPair};
 use crate::dist::DistError;
 use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
@@ -171,7 +171,7 @@ pub fn optimizer_step(
     let step_tokens = match plan.objective {
         Objective::Sft => {
             let all: Vec<TokenizedPair> = all_pairs.iter().map(|p| (*p).clone()).collect();
-            let batch = data::collate_chosen(&all, data.tokenizer.pad_id(), Truncation::of(cfg), Packing::Packed);
+            let batch = data::collate_chosen(&all, data.tokenizer.pad_id(), run.plan.truncation, Packing::Packed);
             batch.labels.len() as f64
         }
         Objective::Dpo => 0.0,
@@ -307,7 +307,7 @@ fn micro_batch(
     grads: &mut GradAccumulator,
     window: &mut Window,
 ) -> Result<(), DistError> {
-    let (pad_id, truncation) = (run.data.tokenizer.pad_id(), Truncation::of(run.cfg));
+    let (pad_id, truncation) = (run.data.tokenizer.pad_id(), run.plan.truncation);
     let segments = policy_segments(plan, run, t);
     let policy = segments.as_ref();
     match (plan.objective, refs) {

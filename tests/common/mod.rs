@@ -63,6 +63,7 @@ pub fn run_alone(
     progress: &mut dyn Progress,
 ) -> RunSummary {
     let req = RunRequest {
+        plan: cfg.resolve().expect("a valid config"),
         cfg,
         config_name: "test".into(),
         resume: resume.map(Some),

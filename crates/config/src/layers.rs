@@ -102,8 +102,8 @@ impl Layered {
     }
 
     /// [`TrainConfig::validate`], with an invalid value located where it was set.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.cfg.validate().map_err(|e| self.locate(e))
+    pub fn validate(&self) -> Result<crate::RunPlan, ConfigError> {
+        self.cfg.resolve().map_err(|e| self.locate(e))
     }
 
     /// Adds the file and line, or the flag, to an error about one key.

@@ -13,6 +13,7 @@ pub mod keys;
 pub mod layers;
 pub mod lora;
 pub mod loss;
+pub mod plan;
 pub mod trl;
 mod validate;
 
@@ -20,6 +21,7 @@ pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
 pub use lora::LoraSettings;
 pub use loss::{FDivergence, LossConfigError, LossType};
+pub use plan::{RunPlan, ScheduleSpec, Truncation, Warmup};
 pub use validate::truncation_keeps_end;
 
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@ use super::{ConfigError, Sharding, TrainConfig};
 impl TrainConfig {
     /// Rejects missing and out-of-range values, naming the key ([`super::Layered::validate`] adds where
     /// the value was set).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
         if self.model_name_or_path.is_empty() {
             return invalid(
@@ -50,7 +50,6 @@ impl TrainConfig {
             return invalid("min_lr_rate", format!("must be in [0, 1], got {}", self.min_lr_rate));
         }
         self.validate_sizes()?;
-        self.validate_truncation()?;
         if self.max_steps <= 0 && self.num_train_epochs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return invalid(
                 "num_train_epochs",
@@ -66,11 +65,9 @@ impl TrainConfig {
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
         }
-        self.sharding()?;
         if self.bf16 == Some(true) && self.fp16 {
             return invalid("fp16", "cannot be combined with `bf16`: choose one precision".to_owned());
         }
-        self.lora().map_err(|(key, message)| ConfigError::Invalid { key, message })?;
         if self.merge && self.lora_r.is_none() {
             return invalid("merge", "needs LoRA (`lora_r`): a full fine-tune is already a merged model".to_owned());
         }
@@ -83,8 +80,8 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// The sharding stage, from `sharding` or its accelerate spelling `fsdp`.
-    pub fn sharding(&self) -> Result<Sharding, ConfigError> {
+    /// The sharding stage, from `sharding` or its accelerate spelling `fsdp` (see [`TrainConfig::resolve`]).
+    pub(crate) fn sharding(&self) -> Result<Sharding, ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
         let from_fsdp = match self.fsdp.split_whitespace().find(|w| w.contains("shard") || *w == "no_shard") {
             None => None,
@@ -107,13 +104,6 @@ impl TrainConfig {
             (_, s) => s,
         };
         Ok(stage)
-    }
-
-    /// `truncation_mode`: TRL's two, `keep_start` and `keep_end`.
-    fn validate_truncation(&self) -> Result<(), ConfigError> {
-        truncation_keeps_end(&self.truncation_mode)
-            .map(|_| ())
-            .map_err(|message| ConfigError::Invalid { key: "truncation_mode", message })
     }
 
     /// Batch sizes, lengths and the process group's settings: counts that must be positive.
@@ -172,7 +162,7 @@ mod tests {
         assert_eq!(err, "`fsdp`: `shard_grad_op` contradicts `sharding = \"zero1\"`");
         let err = cfg("fsdp = \"offload_shard\"\n").sharding().unwrap_err().to_string();
         assert!(err.starts_with("`fsdp`: `offload_shard` is not a sharding strategy"), "{err}");
-        assert!(cfg("fsdp = \"full_shard\"\nsharding = \"zero2\"\n").validate().is_err());
+        assert!(cfg("fsdp = \"full_shard\"\nsharding = \"zero2\"\n").resolve().is_err());
     }
 
     /// `dataset_num_proc` sizes the tokenising pool: 0 threads is bad input, named by key and line.
@@ -188,7 +178,7 @@ mod tests {
     fn out_of_range_values_are_rejected_by_key() {
         let check = |toml: &str, key: &str| {
             let toml = format!("model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n{toml}");
-            let err = TrainConfig::from_toml_str(&toml, "c.toml").unwrap().validate().unwrap_err();
+            let err = TrainConfig::from_toml_str(&toml, "c.toml").unwrap().resolve().unwrap_err();
             assert!(err.to_string().starts_with(&format!("`{key}`")), "{toml}: {err}");
         };
         check("learning_rate = -1e-5", "learning_rate");
@@ -202,7 +192,7 @@ mod tests {
         check("max_grad_norm = nan", "max_grad_norm");
         check("adam_epsilon = nan", "adam_epsilon");
         check("beta = inf", "beta");
-        let required = TrainConfig::default().validate().unwrap_err();
+        let required = TrainConfig::default().resolve().unwrap_err();
         assert!(required.to_string().starts_with("`model_name_or_path`: is required"), "{required}");
     }
 }

@@ -31,7 +31,6 @@ use rayon::prelude::*;
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
 use crate::tokenizer::{Message, Tokenizer, TokenizerError};
-use dpo_config::TrainConfig;
 
 /// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,30 +52,7 @@ impl TokenizedPair {
     }
 }
 
-/// TRL's `max_length` and `truncation_mode`: how long a sequence may be, and whether a longer one
-/// keeps its start (`keep_start`, TRL's default) or its end (`keep_end`, which TRL 1.16 deprecates
-/// but still implements: its collator keeps `ids[-max_length:]`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Truncation {
-    pub max_length: Option<usize>,
-    pub keep_end: bool,
-}
-
-impl Truncation {
-    /// A run's: its `max_length` and `truncation_mode`.
-    pub fn of(cfg: &TrainConfig) -> Self {
-        // A validated config holds one of the two modes.
-        let keep_end = dpo_config::truncation_keeps_end(&cfg.truncation_mode) == Ok(true);
-        Self { max_length: Some(cfg.max_length), keep_end }
-    }
-}
-
-impl From<Option<usize>> for Truncation {
-    /// `keep_start` at `max_length`.
-    fn from(max_length: Option<usize>) -> Self {
-        Self { max_length, keep_end: false }
-    }
-}
+pub use dpo_config::Truncation;
 
 /// What tokenisation changed or dropped; nothing is dropped without being listed here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
