@@ -22,7 +22,7 @@ CARGO ?= cargo
 CPU_PATH_TESTS := --lib --test ddp --test train --test padding_free --test trl_parity --test model_parity \
 	--test lora --test export --test generate --test eval_cli --test hub_data
 
-.PHONY: demo test test-cpu-paths lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test test-cpu-paths config-reference lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -52,6 +52,10 @@ test: build ref-venv
 # CPU lacks is reported as not run.
 test-cpu-paths: build ref-venv
 	CARGO="$(CARGO)" tools/cpu_paths.sh $(CPU_PATH_TESTS)
+
+# docs/configuration.md, rendered from the key table (a dpo-config test fails when it is stale).
+config-reference:
+	DPO_TRAIN_WRITE_REFERENCE=1 $(CARGO) test --release -p dpo-config --lib reference
 
 # clippy (warnings are errors), rustfmt, and the one-way layers of ARCHITECTURE.md.
 lint: build

@@ -14,6 +14,7 @@ pub mod layers;
 pub mod lora;
 pub mod loss;
 pub mod plan;
+pub mod reference;
 pub mod trl;
 mod validate;
 
