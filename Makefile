@@ -42,8 +42,6 @@ check-example: build
 
 test: build ref-venv
 	$(CARGO) test --release --workspace --no-fail-fast
-	# The NCCL path cannot run here; it must still compile and link.
-	$(CARGO) build --release --features nccl
 	$(CARGO) build --release --benches
 
 # The numerical suites (equivalence, parity, ZeRO, bf16) under each of torch's CPU kernel paths
@@ -87,7 +85,7 @@ bench-trl: build ref-venv
 # The GPU path on cuda:0 (benches/gpu.rs): check-gpu's probe, NCCL, packed attention and 20 steps against the CPU,
 # throughput next to TRL; writes results/gpu/<date>-<gpu>.md. Without CUDA it says so, exit 0.
 gpu-check: build ref-venv
-	$(CARGO) bench --features nccl --bench gpu
+	$(CARGO) bench --bench gpu
 
 # The same check for a GPU machine without a Rust toolchain: the binaries built here against that
 # machine's torch (TORCH_GPU, default 2.11.0 = CUDA 13.0), packed into gpu-bundle/ with run.sh.
@@ -100,18 +98,23 @@ build: venv gloo
 check-gpu:
 	$(CARGO) build --release -p check-gpu
 
-# torch into the venv, skipped when the right version is already importable.
-venv: $(VENV)/.torch-$(TORCH_VERSION)
-$(VENV)/.torch-$(TORCH_VERSION):
+# torch into the venv, skipped when the right version is already importable; where that torch
+# is a CUDA build (the PyPI wheel is), the CUDA headers NCCL compiles against, so the build has
+# NCCL (crates/torch/build.rs compiles it in wherever torch and the headers allow).
+venv: $(VENV)/.torch-$(TORCH_VERSION)-nccl
+$(VENV)/.torch-$(TORCH_VERSION)-nccl:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_VERSION)')" 2>/dev/null \
 		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION)
+	$(PY) -c "import torch, sys; sys.exit(torch.version.cuda is not None)" \
+		|| $(PY) -c "import importlib.metadata as m; m.version('nvidia-cuda-nvcc-cu12'); m.version('nvidia-cuda-cccl-cu12')" 2>/dev/null \
+		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(CUDA_HDR_PKGS)
 	touch $@
 
-# TRL / transformers / peft (and the CUDA headers the `nccl` feature compiles against).
+# TRL / transformers / peft.
 ref-venv: venv
 	$(PY) -c "import trl, transformers, peft, tensorboard" 2>/dev/null \
-		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(REF_PKGS) $(CUDA_HDR_PKGS)
+		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(REF_PKGS)
 
 # Gloo's headers for the c10d shim (the torch wheel ships the symbols, not the headers).
 gloo:

@@ -38,7 +38,7 @@ fn main() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [probe|nccl|attention|parity|throughput|scale|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|profile ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
@@ -55,6 +55,10 @@ fn main() {
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
     let out = tempfile::tempdir().expect("a temporary directory");
+    if runs("path") {
+        report
+            .section("A new user's path: the build's backends and `dpo-train train --gpus 1`", |f| path(out.path(), f));
+    }
     if runs("probe") {
         report.section("check-gpu (live probe)", |_| probe());
     }
@@ -150,12 +154,57 @@ fn versions() -> String {
     )
 }
 
-/// check-gpu's table for this machine (the binary `make gpu-check` builds beside this bench).
-fn probe() -> String {
-    let exe = std::env::var_os("CARGO_TARGET_DIR")
+/// A binary `make gpu-check` builds beside this bench (`dpo-train`, `check-gpu`).
+fn built(name: &str) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| common::root().join("target"), PathBuf::from)
-        .join("release/check-gpu");
-    output(&exe, &[])
+        .join("release")
+        .join(name)
+}
+
+/// check-gpu's table for this machine.
+fn probe() -> String {
+    output(&built("check-gpu"), &[])
+}
+
+/// The README's path on this machine with the binary the build made: `dpo-train env` (NCCL must
+/// be compiled in) and `dpo-train train --model M --data D --gpus 1` on the fixture model, which
+/// must finish.
+fn path(out: &Path, failures: &mut Vec<String>) -> String {
+    let exe = built("dpo-train");
+    let env = output(&exe, &["env"]);
+    if !env.lines().any(|l| l.starts_with("backends") && l.contains("nccl compiled in")) {
+        failures.push("path: the build has no NCCL (see `dpo-train env`)".to_owned());
+    }
+    let fixtures = common::root().join("tests/fixtures");
+    let (model, data, runs) = (fixtures.join("models/llama"), fixtures.join("data/prefs.jsonl"), out.join("path"));
+    let args = ["train", "--model", &model.to_string_lossy(), "--data", &data.to_string_lossy(), "--gpus", "1"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain(["--max-steps", "2", "--output-dir", &runs.to_string_lossy()].map(str::to_owned))
+        .collect::<Vec<_>>();
+    let run = Command::new(&exe).args(&args).output();
+    let said = match run {
+        Ok(o) => {
+            if !o.status.success() {
+                failures.push(format!("path: `dpo-train {}` exited with {}", args.join(" "), o.status));
+            }
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+        }
+        Err(e) => {
+            failures.push(format!("path: {} did not run: {e}", exe.display()));
+            String::new()
+        }
+    };
+    let tail: Vec<&str> = said.lines().rev().take(8).collect();
+    format!(
+        "$ dpo-train env
+{env}
+$ dpo-train {}
+... {}",
+        args.join(" "),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    )
 }
 
 /// A group of this process alone, over NCCL: one checked all-reduce, then the bandwidth sweep.

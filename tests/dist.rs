@@ -283,9 +283,8 @@ fn launcher_reports_the_failing_rank_and_kills_the_rest() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
-/// With the `nccl` feature: a one-rank NCCL group reduces CUDA tensors where a GPU exists, and
-/// fails with an error (not a crash) where none does.
-#[cfg(feature = "nccl")]
+/// A one-rank NCCL group reduces CUDA tensors where a GPU exists, and fails with an error (not a
+/// crash) where none does, or where this build has no NCCL (a CPU build of torch).
 #[test]
 fn nccl_single_rank_or_clean_error() {
     let cfg = DistConfig {
@@ -297,6 +296,11 @@ fn nccl_single_rank_or_clean_error() {
         backend: Backend::Nccl,
         timeout: Duration::from_secs(20),
     };
+    if !dpo_torch::has_nccl() {
+        let err = ProcessGroup::new(&cfg).expect_err("no NCCL");
+        assert!(err.to_string().starts_with("The NCCL backend is not compiled in"), "{err}");
+        return;
+    }
     if !tch::Cuda::is_available() {
         let err = ProcessGroup::new(&cfg).expect_err("no GPU");
         assert!(err.to_string().starts_with("c10d `init_process_group` failed"), "{err}");

@@ -1,6 +1,8 @@
 //! `dpo-train` training-side commands as a user runs them: config errors, `data synth`,
 //! `generate`, `plot`, and every shipped config parsing and validating.
 
+mod common;
+
 use std::fs;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -260,4 +262,63 @@ fn disable_dropout_trains_lora_without_dropout() {
     let saved: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(run.join("final/adapter_config.json")).unwrap()).unwrap();
     assert_eq!(saved["lora_dropout"], serde_json::json!(0.05), "the configured value, as PEFT saves it");
+}
+
+/// `dpo-train env --json` on this machine: every field it can fill here equals what the venv's
+/// torch says of itself, the variables that change a run are kept (a fake set of them) and the
+/// others not; `--version` names the commit and the backends.
+#[test]
+fn env_reports_the_build_and_the_machine() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["env", "--json"])
+        .env("CUDA_VISIBLE_DEVICES", "3")
+        .env("MASTER_PORT", "29511")
+        .env("SLURM_JOB_ID", "77")
+        .env("DPO_TRAIN_PROFILE_STEPS", "2-3")
+        .env("NOT_A_RUN_VARIABLE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let python = |code: &str| {
+        let out = Command::new(common::python()).args(["-c", code]).env("CUDA_VISIBLE_DEVICES", "3").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let commit = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
+    assert_eq!(v["dpo_train"]["commit"], String::from_utf8_lossy(&commit.stdout).trim());
+    assert_eq!(v["dpo_train"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["torch"]["version"], python("import torch; print(torch.__version__)"));
+    let cuda = python("import torch; print(torch.version.cuda or '')");
+    assert_eq!(v["torch"]["cuda"].as_str().unwrap_or(""), cuda);
+    assert_eq!(v["backends"]["gloo"], true);
+    // A CUDA build of torch with its headers installed (`make venv`) has NCCL compiled in.
+    assert_eq!(v["backends"]["nccl"], !cuda.is_empty(), "{}", v["backends"]);
+    if !cuda.is_empty() {
+        let nccl = python("import torch; print('.'.join(map(str, torch.cuda.nccl.version())))");
+        assert_eq!(v["backends"]["nccl_version"], nccl);
+    }
+    let devices: i64 = python("import torch; print(torch.cuda.device_count())").parse().unwrap();
+    assert_eq!(v["cuda"]["torch_device_count"], devices);
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(v["host"]["cores"], cores);
+    assert!(v["host"]["memory_total_bytes"].as_u64().unwrap() > 0);
+    let env: Vec<&str> = v["env"].as_object().unwrap().keys().map(String::as_str).collect();
+    for kept in ["CUDA_VISIBLE_DEVICES", "DPO_TRAIN_PROFILE_STEPS", "MASTER_PORT", "SLURM_JOB_ID"] {
+        assert!(env.contains(&kept), "{kept} missing from {env:?}");
+    }
+    assert!(!env.contains(&"NOT_A_RUN_VARIABLE"), "{env:?}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).arg("--version").output().unwrap();
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        line.starts_with(&format!(
+            "dpo-train {} (commit {}",
+            env!("CARGO_PKG_VERSION"),
+            v["dpo_train"]["commit"].as_str().unwrap()
+        )),
+        "{line}"
+    );
+    let backends = if cuda.is_empty() { "backends: gloo)" } else { "backends: gloo, nccl)" };
+    assert!(line.trim_end().ends_with(backends), "{line}");
 }

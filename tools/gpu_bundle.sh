@@ -16,7 +16,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target-cu130}
 VENV=${GPU_VENV:-$CARGO_TARGET_DIR/torch-venv}
 BUNDLE=$ROOT/gpu-bundle
 
-# The full wheel with its nvidia-* dependencies: the nccl feature compiles against their CUDA,
+# The full wheel with its nvidia-* dependencies: NCCL (compiled in wherever they are) builds against their CUDA,
 # cuBLAS and NCCL headers and links libtorch_cuda, which needs their libraries. cccl: CUDA 13's
 # headers include it; nvcc: its crt/ headers, which cuda_runtime.h includes.
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_GPU')" 2>/dev/null; then
@@ -27,8 +27,8 @@ fi
 # version check is bypassed rather than the bindings changed.
 export LIBTORCH_USE_PYTORCH=1 LIBTORCH_BYPASS_VERSION_CHECK=1 LIBTORCH_CXX11_ABI=1 VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
 cd "$ROOT"
-cargo build --release --features nccl --workspace --bins
-cargo bench --features nccl --bench gpu --no-run 2> "$CARGO_TARGET_DIR/gpu-bench-build.log" ||
+cargo build --release --workspace --bins
+cargo bench --bench gpu --no-run 2> "$CARGO_TARGET_DIR/gpu-bench-build.log" ||
   { cat "$CARGO_TARGET_DIR/gpu-bench-build.log"; exit 1; }
 bench=$(sed -n 's/.*Executable .*(\(.*\))$/\1/p' "$CARGO_TARGET_DIR/gpu-bench-build.log" | tail -1)
 [ -x "$bench" ] || { echo "gpu-bundle: cargo did not name the gpu bench's executable" >&2; exit 1; }

@@ -14,7 +14,14 @@ use crate::config::{KEYS, KeyDoc, Section};
 /// few minutes on a CPU. `dpo-train train --model DIR --data FILE` trains your model with TRL's
 /// DPOConfig defaults for every key you do not set (in `--config FILE` or as flags).
 #[derive(Debug, Parser)]
-#[command(name = "dpo-train", version, about, long_about, max_term_width = 100, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "dpo-train",
+    version = super::env::version_line(),
+    about,
+    long_about,
+    max_term_width = 100,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -43,6 +50,18 @@ pub enum Command {
     /// training uses it), device copy bandwidth and bf16 matmul rate; one JSON object on stdout.
     /// `check-gpu --bench` runs this and reports it.
     BenchComm(BenchCommArgs),
+    /// What this build and this machine have, for a bug report: version and commit, the torch it
+    /// links (CUDA, cuDNN), the backends compiled in and the NCCL library, the CUDA devices and
+    /// driver, the host, and the environment variables that change a run.
+    Env(EnvArgs),
+}
+
+/// `dpo-train env` flags.
+#[derive(Debug, Args)]
+pub struct EnvArgs {
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `dpo-train bench-comm` flags.

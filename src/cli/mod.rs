@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod bench_comm;
+pub mod env;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;
@@ -35,6 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
         Some(Command::BenchComm(args)) => bench_comm::run_bench_comm(args),
+        Some(Command::Env(args)) => env::run_env(args.json).map(|()| ExitCode::SUCCESS),
         Some(Command::Slurm(args)) => {
             let script = crate::dist::sbatch_script(&crate::dist::SlurmOptions {
                 nodes: args.nodes,

@@ -83,6 +83,11 @@ impl RunSummary {
 /// The CPU and thread count a run's numbers came from: float results differ between instruction
 /// sets (AVX2, AVX-512, AMX take other kernels), so a result is reproducible on the same kind.
 pub fn machine() -> String {
+    format!("{}, {} torch threads", machine_cpu(), tch::get_num_threads())
+}
+
+/// The CPU model and the instruction sets among those that pick torch's kernels.
+pub fn machine_cpu() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| {
         info.lines()
@@ -96,7 +101,7 @@ pub fn machine() -> String {
         .into_iter()
         .filter(|f| flags.split(' ').any(|x| x == *f))
         .collect();
-    format!("{} ({}), {} torch threads", field("model name"), isa.join(" "), tch::get_num_threads())
+    format!("{} ({})", field("model name"), isa.join(" "))
 }
 
 /// Runs the request to its end.

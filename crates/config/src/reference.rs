@@ -26,7 +26,8 @@ pub fn markdown() -> String {
         for key in KEYS.iter().filter(|k| k.section == section) {
             let default = defaults.get(key.name).map_or_else(|| "unset".to_owned(), |v| format!("`{v}`"));
             let doc = key.doc.trim().replace('|', "\\|");
-            out += &format!("| `{}` | `{}` | {} | {default} | {doc} |\n", key.name, dpo_vocab::flag(key.name), key.kind);
+            out +=
+                &format!("| `{}` | `{}` | {} | {default} | {doc} |\n", key.name, dpo_vocab::flag(key.name), key.kind);
         }
     }
     out += "\n## TRL keys without a key here\n\n\
@@ -36,7 +37,9 @@ pub fn markdown() -> String {
     for (name, treatment) in TRL_KEYS {
         let (accepted, otherwise) = match treatment {
             Treatment::Inert => ("any value (changes nothing here)".to_owned(), String::new()),
-            Treatment::Only(values, why) => (values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "), why.to_string()),
+            Treatment::Only(values, why) => {
+                (values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "), why.to_string())
+            }
             Treatment::Never(why) => ("never".to_owned(), why.to_string()),
         };
         out += &format!("| `{name}` | {accepted} | {} |\n", otherwise.replace('|', "\\|"));

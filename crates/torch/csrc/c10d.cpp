@@ -156,7 +156,7 @@ int c10d_group_new(const char* master_addr, uint16_t master_port, int rank, int 
 #ifndef USE_C10D_NCCL
   if (backend == C10D_BACKEND_NCCL) {
     return fail(C10D_ERR_UNSUPPORTED,
-                "c10d_group_new: the NCCL backend was not compiled in (build with `--features nccl`)");
+                "c10d_group_new: the NCCL backend was not compiled in (see `dpo-train env`)");
   }
 #endif
   if (backend != C10D_BACKEND_GLOO && backend != C10D_BACKEND_NCCL) {

@@ -49,6 +49,13 @@ pub fn tch_err(op: &'static str) -> impl Fn(tch::TchError) -> TorchError {
     move |source| TorchError::Tch { op, source }
 }
 
+/// Whether NCCL is in this build, and if not why (from `build.rs`: a CPU build of torch, its
+/// CUDA headers missing, or `DPO_TRAIN_NCCL=0`).
+pub const NCCL_BUILD: &str = env!("DPO_TORCH_NCCL");
+
+/// The `lib/` folder of the torch this build links (and records an rpath to).
+pub const TORCH_LIB: &str = env!("DPO_TORCH_LIB");
+
 /// Whether this build has c10d's NCCL backend.
 pub fn has_nccl() -> bool {
     // SAFETY: a pure query of a compile-time constant, no arguments.
