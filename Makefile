@@ -8,7 +8,7 @@ VENV := $(DPO_TRAIN_VENV)
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.9.0
 # The reference implementations: the generator scripts under tests/gen and the export test use them
-# (tensorboard: tests/tensorboard.rs reads our event files with TensorBoard's own reader).
+# (tensorboard: tests/it/tensorboard.rs reads our event files with TensorBoard's own reader).
 REF_PKGS := trl==1.16.0 transformers==5.23.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tensorboard==2.20.0
 CUDA_HDR_PKGS := nvidia-cuda-nvcc-cu12==12.8.* nvidia-cuda-cccl-cu12==12.8.*
 
@@ -19,10 +19,10 @@ export PATH := $(VENV)/bin:$(PATH)
 
 CARGO ?= cargo
 
-CPU_PATH_TESTS := --lib --test ddp --test train --test padding_free --test trl_parity --test model_parity \
-	--test lora --test export --test generate --test eval_cli --test hub_data
+# The integration tests' numerical modules (tests/it/), which test-cpu-paths runs with every crate's unit tests.
+CPU_PATH_TESTS := ddp:: train:: padding_free:: trl_parity:: model_parity:: lora:: export:: generate:: eval_cli:: hub_data::
 
-.PHONY: demo test test-cpu-paths config-reference lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
+.PHONY: demo test test-steps test-cpu-paths config-reference lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
 
 demo: build
 	$(CARGO) run --release --quiet --bin dpo-train
@@ -38,15 +38,22 @@ example: build
 # A fresh demo against results/example/ and the README (number for number on the machine kind
 # that made it; the learning thresholds anywhere). `make test` runs the same test.
 check-example: build
-	DPO_TRAIN_CHECK_EXAMPLE=1 $(CARGO) test --release --test demo
+	DPO_TRAIN_CHECK_EXAMPLE=1 $(CARGO) test --release --test it -- demo::
 
-test: build ref-venv
+# Every test of the workspace (each crate's unit tests, tests/it in one binary, check-gpu's), then
+# the benches built; the wall time of the whole (installs and builds included) is printed last.
+test:
+	@start=$$(date +%s); $(MAKE) --no-print-directory test-steps; status=$$?; \
+	echo "make test: $$([ $$status = 0 ] && echo passed || echo FAILED) in $$(( $$(date +%s) - start )) s wall"; \
+	exit $$status
+
+test-steps: build ref-venv
 	$(CARGO) test --release --workspace --no-fail-fast
 	$(CARGO) build --release --benches
 
 # The numerical suites (equivalence, parity, ZeRO, bf16) under each of torch's CPU kernel paths
 # this CPU offers (ATEN_CPU_CAPABILITY default / avx2 / avx512, with oneDNN and MKL capped to
-# match): their bounds (tests/common/bounds.rs) must hold on whatever CPU CI draws. A path the
+# match): their bounds (tests/it/common/bounds.rs) must hold on whatever CPU CI draws. A path the
 # CPU lacks is reported as not run.
 test-cpu-paths: build ref-venv
 	CARGO="$(CARGO)" tools/cpu_paths.sh $(CPU_PATH_TESTS)

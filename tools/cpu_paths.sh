@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # make test-cpu-paths: the numerical test suites under each of torch's CPU kernel paths this CPU
-# offers, so that their bounds (tests/common/bounds.rs) are seen to hold on every CPU CI may draw.
+# offers, so that their bounds (tests/it/common/bounds.rs) are seen to hold on every CPU CI may draw.
 # A path is torch's own dispatch (ATEN_CPU_CAPABILITY) with oneDNN and MKL capped at the same
 # instruction set: below AVX-512 torch then multiplies bf16 in its reference gemm, as on a CPU
-# without bf16 units. Arguments: cargo test's target selection (--lib, --test NAME, ...).
+# without bf16 units. Arguments: the filters of the integration tests (tests/it/) to run beside every
+# crate's unit tests (`ddp::` runs tests/it/ddp.rs).
 set -uo pipefail
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 has() { [[ " $flags " == *" $1 "* ]]; }
@@ -20,7 +21,8 @@ status=0
 for path in "${paths[@]}"; do
   echo "== ${path}: ${env_of[$path]}"
   start=$SECONDS
-  if env ${env_of[$path]} ${CARGO:-cargo} test --release --no-fail-fast "$@"; then
+  if env ${env_of[$path]} ${CARGO:-cargo} test --release --workspace --lib --no-fail-fast &&
+     env ${env_of[$path]} ${CARGO:-cargo} test --release --no-fail-fast --test it -- "$@"; then
     result[$path]="passed ($((SECONDS - start)) s)"
   else
     result[$path]="FAILED ($((SECONDS - start)) s)"

@@ -3,8 +3,6 @@
 //! sharded mistral, qwen2 stored in bf16 with q/k/v biases, qwen3 stored in f16 with q/k norms
 //! and an explicit head_dim), for inference and for training forward passes.
 
-mod common;
-
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -57,7 +55,7 @@ fn check_on(name: &str, device: &Device) {
         }
     }
     // Two f32 forwards of this model over s positions: at most twice the chain's error.
-    let bound = common::bounds::llama_logits(&dir, s);
+    let bound = crate::common::bounds::llama_logits(&dir, s);
     assert!(
         f64::from(worst) <= bound,
         "{name} (autodiff: {}): worst relative logit error {worst:e} (bound {bound:e})",

@@ -3,8 +3,6 @@
 //! they give TRL's tokenised pairs and `DPOTrainer.evaluate`'s metrics; bad Parquet and gzip input
 //! gets one-line errors naming the file, row and column.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -127,12 +125,12 @@ fn hub_datasets_evaluate_to_trls_metrics() {
         let report = evaluate(&opts).unwrap_or_else(|e| panic!("{}: {e:#}", case.dataset));
         // Ours and TRL's f32 forwards over sequences of at most max_length (1024) positions.
         let model = fixtures().join("models/llama");
-        let forward =
-            common::bounds::llama_logits(&model, 1024) + common::bounds::reordered(1024, common::bounds::U_F32);
+        let forward = crate::common::bounds::llama_logits(&model, 1024)
+            + crate::common::bounds::reordered(1024, crate::common::bounds::U_F32);
         let trl = |n: &str| case.metrics.get(n).copied();
         for (name, got) in report.metrics.named() {
             let want = case.metrics[name];
-            let bound = common::bounds::trl_metric(name, want, &trl, LossConfig::default().beta, forward);
+            let bound = crate::common::bounds::trl_metric(name, want, &trl, LossConfig::default().beta, forward);
             if (got - want).abs() > bound {
                 failures.push(format!("{} [{}] {name}: got {got}, TRL {want}", case.dataset, case.split));
             }

@@ -1,8 +1,6 @@
 //! Generation with the KV cache against plain full-sequence forwards, and `dpo-train generate`
 //! against transformers.
 
-mod common;
-
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -52,7 +50,7 @@ fn cached_logits_equal_full_forward_logits() {
             let last = values(full.narrow(1, t - 1, 1).reshape([1, v]));
             // The same forward with attention over cached keys: twice the chain's relative error.
             let worst = last.iter().zip(&cached).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0f32, f32::max);
-            let bound = common::bounds::llama_logits(&model_dir(name), tokens.len()) as f32;
+            let bound = crate::common::bounds::llama_logits(&model_dir(name), tokens.len()) as f32;
             assert!(worst <= bound, "{name} ({kind}) position {t}: {worst} (bound {bound:e})");
             cached = values(model.forward_cached(ids(&tokens[t..t + 1], &device), &mut cache));
         }
@@ -145,7 +143,7 @@ fn greedy_cli_answers_as_transformers_with_a_bos_tokenizer() {
         .collect();
 
     let all: Vec<serde_json::Value> = plain.iter().map(|p| serde_json::json!(p)).chain([chat]).collect();
-    let reference = std::process::Command::new(common::python())
+    let reference = std::process::Command::new(crate::common::python())
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gen/check_generate.py"))
         .arg(&model)
         .arg(serde_json::Value::from(all).to_string())

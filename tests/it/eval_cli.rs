@@ -1,12 +1,10 @@
 //! `dpo-train eval` as a user runs it: output shape, exit codes and one-line errors.
 
-mod common;
-
 use std::fs;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use common::bounds;
+use crate::common::bounds;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")

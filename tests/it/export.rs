@@ -1,14 +1,12 @@
 //! `final/` is a Hugging Face model directory: transformers (in the project's venv) loads what a
 //! training run exported and computes the same logits as our model.
 
-mod common;
-
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Int, Tensor, TensorData};
 use dpo_train::config::TrainConfig;
 
-use common::{Quiet, cpu, fixtures, max_rel_diff, reference_logits, run_alone};
+use crate::common::{Quiet, cpu, fixtures, max_rel_diff, reference_logits, run_alone};
 
 #[test]
 fn final_model_loads_in_transformers_with_equal_logits() {
@@ -34,7 +32,7 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     let ours = model.forward(input).into_data().convert::<f32>().as_slice::<f32>().unwrap().to_vec();
     let theirs = reference_logits(&final_dir, &ids);
     let worst = max_rel_diff(&ours, &theirs);
-    let bound = common::bounds::llama_logits(&fixtures.join("models/qwen2"), 8) as f32;
+    let bound = crate::common::bounds::llama_logits(&fixtures.join("models/qwen2"), 8) as f32;
     assert!(worst <= bound, "worst relative logit difference {worst} (bound {bound:e})");
     // Training moved the weights: the comparison is not of the untouched fixture.
     let (_, start) = dpo_train::model::load(&fixtures.join("models/qwen2"), &device).unwrap();

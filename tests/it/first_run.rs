@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{fixtures, max_diff, tensors};
+use crate::common::{fixtures, max_diff, tensors};
 
 fn model() -> PathBuf {
     fixtures().join("models/llama")

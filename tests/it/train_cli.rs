@@ -1,8 +1,6 @@
 //! `dpo-train` training-side commands as a user runs them: config errors, `data synth`,
 //! `generate`, `plot`, and every shipped config parsing and validating.
 
-mod common;
-
 use std::fs;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -281,7 +279,8 @@ fn env_reports_the_build_and_the_machine() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let python = |code: &str| {
-        let out = Command::new(common::python()).args(["-c", code]).env("CUDA_VISIBLE_DEVICES", "3").output().unwrap();
+        let out =
+            Command::new(crate::common::python()).args(["-c", code]).env("CUDA_VISIBLE_DEVICES", "3").output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     };

@@ -3,8 +3,6 @@
 //! PEFT's numbers come from the venv: `tests/gen/make_peft_fixture.py` wrote an adapter and its
 //! logits, and `tests/gen/check_export.py` loads what we write with `PeftModel.from_pretrained`.
 
-mod common;
-
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
@@ -22,7 +20,7 @@ use dpo_train::train::log::{Split, read_metrics};
 use dpo_train::train::optim::GradAccumulator;
 use dpo_train::train::partition::Whole;
 
-use common::{Quiet, bounds, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};
+use crate::common::{Quiet, bounds, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};
 
 /// Our f32 logits of `IDS` against PEFT's (or another of ours) for an adapter of rank `r`.
 fn lora_bound(r: usize) -> f32 {
@@ -192,7 +190,7 @@ fn training_continues_a_peft_adapter_against_it_as_reference() {
     // The adapter kept its shape (r = 4 on every projection) and moved.
     let (cfg, settings) = model::AdapterConfig::read(&summary.run_dir.join("final")).unwrap();
     assert_eq!((cfg.r, settings.target_modules.len()), (4, 7));
-    let diff = common::max_diff(
+    let diff = crate::common::max_diff(
         &tensors(&adapter_dir.join("adapter_model.safetensors")),
         &tensors(&summary.run_dir.join("final/adapter_model.safetensors")),
     );

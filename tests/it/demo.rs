@@ -8,8 +8,6 @@
 //! fresh run number for number with `results/example/`, on the kind of machine that made it
 //! (`summary.txt` names it).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +16,7 @@ use std::sync::atomic::AtomicBool;
 use dpo_train::config::TrainConfig;
 use dpo_train::train::log::{Split, read_metrics};
 
-use common::{Quiet, run_alone};
+use crate::common::{Quiet, run_alone};
 
 /// Set by `make check-example`: compare the fresh demo with `results/example/` number for number.
 const CHECK_EXAMPLE: &str = "DPO_TRAIN_CHECK_EXAMPLE";

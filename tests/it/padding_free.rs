@@ -3,17 +3,15 @@
 //! fine-tuning and LoRA, with and without activation checkpointing; the run says how many
 //! positions it did not compute.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{bounds, fixtures, max_diff, tensors};
+use crate::common::{bounds, fixtures, max_diff, tensors};
 
 /// A config on the fixture pairs (prompts of 2 to 9 tokens, completions of 1 to 20): global
 /// batch 6 whatever the world size, a learning rate large enough that layouts that differed
 /// would show it, and Adam's ε at 1e-3 so that a rounding difference cannot flip a step (see
-/// `common::bounds`).
+/// `crate::common::bounds`).
 fn write_config(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("packed.toml");
     let text = format!(

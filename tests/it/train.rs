@@ -1,8 +1,6 @@
 //! The training loop on the tiny fixture models: resume equivalence, accumulation equivalence, and
 //! the embedded demo's learning claims on a shortened run.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -11,7 +9,7 @@ use dpo_train::run::RunSummary;
 use dpo_train::train::Progress;
 use dpo_train::train::log::{METRIC_NAMES, read_metrics};
 
-use common::{bounds, fixtures, max_diff, run_alone, tensors};
+use crate::common::{bounds, fixtures, max_diff, run_alone, tensors};
 
 /// Shows nothing; raises the interrupt flag once `stop_at` steps are done.
 struct StopAt<'a> {

@@ -3,12 +3,10 @@
 //! value under transformers' tag names at its step, the held-out samples as text and the
 //! dashboard PNG at each evaluation.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Command;
 
-use common::{fixtures, python};
+use crate::common::{fixtures, python};
 
 #[test]
 fn tensorboard_reads_every_logged_value_the_samples_and_the_dashboard() {

@@ -1,20 +1,18 @@
 //! Data parallelism end to end, with CPU processes over Gloo: 2 and 3 workers train what one
 //! process trains on the same micro-batches (bit for bit where they add the same partial
-//! gradients in the same order, within the bounds of `common::bounds` where a collective adds
+//! gradients in the same order, within the bounds of `crate::common::bounds` where a collective adds
 //! them in another), a run resumes with another world size, and a lost worker ends the job with
 //! a message naming it.
-
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::bounds::{self, Adam, U_BF16, U_F32};
-use common::{fixtures, max_diff, tensors};
+use crate::common::bounds::{self, Adam, U_BF16, U_F32};
+use crate::common::{fixtures, max_diff, tensors};
 
 /// The runs' AdamW settings. ε is 1e-3, not TRL's 1e-8, so that a rounding difference cannot
-/// flip a step (see `common::bounds`).
+/// flip a step (see `crate::common::bounds`).
 const LR: f64 = 1e-3;
 const ADAM_EPSILON: f64 = 1e-3;
 const WEIGHT_DECAY: f64 = 0.01;

@@ -3,8 +3,6 @@
 //! batch layout (TRL's padded rows, packed rows, packed with shared prompts). The expected numbers
 //! come from `tests/gen/make_fixtures.py` (TRL run in `.venv`).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -20,7 +18,7 @@ use dpo_train::train::optim::GradAccumulator;
 use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
-use common::bounds;
+use crate::common::bounds;
 
 #[derive(Deserialize)]
 struct Fixture {

@@ -1,0 +1,26 @@
+//! dpo-train's integration tests, in one binary: one link instead of one per file, and every
+//! file's tests share the test threads. Each module is one concern and opens by saying what it
+//! checks; `common` holds the helpers and the derived tolerances (`common::bounds`).
+
+mod common;
+mod data_errors;
+mod data_stream;
+mod ddp;
+mod demo;
+mod dist;
+mod eval_cli;
+mod export;
+mod first_run;
+mod generate;
+mod hub_data;
+mod lora;
+mod model_errors;
+mod model_parity;
+mod padding_free;
+mod report;
+mod synth;
+mod tensorboard;
+mod tokenize_parity;
+mod train;
+mod train_cli;
+mod trl_parity;
