@@ -2,7 +2,7 @@
 //! tests (`MultiProcessTestCase`): real processes, real TCP rendezvous.
 //!
 //! Each test launches copies of this test executable through `dist::launch` with the harness
-//! arguments `--exact worker_entry`, and `DIST_TEST_ROLE` says which scenario the worker runs;
+//! arguments `--exact dist::worker_entry`, and `DIST_TEST_ROLE` says which scenario the worker runs;
 //! `worker_entry` returns at once in a normal test run. A failing worker assertion exits the worker
 //! with code 101, which `launch` reports with the rank.
 
@@ -21,7 +21,7 @@ fn device() -> Device {
 }
 
 fn worker_args() -> Vec<OsString> {
-    ["--exact", "worker_entry", "--nocapture", "--test-threads=1"].map(OsString::from).to_vec()
+    ["--exact", "dist::worker_entry", "--nocapture", "--test-threads=1"].map(OsString::from).to_vec()
 }
 
 /// Launches `world` workers running `role` (plus `extra` variables), timing the run.

@@ -116,9 +116,11 @@ fn sharded_plans_fit_and_say_so() {
         let p = plan(&machine(name), &request("1.5B"));
         assert_ne!(p.status, Status::NotReady, "{name}: {:?}", p.warnings);
         assert!(p.memory_per_gpu_bytes.expect("a model") <= p.min_free_bytes.expect("free known"), "{name}");
-        let flag = format!(" --sharding {}", p.sharding.name());
-        assert_eq!(p.command.contains(&flag), p.sharding != Sharding::None, "{name}: {}", p.command);
-        assert_eq!(p.command.contains("--offload-optimizer"), p.offload_optimizer, "{name}: {}", p.command);
+        let settings = p.settings.as_ref().expect("a command");
+        assert_eq!((settings.sharding, settings.offload_optimizer), (p.sharding, p.offload_optimizer), "{name}");
+        assert!(p.command.contains(&format!(" --sharding {}", p.sharding.name())), "{name}: {}", p.command);
+        let offload = format!(" --offload-optimizer {}", p.offload_optimizer);
+        assert!(p.command.contains(&offload), "{name}: {}", p.command);
     }
 }
 
