@@ -106,14 +106,7 @@ fn reordered_gradient(world: usize) -> f64 {
 
 /// The runs' AdamW for `steps` steps, on parameters like `params`.
 fn adam(steps: u32, params: &[(String, Vec<f32>)]) -> Adam {
-    Adam {
-        lr: LR,
-        eps: ADAM_EPSILON,
-        steps,
-        max_grad_norm: MAX_GRAD_NORM,
-        params: bounds::entries(params),
-        p_max: bounds::largest(params),
-    }
+    Adam::on(LR, ADAM_EPSILON, MAX_GRAD_NORM, steps, params)
 }
 
 /// What a comparison with one process expects.

@@ -59,14 +59,7 @@ fn assert_same_run(dir: &Path, want: &str, run: &str, file: &str) {
     let model = fixtures().join("models/llama");
     let seq = bounds::FIXTURE_SEQ;
     let relative = bounds::dpo_gradient(&model, seq, 6 * 2 * seq, 0.1, logp.fold(0.0, f64::max));
-    let adam = bounds::Adam {
-        lr: 1e-3,
-        eps: 1e-3,
-        steps: 3,
-        max_grad_norm: 0.5,
-        params: bounds::entries(&a),
-        p_max: bounds::largest(&a),
-    };
+    let adam = bounds::Adam::on(1e-3, 1e-3, 0.5, 3, &a);
     let (diff, bound) = (bounds::l2_diff(&a, &b), adam.norm(relative * 0.5));
     eprintln!("{run}: parameters {diff:e} from {want} in L2 (bound {bound:e})");
     assert!(diff <= bound, "{run}: parameters {diff:e} from {want} in L2 (bound {bound:e})");

@@ -126,15 +126,7 @@ fn gradient_bound(run_dir: &Path, params: &[(String, Vec<f32>)], pairs: usize, s
     let logp = logp.fold(0.0, f64::max);
     let tokens = pairs * 2 * bounds::FIXTURE_SEQ;
     let relative = bounds::dpo_gradient(&fixtures().join("models/llama"), bounds::FIXTURE_SEQ, tokens, 0.1, logp);
-    let adam = bounds::Adam {
-        lr: 1e-3,
-        eps: 1e-3,
-        steps,
-        max_grad_norm: 0.5,
-        params: bounds::entries(params),
-        p_max: bounds::largest(params),
-    };
-    adam.norm(relative * 0.5)
+    bounds::Adam::on(1e-3, 1e-3, 0.5, steps, params).norm(relative * 0.5)
 }
 
 #[test]

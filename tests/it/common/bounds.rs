@@ -102,6 +102,12 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// AdamW at `lr`, `eps` and `max_grad_norm` for `steps` steps, on parameters like `params`
+    /// (their count and largest magnitude).
+    pub fn on(lr: f64, eps: f64, max_grad_norm: f64, steps: u32, params: &[(String, Vec<f32>)]) -> Self {
+        Self { lr, eps, steps, max_grad_norm, params: entries(params), p_max: largest(params) }
+    }
+
     /// The largest difference of one parameter after `steps`, when each step's clipped
     /// gradient entries differ by at most `dg` (absolute) between the two runs.
     pub fn entry(&self, dg: f64) -> f64 {
