@@ -11,6 +11,7 @@ use crate::config::{RunPlan, TrainConfig};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{
     self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, Truncation, cache,
+    cache::Loaded,
 };
 use crate::demo::{DEMO, DemoAssets};
 use crate::model::{self, compat};
@@ -166,14 +167,24 @@ fn prepare_split(
     };
     let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
     // No entry when the data cannot be listed or read: `prepare` then says why.
-    let entry = cache::entry(&cfg.output_dir.join(".data_cache"), path, &opts, tokenizer_dir, truncation).ok();
-    let mut notes = Vec::new();
-    let (prepared, store) = match entry.as_deref().and_then(|e| Some((e, cache::load(e)?))) {
-        Some((entry, hit)) => {
+    let cache_dir = cfg.output_dir.join(".data_cache");
+    let mut notes: Vec<String> = dpo_base::fsutil::remove_stale_temps(&cache_dir)
+        .iter()
+        .map(|p| format!("removed `{}`, left by a writer that died", p.display()))
+        .collect();
+    let entry = cache::entry(&cache_dir, path, &opts, tokenizer_dir, truncation).ok();
+    let loaded = entry.as_deref().map_or(Loaded::Missing, |e| cache::load(e, tokenizer.vocab_size()));
+    if let (Loaded::Damaged(why), Some(entry)) = (&loaded, &entry) {
+        // Never used: removed, tokenised again and stored anew.
+        let _ = std::fs::remove_file(entry);
+        notes.push(format!("warning: the cache entry `{}` is damaged ({why}): tokenising again", entry.display()));
+    }
+    let (prepared, store) = match (loaded, entry.as_deref()) {
+        (Loaded::Hit(hit), Some(entry)) => {
             notes.push(format!("`{}`: tokenised pairs read from the cache `{}`", path.display(), entry.display()));
             (hit, None)
         }
-        None => {
+        _ => {
             let threads = cfg.dataset_num_proc.unwrap_or_else(rayon::current_num_threads);
             let plural = if threads == 1 { "" } else { "s" };
             let label = format!("reading `{}` (tokenising on {threads} thread{plural})", path.display());

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::context::{Progress, Run};
 use crate::dpo::logps::{Collation, RefLogps};
 use crate::model::Llama;
-use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors};
+use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors_with};
 
 /// The cached log-probs for this reference and data, or `compute`d (by every rank) and stored
 /// (by rank 0) when absent.
@@ -23,12 +23,23 @@ pub fn load_or_compute(
     compute: impl FnOnce() -> anyhow::Result<RefLogps>,
 ) -> anyhow::Result<RefLogps> {
     let path = cache_path(reference, run, collation)?;
-    if path.is_file() {
-        let weights = Weights::open_file(&path)?;
-        let n = run.data.train.len();
-        let cached = RefLogps { chosen: weights.values("chosen", &[n])?, rejected: weights.values("rejected", &[n])? };
-        progress.line(&format!("reference log-probs from cache `{}`", path.display()));
-        return Ok(cached);
+    if let Some(dir) = path.parent() {
+        for stale in dpo_base::fsutil::remove_stale_temps(dir) {
+            progress.line(&format!("removed `{}`, left by a writer that died", stale.display()));
+        }
+    }
+    match read(&path, run.data.train.len()) {
+        Ok(Some(cached)) => {
+            progress.line(&format!("reference log-probs from cache `{}`", path.display()));
+            return Ok(cached);
+        }
+        Ok(None) => {}
+        Err(why) => {
+            // Never used: computed again and stored anew.
+            let _ = std::fs::remove_file(&path);
+            progress
+                .line(&format!("warning: the cache entry `{}` is damaged ({why}): computing again", path.display()));
+        }
     }
     progress.line(&format!("precomputing reference log-probs for {} training pairs", run.data.train.len()));
     let logps = compute()?;
@@ -38,14 +49,41 @@ pub fn load_or_compute(
     let dir = path.parent().unwrap_or(&run.cfg.output_dir);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
     let n = logps.chosen.len();
-    save_safetensors(
+    save_safetensors_with(
         &path,
         &[
             NamedTensor { name: "chosen".into(), shape: vec![n], values: Values::Host(logps.chosen.clone()) },
             NamedTensor { name: "rejected".into(), shape: vec![n], values: Values::Host(logps.rejected.clone()) },
         ],
+        &[(CHECKSUM, &checksum(&logps))],
     )?;
     Ok(logps)
+}
+
+/// The header key of the log-probs' checksum.
+const CHECKSUM: &str = "dpo_train_sha256";
+
+/// The SHA-256 of the log-probs' little-endian bytes, chosen then rejected, in hex.
+fn checksum(logps: &RefLogps) -> String {
+    let mut hash = Sha256::new();
+    logps.chosen.iter().chain(&logps.rejected).for_each(|v| hash.update(v.to_le_bytes()));
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The entry at `path` for `n` pairs, verified against its checksum; `Ok(None)` when there is
+/// none, `Err` saying what is wrong with a damaged one.
+fn read(path: &std::path::Path, n: usize) -> Result<Option<RefLogps>, String> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let weights = Weights::open_file(path).map_err(|e| e.to_string())?;
+    let values = |name| weights.values(name, &[n]).map_err(|e| e.to_string());
+    let logps = RefLogps { chosen: values("chosen")?, rejected: values("rejected")? };
+    match weights.metadata(CHECKSUM) {
+        Some(sum) if sum == checksum(&logps) => Ok(Some(logps)),
+        Some(_) => Err("its checksum does not match its contents".into()),
+        None => Err("it has no checksum".into()),
+    }
 }
 
 /// `<output_dir>/.ref_cache/<sha256 of the inputs>.safetensors`.

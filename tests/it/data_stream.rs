@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
+use dpo_train::data::cache::{self, Loaded};
 use dpo_train::data::load::CHUNK_ROWS;
 use dpo_train::data::tokenizer::Tokenizer;
-use dpo_train::data::{LoadOptions, Prepared, TokenizeControl, cache, load_preferences, prepare, tokenize};
+use dpo_train::data::{LoadOptions, Prepared, TokenizeControl, load_preferences, prepare, tokenize};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -100,9 +101,10 @@ fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
         cache::entry(&cache_dir, path, opts, &tok_dir, max).unwrap()
     };
     let key = entry(&path, &opts, Some(24));
-    assert!(cache::load(&key).is_none());
+    let vocab = tok.vocab_size();
+    assert!(matches!(cache::load(&key, vocab), Loaded::Missing));
     cache::store(&key, &prepared).unwrap();
-    assert_eq!(cache::load(&key).as_ref(), Some(&prepared));
+    assert!(matches!(cache::load(&key, vocab), Loaded::Hit(p) if p == prepared));
 
     // Another max_length, other options, one changed byte of data: other entries.
     assert_ne!(entry(&path, &opts, Some(25)), key);
@@ -113,10 +115,29 @@ fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
     std::fs::write(&path, &bytes).unwrap();
     assert_ne!(entry(&path, &opts, Some(24)), key);
 
-    // A damaged entry is not trusted.
+    // A damaged entry is never used, whatever the damage: a truncated file, four flipped bytes of
+    // the same size (they once indexed past the embedding), an id the tokenizer does not have.
     let stored = std::fs::read(&key).unwrap();
-    std::fs::write(&key, &stored[..stored.len() - 3]).unwrap();
-    assert!(cache::load(&key).is_none());
+    let damaged = |bytes: &[u8]| {
+        std::fs::write(&key, bytes).unwrap();
+        match cache::load(&key, vocab) {
+            Loaded::Damaged(why) => why,
+            other => panic!("a damaged entry loaded as {other:?}"),
+        }
+    };
+    assert_eq!(damaged(&stored[..stored.len() - 3]), "its checksum does not match its contents");
+    let mut flipped = stored.clone();
+    let at = flipped.len() - 40;
+    flipped[at..at + 4].iter_mut().for_each(|b| *b ^= 0xff);
+    assert_eq!(damaged(&flipped), "its checksum does not match its contents");
+    assert_eq!(damaged(b"garbage"), "not a cache entry");
+    // An id at the tokenizer's size, in an entry whose checksum holds.
+    let mut wrong = prepared.clone();
+    wrong.pairs[0].chosen_ids[0] = vocab as u32;
+    cache::store(&key, &wrong).unwrap();
+    assert!(
+        matches!(cache::load(&key, vocab), Loaded::Damaged(why) if why.contains(&format!("id {vocab} is not below")))
+    );
 }
 
 #[test]

@@ -6,94 +6,11 @@
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::cli::{data, dpo_train, finish, model, one_line_error, s, short_run, stderr, train, wait_or_kill};
 use crate::common::{fixtures, max_diff, tensors};
-
-fn model() -> PathBuf {
-    fixtures().join("models/llama")
-}
-
-fn data() -> PathBuf {
-    fixtures().join("data/prefs.jsonl")
-}
-
-fn dpo_train() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpo-train"));
-    cmd.env_remove("RANK").env_remove("WORLD_SIZE").env_remove("SLURM_PROCID");
-    cmd
-}
-
-/// Runs to the end; a run still going after `limit` is killed and fails the test (a liveness
-/// bound: the endless launch chain this guards against never ends).
-fn finish(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("dpo-train starts");
-    wait_or_kill(child, limit)
-}
-
-fn wait_or_kill(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!("still running after {limit:?}; stderr: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
-}
-
-fn train<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    let mut cmd = dpo_train();
-    cmd.arg("train").args(args);
-    finish(cmd, Duration::from_secs(120))
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The one line a bad input gets, with exit code 1.
-fn one_line_error(out: &Output) -> String {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
-    err.trim_end().to_owned()
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().expect("utf-8 path")
-}
-
-/// The flags of a short f32 run of `model` on `data` into `out/name`, plus `extra`.
-fn short_run(out: &Path, name: &str, model: &Path, data: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args = vec![
-        "--model",
-        s(model),
-        "--data",
-        s(data),
-        "--output-dir",
-        s(out),
-        "--run-name",
-        name,
-        "--max-steps",
-        "3",
-        "--per-device-train-batch-size",
-        "4",
-        "--learning-rate",
-        "1e-3",
-        "--bf16",
-        "false",
-        "--gradient-checkpointing",
-        "false",
-        "--num-samples",
-        "0",
-    ];
-    args.extend_from_slice(extra);
-    args.into_iter().map(str::to_owned).collect()
-}
 
 // --- 1. one device is one process -------------------------------------------------------------
 

@@ -18,6 +18,7 @@ mod model_errors;
 mod model_parity;
 mod padding_free;
 mod report;
+mod shared_runs;
 mod synth;
 mod tensorboard;
 mod tokenize_parity;

@@ -57,3 +57,51 @@ pub fn replace_dir(staged: &Path, dest: &Path) -> std::io::Result<()> {
         std::fs::rename(staged, dest)
     }
 }
+
+/// Removes what writers that died left in `dir`: the temporary files of [`write_atomic`]
+/// (`.NAME.tmp-PID`) and directories staged by PID (`.NAME.tmp-PID/`) whose process is gone.
+/// Returns what it removed. A live writer's files are left alone.
+pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.rsplit_once(".tmp-").and_then(|(_, pid)| pid.parse::<u32>().ok()) else { continue };
+        if !name.starts_with('.') || process_alive(pid) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        if gone.is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+/// Whether process `pid` runs on this machine (Linux: it has a `/proc` entry).
+pub fn process_alive(pid: u32) -> bool {
+    pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists()
+}
+
+#[cfg(test)]
+mod temp_tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_writer_s_temporary_files_are_removed_and_a_live_one_s_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // PIDs above the kernel's maximum (4194304) are never alive.
+        let dead = dir.path().join(".x.tokens.tmp-4999999");
+        let live = dir.path().join(format!(".y.tokens.tmp-{}", std::process::id()));
+        let staged = dir.path().join(".step-3.tmp-4999998");
+        std::fs::write(&dead, b"half").unwrap();
+        std::fs::write(&live, b"being written").unwrap();
+        std::fs::create_dir(&staged).unwrap();
+        std::fs::write(dir.path().join("kept.tokens"), b"whole").unwrap();
+        let mut removed = remove_stale_temps(dir.path());
+        removed.sort();
+        assert_eq!(removed, vec![staged, dead]);
+        assert!(live.exists() && dir.path().join("kept.tokens").exists());
+    }
+}

@@ -4,8 +4,11 @@
 //! the tokenizer's files, the columns, the split, `skip_bad_rows`, `max_length`, and the program
 //! that tokenised them; a changed input changes the key, so nothing stale is reused.
 //!
-//! An entry is one file, written atomically: a magic line, the key, the [`DataSummary`] as JSON,
-//! then per pair its line and three lengths, then the ids, all little-endian.
+//! An entry is one file, written atomically: a magic line, the [`DataSummary`] as JSON, then per
+//! pair its line and three lengths, then the ids, all little-endian, and last the SHA-256 of all
+//! that. [`load`] checks the sum, the lengths and every id against the tokenizer's vocabulary
+//! before anything is used: a damaged entry (a flipped byte, a truncated file) is reported, never
+//! read, and tokenised again.
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -16,7 +19,10 @@ use super::load::{LoadOptions, hub};
 use super::prepare::{DataSummary, Prepared};
 use super::tokenize::{TokenizedPair, Truncation};
 
-const MAGIC: &[u8; 8] = b"DPOTOK01";
+const MAGIC: &[u8; 8] = b"DPOTOK02";
+
+/// The trailing SHA-256.
+const SUM: u64 = 32;
 
 /// The files of a tokenizer directory that tokenisation reads.
 const TOKENIZER_FILES: [&str; 4] =
@@ -83,10 +89,11 @@ fn hash_file(hash: &mut Sha256, path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes `prepared` to `path` (atomically).
+/// Writes `prepared` to `path` (atomically), its checksum last.
 pub fn store(path: &Path, prepared: &Prepared) -> std::io::Result<()> {
     dpo_base::fsutil::write_atomic_with(path, |tmp| {
-        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(tmp)?);
+        let mut out =
+            Summed { inner: BufWriter::with_capacity(1 << 20, std::fs::File::create(tmp)?), sum: Sha256::new() };
         out.write_all(MAGIC)?;
         let summary = serde_json::to_vec(&prepared.summary)?;
         out.write_all(&(summary.len() as u64).to_le_bytes())?;
@@ -103,38 +110,111 @@ pub fn store(path: &Path, prepared: &Prepared) -> std::io::Result<()> {
                 ids.iter().try_for_each(|id| out.write_all(&id.to_le_bytes()))?;
             }
         }
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()
+        let Summed { mut inner, sum } = out;
+        inner.write_all(&sum.finalize())?;
+        inner.into_inner().map_err(|e| e.into_error())?.sync_all()
     })
 }
 
-/// The entry at `path`; `None` when there is none, or it cannot be read whole (a damaged entry is
-/// tokenised again and rewritten).
-pub fn load(path: &Path) -> Option<Prepared> {
-    let file = std::fs::File::open(path).ok()?;
-    // Lengths are checked against the file before anything that large is allocated.
-    let size = file.metadata().ok()?.len();
+/// A writer that sums what goes through it.
+struct Summed<W> {
+    inner: W,
+    sum: Sha256,
+}
+
+impl<W: Write> Write for Summed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// What [`load`] found at an entry's path.
+#[derive(Debug)]
+pub enum Loaded {
+    /// No entry (or one of an older format, which is rebuilt without a word).
+    Missing,
+    /// A damaged entry, and what is wrong with it: never used, it is tokenised again.
+    Damaged(String),
+    Hit(Prepared),
+}
+
+/// The entry at `path`, verified whole: its checksum, its lengths against the file's size, and
+/// every id below `vocab_size` (the tokenizer that will read them). It is read as a stream: the
+/// entry of a big dataset is never held twice.
+pub fn load(path: &Path, vocab_size: usize) -> Loaded {
+    let Ok(file) = std::fs::File::open(path) else { return Loaded::Missing };
+    let Ok(size) = file.metadata().map(|m| m.len()) else { return Loaded::Missing };
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut magic = [0u8; 8];
-    input.read_exact(&mut magic).ok()?;
-    if &magic != MAGIC {
-        return None;
+    if input.read_exact(&mut magic).is_err() || &magic != MAGIC {
+        return if magic.starts_with(b"DPOTOK") {
+            Loaded::Missing
+        } else {
+            Loaded::Damaged("not a cache entry".into())
+        };
     }
-    let summary_len = usize::try_from(read_u64(&mut input)?).ok().filter(|&l| (l as u64) < size)?;
+    let Some(body_len) = size.checked_sub(MAGIC.len() as u64 + SUM) else {
+        return Loaded::Damaged("shorter than its checksum".into());
+    };
+    let mut sum = Sha256::new();
+    sum.update(magic);
+    let mut body = Hashing { inner: (&mut input).take(body_len), sum };
+    let parsed = parse(&mut body, body_len);
+    // A parse that stopped early still sums the rest.
+    let _ = std::io::copy(&mut body, &mut std::io::sink());
+    let computed = body.sum.finalize();
+    let mut stored = [0u8; SUM as usize];
+    if input.read_exact(&mut stored).is_err() || computed.as_slice() != stored {
+        return Loaded::Damaged("its checksum does not match its contents".into());
+    }
+    match parsed {
+        None => Loaded::Damaged("its lengths do not match its size".into()),
+        Some(prepared) => match first_bad_id(&prepared.pairs, vocab_size) {
+            Some(id) => Loaded::Damaged(format!("id {id} is not below the tokenizer's vocabulary of {vocab_size}")),
+            None => Loaded::Hit(prepared),
+        },
+    }
+}
+
+/// A reader that sums what goes through it.
+struct Hashing<R> {
+    inner: R,
+    sum: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The pairs and summary of an entry's `size`-byte body (after the magic, before the checksum);
+/// `None` when its lengths do not add up to its size.
+fn parse(input: &mut impl Read, size: u64) -> Option<Prepared> {
+    let summary_len = usize::try_from(read_u64(input)?).ok().filter(|&l| (l as u64) < size)?;
     let mut summary = vec![0u8; summary_len];
     input.read_exact(&mut summary).ok()?;
     let summary: DataSummary = serde_json::from_slice(&summary).ok()?;
-    let n = read_u64(&mut input)?;
-    let heads_at = 8 + 8 + summary_len as u64 + 8;
+    let n = read_u64(input)?;
+    let heads_at = 8 + summary_len as u64 + 8;
     if n.checked_mul(20).is_none_or(|bytes| heads_at + bytes > size) {
         return None;
     }
     let n = usize::try_from(n).ok()?;
     let mut heads = Vec::with_capacity(n);
     for _ in 0..n {
-        let line = usize::try_from(read_u64(&mut input)?).ok()?;
+        let line = usize::try_from(read_u64(input)?).ok()?;
         let mut lens = [0usize; 3];
         for len in &mut lens {
-            *len = read_u32(&mut input)? as usize;
+            *len = read_u32(input)? as usize;
         }
         heads.push((line, lens));
     }
@@ -144,10 +224,16 @@ pub fn load(path: &Path) -> Option<Prepared> {
     }
     let mut pairs = Vec::with_capacity(n);
     for (line, [p, c, r]) in heads {
-        let mut ids = |len| read_ids(&mut input, len);
+        let mut ids = |len| read_ids(input, len);
         pairs.push(TokenizedPair { line, prompt_ids: ids(p)?, chosen_ids: ids(c)?, rejected_ids: ids(r)? });
     }
     Some(Prepared { pairs, summary })
+}
+
+/// The first id at or above `vocab_size`.
+fn first_bad_id(pairs: &[TokenizedPair], vocab_size: usize) -> Option<u32> {
+    let all = pairs.iter().flat_map(|p| p.prompt_ids.iter().chain(&p.chosen_ids).chain(&p.rejected_ids));
+    all.copied().find(|&id| id as usize >= vocab_size)
 }
 
 fn read_u64(input: &mut impl Read) -> Option<u64> {

@@ -112,6 +112,13 @@ impl Weights {
         tensors.tensor(name).ok().map(|v| v.shape().iter().product())
     }
 
+    /// The value of `key` in the first file's header metadata.
+    pub fn metadata(&self, key: &str) -> Option<String> {
+        let (_, mmap) = self.files.first()?;
+        let (_, header) = SafeTensors::read_metadata(mmap).ok()?;
+        header.metadata().as_ref()?.get(key).cloned()
+    }
+
     /// Whether the checkpoint holds a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
@@ -225,7 +232,14 @@ pub struct NamedTensor {
 /// Writes `tensors` as one safetensors file (f32, `{"format": "pt"}` metadata as transformers
 /// writes), atomically: a temporary file in the same directory renamed over `path`.
 pub fn save_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), WeightsError> {
-    let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    save_safetensors_with(path, tensors, &[])
+}
+
+/// [`save_safetensors`] with more `(key, value)` pairs in the header's metadata (a checksum, say).
+pub fn save_safetensors_with(path: &Path, tensors: &[NamedTensor], extra: &[(&str, &str)]) -> Result<(), WeightsError> {
+    let mut metadata = HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    metadata.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let metadata = Some(metadata);
     let views = tensors.iter().map(|t| (t.name.clone(), t));
     dpo_base::fsutil::write_atomic_with(path, |tmp| {
         safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {

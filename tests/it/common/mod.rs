@@ -11,6 +11,7 @@ use dpo_train::run::{RunRequest, RunSummary, run};
 use dpo_train::train::Progress;
 
 pub mod bounds;
+pub mod cli;
 
 /// `tests/fixtures/` of this checkout.
 pub fn fixtures() -> PathBuf {

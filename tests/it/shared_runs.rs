@@ -1,0 +1,89 @@
+//! Nothing lost when runs share a machine, a cache or a directory, or are resumed differently:
+//! damaged cache entries are rebuilt, never used; what a dead writer left is cleaned up; a run
+//! directory has one writer; a resume refuses changes to what is trained.
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::cli::{data, dpo_train, finish, model, one_line_error, short_run, stderr};
+
+/// A short run of the fixture model into `out/name`, finished.
+fn run(out: &Path, name: &str, extra: &[&str]) -> std::process::Output {
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(short_run(out, name, &model(), &data(), extra));
+    finish(cmd, Duration::from_secs(120))
+}
+
+/// The tokenised-data cache's entries.
+fn entries(out: &Path) -> Vec<std::path::PathBuf> {
+    let dir = out.join(".data_cache");
+    let mut all: Vec<_> = fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+    all.sort();
+    all
+}
+
+/// An entry with four flipped bytes (same size) is reported, tokenised again and stored anew;
+/// the run trains on the right tokens (its result equals the first run's); a temporary file a
+/// dead writer left in the cache is removed.
+#[test]
+fn a_damaged_cache_entry_is_rebuilt_and_a_dead_writer_s_file_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(dir.path(), "first", &[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let [entry] = entries(dir.path()).try_into().expect("one entry");
+    let mut bytes = fs::read(&entry).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at..at + 4].iter_mut().for_each(|b| *b ^= 0x5a);
+    fs::write(&entry, &bytes).unwrap();
+    let dead =
+        dir.path().join(".data_cache").join(format!(".{}.tmp-4999999", entry.file_name().unwrap().to_string_lossy()));
+    fs::write(&dead, b"half an entry").unwrap();
+
+    let second = run(dir.path(), "second", &[]);
+    let said = stderr(&second);
+    assert!(second.status.success(), "{said}");
+    let warning = format!(
+        "warning: the cache entry `{}` is damaged (its checksum does not match its contents): tokenising again",
+        entry.display()
+    );
+    assert!(said.contains(&warning), "{said}");
+    assert!(said.contains(&format!("removed `{}`, left by a writer that died", dead.display())), "{said}");
+    assert!(!dead.exists());
+    assert_eq!(entries(dir.path()), vec![entry.clone()], "the entry was stored anew");
+    let third = run(dir.path(), "third", &[]);
+    assert!(stderr(&third).contains("tokenised pairs read from the cache"), "{}", stderr(&third));
+    let weights = |name: &str| crate::common::tensors(&dir.path().join(name).join("final/model.safetensors"));
+    assert_eq!(crate::common::max_diff(&weights("first"), &weights("second")), 0.0, "trained on other tokens");
+}
+
+/// The precomputed reference's cache likewise: flipped bytes in its values are found by its
+/// checksum, and the log-probs are computed again (the run's result is the first run's).
+#[test]
+fn a_damaged_reference_cache_entry_is_computed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let pre: &[&str] = &["--precompute-ref-log-probs", "true"];
+    let first = run(dir.path(), "first", pre);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let [entry] = fs::read_dir(dir.path().join(".ref_cache"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect::<Vec<_>>()
+        .try_into()
+        .expect("one entry");
+    let mut bytes = fs::read(&entry).unwrap();
+    let at = bytes.len() - 6; // inside the last values, past the header
+    bytes[at] ^= 0x40;
+    fs::write(&entry, &bytes).unwrap();
+    let second = run(dir.path(), "second", pre);
+    let said = stderr(&second);
+    assert!(second.status.success(), "{said}");
+    let warning = format!(
+        "warning: the cache entry `{}` is damaged (its checksum does not match its contents): computing again",
+        entry.display()
+    );
+    assert!(said.contains(&warning), "{said}");
+    let weights = |name: &str| crate::common::tensors(&dir.path().join(name).join("final/model.safetensors"));
+    assert_eq!(crate::common::max_diff(&weights("first"), &weights("second")), 0.0);
+}
