@@ -33,7 +33,7 @@ demo: build
 example: build
 	rm -rf results/example
 	$(CARGO) run --release --quiet --bin dpo-train -- --output-dir results --run-name example
-	rm -rf results/example/checkpoints results/example/final results/example/sft results/example/demo
+	rm -rf results/example/checkpoints results/example/final results/example/sft results/example/demo results/example/.dpo-train.lock
 
 # A fresh demo against results/example/ and the README (number for number on the machine kind
 # that made it; the learning thresholds anywhere). `make test` runs the same test.

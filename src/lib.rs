@@ -44,6 +44,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             || e.is::<eval::EvalError>()
             || e.is::<config::ConfigError>()
             || e.is::<cli::LaunchFlagError>()
+            || matches!(e.downcast_ref(), Some(run::claim::ClaimError::Busy { .. }))
     });
     if user_input { 1 } else { 2 }
 }

@@ -20,7 +20,7 @@ pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
         return Err(crate::config::ConfigError::Flag { flag: "min-bytes".into(), message }.into());
     }
     let timeout = Duration::from_secs(args.timeout);
-    let (device, group) = match place(&args.parallel, &[], timeout, &mut |_| Ok(()))? {
+    let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), timeout, &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
         Placed::Here { device, group, .. } => (device, group),

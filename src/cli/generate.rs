@@ -43,7 +43,7 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         encoded.push(ids);
     }
-    let (device, group) = match place(&args.parallel, &[], Duration::from_secs(1800), &mut |_| Ok(()))? {
+    let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
         Placed::Here { device, group, .. } => (device, group),

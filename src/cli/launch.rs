@@ -157,7 +157,7 @@ pub enum Placed {
 /// says whether this process shows progress.
 pub fn place(
     par: &ParallelArgs,
-    extra_args: &[OsString],
+    extra_args: &dyn Fn() -> anyhow::Result<Vec<OsString>>,
     timeout: Duration,
     before_workers: &mut dyn FnMut(bool) -> anyhow::Result<()>,
 ) -> anyhow::Result<Placed> {
@@ -169,7 +169,8 @@ pub fn place(
             if interrupt::install()?.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Placed::Launched(LaunchOutcome::Interrupted));
             }
-            return launch(par, &plan, extra_args, timeout).map(Placed::Launched);
+            // The workers' extra flags once `before_workers` is done (it may name their run).
+            return launch(par, &plan, &extra_args()?, timeout).map(Placed::Launched);
         }
         Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
         Role::Worker(device_arg) => device_arg,

@@ -48,10 +48,21 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     }
     let mut cfg = layered.cfg.clone();
     let interrupt = interrupt::install()?;
-    // Every worker must write into one run directory: the launcher names it for its workers.
+    // Every worker must write into one run directory: the launcher names it for its workers, in a
+    // directory it creates (another run's of the same second makes it take a suffix).
     let new_run = cfg.run_name.is_none() && resume.is_none();
-    let launched_name = new_run.then(|| format!("{}-{name}", crate::clock::timestamp()));
-    let extra: Vec<OsString> = launched_name.iter().flat_map(|n| ["--run-name".into(), n.into()]).collect();
+    let reserved = std::cell::RefCell::new(None);
+    let output_existed = cfg.output_dir.is_dir();
+    let name_workers = || -> anyhow::Result<Vec<OsString>> {
+        if !new_run {
+            return Ok(Vec::new());
+        }
+        let base = cfg.output_dir.join(format!("{}-{name}", crate::clock::timestamp()));
+        let dir = crate::run::claim::reserve(&base)?;
+        let flags = vec!["--run-name".into(), dir.file_name().unwrap_or_default().to_owned()];
+        *reserved.borrow_mut() = Some(dir);
+        Ok(flags)
+    };
     let timeout = Duration::from_secs(cfg.ddp_timeout);
     let mut console = ConsoleProgress::default();
     let resumed = resume.clone().map(Some);
@@ -59,7 +70,17 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         let progress: &mut dyn Progress = if shown { &mut console } else { &mut Silent };
         crate::run::warm_data_cache(&cfg, &plan, (resumed.as_ref(), &name), interrupt, progress)
     };
-    let (device, mut group, worker) = match place(&args.parallel, &extra, timeout, &mut tokenize_first)? {
+    let placed = place(&args.parallel, &name_workers, timeout, &mut tokenize_first);
+    if let (Err(_) | Ok(Placed::Launched(LaunchOutcome::Interrupted)), Some(dir)) =
+        (&placed, reserved.borrow().as_ref())
+    {
+        // The workers wrote nothing there: a refused run leaves nothing behind.
+        crate::run::claim::remove_if_unused(dir);
+        if !output_existed {
+            let _ = std::fs::remove_dir(&cfg.output_dir); // only when empty
+        }
+    }
+    let (device, mut group, worker) = match placed? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
         Placed::Here { device, group, worker } => (device, group, worker),

@@ -12,6 +12,7 @@ use crate::config::{RunPlan, TrainConfig};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::report;
 
+pub mod claim;
 mod inputs;
 use crate::train::{DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
 
@@ -108,8 +109,22 @@ pub fn machine_cpu() -> String {
 pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
     let workers = req.rt.workers;
     let (run_dir, resume) = run_dir(&req.cfg, req.resume.as_ref(), &req.config_name)?;
-    // Every rank checked for an earlier run before rank 0 creates anything.
+    // Every rank checked for an earlier run before rank 0 claims anything; rank 0 holds the
+    // directory for the run (it alone writes there).
     workers.barrier("run directory")?;
+    let generated = !resume && req.cfg.run_name.is_none();
+    let claimed = if workers.is_main() { Some(claim::claim(&run_dir, generated)?) } else { None };
+    let run_dir = claimed.as_ref().map_or(run_dir, |c| c.dir.clone());
+    let result = run_in(&req, run_dir, resume, progress);
+    if let (Err(_), Some(claimed)) = (&result, &claimed) {
+        claimed.remove_if_unused();
+    }
+    result
+}
+
+/// [`run`] in the claimed `run_dir`.
+fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
+    let workers = req.rt.workers;
     let cfg = &req.cfg;
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;

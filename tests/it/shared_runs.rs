@@ -87,3 +87,48 @@ fn a_damaged_reference_cache_entry_is_computed_again() {
     let weights = |name: &str| crate::common::tensors(&dir.path().join(name).join("final/model.safetensors"));
     assert_eq!(crate::common::max_diff(&weights("first"), &weights("second")), 0.0);
 }
+
+/// A second writer of a run still going is refused with one line naming the directory and the
+/// process that holds it: the same `--run-name`, or `--resume` of it. Nothing of the second is
+/// written into the first's directory.
+#[test]
+fn a_second_writer_of_a_live_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = short_run(dir.path(), "shared", &model(), &data(), &["--save-steps", "0", "--logging-steps", "1"]);
+    let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
+    args[steps] = "100000".into();
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(&args);
+    let first = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let first = KillOnDrop(first);
+    let run_dir = dir.path().join("shared");
+    let started = std::time::Instant::now();
+    while !run_dir.join("metrics.csv").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the first run did not start training");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let config = fs::read_to_string(run_dir.join("config.toml")).unwrap();
+    let busy = format!(
+        "error: `{}` is being written by another dpo-train run (process {}): wait for it to end, or choose another `--run-name`",
+        run_dir.display(),
+        first.0.id()
+    );
+    let same_name = run(dir.path(), "shared", &["--warmup-steps", "1"]);
+    let mut resume = dpo_train();
+    resume.args(["train", "--resume", run_dir.to_str().unwrap()]);
+    let resumed = finish(resume, Duration::from_secs(60));
+    drop(first);
+    assert_eq!(one_line_error(&same_name), busy);
+    assert_eq!(one_line_error(&resumed), busy);
+    assert_eq!(fs::read_to_string(run_dir.join("config.toml")).unwrap(), config, "the second wrote its config");
+}
+
+/// A child process killed (and reaped) when the test ends, passing or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
