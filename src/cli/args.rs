@@ -120,6 +120,10 @@ pub struct TrainArgs {
     /// a value the newest run under output_dir.
     #[arg(long, value_name = "RUN_DIR", num_args = 0..=1)]
     pub resume: Option<Option<PathBuf>>,
+    /// Let --resume change what is trained (the model, reference, tokenizer, data, LoRA or loss
+    /// keys its flags set otherwise than the run's saved config); each change is printed.
+    #[arg(long, requires = "resume")]
+    pub resume_with_changes: bool,
     #[command(flatten)]
     pub parallel: ParallelArgs,
     #[command(flatten)]

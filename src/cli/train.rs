@@ -18,7 +18,7 @@ use super::args::TrainArgs;
 use super::launch::{Placed, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
-use crate::config::{ConfigError, ConfigFile, Layered, Origin};
+use crate::config::{ConfigError, ConfigFile, Layered, Origin, TrainConfig};
 use crate::data::DataError;
 use crate::demo::{DEMO, DEMO_CONFIG};
 use crate::dist::LaunchOutcome;
@@ -164,7 +164,34 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
             message: format!("`{}` is not a run directory (no config.toml in it)", dir.display()),
         });
     }
-    Ok((Layered::new(Some(ConfigFile::read(&saved)?), flags)?, String::new(), Some(dir)))
+    let layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
+    check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
+    Ok((layered, String::new(), Some(dir)))
+}
+
+/// A resume whose flags change what is trained is refused (naming the first such key and both
+/// values), or with `--resume-with-changes` says each change.
+fn check_resume_changes(saved: &TrainConfig, now: &TrainConfig, file: &Path, accepted: bool) -> anyhow::Result<()> {
+    let changes = crate::config::resume::changes(saved, now);
+    let Some(first) = changes.first() else { return Ok(()) };
+    if accepted {
+        for c in &changes {
+            eprintln!("resuming with a change: `{}` = {} (was {} in `{}`)", c.key, c.now, c.saved, file.display());
+        }
+        return Ok(());
+    }
+    let more = match changes.len() {
+        1 => String::new(),
+        n => format!(" (and {} more key(s))", n - 1),
+    };
+    let message = format!(
+        "`{}` is {} in `{}` and {} now{more}: that changes what is trained; pass `--resume-with-changes` to continue with it",
+        first.key,
+        first.saved,
+        file.display(),
+        first.now
+    );
+    Err(ConfigError::Invalid { key: "resume", message }.into())
 }
 
 /// The demo runs when no model is named, or the model is `demo`.

@@ -132,3 +132,43 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// `--resume` with flags that change what is trained (another model, another reference, another
+/// max_length) is refused naming the key and both values; `--resume-with-changes` continues with
+/// them and says so; the schedule's keys may change without it.
+#[test]
+fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(dir.path(), "r", &["--save-steps", "3"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let run_dir = dir.path().join("r");
+    let saved = run_dir.join("config.toml");
+    let resume = |extra: &[&str]| {
+        let mut cmd = dpo_train();
+        cmd.args(["train", "--resume", run_dir.to_str().unwrap(), "--max-steps", "4"]).args(extra);
+        finish(cmd, Duration::from_secs(120))
+    };
+    let other = crate::common::fixtures().join("models/qwen2");
+    let err = one_line_error(&resume(&["--model", other.to_str().unwrap()]));
+    let want = format!(
+        "error: `resume`: `model_name_or_path` is \"{}\" in `{}` and \"{}\" now: that changes what is trained; pass `--resume-with-changes` to continue with it",
+        model().display(),
+        saved.display(),
+        other.display()
+    );
+    assert_eq!(err, want);
+    let reference = crate::common::fixtures().join("models/llama-ref");
+    assert!(
+        one_line_error(&resume(&["--ref-model", reference.to_str().unwrap()]))
+            .contains("`ref_model_name_or_path` is unset in")
+    );
+    assert!(one_line_error(&resume(&["--max-length", "64"])).contains("`max_length` is 1024 in"));
+    let changed = resume(&["--max-length", "64", "--resume-with-changes", "--learning-rate", "5e-4"]);
+    let said = stderr(&changed);
+    assert!(changed.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("resuming with a change: `max_length` = 64 (was 1024 in `{}`)", saved.display())),
+        "{said}"
+    );
+    assert!(!said.contains("`learning_rate`"), "the schedule changes freely: {said}");
+}

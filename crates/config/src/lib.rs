@@ -15,6 +15,7 @@ pub mod lora;
 pub mod loss;
 pub mod plan;
 pub mod reference;
+pub mod resume;
 pub mod trl;
 mod validate;
 

@@ -1,0 +1,75 @@
+//! What a resumed run may not change without saying so: the keys that decide what is trained
+//! (the model and its reference, the tokenizer, the data and how it is cut, the LoRA adapters,
+//! the loss). A resume that sets one of them to another value than the run's saved config is
+//! refused naming the key and both values, unless `--resume-with-changes` accepts it; the
+//! schedule, the batch (checked against the checkpoint by the trainer), the cadences and the
+//! number of steps may change freely.
+
+use crate::{KEYS, Section, TrainConfig};
+
+/// The keys of the run's own section that decide what is trained; every loss key does too.
+pub const FIXED_ON_RESUME: [&str; 16] = [
+    "model_name_or_path",
+    "ref_model_name_or_path",
+    "tokenizer_name_or_path",
+    "train_file",
+    "dataset_train_split",
+    "prompt_column",
+    "chosen_column",
+    "rejected_column",
+    "skip_bad_rows",
+    "max_length",
+    "truncation_mode",
+    "lora_r",
+    "lora_alpha",
+    "lora_target_modules",
+    "disable_dropout",
+    "precompute_ref_log_probs",
+];
+
+/// One key a resume changes: its name, the saved value and the new one (as TOML would write
+/// them; `unset` for none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub key: &'static str,
+    pub saved: String,
+    pub now: String,
+}
+
+/// The keys of [`FIXED_ON_RESUME`] and of the loss that `now` sets otherwise than `saved`.
+pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
+    let table = |cfg: &TrainConfig| match toml::Value::try_from(cfg) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    let (before, after) = (table(saved), table(now));
+    let text = |t: &toml::Table, key: &str| t.get(key).map_or_else(|| "unset".to_owned(), ToString::to_string);
+    KEYS.iter()
+        .filter(|k| k.section == Section::Loss || FIXED_ON_RESUME.contains(&k.name))
+        .filter(|k| before.get(k.name) != after.get(k.name))
+        .map(|k| Change { key: k.name, saved: text(&before, k.name), now: text(&after, k.name) })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_is_trained_is_compared_and_the_schedule_is_not() {
+        let saved = TrainConfig::from_toml_str("model_name_or_path = \"a\"\nlearning_rate = 1e-6\n", "s").unwrap();
+        let now = TrainConfig::from_toml_str(
+            "model_name_or_path = \"b\"\nlearning_rate = 5e-7\nmax_steps = 900\nbeta = 0.2\n",
+            "n",
+        )
+        .unwrap();
+        let changed = changes(&saved, &now);
+        let keys: Vec<&str> = changed.iter().map(|c| c.key).collect();
+        assert_eq!(keys, ["model_name_or_path", "beta"]);
+        assert_eq!((changed[0].saved.as_str(), changed[0].now.as_str()), ("\"a\"", "\"b\""));
+        assert!(changes(&saved, &saved).is_empty());
+        for key in FIXED_ON_RESUME {
+            assert!(KEYS.iter().any(|k| k.name == key), "{key} is no key");
+        }
+    }
+}
