@@ -126,6 +126,14 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
 fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
     let workers = req.rt.workers;
     let cfg = &req.cfg;
+    if workers.is_main() {
+        // This process holds the directory: anything half-written there is a dead writer's.
+        for dir in [run_dir.join(SFT_DIR), run_dir.clone()] {
+            for stale in crate::train::checkpoint::remove_staging(&dir) {
+                progress.line(&format!("removed `{}`, left by a writer that died", stale.display()));
+            }
+        }
+    }
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
     }

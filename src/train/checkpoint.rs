@@ -145,9 +145,10 @@ pub fn save(
         .and_then(|()| move_slices(&slices_dir(run_dir, state.step), &staged, optimizer))
         .and_then(|()| replace_dir(&staged, &dest).map_err(io(&dest)));
     if let Err(err) = written {
-        // A failed save (a full disk) leaves nothing half-written behind; the previous
-        // checkpoints are untouched.
+        // A failed save (a full disk) leaves nothing half-written behind, the ranks' slices
+        // included; the previous checkpoints are untouched.
         let _ = std::fs::remove_dir_all(&staged);
+        let _ = std::fs::remove_dir_all(slices_dir(run_dir, state.step));
         return Err(err);
     }
     if let Some(keep) = keep {
@@ -241,6 +242,30 @@ pub fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenize
         let _ = std::fs::remove_dir_all(&staged);
     }
     written
+}
+
+/// Removes what writers that died left in a stage's directory `dir` (the run's, or its `sft/`):
+/// staged checkpoints (`checkpoints/.step-N.partial`), ranks' slices (`.step-N.shards`),
+/// directories moved aside (`*.old-PID`), a staged `final.partial` and temporary files. Called by
+/// the run that holds the directory, before it writes: nothing of a live writer is there.
+pub fn remove_staging(dir: &Path) -> Vec<PathBuf> {
+    let stale = |name: &str| {
+        (name.starts_with(".step-") && (name.ends_with(".partial") || name.ends_with(".shards")))
+            || name == "final.partial"
+            || name.rsplit_once(".old-").is_some_and(|(_, pid)| pid.parse::<u32>().is_ok())
+    };
+    let mut removed = Vec::new();
+    for folder in [dir.to_path_buf(), dir.join("checkpoints")] {
+        removed.extend(crate::fsutil::remove_stale_temps(&folder));
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if stale(&entry.file_name().to_string_lossy()) && std::fs::remove_dir_all(&path).is_ok() {
+                removed.push(path);
+            }
+        }
+    }
+    removed
 }
 
 /// Complete checkpoints of a run, oldest first.

@@ -172,3 +172,44 @@ fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
     );
     assert!(!said.contains("`learning_rate`"), "the schedule changes freely: {said}");
 }
+
+/// What a dead writer left in a run (a checkpoint staged when it was killed, the ranks' slices of
+/// a zero2 checkpoint a full disk stopped) is removed by the next run that holds the directory.
+#[test]
+fn staging_left_by_a_dead_writer_is_removed_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // A full disk (a 200 KiB file limit) under zero2 on two workers: a rank's slices fail.
+    let args = short_run(
+        dir.path(),
+        "z",
+        &model(),
+        &data(),
+        &["--save-steps", "2", "--devices", "cpu:2", "--sharding", "zero2"],
+    );
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args(["-c", "ulimit -f 200; exec \"$0\" train \"$@\"", env!("CARGO_BIN_EXE_dpo-train")]).args(&args);
+    let full = finish(cmd, Duration::from_secs(120));
+    assert_eq!(full.status.code(), Some(2), "{}", stderr(&full));
+    let staging = |run: &str| -> Vec<String> {
+        let Ok(entries) = fs::read_dir(dir.path().join(run).join("checkpoints")) else { return Vec::new() };
+        entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with('.')).collect()
+    };
+    // The same run again, the disk freed: it starts afresh and clears what the first left.
+    let again = run(dir.path(), "z", &["--save-steps", "2", "--devices", "cpu:2", "--sharding", "zero2"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(staging("z"), Vec::<String>::new());
+
+    // A checkpoint staged when its writer was killed (kill -9 in the middle of a save).
+    let first = run(dir.path(), "k", &["--save-steps", "3"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let partial = dir.path().join("k/checkpoints/.step-9.partial");
+    fs::create_dir_all(&partial).unwrap();
+    fs::write(partial.join("model.safetensors"), b"half a file").unwrap();
+    let mut resume = dpo_train();
+    resume.args(["train", "--resume", dir.path().join("k").to_str().unwrap(), "--max-steps", "4"]);
+    let resumed = finish(resume, Duration::from_secs(120));
+    let said = stderr(&resumed);
+    assert!(resumed.status.success(), "{said}");
+    assert!(said.contains(&format!("removed `{}`, left by a writer that died", partial.display())), "{said}");
+    assert_eq!(staging("k"), Vec::<String>::new());
+}
