@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::cli::{data, dpo_train, finish, model, one_line_error, s, short_run, stderr, train, wait_or_kill};
+use crate::common::cli::{
+    children_of, data, dpo_train, finish, model, one_line_error, s, short_run, stderr, train, wait_or_kill,
+};
 use crate::common::{fixtures, max_diff, tensors};
 
 // --- 1. one device is one process -------------------------------------------------------------
@@ -527,20 +529,6 @@ fn an_interrupt_while_tokenising_stops_at_once_and_writes_nothing() {
     assert!(left.is_empty(), "cache entries written: {left:?}");
     let runs: Vec<_> = fs::read_dir(&out_dir).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
     assert!(runs.iter().all(|n| n == ".data_cache"), "{runs:?}");
-}
-
-/// The processes whose parent is `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
-    fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| {
-            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            // `pid (comm) state ppid ...`; comm may hold spaces, so read after the last `)`.
-            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|pp| pp.parse().ok())
-                == Some(pid)
-        })
-        .collect()
 }
 
 /// Pairs whose chosen equals rejected are dropped and counted (they would add ln 2 and no

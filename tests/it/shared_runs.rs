@@ -213,3 +213,25 @@ fn staging_left_by_a_dead_writer_is_removed_by_the_next_run() {
     assert!(said.contains(&format!("removed `{}`, left by a writer that died", partial.display())), "{said}");
     assert_eq!(staging("k"), Vec::<String>::new());
 }
+
+/// Ctrl-C to a `--devices cpu:N` launcher while its workers are still starting (before they can
+/// handle it): no more workers start, those started end, and the job exits 130, not 2.
+#[test]
+fn ctrl_c_while_workers_start_stops_the_job_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(short_run(dir.path(), "starting", &model(), &data(), &["--devices", "cpu:6"]));
+    let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as i32;
+    let started = std::time::Instant::now();
+    while crate::common::cli::children_of(pid).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no worker started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    let out = crate::common::cli::wait_or_kill(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(crate::common::cli::children_of(pid).is_empty(), "workers left");
+}

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -214,6 +214,11 @@ fn run_workers(
     let records = FlightDir::create()?;
     let mut workers: Vec<Worker> = Vec::with_capacity(spec.nproc_per_node);
     for local_rank in 0..spec.nproc_per_node {
+        // Ctrl-C while the workers start: no more are started, and those started end.
+        if interrupts.load(Ordering::SeqCst) > 0 {
+            kill_all(&mut workers);
+            return Ok(LaunchOutcome::Interrupted);
+        }
         match Worker::spawn(program, spec, local_rank, per_rank_env, args, &records.0) {
             Ok(worker) => workers.push(worker),
             Err(err) => {
@@ -333,6 +338,12 @@ fn supervise(
             }
         }
         // Every rank stops on an interrupt together (they agree before each step): 130 is no failure.
+        // A worker the interrupt reached before it could handle it (still starting) ended by the
+        // signal itself: the job stops, as asked, with nothing to save.
+        if forwarded > 0 && exits.iter().flatten().any(|s| s.signal() == Some(libc::SIGINT)) {
+            kill_all(&mut workers);
+            return Ok(LaunchOutcome::Interrupted);
+        }
         let failed = exits.iter().position(|e| e.is_some_and(|s| !s.success() && s.code() != Some(INTERRUPTED_EXIT)));
         if let Some(i) = failed {
             let report = report(&workers, &exits, records);
@@ -422,7 +433,6 @@ fn kill_all(workers: &mut [Worker]) {
 
 /// `exit code 3`, or `killed by signal 9`.
 fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),

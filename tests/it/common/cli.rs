@@ -1,6 +1,7 @@
 //! Running the `dpo-train` binary as a user does: a fixture model and data, a bounded wait, the
 //! one-line error a bad input gets.
 
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -89,4 +90,18 @@ pub fn short_run(out: &Path, name: &str, model: &Path, data: &Path, extra: &[&st
     ];
     args.extend_from_slice(extra);
     args.into_iter().map(str::to_owned).collect()
+}
+
+/// The processes whose parent is `pid`.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            let stat = fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // `pid (comm) state ppid ...`; comm may hold spaces, so read after the last `)`.
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|pp| pp.parse().ok())
+                == Some(pid)
+        })
+        .collect()
 }
