@@ -31,6 +31,10 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     if runtime {
         return 2;
     }
+    // A worker refused bad input (exit 1): the launcher says the same, as one process would.
+    if err.chain().any(|e| matches!(e.downcast_ref(), Some(dist::LaunchError::RankFailed { code: Some(1), .. }))) {
+        return 1;
+    }
     let user_input = err.chain().any(|e| {
         e.is::<data::DataError>()
             || e.is::<data::tokenizer::TokenizerError>()

@@ -20,6 +20,8 @@ pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
         return Err(crate::config::ConfigError::Flag { flag: "min-bytes".into(), message }.into());
     }
     let timeout = Duration::from_secs(args.timeout);
+    let each = check_gpu::memory::CUDA_CONTEXT_BYTES.saturating_add(args.max_bytes.saturating_mul(2));
+    super::launch::check_host_memory(&args.parallel, each, "a libtorch process and two buffers of --max-bytes")?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), timeout, &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),

@@ -43,6 +43,8 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         encoded.push(ids);
     }
+    let floor = check_gpu::memory::CUDA_CONTEXT_BYTES;
+    super::launch::check_host_memory(&args.parallel, floor, "a libtorch process's own")?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),

@@ -28,6 +28,14 @@ pub enum LaunchFlagError {
     Auto(String),
     #[error("`--device {device}`: {found} CUDA device(s) found; run with `--device cpu`")]
     NoCuda { device: String, found: usize },
+    #[error(
+        "`--devices {devices}` runs CPU processes and `--device {device}` asks for a GPU: choose one (`--gpus N` runs one process per GPU)"
+    )]
+    Contradiction { devices: String, device: String },
+    #[error(
+        "`--devices cpu:{n}`: {n} processes of about {each} each ({basis}) need {need}, and the host has {available} available: use at most `--devices cpu:{most}`"
+    )]
+    HostMemory { n: u64, each: String, basis: &'static str, need: String, available: String, most: u64 },
 }
 
 /// What this process does.
@@ -63,6 +71,9 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
         return Ok(if worker.is_distributed() { Role::Worker(device) } else { Role::Alone(device) });
     }
     let single_node = par.nnodes <= 1;
+    if let (Some(devices), DeviceArg::Cuda(i)) = (&par.devices, par.device) {
+        return Err(LaunchFlagError::Contradiction { devices: devices.clone(), device: format!("cuda:{i}") });
+    }
     if let Some(spec) = &par.devices {
         let n = spec.strip_prefix("cpu:").and_then(|n| n.parse::<usize>().ok()).filter(|&n| n >= 1);
         let nproc = n.ok_or_else(|| LaunchFlagError::Devices(spec.clone()))?;
@@ -81,6 +92,30 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
         return Ok(Role::Launcher(LaunchPlan { nproc: ids.len(), cuda: true, visible: Some(visible) }));
     }
     Ok(Role::Alone(check_cuda(par.device, &cuda_devices)?))
+}
+
+/// Refuses `--devices cpu:N` (N > 1) when N processes of about `per_process` bytes each (the
+/// `basis` of that figure, for the message) would not fit in the memory this job has
+/// (`MemAvailable`, or its cgroup's limit): the workers would be killed one by one, or the
+/// machine swap, long after the start. Unknown host memory is not checked.
+pub fn check_host_memory(par: &ParallelArgs, per_process: u64, basis: &'static str) -> Result<(), LaunchFlagError> {
+    let n = par.devices.as_deref().and_then(|s| s.strip_prefix("cpu:")).and_then(|n| n.parse::<u64>().ok());
+    let (Some(n), Some(available)) = (n.filter(|&n| n > 1), check_gpu::probe::host_memory_available()) else {
+        return Ok(());
+    };
+    let need = per_process.saturating_mul(n);
+    if need <= available {
+        return Ok(());
+    }
+    let bytes = check_gpu::units::bytes;
+    Err(LaunchFlagError::HostMemory {
+        n,
+        each: bytes(per_process),
+        basis,
+        need: bytes(need),
+        available: bytes(available),
+        most: (available / per_process.max(1)).max(1),
+    })
 }
 
 /// The CUDA device indices of a `--gpus` value.

@@ -18,7 +18,7 @@ use super::args::TrainArgs;
 use super::launch::{Placed, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
-use crate::config::{ConfigError, ConfigFile, Layered, Origin, TrainConfig};
+use crate::config::{ConfigError, ConfigFile, Layered, Origin, RunPlan, TrainConfig};
 use crate::data::DataError;
 use crate::demo::{DEMO, DEMO_CONFIG};
 use crate::dist::LaunchOutcome;
@@ -47,6 +47,8 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         check_sft_keys(&layered, args.config.is_some())?;
     }
     let mut cfg = layered.cfg.clone();
+    let (each, basis) = process_estimate(&cfg, &plan, &args.parallel);
+    super::launch::check_host_memory(&args.parallel, each, basis)?;
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
     // directory it creates (another run's of the same second makes it take a suffix).
@@ -111,6 +113,34 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         print_summary(&summary)?;
     }
     Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
+}
+
+/// check-gpu's estimate of one CPU process of this run (its model, batch, precision, adapters,
+/// reference and stage over the `--devices cpu:N` processes), or a libtorch process's own where
+/// the model cannot be read (the demo's is made at the start).
+fn process_estimate(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelArgs) -> (u64, &'static str) {
+    let floor = (check_gpu::memory::CUDA_CONTEXT_BYTES, "a libtorch process's own");
+    let Ok(shape) = check_gpu::ModelShape::from_hf_dir(Path::new(&cfg.model_name_or_path)) else { return floor };
+    let world = par.devices.as_deref().and_then(|s| s.strip_prefix("cpu:")).and_then(|n| n.parse().ok()).unwrap_or(1);
+    let finetune = match &plan.lora {
+        Some(lora) => check_gpu::FineTune::Lora { rank: lora.r as u64 },
+        None => check_gpu::FineTune::Full,
+    };
+    let reference =
+        if cfg.precompute_ref_log_probs { check_gpu::Reference::Precompute } else { check_gpu::Reference::Keep };
+    let e = check_gpu::estimate(&check_gpu::MemoryRequest {
+        model: &shape,
+        micro_batch: cfg.per_device_train_batch_size as u64,
+        seq_len: cfg.max_length as u64,
+        dtype: plan.precision,
+        finetune,
+        reference,
+        gradient_checkpointing: cfg.gradient_checkpointing,
+        world_size: world,
+        sharding: plan.sharding,
+        offload_optimizer: cfg.offload_optimizer,
+    });
+    (e.total.saturating_add(e.host), "check-gpu's estimate for this model and batch")
 }
 
 /// `sft` trains at `learning_rate` for `max_steps` (or `num_train_epochs`) and evaluates nothing:

@@ -484,15 +484,33 @@ pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: u
                 key: "global_batch_size",
                 message: format!(
                     "`{}` was saved at a global batch of {saved} pairs and this run's is {now} ({} per device x \
-                     {world_size} devices x {accumulation} accumulation): add `--global-batch-size {saved}`",
+                     {world_size} devices x {accumulation} accumulation): {}",
                     ckpt.display(),
                     cfg.per_device_train_batch_size,
+                    resume_batch_advice(saved, cfg.per_device_train_batch_size, world_size),
                 ),
             }),
             _ => {}
         }
     }
     Ok(())
+}
+
+/// What resumes a checkpoint of global batch `saved` on `world` devices: the global batch again,
+/// with a per-device batch that divides it over the devices (the largest up to `micro`), or, when
+/// `saved` does not split over `world` devices at all, a device count that it does.
+fn resume_batch_advice(saved: usize, micro: usize, world: usize) -> String {
+    if saved % world != 0 {
+        let counts: Vec<String> = (1..=saved.min(8)).filter(|d| saved % d == 0).map(|d| d.to_string()).collect();
+        return format!("{saved} pairs do not split over {world} devices: resume on {} device(s)", counts.join(", "));
+    }
+    let per_device = saved / world;
+    let fits = (1..=micro.min(per_device)).rev().find(|m| per_device % m == 0).unwrap_or(1);
+    if fits == micro {
+        format!("add `--global-batch-size {saved}`")
+    } else {
+        format!("add `--global-batch-size {saved} --per-device-train-batch-size {fits}`")
+    }
 }
 
 /// Writes a checkpoint of the stage (rank 0), every rank waiting until it is complete.
@@ -579,4 +597,19 @@ fn finish(
     // Every rank returns once the files rank 0 writes are complete.
     workers.barrier("final model")?;
     Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, eval, test })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_batch_advice;
+
+    /// The advice is a batch that splits (followed, it is accepted), or a device count that does.
+    #[test]
+    fn resume_advice_is_a_batch_that_splits() {
+        assert_eq!(resume_batch_advice(12, 3, 2), "add `--global-batch-size 12`");
+        assert_eq!(resume_batch_advice(12, 4, 3), "add `--global-batch-size 12`");
+        assert_eq!(resume_batch_advice(12, 8, 2), "add `--global-batch-size 12 --per-device-train-batch-size 6`");
+        assert_eq!(resume_batch_advice(8, 3, 2), "add `--global-batch-size 8 --per-device-train-batch-size 2`");
+        assert_eq!(resume_batch_advice(4, 2, 3), "4 pairs do not split over 3 devices: resume on 1, 2, 4 device(s)");
+    }
 }

@@ -8,10 +8,18 @@ use std::time::Duration;
 
 use crate::common::cli::{data, dpo_train, finish, model, one_line_error, short_run, stderr};
 
-/// A short run of the fixture model into `out/name`, finished.
+/// A short run of the fixture model into `out/name`, finished; `extra` flags replace the short
+/// run's own values of the same flag.
 fn run(out: &Path, name: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = short_run(out, name, &model(), &data(), &[]);
+    for pair in extra.chunks(2) {
+        match (args.iter().position(|a| a == pair[0]), pair.get(1)) {
+            (Some(i), Some(value)) if !value.starts_with("--") => args[i + 1] = (*value).to_owned(),
+            _ => args.extend(pair.iter().map(|a| (*a).to_owned())),
+        }
+    }
     let mut cmd = dpo_train();
-    cmd.arg("train").args(short_run(out, name, &model(), &data(), extra));
+    cmd.arg("train").args(args);
     finish(cmd, Duration::from_secs(120))
 }
 
@@ -234,4 +242,60 @@ fn ctrl_c_while_workers_start_stops_the_job_cleanly() {
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     std::thread::sleep(Duration::from_millis(300));
     assert!(crate::common::cli::children_of(pid).is_empty(), "workers left");
+}
+
+/// A resume at another global batch is refused with advice that works when followed: on 3 devices
+/// a batch of 4 cannot split (it names the device counts that can), on 2 it names the batch flag,
+/// and following it resumes; a launcher exits 1 for this bad input, as one process does.
+#[test]
+fn the_resume_batch_advice_works_when_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(
+        dir.path(),
+        "b",
+        &["--per-device-train-batch-size", "2", "--gradient-accumulation-steps", "2", "--save-steps", "3"],
+    );
+    assert!(first.status.success(), "{}", stderr(&first));
+    let run_dir = dir.path().join("b");
+    let resume = |extra: &[&str]| {
+        let mut cmd = dpo_train();
+        cmd.args(["train", "--resume", run_dir.to_str().unwrap(), "--max-steps", "4"]).args(extra);
+        finish(cmd, Duration::from_secs(120))
+    };
+    let three = resume(&["--devices", "cpu:3"]);
+    assert_eq!(three.status.code(), Some(1), "{}", stderr(&three));
+    assert!(
+        stderr(&three).contains("4 pairs do not split over 3 devices: resume on 1, 2, 4 device(s)"),
+        "{}",
+        stderr(&three)
+    );
+    let two = resume(&["--devices", "cpu:2"]);
+    assert_eq!(two.status.code(), Some(1), "{}", stderr(&two));
+    let said = stderr(&two);
+    let advice =
+        said.split("add `").nth(1).and_then(|a| a.split('`').next()).unwrap_or_else(|| panic!("no advice: {said}"));
+    assert_eq!(advice, "--global-batch-size 4");
+    let followed = resume(&["--devices", "cpu:2", "--global-batch-size", "4"]);
+    assert!(followed.status.success(), "{}", stderr(&followed));
+}
+
+/// Contradictory or oversized device flags are refused before anything starts, one line, exit 1.
+#[test]
+fn impossible_device_flags_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let both = run(dir.path(), "x", &["--devices", "cpu:2", "--device", "cuda:0"]);
+    assert_eq!(
+        one_line_error(&both),
+        "error: `--devices cpu:2` runs CPU processes and `--device cuda:0` asks for a GPU: choose one (`--gpus N` runs one process per GPU)"
+    );
+    let many = run(dir.path(), "y", &["--devices", "cpu:100000"]);
+    assert!(
+        one_line_error(&many).starts_with("error: `--devices cpu:100000`: 100000 processes of about"),
+        "{}",
+        stderr(&many)
+    );
+    let mut bench = dpo_train();
+    bench.args(["bench-comm", "--devices", "cpu:1024", "--max-bytes", "68719476736"]);
+    assert!(one_line_error(&finish(bench, Duration::from_secs(60))).contains("processes of about"));
+    assert!(!dir.path().join("x").exists() && !dir.path().join("y").exists());
 }

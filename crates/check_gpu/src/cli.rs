@@ -137,6 +137,11 @@ pub enum FlagError {
     /// A ZeRO stage partitions over ranks; one rank has nothing to partition over.
     #[error("`--sharding {stage}` partitions over two GPUs or more and `--world-size 1` allows one")]
     ShardingOnOneGpu { stage: &'static str },
+    /// More bench processes than the host's memory holds.
+    #[error(
+        "`--devices cpu:{n}`: {n} bench processes of about {each} each (a libtorch process and two buffers of the largest message) need {need}, and the host has {available} available: use at most `--devices cpu:{most}`"
+    )]
+    HostMemory { n: u64, each: String, need: String, available: String, most: u64 },
 }
 
 /// Failures that stop the report.
@@ -298,6 +303,18 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
+/// Refuses `n` processes of `each` bytes that do not fit in `available` (unknown: not checked).
+fn fits_in_host(n: u64, each: u64, available: Option<u64>) -> Result<(), FlagError> {
+    let Some(available) = available else { return Ok(()) };
+    let need = n.saturating_mul(each);
+    if need <= available {
+        return Ok(());
+    }
+    let bytes = crate::units::bytes;
+    let (each_text, need, free) = (bytes(each), bytes(need), bytes(available));
+    Err(FlagError::HostMemory { n, each: each_text, need, available: free, most: (available / each.max(1)).max(1) })
+}
+
 /// Runs `dpo-train bench-comm` on `devices` with the flags' sizes.
 fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
     if devices.world_size() == 0 {
@@ -308,6 +325,10 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
         Devices::Gpus(_) => bench::DEFAULT_MAX_BYTES,
     };
     let max_bytes = args.bench_max_bytes.unwrap_or(default_max);
+    if let Devices::Cpu(n) = devices {
+        let each = crate::memory::CUDA_CONTEXT_BYTES.saturating_add(max_bytes.saturating_mul(2));
+        fits_in_host(n as u64, each, crate::probe::host_memory_available())?;
+    }
     let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())?;
     let request = BenchRequest { devices, min_bytes: bench::DEFAULT_MIN_BYTES.min(max_bytes), max_bytes };
     let result = bench::run::run(&program, &request)?;

@@ -335,3 +335,50 @@ fn a_sharded_plan_counts_each_stages_collectives() {
     assert!(text.contains(&line), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// More CPU bench processes than the host's memory holds are refused before any starts (one
+/// line, exit 3): 1024 processes with two buffers of 64 GiB each fit on no host.
+#[test]
+fn more_bench_processes_than_the_host_holds_are_refused() {
+    let dir = temp_dir("too-many");
+    let fake = script(&dir, "dpo-train", "#!/bin/sh\necho started >> \"$0.ran\"\nexit 1\n");
+    let out = run(&["--bench", "--devices", "cpu:1024", "--bench-max-bytes", "64G"], Some(&fake));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.starts_with("check-gpu: error: `--devices cpu:1024`: 1024 bench processes of about"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!dir.join("dpo-train.ran").exists(), "a bench process started");
+}
+
+/// The bench dies with check-gpu: a `dpo-train` still measuring when check-gpu is killed (by a
+/// timeout, say) is killed too, and starts nothing more.
+#[test]
+fn the_bench_dies_with_check_gpu() {
+    let dir = temp_dir("orphan");
+    let pid_file = dir.join("bench.pid");
+    let body = format!("#!/bin/sh\necho $$ > '{}'\nexec sleep 60\n", pid_file.display());
+    let fake = script(&dir, "dpo-train", &body);
+    let mut check = Command::new(env!("CARGO_BIN_EXE_check-gpu"))
+        .args(["--bench", "--devices", "cpu:2"])
+        .env("DPO_TRAIN_BIN", &fake)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("check-gpu runs");
+    let started = std::time::Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
+            break pid;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the bench never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    check.kill().expect("kill check-gpu");
+    check.wait().expect("reap check-gpu");
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    assert!(gone, "the bench (pid {pid}) outlived check-gpu");
+}

@@ -120,7 +120,7 @@ pub enum LaunchError {
     },
     /// A worker failed; the others were killed. `report` has one line per rank of this node.
     #[error("Rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
-    RankFailed { rank: usize, status: String, last_line: String, report: Vec<String> },
+    RankFailed { rank: usize, status: String, code: Option<i32>, last_line: String, report: Vec<String> },
     /// A worker was frozen, or stuck in one collective, past the timeout; every worker was killed.
     #[error("The job stopped making progress: {reason}")]
     Hung { reason: String, report: Vec<String> },
@@ -348,8 +348,9 @@ fn supervise(
         if let Some(i) = failed {
             let report = report(&workers, &exits, records);
             let (rank, status, last_line) = (workers[i].rank, exits[i].map(describe), workers[i].last_line());
+            let code = exits[i].and_then(|s| s.code());
             kill_all(&mut workers);
-            return Err(LaunchError::RankFailed { rank, status: status.unwrap_or_default(), last_line, report });
+            return Err(LaunchError::RankFailed { rank, status: status.unwrap_or_default(), code, last_line, report });
         }
         let running: Vec<(usize, usize, u32)> = workers
             .iter()

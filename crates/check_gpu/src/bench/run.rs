@@ -126,6 +126,17 @@ pub fn run(program: &Path, req: &BenchRequest) -> Result<Bench, BenchError> {
         // only under PCI_BUS_ID, and an inherited CUDA_VISIBLE_DEVICES would renumber them.
         cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env_remove("CUDA_VISIBLE_DEVICES");
     }
+    // SAFETY: `prctl` is async-signal-safe and touches no memory of the parent; it runs in the
+    // forked child before `exec`.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            // The bench dies with check-gpu (killed by a timeout, say), and its workers with it.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().map_err(|source| BenchError::Spawn { command: command.clone(), source })?;
     // stderr is read on its own thread while stdout is read here, so neither pipe fills up and
     // blocks the child.
