@@ -349,7 +349,7 @@ pub struct EvalArgs {
     pub loss: LossFlags,
     /// Tokens kept per sequence, prompt included (which part: --truncation-mode) [default: the
     /// `max_length` key's default]
-    #[arg(long)]
+    #[arg(long, value_parser = parse_max_length)]
     pub max_length: Option<usize>,
     /// keep_start (TRL's default): a sequence over --max-length keeps its start, and a pair whose
     /// prompt alone reaches it is dropped; keep_end: its end, none dropped. Pass the
@@ -403,6 +403,15 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 fn parse_top_p(s: &str) -> Result<f64, String> {
     let p: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if p > 0.0 && p <= 1.0 { Ok(p) } else { Err(format!("must be in (0, 1], got {s}")) }
+}
+
+/// `--max-length`: at least [`crate::config::MIN_MAX_LENGTH`], refused as the config key is.
+fn parse_max_length(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("expected an integer, got `{s}`"))?;
+    if n < crate::config::MIN_MAX_LENGTH {
+        return Err(crate::config::MAX_LENGTH_TOO_SHORT.to_owned());
+    }
+    Ok(n)
 }
 
 /// `--truncation-mode`: whether it keeps the end, refused as the config key is.

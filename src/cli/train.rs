@@ -12,8 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use super::args::TrainArgs;
 use super::launch::{Placed, place};
 use super::progress::{ConsoleProgress, Silent};
@@ -240,11 +238,15 @@ fn stem(path: &Path) -> String {
 /// The most recently modified run directory (one with a `config.toml`) under `output_dir`.
 fn newest_run(output_dir: &Path) -> anyhow::Result<PathBuf> {
     let newest = std::fs::read_dir(output_dir)
-        .with_context(|| format!("cannot list `{}` to find a run to resume", output_dir.display()))?
+        .map_err(|e| ConfigError::Invalid {
+            key: "resume",
+            message: format!("cannot list `{}` to find a run to resume: {e}", output_dir.display()),
+        })?
         .filter_map(Result::ok)
         .filter(|e| e.path().join("config.toml").is_file())
         .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-    newest.map(|e| e.path()).with_context(|| format!("no run to resume under `{}`", output_dir.display()))
+    let message = format!("no run to resume under `{}` (no directory there holds a config.toml)", output_dir.display());
+    newest.map(|e| e.path()).ok_or_else(|| ConfigError::Invalid { key: "resume", message }.into())
 }
 
 fn indent(text: &str) -> String {

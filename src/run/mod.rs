@@ -137,7 +137,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
     }
-    let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, &req, progress)?) } else { None };
+    let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
     let inputs::Inputs { model_dir, data, reports, notes } =

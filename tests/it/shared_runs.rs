@@ -299,3 +299,30 @@ fn impossible_device_flags_are_refused_up_front() {
     assert!(one_line_error(&finish(bench, Duration::from_secs(60))).contains("processes of about"));
     assert!(!dir.path().join("x").exists() && !dir.path().join("y").exists());
 }
+
+/// A setting that leaves nothing to score is refused with one line (`--max-length 1` kept every
+/// pair with no scored token under keep_end, and trained at grad_norm 0); so are the other small
+/// bad inputs: a TOML table names its line, an infinite learning rate says finite, a `--resume`
+/// with no run to resume is bad input (exit 1).
+#[test]
+fn settings_that_score_nothing_and_small_bad_inputs_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = run(dir.path(), "s", &["--max-length", "1", "--truncation-mode", "keep_end"]);
+    let want = "error: `--max-length`: must be at least 2: a sequence needs a token to predict from and a completion token to score";
+    assert_eq!(one_line_error(&short), want);
+    let mut eval = dpo_train();
+    eval.args(["eval", "--model", model().to_str().unwrap(), "--data", data().to_str().unwrap(), "--max-length", "1"]);
+    assert!(one_line_error(&finish(eval, Duration::from_secs(60))).contains("must be at least 2"));
+    let config = dir.path().join("table.toml");
+    fs::write(&config, "beta = 0.1\n[section]\nx = 1\n").unwrap();
+    let table = run(dir.path(), "t", &["--config", config.to_str().unwrap()]);
+    assert!(one_line_error(&table).contains("`, line 2: unknown key `section`"), "{}", stderr(&table));
+    let inf = run(dir.path(), "i", &["--learning-rate", "inf"]);
+    assert_eq!(one_line_error(&inf), "error: `--learning-rate`: must be finite and > 0, got inf");
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let mut resume = dpo_train();
+    resume.args(["train", "--resume", "--output-dir", empty.to_str().unwrap(), "--model", model().to_str().unwrap()]);
+    assert!(one_line_error(&finish(resume, Duration::from_secs(60))).contains("no run to resume under"));
+    assert!(!dir.path().join("s").exists() && !dir.path().join("t").exists());
+}

@@ -342,6 +342,9 @@ pub struct Pair {
     pub p2p_nvlink: Option<P2p>,
 }
 
+/// The file `--save DIR/` writes in `DIR`.
+pub const SNAPSHOT_FILE: &str = "check-gpu-snapshot.json";
+
 impl Snapshot {
     /// An empty snapshot of the given source.
     pub fn new(source: Source) -> Snapshot {
@@ -409,6 +412,12 @@ impl Snapshot {
     /// Writes the snapshot as pretty JSON, atomically (temporary file in the same directory,
     /// then rename), so a reader never sees half a file.
     pub fn save(&self, path: &Path) -> Result<(), SnapshotError> {
+        if path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/') {
+            // A directory: the snapshot goes in it, under the name `--snapshot` is used with.
+            let dir_err = |source| SnapshotError::Write { path: path.to_path_buf(), source };
+            std::fs::create_dir_all(path).map_err(dir_err)?;
+            return self.save(&path.join(SNAPSHOT_FILE));
+        }
         let err = |source| SnapshotError::Write { path: path.to_path_buf(), source };
         let json = serde_json::to_string_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
         let dir = match path.parent() {

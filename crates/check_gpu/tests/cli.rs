@@ -615,3 +615,22 @@ fn the_command_names_the_model_directory_and_the_config() {
     assert!(v["command"].as_str().expect("command").starts_with(&head), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--save DIR/` (or an existing directory) writes the snapshot into it, under the name
+/// `--snapshot` reads back (was: "Not a directory").
+#[test]
+fn save_into_a_directory_writes_the_snapshot_file_there() {
+    let dir = std::env::temp_dir().join(format!("check-gpu-save-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let topo = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/t4x2-phb.topo.txt");
+    let out = Command::new(env!("CARGO_BIN_EXE_check-gpu"))
+        .args(["--topo", topo.to_str().unwrap(), "--save", &format!("{}/", dir.display())])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved = dir.join("check-gpu-snapshot.json");
+    let again =
+        Command::new(env!("CARGO_BIN_EXE_check-gpu")).args(["--snapshot", saved.to_str().unwrap()]).output().unwrap();
+    assert_eq!(again.status.code(), Some(0), "{}", String::from_utf8_lossy(&again.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}

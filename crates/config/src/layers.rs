@@ -174,9 +174,12 @@ mod tests {
     fn invalid_values_are_located_in_the_file_or_the_flag() {
         let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
         let l = Layered::new(file(&format!("{base}\n  learning_rate = -1.0\n")), &[]).unwrap();
-        assert_eq!(l.validate().unwrap_err().to_string(), "`c.toml`, line 4: `learning_rate`: must be > 0, got -1");
+        assert_eq!(
+            l.validate().unwrap_err().to_string(),
+            "`c.toml`, line 4: `learning_rate`: must be finite and > 0, got -1"
+        );
         let l = Layered::new(file(base), &[("learning_rate".into(), "0".into())]).unwrap();
-        assert_eq!(l.validate().unwrap_err().to_string(), "`--learning-rate`: must be > 0, got 0");
+        assert_eq!(l.validate().unwrap_err().to_string(), "`--learning-rate`: must be finite and > 0, got 0");
         let l = Layered::new(None, &[]).unwrap();
         assert!(l.validate().unwrap_err().to_string().starts_with("`model_name_or_path`: is required"));
     }

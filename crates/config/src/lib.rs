@@ -24,7 +24,7 @@ pub use layers::{ConfigFile, Layered, Origin};
 pub use lora::LoraSettings;
 pub use loss::{FDivergence, LossConfigError, LossType};
 pub use plan::{RunPlan, ScheduleSpec, Truncation, Warmup};
-pub use validate::truncation_keeps_end;
+pub use validate::{MAX_LENGTH_TOO_SHORT, MIN_MAX_LENGTH, truncation_keeps_end};
 
 use std::path::{Path, PathBuf};
 
@@ -523,8 +523,11 @@ pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
     text.lines()
         .position(|line| {
             let line = line.trim_start();
+            // `key = ...`, `"key" = ...`, or a table `[key]` / `[[key]]`.
+            let header =
+                line.trim_start_matches('[').strip_prefix(key).is_some_and(|r| r.trim_start().starts_with(']'));
             let rest = line.strip_prefix(key).or_else(|| line.strip_prefix(&format!("\"{key}\"")));
-            rest.is_some_and(|r| r.trim_start().starts_with('='))
+            header && line.starts_with('[') || rest.is_some_and(|r| r.trim_start().starts_with('='))
         })
         .map(|i| i + 1)
 }

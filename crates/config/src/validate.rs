@@ -4,6 +4,14 @@
 
 use super::{ConfigError, Sharding, TrainConfig};
 
+/// The shortest sequence that scores anything: a token to predict from and a completion token to
+/// score (shorter, `keep_end` kept every pair with nothing to score, and `keep_start` dropped them all).
+pub const MIN_MAX_LENGTH: usize = 2;
+
+/// Why a shorter `max_length` is refused.
+pub const MAX_LENGTH_TOO_SHORT: &str =
+    "must be at least 2: a sequence needs a token to predict from and a completion token to score";
+
 impl TrainConfig {
     /// Rejects missing and out-of-range values, naming the key ([`super::Layered::validate`] adds where
     /// the value was set).
@@ -20,10 +28,10 @@ impl TrainConfig {
         }
         self.loss.validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return invalid("learning_rate", format!("must be > 0, got {}", self.learning_rate));
+            return invalid("learning_rate", format!("must be finite and > 0, got {}", self.learning_rate));
         }
         if self.sft_steps > 0 && !(self.sft_learning_rate > 0.0 && self.sft_learning_rate.is_finite()) {
-            return invalid("sft_learning_rate", format!("must be > 0, got {}", self.sft_learning_rate));
+            return invalid("sft_learning_rate", format!("must be finite and > 0, got {}", self.sft_learning_rate));
         }
         if self.weight_decay < 0.0 {
             return invalid("weight_decay", format!("must be >= 0, got {}", self.weight_decay));
@@ -113,11 +121,13 @@ impl TrainConfig {
             ("per_device_train_batch_size", self.per_device_train_batch_size),
             ("per_device_eval_batch_size", self.per_device_eval_batch_size),
             ("gradient_accumulation_steps", self.gradient_accumulation_steps),
-            ("max_length", self.max_length),
         ] {
             if value == 0 {
                 return invalid(key, "must be at least 1".to_owned());
             }
+        }
+        if self.max_length < MIN_MAX_LENGTH {
+            return invalid("max_length", MAX_LENGTH_TOO_SHORT.to_owned());
         }
         if self.ddp_bucket_cap_mb == 0 {
             return invalid("ddp_bucket_cap_mb", "must be at least 1".to_owned());
