@@ -35,7 +35,8 @@ bench=$(sed -n 's/.*Executable .*(\(.*\))$/\1/p' "$CARGO_TARGET_DIR/gpu-bench-bu
 
 rm -rf "$BUNDLE.tmp" && mkdir -p "$BUNDLE.tmp/wheels"
 for pair in "$CARGO_TARGET_DIR/release/dpo-train:dpo-train" "$CARGO_TARGET_DIR/release/check-gpu:check-gpu" "$bench:gpu-bench"; do
-  strip -o "$BUNDLE.tmp/${pair#*:}" "${pair%%:*}" # debug symbols are 90% of the size
+  # Debug info is 90% of the size; the symbols stay, so a libtorch panic names its operation.
+  strip --strip-debug -o "$BUNDLE.tmp/${pair#*:}" "${pair%%:*}"
   xz -T0 -6 "$BUNDLE.tmp/${pair#*:}"
 done
 # TRL's side: the versions `make ref-venv` installs; the GPU machine's python has the rest.

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod interrupt;
 pub mod launch;
 pub mod progress;
+pub mod torch_panic;
 pub mod train;
 
 use std::io::Write;

@@ -12,8 +12,8 @@ use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 
 use crate::dist::DistError;
 use crate::model::params;
-use dpo_torch::bridge;
 use dpo_torch::kernels::{AdamWEntry, AdamWStep, foreach_mul, foreach_norms, fused_adamw};
+use dpo_torch::{bridge, tch_err};
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,12 +72,24 @@ pub struct Offload {
 }
 
 impl Offload {
+    /// Whether torch can page-lock host memory for `device` here (a one-value probe).
+    pub fn try_pin(device: &Device) -> Result<(), dpo_torch::TorchError> {
+        crate::model::pinned_copy(Tensor::<1>::zeros([1], device)).map(drop)
+    }
+
     /// `t` in host memory: page-locked when `pin` (copied by DMA), else libtorch's plain copy.
+    /// A pin that fails (pinned memory exhausted) falls back to the plain copy, said once.
     pub fn to_host(&self, t: Tensor<1>) -> Tensor<1> {
-        match self.pin {
-            true => crate::model::pinned_copy(t),
-            false => t.to_device(&self.host),
+        if self.pin {
+            match crate::model::pinned_copy(t.clone()) {
+                Ok(host) => return host,
+                Err(e) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| eprintln!("warning: {e}: this copy and later ones may use pageable memory"));
+                }
+            }
         }
+        t.to_device(&self.host)
     }
 }
 
@@ -191,7 +203,11 @@ impl GradAccumulator {
             self.grads.values().map(|g| bridge::to_tch(g.clone())).collect::<Result<_, _>>().map_err(not_libtorch)?;
         // The shim takes contiguous tensors (a no-op for the flat gradients here).
         let origin = handles[0].1;
-        let tensors: Vec<tch::Tensor> = handles.into_iter().map(|(t, _)| t.contiguous()).collect();
+        let tensors: Vec<tch::Tensor> = handles
+            .into_iter()
+            .map(|(t, _)| t.f_contiguous())
+            .collect::<Result<_, _>>()
+            .map_err(tch_err("contiguous"))?;
         Ok(Some(bridge::from_tch(foreach_norms(&tensors)?, origin)))
     }
 
@@ -203,7 +219,7 @@ impl GradAccumulator {
         let mut owned = Vec::with_capacity(grads.len());
         for (name, g) in grads {
             names.push(name);
-            owned.push(bridge::to_tch_exclusive(g).map_err(not_libtorch)?);
+            owned.push(bridge::to_tch_exclusive(g)?);
         }
         let mut tensors: Vec<tch::Tensor> = owned.iter().map(|(t, _)| t.shallow_clone()).collect();
         foreach_mul(&mut tensors, &bridge::to_tch(factor).map_err(not_libtorch)?.0)?;
@@ -362,11 +378,11 @@ impl AdamW {
             .moments
             .remove(name)
             .unwrap_or_else(|| Moments { exp_avg: grad.zeros_like(), exp_avg_sq: grad.zeros_like() });
-        let own = |t: Tensor<1>| bridge::to_tch_exclusive(t).map_err(not_libtorch);
+        let own = |t: Tensor<1>| bridge::to_tch_exclusive(t);
         let (param, origin) = own(p)?;
         let (exp_avg, plain) = own(moments.exp_avg)?;
         let (exp_avg_sq, _) = own(moments.exp_avg_sq)?;
-        let grad = bridge::to_tch(grad).map_err(not_libtorch)?.0.contiguous();
+        let grad = bridge::to_tch(grad).map_err(not_libtorch)?.0.f_contiguous().map_err(tch_err("contiguous"))?;
         // burn's handles share the storage the kernel writes into.
         let handle = |t: &tch::Tensor, origin| bridge::from_tch(t.shallow_clone(), origin);
         let moments = Moments { exp_avg: handle(&exp_avg, plain), exp_avg_sq: handle(&exp_avg_sq, plain) };
@@ -459,6 +475,15 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_pin_that_fails_falls_back_to_a_plain_copy() {
+        // Without an accelerator pinning fails (issue 39: tch's `pin_memory` panicked instead).
+        let (host, device_dtype) = (cpu(), FloatDType::F32);
+        let off = Offload { host, device_dtype, pin: true, masters: Default::default(), shard: None };
+        let t = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, -2.5, 3.0], [3]), &cpu());
+        assert_eq!(crate::model::host(&off.to_host(t)), [1.0, -2.5, 3.0]);
     }
 
     /// ‖(3, 4)‖ and ‖(12)‖ give a global norm of 13; clipping to 6.5 halves every gradient,

@@ -428,8 +428,13 @@ fn start(
             },
         ),
     };
+    // Pinned host memory for a GPU's copies; where torch cannot pin, pageable memory, said once.
+    let pin = host.as_ref().is_some_and(|h| *h != run.rt.device)
+        && Offload::try_pin(&run.rt.device)
+            .inspect_err(|e| progress.line(&format!("warning: {e}: the offloaded optimizer uses pageable memory")))
+            .is_ok();
     optimizer.offload = host.map(|host| Offload {
-        pin: run.rt.device != host,
+        pin,
         host,
         device_dtype: spec.compute_dtype,
         masters: Default::default(),
@@ -500,12 +505,13 @@ pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: u
 /// with a per-device batch that divides it over the devices (the largest up to `micro`), or, when
 /// `saved` does not split over `world` devices at all, a device count that it does.
 fn resume_batch_advice(saved: usize, micro: usize, world: usize) -> String {
-    if saved % world != 0 {
-        let counts: Vec<String> = (1..=saved.min(8)).filter(|d| saved % d == 0).map(|d| d.to_string()).collect();
+    if !saved.is_multiple_of(world) {
+        let counts: Vec<String> =
+            (1..=saved.min(8)).filter(|d| saved.is_multiple_of(*d)).map(|d| d.to_string()).collect();
         return format!("{saved} pairs do not split over {world} devices: resume on {} device(s)", counts.join(", "));
     }
     let per_device = saved / world;
-    let fits = (1..=micro.min(per_device)).rev().find(|m| per_device % m == 0).unwrap_or(1);
+    let fits = (1..=micro.min(per_device)).rev().find(|m| per_device.is_multiple_of(*m)).unwrap_or(1);
     if fits == micro {
         format!("add `--global-batch-size {saved}`")
     } else {

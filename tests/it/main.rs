@@ -19,6 +19,7 @@ mod model_parity;
 mod padding_free;
 mod report;
 mod shared_runs;
+mod sources;
 mod synth;
 mod tensorboard;
 mod tokenize_parity;

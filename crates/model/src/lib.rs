@@ -134,20 +134,17 @@ pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
 }
 
 /// A copy of `t` in page-locked host memory (the libtorch CPU device): copies between it and a GPU
-/// go by DMA without a staging buffer. Needs the CUDA runtime (callers pin only for a GPU run).
-///
-/// # Panics
-/// If `t` is not a LibTorch tensor, or libtorch cannot allocate pinned memory.
-pub fn pinned_copy<const D: usize>(t: Tensor<D>) -> Tensor<D> {
-    let (tensor, origin) = dpo_torch::bridge::to_tch(t).expect("a LibTorch tensor");
-    // Pinned for the accelerator `t` lives on (torch's deprecated `device` argument names which one).
-    let mut host = tch::Tensor::empty(tensor.size(), (tensor.kind(), tch::Device::Cpu)).pin_memory(tensor.device());
-    host.copy_(&tensor);
-    dpo_torch::bridge::from_tch(host, origin)
+/// go by DMA without a staging buffer. An error where libtorch cannot pin (no accelerator, or
+/// the CUDA runtime refuses the allocation); callers pin only for a GPU run.
+pub fn pinned_copy<const D: usize>(t: Tensor<D>) -> Result<Tensor<D>, dpo_torch::TorchError> {
+    let (tensor, origin) =
+        dpo_torch::bridge::to_tch(t).map_err(|reason| dpo_torch::TorchError::NotLibTorch { index: 0, reason })?;
+    let host = dpo_torch::kernels::pinned_copy(&tensor)?;
+    Ok(dpo_torch::bridge::from_tch(host, origin))
 }
 
 /// A tensor's values on the host, as f32, in row-major order.
 pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
-    // After `convert::<f32>` the data is f32, so reading it as f32 cannot fail.
-    t.to_data().convert::<f32>().as_slice::<f32>().expect("f32 data").to_vec()
+    // `iter` converts each element from whatever dtype the tensor holds.
+    t.to_data().iter::<f32>().collect()
 }

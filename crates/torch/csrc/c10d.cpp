@@ -469,3 +469,15 @@ extern "C" int c10d_profiler_stop(const char* path) {
 extern "C" int c10d_sdp_use_cudnn(int enable) {
   return guarded("sdp_use_cudnn", [&] { at::globalContext().setSDPUseCuDNN(enable != 0); });
 }
+
+extern "C" int c10d_pinned_copy(c10d_tensor src, c10d_tensor* out) {
+  return guarded("pinned_copy", [&] {
+    TORCH_CHECK(src != nullptr && src->defined(), "pinned_copy: a null or undefined tensor");
+    TORCH_CHECK(out != nullptr, "pinned_copy: null output");
+    // `pinned_memory(true)` without a device: torch picks the current accelerator's host
+    // allocator (Tensor.pin_memory(device) is deprecated since 2.5 and refuses a CPU device).
+    auto host = at::empty(src->sizes(), src->options().device(at::kCPU).pinned_memory(true));
+    host.copy_(*src);
+    *out = new at::Tensor(std::move(host));
+  });
+}

@@ -113,6 +113,10 @@ int c10d_sdp_use_cudnn(int enable);
 int c10d_profiler_start(int with_cuda);
 int c10d_profiler_stop(const char* path);
 
+// A copy of `src` (any device) in page-locked host memory, for DMA copies to and from a GPU, into
+// `*out` (the caller's). Fails, with nothing allocated, where torch has no accelerator to pin for.
+int c10d_pinned_copy(c10d_tensor src, c10d_tensor* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,8 @@
 use burn::tensor::Tensor;
 use burn_tch::{LibTorch, TchTensor};
 
+use crate::{TorchError, tch_err};
+
 /// What a tensor was before it was unwrapped, so it can be rewrapped the same way.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin {
@@ -29,19 +31,22 @@ pub fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin)
 /// [`to_tch`] for an in-place kernel: the tensor is contiguous and nothing else sees its values.
 /// Where burn tracks another handle on the storage (a clone, the tensor a view was taken from),
 /// the kernel gets a copy, as burn's own operations only write in place into storage they alone hold.
-pub fn to_tch_exclusive<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), String> {
+pub fn to_tch_exclusive<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin), TorchError> {
     let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
-    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
+    let primitive = tensor
+        .inner()
+        .try_into_primitive::<LibTorch>()
+        .map_err(|e| TorchError::NotLibTorch { index: 0, reason: format!("{e:?}") })?;
     let tensor = match primitive.can_mut() {
         true => primitive.tensor,
         // Not tch's `copy`, which zero-fills the copy first: a pass and a kernel launch for nothing.
         false => {
-            let mut copy = primitive.tensor.empty_like();
-            copy.copy_(&primitive.tensor);
+            let mut copy = primitive.tensor.f_empty_like().map_err(tch_err("empty_like"))?;
+            copy.f_copy_(&primitive.tensor).map_err(tch_err("copy_"))?;
             copy
         }
     };
-    Ok((tensor.contiguous(), origin))
+    Ok((tensor.f_contiguous().map_err(tch_err("contiguous"))?, origin))
 }
 
 /// Wraps `tensor` as a burn tensor with the autodiff state of `origin`.

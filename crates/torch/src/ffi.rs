@@ -66,4 +66,5 @@ unsafe extern "C" {
     pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
     pub fn c10d_profiler_start(with_cuda: i32) -> i32;
     pub fn c10d_profiler_stop(path: *const std::ffi::c_char) -> i32;
+    pub fn c10d_pinned_copy(src: *mut C_tensor, out: *mut *mut C_tensor) -> i32;
 }

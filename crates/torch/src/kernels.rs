@@ -130,6 +130,19 @@ pub fn use_cudnn_attention(enable: bool) -> Result<(), TorchError> {
     check("sdp_use_cudnn", unsafe { ffi::c10d_sdp_use_cudnn(i32::from(enable)) })
 }
 
+/// A copy of `t` in page-locked host memory, so copies between it and a GPU go by DMA without a
+/// staging buffer. Pinned for torch's current accelerator, without the `device` argument torch
+/// deprecated (tch's `pin_memory` always passes one, and a CPU one is refused). An error, with
+/// nothing allocated, on a machine without an accelerator.
+pub fn pinned_copy(t: &tch::Tensor) -> Result<tch::Tensor, TorchError> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: `t` is live and only read; on success `out` is a new `at::Tensor` whose ownership
+    // passes to the returned handle. The shim catches every C++ exception.
+    check("pinned_copy", unsafe { ffi::c10d_pinned_copy(t.as_ptr().cast_mut(), &mut out) })?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +196,23 @@ mod tests {
         let seqs = VarlenSeqs { cu_q: cu(), cu_k: cu(), max_q: 3, max_k: 3 };
         let err = varlen_attention([&t(2), &t(2), &t(2)], &seqs).expect_err("no CPU kernel");
         assert!(err.to_string().contains("varlen_attention") && err.to_string().contains("CUDA only"), "{err}");
+    }
+
+    /// Without an accelerator there is nothing to pin for: an error naming the operation, where
+    /// tch's `pin_memory(Device::Cpu)` panics (issue 39). On a GPU machine the copy is pinned and equal.
+    #[test]
+    fn pinned_copy_is_an_error_or_a_pinned_equal_copy() {
+        let t = Tensor::from_slice(&[1.5f32, -2.0, 3.0]);
+        match pinned_copy(&t) {
+            Ok(host) => {
+                assert_eq!(host.device(), Device::Cpu);
+                assert_eq!(Vec::<f32>::try_from(&host).unwrap(), [1.5, -2.0, 3.0]);
+                assert!(tch::Cuda::is_available(), "pinned without an accelerator");
+            }
+            Err(err) => {
+                assert!(!tch::Cuda::is_available(), "{err}");
+                assert!(err.to_string().starts_with("c10d `pinned_copy` failed"), "{err}");
+            }
+        }
     }
 }
