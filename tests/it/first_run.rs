@@ -321,9 +321,9 @@ fn bad_flags_variables_and_values_exit_1_with_one_line() {
     )
     .unwrap();
     let err = one_line_error(&train(&["--config", s(&config)]));
-    assert_eq!(err, format!("error: `{}`, line 4: `learning_rate`: must be > 0, got -1", config.display()));
+    assert_eq!(err, format!("error: `{}`, line 4: `learning_rate`: must be finite and > 0, got -1", config.display()));
     let err = one_line_error(&train(&["--config", s(&config), "--learning-rate", "0"]));
-    assert_eq!(err, "error: `--learning-rate`: must be > 0, got 0");
+    assert_eq!(err, "error: `--learning-rate`: must be finite and > 0, got 0");
     fs::write(&config, "learning_rat = 1e-5\n").unwrap();
     let err = one_line_error(&train(&["--config", s(&config)]));
     assert_eq!(
