@@ -79,7 +79,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     // Every check that reads only config.json and the data runs before a weight is loaded.
     let policy_cfg = checked_config(&opts.model, &tokenizer)?;
-    let ref_cfg = match (&opts.ref_model, opts.loss.reference_free) {
+    let ref_cfg = match (&opts.ref_model, !opts.loss.needs_reference()) {
         (Some(dir), false) => {
             let ref_cfg = checked_config(dir, &tokenizer)?;
             compat::check_reference((&opts.model, &policy_cfg), (dir, &ref_cfg))?;
@@ -105,10 +105,10 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     // Without `--ref-model` the reference is an adapter's base with the adapter switched off (as
     // TRL does for a PEFT policy), or else the policy itself (every log-ratio is 0).
     let base = (reference.is_none() && policy.has_lora()).then(|| policy.clone().without_lora());
-    let reference: Option<&Llama> = match (reference.as_ref().or(base.as_ref()), opts.loss.reference_free) {
-        (Some(r), _) => Some(r),
-        (None, false) => Some(&policy),
-        (None, true) => None,
+    let reference: Option<&Llama> = match (reference.as_ref().or(base.as_ref()), opts.loss.needs_reference()) {
+        (_, false) => None,
+        (Some(r), true) => Some(r),
+        (None, true) => Some(&policy),
     };
 
     let collation = Collation {

@@ -12,6 +12,21 @@ use crate::train::Progress;
 
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    let keys = TrainConfig::default().with_overrides(&args.loss.values)?;
+    let mut truncation = eval_truncation(args.max_length, args.keep_end);
+    // The reference-free family's rows and settings, refused as `train` refuses them.
+    truncation.rows = keys.truncation()?.rows;
+    if let Some(family) = keys.loss.family() {
+        let refused = match (&args.ref_model, truncation.keep_end) {
+            (Some(_), _) => Some(("ref_model_name_or_path", "has no reference model")),
+            (None, true) => Some(("truncation_mode", "keeps each sequence's start (`keep_end` is not defined)")),
+            (None, false) => None,
+        };
+        if let Some((key, why)) = refused {
+            let message = format!("`{}` {why}", family.name());
+            return Err(crate::config::ConfigError::Invalid { key, message }.into());
+        }
+    }
     let opts = EvalOptions {
         model: args.model,
         ref_model: args.ref_model,
@@ -24,8 +39,8 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         },
         skip_bad_rows: args.skip_bad_rows,
         split: Some(args.split),
-        loss: TrainConfig::default().with_overrides(&args.loss.values)?.loss,
-        truncation: eval_truncation(args.max_length, args.keep_end),
+        loss: keys.loss,
+        truncation,
         batch_size: args.batch_size,
         packing: Packing::SharedPrompt,
         device: single_device(args.device)?,
@@ -50,7 +65,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
 /// 0: said up front, since a user comparing a trained model most likely meant its starting point.
 fn reference_note(opts: &EvalOptions) -> Option<String> {
     let own = opts.ref_model.is_none() && !crate::model::lora::is_adapter_dir(&opts.model);
-    (own && !opts.loss.reference_free).then(|| {
+    (own && opts.loss.needs_reference()).then(|| {
         format!(
             "no --ref-model: `{}` is its own reference, so every reward and margin is 0; pass --ref-model with the model it was trained from",
             opts.model.display()
@@ -68,6 +83,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         .collect();
     writeln!(out, "model      {}", opts.model.display())?;
     match (&opts.ref_model, crate::model::lora::is_adapter_dir(&opts.model)) {
+        _ if !opts.loss.needs_reference() => writeln!(out, "reference  none (reference-free loss)")?,
         (Some(r), _) => writeln!(out, "reference  {}", r.display())?,
         (None, true) => writeln!(out, "reference  the adapter's base (adapter off)")?,
         (None, false) => writeln!(out, "reference  the model itself")?,
@@ -75,7 +91,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     writeln!(out, "data       {} ({} pairs)", opts.data.display(), report.pairs)?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
     writeln!(out)?;
-    for (name, value) in report.metrics.named() {
+    for (name, value) in report.metrics.named().into_iter().chain(report.metrics.extra()) {
         writeln!(out, "{name:<20} {value:>14.6}")?;
     }
     let lines = |ls: &mut dyn Iterator<Item = usize>| ls.map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
@@ -111,5 +127,9 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
 /// reads no config file).
 fn eval_truncation(max_length: Option<usize>, keep_end: Option<bool>) -> Truncation {
     let defaults = TrainConfig::default().truncation().expect("the key table's default truncation_mode is valid");
-    Truncation { max_length: max_length.or(defaults.max_length), keep_end: keep_end.unwrap_or(defaults.keep_end) }
+    Truncation {
+        max_length: max_length.or(defaults.max_length),
+        keep_end: keep_end.unwrap_or(defaults.keep_end),
+        ..defaults
+    }
 }

@@ -38,7 +38,7 @@ pub struct DeviceBatch {
     /// completions of a pair share in length, `ld_alpha` on the longer one's tail (LD-DPO,
     /// Liu et al. 2024); 1 everywhere without `ld_alpha`.
     pub weights: Tensor<1>,
-    /// `[2B]` scored tokens of each sequence.
+    /// `[2B]` scored tokens of each sequence (with ORPO's rows, a chosen prompt's too).
     pub tokens: Tensor<1>,
     /// Completion tokens per sequence before the shift (`completion_mask.sum(1)`), as IPO
     /// normalises.
@@ -71,6 +71,11 @@ impl DeviceBatch {
                     .collect()
             }
             _ => vec![1.0; n],
+        };
+        // ORPO's prompt tokens count in its NLL (the unweighted sum) and not in the log-prob.
+        let weights: Vec<f32> = match batch.prompt_token.is_empty() {
+            true => weights,
+            false => weights.iter().zip(&batch.prompt_token).map(|(&w, &p)| if p { 0.0 } else { w }).collect(),
         };
         let ints =
             |v: &[i64], shape: Vec<usize>| Tensor::<1, Int>::from_data(TensorData::new(v.to_vec(), shape), device);

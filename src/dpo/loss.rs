@@ -3,61 +3,19 @@
 //! mean over pairs is weighted by `loss_weights` and summed.
 
 use burn::tensor::activation::{log_sigmoid, relu, sigmoid};
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
-use super::logps::{DeviceBatch, SequenceScores};
+pub use super::pair_scores::PairScores;
 use crate::config::{FDivergence, LossConfig, LossType};
-
-/// The per-pair inputs of the loss, each `[B]`.
-#[derive(Debug, Clone)]
-pub struct PairScores {
-    pub chosen_logps: Tensor<1>,
-    pub rejected_logps: Tensor<1>,
-    pub ref_chosen_logps: Tensor<1>,
-    pub ref_rejected_logps: Tensor<1>,
-    /// Completion tokens of each chosen / rejected row (IPO and sigmoid_norm normalise by them).
-    pub chosen_lengths: Tensor<1>,
-    pub rejected_lengths: Tensor<1>,
-    /// Unweighted summed log-probs of the chosen rows, and their scored token counts (sft).
-    pub chosen_token_logps: Tensor<1>,
-    pub chosen_tokens: Tensor<1>,
-    /// WPO weight exponents of each side (used with `use_weighting`).
-    pub chosen_wpo: Tensor<1>,
-    pub rejected_wpo: Tensor<1>,
-}
-
-impl PairScores {
-    /// The loss inputs of one preference batch, keeping the policy's graph: `ref_logps` are the
-    /// reference's `[2B]` log-probs on the host.
-    ///
-    /// # Panics
-    /// If `policy` was scored without statistics.
-    pub fn from_scores(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
-        let b = batch.pairs;
-        let device = policy.logps.device();
-        let host = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
-        let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
-        let half = |t: &Tensor<1>, start: usize| t.clone().narrow(0, start, b); // [B]
-        PairScores {
-            chosen_logps: half(&policy.logps, 0),
-            rejected_logps: half(&policy.logps, b),
-            ref_chosen_logps: host(&ref_logps[..b]),
-            ref_rejected_logps: host(&ref_logps[b..]),
-            chosen_lengths: host(&batch.completion_lengths[..b]),
-            rejected_lengths: host(&batch.completion_lengths[b..]),
-            chosen_token_logps: half(&policy.token_logps, 0),
-            chosen_tokens: half(&stats.tokens, 0),
-            chosen_wpo: half(&stats.wpo, 0),
-            rejected_wpo: half(&stats.wpo, b),
-        }
-    }
-}
 
 /// The scalar training loss, `Σ_k w_k · mean_i ℓ_k(i)`.
 ///
 /// # Shapes
 /// - every field of `s`: `[B]`; returns `[1]`
 pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
+    if let Some(family) = cfg.family() {
+        return super::ref_free::loss(s, cfg, family);
+    }
     let beta = cfg.beta;
     let eps = cfg.label_smoothing;
     let chosen_logratios = s.chosen_logps.clone() - s.ref_chosen_logps.clone(); // [B]
@@ -126,6 +84,8 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
                 nll.expand([s.chosen_logps.dims()[0]])
             }
             LossType::SigmoidNorm => -log_sigmoid(normalised() * beta),
+            // `LossConfig::validate` keeps the reference-free family alone: handled above.
+            LossType::Cpo | LossType::Simpo | LossType::Alphapo | LossType::Orpo => continue,
         };
         let per_pair =
             if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };

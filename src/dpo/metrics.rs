@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use super::logps::{DeviceBatch, SequenceScores};
 use super::loss::PairScores;
+use super::ref_free::{PairValues, log_sigmoid_f64};
+use crate::config::{LossConfig, LossType};
 use crate::model::host;
 
 /// Per-row values of one side (chosen or rejected), copied to the host.
@@ -151,29 +153,54 @@ pub struct MetricSums {
     pub entropy: f64,
     /// Input tokens of the training batches seen so far (TRL's `num_tokens`; 0 in a pure evaluation).
     pub num_tokens: f64,
+    /// The reference-free family's: `Σ -log p` and the tokens of the chosen sequences' NLL, and
+    /// ORPO's `Σ log σ(log-odds)` and `Σ log-odds` over pairs.
+    pub nll: f64,
+    pub nll_tokens: f64,
+    pub log_odds_ratio: f64,
+    pub log_odds_chosen: f64,
 }
+
+/// Number of [`MetricSums`] fields (the values ranks add up).
+const FIELDS: usize = 17;
 
 impl MetricSums {
     /// Adds the pairs of `scored`, whose mean loss was `loss`.
-    pub fn add(&mut self, scored: &ScoredPairs, loss: f64, beta: f64) {
+    pub fn add(&mut self, scored: &ScoredPairs, loss: f64, cfg: &LossConfig) {
         let n = scored.len() as f64;
         self.loss += loss * n;
         self.pairs += n;
         let (c, r) = (&scored.chosen, &scored.rejected);
+        let family = cfg.family();
         for i in 0..scored.len() {
-            // Rewards are β·log-ratio, always with reverse KL (TRL logs them before any f-divergence).
-            let reward_chosen = beta * (c.logps[i] as f64 - c.ref_logps[i] as f64);
-            let reward_rejected = beta * (r.logps[i] as f64 - r.ref_logps[i] as f64);
+            let (reward_chosen, reward_rejected, logps_chosen, logps_rejected) = match family {
+                // Rewards are β·log-ratio, always with reverse KL (TRL logs them before any f-divergence).
+                None => (
+                    cfg.beta * (c.logps[i] as f64 - c.ref_logps[i] as f64),
+                    cfg.beta * (r.logps[i] as f64 - r.ref_logps[i] as f64),
+                    c.logps[i] as f64,
+                    r.logps[i] as f64,
+                ),
+                Some(family) => {
+                    let logps = [c.logps[i] as f64, r.logps[i] as f64];
+                    let v = PairValues::of(family, cfg, logps, [c.lengths[i] as f64, r.lengths[i] as f64]);
+                    self.log_odds_ratio += log_sigmoid_f64(v.log_odds);
+                    self.log_odds_chosen += v.log_odds;
+                    (v.reward_chosen, v.reward_rejected, v.chosen, v.rejected)
+                }
+            };
             self.rewards_chosen += reward_chosen;
             self.rewards_rejected += reward_rejected;
             self.accuracies += f64::from(u8::from(reward_chosen > reward_rejected));
-            self.logps_chosen += c.logps[i] as f64;
-            self.logps_rejected += r.logps[i] as f64;
+            self.logps_chosen += logps_chosen;
+            self.logps_rejected += logps_rejected;
             self.logits_chosen += c.mean_logits[i] as f64;
             self.logits_rejected += r.mean_logits[i] as f64;
             self.chosen_tokens += c.tokens[i] as f64;
             self.rejected_tokens += r.tokens[i] as f64;
             self.entropy += c.entropy[i] as f64 + r.entropy[i] as f64;
+            self.nll -= c.token_logps[i] as f64;
+            self.nll_tokens += c.tokens[i] as f64;
         }
     }
 
@@ -185,7 +212,7 @@ impl MetricSums {
     }
 
     /// The inverse of [`MetricSums::fields`].
-    pub fn from_fields(f: [f64; 13]) -> Self {
+    pub fn from_fields(f: [f64; FIELDS]) -> Self {
         let mut sums = Self::default();
         for (slot, value) in sums.fields_mut().into_iter().zip(f) {
             *slot = value;
@@ -194,7 +221,7 @@ impl MetricSums {
     }
 
     /// Every sum in a fixed order, for collectives.
-    pub fn fields(&self) -> [f64; 13] {
+    pub fn fields(&self) -> [f64; FIELDS] {
         [
             self.loss,
             self.pairs,
@@ -209,10 +236,14 @@ impl MetricSums {
             self.rejected_tokens,
             self.entropy,
             self.num_tokens,
+            self.nll,
+            self.nll_tokens,
+            self.log_odds_ratio,
+            self.log_odds_chosen,
         ]
     }
 
-    fn fields_mut(&mut self) -> [&mut f64; 13] {
+    fn fields_mut(&mut self) -> [&mut f64; FIELDS] {
         [
             &mut self.loss,
             &mut self.pairs,
@@ -227,13 +258,24 @@ impl MetricSums {
             &mut self.rejected_tokens,
             &mut self.entropy,
             &mut self.num_tokens,
+            &mut self.nll,
+            &mut self.nll_tokens,
+            &mut self.log_odds_ratio,
+            &mut self.log_odds_chosen,
         ]
     }
 
     /// The means TRL reports.
-    pub fn finish(&self) -> Metrics {
+    pub fn finish(&self, cfg: &LossConfig) -> Metrics {
         let per = |sum: f64, count: f64| if count > 0.0 { sum / count } else { 0.0 };
+        let family = cfg.family();
+        // TRL's CPOTrainer logs 0 where the NLL is not trained (cpo_alpha = 0).
+        let nll = family.map(|_| if cfg.nll_weight() == 0.0 { 0.0 } else { per(self.nll, self.nll_tokens) });
+        let orpo = family == Some(LossType::Orpo);
         Metrics {
+            nll_loss: nll,
+            log_odds_ratio: orpo.then(|| per(self.log_odds_ratio, self.pairs)),
+            log_odds_chosen: orpo.then(|| per(self.log_odds_chosen, self.pairs)),
             loss: per(self.loss, self.pairs),
             rewards_chosen: per(self.rewards_chosen, self.pairs),
             rewards_rejected: per(self.rewards_rejected, self.pairs),
@@ -271,9 +313,30 @@ pub struct Metrics {
     pub logits_rejected: f64,
     pub entropy: f64,
     pub num_tokens: f64,
+    /// The reference-free family's (CPOTrainer, ORPOTrainer): the chosen sequences' NLL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nll_loss: Option<f64>,
+    /// ORPO's mean `log σ(log-odds ratio)` and mean log-odds ratio.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_odds_ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_odds_chosen: Option<f64>,
 }
 
 impl Metrics {
+    /// The reference-free family's metrics beyond [`Metrics::named`], under its trainers' names
+    /// (TensorBoard and `eval` show them; they are not columns of `metrics.csv`).
+    pub fn extra(&self) -> Vec<(&'static str, f64)> {
+        [
+            ("nll_loss", self.nll_loss),
+            ("log_odds_ratio", self.log_odds_ratio),
+            ("log_odds_chosen", self.log_odds_chosen),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| v.map(|v| (name, v)))
+        .collect()
+    }
+
     /// `(TRL name, value)` in order, for tables and CSV headers.
     pub fn named(&self) -> [(&'static str, f64); 11] {
         [

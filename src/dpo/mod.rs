@@ -5,6 +5,8 @@
 pub mod logps;
 pub mod loss;
 pub mod metrics;
+mod pair_scores;
+pub mod ref_free;
 pub mod score;
 
 pub use logps::{DeviceBatch, SequenceScores};

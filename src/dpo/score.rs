@@ -48,6 +48,6 @@ pub fn score_pairs(
 pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, device: &Device) -> Metrics {
     let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
     let mut sums = MetricSums::default();
-    sums.add(scored, value, loss.beta);
-    sums.finish()
+    sums.add(scored, value, loss);
+    sums.finish(loss)
 }

@@ -82,7 +82,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             let norm = report.grad_norm.map(|n| n.into_scalar::<f32>() as f64);
             let done = std::mem::take(&mut window);
             positions.add(done.positions);
-            let (row, status) = done.finish(state, lr, norm, plan.objective, cfg.loss.beta, workers)?;
+            let (row, status) = done.finish(state, lr, norm, plan.objective, &cfg.loss, workers)?;
             window = Window::new();
             if let Some(out) = log.as_mut() {
                 out.append(&row)?;
@@ -351,9 +351,13 @@ fn references(
     if stage.objective == Objective::Sft {
         return Ok(None);
     }
-    let reference = match cfg.loss.reference_free {
-        true => None,
-        false => Some(spec.reference(&trained.policy, stage.ref_dir, &run.rt.device)?),
+    let reference = match cfg.loss.needs_reference() {
+        false => {
+            let why = cfg.loss.family().map_or("reference_free = true".to_owned(), |t| format!("`{}`", t.name()));
+            progress.line(&format!("reference: none ({why} scores no reference model)"));
+            None
+        }
+        true => Some(spec.reference(&trained.policy, stage.ref_dir, &run.rt.device)?),
     };
     let collation = Collation {
         batch_size: cfg.per_device_eval_batch_size,

@@ -10,6 +10,7 @@ use super::Workers;
 use super::checkpoint::TrainerState;
 use super::context::Objective;
 use super::log::{MetricsRow, Split};
+use crate::config::LossConfig;
 use crate::data::Batch;
 use crate::dpo::logps::{DeviceBatch, SequenceScores};
 use crate::dpo::metrics::{MetricSums, ScoredPairs};
@@ -79,7 +80,7 @@ impl Window {
         lr: f64,
         grad_norm: Option<f64>,
         objective: Objective,
-        beta: f64,
+        loss_cfg: &LossConfig,
         workers: Workers,
     ) -> anyhow::Result<(MetricsRow, String)> {
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
@@ -101,11 +102,11 @@ impl Window {
                 let mut sums = MetricSums::default();
                 for (batch, scores, ref_rows, loss) in &self.pending {
                     let scored = ScoredPairs::from_batch(batch, scores, ref_rows);
-                    sums.add(&scored, host(loss)[0] as f64, beta);
+                    sums.add(&scored, host(loss)[0] as f64, loss_cfg);
                 }
                 let mut fields = sums.fields();
                 workers.sum_f64(&mut fields)?;
-                let m = MetricSums::from_fields(fields).finish();
+                let m = MetricSums::from_fields(fields).finish(loss_cfg);
                 for (name, value) in m.named() {
                     row.set_metric(name, value);
                 }

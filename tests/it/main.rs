@@ -17,6 +17,7 @@ mod lora;
 mod model_errors;
 mod model_parity;
 mod padding_free;
+mod ref_free_parity;
 mod report;
 mod shared_runs;
 mod sources;

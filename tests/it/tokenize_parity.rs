@@ -117,7 +117,8 @@ fn check_dataset(data: &str, expected: &str) {
     let loaded = load_preferences(&fixtures().join(data), &LoadOptions::default()).unwrap();
     assert!(loaded.skipped.is_empty());
     assert_eq!(loaded.rows.len(), fx.num_rows, "{data}");
-    let truncation = Truncation { max_length: fx.max_length, keep_end: fx.truncation_mode == "keep_end" };
+    let truncation =
+        Truncation { max_length: fx.max_length, keep_end: fx.truncation_mode == "keep_end", ..Default::default() };
     let (pairs, report) = tokenize(&loaded.rows, &tok, truncation).unwrap();
     assert_eq!(report.dropped_prompt_too_long.len(), fx.dropped_rows, "{data}");
     assert_eq!(pairs.len(), fx.num_rows_after_preprocessing, "{data}");

@@ -95,6 +95,7 @@ fn options_in(case: &Case, batch_size: usize, packing: Packing) -> EvalOptions {
             discopop_tau: c.discopop_tau.unwrap_or(defaults.discopop_tau),
             reference_free: false,
             use_weighting: c.use_weighting,
+            ..defaults
         },
         truncation: c.max_length.into(),
         batch_size,

@@ -23,7 +23,7 @@ pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
 pub use lora::LoraSettings;
 pub use loss::{FDivergence, LossConfigError, LossType};
-pub use plan::{RunPlan, ScheduleSpec, Truncation, Warmup};
+pub use plan::{Rows, RunPlan, ScheduleSpec, Truncation, Warmup};
 pub use validate::{MAX_LENGTH_TOO_SHORT, MIN_MAX_LENGTH, truncation_keeps_end};
 
 use std::path::{Path, PathBuf};
@@ -232,6 +232,13 @@ train_config! {
     use_weighting: bool = false,
     /// Train without a reference model (reference log-probs taken as 0).
     reference_free: bool = false,
+    // --- the reference-free family (TRL's CPOConfig and ORPOConfig) ---
+    /// Weight of the NLL of the chosen completions in cpo and simpo (CPO's BC regulariser; 0 for pure SimPO).
+    cpo_alpha: f64 = 1.0,
+    /// SimPO's target reward margin γ (simpo, alphapo).
+    simpo_gamma: f64 = 0.5,
+    /// AlphaPO's reward shape α for cpo, simpo and alphapo: r = (1 - p^(-α)) / α; 0: the log-prob itself.
+    alpha: f64 = 0.0,
     }
     rest {
     /// Compute the reference log-probs once before training (cached on disk) and free the reference.

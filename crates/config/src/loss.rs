@@ -39,6 +39,18 @@ pub enum LossType {
     Sft,
     /// Sigmoid loss on per-token averaged log-ratios.
     SigmoidNorm,
+    /// CPO (Xu et al. 2024), TRL's `CPOTrainer` with `loss_type = "sigmoid"`: `-log σ(β(c - r))`
+    /// on summed log-probs, no reference, plus `cpo_alpha` times the chosen completions' NLL.
+    Cpo,
+    /// SimPO (Meng et al. 2024), `CPOTrainer` with `loss_type = "simpo"`: CPO on per-token averaged
+    /// log-probs with the margin `simpo_gamma`.
+    Simpo,
+    /// AlphaPO (Gupta et al. 2025), `CPOConfig(loss_type = "alphapo")`: SimPO with `cpo_alpha = 0`
+    /// and the reward shaped by `alpha`.
+    Alphapo,
+    /// ORPO (Hong et al. 2024), TRL's `ORPOTrainer`: the chosen sequences' NLL (prompt included)
+    /// minus `β · log σ(log-odds ratio)` of the averaged log-probs; no reference.
+    Orpo,
 }
 
 impl LossType {
@@ -60,6 +72,29 @@ impl LossType {
             Self::Discopop => "discopop",
             Self::Sft => "sft",
             Self::SigmoidNorm => "sigmoid_norm",
+            Self::Cpo => "cpo",
+            Self::Simpo => "simpo",
+            Self::Alphapo => "alphapo",
+            Self::Orpo => "orpo",
+        }
+    }
+
+    /// The losses of TRL's `CPOTrainer` and `ORPOTrainer`: no reference model, no DPO metric of one.
+    pub fn is_reference_free(self) -> bool {
+        matches!(self, Self::Cpo | Self::Simpo | Self::Alphapo | Self::Orpo)
+    }
+
+    /// Whether the loss compares per-token averaged log-probs (CPO's `average_log_prob`).
+    pub fn averages_logps(self) -> bool {
+        matches!(self, Self::Simpo | Self::Alphapo | Self::Orpo)
+    }
+
+    /// The TRL trainer whose numbers the loss matches.
+    pub fn trainer(self) -> &'static str {
+        match self {
+            Self::Cpo | Self::Simpo | Self::Alphapo => "CPOTrainer",
+            Self::Orpo => "ORPOTrainer",
+            _ => "DPOTrainer",
         }
     }
 
@@ -141,7 +176,59 @@ impl LossConfig {
         if self.discopop_tau <= 0.0 {
             return err("discopop_tau", format!("must be > 0, got {}", self.discopop_tau));
         }
+        self.validate_reference_free()
+    }
+
+    /// The reference-free family trains alone, on settings its trainers define.
+    fn validate_reference_free(&self) -> Result<(), LossConfigError> {
+        let err = |key, message: String| Err(LossConfigError { key, message });
+        for (key, value) in [("cpo_alpha", self.cpo_alpha), ("simpo_gamma", self.simpo_gamma), ("alpha", self.alpha)] {
+            if !value.is_finite() {
+                return err(key, format!("must be finite, got {value}"));
+            }
+        }
+        if self.cpo_alpha < 0.0 {
+            return err("cpo_alpha", format!("must be >= 0, got {}", self.cpo_alpha));
+        }
+        let Some(family) = self.family() else { return Ok(()) };
+        let name = family.name();
+        if self.loss_type.len() > 1 {
+            let others: Vec<&str> = self.loss_type.iter().filter(|t| **t != family).map(|t| t.name()).collect();
+            return err(
+                "loss_type",
+                format!("`{name}` trains alone (its trainer has one loss), not with `{}`", others.join("`, `")),
+            );
+        }
+        let unsupported = [
+            ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
+            ("ld_alpha", self.ld_alpha.is_some()),
+            ("use_weighting", self.use_weighting),
+            ("label_smoothing", family == LossType::Orpo && self.label_smoothing != 0.0),
+        ];
+        if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
+            return err(key, format!("is not defined for `{name}` (TRL's {} has no such setting)", family.trainer()));
+        }
         Ok(())
+    }
+
+    /// The reference-free loss configured, if any (it is then the only one).
+    pub fn family(&self) -> Option<LossType> {
+        self.loss_type.iter().copied().find(|t| t.is_reference_free())
+    }
+
+    /// Whether the run needs a reference model's log-probs.
+    pub fn needs_reference(&self) -> bool {
+        !self.reference_free && self.family().is_none()
+    }
+
+    /// The NLL weight of the reference-free family: `cpo_alpha` (AlphaPO sets it to 0, as
+    /// `CPOConfig.__post_init__`), 1 for ORPO.
+    pub fn nll_weight(&self) -> f64 {
+        match self.family() {
+            Some(LossType::Alphapo) => 0.0,
+            Some(LossType::Orpo) => 1.0,
+            _ => self.cpo_alpha,
+        }
     }
 
     /// `(loss type, weight)` pairs.

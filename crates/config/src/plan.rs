@@ -11,16 +11,31 @@ use crate::{ConfigError, LoraSettings, SchedulerType, TrainConfig};
 /// TRL's `max_length` and `truncation_mode`: how long a sequence may be (`None`: any length), and
 /// whether a longer one keeps its start (`keep_start`, TRL's default) or its end (`keep_end`, which
 /// TRL 1.16 deprecates but still implements: its collator keeps `ids[-max_length:]`).
+///
+/// `rows` says whose tokenisation the sequences follow (the reference-free family's trainers
+/// tokenise as TRL's `CPOTrainer.tokenize_row`, not as `DPOTrainer`), and so travels with it to
+/// the tokeniser, its cache key and the collator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Truncation {
     pub max_length: Option<usize>,
     pub keep_end: bool,
+    pub rows: Rows,
+}
+
+/// Whose rows: `DPOTrainer._prepare_dataset`'s, or `tokenize_row` of `CPOTrainer` and
+/// `ORPOTrainer` (the same function); ORPO also scores the chosen prompts, whose NLL it trains.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Rows {
+    #[default]
+    Dpo,
+    Cpo,
+    Orpo,
 }
 
 impl From<Option<usize>> for Truncation {
-    /// `keep_start` at `max_length`.
+    /// `keep_start` at `max_length`, DPO's rows.
     fn from(max_length: Option<usize>) -> Self {
-        Self { max_length, keep_end: false }
+        Self { max_length, keep_end: false, rows: Rows::Dpo }
     }
 }
 
@@ -69,7 +84,12 @@ impl TrainConfig {
     pub fn truncation(&self) -> Result<Truncation, ConfigError> {
         let keep_end = crate::truncation_keeps_end(&self.truncation_mode)
             .map_err(|message| ConfigError::Invalid { key: "truncation_mode", message })?;
-        Ok(Truncation { max_length: Some(self.max_length), keep_end })
+        let rows = match self.loss.family() {
+            None => Rows::Dpo,
+            Some(crate::LossType::Orpo) => Rows::Orpo,
+            Some(_) => Rows::Cpo,
+        };
+        Ok(Truncation { max_length: Some(self.max_length), keep_end, rows })
     }
 
     /// Validates the config and resolves it: the one place its option strings are parsed.
@@ -100,7 +120,7 @@ mod tests {
         let plan = cfg("max_length = 64\ntruncation_mode = \"keep_end\"\nfsdp = \"full_shard\"\nfp16 = true\nbf16 = false\nwarmup_ratio = 0.1\n")
             .resolve()
             .unwrap();
-        assert_eq!(plan.truncation, Truncation { max_length: Some(64), keep_end: true });
+        assert_eq!(plan.truncation, Truncation { max_length: Some(64), keep_end: true, rows: Rows::Dpo });
         assert_eq!((plan.sharding, plan.precision), (Sharding::Zero3, Precision::Fp16));
         assert_eq!(plan.schedule.warmup, Warmup::Ratio(0.1));
         assert_eq!(plan.schedule.warmup_steps(95), 10);

@@ -79,11 +79,27 @@ impl TrainConfig {
         if self.merge && self.lora_r.is_none() {
             return invalid("merge", "needs LoRA (`lora_r`): a full fine-tune is already a merged model".to_owned());
         }
-        if self.loss.reference_free && self.precompute_ref_log_probs {
-            return invalid(
-                "precompute_ref_log_probs",
-                "has no reference to precompute with `reference_free`".to_owned(),
-            );
+        if !self.loss.needs_reference() && self.precompute_ref_log_probs {
+            let why = self.loss.family().map_or("`reference_free`".to_owned(), |t| format!("`{}`", t.name()));
+            return invalid("precompute_ref_log_probs", format!("has no reference to precompute with {why}"));
+        }
+        if let Some(family) = self.loss.family() {
+            let name = family.name();
+            if self.ref_model_name_or_path.is_some() {
+                return invalid(
+                    "ref_model_name_or_path",
+                    format!("is not used by `{name}`, which has no reference model"),
+                );
+            }
+            if self.truncation_mode == "keep_end" {
+                return invalid(
+                    "truncation_mode",
+                    format!(
+                        "`keep_end` is not defined for `{name}`: TRL's {} keeps each sequence's start",
+                        family.trainer()
+                    ),
+                );
+            }
         }
         Ok(())
     }

@@ -19,7 +19,7 @@
 //! Position `t` of a sequence predicts its token `t + 1`: the first completion token is scored
 //! from the last prompt position, and a sequence's first token is never scored.
 
-use super::tokenize::{TokenizedPair, Truncation};
+use super::tokenize::{Rows, TokenizedPair, Truncation};
 
 /// How the sequences of a batch are laid out for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +98,9 @@ pub struct Batch {
     pub lengths: Vec<usize>,
     /// Completion tokens of each sequence before the shift (TRL's `completion_mask.sum(1)`).
     pub completion_lengths: Vec<usize>,
+    /// With ORPO's rows, whether each scored prediction is a chosen prompt's token (scored for
+    /// ORPO's NLL, which covers the prompt, and kept out of the sequence log-prob); empty otherwise.
+    pub prompt_token: Vec<bool>,
 }
 
 impl Batch {
@@ -123,10 +126,12 @@ pub fn collate(pairs: &[TokenizedPair], pad_id: u32, truncation: impl Into<Trunc
     let chosen = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, t));
     let rejected = pairs.iter().map(|p| cut(&p.prompt_ids, &p.rejected_ids, t));
     let seqs: Vec<Seq> = chosen.chain(rejected).collect();
+    let mut b = Builder::new(&seqs, pairs.len());
+    b.score_prompts = t.rows == Rows::Orpo;
     match packing.under(t) {
-        Packing::Padded => padded(&seqs, pairs.len(), pad_id),
-        Packing::Packed => packed(&seqs, pairs.len()),
-        Packing::SharedPrompt => shared_prompt(&seqs, pairs.len()),
+        Packing::Padded => padded(b, &seqs, pad_id),
+        Packing::Packed => packed(b, &seqs),
+        Packing::SharedPrompt => shared_prompt(b, &seqs, pairs.len()),
     }
 }
 
@@ -139,9 +144,10 @@ pub fn collate_chosen(
 ) -> Batch {
     let t = truncation.into();
     let seqs: Vec<Seq> = pairs.iter().map(|p| cut(&p.prompt_ids, &p.chosen_ids, t)).collect();
+    let b = Builder::new(&seqs, pairs.len());
     match packing {
-        Packing::Padded => padded(&seqs, pairs.len(), pad_id),
-        Packing::Packed | Packing::SharedPrompt => packed(&seqs, pairs.len()),
+        Packing::Padded => padded(b, &seqs, pad_id),
+        Packing::Packed | Packing::SharedPrompt => packed(b, &seqs),
     }
 }
 
@@ -163,6 +169,8 @@ fn cut<'a>(prompt: &'a [u32], completion: &'a [u32], t: Truncation) -> Seq<'a> {
 /// What every layout shares: the lengths, and the scored predictions added sequence by sequence.
 struct Builder {
     batch: Batch,
+    /// Score the chosen sequences' prompt tokens too ([`Batch::prompt_token`]).
+    score_prompts: bool,
 }
 
 impl Builder {
@@ -181,27 +189,31 @@ impl Builder {
                 seq: Vec::new(),
                 lengths: seqs.iter().map(|(p, c)| p.len() + c.len()).collect(),
                 completion_lengths: seqs.iter().map(|(_, c)| c.len()).collect(),
+                prompt_token: Vec::new(),
             },
+            score_prompts: false,
         }
     }
 
     /// Scores the completion of sequence `seq`: its token `t` (t >= 1) is predicted at the flat
     /// index `at(t - 1)`.
+    /// With `score_prompts`, a chosen sequence's prompt tokens from its second on are scored first.
     fn score(&mut self, seq: usize, (prompt, completion): Seq, at: impl Fn(usize) -> usize) {
-        for (j, &label) in completion.iter().enumerate() {
-            let t = prompt.len() + j;
-            if t >= 1 {
-                self.batch.at.push(at(t - 1) as i64);
-                self.batch.labels.push(i64::from(label));
-                self.batch.seq.push(seq as i64);
+        let prompts = self.score_prompts && seq < self.batch.pairs;
+        let from = if prompts { 0 } else { prompt.len() };
+        for (t, &label) in prompt.iter().chain(completion).enumerate().skip(from.max(1)) {
+            self.batch.at.push(at(t - 1) as i64);
+            self.batch.labels.push(i64::from(label));
+            self.batch.seq.push(seq as i64);
+            if self.score_prompts {
+                self.batch.prompt_token.push(t < prompt.len());
             }
         }
     }
 }
 
 /// One right-padded row per sequence (TRL's collation).
-fn padded(seqs: &[Seq], pairs: usize, pad_id: u32) -> Batch {
-    let mut b = Builder::new(seqs, pairs);
+fn padded(mut b: Builder, seqs: &[Seq], pad_id: u32) -> Batch {
     let s = b.batch.lengths.iter().copied().max().unwrap_or(0);
     let mut input_ids = vec![i64::from(pad_id); seqs.len() * s]; // [rows, S]
     for (row, &(prompt, completion)) in seqs.iter().enumerate() {
@@ -214,8 +226,7 @@ fn padded(seqs: &[Seq], pairs: usize, pad_id: u32) -> Batch {
 }
 
 /// The sequences end to end in one row, each its own span.
-fn packed(seqs: &[Seq], pairs: usize) -> Batch {
-    let mut b = Builder::new(seqs, pairs);
+fn packed(mut b: Builder, seqs: &[Seq]) -> Batch {
     let mut offset = 0;
     for (i, &(prompt, completion)) in seqs.iter().enumerate() {
         let n = prompt.len() + completion.len();
@@ -232,8 +243,7 @@ fn packed(seqs: &[Seq], pairs: usize) -> Batch {
 
 /// Each pair as `[prompt | chosen | rejected]` in one row: the rejected completion continues the
 /// prompt's positions and attends to the prompt and itself.
-fn shared_prompt(seqs: &[Seq], pairs: usize) -> Batch {
-    let mut b = Builder::new(seqs, pairs);
+fn shared_prompt(mut b: Builder, seqs: &[Seq], pairs: usize) -> Batch {
     let (mut offset, mut rejected_at) = (0, Vec::with_capacity(pairs));
     for (i, &(prompt, chosen)) in seqs[..pairs].iter().enumerate() {
         let rejected = seqs[pairs + i].1; // the same prompt, truncated alike
@@ -306,7 +316,7 @@ mod tests {
     #[test]
     fn keep_end_truncation() {
         let pairs = [pair(&[1, 2, 3], &[4, 5, 6], &[7]), pair(&[8], &[9], &[10, 11, 12, 13, 14])];
-        let keep_end = Truncation { max_length: Some(4), keep_end: true };
+        let keep_end = Truncation { max_length: Some(4), keep_end: true, ..Default::default() };
         let b = collate(&pairs, 99, keep_end, Packing::Padded);
         assert_eq!(b.len, 4);
         assert_eq!(b.input_ids, vec![3, 4, 5, 6, 8, 9, 99, 99, 1, 2, 3, 7, 11, 12, 13, 14]);

@@ -37,7 +37,7 @@ pub fn entry(
     tokenizer_dir: &Path,
     truncation: impl Into<Truncation>,
 ) -> std::io::Result<PathBuf> {
-    let Truncation { max_length, keep_end } = truncation.into();
+    let Truncation { max_length, keep_end, rows } = truncation.into();
     let mut hash = Sha256::new();
     let files = if data.is_dir() {
         let split = opts.split.as_deref().unwrap_or("train");
@@ -61,7 +61,7 @@ pub fn entry(
     let built = exe.map(|m| (m.len(), m.modified().ok()));
     let c = &opts.columns;
     let settings = format!(
-        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{keep_end}|{built:?}",
+        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{keep_end}|{rows:?}|{built:?}",
         String::from_utf8_lossy(MAGIC),
         files.len(),
         c.prompt,

@@ -11,9 +11,11 @@ pub mod batch;
 pub mod cache;
 pub mod error;
 pub mod load;
+mod pair;
 pub mod prepare;
 pub mod report;
 pub mod tokenize;
+mod tokenize_cpo;
 pub mod tokenizer;
 
 pub use batch::{Batch, Packing, Span, collate, collate_chosen};

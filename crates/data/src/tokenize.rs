@@ -32,27 +32,8 @@ use super::error::DataError;
 use super::load::{PreferenceRow, Text};
 use crate::tokenizer::{Message, Tokenizer, TokenizerError};
 
-/// One tokenised preference example (TRL's `prompt_ids`, `chosen_ids`, `rejected_ids`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenizedPair {
-    /// Line of the source row.
-    pub line: usize,
-    /// Prompt ids (the common prefix, see the module doc).
-    pub prompt_ids: Vec<u32>,
-    /// Chosen completion ids (what follows the prompt ids).
-    pub chosen_ids: Vec<u32>,
-    /// Rejected completion ids.
-    pub rejected_ids: Vec<u32>,
-}
-
-impl TokenizedPair {
-    /// Tokens of the pair's longer sequence, prompt included.
-    pub fn longest(&self) -> usize {
-        self.prompt_ids.len() + self.chosen_ids.len().max(self.rejected_ids.len())
-    }
-}
-
-pub use dpo_config::Truncation;
+pub use super::pair::{TokenizedPair, common_prefix_length};
+pub use dpo_config::{Rows, Truncation};
 
 /// What tokenisation changed or dropped; nothing is dropped without being listed here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -124,9 +105,14 @@ impl<'a> Tokenizing<'a> {
         // keep_end needs every id: the ends are kept.
         let max_length = self.truncation.max_length.filter(|_| !self.truncation.keep_end);
         let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
+        let rows_of = self.truncation.rows;
         let tokenized: Vec<Result<(TokenizedPair, bool), DataError>> = rows
             .par_iter()
-            .map(|row| if stopped() { Err(DataError::Interrupted) } else { tokenize_row(row, tok, max_length) })
+            .map(|row| match (stopped(), rows_of) {
+                (true, _) => Err(DataError::Interrupted),
+                (false, Rows::Dpo) => tokenize_row(row, tok, max_length),
+                (false, Rows::Cpo | Rows::Orpo) => super::tokenize_cpo::tokenize_row(row, tok, max_length),
+            })
             .collect();
         if stopped() {
             return Err(DataError::Interrupted);
@@ -267,11 +253,6 @@ pub fn encode_prompt(tok: &Tokenizer, prompt: &Text, keep: usize) -> Result<Vec<
         Text::Plain(text) => tok.encode_head(text, true, keep),
         Text::Messages(messages) => tok.encode_chat_head(messages, true, keep),
     }
-}
-
-/// Number of leading ids `a` and `b` share (`trl/data_utils.py` `common_prefix_length`).
-pub fn common_prefix_length(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]
