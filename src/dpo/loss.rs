@@ -2,8 +2,8 @@
 //! defines them. The log-ratios are computed once; each loss maps them to a per-pair loss whose
 //! mean over pairs is weighted by `loss_weights` and summed.
 
-use burn::tensor::activation::{log_sigmoid, relu, sigmoid};
 use burn::tensor::Tensor;
+use burn::tensor::activation::{log_sigmoid, relu, sigmoid};
 
 pub use super::pair_scores::PairScores;
 use crate::config::{FDivergence, LossConfig, LossType};

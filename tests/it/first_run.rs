@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::cli::{
-    children_of, data, dpo_train, finish, model, one_line_error, s, short_run, stderr, train, wait_or_kill,
+    children_of, data, dpo_train, finish, model, one_line_error, s, short_run, stderr, train, wait_or_kill, wait_until,
 };
 use crate::common::{fixtures, max_diff, tensors};
 
@@ -413,11 +413,8 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
         let child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
         let metrics = dir.path().join("stop/metrics.csv");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
-            assert!(Instant::now() < deadline, "the workers never trained");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let trained = || fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) >= 3;
+        wait_until("the workers never trained", Duration::from_secs(90), Duration::from_millis(100), trained);
         let workers = children_of(pid);
         assert_eq!(workers.len(), 2, "{workers:?}");
         // SAFETY: signals to our own child (or its process group).
@@ -452,11 +449,9 @@ fn a_second_interrupt_aborts_at_once() {
         let child = cmd.spawn().unwrap();
         let pid = child.id() as i32;
         let metrics = dir.path().join("abort/metrics.csv");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) < 3 {
-            assert!(Instant::now() < deadline, "{devices:?}: it never trained");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let trained = || fs::read_to_string(&metrics).map_or(0, |t| t.lines().count()) >= 3;
+        let what = format!("{devices:?}: it never trained");
+        wait_until(&what, Duration::from_secs(90), Duration::from_millis(100), trained);
         let workers = children_of(pid);
         for _ in 0..2 {
             // SAFETY: a signal to our own child.

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::cli::{data, dpo_train, finish, model, one_line_error, short_run, stderr};
+use crate::common::cli::{data, dpo_train, finish, model, one_line_error, short_run, stderr, wait_until};
 
 /// A short run of the fixture model into `out/name`, finished; `extra` flags replace the short
 /// run's own values of the same flag.
@@ -110,11 +110,8 @@ fn a_second_writer_of_a_live_run_is_refused() {
     let first = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let first = KillOnDrop(first);
     let run_dir = dir.path().join("shared");
-    let started = std::time::Instant::now();
-    while !run_dir.join("metrics.csv").exists() {
-        assert!(started.elapsed() < Duration::from_secs(60), "the first run did not start training");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (limit, every) = (Duration::from_secs(60), Duration::from_millis(100));
+    wait_until("the first run did not start training", limit, every, || run_dir.join("metrics.csv").exists());
     let config = fs::read_to_string(run_dir.join("config.toml")).unwrap();
     let busy = format!(
         "error: `{}` is being written by another dpo-train run (process {}): wait for it to end, or choose another `--run-name`",
@@ -231,11 +228,8 @@ fn ctrl_c_while_workers_start_stops_the_job_cleanly() {
     cmd.arg("train").args(short_run(dir.path(), "starting", &model(), &data(), &["--devices", "cpu:6"]));
     let child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let pid = child.id() as i32;
-    let started = std::time::Instant::now();
-    while crate::common::cli::children_of(pid).is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(60), "no worker started");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let (limit, every) = (Duration::from_secs(60), Duration::from_millis(5));
+    wait_until("no worker started", limit, every, || !crate::common::cli::children_of(pid).is_empty());
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(pid, libc::SIGINT) };
     let out = crate::common::cli::wait_or_kill(child, Duration::from_secs(60));

@@ -42,6 +42,16 @@ pub fn wait_or_kill(mut child: Child, limit: Duration) -> Output {
     child.wait_with_output().expect("output")
 }
 
+/// Polls `ready` every `every` until it holds; failing the test with `what` if it still does not
+/// after `limit` (a liveness bound, so a run that never gets there cannot hang the suite).
+pub fn wait_until(what: &str, limit: Duration, every: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what} (waited {limit:?})");
+        std::thread::sleep(every);
+    }
+}
+
 pub fn train<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     let mut cmd = dpo_train();
     cmd.arg("train").args(args);
