@@ -9,7 +9,8 @@ It reads the committed fixtures (tests/fixtures/{tokenizer,models,data}, made by
 tests/fixtures/expected/trl_ref_free.json: for every case, TRL 1.16's `CPOTrainer` or `ORPOTrainer`
 (`trl.experimental`) `evaluate()` metrics on the whole dataset in one eval batch (CPU, float32), and, once per
 dataset and trainer family, the rows its `tokenize_row` produced (prompt ids, and each side's prompt and
-completion ids). dpo-train maps the trainers' settings onto its keys as follows:
+completion ids), and for the cases of GRAD_CASES the loss and every parameter's gradient norm and sum of one
+training batch of every row. dpo-train maps the trainers' settings onto its keys as follows:
 
     CPOConfig(loss_type="sigmoid")          -> loss_type = "cpo"
     CPOConfig(loss_type="simpo")            -> loss_type = "simpo"
@@ -45,6 +46,9 @@ transformers.logging.set_verbosity_error()
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 DATASETS = {"prefs": "data/prefs.jsonl", "prefs_conv": "data/prefs_conv.jsonl", "prefs_implicit": "data/prefs_implicit.jsonl"}
+
+# Cases whose training gradients are recorded too (the whole dataset as one training batch).
+GRAD_CASES = {"cpo", "simpo", "alphapo_0.25", "orpo", "orpo_conversational"}
 
 # (case name, trainer, dataset, model, TRL config overrides, dpo-train keys)
 CASES = [
@@ -94,6 +98,24 @@ def trainer_for(kind, tmp, n_rows, overrides, model, tok, ds):
     return trainer(model=model, args=config(**base), processing_class=tok, train_dataset=ds, eval_dataset=ds)
 
 
+def gradients(trainer):
+    """The loss of one training batch of every row (the trainer's collator, `get_batch_loss_metrics` in training
+    mode, dropout off as the trainers' default) and each parameter's gradient norm and sum."""
+    feats = [trainer.train_dataset[i] for i in range(len(trainer.train_dataset))]
+    batch = trainer.data_collator(feats)
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    loss, _ = trainer.get_batch_loss_metrics(model, batch, train_eval="train")
+    loss.backward()
+    grads = {
+        name: {"norm": p.grad.double().norm().item(), "sum": p.grad.double().sum().item()}
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+    return {"loss": loss.item(), "grads": grads}
+
+
 def main():
     from datasets import Dataset
 
@@ -122,6 +144,8 @@ def main():
                 "trl_config": overrides, "config": ours, "num_rows": len(trainer.eval_dataset),
                 "metrics": dict(sorted(clean.items())),
             })
+            if name in GRAD_CASES:
+                cases[-1]["train_step"] = gradients(trainer)
             key = f"{ds_key}_max_length_{trainer.args.max_length}"
             if key not in tokenized:
                 tokenized[key] = [

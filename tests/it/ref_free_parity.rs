@@ -12,8 +12,14 @@ use std::path::PathBuf;
 
 use burn::tensor::Device;
 use dpo_train::config::{LossConfig, TrainConfig};
-use dpo_train::data::{Columns, LoadOptions, Packing, Tokenizer, prepare};
+use dpo_train::data::{Columns, LoadOptions, Packing, Tokenizer, collate, prepare};
+use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
+use dpo_train::model::host;
+use dpo_train::train::backprop::forward_backward;
+use dpo_train::train::optim::GradAccumulator;
+use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 use crate::common::bounds;
@@ -33,6 +39,20 @@ struct Case {
     config: BTreeMap<String, serde_json::Value>,
     num_rows: usize,
     metrics: BTreeMap<String, f64>,
+    /// TRL's loss and gradients of one training batch of every row.
+    train_step: Option<TrainStep>,
+}
+
+#[derive(Deserialize)]
+struct TrainStep {
+    loss: f64,
+    grads: BTreeMap<String, GradStats>,
+}
+
+#[derive(Deserialize)]
+struct GradStats {
+    norm: f64,
+    sum: f64,
 }
 
 #[derive(Deserialize)]
@@ -174,4 +194,63 @@ fn the_family_refuses_what_its_trainers_do_not_define() {
     assert_eq!(refused(&[("loss_type", "alphapo"), ("alpha", "0.25")]), "");
     let defaults = LossConfig::default();
     assert_eq!((defaults.cpo_alpha, defaults.simpo_gamma, defaults.alpha), (1.0, 0.5, 0.0), "CPOConfig's defaults");
+}
+
+/// One training step of every row, as TRL's trainers backpropagate it: the loss and every
+/// parameter's gradient (norm and sum) in each batch layout, for cpo, simpo, alphapo and orpo
+/// (ORPO's NLL over the chosen prompts included).
+#[test]
+fn a_training_batch_has_the_trainers_gradients() {
+    let fixture = fixture();
+    let tok = Tokenizer::from_dir(&fixtures().join("tokenizer")).unwrap();
+    let device = cpu().autodiff();
+    let steps: Vec<(&Case, &TrainStep)> =
+        fixture.cases.iter().filter_map(|c| c.train_step.as_ref().map(|t| (c, t))).collect();
+    assert_eq!(steps.len(), 5, "the fixture lost its gradient cases");
+    for (case, want) in steps {
+        let cfg = config(case);
+        let truncation = cfg.truncation().unwrap();
+        let (_, policy) = dpo_train::model::load(&fixtures().join(&case.model), &device).unwrap();
+        let path = fixtures().join(&case.dataset);
+        let pairs = prepare(&path, &LoadOptions::default(), &tok, truncation, Default::default(), &mut |_, _| {})
+            .unwrap()
+            .pairs;
+        let zeros = vec![0.0; 2 * pairs.len()];
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let host_batch = collate(&pairs, tok.pad_id(), truncation, packing);
+            let (seq, tokens) = (host_batch.lengths.iter().copied().max().unwrap(), host_batch.tokens());
+            let batch = DeviceBatch::new(&host_batch, None, &device);
+            let mut grads = GradAccumulator::default();
+            let (scores, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
+                dpo_loss(&PairScores::from_scores(&batch, scores, &zeros), &cfg.loss)
+            })
+            .unwrap();
+            let what = format!("{} ({packing:?})", case.name);
+            let loss = f64::from(host(&loss)[0]);
+            let logp = f64::from(host(&scores.logps).into_iter().fold(0f32, |m, x| m.max(x.abs())));
+            // The loss: as the metrics' bound (`bound`). The gradients: `bounds::dpo_gradient` at
+            // the batch's largest log-prob, with the family's slope on the margin.
+            let slope = cfg.loss.beta.max(1.0) * (cfg.loss.alpha.abs() * logp).exp();
+            assert!(
+                (loss - want.loss).abs() <= bound(case, "loss", want.loss),
+                "{what}: loss {loss}, TRL {}",
+                want.loss
+            );
+            let model_dir = fixtures().join(&case.model);
+            let relative = bounds::dpo_gradient(&model_dir, seq, tokens, slope, logp);
+            let scale = relative * want.grads.values().map(|g| g.norm * g.norm).sum::<f64>().sqrt();
+            assert_eq!(grads.grads.keys().collect::<Vec<_>>(), want.grads.keys().collect::<Vec<_>>(), "{what}");
+            for (name, trl) in &want.grads {
+                let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
+                let (norm, sum) = (g.iter().map(|x| x * x).sum::<f64>().sqrt(), g.iter().sum::<f64>());
+                let n = g.len() as f64;
+                assert!(
+                    (norm - trl.norm).abs() <= scale * n.sqrt(),
+                    "{what} {name}: gradient norm {norm}, TRL {}",
+                    trl.norm
+                );
+                assert!((sum - trl.sum).abs() <= scale * n, "{what} {name}: gradient sum {sum}, TRL {}", trl.sum);
+            }
+        }
+    }
 }
