@@ -65,6 +65,10 @@ pub struct Args {
     /// Keep a reference model on each GPU, or precompute its log-probs before training.
     #[arg(long, value_enum, default_value = "keep")]
     pub reference: Reference,
+    /// Plan for a loss without a reference model (cpo, simpo, alphapo or orpo): no reference
+    /// memory, and the command trains that loss. Other losses keep a reference: omit the flag.
+    #[arg(long, value_name = "cpo|simpo|alphapo|orpo", value_parser = parse_reference_free, conflicts_with = "reference")]
+    pub loss_type: Option<&'static str>,
     /// Plan with activation checkpointing (recompute activations in the backward pass).
     #[arg(long)]
     pub gradient_checkpointing: bool,
@@ -237,7 +241,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         seq_len: args.seq_len,
         dtype: args.dtype,
         finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
-        reference: args.reference,
+        reference: if args.loss_type.is_some() { Reference::None } else { args.reference },
+        loss_type: args.loss_type,
         gradient_checkpointing: args.gradient_checkpointing,
         sharding,
         offload_optimizer: args.offload_optimizer,
@@ -393,4 +398,14 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         _ => {}
     }
     Ok(Outcome::after_save(stdout, p.status, saved))
+}
+
+/// `--loss-type`: one of dpo-vocab's reference-free losses (a loss with a reference needs no flag).
+fn parse_reference_free(s: &str) -> Result<&'static str, String> {
+    dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().find(|l| *l == s).ok_or_else(|| {
+        format!(
+            "`{s}` is not a reference-free loss ({}); a loss with a reference needs no --loss-type",
+            dpo_vocab::keys::REFERENCE_FREE_LOSSES.join(", ")
+        )
+    })
 }

@@ -84,6 +84,10 @@ pub enum Reference {
     Keep,
     /// Computed once before training (`--precompute-ref-log-probs`).
     Precompute,
+    /// No reference model: a reference-free loss (`--loss-type cpo|simpo|alphapo|orpo`), which
+    /// check-gpu's `--loss-type` selects.
+    #[value(skip)]
+    None,
 }
 
 /// Everything the estimate depends on.
@@ -174,7 +178,7 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
     };
     let gradients = sharded_gradients(req, split, p);
     let reference = match (req.reference, stage) {
-        (Reference::Precompute, _) => 0,
+        (Reference::Precompute | Reference::None, _) => 0,
         (Reference::Keep, Sharding::Zero3) => split.shard_and_piece(c, p),
         (Reference::Keep, _) => mul(&[c, p]),
     };

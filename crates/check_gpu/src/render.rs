@@ -367,6 +367,7 @@ fn setup_lines(o: &mut String, plan: &Plan, st: Style) {
         FineTune::Lora { rank } => format!("LoRA rank {rank} on q,k,v,o"),
     };
     let reference = match (plan.finetune, plan.reference) {
+        (_, Reference::None) => "no reference model (a reference-free loss)",
         (FineTune::Lora { .. }, _) => "reference = base model with the adapter disabled",
         (_, Reference::Keep) => "reference model kept on each GPU",
         (_, Reference::Precompute) => "reference log-probs precomputed",

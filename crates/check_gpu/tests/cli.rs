@@ -634,3 +634,39 @@ fn save_into_a_directory_writes_the_snapshot_file_there() {
     assert_eq!(again.status.code(), Some(0), "{}", String::from_utf8_lossy(&again.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reference-free loss (`--loss-type orpo`) plans no reference model: the reference term is 0,
+/// the total drops by at least the frozen copy's bytes at the same micro-batch, and the command
+/// trains that loss. A loss with a reference is not a value of the flag (exit 3, one line).
+#[test]
+fn a_reference_free_loss_plans_no_reference() {
+    let args = ["--model-params", "1.5B", "--sharding", "none", "--global-batch", "64"];
+    let (_, with) = plan_json("dgx-a100", &args);
+    let (code, free) = plan_json("dgx-a100", &[&args[..], &["--loss-type", "orpo"]].concat());
+    assert_eq!(code, 0, "{free}");
+    let reference = with["memory"]["reference"].as_u64().expect("reference bytes");
+    assert!(reference > 0, "{with}");
+    assert_eq!((free["reference"].as_str(), free["memory"]["reference"].as_u64()), (Some("none"), Some(0)));
+    // The same micro-batch here: every other term the same, the total lower (the allocator's
+    // overhead is a share of the rest, so it drops too).
+    assert_eq!(free["micro_batch"], with["micro_batch"]);
+    for term in ["weights", "gradients", "optimizer", "activations", "logits", "host"] {
+        assert_eq!(free["memory"][term], with["memory"][term], "{term}");
+    }
+    let total = |v: &Value| v["memory"]["total"].as_u64().expect("total");
+    assert!(total(&with) - total(&free) >= reference, "{free}");
+    let cmd = free["command"].as_str().expect("command");
+    assert!(cmd.ends_with(" --precompute-ref-log-probs false --gradient-checkpointing false --sharding none --offload-optimizer false --loss-type orpo"), "{cmd}");
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let out = run(&[
+        "--topo",
+        topo.to_str().expect("path"),
+        "--query",
+        query.to_str().expect("path"),
+        "--loss-type",
+        "sigmoid",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("`sigmoid` is not a reference-free loss"), "{err}");
+}

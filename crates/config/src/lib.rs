@@ -574,6 +574,36 @@ mod tests {
         for bool_key in [dpo_vocab::keys::BF16, dpo_vocab::keys::FP16, dpo_vocab::keys::GRADIENT_CHECKPOINTING] {
             assert!(KEYS.iter().find(|k| k.name == bool_key).unwrap().is_bool, "{bool_key}");
         }
+        // check-gpu plans no reference for exactly the losses that train without one.
+        for name in dpo_vocab::keys::REFERENCE_FREE_LOSSES {
+            let t: LossType = serde_json::from_value(serde_json::json!(name)).expect("a loss type");
+            assert!(t.is_reference_free(), "{name}");
+        }
+        use LossType::*;
+        let all = [
+            Sigmoid,
+            Hinge,
+            Ipo,
+            ExoPair,
+            NcaPair,
+            Robust,
+            BcoPair,
+            SppoHard,
+            Aot,
+            AotUnpaired,
+            ApoZero,
+            ApoDown,
+            Discopop,
+            Sft,
+            SigmoidNorm,
+            Cpo,
+            Simpo,
+            Alphapo,
+            Orpo,
+        ];
+        for t in all.into_iter().filter(|t| t.is_reference_free()) {
+            assert!(dpo_vocab::keys::REFERENCE_FREE_LOSSES.contains(&t.name()), "{}", t.name());
+        }
     }
 
     #[test]

@@ -15,9 +15,10 @@ pub const PRECOMPUTE_REF_LOG_PROBS: &str = "precompute_ref_log_probs";
 pub const GRADIENT_CHECKPOINTING: &str = "gradient_checkpointing";
 pub const SHARDING: &str = "sharding";
 pub const OFFLOAD_OPTIMIZER: &str = "offload_optimizer";
+pub const LOSS_TYPE: &str = "loss_type";
 
 /// The config keys above.
-pub const CONFIG_KEYS: [&str; 14] = [
+pub const CONFIG_KEYS: [&str; 15] = [
     MODEL_NAME_OR_PATH,
     TRAIN_FILE,
     PER_DEVICE_TRAIN_BATCH_SIZE,
@@ -32,7 +33,13 @@ pub const CONFIG_KEYS: [&str; 14] = [
     GRADIENT_CHECKPOINTING,
     SHARDING,
     OFFLOAD_OPTIMIZER,
+    LOSS_TYPE,
 ];
+
+/// The `loss_type` values that train without a reference model (TRL's CPOTrainer and
+/// ORPOTrainer losses): check-gpu plans no reference for them. dpo-train's tests check that these
+/// are exactly its `LossType::is_reference_free` names.
+pub const REFERENCE_FREE_LOSSES: [&str; 4] = ["cpo", "simpo", "alphapo", "orpo"];
 
 /// The launcher's GPU count or list (`--gpus 4`, `--gpus 0,2`, `--gpus auto`).
 pub const GPUS: &str = "gpus";

@@ -39,6 +39,8 @@ pub struct RunSettings {
     pub gradient_checkpointing: bool,
     pub sharding: Sharding,
     pub offload_optimizer: bool,
+    /// A reference-free loss the plan was made for (`None`: dpo-train's default, with a reference).
+    pub loss_type: Option<String>,
 }
 
 impl RunSettings {
@@ -69,6 +71,9 @@ impl RunSettings {
         set(keys::GRADIENT_CHECKPOINTING, self.gradient_checkpointing.to_string());
         set(keys::SHARDING, self.sharding.name().to_owned());
         set(keys::OFFLOAD_OPTIMIZER, self.offload_optimizer.to_string());
+        if let Some(loss) = &self.loss_type {
+            set(keys::LOSS_TYPE, loss.clone());
+        }
         out
     }
 }
@@ -92,6 +97,7 @@ mod tests {
             gradient_checkpointing: true,
             sharding: Sharding::Zero2,
             offload_optimizer: false,
+            loss_type: None,
         };
         let flags = settings.flags().join(" ");
         assert_eq!(
@@ -101,6 +107,8 @@ mod tests {
              --lora-r 16 --lora-target-modules q_proj,v_proj --precompute-ref-log-probs false \
              --gradient-checkpointing true --sharding zero2 --offload-optimizer false"
         );
+        let orpo = RunSettings { loss_type: Some("orpo".into()), ..settings.clone() };
+        assert!(orpo.flags().ends_with(&["--loss-type".to_owned(), "orpo".to_owned()]));
         let cpu = RunSettings { ranks: Ranks::Cpu(3), ..settings };
         assert!(cpu.flags().windows(2).any(|w| w == ["--devices", "cpu:3"]));
     }

@@ -37,6 +37,7 @@ pub(super) fn settings(
         gradient_checkpointing: s.checkpointing,
         sharding: s.sharding,
         offload_optimizer: s.offload,
+        loss_type: req.loss_type.map(str::to_owned),
     }
 }
 

@@ -68,6 +68,9 @@ pub struct PlanRequest {
     pub dtype: Option<Precision>,
     pub finetune: FineTune,
     pub reference: Reference,
+    /// The reference-free loss (`--loss-type`) that makes `reference` [`Reference::None`]; the
+    /// command passes it on.
+    pub loss_type: Option<&'static str>,
     pub gradient_checkpointing: bool,
     /// `None` (`--sharding auto`): the first ZeRO stage that fits when a full replica does not
     /// (LoRA and a precomputed reference included); else that stage.
@@ -91,6 +94,7 @@ impl Default for PlanRequest {
             dtype: None,
             finetune: FineTune::Full,
             reference: Reference::Keep,
+            loss_type: None,
             gradient_checkpointing: false,
             sharding: None,
             offload_optimizer: false,

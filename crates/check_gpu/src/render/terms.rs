@@ -173,6 +173,7 @@ fn opt_formula(p: &Plan) -> String {
 fn ref_formula(p: &Plan) -> String {
     let c = p.dtype.bytes().to_string();
     match (p.finetune, p.reference, p.sharding) {
+        (_, Reference::None, _) => "0 (no reference model: a reference-free loss)".to_string(),
         (FineTune::Lora { .. }, ..) => "0 (adapter disabled = base)".to_string(),
         (_, Reference::Precompute, _) => "0 (precomputed log-probs)".to_string(),
         (_, Reference::Keep, Sharding::Zero3) => format!("{} frozen copy", shard(p, &c, "param")),
