@@ -133,8 +133,9 @@ pub struct TrainArgs {
 /// Where a command runs: one device, or one worker process per device.
 #[derive(Debug, Args)]
 pub struct ParallelArgs {
-    /// Where to run: `cpu`, `cuda` or `cuda:N` (a torchrun/SLURM worker takes `cuda:LOCAL_RANK`).
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    /// Where to run: `auto` (the first CUDA device torch sees, else the CPU), `cpu`, `cuda` or
+    /// `cuda:N` (a torchrun/SLURM worker takes `cuda:LOCAL_RANK`).
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceArg,
     /// Data-parallel over CUDA devices: a count (`2`: devices 0 and 1), a list (`0,2`; `3,` is
     /// device 3 alone), or `auto` (the devices check-gpu selects). One device runs as one process.
@@ -364,8 +365,9 @@ pub struct EvalArgs {
     /// Pairs per forward pass; results do not depend on it.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
-    /// Where to run: `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    /// Where to run: `auto` (the first CUDA device torch sees, else the CPU), `cpu`, `cuda` or
+    /// `cuda:N`.
+    #[arg(long, default_value = "auto", value_parser = parse_device)]
     pub device: DeviceArg,
     /// Print one JSON object whose keys are TRL's metric names.
     #[arg(long)]
@@ -389,6 +391,8 @@ pub struct ColumnArgs {
 /// A parsed `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceArg {
+    /// The first CUDA device torch sees, else the CPU (resolved in [`super::launch`]).
+    Auto,
     Cpu,
     Cuda(usize),
 }
@@ -421,13 +425,14 @@ fn parse_truncation_mode(s: &str) -> Result<bool, String> {
 
 fn parse_device(s: &str) -> Result<DeviceArg, String> {
     match s {
+        "auto" => Ok(DeviceArg::Auto),
         "cpu" => Ok(DeviceArg::Cpu),
         "cuda" => Ok(DeviceArg::Cuda(0)),
         _ => s
             .strip_prefix("cuda:")
             .and_then(|i| i.parse().ok())
             .map(DeviceArg::Cuda)
-            .ok_or_else(|| format!("expected `cpu`, `cuda` or `cuda:N`, got `{s}`")),
+            .ok_or_else(|| format!("expected `auto`, `cpu`, `cuda` or `cuda:N`, got `{s}`")),
     }
 }
 

@@ -13,6 +13,7 @@ use crate::train::Progress;
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     let keys = TrainConfig::default().with_overrides(&args.loss.values)?;
+    let args_device = args.device;
     let mut truncation = eval_truncation(args.max_length, args.keep_end);
     // The reference-free family's rows and settings, refused as `train` refuses them.
     truncation.rows = keys.truncation()?.rows;
@@ -43,8 +44,10 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         truncation,
         batch_size: args.batch_size,
         packing: Packing::SharedPrompt,
-        device: single_device(args.device)?,
+        device: single_device(args_device)?,
     };
+    eprintln!("{}", crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1));
+    super::device::auto_fell_back(args_device, false, &opts.device).into_iter().for_each(|n| eprintln!("{n}"));
     let mut console = ConsoleProgress::default();
     let label = format!("reading `{}`", opts.data.display());
     let report = evaluate_showing(&opts, &mut |done, total| console.reading(&label, done, total))?;

@@ -52,6 +52,11 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     };
     let workers = Workers { group: group.as_ref() };
     if workers.is_main() {
+        let ranks = group.as_ref().map_or(1, |g| g.world_size());
+        eprintln!("{}", crate::run::device::describe(&device, Some(crate::config::Precision::Fp32), ranks));
+        let par = &args.parallel;
+        let chosen = par.devices.is_some() || par.gpus.is_some();
+        super::device::auto_fell_back(par.device, chosen, &device).into_iter().for_each(|n| eprintln!("{n}"));
         notes.iter().for_each(|n| eprintln!("{n}"));
     }
     let (_, model) = model::load(&args.model, &device).with_context(context)?;

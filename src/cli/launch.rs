@@ -63,7 +63,9 @@ pub struct LaunchPlan {
 pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> usize) -> Result<Role, LaunchFlagError> {
     if worker.source != EnvSource::Single {
         // Started by a launcher: the job is already laid out; never launch again.
-        let device = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) {
+        // `auto` is CUDA where torch sees a device, unless our launcher started CPU workers.
+        let auto_cuda = par.device == DeviceArg::Auto && par.devices.is_none() && cuda_devices() > 0;
+        let device = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) || auto_cuda {
             check_cuda(DeviceArg::Cuda(worker.local_rank), &cuda_devices)?
         } else {
             DeviceArg::Cpu
@@ -150,6 +152,7 @@ fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
 /// A CUDA device must exist before anything touches it (torch would abort the process).
 fn check_cuda(device: DeviceArg, cuda_devices: &impl Fn() -> usize) -> Result<DeviceArg, LaunchFlagError> {
     match device {
+        DeviceArg::Auto => Ok(if cuda_devices() > 0 { DeviceArg::Cuda(0) } else { DeviceArg::Cpu }),
         DeviceArg::Cuda(i) => {
             let found = cuda_devices();
             if i < found { Ok(device) } else { Err(LaunchFlagError::NoCuda { device: format!("cuda:{i}"), found }) }
@@ -162,7 +165,8 @@ fn check_cuda(device: DeviceArg, cuda_devices: &impl Fn() -> usize) -> Result<De
 #[allow(deprecated)] // burn marks its libtorch devices deprecated; libtorch is this project's backend.
 pub fn device(arg: DeviceArg) -> Device {
     match arg {
-        DeviceArg::Cpu => Device::libtorch(),
+        // Resolved by `check_cuda` before any device is made; the CPU if one slips through.
+        DeviceArg::Cpu | DeviceArg::Auto => Device::libtorch(),
         DeviceArg::Cuda(i) => Device::libtorch_cuda(i),
     }
 }
@@ -329,5 +333,21 @@ mod tests {
         assert_eq!(err.to_string(), "`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`");
         let err = role(&flags(None, Some("2"), DeviceArg::Cpu), &WorkerEnv::single(), || 1).unwrap_err();
         assert_eq!(err.to_string(), "`--gpus 2`: 1 CUDA device(s) found; run on CPU processes with `--devices cpu:2`");
+    }
+
+    /// `auto` (the default) takes the first CUDA device torch sees, else the CPU; a torchrun
+    /// worker its local rank's; a CPU worker of our own launcher (`--devices cpu:N`) the CPU.
+    #[test]
+    fn auto_is_the_first_cuda_device_else_the_cpu() {
+        let single = WorkerEnv::single();
+        let auto = |gpus: usize| role(&flags(None, None, DeviceArg::Auto), &single, move || gpus).unwrap();
+        assert_eq!(auto(0), Role::Alone(DeviceArg::Cpu));
+        assert_eq!(auto(2), Role::Alone(DeviceArg::Cuda(0)));
+        let torchrun = role(&flags(None, None, DeviceArg::Auto), &worker(2, 1), || 2).unwrap();
+        assert_eq!(torchrun, Role::Worker(DeviceArg::Cuda(1)));
+        let cpu_worker = role(&flags(Some("cpu:2"), None, DeviceArg::Auto), &worker(2, 1), || 2).unwrap();
+        assert_eq!(cpu_worker, Role::Worker(DeviceArg::Cpu));
+        let cpu_launch = role(&flags(Some("cpu:2"), None, DeviceArg::Auto), &single, || 2).unwrap();
+        assert_eq!(cpu_launch, Role::Launcher(LaunchPlan { nproc: 2, cuda: false, visible: None }));
     }
 }

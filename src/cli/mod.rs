@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod bench_comm;
+pub mod device;
 pub mod env;
 pub mod eval;
 pub mod generate;

@@ -98,7 +98,18 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let workers = Workers { group: group.as_ref() };
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
-    let config_description = format!("effective config ({}):\n{}", layered.sources(), indent(&layered.describe()));
+    let ranks = group.as_ref().map_or(1, |g| g.world_size());
+    let mut config_description = format!(
+        "effective config ({}):\n{}\n{}",
+        layered.sources(),
+        indent(&layered.describe()),
+        crate::run::device::describe(&device, Some(plan.precision), ranks)
+    );
+    let par = &args.parallel;
+    if let Some(note) = super::device::auto_fell_back(par.device, par.devices.is_some() || par.gpus.is_some(), &device)
+    {
+        config_description = format!("{config_description}\n{note}");
+    }
     let rt = Runtime { device, interrupt, workers };
     let request =
         RunRequest { cfg, plan, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };

@@ -13,6 +13,7 @@ use crate::demo::{self, DEMO, DemoAssets};
 use crate::report;
 
 pub mod claim;
+pub mod device;
 mod inputs;
 use crate::train::{DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
 
@@ -193,7 +194,8 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     let summary = RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic };
     if workers.is_main() && !summary.interrupted() {
         let path = summary.run_dir.join("summary.txt");
-        let text = format!("{}machine: {}\n", summary.text(), machine());
+        let device = device::describe(&req.rt.device, Some(req.plan.precision), workers.world_size());
+        let text = format!("{}machine: {}\n{device}\n", summary.text(), machine());
         crate::fsutil::write_atomic(&path, text.as_bytes())
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }

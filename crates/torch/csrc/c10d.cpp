@@ -25,6 +25,7 @@
 
 #ifdef USE_C10D_NCCL
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -422,6 +423,24 @@ extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v
     }
     *out = new at::Tensor(y);
   });
+}
+
+extern "C" int c10d_cuda_device_name(int device, char* out, size_t capacity) {
+#ifdef USE_C10D_NCCL
+  return guarded("cuda_device_name", [&] {
+    TORCH_CHECK(out != nullptr && capacity > 0, "null output");
+    auto count = static_cast<int>(c10::cuda::device_count());
+    TORCH_CHECK(device >= 0 && device < count, "no CUDA device ", device, " (torch sees ", count, ")");
+    // libtorch_cuda's accessor: this shim links no CUDA runtime of its own.
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device));
+    std::snprintf(out, capacity, "%s", prop->name);
+  });
+#else
+  (void)device;
+  (void)out;
+  (void)capacity;
+  return fail(C10D_ERR_STD, "cuda_device_name: this build has no CUDA (the nccl feature is off)");
+#endif
 }
 
 extern "C" int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak) {

@@ -99,6 +99,10 @@ int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
                           int64_t max_q, int64_t max_k, c10d_tensor* out);
 
+// The name of CUDA device `device` as torch numbers it (`torch.cuda.get_device_name`), written
+// NUL-terminated into `out` (`capacity` bytes). C10D_ERR_STD without CUDA or that device.
+int c10d_cuda_device_name(int device, char* out, size_t capacity);
+
 // The most bytes the CUDA caching allocator has handed out on `device` since the last reset (what
 // `torch.cuda.max_memory_allocated` reports) into `*peak`; `reset` != 0 first starts a new mark.
 // C10D_ERR_STD in a build without CUDA (the nccl feature off).

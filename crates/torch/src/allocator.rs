@@ -25,6 +25,18 @@ pub fn peak_allocated(index: usize) -> Result<u64, TorchError> {
     call(index, false)
 }
 
+/// The name of CUDA device `index` (`torch.cuda.get_device_name`), e.g. "NVIDIA H100 80GB HBM3".
+pub fn cuda_device_name(index: usize) -> Result<String, TorchError> {
+    let mut out = [0 as std::ffi::c_char; 256];
+    let device = i32::try_from(index).unwrap_or(i32::MAX);
+    // SAFETY: `out` is a live buffer of `out.len()` bytes for the call, which writes at most that
+    // many, NUL included; the shim catches every C++ exception.
+    check("cuda_device_name", unsafe { ffi::c10d_cuda_device_name(device, out.as_mut_ptr(), out.len()) })?;
+    // SAFETY: the shim NUL-terminates within the buffer on success.
+    let name = unsafe { std::ffi::CStr::from_ptr(out.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
 fn call(index: usize, reset: bool) -> Result<u64, TorchError> {
     let mut peak = 0i64;
     let device = i32::try_from(index).unwrap_or(i32::MAX);
@@ -47,6 +59,8 @@ mod tests {
         if !tch::Cuda::is_available() {
             let e = peak_allocated(0).unwrap_err().to_string();
             assert!(e.contains("cuda_peak_allocated"), "{e}");
+            let e = cuda_device_name(0).unwrap_err().to_string();
+            assert!(e.contains("cuda_device_name"), "{e}");
         }
     }
 }
