@@ -46,12 +46,12 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         packing: Packing::SharedPrompt,
         device: single_device(args_device)?,
     };
-    eprintln!("{}", crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1));
-    super::device::auto_fell_back(args_device, false, &opts.device).into_iter().for_each(|n| eprintln!("{n}"));
     let mut console = ConsoleProgress::default();
     let label = format!("reading `{}`", opts.data.display());
     let report = evaluate_showing(&opts, &mut |done, total| console.reading(&label, done, total))?;
     drop(console);
+    // After the inputs are checked: a refused evaluation is one line.
+    super::device::auto_fell_back(args_device, false, &opts.device).into_iter().for_each(|n| eprintln!("{n}"));
     if let Some(note) = reference_note(&opts) {
         eprintln!("note: {note}");
     }
@@ -93,6 +93,8 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     }
     writeln!(out, "data       {} ({} pairs)", opts.data.display(), report.pairs)?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
+    let device = crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1);
+    writeln!(out, "device     {}", device.trim_start_matches("device: "))?;
     writeln!(out)?;
     for (name, value) in report.metrics.named().into_iter().chain(report.metrics.extra()) {
         writeln!(out, "{name:<20} {value:>14.6}")?;

@@ -51,6 +51,8 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         Placed::Here { device, group, .. } => (device, group),
     };
     let workers = Workers { group: group.as_ref() };
+    let (_, model) = model::load(&args.model, &device).with_context(context)?;
+    // After the inputs are checked: a refused run is one line.
     if workers.is_main() {
         let ranks = group.as_ref().map_or(1, |g| g.world_size());
         eprintln!("{}", crate::run::device::describe(&device, Some(crate::config::Precision::Fp32), ranks));
@@ -59,7 +61,6 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         super::device::auto_fell_back(par.device, chosen, &device).into_iter().for_each(|n| eprintln!("{n}"));
         notes.iter().for_each(|n| eprintln!("{n}"));
     }
-    let (_, model) = model::load(&args.model, &device).with_context(context)?;
     let cfg = SamplingConfig { max_new_tokens: args.max_new_tokens, temperature: args.temperature, top_p: args.top_p };
     // Each rank samples its shard of the prompts; prompt i draws from seed + i, so the output does
     // not depend on the number of workers.
