@@ -32,20 +32,30 @@ pub const SMALL: Shape = Shape { hidden: 256, layers: 4, heads: 4, kv_heads: 4, 
 /// the shape `make bench-trl` compares on.
 pub const GQA32M: Shape = Shape { hidden: 512, layers: 8, heads: 8, kv_heads: 4, intermediate: 1408, vocab: 8192 };
 
+/// Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads, 2 key/value heads, 151,936 tokens,
+/// tied embeddings; q/k/v biases as `qwen2`): 494M parameters, the GPU issue's model.
+pub const QWEN05B: Shape =
+    Shape { hidden: 896, layers: 24, heads: 14, kv_heads: 2, intermediate: 4864, vocab: 151_936 };
+
 /// TinyLlama-1.1B's trunk (22 layers, hidden 2048, 32 heads, 4 key/value heads) with tied
 /// embeddings: 1.03B parameters, the GPU check's model of the size researchers tune.
 pub const LLAMA1B: Shape = Shape { hidden: 2048, layers: 22, heads: 32, kv_heads: 4, intermediate: 5632, vocab: 32000 };
 
 /// Writes a randomly initialised model of `shape` with the fixture tokenizer into `dir`
 /// (skipped when already there) and returns `dir`.
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
+    model_dir_of(dir, shape, "llama")
+}
+
+/// [`model_dir`] of another family of `model_type` (`qwen2`: the q/k/v projections carry biases).
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+pub fn model_dir_of(dir: &Path, shape: &Shape, model_type: &str) -> PathBuf {
     if dir.join("model.safetensors").is_file() {
         return dir.to_owned();
     }
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "model_type": model_type,
         "hidden_size": shape.hidden,
         "intermediate_size": shape.intermediate,
         "num_hidden_layers": shape.layers,

@@ -16,6 +16,7 @@ mod hub_data;
 mod lora;
 mod model_errors;
 mod model_parity;
+mod op_counts;
 mod padding_free;
 mod ref_free_parity;
 mod report;

@@ -95,6 +95,33 @@ impl Drop for ProfileWindow {
     }
 }
 
+/// What a trace holds per profiled window: torch operator calls (every `cpu_op` event, nested
+/// ones included, as torch's `key_averages` counts them) and the dtype or device conversions among
+/// them (`aten::_to_copy`, what every `.to(dtype)` runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TraceCounts {
+    pub operators: u64,
+    pub casts: u64,
+}
+
+impl TraceCounts {
+    /// The counts of the Chrome trace at `path` (as [`ProfileWindow`] writes it).
+    pub fn read(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+        let trace: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| format!("`{}` is not a Chrome trace: {e}", path.display()))?;
+        let events =
+            trace["traceEvents"].as_array().ok_or_else(|| format!("`{}` has no traceEvents", path.display()))?;
+        let ops = events.iter().filter(|e| e["cat"] == "cpu_op");
+        let mut counts = Self::default();
+        for op in ops {
+            counts.operators += 1;
+            counts.casts += u64::from(op["name"] == "aten::_to_copy");
+        }
+        Ok(counts)
+    }
+}
+
 fn parse_steps(text: &str) -> Option<(u64, u64)> {
     let (a, b) = text.split_once('-')?;
     let (first, last) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
@@ -141,5 +168,22 @@ mod tests {
         let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
         assert!(names.iter().filter(|n| **n == "aten::matmul").count() == 2, "{:?}", &names[..names.len().min(20)]);
         assert!(!path.with_extension("json.tmp").exists());
+    }
+
+    /// A step with one cast: the counts see exactly it, among the operators around it.
+    #[test]
+    fn counts_are_the_traced_operators_and_casts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        let mut w = ProfileWindow::new(path.clone(), (1, 1), false).unwrap();
+        w.before(1).unwrap();
+        let a = tch::Tensor::ones([8, 8], (tch::Kind::Float, tch::Device::Cpu));
+        let b = a.to_kind(tch::Kind::BFloat16);
+        let _ = a.matmul(&a) + b.to_kind(tch::Kind::Float);
+        w.after(1, false).unwrap();
+        let counts = TraceCounts::read(&path).unwrap();
+        assert_eq!(counts.casts, 2, "{counts:?}");
+        assert!(counts.operators >= 5, "ones, matmul, two casts and the addition at least: {counts:?}");
+        assert!(TraceCounts::read(&dir.path().join("absent.json")).unwrap_err().contains("cannot read"));
     }
 }

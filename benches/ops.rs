@@ -1,0 +1,54 @@
+//! `make bench` (ops): torch operator calls and dtype casts per DPO training step in bf16, counted
+//! by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the first), for the
+//! Qwen2.5-0.5B shape and the medium model: the host-side proxy of a GPU step's launch overhead
+//! and cast traffic that any change can be measured by without a GPU. The counts are
+//! deterministic for a given build and batch; `tests/it/train.rs` holds the tiny fixture's.
+//!
+//! Each model trains 2 steps of 2 pairs at max_length 256 (the counts depend on the layers and
+//! the batch layout, not on the sequence length), policy and reference both, AdamW's update
+//! included.
+
+mod common;
+
+use std::path::Path;
+
+use common::{MEDIUM, QWEN05B, Shape, dpo_train_rate_env, long_pairs, model_dir, model_dir_of, root};
+use dpo_torch::profiler::TraceCounts;
+
+const PAIRS: usize = 2;
+const MAX_LENGTH: usize = 256;
+
+fn main() {
+    let out = root().join("target/bench-ops");
+    std::fs::create_dir_all(&out).expect("the bench folder");
+    let data = long_pairs(&out.join("pairs.jsonl"), 8);
+    println!(
+        "torch operator calls and dtype casts per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
+    );
+    println!("{:<34} {:>10} {:>8}", "model", "operators", "casts");
+    let models: [(&str, &Shape, &str); 2] =
+        [("Qwen2.5-0.5B shape (494M)", &QWEN05B, "qwen2"), ("medium (hidden 768, 12 layers)", &MEDIUM, "llama")];
+    for (name, shape, family) in models {
+        let dir = out.join(format!("model-{family}-{}", shape.layers));
+        let model = if family == "llama" { model_dir(&dir, shape) } else { model_dir_of(&dir, shape, family) };
+        let counts = profiled_step(&model, &data, &out);
+        println!("{name:<34} {:>10} {:>8}", counts.operators, counts.casts);
+    }
+}
+
+/// The counts of step 2 of a 2-step bf16 run.
+fn profiled_step(model: &Path, data: &Path, out: &Path) -> TraceCounts {
+    let trace = out.join("trace.json");
+    let _ = std::fs::remove_file(&trace);
+    let steps = Path::new("2-2");
+    let envs = [("DPO_TRAIN_PROFILE", trace.as_path()), ("DPO_TRAIN_PROFILE_STEPS", steps)];
+    dpo_train_rate_env(model, data, out, (PAIRS, 2, MAX_LENGTH), &["--bf16", "true"], &envs);
+    let counts = TraceCounts::read(&trace).expect("the profiled step's trace");
+    // The run's checkpoint and final model (several GB for the 0.5B shape) are not needed.
+    for entry in std::fs::read_dir(out).expect("the bench folder").flatten() {
+        if entry.file_name().to_string_lossy().starts_with("run") && entry.path().is_dir() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    counts
+}
