@@ -1,4 +1,4 @@
-//! `make bench` (ops): torch operator calls and dtype casts per DPO training step in bf16, counted
+//! `make bench` (ops): torch operator calls and tensor casts per DPO training step in bf16, counted
 //! by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the first), for the
 //! Qwen2.5-0.5B shape and the medium model: the host-side proxy of a GPU step's launch overhead
 //! and cast traffic that any change can be measured by without a GPU. The counts are
@@ -23,7 +23,7 @@ fn main() {
     std::fs::create_dir_all(&out).expect("the bench folder");
     let data = long_pairs(&out.join("pairs.jsonl"), 8);
     println!(
-        "torch operator calls and dtype casts per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
+        "torch operator calls and tensor casts per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
     );
     println!("{:<34} {:>10} {:>8}", "model", "operators", "casts");
     let models: [(&str, &Shape, &str); 2] =

@@ -325,7 +325,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// The reference-free family's metrics beyond [`Metrics::named`], under its trainers' names
-    /// (TensorBoard and `eval` show them; they are not columns of `metrics.csv`).
+    /// (`eval` shows them; training logs only the eleven of `metrics.csv` and TensorBoard).
     pub fn extra(&self) -> Vec<(&'static str, f64)> {
         [
             ("nll_loss", self.nll_loss),

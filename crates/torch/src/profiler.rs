@@ -96,8 +96,9 @@ impl Drop for ProfileWindow {
 }
 
 /// What a trace holds per profiled window: torch operator calls (every `cpu_op` event, nested
-/// ones included, as torch's `key_averages` counts them) and the dtype or device conversions among
-/// them (`aten::_to_copy`, what every `.to(dtype)` runs).
+/// ones included, as torch's `key_averages` counts them) and the dtype or device conversions of
+/// tensors among them (`aten::_to_copy`, what every `.to(dtype)` runs; the 0-dim conversions torch
+/// makes of scalar arguments, which stay on the host, are left out: they launch no kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TraceCounts {
     pub operators: u64,
@@ -116,7 +117,9 @@ impl TraceCounts {
         let mut counts = Self::default();
         for op in ops {
             counts.operators += 1;
-            counts.casts += u64::from(op["name"] == "aten::_to_copy");
+            // A shape is recorded for each input; a 0-dim first input is a scalar's conversion.
+            let scalar = op["args"]["Input Dims"][0].as_array().is_some_and(|dims| dims.is_empty());
+            counts.casts += u64::from(op["name"] == "aten::_to_copy" && !scalar);
         }
         Ok(counts)
     }
