@@ -325,7 +325,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// The reference-free family's metrics beyond [`Metrics::named`], under its trainers' names
-    /// (`eval` shows them; training logs only the eleven of `metrics.csv` and TensorBoard).
+    /// (`eval` shows them, training logs them to TensorBoard; they are not `metrics.csv` columns).
     pub fn extra(&self) -> Vec<(&'static str, f64)> {
         [
             ("nll_loss", self.nll_loss),

@@ -128,6 +128,9 @@ pub struct MetricsRow {
     pub tokens_per_second: Option<f64>,
     /// Wall-clock seconds since the run (or its first resume) started.
     pub elapsed_seconds: f64,
+    /// The reference-free family's own metrics (`nll_loss`, ORPO's log-odds): TensorBoard
+    /// scalars, not columns (so `metrics.csv` keeps one header); empty in a row read back.
+    pub extra: Vec<(&'static str, f64)>,
 }
 
 impl MetricsRow {
@@ -143,6 +146,7 @@ impl MetricsRow {
             pairs_per_second: None,
             tokens_per_second: None,
             elapsed_seconds,
+            extra: Vec::new(),
         }
     }
 
@@ -222,6 +226,7 @@ impl MetricsRow {
             pairs_per_second: opt(first_tail + 2)?,
             tokens_per_second: opt(first_tail + 3)?,
             elapsed_seconds: req(first_tail + 4)?,
+            extra: Vec::new(),
         })
     }
 }
@@ -332,6 +337,7 @@ impl MetricsWriter {
         let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
         let split = row.split.as_str();
         let named = METRIC_NAMES.iter().zip(&row.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
+        let named = named.chain(row.extra.iter().map(|(name, v)| (format!("{split}/{name}"), Some(*v))));
         let extra = [("learning_rate", row.learning_rate), ("grad_norm", row.grad_norm), ("epoch", Some(row.epoch))];
         let extra = extra.into_iter().filter(|_| row.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
         for (tag, value) in named.chain(extra) {

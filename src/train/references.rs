@@ -128,6 +128,7 @@ impl References {
         for (name, value) in metrics.named() {
             row.set_metric(name, value);
         }
+        row.extra = metrics.extra();
         row.set_metric("num_tokens", state.num_tokens);
         out.append(&row)?;
         progress.line(&format!(

@@ -110,8 +110,10 @@ impl Window {
                 for (name, value) in m.named() {
                     row.set_metric(name, value);
                 }
+                row.extra = m.extra();
+                let nll = m.nll_loss.map_or(String::new(), |v| format!(" | nll_loss {v:.4}"));
                 format!(
-                    "loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
+                    "loss {:.4}{nll} | rewards/accuracies {:.3} | rewards/margins {:.4}",
                     m.loss, m.rewards_accuracies, m.rewards_margins
                 )
             }

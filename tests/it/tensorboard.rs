@@ -135,3 +135,35 @@ fn a_restart_replaces_the_steps_logged_after_the_checkpoint() {
         .collect();
     assert_eq!(steps, [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0)]);
 }
+
+/// ORPO's own metrics, which `metrics.csv` has no column for, reach TensorBoard under TRL's names
+/// on training and evaluation steps: `nll_loss`, `log_odds_ratio`, `log_odds_chosen`.
+#[test]
+fn the_reference_free_family_logs_its_own_metrics_to_tensorboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, model) = (fixtures().join("data/prefs.jsonl"), fixtures().join("models/llama"));
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()])
+        .args(["--eval-file", data.to_str().unwrap(), "--output-dir", dir.path().to_str().unwrap()])
+        .args(["--run-name", "orpo", "--loss-type", "orpo", "--max-steps", "2", "--logging-steps", "1"])
+        .args(["--eval-steps", "2", "--num-samples", "0", "--bf16", "false", "--report-to", "tensorboard"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("| nll_loss "), "the step line shows ORPO's NLL: {stderr}");
+    let read = Command::new(python())
+        .arg(fixtures().join("../gen/read_tensorboard.py"))
+        .arg(dir.path().join("orpo/runs/dpo"))
+        .output()
+        .unwrap();
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let events: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    for tag in
+        ["train/nll_loss", "train/log_odds_ratio", "train/log_odds_chosen", "eval/nll_loss", "eval/log_odds_chosen"]
+    {
+        let values = events["scalars"][tag].as_array().unwrap_or_else(|| panic!("no {tag}: {}", events["scalars"]));
+        assert!(values.iter().all(|e| e[1].as_f64().is_some_and(f64::is_finite)), "{tag}: {values:?}");
+    }
+    assert!(events["scalars"]["train/nll_loss"].as_array().unwrap().len() == 2, "one per logged step");
+}
