@@ -115,21 +115,16 @@ fn defaults_are_trls() {
     assert!(compared >= 25, "only {compared} keys compared");
 }
 
-/// Every command `check-gpu` prints, with the GPUs swapped for as many CPU processes and its
-/// placeholder config holding only the data, trains the fixture model (TRL's defaults elsewhere).
+/// Every command `check-gpu` prints, with the GPUs swapped for as many CPU processes, the data in
+/// place of its placeholder (or given to the plan, as `check-gpu --data` does), and a short run's
+/// output directory and step count added, trains the fixture model (TRL's defaults elsewhere).
 #[test]
 fn check_gpus_commands_run_as_printed() {
     use check_gpu::parse::{self, Input};
     use check_gpu::{FineTune, ModelShape, PlanRequest, plan};
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("YOUR_CONFIG.toml");
     let out_dir = dir.path().join("runs");
-    fs::write(
-        &config,
-        format!("train_file = \"{}\"\noutput_dir = \"{}\"\nmax_steps = 1\n", data().display(), out_dir.display()),
-    )
-    .unwrap();
     let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/check_gpu/tests/fixtures");
     let (tp, qp) = (fixture.join("t4x2-phb.topo.txt"), fixture.join("t4x2-phb.query.csv"));
     let (topo, query) = (parse::read(&tp).unwrap(), parse::read(&qp).unwrap());
@@ -141,13 +136,13 @@ fn check_gpus_commands_run_as_printed() {
         let req = PlanRequest { model: shape.clone(), model_dir: Some(model()), finetune, ..PlanRequest::default() };
         plans.push(plan(&snap, &req));
     }
-    let no_gpu = PlanRequest { model_dir: Some(model()), ..PlanRequest::default() };
+    let no_gpu = PlanRequest { model_dir: Some(model()), data: Some(data()), ..PlanRequest::default() };
     plans.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()));
     for (i, plan) in plans.iter().enumerate() {
         let command = &plan.command;
         let words: Vec<String> = command
             .split_whitespace()
-            .map(|w| w.replace("YOUR_CONFIG.toml", s(&config)))
+            .map(|w| w.replace("YOUR_DATA.jsonl", s(&data())))
             .collect::<Vec<_>>()
             .join(" ")
             .replace("--gpus ", "--devices cpu:")
@@ -157,7 +152,7 @@ fn check_gpus_commands_run_as_printed() {
         assert_eq!(words[0], "dpo-train", "{command}");
         let name = format!("cmd{i}");
         let mut cmd = dpo_train();
-        cmd.args(&words[1..]).args(["--run-name", &name]);
+        cmd.args(&words[1..]).args(["--run-name", &name, "--max-steps", "1", "--output-dir", s(&out_dir)]);
         let out = finish(cmd, Duration::from_secs(180));
         assert!(out.status.success(), "`{command}`: {}", stderr(&out));
         let saved = dpo_train::config::TrainConfig::from_toml_file(&out_dir.join(&name).join("config.toml")).unwrap();

@@ -141,7 +141,7 @@ fn check_gpu_commands_are_accepted() {
             Some(dpo_train::cli::Command::Train(args)) => &args.overrides.values,
             _ => &cli.train.overrides.values,
         };
-        // What YOUR_CONFIG.toml would hold: the model and the data.
+        // The command names the model and the data (placeholders where the plan had none).
         let base = dpo_train::config::TrainConfig {
             model_name_or_path: "model".into(),
             train_file: "data.jsonl".into(),

@@ -50,6 +50,10 @@ pub struct Args {
     /// Hugging Face model directory (its config.json gives the exact shape).
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
+    /// The preference data to train on: the printed command trains on it (the plan still takes
+    /// its sequence length from --seq-len).
+    #[arg(long, value_name = "FILE")]
+    pub data: Option<PathBuf>,
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub global_batch: u64,
@@ -146,6 +150,9 @@ pub enum FlagError {
         "`--devices cpu:{n}`: {n} bench processes of about {each} each (a libtorch process and two buffers of the largest message) need {need}, and the host has {available} available: use at most `--devices cpu:{most}`"
     )]
     HostMemory { n: u64, each: String, need: String, available: String, most: u64 },
+    /// The data the command would train on is not there.
+    #[error("`--data {}`: no such file or directory", path.display())]
+    NoData { path: PathBuf },
 }
 
 /// Failures that stop the report.
@@ -234,9 +241,13 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     {
         return Err(FlagError::ShardingOnOneGpu { stage: stage.name() }.into());
     }
+    if let Some(path) = args.data.as_ref().filter(|p| !p.exists()) {
+        return Err(FlagError::NoData { path: path.clone() }.into());
+    }
     Ok(PlanRequest {
         model,
         model_dir: args.model.as_deref().map(ModelShape::hf_dir),
+        data: args.data.clone(),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,
@@ -371,10 +382,12 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
         return Ok(Outcome::after_save(render::json(snap.as_ref(), &p), p.status, saved));
     }
     let mut stdout = format!(
-        "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)\n",
-        p.command,
-        crate::plan::CONFIG_PLACEHOLDER
+        "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n",
+        p.command
     );
+    if let Some(note) = crate::plan::placeholder_note(&p.command) {
+        stdout.push_str(&format!("  {note}\n"));
+    }
     // The first warning is `reason`, printed above.
     for w in p.warnings.iter().skip(1) {
         stdout.push_str(&format!("  ! {w}\n"));

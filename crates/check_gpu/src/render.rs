@@ -461,11 +461,9 @@ fn advice_lines(o: &mut String, plan: &Plan, st: Style) {
             let _ = writeln!(o, "  export {k}={v}");
         }
         let _ = writeln!(o, "  {}", plan.command);
-        let _ = writeln!(
-            o,
-            "  ({} holds your data (`train_file`) and any key you change from TRL's DPOConfig defaults; examples in configs/)",
-            crate::plan::CONFIG_PLACEHOLDER
-        );
+        if let Some(note) = crate::plan::placeholder_note(&plan.command) {
+            let _ = writeln!(o, "  {note}");
+        }
     }
 }
 

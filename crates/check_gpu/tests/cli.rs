@@ -97,7 +97,7 @@ fn dgx_a100_uses_all_eight() {
     assert!(v["env"].get("NCCL_P2P_DISABLE").is_none());
     assert_eq!(
         v["command"],
-        "dpo-train train --config YOUR_CONFIG.toml --gpus 8 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 \
+        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 8 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 \
          --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
          --gradient-checkpointing false --sharding none --offload-optimizer false"
     );
@@ -185,7 +185,9 @@ fn t4_pair_with_lora_is_ready() {
     assert!(
         cmd.contains("--fp16")
             && cmd.contains("--lora-r 16")
-            && cmd.starts_with("dpo-train train --config YOUR_CONFIG.toml --gpus 2 "),
+            && cmd.starts_with(
+                "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 2 "
+            ),
         "{cmd}"
     );
     assert_eq!(v["env"]["OMP_NUM_THREADS"], "4");
@@ -237,7 +239,7 @@ fn rtx4090x4_full_fine_tuning_shards_with_zero2() {
     assert_eq!(v["gradient_checkpointing"], true);
     assert_eq!(
         v["command"],
-        "dpo-train train --config YOUR_CONFIG.toml --gpus 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 8 \
+        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 4 --per-device-train-batch-size 2 --gradient-accumulation-steps 8 \
          --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
          --gradient-checkpointing true --sharding zero2 --offload-optimizer false"
     );
@@ -369,7 +371,7 @@ fn unwritable_save_path_prints_the_plan_and_exits_3() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("dpo-train train --config"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dpo-train train --model-name-or-path YOUR_MODEL_DIR"));
     assert!(stderr.starts_with(&format!("check-gpu: error: Cannot write snapshot `{}`: ", save.display())), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
@@ -502,15 +504,17 @@ fn live_probe_without_driver() {
     assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
     if stdout.contains("NVML could not be loaded") {
         assert_eq!(out.status.code(), Some(2), "{stdout}");
-        assert!(stdout.contains("dpo-train train --config YOUR_CONFIG.toml --devices cpu:"), "{stdout}");
+        assert!(
+            stdout.contains(
+                "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --devices cpu:"
+            ),
+            "{stdout}"
+        );
         let (code, v) = json_of(&run(&["--json"]));
         assert_eq!(code, 2);
-        assert!(
-            v["command"]
-                .as_str()
-                .expect("command")
-                .starts_with("dpo-train train --config YOUR_CONFIG.toml --devices cpu:")
-        );
+        assert!(v["command"].as_str().expect("command").starts_with(
+            "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --devices cpu:"
+        ));
         assert!(warnings(&v)[0].starts_with("NVML could not be loaded"));
         // The CPU plan checks this host's MemAvailable (Linux): 1000T parameters fit on none.
         let out = run(&["--model-params", "1000T"]);
@@ -607,7 +611,7 @@ fn the_command_names_the_model_directory_and_the_config() {
     assert!(code <= 1, "{v}");
     let cmd = v["command"].as_str().expect("command");
     let head =
-        format!("dpo-train train --config YOUR_CONFIG.toml --model-name-or-path '{}' --gpus 2 ", model.display());
+        format!("dpo-train train --model-name-or-path '{}' --train-file YOUR_DATA.jsonl --gpus 2 ", model.display());
     assert!(cmd.starts_with(&head), "{cmd}");
     // `--model DIR/config.json` plans the same model, and dpo-train is given the directory.
     let file = model.join("config.json");
@@ -669,4 +673,27 @@ fn a_reference_free_loss_plans_no_reference() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("`sigmoid` is not a reference-free loss"), "{err}");
+}
+
+/// `--data` puts the data in the command (no placeholder, no note), and a missing file is refused.
+#[test]
+fn data_given_to_the_plan_is_in_the_command() {
+    let data = fixture("dgx-a100.query.csv"); // any existing file: check-gpu does not read it
+    let (code, v) = plan_json("dgx-a100", &["--model-params", "1.5B", "--data", data.to_str().expect("path")]);
+    assert_eq!(code, 0, "{v}");
+    let cmd = v["command"].as_str().expect("command");
+    let want = format!("dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file {} --gpus 8 ", data.display());
+    assert!(cmd.starts_with(&want), "{cmd}");
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let out = run(&[
+        "--topo",
+        topo.to_str().expect("path"),
+        "--query",
+        query.to_str().expect("path"),
+        "--data",
+        "/no/such.jsonl",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("`--data /no/such.jsonl`: no such file or directory"), "{err}");
 }

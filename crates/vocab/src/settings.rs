@@ -28,6 +28,8 @@ pub struct Lora {
 pub struct RunSettings {
     /// The model directory, when the plan was made for one.
     pub model: Option<PathBuf>,
+    /// The training data, when the plan was given it.
+    pub data: Option<PathBuf>,
     pub ranks: Ranks,
     pub micro_batch: u64,
     pub accumulation: u64,
@@ -52,6 +54,9 @@ impl RunSettings {
         let mut set = |key: &str, value: String| out.extend([flag(key), value]);
         if let Some(model) = &self.model {
             set(keys::MODEL_NAME_OR_PATH, model.display().to_string());
+        }
+        if let Some(data) = &self.data {
+            set(keys::TRAIN_FILE, data.display().to_string());
         }
         match self.ranks {
             Ranks::Gpus(n) => set(keys::GPUS, n.to_string()),
@@ -86,6 +91,7 @@ mod tests {
     fn every_setting_is_a_flag_and_its_value() {
         let settings = RunSettings {
             model: Some("/models/m".into()),
+            data: Some("/data/prefs.jsonl".into()),
             ranks: Ranks::Gpus(2),
             micro_batch: 4,
             accumulation: 2,
@@ -102,7 +108,7 @@ mod tests {
         let flags = settings.flags().join(" ");
         assert_eq!(
             flags,
-            "--model-name-or-path /models/m --gpus 2 --per-device-train-batch-size 4 \
+            "--model-name-or-path /models/m --train-file /data/prefs.jsonl --gpus 2 --per-device-train-batch-size 4 \
              --gradient-accumulation-steps 2 --global-batch-size 16 --max-length 1024 --bf16 true --fp16 false \
              --lora-r 16 --lora-target-modules q_proj,v_proj --precompute-ref-log-probs false \
              --gradient-checkpointing true --sharding zero2 --offload-optimizer false"

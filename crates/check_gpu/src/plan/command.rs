@@ -7,7 +7,7 @@ use dpo_vocab::{Lora, Ranks, RunSettings};
 
 use super::batch::Split;
 use super::fit::Setting;
-use super::{CONFIG_PLACEHOLDER, LORA_TARGETS, PlanRequest};
+use super::{DATA_PLACEHOLDER, LORA_TARGETS, MODEL_PLACEHOLDER, PlanRequest};
 use crate::memory::{FineTune, Precision, Reference};
 
 /// The settings for `ranks` with the batch `split` in `precision` and setting `s`.
@@ -20,6 +20,7 @@ pub(super) fn settings(
 ) -> RunSettings {
     RunSettings {
         model: req.model_dir.clone(),
+        data: req.data.clone(),
         ranks,
         micro_batch: split.micro,
         accumulation: split.accum,
@@ -41,11 +42,14 @@ pub(super) fn settings(
     }
 }
 
-/// `dpo-train train --config YOUR_CONFIG.toml` and the flags of `settings`, each a shell word.
+/// `dpo-train train` and the flags of `settings`, each a shell word, with a placeholder for the
+/// model or the data the plan was not given.
 pub(super) fn render(settings: &RunSettings) -> String {
-    let mut words =
-        vec!["dpo-train".to_owned(), "train".to_owned(), "--config".to_owned(), CONFIG_PLACEHOLDER.to_owned()];
-    words.extend(settings.flags().iter().map(|w| shell_word(w)));
+    let mut filled = settings.clone();
+    filled.model.get_or_insert_with(|| MODEL_PLACEHOLDER.into());
+    filled.data.get_or_insert_with(|| DATA_PLACEHOLDER.into());
+    let mut words = vec!["dpo-train".to_owned(), "train".to_owned()];
+    words.extend(filled.flags().iter().map(|w| shell_word(w)));
     words.join(" ")
 }
 

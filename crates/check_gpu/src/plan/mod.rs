@@ -49,9 +49,26 @@ pub enum DeviceIds {
     Uuid,
 }
 
-/// The config file the printed `dpo-train` command names: the user writes it (their data, and
-/// any key they change from TRL's defaults).
-pub const CONFIG_PLACEHOLDER: &str = "YOUR_CONFIG.toml";
+/// What the printed `dpo-train` command holds where the plan was not given the model
+/// (`--model`) or the data (`--data`): the user puts theirs there. Every other setting is spelled
+/// out, so no config file is needed.
+pub const MODEL_PLACEHOLDER: &str = "YOUR_MODEL_DIR";
+pub const DATA_PLACEHOLDER: &str = "YOUR_DATA.jsonl";
+
+/// What to put in `command`'s placeholders, if it has any.
+pub fn placeholder_note(command: &str) -> Option<String> {
+    let missing: Vec<&str> = [(MODEL_PLACEHOLDER, "--model DIR"), (DATA_PLACEHOLDER, "--data FILE")]
+        .into_iter()
+        .filter(|(placeholder, _)| command.contains(placeholder))
+        .map(|(placeholder, _)| placeholder)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "(put your model directory and preference data in place of {} (check-gpu --model and --data fill them); every key the command does not set takes TRL's DPOConfig default)",
+            missing.join(" and ")
+        )
+    })
+}
 
 /// The training run to plan.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +77,8 @@ pub struct PlanRequest {
     pub model: Option<ModelShape>,
     /// The model directory given with `--model`: the command trains it.
     pub model_dir: Option<std::path::PathBuf>,
+    /// The training data given with `--data`: the command trains on it.
+    pub data: Option<std::path::PathBuf>,
     /// Preference pairs per optimizer step, over all GPUs.
     pub global_batch: u64,
     /// `--max-length`.
@@ -89,6 +108,7 @@ impl Default for PlanRequest {
         PlanRequest {
             model: None,
             model_dir: None,
+            data: None,
             global_batch: 64,
             seq_len: 1024,
             dtype: None,
@@ -734,7 +754,7 @@ mod tests {
         assert_eq!(p.status, Status::NotReady);
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --devices cpu:1 --per-device-train-batch-size 8 \
+            "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --devices cpu:1 --per-device-train-batch-size 8 \
              --gradient-accumulation-steps 8 --global-batch-size 64 --max-length 1024 --bf16 false --fp16 false \
              --precompute-ref-log-probs false --gradient-checkpointing false --sharding none --offload-optimizer false"
         );
@@ -767,7 +787,7 @@ mod tests {
         assert_eq!((p.micro_batch, p.grad_accum, p.global_batch, p.dtype), (8, 2, 32, Precision::Fp32));
         assert_eq!(
             p.command,
-            "dpo-train train --config YOUR_CONFIG.toml --model-name-or-path m --devices cpu:2 \
+            "dpo-train train --model-name-or-path m --train-file YOUR_DATA.jsonl --devices cpu:2 \
              --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 \
              --bf16 false --fp16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj \
              --precompute-ref-log-probs true --gradient-checkpointing false --sharding none --offload-optimizer false"
