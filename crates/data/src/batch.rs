@@ -313,6 +313,29 @@ mod tests {
 
     /// TRL's `ids[-max_length:]`: each sequence keeps its end, so a pair's two prompts are cut
     /// at different tokens (and a long completion loses its start); nothing is shared then.
+    /// ORPO's rows also score the chosen prompt's tokens (from its second), marked as prompt
+    /// tokens, in every layout; the completions' predictions are where the plain rows have them.
+    #[test]
+    fn orpo_rows_score_the_chosen_prompts_too() {
+        let pairs = [pair(&[1, 2, 3], &[4, 5], &[6]), pair(&[7], &[8], &[9, 10])];
+        let orpo = Truncation { rows: Rows::Orpo, ..Default::default() };
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let b = collate(&pairs, 0, orpo, packing);
+            let marked: Vec<(i64, i64, bool)> =
+                b.labels.iter().zip(&b.seq).zip(&b.prompt_token).map(|((&l, &s), &p)| (l, s, p)).collect();
+            let want = [(2, 0, true), (3, 0, true), (4, 0, false), (5, 0, false), (8, 1, false)];
+            assert_eq!(marked[..5], want, "{packing:?}");
+            assert_eq!(marked[5..], [(6, 2, false), (9, 3, false), (10, 3, false)], "{packing:?}");
+            let plain = collate(&pairs, 0, None, packing);
+            let completions: Vec<(i64, i64)> =
+                (0..b.at.len()).filter(|&i| !b.prompt_token[i]).map(|i| (b.at[i], b.labels[i])).collect();
+            let plain_predictions: Vec<(i64, i64)> =
+                plain.at.iter().copied().zip(plain.labels.iter().copied()).collect();
+            assert_eq!(completions, plain_predictions, "{packing:?}");
+            assert!(plain.prompt_token.is_empty());
+        }
+    }
+
     #[test]
     fn keep_end_truncation() {
         let pairs = [pair(&[1, 2, 3], &[4, 5, 6], &[7]), pair(&[8], &[9], &[10, 11, 12, 13, 14])];
