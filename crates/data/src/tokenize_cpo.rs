@@ -20,7 +20,8 @@ use super::pair::{TokenizedPair, common_prefix_length};
 use crate::tokenizer::{Message, Tokenizer};
 
 /// One row as `tokenize_row` makes it, and whether its two sides split the prompt differently
-/// (TRL then gives each side its own prompt; here the pair keeps their common prefix).
+/// (TRL then gives each side its own prompt; here the pair keeps their common prefix, and the
+/// longer side's remaining prompt ids start its completion).
 pub(super) fn tokenize_row(
     row: &PreferenceRow,
     tok: &Tokenizer,
@@ -50,10 +51,14 @@ pub(super) fn tokenize_row(
         }
         Ok((full[..start].to_vec(), full[start..].to_vec()))
     };
-    let (chosen_prompt, mut chosen_ids) = side(&chosen, "chosen")?;
-    let (rejected_prompt, mut rejected_ids) = side(&rejected, "rejected")?;
+    let (chosen_prompt, chosen_ids) = side(&chosen, "chosen")?;
+    let (rejected_prompt, rejected_ids) = side(&rejected, "rejected")?;
     let shared = common_prefix_length(&chosen_prompt, &rejected_prompt);
     let mismatch = shared < chosen_prompt.len().max(rejected_prompt.len());
+    // A side whose prompt goes past the shared part keeps those ids in its completion: its
+    // sequence stays whole (TRL gives each side its own prompt instead).
+    let [mut chosen_ids, mut rejected_ids] = [(&chosen_prompt, chosen_ids), (&rejected_prompt, rejected_ids)]
+        .map(|(p, ids)| [&p[shared..], &ids[..]].concat());
     let mut prompt_ids = chosen_prompt[..shared].to_vec();
     if let Some(bos) = tok.bos_id()
         && prompt_ids.first() != Some(&bos)
@@ -77,7 +82,44 @@ fn common_text_prefix<'a>(a: &'a str, b: &str) -> &'a str {
 
 #[cfg(test)]
 mod tests {
-    use super::common_text_prefix;
+    use super::*;
+    use crate::tokenizer::test_support::write_test_tokenizer;
+
+    fn tokenizer(name: &str) -> Tokenizer {
+        let dir = std::env::temp_dir().join(format!("dpo-cpo-tok-{}-{name}", std::process::id()));
+        let cfg = serde_json::json!({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"});
+        write_test_tokenizer(&dir, &cfg.to_string());
+        Tokenizer::from_dir(&dir).unwrap()
+    }
+
+    fn row(p: &str, c: &str, r: &str) -> PreferenceRow {
+        let t = |s: &str| Text::Plain(s.to_owned());
+        PreferenceRow { line: 1, prompt: t(p), chosen: t(c), rejected: t(r) }
+    }
+
+    /// bos prepended once, eos appended unless the completion ends with it; a completion that
+    /// merges with the prompt's last token takes that token (TRL's `response_token_ids_start_idx - 1`).
+    #[test]
+    fn bos_eos_and_the_merged_last_prompt_token() {
+        let tok = tokenizer("rules");
+        // hello=3 world=4 the=11 sky=10 is=12 blue=8 green=9; bos <|im_start|>=1, eos <|im_end|>=2
+        let (pair, mismatch) =
+            tokenize_row(&row("hello world", " the sky is blue", " green <|im_end|>"), &tok, None).unwrap();
+        assert_eq!(
+            (pair.prompt_ids, pair.chosen_ids, pair.rejected_ids),
+            (vec![1, 3, 4], vec![11, 10, 12, 8, 2], vec![9, 2])
+        );
+        assert!(!mismatch);
+        // "worldthe" is one unknown word: the prompt's last token merged into both completions.
+        let (pair, mismatch) = tokenize_row(&row("hello world", "the sky", "the blue"), &tok, None).unwrap();
+        assert_eq!((pair.prompt_ids, pair.chosen_ids, pair.rejected_ids), (vec![1, 3], vec![0, 10, 2], vec![0, 8, 2]));
+        assert!(!mismatch, "both sides split the prompt alike");
+        // Merged on one side only: the pair keeps the common prefix and says so, and the other
+        // side's sequence stays whole ("world" starts its completion).
+        let (pair, mismatch) = tokenize_row(&row("hello world", "the sky", " blue"), &tok, None).unwrap();
+        assert_eq!((pair.prompt_ids, pair.chosen_ids, pair.rejected_ids), (vec![1, 3], vec![0, 10, 2], vec![4, 8, 2]));
+        assert!(mismatch);
+    }
 
     #[test]
     fn the_common_prefix_stops_at_a_character() {
