@@ -114,7 +114,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         ("pairs dropped, no completion token after the prompt", &t.empty_completion),
         ("pairs dropped, chosen identical to rejected", &t.identical),
         (
-            "prompt tokenised differently inside prompt+completion (the common prefix is kept, as TRL does)",
+            "prompt tokenised differently inside prompt+completion (the common prefix is the prompt: DPOTrainer does the same; CPO/ORPO give each side its own)",
             &t.prefix_mismatch,
         ),
     ];
