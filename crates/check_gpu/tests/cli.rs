@@ -21,12 +21,15 @@ fn run(args: &[&str]) -> Output {
 
 /// Runs with `--json` on a topo/query pair and returns (exit code, JSON).
 fn plan_json(machine: &str, extra: &[&str]) -> (i32, Value) {
-    let topo = fixture(&format!("{machine}.topo.txt"));
-    let query = fixture(&format!("{machine}.query.csv"));
-    let mut args =
-        vec!["--json", "--topo", topo.to_str().expect("utf-8 path"), "--query", query.to_str().expect("utf-8 path")];
+    json_of(&run_on(machine, &[&["--json"][..], extra].concat()))
+}
+
+/// Runs on a topo/query pair with `extra` flags (the text report).
+fn run_on(machine: &str, extra: &[&str]) -> Output {
+    let (topo, query) = (fixture(&format!("{machine}.topo.txt")), fixture(&format!("{machine}.query.csv")));
+    let mut args = vec!["--topo", topo.to_str().expect("utf-8 path"), "--query", query.to_str().expect("utf-8 path")];
     args.extend_from_slice(extra);
-    json_of(&run(&args))
+    run(&args)
 }
 
 fn json_of(out: &Output) -> (i32, Value) {
@@ -661,15 +664,7 @@ fn a_reference_free_loss_plans_no_reference() {
     assert!(total(&with) - total(&free) >= reference, "{free}");
     let cmd = free["command"].as_str().expect("command");
     assert!(cmd.ends_with(" --precompute-ref-log-probs false --gradient-checkpointing false --sharding none --offload-optimizer false --loss-type orpo"), "{cmd}");
-    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
-    let out = run(&[
-        "--topo",
-        topo.to_str().expect("path"),
-        "--query",
-        query.to_str().expect("path"),
-        "--loss-type",
-        "sigmoid",
-    ]);
+    let out = run_on("dgx-a100", &["--loss-type", "sigmoid"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("`sigmoid` is not a reference-free loss"), "{err}");
@@ -684,15 +679,7 @@ fn data_given_to_the_plan_is_in_the_command() {
     let cmd = v["command"].as_str().expect("command");
     let want = format!("dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file {} --gpus 8 ", data.display());
     assert!(cmd.starts_with(&want), "{cmd}");
-    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
-    let out = run(&[
-        "--topo",
-        topo.to_str().expect("path"),
-        "--query",
-        query.to_str().expect("path"),
-        "--data",
-        "/no/such.jsonl",
-    ]);
+    let out = run_on("dgx-a100", &["--data", "/no/such.jsonl"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("`--data /no/such.jsonl`: no such file or directory"), "{err}");

@@ -579,29 +579,7 @@ mod tests {
             let t: LossType = serde_json::from_value(serde_json::json!(name)).expect("a loss type");
             assert!(t.is_reference_free(), "{name}");
         }
-        use LossType::*;
-        let all = [
-            Sigmoid,
-            Hinge,
-            Ipo,
-            ExoPair,
-            NcaPair,
-            Robust,
-            BcoPair,
-            SppoHard,
-            Aot,
-            AotUnpaired,
-            ApoZero,
-            ApoDown,
-            Discopop,
-            Sft,
-            SigmoidNorm,
-            Cpo,
-            Simpo,
-            Alphapo,
-            Orpo,
-        ];
-        for t in all.into_iter().filter(|t| t.is_reference_free()) {
+        for t in LossType::ALL.into_iter().filter(|t| t.is_reference_free()) {
             assert!(dpo_vocab::keys::REFERENCE_FREE_LOSSES.contains(&t.name()), "{}", t.name());
         }
     }

@@ -54,6 +54,29 @@ pub enum LossType {
 }
 
 impl LossType {
+    /// Every loss type, in declaration order.
+    pub const ALL: [LossType; 19] = [
+        Self::Sigmoid,
+        Self::Hinge,
+        Self::Ipo,
+        Self::ExoPair,
+        Self::NcaPair,
+        Self::Robust,
+        Self::BcoPair,
+        Self::SppoHard,
+        Self::Aot,
+        Self::AotUnpaired,
+        Self::ApoZero,
+        Self::ApoDown,
+        Self::Discopop,
+        Self::Sft,
+        Self::SigmoidNorm,
+        Self::Cpo,
+        Self::Simpo,
+        Self::Alphapo,
+        Self::Orpo,
+    ];
+
     /// The name TRL uses, for messages and logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -234,5 +257,20 @@ impl LossConfig {
     /// `(loss type, weight)` pairs.
     pub fn weighted_types(&self) -> impl Iterator<Item = (LossType, f64)> + '_ {
         self.loss_type.iter().enumerate().map(|(i, &t)| (t, self.loss_weights.get(i).copied().unwrap_or(1.0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LossType;
+
+    /// `ALL` lists each loss type once, and each TRL name reads back as its type.
+    #[test]
+    fn every_loss_type_and_its_name() {
+        for (i, t) in LossType::ALL.into_iter().enumerate() {
+            let parsed: LossType = serde_json::from_value(serde_json::json!(t.name())).unwrap();
+            assert_eq!(parsed, t);
+            assert!(!LossType::ALL[..i].contains(&t), "{} twice", t.name());
+        }
     }
 }

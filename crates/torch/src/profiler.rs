@@ -162,7 +162,7 @@ mod tests {
         for step in 1..=4 {
             w.before(step).unwrap();
             let a = tch::Tensor::ones([64, 64], (tch::Kind::Float, tch::Device::Cpu));
-            let _ = a.matmul(&a);
+            let _ = a.matmul(&a).to_kind(tch::Kind::BFloat16);
             let written = w.after(step, false).unwrap();
             assert_eq!(written.is_some(), step == 3, "step {step}");
         }
@@ -170,23 +170,12 @@ mod tests {
         let events = trace["traceEvents"].as_array().unwrap();
         let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
         assert!(names.iter().filter(|n| **n == "aten::matmul").count() == 2, "{:?}", &names[..names.len().min(20)]);
-        assert!(!path.with_extension("json.tmp").exists());
-    }
-
-    /// A step with one cast: the counts see exactly it, among the operators around it.
-    #[test]
-    fn counts_are_the_traced_operators_and_casts() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("trace.json");
-        let mut w = ProfileWindow::new(path.clone(), (1, 1), false).unwrap();
-        w.before(1).unwrap();
-        let a = tch::Tensor::ones([8, 8], (tch::Kind::Float, tch::Device::Cpu));
-        let b = a.to_kind(tch::Kind::BFloat16);
-        let _ = a.matmul(&a) + b.to_kind(tch::Kind::Float);
-        w.after(1, false).unwrap();
+        // The counts see the two steps' casts among their operators. (One test: torch's profiler
+        // crashes when two threads of a process start it, as parallel tests would.)
         let counts = TraceCounts::read(&path).unwrap();
         assert_eq!(counts.casts, 2, "{counts:?}");
-        assert!(counts.operators >= 5, "ones, matmul, two casts and the addition at least: {counts:?}");
+        assert!(counts.operators >= 6, "ones, matmul and the cast in each step at least: {counts:?}");
         assert!(TraceCounts::read(&dir.path().join("absent.json")).unwrap_err().contains("cannot read"));
+        assert!(!path.with_extension("json.tmp").exists());
     }
 }
