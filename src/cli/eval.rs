@@ -12,22 +12,14 @@ use crate::train::Progress;
 
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
-    let keys = TrainConfig::default().with_overrides(&args.loss.values)?;
+    let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
     let args_device = args.device;
     let mut truncation = eval_truncation(args.max_length, args.keep_end);
-    // The reference-free family's rows and settings, refused as `train` refuses them.
+    // The reference-free family's rows, and what it cannot run with, refused as `train` refuses it.
+    keys.ref_model_name_or_path = args.ref_model.clone();
+    keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
+    keys.check_reference_free()?;
     truncation.rows = keys.truncation()?.rows;
-    if let Some(family) = keys.loss.family() {
-        let refused = match (&args.ref_model, truncation.keep_end) {
-            (Some(_), _) => Some(("ref_model_name_or_path", "has no reference model")),
-            (None, true) => Some(("truncation_mode", "keeps each sequence's start (`keep_end` is not defined)")),
-            (None, false) => None,
-        };
-        if let Some((key, why)) = refused {
-            let message = format!("`{}` {why}", family.name());
-            return Err(crate::config::ConfigError::Invalid { key, message }.into());
-        }
-    }
     let opts = EvalOptions {
         model: args.model,
         ref_model: args.ref_model,

@@ -10,6 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+use crate::dpo::metrics::Metrics;
 use crate::fsutil::FileError;
 use crate::tboard::EventWriter;
 
@@ -154,6 +155,14 @@ impl MetricsRow {
     pub fn metric(&self, name: &str) -> Option<f64> {
         let index = METRIC_NAMES.iter().position(|n| *n == name)?;
         self.metrics.get(index).copied().flatten()
+    }
+
+    /// Records evaluated or logged metrics: TRL's eleven, and the loss family's own as `extra`.
+    pub fn record(&mut self, metrics: &Metrics) {
+        for (name, value) in metrics.named() {
+            self.set_metric(name, value);
+        }
+        self.extra = metrics.extra();
     }
 
     /// Sets the TRL metric `name`; returns `false` (and changes nothing) for an unknown name.

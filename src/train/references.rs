@@ -125,10 +125,7 @@ impl References {
         let metrics = sharded_metrics(policy, &run.data.eval, &self.eval, &self.collation, run)?;
         let Some(out) = out else { return Ok(Some(metrics)) };
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
-        for (name, value) in metrics.named() {
-            row.set_metric(name, value);
-        }
-        row.extra = metrics.extra();
+        row.record(&metrics);
         row.set_metric("num_tokens", state.num_tokens);
         out.append(&row)?;
         progress.line(&format!(

@@ -107,10 +107,7 @@ impl Window {
                 let mut fields = sums.fields();
                 workers.sum_f64(&mut fields)?;
                 let m = MetricSums::from_fields(fields).finish(loss_cfg);
-                for (name, value) in m.named() {
-                    row.set_metric(name, value);
-                }
-                row.extra = m.extra();
+                row.record(&m);
                 let nll = m.nll_loss.map_or(String::new(), |v| format!(" | nll_loss {v:.4}"));
                 format!(
                     "loss {:.4}{nll} | rewards/accuracies {:.3} | rewards/margins {:.4}",

@@ -207,3 +207,16 @@ fn an_unknown_truncation_mode_is_one_line() {
     let err = one_line_error(&out, 1);
     assert!(err.contains("--truncation-mode") && err.contains("use `keep_start` or `keep_end`"), "{err}");
 }
+
+/// A reference-free loss refuses what its trainers do not define, as `train` does (one check
+/// serves both): a reference model, keep_end truncation.
+#[test]
+fn a_reference_free_loss_refuses_a_reference_and_keep_end() {
+    let model = fixtures().join("models/llama");
+    let data = fixtures().join("data/prefs.jsonl");
+    let (m, d) = (model.to_str().unwrap(), data.to_str().unwrap());
+    let out = eval(&with_defaults(m, d, &["--loss-type", "cpo", "--ref-model", m]));
+    assert!(one_line_error(&out, 1).contains("is not used by `cpo`, which has no reference model"));
+    let out = eval(&with_defaults(m, d, &["--loss-type", "orpo", "--truncation-mode", "keep_end"]));
+    assert!(one_line_error(&out, 1).contains("`keep_end` is not defined for `orpo`"));
+}

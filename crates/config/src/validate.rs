@@ -83,23 +83,28 @@ impl TrainConfig {
             let why = self.loss.family().map_or("`reference_free`".to_owned(), |t| format!("`{}`", t.name()));
             return invalid("precompute_ref_log_probs", format!("has no reference to precompute with {why}"));
         }
-        if let Some(family) = self.loss.family() {
-            let name = family.name();
-            if self.ref_model_name_or_path.is_some() {
-                return invalid(
-                    "ref_model_name_or_path",
-                    format!("is not used by `{name}`, which has no reference model"),
-                );
-            }
-            if self.truncation_mode == "keep_end" {
-                return invalid(
-                    "truncation_mode",
-                    format!(
-                        "`keep_end` is not defined for `{name}`: TRL's {} keeps each sequence's start",
-                        family.trainer()
-                    ),
-                );
-            }
+        self.check_reference_free()?;
+        Ok(())
+    }
+
+    /// What a reference-free loss (`cpo`, `simpo`, `alphapo`, `orpo`) cannot run with: a reference
+    /// model, or keep_end truncation, which its trainers do not define (`eval` checks its flags
+    /// here too).
+    pub fn check_reference_free(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        let Some(family) = self.loss.family() else { return Ok(()) };
+        let name = family.name();
+        if self.ref_model_name_or_path.is_some() {
+            return invalid("ref_model_name_or_path", format!("is not used by `{name}`, which has no reference model"));
+        }
+        if self.truncation_mode == "keep_end" {
+            return invalid(
+                "truncation_mode",
+                format!(
+                    "`keep_end` is not defined for `{name}`: TRL's {} keeps each sequence's start",
+                    family.trainer()
+                ),
+            );
         }
         Ok(())
     }
