@@ -2,7 +2,10 @@
 //! preference dataset, as TRL's `DPOTrainer.evaluate` reports them with every pair in one batch.
 //!
 //! Batches only bound memory: per-pair scores are collected on the host and the loss is computed
-//! once over the full set, so no number depends on `batch_size` (padding never reaches a score).
+//! once over the full set, so no number depends on `batch_size` (padding never reaches a score),
+//! but for KTO's: its KL rows pair each prompt with another completion of its block of
+//! `batch_size` rows, as TRL forms them within each per-device batch; its KL estimate is then the
+//! whole set's.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +14,8 @@ use burn::tensor::Device;
 
 use crate::config::LossConfig;
 use crate::data::{
-    self, Columns, LoadOptions, Packing, Prepared, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer, Truncation,
+    self, Columns, LoadOptions, Packing, Prepared, RowKind, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer,
+    Truncation,
 };
 use crate::dpo::logps::{Collation, RefLogps, reference_logps};
 use crate::dpo::metrics::Metrics;
@@ -87,11 +91,24 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         }
         _ => None,
     };
-    let read =
-        LoadOptions { columns: opts.columns.clone(), skip_bad_rows: opts.skip_bad_rows, split: opts.split.clone() };
-    let Prepared { pairs, summary } =
+    let read = LoadOptions {
+        columns: opts.columns.clone(),
+        skip_bad_rows: opts.skip_bad_rows,
+        split: opts.split.clone(),
+        rows: RowKind::of(&opts.loss),
+    };
+    let Prepared { mut pairs, summary } =
         data::prepare(&opts.data, &read, &tokenizer, opts.truncation, Default::default(), reading)?;
-    let longest = pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
+    if opts.loss.is_kto() {
+        // KTO's KL rows rotate within blocks of the batch size (TRL's per-device batch).
+        pairs = data::kto::with_kl(&pairs, opts.batch_size, opts.truncation.max_length);
+    }
+    let longest = pairs
+        .iter()
+        .map(TokenizedPair::longest)
+        .max()
+        .unwrap_or(0)
+        .min(opts.truncation.max_length.unwrap_or(usize::MAX));
     compat::check_length(&policy_cfg, &opts.model, longest, &opts.data)?;
     if let Some((dir, ref_cfg)) = &ref_cfg {
         compat::check_length(ref_cfg, dir, longest, &opts.data)?;

@@ -19,6 +19,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     keys.ref_model_name_or_path = args.ref_model.clone();
     keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
     keys.check_reference_free()?;
+    keys.check_kto()?;
     truncation.rows = keys.truncation()?.rows;
     let opts = EvalOptions {
         model: args.model,

@@ -43,6 +43,8 @@ pub struct DeviceBatch {
     /// Completion tokens per sequence before the shift (`completion_mask.sum(1)`), as IPO
     /// normalises.
     pub completion_lengths: Vec<f32>,
+    /// KTO's rows: 1 for a desirable row, 0 for an undesirable one; empty for pairs.
+    pub desirable: Vec<f32>,
 }
 
 impl DeviceBatch {
@@ -95,6 +97,7 @@ impl DeviceBatch {
             weights: floats(weights),
             tokens: floats(counts.iter().map(|&c| c as f32).collect()),
             completion_lengths: batch.completion_lengths.iter().map(|&c| c as f32).collect(),
+            desirable: batch.desirable.iter().map(|&d| f32::from(u8::from(d))).collect(),
         }
     }
 

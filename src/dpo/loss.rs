@@ -13,6 +13,9 @@ use crate::config::{FDivergence, LossConfig, LossType};
 /// # Shapes
 /// - every field of `s`: `[B]`; returns `[1]`
 pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
+    if cfg.is_kto() {
+        return super::kto::loss(s, cfg);
+    }
     if let Some(family) = cfg.family() {
         return super::ref_free::loss(s, cfg, family);
     }
@@ -85,7 +88,7 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
             }
             LossType::SigmoidNorm => -log_sigmoid(normalised() * beta),
             // `LossConfig::validate` keeps the reference-free family alone: handled above.
-            LossType::Cpo | LossType::Simpo | LossType::Alphapo | LossType::Orpo => continue,
+            LossType::Cpo | LossType::Simpo | LossType::Alphapo | LossType::Orpo | LossType::Kto => continue,
         };
         let per_pair =
             if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };

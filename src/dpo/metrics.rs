@@ -34,6 +34,9 @@ pub struct SideRows {
 pub struct ScoredPairs {
     pub chosen: SideRows,
     pub rejected: SideRows,
+    /// KTO's rows (`chosen`: their own sequences, `rejected`: their KL sequences): 1 where
+    /// desirable, 0 where not; empty for pairs.
+    pub desirable: Vec<f32>,
 }
 
 impl ScoredPairs {
@@ -61,7 +64,7 @@ impl ScoredPairs {
             mean_logits: mean_logits[range.clone()].to_vec(),
             wpo: wpo[range].to_vec(),
         };
-        Self { chosen: side(0..b), rejected: side(b..2 * b) }
+        Self { chosen: side(0..b), rejected: side(b..2 * b), desirable: batch.desirable.clone() }
     }
 
     /// Appends another batch's pairs.
@@ -76,9 +79,10 @@ impl ScoredPairs {
             mine.mean_logits.extend(theirs.mean_logits);
             mine.wpo.extend(theirs.wpo);
         }
+        self.desirable.extend(other.desirable);
     }
 
-    /// Every per-pair vector, chosen side then rejected (for collectives).
+    /// Every per-pair vector, chosen side then rejected, then KTO's labels (for collectives).
     pub fn columns(&self) -> Vec<Vec<f32>> {
         [&self.chosen, &self.rejected]
             .into_iter()
@@ -86,6 +90,7 @@ impl ScoredPairs {
                 [&s.logps, &s.ref_logps, &s.token_logps, &s.lengths, &s.tokens, &s.entropy, &s.mean_logits, &s.wpo]
                     .map(Clone::clone)
             })
+            .chain([self.desirable.clone()])
             .collect()
     }
 
@@ -104,7 +109,7 @@ impl ScoredPairs {
         };
         let chosen = side();
         let rejected = side();
-        Self { chosen, rejected }
+        Self { chosen, rejected, desirable: it.next().unwrap_or_default() }
     }
 
     /// Number of pairs held.
@@ -131,6 +136,7 @@ impl ScoredPairs {
             chosen_tokens: t(&self.chosen.tokens),
             chosen_wpo: t(&self.chosen.wpo),
             rejected_wpo: t(&self.rejected.wpo),
+            desirable: self.desirable.clone(),
         }
     }
 }
@@ -159,10 +165,15 @@ pub struct MetricSums {
     pub nll_tokens: f64,
     pub log_odds_ratio: f64,
     pub log_odds_chosen: f64,
+    /// KTO's: the batches' KL estimates and their number, and the desirable rows (the `*_chosen`
+    /// sums are theirs, the `*_rejected` ones the undesirable rows').
+    pub kl: f64,
+    pub kl_batches: f64,
+    pub desirable: f64,
 }
 
 /// Number of [`MetricSums`] fields (the values ranks add up).
-const FIELDS: usize = 17;
+const FIELDS: usize = 20;
 
 impl MetricSums {
     /// Adds the pairs of `scored`, whose mean loss was `loss`.
@@ -170,6 +181,9 @@ impl MetricSums {
         let n = scored.len() as f64;
         self.loss += loss * n;
         self.pairs += n;
+        if cfg.is_kto() {
+            return self.add_kto(scored, cfg);
+        }
         let (c, r) = (&scored.chosen, &scored.rejected);
         let family = cfg.family();
         for i in 0..scored.len() {
@@ -201,6 +215,33 @@ impl MetricSums {
             self.entropy += c.entropy[i] as f64 + r.entropy[i] as f64;
             self.nll -= c.token_logps[i] as f64;
             self.nll_tokens += c.tokens[i] as f64;
+        }
+    }
+
+    /// KTO's sums: one KL estimate for the batch, the rest per row under its label.
+    fn add_kto(&mut self, scored: &ScoredPairs, cfg: &LossConfig) {
+        let (own, kl) = (&scored.chosen, &scored.rejected);
+        self.kl += super::kto::kl_estimate(&kl.logps, &kl.ref_logps);
+        self.kl_batches += 1.0;
+        for (i, &desirable) in scored.desirable.iter().enumerate() {
+            let reward = cfg.beta * (own.logps[i] as f64 - own.ref_logps[i] as f64);
+            let (rewards, logps, logits, tokens) = match desirable > 0.5 {
+                true => {
+                    (&mut self.rewards_chosen, &mut self.logps_chosen, &mut self.logits_chosen, &mut self.chosen_tokens)
+                }
+                false => (
+                    &mut self.rewards_rejected,
+                    &mut self.logps_rejected,
+                    &mut self.logits_rejected,
+                    &mut self.rejected_tokens,
+                ),
+            };
+            *rewards += reward;
+            *logps += own.logps[i] as f64;
+            *logits += own.mean_logits[i] as f64;
+            *tokens += own.tokens[i] as f64;
+            self.entropy += own.entropy[i] as f64;
+            self.desirable += desirable as f64;
         }
     }
 
@@ -240,6 +281,9 @@ impl MetricSums {
             self.nll_tokens,
             self.log_odds_ratio,
             self.log_odds_chosen,
+            self.kl,
+            self.kl_batches,
+            self.desirable,
         ]
     }
 
@@ -262,6 +306,9 @@ impl MetricSums {
             &mut self.nll_tokens,
             &mut self.log_odds_ratio,
             &mut self.log_odds_chosen,
+            &mut self.kl,
+            &mut self.kl_batches,
+            &mut self.desirable,
         ]
     }
 
@@ -272,6 +319,9 @@ impl MetricSums {
         // TRL's CPOTrainer logs 0 where the NLL is not trained (cpo_alpha = 0).
         let nll = family.map(|_| if cfg.nll_weight() == 0.0 { 0.0 } else { per(self.nll, self.nll_tokens) });
         let orpo = family == Some(LossType::Orpo);
+        if cfg.is_kto() {
+            return self.finish_kto();
+        }
         Metrics {
             nll_loss: nll,
             log_odds_ratio: orpo.then(|| per(self.log_odds_ratio, self.pairs)),
@@ -279,7 +329,7 @@ impl MetricSums {
             loss: per(self.loss, self.pairs),
             rewards_chosen: per(self.rewards_chosen, self.pairs),
             rewards_rejected: per(self.rewards_rejected, self.pairs),
-            rewards_accuracies: per(self.accuracies, self.pairs),
+            rewards_accuracies: Some(per(self.accuracies, self.pairs)),
             rewards_margins: per(self.rewards_chosen - self.rewards_rejected, self.pairs),
             logps_chosen: per(self.logps_chosen, self.pairs),
             logps_rejected: per(self.logps_rejected, self.pairs),
@@ -287,6 +337,32 @@ impl MetricSums {
             logits_rejected: per(self.logits_rejected, self.rejected_tokens),
             entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
             num_tokens: self.num_tokens,
+            kl: None,
+        }
+    }
+
+    /// KTOTrainer's means: rewards and log-probs over each label's rows, no accuracy (its rows
+    /// are not paired), the KL estimate over the batches.
+    fn finish_kto(&self) -> Metrics {
+        let per = |sum: f64, count: f64| if count > 0.0 { sum / count } else { 0.0 };
+        let undesirable = self.pairs - self.desirable;
+        let (chosen, rejected) = (per(self.rewards_chosen, self.desirable), per(self.rewards_rejected, undesirable));
+        Metrics {
+            loss: per(self.loss, self.pairs),
+            rewards_chosen: chosen,
+            rewards_rejected: rejected,
+            rewards_accuracies: None,
+            rewards_margins: chosen - rejected,
+            logps_chosen: per(self.logps_chosen, self.desirable),
+            logps_rejected: per(self.logps_rejected, undesirable),
+            logits_chosen: per(self.logits_chosen, self.chosen_tokens),
+            logits_rejected: per(self.logits_rejected, self.rejected_tokens),
+            entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
+            num_tokens: self.num_tokens,
+            nll_loss: None,
+            log_odds_ratio: None,
+            log_odds_chosen: None,
+            kl: Some(per(self.kl, self.kl_batches)),
         }
     }
 }
@@ -299,8 +375,9 @@ pub struct Metrics {
     pub rewards_chosen: f64,
     #[serde(rename = "rewards/rejected")]
     pub rewards_rejected: f64,
-    #[serde(rename = "rewards/accuracies")]
-    pub rewards_accuracies: f64,
+    /// Paired losses only (KTO's rows have no partner to beat).
+    #[serde(rename = "rewards/accuracies", skip_serializing_if = "Option::is_none")]
+    pub rewards_accuracies: Option<f64>,
     #[serde(rename = "rewards/margins")]
     pub rewards_margins: f64,
     #[serde(rename = "logps/chosen")]
@@ -321,6 +398,9 @@ pub struct Metrics {
     pub log_odds_ratio: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_odds_chosen: Option<f64>,
+    /// KTO's KL estimate (mean over batches), under KTOTrainer's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl: Option<f64>,
 }
 
 impl Metrics {
@@ -331,26 +411,40 @@ impl Metrics {
             ("nll_loss", self.nll_loss),
             ("log_odds_ratio", self.log_odds_ratio),
             ("log_odds_chosen", self.log_odds_chosen),
+            ("kl", self.kl),
         ]
         .into_iter()
         .filter_map(|(name, v)| v.map(|v| (name, v)))
         .collect()
     }
 
-    /// `(TRL name, value)` in order, for tables and CSV headers.
-    pub fn named(&self) -> [(&'static str, f64); 11] {
-        [
-            ("loss", self.loss),
-            ("rewards/chosen", self.rewards_chosen),
-            ("rewards/rejected", self.rewards_rejected),
-            ("rewards/accuracies", self.rewards_accuracies),
-            ("rewards/margins", self.rewards_margins),
-            ("logps/chosen", self.logps_chosen),
-            ("logps/rejected", self.logps_rejected),
-            ("logits/chosen", self.logits_chosen),
-            ("logits/rejected", self.logits_rejected),
-            ("entropy", self.entropy),
-            ("num_tokens", self.num_tokens),
-        ]
+    /// The step line's metrics: the loss, the family's own (nll_loss, kl), the accuracy where
+    /// pairs have one, the margin; `sep` between them.
+    pub fn headline(&self, sep: &str) -> String {
+        let mut parts = vec![format!("loss {:.4}", self.loss)];
+        parts.extend(self.nll_loss.map(|v| format!("nll_loss {v:.4}")));
+        parts.extend(self.kl.map(|v| format!("kl {v:.4}")));
+        parts.extend(self.rewards_accuracies.map(|v| format!("rewards/accuracies {v:.3}")));
+        parts.push(format!("rewards/margins {:.4}", self.rewards_margins));
+        parts.join(sep)
+    }
+
+    /// `(TRL name, value)` in order, for tables and CSV rows (a metric the trainer does not log
+    /// is left out).
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        let accuracies = self.rewards_accuracies.map(|v| ("rewards/accuracies", v));
+        [("loss", self.loss), ("rewards/chosen", self.rewards_chosen), ("rewards/rejected", self.rewards_rejected)]
+            .into_iter()
+            .chain(accuracies)
+            .chain([
+                ("rewards/margins", self.rewards_margins),
+                ("logps/chosen", self.logps_chosen),
+                ("logps/rejected", self.logps_rejected),
+                ("logits/chosen", self.logits_chosen),
+                ("logits/rejected", self.logits_rejected),
+                ("entropy", self.entropy),
+                ("num_tokens", self.num_tokens),
+            ])
+            .collect()
     }
 }

@@ -2,6 +2,7 @@
 //! the concatenated [chosen; rejected] forward ([`logps`]), every loss type ([`loss`]) and the
 //! logged metrics ([`metrics`]), and the scoring of whole datasets ([`score`]).
 
+pub mod kto;
 pub mod logps;
 pub mod loss;
 pub mod metrics;

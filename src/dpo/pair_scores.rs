@@ -20,6 +20,9 @@ pub struct PairScores {
     /// WPO weight exponents of each side (used with `use_weighting`).
     pub chosen_wpo: Tensor<1>,
     pub rejected_wpo: Tensor<1>,
+    /// KTO's rows: 1 where desirable, 0 where not (the `rejected_*` fields are then its KL rows);
+    /// empty for pairs.
+    pub desirable: Vec<f32>,
 }
 
 impl PairScores {
@@ -45,6 +48,7 @@ impl PairScores {
             chosen_tokens: half(&stats.tokens, 0),
             chosen_wpo: half(&stats.wpo, 0),
             rejected_wpo: half(&stats.wpo, b),
+            desirable: batch.desirable.clone(),
         }
     }
 }

@@ -10,8 +10,8 @@ use anyhow::Context;
 use crate::config::{RunPlan, TrainConfig};
 use crate::data::tokenizer::Tokenizer;
 use crate::data::{
-    self, Columns, DataReport, LoadOptions, Prepared, ReportInput, TokenizeControl, TokenizedPair, Truncation, cache,
-    cache::Loaded,
+    self, Columns, DataReport, LoadOptions, Prepared, ReportInput, RowKind, TokenizeControl, TokenizedPair, Truncation,
+    cache, cache::Loaded,
 };
 use crate::demo::{DEMO, DemoAssets};
 use crate::model::{self, compat};
@@ -116,7 +116,8 @@ pub(super) fn load_inputs(
         let (data, store, split_notes) =
             prepare_split(&path, split.name, (cfg, truncation), (&tokenizer, &tokenizer_dir), interrupt, progress)?;
         notes.extend(split_notes);
-        let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0);
+        // Collation cuts every sequence to `max_length` (KTO's rows keep longer completions to lend).
+        let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0).min(cfg.max_length);
         for (dir, model_cfg) in &models {
             compat::check_length(model_cfg, dir, longest, &path)?;
         }
@@ -142,7 +143,14 @@ pub(super) fn load_inputs(
         notes.extend(report.lines());
         (pairs[i], reports[i]) = (data.pairs, Some(report));
     }
-    let [train, eval, test] = pairs;
+    let [train, mut eval, mut test] = pairs;
+    if cfg.loss.is_kto() {
+        // Evaluated rows borrow their KL completions as TRL's `_prepare_dataset` lends them; the
+        // training rows borrow from their micro-batch, as it is drawn.
+        for split in [&mut eval, &mut test] {
+            *split = data::kto::with_kl(split, cfg.per_device_train_batch_size, Some(cfg.max_length));
+        }
+    }
     let [train_report, eval_report, test_report] = reports;
     let reports = DataReports { train: train_report, eval: eval_report, test: test_report };
     let data = RunData { train, eval, test, tokenizer, tokenizer_dir };
@@ -165,7 +173,8 @@ fn prepare_split(
         chosen: cfg.chosen_column.clone(),
         rejected: cfg.rejected_column.clone(),
     };
-    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()) };
+    let rows = RowKind::of(&cfg.loss);
+    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()), rows };
     // No entry when the data cannot be listed or read: `prepare` then says why.
     let cache_dir = cfg.output_dir.join(".data_cache");
     let mut notes: Vec<String> = dpo_base::fsutil::remove_stale_temps(&cache_dir)

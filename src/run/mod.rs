@@ -64,8 +64,10 @@ impl RunSummary {
             for (label, metrics) in [("eval", &dpo.eval), ("test", &dpo.test)] {
                 if let Some(m) = metrics {
                     out += &format!(
-                        "{label}: loss {:.4}  rewards/accuracies {:.3}  rewards/margins {:.4}  rewards/chosen {:.4}  rewards/rejected {:.4}\n",
-                        m.loss, m.rewards_accuracies, m.rewards_margins, m.rewards_chosen, m.rewards_rejected
+                        "{label}: {}  rewards/chosen {:.4}  rewards/rejected {:.4}\n",
+                        m.headline("  "),
+                        m.rewards_chosen,
+                        m.rewards_rejected
                     );
                 }
             }

@@ -128,10 +128,7 @@ impl References {
         row.record(&metrics);
         row.set_metric("num_tokens", state.num_tokens);
         out.append(&row)?;
-        progress.line(&format!(
-            "eval step {} | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
-            state.step, metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
-        ));
+        progress.line(&format!("eval step {} | {}", state.step, metrics.headline(" | ")));
         let title = format!("step {}", state.step);
         let path = dir.join("samples_val.txt");
         let text = self.write_samples(policy, run, &path, &run.data.eval, &self.eval_samples, &title)?;
@@ -151,10 +148,7 @@ impl References {
         if !run.rt.workers.is_main() {
             return Ok(metrics);
         }
-        progress.line(&format!(
-            "test | loss {:.4} | rewards/accuracies {:.3} | rewards/margins {:.4}",
-            metrics.loss, metrics.rewards_accuracies, metrics.rewards_margins
-        ));
+        progress.line(&format!("test | {}", metrics.headline(" | ")));
         self.write_samples(policy, run, &dir.join("samples_test.txt"), &run.data.test, &self.test_samples, "final")?;
         Ok(metrics)
     }

@@ -181,7 +181,11 @@ pub fn optimizer_step(
     let mut grads = GradAccumulator::default();
     let loss_scale = t.state.loss_scaler.map_or(1.0, |s| s.scale);
     for (micro, ids) in mine.micro_batches.iter().enumerate() {
-        let chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
+        let mut chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
+        if cfg.loss.is_kto() {
+            // KTO's KL rows borrow completions within the micro-batch (TRL's per-device batch).
+            chunk = data::kto::with_kl(&chunk, chunk.len(), Some(cfg.max_length));
+        }
         let recompute = (plan.checkpointing || plan.per_part()).then(|| Checkpointing {
             dropout_seed: plan
                 .dropout
@@ -344,8 +348,9 @@ fn pair_tokens(pair: &TokenizedPair, max_length: usize, objective: Objective) ->
     let p = pair.prompt_ids.len();
     let chosen = (p + pair.chosen_ids.len()).min(max_length);
     let rejected = (p + pair.rejected_ids.len()).min(max_length);
-    match objective {
-        Objective::Sft => chosen as f64,
-        Objective::Dpo => (chosen + rejected) as f64,
+    // KTO's KL sequences are not counted (TRL counts the rows' attention masks).
+    match (objective, pair.label) {
+        (Objective::Sft, _) | (Objective::Dpo, Some(_)) => chosen as f64,
+        (Objective::Dpo, None) => (chosen + rejected) as f64,
     }
 }

@@ -108,11 +108,7 @@ impl Window {
                 workers.sum_f64(&mut fields)?;
                 let m = MetricSums::from_fields(fields).finish(loss_cfg);
                 row.record(&m);
-                let nll = m.nll_loss.map_or(String::new(), |v| format!(" | nll_loss {v:.4}"));
-                format!(
-                    "loss {:.4}{nll} | rewards/accuracies {:.3} | rewards/margins {:.4}",
-                    m.loss, m.rewards_accuracies, m.rewards_margins
-                )
+                m.headline(" | ")
             }
         };
         row.set_metric("num_tokens", state.num_tokens);

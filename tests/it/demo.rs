@@ -43,7 +43,8 @@ fn check_learning(run_dir: &Path, summary: &dpo_train::run::RunSummary) {
     assert!(last >= 0.85, "held-out rewards/accuracies reached only {last} ({eval:?})");
     assert!(last > first + 0.25, "held-out rewards/accuracies did not rise: {eval:?}");
     let test = summary.dpo.as_ref().unwrap().test.unwrap();
-    assert!(test.rewards_accuracies >= 0.85, "test rewards/accuracies {}", test.rewards_accuracies);
+    let accuracies = test.rewards_accuracies.expect("DPO logs rewards/accuracies");
+    assert!(accuracies >= 0.85, "test rewards/accuracies {accuracies}");
     let ((sft_right, asked), (dpo_right, asked_again)) = summary.demo_arithmetic.unwrap();
     assert_eq!(asked, asked_again);
     assert!(asked >= 100, "the test split asks {asked} arithmetic questions");

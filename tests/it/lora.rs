@@ -203,6 +203,7 @@ fn pairs() -> Vec<TokenizedPair> {
         prompt_ids: p.to_vec(),
         chosen_ids: c.to_vec(),
         rejected_ids: r.to_vec(),
+        label: None,
     };
     vec![pair(&[11, 45, 201], &[7, 99, 3, 150], &[42, 8]), pair(&[300, 2], &[17, 17, 88], &[120, 5, 64, 9, 31])]
 }

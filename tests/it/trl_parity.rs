@@ -214,7 +214,7 @@ fn pairs_of(input_ids: &[Vec<i64>], completion_mask: &[Vec<i64>]) -> Vec<Tokeniz
         .map(|i| {
             let ((prompt, chosen), (prompt_r, rejected)) = (split(i), split(b + i));
             assert_eq!(prompt, prompt_r, "pair {i}: chosen and rejected share the prompt");
-            TokenizedPair { line: i + 1, prompt_ids: prompt, chosen_ids: chosen, rejected_ids: rejected }
+            TokenizedPair { line: i + 1, prompt_ids: prompt, chosen_ids: chosen, rejected_ids: rejected, label: None }
         })
         .collect()
 }

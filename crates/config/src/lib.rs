@@ -239,6 +239,13 @@ train_config! {
     simpo_gamma: f64 = 0.5,
     /// AlphaPO's reward shape α for cpo, simpo and alphapo: r = (1 - p^(-α)) / α; 0: the log-prob itself.
     alpha: f64 = 0.0,
+    // --- KTO (TRL's KTOConfig) ---
+    /// KTO: weight of the desirable rows' losses (raise it when they are the fewer).
+    desirable_weight: f64 = 1.0,
+    /// KTO: weight of the undesirable rows' losses.
+    undesirable_weight: f64 = 1.0,
+    /// KTO: train on preference pairs, each as a desirable (chosen) and an undesirable (rejected) row, as TRL's unpair_preference_dataset.
+    unpair: bool = false,
     }
     rest {
     /// Compute the reference log-probs once before training (cached on disk) and free the reference.

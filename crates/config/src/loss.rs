@@ -51,11 +51,16 @@ pub enum LossType {
     /// ORPO (Hong et al. 2024), TRL's `ORPOTrainer`: the chosen sequences' NLL (prompt included)
     /// minus `β · log σ(log-odds ratio)` of the averaged log-probs; no reference.
     Orpo,
+    /// KTO (Ethayarajh et al. 2024), TRL's `KTOTrainer`: unpaired `prompt`/`completion`/`label`
+    /// rows, `1 - σ(β(r - z))` for a desirable row and `1 - σ(β(z - r))` for an undesirable one,
+    /// weighted by `desirable_weight` / `undesirable_weight`, with `z` the clamped KL estimate
+    /// from mismatched prompt/completion rows.
+    Kto,
 }
 
 impl LossType {
     /// Every loss type, in declaration order.
-    pub const ALL: [LossType; 19] = [
+    pub const ALL: [LossType; 20] = [
         Self::Sigmoid,
         Self::Hinge,
         Self::Ipo,
@@ -75,6 +80,7 @@ impl LossType {
         Self::Simpo,
         Self::Alphapo,
         Self::Orpo,
+        Self::Kto,
     ];
 
     /// The name TRL uses, for messages and logs.
@@ -99,6 +105,7 @@ impl LossType {
             Self::Simpo => "simpo",
             Self::Alphapo => "alphapo",
             Self::Orpo => "orpo",
+            Self::Kto => "kto",
         }
     }
 
@@ -117,6 +124,7 @@ impl LossType {
         match self {
             Self::Cpo | Self::Simpo | Self::Alphapo => "CPOTrainer",
             Self::Orpo => "ORPOTrainer",
+            Self::Kto => "KTOTrainer",
             _ => "DPOTrainer",
         }
     }
@@ -199,7 +207,49 @@ impl LossConfig {
         if self.discopop_tau <= 0.0 {
             return err("discopop_tau", format!("must be > 0, got {}", self.discopop_tau));
         }
-        self.validate_reference_free()
+        self.validate_reference_free()?;
+        self.validate_kto()
+    }
+
+    /// KTO trains alone, on the settings `KTOConfig` defines; `unpair` only means something to it.
+    fn validate_kto(&self) -> Result<(), LossConfigError> {
+        let err = |key, message: String| Err(LossConfigError { key, message });
+        for (key, value) in
+            [("desirable_weight", self.desirable_weight), ("undesirable_weight", self.undesirable_weight)]
+        {
+            if !(value.is_finite() && value >= 0.0) {
+                return err(key, format!("must be finite and >= 0, got {value}"));
+            }
+        }
+        if !self.is_kto() {
+            if self.unpair {
+                return err("unpair", "only applies to `kto`, which trains on unpaired rows".to_owned());
+            }
+            return Ok(());
+        }
+        if self.loss_type.len() > 1 {
+            let others: Vec<&str> = self.loss_type.iter().filter(|t| **t != LossType::Kto).map(|t| t.name()).collect();
+            return err(
+                "loss_type",
+                format!("`kto` trains alone (KTOTrainer has one loss), not with `{}`", others.join("`, `")),
+            );
+        }
+        let unsupported = [
+            ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
+            ("ld_alpha", self.ld_alpha.is_some()),
+            ("use_weighting", self.use_weighting),
+            ("label_smoothing", self.label_smoothing != 0.0),
+            ("reference_free", self.reference_free),
+        ];
+        if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
+            return err(key, "is not defined for `kto` (TRL's KTOTrainer has no such setting)".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Whether the loss is KTO (unpaired rows, each micro-batch's KL estimate).
+    pub fn is_kto(&self) -> bool {
+        self.loss_type.contains(&LossType::Kto)
     }
 
     /// The reference-free family trains alone, on settings its trainers define.

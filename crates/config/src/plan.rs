@@ -30,6 +30,9 @@ pub enum Rows {
     Dpo,
     Cpo,
     Orpo,
+    /// `KTOTrainer`'s: one prompt and completion a row, its completion kept whole up to
+    /// `max_length` so that the row can lend it to another's KL sequence.
+    Kto,
 }
 
 impl From<Option<usize>> for Truncation {
@@ -85,6 +88,7 @@ impl TrainConfig {
         let keep_end = crate::truncation_keeps_end(&self.truncation_mode)
             .map_err(|message| ConfigError::Invalid { key: "truncation_mode", message })?;
         let rows = match self.loss.family() {
+            None if self.loss.is_kto() => Rows::Kto,
             None => Rows::Dpo,
             Some(crate::LossType::Orpo) => Rows::Orpo,
             Some(_) => Rows::Cpo,

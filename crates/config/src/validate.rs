@@ -84,6 +84,46 @@ impl TrainConfig {
             return invalid("precompute_ref_log_probs", format!("has no reference to precompute with {why}"));
         }
         self.check_reference_free()?;
+        self.check_kto()
+    }
+
+    /// What KTO cannot run with: a micro-batch of one row (its KL sequence would be its own,
+    /// TRL's "Actual (not effective) batch size must be > 1"), keep_end, which `KTOTrainer` does
+    /// not define, precomputed reference log-probs (the KL rows are formed from the micro-batch
+    /// drawn, so their reference cannot be computed ahead), and the SFT stage (its rows are not
+    /// all desirable). `eval` checks its flags here too.
+    pub fn check_kto(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
+        if !self.loss.is_kto() {
+            return Ok(());
+        }
+        if self.per_device_train_batch_size < 2 {
+            return invalid(
+                "per_device_train_batch_size",
+                format!(
+                    "must be at least 2 with `kto`, got {}: KTO's KL estimate pairs each prompt with another row's completion of its micro-batch",
+                    self.per_device_train_batch_size
+                ),
+            );
+        }
+        if self.truncation_mode == "keep_end" {
+            return invalid(
+                "truncation_mode",
+                "`keep_end` is not defined for `kto`: TRL's KTOTrainer keeps each sequence's start".to_owned(),
+            );
+        }
+        if self.precompute_ref_log_probs {
+            return invalid(
+                "precompute_ref_log_probs",
+                "is not supported with `kto`: its KL rows are formed from each micro-batch drawn, so their reference log-probs cannot be computed ahead".to_owned(),
+            );
+        }
+        if self.sft_steps > 0 {
+            return invalid(
+                "sft_steps",
+                "cannot precede `kto`: its rows are desirable and undesirable completions, not targets".to_owned(),
+            );
+        }
         Ok(())
     }
 

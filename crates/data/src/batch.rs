@@ -101,6 +101,8 @@ pub struct Batch {
     /// With ORPO's rows, whether each scored prediction is a chosen prompt's token (scored for
     /// ORPO's NLL, which covers the prompt, and kept out of the sequence log-prob); empty otherwise.
     pub prompt_token: Vec<bool>,
+    /// With KTO's rows (`[own; KL]` sequences), whether each row is desirable; empty for pairs.
+    pub desirable: Vec<bool>,
 }
 
 impl Batch {
@@ -128,6 +130,7 @@ pub fn collate(pairs: &[TokenizedPair], pad_id: u32, truncation: impl Into<Trunc
     let seqs: Vec<Seq> = chosen.chain(rejected).collect();
     let mut b = Builder::new(&seqs, pairs.len());
     b.score_prompts = t.rows == Rows::Orpo;
+    b.batch.desirable = pairs.iter().filter_map(|p| p.label).collect();
     match packing.under(t) {
         Packing::Padded => padded(b, &seqs, pad_id),
         Packing::Packed => packed(b, &seqs),
@@ -190,6 +193,7 @@ impl Builder {
                 lengths: seqs.iter().map(|(p, c)| p.len() + c.len()).collect(),
                 completion_lengths: seqs.iter().map(|(_, c)| c.len()).collect(),
                 prompt_token: Vec::new(),
+                desirable: Vec::new(),
             },
             score_prompts: false,
         }
@@ -280,6 +284,7 @@ mod tests {
             prompt_ids: prompt.to_vec(),
             chosen_ids: chosen.to_vec(),
             rejected_ids: rejected.to_vec(),
+            label: None,
         }
     }
 

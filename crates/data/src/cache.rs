@@ -5,7 +5,7 @@
 //! that tokenised them; a changed input changes the key, so nothing stale is reused.
 //!
 //! An entry is one file, written atomically: a magic line, the [`DataSummary`] as JSON, then per
-//! pair its line and three lengths, then the ids, all little-endian, and last the SHA-256 of all
+//! pair its line (an unpaired row's label in the top bits) and three lengths, then the ids, all little-endian, and last the SHA-256 of all
 //! that. [`load`] checks the sum, the lengths and every id against the tokenizer's vocabulary
 //! before anything is used: a damaged entry (a flipped byte, a truncated file) is reported, never
 //! read, and tokenised again.
@@ -19,7 +19,11 @@ use super::load::{LoadOptions, hub};
 use super::prepare::{DataSummary, Prepared};
 use super::tokenize::{TokenizedPair, Truncation};
 
-const MAGIC: &[u8; 8] = b"DPOTOK02";
+const MAGIC: &[u8; 8] = b"DPOTOK03";
+
+/// A pair's line word: bit 63 marks an unpaired (KTO) row, bit 62 holds its label.
+const UNPAIRED: u64 = 1 << 63;
+const DESIRABLE: u64 = 1 << 62;
 
 /// The trailing SHA-256.
 const SUM: u64 = 32;
@@ -61,7 +65,7 @@ pub fn entry(
     let built = exe.map(|m| (m.len(), m.modified().ok()));
     let c = &opts.columns;
     let settings = format!(
-        "{}|{:?}|{}|{}|{}|{:?}|{}|{max_length:?}|{keep_end}|{rows:?}|{built:?}",
+        "{}|{:?}|{}|{}|{}|{:?}|{}|{:?}|{max_length:?}|{keep_end}|{rows:?}|{built:?}",
         String::from_utf8_lossy(MAGIC),
         files.len(),
         c.prompt,
@@ -69,7 +73,8 @@ pub fn entry(
         c.rejected,
         // The split only chooses among a directory's files.
         opts.split.as_ref().filter(|_| data.is_dir()),
-        opts.skip_bad_rows
+        opts.skip_bad_rows,
+        opts.rows,
     );
     hash.update(settings.as_bytes());
     let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
@@ -100,7 +105,11 @@ pub fn store(path: &Path, prepared: &Prepared) -> std::io::Result<()> {
         out.write_all(&summary)?;
         out.write_all(&(prepared.pairs.len() as u64).to_le_bytes())?;
         for p in &prepared.pairs {
-            out.write_all(&(p.line as u64).to_le_bytes())?;
+            let label = match p.label {
+                None => 0,
+                Some(desirable) => UNPAIRED | if desirable { DESIRABLE } else { 0 },
+            };
+            out.write_all(&(p.line as u64 | label).to_le_bytes())?;
             for ids in [&p.prompt_ids, &p.chosen_ids, &p.rejected_ids] {
                 out.write_all(&(ids.len() as u32).to_le_bytes())?;
             }
@@ -211,21 +220,23 @@ fn parse(input: &mut impl Read, size: u64) -> Option<Prepared> {
     let n = usize::try_from(n).ok()?;
     let mut heads = Vec::with_capacity(n);
     for _ in 0..n {
-        let line = usize::try_from(read_u64(input)?).ok()?;
+        let word = read_u64(input)?;
+        let label = (word & UNPAIRED != 0).then_some(word & DESIRABLE != 0);
+        let line = usize::try_from(word & !(UNPAIRED | DESIRABLE)).ok()?;
         let mut lens = [0usize; 3];
         for len in &mut lens {
             *len = read_u32(input)? as usize;
         }
-        heads.push((line, lens));
+        heads.push((line, label, lens));
     }
-    let ids: u64 = heads.iter().map(|(_, lens)| lens.iter().map(|&l| l as u64).sum::<u64>()).sum();
+    let ids: u64 = heads.iter().map(|(_, _, lens)| lens.iter().map(|&l| l as u64).sum::<u64>()).sum();
     if heads_at + 20 * n as u64 + 4 * ids != size {
         return None;
     }
     let mut pairs = Vec::with_capacity(n);
-    for (line, [p, c, r]) in heads {
+    for (line, label, [p, c, r]) in heads {
         let mut ids = |len| read_ids(input, len);
-        pairs.push(TokenizedPair { line, prompt_ids: ids(p)?, chosen_ids: ids(c)?, rejected_ids: ids(r)? });
+        pairs.push(TokenizedPair { line, prompt_ids: ids(p)?, chosen_ids: ids(c)?, rejected_ids: ids(r)?, label });
     }
     Some(Prepared { pairs, summary })
 }

@@ -106,6 +106,11 @@ pub enum DataError {
     /// `reasons` counts each ("3 have chosen identical to rejected, ...").
     #[error("All {total} examples were dropped: {reasons}")]
     NothingLeft { total: usize, reasons: String },
+    /// KTO data whose rows all carry one label: its KL estimate and loss need both kinds.
+    #[error(
+        "field `label`: all {rows} rows are {label}; KTO needs desirable (true) and undesirable (false) rows, as its KL estimate and loss compare both"
+    )]
+    OneLabel { rows: usize, label: bool },
     /// Ctrl-C (or SIGTERM) while the data was read and tokenised: nothing was kept or written.
     #[error("interrupted while tokenising: nothing was written")]
     Interrupted,
@@ -173,6 +178,19 @@ pub enum RowProblem {
         "field `{field}` is present but the first row (line {first_line}) has none, so the prompt is implicit in this dataset"
     )]
     PromptAppears { field: String, first_line: usize },
+    /// A field that must be a boolean (KTO's `label`) is not one.
+    #[error("field `{field}` must be a boolean (true: desirable, false: undesirable), found {found}")]
+    NotBoolean { field: String, found: String },
+    /// A preference pair in data read for KTO without `unpair`.
+    #[error(
+        "fields `{chosen}`/`{rejected}` make a preference pair, but `kto` reads `prompt`/`completion`/`label` rows: set `unpair = true` (`--unpair true`) to train on each pair as a desirable and an undesirable row"
+    )]
+    PairedForKto { chosen: String, rejected: String },
+    /// An unpaired (KTO) row in data read as preference pairs.
+    #[error(
+        "fields `completion`/`label` make an unpaired row, which only `loss_type = kto` reads; pairs need `{chosen}` and `{rejected}`"
+    )]
+    UnpairedForPairs { chosen: String, rejected: String },
     /// Implicit-prompt conversations whose first messages already differ.
     #[error("fields `{chosen}` and `{rejected}` share no leading message, so no prompt can be extracted")]
     NoSharedPrompt { chosen: String, rejected: String },

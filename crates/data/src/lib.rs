@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod cache;
 pub mod error;
+pub mod kto;
 pub mod load;
 mod pair;
 pub mod prepare;
@@ -21,7 +22,7 @@ pub mod tokenizer;
 pub use batch::{Batch, Packing, Span, collate, collate_chosen};
 pub use error::{DataError, RowProblem};
 pub use load::{
-    Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, SkippedRow, Text, load_preferences, read_rows,
+    Columns, LoadOptions, Loaded, PreferenceRow, ReadSummary, RowKind, SkippedRow, Text, load_preferences, read_rows,
 };
 pub use prepare::{DataSummary, Prepared, TokenizeControl, prepare};
 pub use report::{DataReport, ReportInput};

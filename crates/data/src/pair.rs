@@ -11,9 +11,18 @@ pub struct TokenizedPair {
     pub chosen_ids: Vec<u32>,
     /// Rejected completion ids.
     pub rejected_ids: Vec<u32>,
+    /// `None` for a preference pair. For an unpaired (KTO) row, its label (true: desirable):
+    /// its completion is `chosen_ids`, and `rejected_ids` is empty until [`crate::kto`] puts
+    /// there the completion its KL sequence borrows from another row.
+    pub label: Option<bool>,
 }
 
 impl TokenizedPair {
+    /// An unpaired (KTO) row.
+    pub fn unpaired(line: usize, prompt_ids: Vec<u32>, completion_ids: Vec<u32>, desirable: bool) -> Self {
+        Self { line, prompt_ids, chosen_ids: completion_ids, rejected_ids: Vec::new(), label: Some(desirable) }
+    }
+
     /// Tokens of the pair's longer sequence, prompt included.
     pub fn longest(&self) -> usize {
         self.prompt_ids.len() + self.chosen_ids.len().max(self.rejected_ids.len())

@@ -203,6 +203,7 @@ mod tests {
             prompt_ids: prompt.to_vec(),
             chosen_ids: vec![7; chosen],
             rejected_ids: vec![7; rejected],
+            label: None,
         }
     }
 

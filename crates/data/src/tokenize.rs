@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
-use crate::tokenizer::{Message, Tokenizer, TokenizerError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
 
 pub use super::pair::{TokenizedPair, common_prefix_length};
 pub use dpo_config::{Rows, Truncation};
@@ -112,14 +112,19 @@ impl<'a> Tokenizing<'a> {
                 (true, _) => Err(DataError::Interrupted),
                 (false, Rows::Dpo) => tokenize_row(row, tok, max_length),
                 (false, Rows::Cpo | Rows::Orpo) => super::tokenize_cpo::tokenize_row(row, tok, max_length),
+                (false, Rows::Kto) => super::kto::tokenize_row(row, tok, max_length),
             })
             .collect();
         if stopped() {
             return Err(DataError::Interrupted);
         }
-        let report = &mut self.report;
         for (row, result) in rows.iter().zip(tokenized) {
             let (mut pair, prefix_mismatch) = result?;
+            if pair.label.is_some() {
+                self.push_unpaired(pair, prefix_mismatch);
+                continue;
+            }
+            let report = &mut self.report;
             if row.chosen == row.rejected {
                 // Nothing to prefer: ln 2 on the loss, no gradient, a zero margin in every mean.
                 report.identical.push(pair.line);
@@ -159,9 +164,40 @@ impl<'a> Tokenizing<'a> {
         Ok(())
     }
 
+    /// Keeps or drops an unpaired (KTO) row as `_prepare_dataset` does: dropped when its prompt
+    /// alone fills `max_length`; its completion kept to `max_length` ids, which any prompt's KL
+    /// sequence can use (the collation cuts each sequence to `max_length`).
+    fn push_unpaired(&mut self, mut row: TokenizedPair, prefix_mismatch: bool) {
+        let report = &mut self.report;
+        if prefix_mismatch {
+            report.prefix_mismatch.push(row.line);
+        }
+        if let Some(max) = self.truncation.max_length {
+            if row.prompt_ids.len() >= max {
+                report.dropped_prompt_too_long.push(row.line);
+                return;
+            }
+            report.truncated += usize::from(row.prompt_ids.len() + row.chosen_ids.len() > max);
+            row.chosen_ids.truncate(max);
+        }
+        if row.chosen_ids.is_empty() {
+            report.empty_completion.push(row.line);
+            return;
+        }
+        row.prompt_ids.shrink_to_fit();
+        row.chosen_ids.shrink_to_fit();
+        self.pairs.push(row);
+    }
+
     /// The pairs kept and what happened to the rest; an error when none is kept.
     pub fn finish(self) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
         let (pairs, mut report) = (self.pairs, self.report);
+        if self.truncation.rows == Rows::Kto && !pairs.is_empty() {
+            let desirable = pairs.iter().filter(|p| p.label == Some(true)).count();
+            if desirable == 0 || desirable == pairs.len() {
+                return Err(DataError::OneLabel { rows: pairs.len(), label: desirable > 0 });
+            }
+        }
         if pairs.is_empty() {
             let r = &report;
             let (too_long, empty, identical) =
@@ -210,29 +246,12 @@ fn tokenize_row(
 ) -> Result<(TokenizedPair, bool), DataError> {
     let err = |field: &'static str| move |source| DataError::Tokenize { line: row.line, field, source };
     let keep = max_length.unwrap_or(usize::MAX);
-    let (prompt_ids, chosen_full, rejected_full) = match (&row.prompt, &row.chosen, &row.rejected) {
-        (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
-            let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
-            (
-                encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?,
-                tok.encode_chat_head(&joined(c), false, keep).map_err(err("chosen"))?,
-                tok.encode_chat_head(&joined(r), false, keep).map_err(err("rejected"))?,
-            )
-        }
-        (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => {
-            let eos = tok.eos_token();
-            let with_eos = |s: &str| {
-                if s.ends_with(eos) { s.to_string() } else { format!("{s}{eos}") }
-            };
-            (
-                encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?,
-                tok.encode_head(&format!("{p}{}", with_eos(c)), true, keep).map_err(err("chosen"))?,
-                tok.encode_head(&format!("{p}{}", with_eos(r)), true, keep).map_err(err("rejected"))?,
-            )
-        }
-        // The loader never mixes kinds within a row; a hand-built row might.
-        _ => return Err(DataError::MixedRow { line: row.line }),
-    };
+    if row.prompt.is_messages() != row.chosen.is_messages() {
+        return Err(DataError::MixedRow { line: row.line });
+    }
+    let prompt_ids = encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?;
+    let chosen_full = encode_full(tok, row, &row.chosen, "chosen", keep)?;
+    let rejected_full = encode_full(tok, row, &row.rejected, "rejected", keep)?;
     let prompt_len =
         common_prefix_length(&prompt_ids, &chosen_full).min(common_prefix_length(&prompt_ids, &rejected_full));
     let pair = TokenizedPair {
@@ -240,8 +259,35 @@ fn tokenize_row(
         prompt_ids: prompt_ids[..prompt_len].to_vec(),
         chosen_ids: chosen_full[prompt_len..].to_vec(),
         rejected_ids: rejected_full[prompt_len..].to_vec(),
+        label: None,
     };
     Ok((pair, prompt_len < prompt_ids.len()))
+}
+
+/// `prompt + completion` as `tokenize_fn` encodes it, its first `keep` ids: messages through the
+/// chat template without the generation prompt; plain text with the tokenizer's special tokens,
+/// the eos text appended to a completion that does not end with it (`add_eos`).
+/// `field` names the completion in errors.
+pub(crate) fn encode_full(
+    tok: &Tokenizer,
+    row: &PreferenceRow,
+    completion: &Text,
+    field: &'static str,
+    keep: usize,
+) -> Result<Vec<u32>, DataError> {
+    let err = |source| DataError::Tokenize { line: row.line, field, source };
+    match (&row.prompt, completion) {
+        (Text::Messages(p), Text::Messages(c)) => {
+            tok.encode_chat_head(&[p.as_slice(), c].concat(), false, keep).map_err(err)
+        }
+        (Text::Plain(p), Text::Plain(c)) => {
+            let eos = tok.eos_token();
+            let c = if c.ends_with(eos) { c.clone() } else { format!("{c}{eos}") };
+            tok.encode_head(&format!("{p}{c}"), true, keep).map_err(err)
+        }
+        // The loader never mixes kinds within a row; a hand-built row might.
+        _ => Err(DataError::MixedRow { line: row.line }),
+    }
 }
 
 /// A prompt's ids as training encodes it (`keep`: as in [`Tokenizer::encode_head`]): plain text
@@ -258,6 +304,7 @@ pub fn encode_prompt(tok: &Tokenizer, prompt: &Text, keep: usize) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::Message;
     use crate::tokenizer::test_support::{CHATML, write_test_tokenizer};
     use std::path::PathBuf;
 
@@ -274,6 +321,7 @@ mod tests {
             prompt: Text::Plain(p.into()),
             chosen: Text::Plain(c.into()),
             rejected: Text::Plain(r.into()),
+            label: None,
         }
     }
 
@@ -304,6 +352,7 @@ mod tests {
             prompt: Text::Messages(vec![m("user", "hi")]),
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
+            label: None,
         }];
         let (pairs, _) = tokenize(&rows, &tok, None).unwrap();
         // "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" -> WhitespaceSplit words.
@@ -328,6 +377,7 @@ mod tests {
             prompt: Text::Messages(vec![m("user", user)]),
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
+            label: None,
         };
         let plain = plain_row(5, "hi", " blue", " green");
         let err = tokenize(&[row(3, "hi")], &tok, None).unwrap_err();
@@ -380,6 +430,7 @@ mod tests {
             prompt: Text::Messages(vec![m("user", "hi")]),
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
+            label: None,
         }];
         let err = tokenize(&rows, &tok, None).unwrap_err();
         assert_eq!(err.to_string(), "line 3: cannot tokenise field `prompt`");
@@ -389,6 +440,7 @@ mod tests {
             prompt: Text::Plain("hi".into()),
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Plain("green".into()),
+            label: None,
         }];
         let err = tokenize(&mixed, &tok, None).unwrap_err();
         assert_eq!(err.to_string(), "line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists");

@@ -71,7 +71,7 @@ pub(super) fn tokenize_row(
             ids.push(eos);
         }
     }
-    Ok((TokenizedPair { line: row.line, prompt_ids, chosen_ids, rejected_ids }, mismatch))
+    Ok((TokenizedPair { line: row.line, prompt_ids, chosen_ids, rejected_ids, label: None }, mismatch))
 }
 
 /// The longest common prefix of `a` and `b`, at a character boundary.
@@ -94,7 +94,7 @@ mod tests {
 
     fn row(p: &str, c: &str, r: &str) -> PreferenceRow {
         let t = |s: &str| Text::Plain(s.to_owned());
-        PreferenceRow { line: 1, prompt: t(p), chosen: t(c), rejected: t(r) }
+        PreferenceRow { line: 1, prompt: t(p), chosen: t(c), rejected: t(r), label: None }
     }
 
     /// bos prepended once, eos appended unless the completion ends with it; a completion that

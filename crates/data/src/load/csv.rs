@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use super::{LineIndex, LoadOptions, PreferenceRow, Rows, Text, build_row};
+use super::{
+    COMPLETION, LABEL, LineIndex, LoadOptions, PreferenceRow, RowKind, Rows, Text, build_row, build_unpaired_row,
+};
 use crate::error::{DataError, RowProblem};
 
 /// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
@@ -34,10 +36,28 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
             header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
         },
     };
-    let chosen_at = find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?;
-    let rejected_at = find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?;
-    let prompt_at = find(&cols.prompt);
-    rows.implicit = Some((prompt_at.is_none(), 1));
+    let paired = find(&cols.chosen).is_some() || find(&cols.rejected).is_some();
+    let unpaired = find(COMPLETION).is_some() && find(LABEL).is_some();
+    let shape = match opts.rows {
+        RowKind::Unpaired { .. } if unpaired || !paired => Shape::Unpaired {
+            prompt: find(&cols.prompt).ok_or_else(|| missing(&cols.prompt))?,
+            completion: find(COMPLETION).ok_or_else(|| missing(COMPLETION))?,
+            label: find(LABEL).ok_or_else(|| missing(LABEL))?,
+        },
+        RowKind::Unpaired { unpair: false } => {
+            Shape::Refused(RowProblem::PairedForKto { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() })
+        }
+        RowKind::Pairs if unpaired && !paired => Shape::Refused(RowProblem::UnpairedForPairs {
+            chosen: cols.chosen.clone(),
+            rejected: cols.rejected.clone(),
+        }),
+        _ => Shape::Pairs {
+            chosen: find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
+            rejected: find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
+            prompt: find(&cols.prompt),
+        },
+    };
+    rows.implicit = Some((matches!(shape, Shape::Pairs { prompt: None, .. }), 1));
     loop {
         match reader.read_byte_record(&mut record) {
             Ok(false) => break,
@@ -61,17 +81,55 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
             Ok(Text::Plain(s.to_string()))
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            let prompt = match prompt_at {
-                Some(at) => Some(field(at, &cols.prompt)?),
-                None => None,
-            };
-            let chosen = field(chosen_at, &cols.chosen)?;
-            let rejected = field(rejected_at, &cols.rejected)?;
-            build_row(line, prompt, chosen, rejected, cols)
+            match &shape {
+                Shape::Pairs { chosen, rejected, prompt } => {
+                    let prompt = match prompt {
+                        Some(at) => Some(field(*at, &cols.prompt)?),
+                        None => None,
+                    };
+                    build_row(line, prompt, field(*chosen, &cols.chosen)?, field(*rejected, &cols.rejected)?, cols)
+                }
+                Shape::Unpaired { prompt, completion, label } => {
+                    let Text::Plain(value) = field(*label, LABEL)? else { unreachable!("CSV fields are text") };
+                    // pandas (under `datasets`) reads these spellings as booleans.
+                    let label = match value.trim() {
+                        "true" | "True" | "TRUE" => true,
+                        "false" | "False" | "FALSE" => false,
+                        other => {
+                            let found = format!("`{other}`");
+                            return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found });
+                        }
+                    };
+                    build_unpaired_row(
+                        line,
+                        field(*prompt, &cols.prompt)?,
+                        field(*completion, COMPLETION)?,
+                        label,
+                        cols,
+                    )
+                }
+                Shape::Refused(problem) => Err(problem.clone()),
+            }
         })();
         rows.push(line, parsed)?;
     }
     Ok(())
+}
+
+/// Which columns a CSV file's rows are read from.
+enum Shape {
+    Pairs {
+        chosen: usize,
+        rejected: usize,
+        prompt: Option<usize>,
+    },
+    Unpaired {
+        prompt: usize,
+        completion: usize,
+        label: usize,
+    },
+    /// Rows of the other kind than the loss reads: each is this problem.
+    Refused(RowProblem),
 }
 
 /// The header row's column names.

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use serde_json::Value;
 
 use self::json::{is_json_lines, read_json_array, read_json_lines};
-use self::row::{build_row, json_kind, text_field};
+use self::row::{build_row, build_unpaired_row, json_kind, text_field};
 use crate::error::{DataError, RowProblem};
 use crate::tokenizer::Message;
 
@@ -65,7 +65,36 @@ pub struct LoadOptions {
     /// The split a dataset directory is read for (`dataset_train_split`, `dataset_test_split`);
     /// `None` reads `train`. A file is read whole.
     pub split: Option<String>,
+    /// Which rows the loss reads: preference pairs, or KTO's unpaired rows.
+    pub rows: RowKind,
 }
+
+/// Which rows a file is read for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RowKind {
+    /// `prompt`/`chosen`/`rejected` preference pairs (the prompt possibly implicit).
+    #[default]
+    Pairs,
+    /// KTO's `prompt`/`completion`/`label` rows; with `unpair`, a pair is taken as its chosen row
+    /// (label true) and its rejected row (false), ordered as TRL's `unpair_preference_dataset`
+    /// orders them (see [`UNPAIR_BLOCK`]).
+    Unpaired { unpair: bool },
+}
+
+impl RowKind {
+    /// The rows `loss` trains on.
+    pub fn of(loss: &dpo_config::LossConfig) -> Self {
+        if loss.is_kto() { Self::Unpaired { unpair: loss.unpair } } else { Self::Pairs }
+    }
+}
+
+/// TRL's `unpair_preference_dataset` is a batched `datasets.map` (batches of 1000 rows) that
+/// puts a batch's chosen rows before its rejected ones; unpaired rows keep that order.
+pub const UNPAIR_BLOCK: usize = 1000;
+
+/// KTO's column names (`KTOTrainer` takes no others).
+pub const COMPLETION: &str = "completion";
+pub const LABEL: &str = "label";
 
 /// A prompt or completion: plain text or a list of chat messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +124,14 @@ impl Text {
             Text::Messages(m) => m.is_empty(),
         }
     }
+
+    /// The empty text of the same kind (an unpaired row's `rejected`).
+    fn empty_like(&self) -> Text {
+        match self {
+            Text::Plain(_) => Text::Plain(String::new()),
+            Text::Messages(_) => Text::Messages(Vec::new()),
+        }
+    }
 }
 
 /// One preference example.
@@ -106,8 +143,11 @@ pub struct PreferenceRow {
     pub prompt: Text,
     /// The preferred completion.
     pub chosen: Text,
-    /// The dispreferred completion.
+    /// The dispreferred completion; empty in an unpaired row.
     pub rejected: Text,
+    /// An unpaired (KTO) row's label, whose completion is `chosen`: true for a desirable
+    /// completion; `None` for a preference pair.
+    pub label: Option<bool>,
 }
 /// A row that `skip_bad_rows` skipped.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -286,6 +326,9 @@ struct Rows<'a> {
     /// The first good row's number and whether it is conversational.
     first: Option<(usize, bool)>,
     chunk: Vec<PreferenceRow>,
+    /// Which rows are read, and the pairs waiting to be unpaired (see [`UNPAIR_BLOCK`]).
+    kind: RowKind,
+    pending: Vec<PreferenceRow>,
     kept: usize,
     skipped: Vec<SkippedRow>,
     /// Bytes of the file read so far (compressed bytes for gzip).
@@ -305,6 +348,8 @@ impl<'a> Rows<'a> {
             implicit: None,
             first: None,
             chunk: Vec::with_capacity(CHUNK_ROWS),
+            kind: opts.rows,
+            pending: Vec::new(),
             kept: 0,
             skipped: Vec::new(),
             bytes: Rc::default(),
@@ -344,6 +389,24 @@ impl<'a> Rows<'a> {
             return self.bad_row(line, RowProblem::NotAnObject { found: json_kind(value) });
         };
         let cols = self.cols;
+        let paired = obj.contains_key(&cols.chosen) || obj.contains_key(&cols.rejected);
+        let unpaired = obj.contains_key(COMPLETION) && obj.contains_key(LABEL);
+        match self.kind {
+            RowKind::Unpaired { .. } if !paired || unpaired => {
+                self.implicit.get_or_insert((false, line));
+                return self.push(line, unpaired_value(line, obj, cols));
+            }
+            RowKind::Unpaired { unpair: false } => {
+                let problem = RowProblem::PairedForKto { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() };
+                return self.bad_row(line, problem);
+            }
+            RowKind::Pairs if unpaired && !paired => {
+                let problem =
+                    RowProblem::UnpairedForPairs { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() };
+                return self.bad_row(line, problem);
+            }
+            _ => {}
+        }
         let has_prompt = obj.contains_key(&cols.prompt);
         // The first good row decides; a bad one decides nothing (it is skipped or is the error).
         let deciding = self.implicit.is_none();
@@ -382,6 +445,36 @@ impl<'a> Rows<'a> {
             }
             Some(_) => {}
         }
+        if self.kind == (RowKind::Unpaired { unpair: true }) && row.label.is_none() {
+            self.pending.push(row);
+            if self.pending.len() == UNPAIR_BLOCK {
+                self.unpair_pending()?;
+            }
+            return Ok(());
+        }
+        self.keep(row)
+    }
+
+    /// Hands the waiting pairs over as unpaired rows: their chosen rows, then their rejected ones.
+    fn unpair_pending(&mut self) -> Result<(), DataError> {
+        let pairs = std::mem::take(&mut self.pending);
+        let chosen = pairs.iter().map(|p| (p, p.chosen.clone(), true));
+        let rejected = pairs.iter().map(|p| (p, p.rejected.clone(), false));
+        for (pair, completion, label) in chosen.chain(rejected).collect::<Vec<_>>() {
+            let rejected = completion.empty_like();
+            let row = PreferenceRow {
+                line: pair.line,
+                prompt: pair.prompt.clone(),
+                chosen: completion,
+                rejected,
+                label: Some(label),
+            };
+            self.keep(row)?;
+        }
+        Ok(())
+    }
+
+    fn keep(&mut self, row: PreferenceRow) -> Result<(), DataError> {
         self.chunk.push(row);
         if self.chunk.len() == CHUNK_ROWS {
             self.flush()?;
@@ -401,6 +494,7 @@ impl<'a> Rows<'a> {
 
     /// The file's summary: an error when no row is left.
     fn finish(&mut self) -> Result<ReadSummary, DataError> {
+        self.unpair_pending()?;
         self.flush()?;
         // A `.json` array's syntax error is found before its rows are checked; report in file order.
         self.skipped.sort_by_key(|s| s.line);
@@ -419,6 +513,23 @@ impl<'a> Rows<'a> {
             conversational: self.first.is_some_and(|(_, c)| c),
         })
     }
+}
+
+/// An unpaired (KTO) row from a JSON object: `prompt`, `completion` and a boolean `label`.
+fn unpaired_value(
+    line: usize,
+    obj: &serde_json::Map<String, Value>,
+    cols: &Columns,
+) -> Result<PreferenceRow, RowProblem> {
+    let get = |field: &str| obj.get(field).ok_or_else(|| RowProblem::MissingField { field: field.to_string() });
+    let prompt = text_field(get(&cols.prompt)?, &cols.prompt)?;
+    let completion = text_field(get(COMPLETION)?, COMPLETION)?;
+    let label = match get(LABEL)? {
+        Value::Bool(b) => *b,
+        Value::Null => return Err(RowProblem::Null { field: LABEL.to_owned() }),
+        other => return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found: json_kind(other).to_owned() }),
+    };
+    build_unpaired_row(line, prompt, completion, label, cols)
 }
 
 /// Byte offsets of the newlines of a file, to turn byte offsets into 1-based line numbers.

@@ -13,7 +13,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
-use super::{LoadOptions, ReadSummary, Rows};
+use super::{COMPLETION, LABEL, LoadOptions, ReadSummary, RowKind, Rows};
 use crate::error::DataError;
 
 /// Rows decoded at a time.
@@ -32,12 +32,23 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
         column: column.to_owned(),
         found: fields.iter().map(|f| format!("`{}`", f.name())).collect::<Vec<_>>().join(", "),
     };
-    let wanted = [
-        index(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
-        index(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
-    ];
+    let paired = index(&cols.chosen).is_some() || index(&cols.rejected).is_some();
+    let unpaired = index(COMPLETION).is_some() && index(LABEL).is_some();
+    // KTO's rows where the loss reads them (a mismatch is each row's error, from `push_value`).
+    let kto = match opts.rows {
+        RowKind::Unpaired { .. } => unpaired || !paired,
+        RowKind::Pairs => unpaired && !paired,
+    };
+    let texts: Vec<&str> = if kto { vec![COMPLETION] } else { vec![&cols.chosen, &cols.rejected] };
+    let mut wanted = Vec::new();
+    for name in &texts {
+        wanted.push(index(name).ok_or_else(|| missing(name))?);
+    }
     let prompt = index(&cols.prompt);
-    for i in wanted.into_iter().chain(prompt) {
+    if kto && prompt.is_none() && unpaired {
+        return Err(missing(&cols.prompt));
+    }
+    for &i in wanted.iter().chain(&prompt) {
         let field = &fields[i];
         if !readable(field.data_type()) {
             return Err(DataError::ColumnType {
@@ -47,14 +58,19 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
             });
         }
     }
+    let label = if kto { index(LABEL) } else { None };
     let builder_rows = builder.metadata().file_metadata().num_rows();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), wanted.into_iter().chain(prompt));
+    let mask = ProjectionMask::roots(builder.parquet_schema(), wanted.iter().copied().chain(prompt).chain(label));
     let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| err(e.to_string()))?;
 
     // TRL extracts the prompt when the dataset has no prompt column.
     rows.implicit = Some((prompt.is_none(), 0));
     let total = u64::try_from(builder_rows).unwrap_or(0).max(1);
-    let names = [cols.prompt.as_str(), &cols.chosen, &cols.rejected];
+    let names: Vec<&str> = if kto {
+        vec![cols.prompt.as_str(), COMPLETION, LABEL, &cols.chosen, &cols.rejected]
+    } else {
+        vec![cols.prompt.as_str(), &cols.chosen, &cols.rejected]
+    };
     let mut row = 0;
     for batch in reader {
         let batch = batch.map_err(|e| err(e.to_string()))?;
@@ -89,7 +105,10 @@ fn cell(column: &ArrayRef, i: usize) -> Value {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column.as_ref(), i),
         DataType::List(_) => messages(column.as_list::<i32>(), i),
         DataType::LargeList(_) => messages(column.as_list::<i64>(), i),
-        _ => Value::Null,
+        // KTO's label; any other column type reaches the row check as what it is.
+        DataType::Boolean => Value::Bool(column.as_boolean().value(i)),
+        t if t.is_integer() || t.is_floating() => Value::Number(0.into()),
+        _ => Value::String(String::new()),
     }
 }
 

@@ -90,7 +90,34 @@ pub(super) fn build_row(
         Some(p) => (p, chosen, rejected),
         None => extract_prompt(chosen, rejected, cols)?,
     };
-    Ok(PreferenceRow { line, prompt, chosen, rejected })
+    Ok(PreferenceRow { line, prompt, chosen, rejected, label: None })
+}
+
+/// Validates an unpaired (KTO) row: its prompt (required: KTO has no implicit prompt) and
+/// completion of one kind, neither empty.
+pub(super) fn build_unpaired_row(
+    line: usize,
+    prompt: Text,
+    completion: Text,
+    label: bool,
+    cols: &Columns,
+) -> Result<PreferenceRow, RowProblem> {
+    if prompt.is_messages() != completion.is_messages() {
+        return Err(RowProblem::MixedKinds {
+            field: cols.prompt.clone(),
+            kind: prompt.kind(),
+            other: super::COMPLETION.to_owned(),
+            other_kind: completion.kind(),
+        });
+    }
+    if prompt.is_messages() && prompt.is_empty() {
+        return Err(RowProblem::Empty { field: cols.prompt.clone() });
+    }
+    if completion.is_empty() {
+        return Err(RowProblem::Empty { field: super::COMPLETION.to_owned() });
+    }
+    let rejected = completion.empty_like();
+    Ok(PreferenceRow { line, prompt, chosen: completion, rejected, label: Some(label) })
 }
 
 /// TRL 1.16 `trl/data_utils.py` `extract_prompt` (lines 623-632), kept exactly:

@@ -1,0 +1,40 @@
+//! KTO (Ethayarajh et al. 2024) as TRL 1.16's `KTOTrainer._compute_loss` computes it
+//! (`trl/trainer/kto_trainer.py` lines 1370-1563), on a batch of `[own; KL]` sequences (see
+//! `data::kto`): the KL estimate `z = max(0, mean(log π(y'|x) - log π_ref(y'|x)))` over the
+//! batch's mismatched rows, detached, then per row `1 - σ(β(r - z))` where desirable and
+//! `1 - σ(β(z - r))` where not (`r` its log-ratio), weighted and averaged over the rows.
+//!
+//! TRL averages `z` over the ranks' batches of a step; here each micro-batch's own rows give it,
+//! so N ranks compute what one device computes for the same micro-batches.
+
+use burn::tensor::activation::sigmoid;
+use burn::tensor::{Tensor, TensorData};
+
+use super::pair_scores::PairScores;
+use crate::config::LossConfig;
+
+/// The scalar loss of one batch of KTO rows.
+///
+/// # Shapes
+/// - every tensor field of `s`: `[B]` (the `rejected_*` ones are the KL rows); returns `[1]`
+pub fn loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
+    let device = s.chosen_logps.device();
+    let b = s.desirable.len();
+    let desirable = Tensor::<1>::from_data(TensorData::new(s.desirable.clone(), [b]), &device); // [B]
+    // TRL scores the KL rows under no_grad.
+    let kl = (s.rejected_logps.clone().detach() - s.ref_rejected_logps.clone()).mean().clamp_min(0.0); // [1]
+    let kl = kl.detach().expand([b]); // [B]
+    let logratios = s.chosen_logps.clone() - s.ref_chosen_logps.clone(); // [B]
+    let desirable_losses = sigmoid((logratios.clone() - kl.clone()) * cfg.beta).neg() + 1.0;
+    let undesirable_losses = sigmoid((kl - logratios) * cfg.beta).neg() + 1.0;
+    let weights = desirable.clone() * (cfg.desirable_weight - cfg.undesirable_weight) + cfg.undesirable_weight;
+    let per_row = desirable_losses * desirable.clone() + undesirable_losses * (desirable.neg() + 1.0);
+    (per_row * weights).mean()
+}
+
+/// The KL estimate of rows whose KL sequences scored `policy` and `reference` (host values).
+pub fn kl_estimate(policy: &[f32], reference: &[f32]) -> f64 {
+    let n = policy.len().max(1) as f64;
+    let sum: f64 = policy.iter().zip(reference).map(|(&p, &r)| p as f64 - r as f64).sum();
+    (sum / n).max(0.0)
+}

@@ -1,0 +1,251 @@
+//! KTO (`loss_type = "kto"`) against TRL 1.16's `KTOTrainer`: the rows of its `_prepare_dataset`
+//! (unpaired files, and preference pairs unpaired with `unpair`), every metric of `dpo-train eval`
+//! against `evaluate()` on the llama (against llama-ref), qwen2 and qwen3 fixtures in each batch
+//! layout, and the loss and gradients of one training batch. The numbers come from
+//! `tests/gen/make_kto_fixtures.py` (its KL completions rotate over the whole set, the block
+//! `eval --batch-size` takes here).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use burn::tensor::Device;
+use dpo_train::config::TrainConfig;
+use dpo_train::data::{Columns, LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
+use dpo_train::dpo::logps::{Collation, DeviceBatch, reference_logps};
+use dpo_train::dpo::loss::{PairScores, dpo_loss};
+use dpo_train::eval::{EvalOptions, evaluate};
+use dpo_train::model::host;
+use dpo_train::train::backprop::forward_backward;
+use dpo_train::train::optim::GradAccumulator;
+use dpo_train::train::partition::Whole;
+use serde::Deserialize;
+
+use crate::common::bounds;
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+    tokenized: BTreeMap<String, Vec<Row>>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    dataset: String,
+    model: String,
+    ref_model: String,
+    config: BTreeMap<String, serde_json::Value>,
+    num_rows: usize,
+    metrics: BTreeMap<String, f64>,
+    train_step: Option<TrainStep>,
+}
+
+#[derive(Deserialize)]
+struct TrainStep {
+    loss: f64,
+    grads: BTreeMap<String, GradStats>,
+}
+
+#[derive(Deserialize)]
+struct GradStats {
+    norm: f64,
+    sum: f64,
+}
+
+#[derive(Deserialize)]
+struct Row {
+    prompt: Vec<u32>,
+    completion: Vec<u32>,
+    kl_completion: Vec<u32>,
+    label: bool,
+}
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn fixture() -> Fixture {
+    let text = std::fs::read_to_string(fixtures().join("expected/trl_kto.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn config(case: &Case) -> TrainConfig {
+    let mut values = vec![
+        ("model_name_or_path".to_owned(), fixtures().join(&case.model).display().to_string()),
+        ("train_file".to_owned(), fixtures().join(&case.dataset).display().to_string()),
+    ];
+    values
+        .extend(case.config.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))));
+    let cfg = TrainConfig::default().with_overrides(&values).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    cfg.resolve().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    cfg
+}
+
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn cpu() -> Device {
+    Device::libtorch()
+}
+
+fn read_options(cfg: &TrainConfig) -> LoadOptions {
+    LoadOptions { rows: RowKind::of(&cfg.loss), ..LoadOptions::default() }
+}
+
+/// A metric's distance from TRL's, each log-prob off by at most `forward` relative (the forward
+/// chain's bound, as [`bounds::trl_metric`] takes it): a reward β·(log π - log π_ref) by β times
+/// both sizes; `kl`, a mean of such differences over the KL sequences, whose completions are the
+/// rows' own under other prompts (taken at twice the largest row's size); the loss, whose slope
+/// in a log-ratio or in `kl` is at most β/4 times the larger weight. The rest (logits, entropy)
+/// as [`bounds::trl_metric`].
+fn bound(case: &Case, name: &str, want: f64) -> f64 {
+    let cfg = config(case);
+    let forward = bounds::llama_logits(&fixtures().join(&case.model), bounds::FIXTURE_SEQ)
+        + bounds::reordered(bounds::FIXTURE_SEQ, bounds::U_F32);
+    let metric = |n: &str| case.metrics.get(n).copied().unwrap_or(0.0);
+    let beta = cfg.loss.beta;
+    // |log π| + |log π_ref| of a side's mean row.
+    let sizes = |side: &str| {
+        metric(&format!("logps/{side}")).abs()
+            + (metric(&format!("logps/{side}")) - metric(&format!("rewards/{side}")) / beta).abs()
+    };
+    let ratio = forward * sizes("chosen").max(sizes("rejected"));
+    let kl = 2.0 * ratio;
+    let weight = cfg.loss.desirable_weight.max(cfg.loss.undesirable_weight);
+    match name {
+        n if n.starts_with("logps/") => forward * want.abs(),
+        "rewards/chosen" => beta * forward * sizes("chosen"),
+        "rewards/rejected" => beta * forward * sizes("rejected"),
+        "rewards/margins" => beta * forward * (sizes("chosen") + sizes("rejected")),
+        "kl" => kl,
+        "loss" => beta / 4.0 * weight * (ratio + kl),
+        _ => bounds::trl_metric(name, want, &|n| case.metrics.get(n).copied(), beta, forward),
+    }
+}
+
+#[test]
+fn every_kto_case_matches_trl() {
+    let fixture = fixture();
+    assert!(fixture.cases.len() >= 9, "the fixture lost cases: {}", fixture.cases.len());
+    let mut failures = Vec::new();
+    for case in &fixture.cases {
+        let cfg = config(case);
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let options = EvalOptions {
+                model: fixtures().join(&case.model),
+                ref_model: (case.ref_model != case.model).then(|| fixtures().join(&case.ref_model)),
+                tokenizer: Some(fixtures().join("tokenizer")),
+                data: fixtures().join(&case.dataset),
+                columns: Columns::default(),
+                skip_bad_rows: false,
+                split: None,
+                truncation: cfg.truncation().unwrap(),
+                loss: cfg.loss.clone(),
+                batch_size: case.num_rows,
+                packing,
+                device: cpu(),
+            };
+            let report = evaluate(&options).unwrap_or_else(|e| panic!("{}: {e:#}", case.name));
+            assert_eq!(report.pairs, case.num_rows, "{}: rows", case.name);
+            let ours: Vec<(&str, f64)> = report.metrics.named().into_iter().chain(report.metrics.extra()).collect();
+            assert!(ours.iter().all(|(n, _)| *n != "rewards/accuracies"), "{}: KTO logs no accuracy", case.name);
+            let mut compared = 0;
+            for (name, got) in ours {
+                let Some(&want) = case.metrics.get(name) else { continue };
+                compared += 1;
+                if (got - want).abs() > bound(case, name, want) {
+                    failures.push(format!("{} ({packing:?}) {name}: got {got}, TRL {want}", case.name));
+                }
+            }
+            // loss, rewards/* (3), logps/* (2), logits/* (2), entropy, num_tokens, kl.
+            assert_eq!(compared, 11, "{}: metrics compared", case.name);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn rows_and_kl_completions_are_trls() {
+    let fixture = fixture();
+    let tok = Tokenizer::from_dir(&fixtures().join("tokenizer")).unwrap();
+    for (key, rows) in &fixture.tokenized {
+        let (dataset, max_length) = key.rsplit_once("_max_length_").unwrap();
+        let max: usize = max_length.parse().unwrap();
+        let mut cfg = TrainConfig { max_length: max, ..Default::default() };
+        cfg.loss.loss_type = vec![dpo_train::config::LossType::Kto];
+        cfg.loss.unpair = dataset.starts_with("prefs");
+        let path = fixtures().join(format!("data/{dataset}.jsonl"));
+        let prepared =
+            prepare(&path, &read_options(&cfg), &tok, cfg.truncation().unwrap(), Default::default(), &mut |_, _| {})
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(prepared.pairs.len(), rows.len(), "{key}: rows");
+        let with_kl = kto::with_kl(&prepared.pairs, rows.len(), Some(max));
+        for (i, (ours, trl)) in with_kl.iter().zip(rows).enumerate() {
+            // TRL's dataset holds whole completions; its collator cuts each sequence to max_length.
+            let cut = |ids: &[u32]| ids[..ids.len().min(max - trl.prompt.len())].to_vec();
+            assert_eq!(ours.prompt_ids, trl.prompt, "{key} row {i}: prompt");
+            assert_eq!(ours.chosen_ids, cut(&trl.completion), "{key} row {i}: completion");
+            assert_eq!(ours.rejected_ids, cut(&trl.kl_completion), "{key} row {i}: KL completion");
+            assert_eq!(ours.label, Some(trl.label), "{key} row {i}: label");
+        }
+    }
+}
+
+/// One training batch of every row, as `_compute_loss` backpropagates it: the loss and every
+/// parameter's gradient (norm and sum) in each layout.
+#[test]
+fn a_training_batch_has_the_trainers_gradients() {
+    let fixture = fixture();
+    let tok = Tokenizer::from_dir(&fixtures().join("tokenizer")).unwrap();
+    let device = cpu().autodiff();
+    let steps: Vec<(&Case, &TrainStep)> =
+        fixture.cases.iter().filter_map(|c| c.train_step.as_ref().map(|t| (c, t))).collect();
+    assert_eq!(steps.len(), 4, "the fixture lost its gradient cases");
+    for (case, want) in steps {
+        let cfg = config(case);
+        let truncation = cfg.truncation().unwrap();
+        let (_, policy) = dpo_train::model::load(&fixtures().join(&case.model), &device).unwrap();
+        let (_, reference) = dpo_train::model::load(&fixtures().join(&case.ref_model), &cpu()).unwrap();
+        let path = fixtures().join(&case.dataset);
+        let rows =
+            prepare(&path, &read_options(&cfg), &tok, truncation, Default::default(), &mut |_, _| {}).unwrap().pairs;
+        let pairs = kto::with_kl(&rows, rows.len(), Some(cfg.max_length));
+        for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
+            let collation =
+                Collation { batch_size: pairs.len(), pad_id: tok.pad_id(), truncation, ld_alpha: None, packing };
+            let refs = reference_logps(&reference, &pairs, &collation, &cpu());
+            let ref_rows: Vec<f32> = refs.chosen.iter().chain(&refs.rejected).copied().collect();
+            let host_batch = collate(&pairs, tok.pad_id(), truncation, packing);
+            let (seq, tokens) = (host_batch.lengths.iter().copied().max().unwrap(), host_batch.tokens());
+            let batch = DeviceBatch::new(&host_batch, None, &device);
+            let mut grads = GradAccumulator::default();
+            let (scores, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
+                dpo_loss(&PairScores::from_scores(&batch, scores, &ref_rows), &cfg.loss)
+            })
+            .unwrap();
+            let what = format!("{} ({packing:?})", case.name);
+            let loss = f64::from(host(&loss)[0]);
+            assert!(
+                (loss - want.loss).abs() <= bound(case, "loss", want.loss),
+                "{what}: loss {loss}, TRL {}",
+                want.loss
+            );
+            let logp = f64::from(host(&scores.logps).into_iter().fold(0f32, |m, x| m.max(x.abs())));
+            let model_dir = fixtures().join(&case.model);
+            // A row's loss weight β·σ'(β(r - z)) moves relatively by at most β·|δ(r - z)| (as
+            // |σ''/σ'| ≤ 1), as DPO's does in its margin.
+            let relative = bounds::dpo_gradient(&model_dir, seq, tokens, cfg.loss.beta, logp);
+            let scale = relative * want.grads.values().map(|g| g.norm * g.norm).sum::<f64>().sqrt();
+            assert_eq!(grads.grads.keys().collect::<Vec<_>>(), want.grads.keys().collect::<Vec<_>>(), "{what}");
+            for (name, trl) in &want.grads {
+                let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
+                let (norm, sum) = (g.iter().map(|x| x * x).sum::<f64>().sqrt(), g.iter().sum::<f64>());
+                let n = g.len() as f64;
+                assert!(
+                    (norm - trl.norm).abs() <= scale * n.sqrt(),
+                    "{what} {name}: gradient norm {norm}, TRL {}",
+                    trl.norm
+                );
+                assert!((sum - trl.sum).abs() <= scale * n, "{what} {name}: gradient sum {sum}, TRL {}", trl.sum);
+            }
+        }
+    }
+}
