@@ -84,7 +84,8 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         (None, true) => writeln!(out, "reference  the adapter's base (adapter off)")?,
         (None, false) => writeln!(out, "reference  the model itself")?,
     }
-    writeln!(out, "data       {} ({} pairs)", opts.data.display(), report.pairs)?;
+    let unit = if opts.loss.is_kto() { "rows" } else { "pairs" };
+    writeln!(out, "data       {} ({} {unit})", opts.data.display(), report.pairs)?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
     let device = crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1);
     writeln!(out, "device     {}", device.trim_start_matches("device: "))?;
@@ -107,7 +108,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         ("pairs dropped, no completion token after the prompt", &t.empty_completion),
         ("pairs dropped, chosen identical to rejected", &t.identical),
         (
-            "prompt tokenised differently inside prompt+completion (the common prefix is the prompt: DPOTrainer does the same; CPO/ORPO give each side its own)",
+            "prompt tokenised differently inside prompt+completion (the common prefix is the prompt: DPOTrainer and KTOTrainer do the same; CPO/ORPO give each side its own)",
             &t.prefix_mismatch,
         ),
     ];

@@ -338,6 +338,7 @@ impl MetricSums {
             entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
             num_tokens: self.num_tokens,
             kl: None,
+            absent: &[],
         }
     }
 
@@ -363,6 +364,11 @@ impl MetricSums {
             log_odds_ratio: None,
             log_odds_chosen: None,
             kl: Some(per(self.kl, self.kl_batches)),
+            absent: match (self.desirable > 0.0, undesirable > 0.0) {
+                (false, _) => NO_DESIRABLE,
+                (true, false) => NO_UNDESIRABLE,
+                (true, true) => &[],
+            },
         }
     }
 }
@@ -401,7 +407,15 @@ pub struct Metrics {
     /// KTO's KL estimate (mean over batches), under KTOTrainer's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
+    /// Metrics with nothing to average (KTO's `*/chosen` over batches without a desirable row,
+    /// `*/rejected` without an undesirable one, and then the margin): left out, as TRL leaves
+    /// them out of its log, rather than shown as 0.
+    #[serde(skip)]
+    pub absent: &'static [&'static str],
 }
+
+const NO_DESIRABLE: &[&str] = &["rewards/chosen", "logps/chosen", "logits/chosen", "rewards/margins"];
+const NO_UNDESIRABLE: &[&str] = &["rewards/rejected", "logps/rejected", "logits/rejected", "rewards/margins"];
 
 impl Metrics {
     /// The reference-free family's metrics beyond [`Metrics::named`], under its trainers' names
@@ -425,7 +439,9 @@ impl Metrics {
         parts.extend(self.nll_loss.map(|v| format!("nll_loss {v:.4}")));
         parts.extend(self.kl.map(|v| format!("kl {v:.4}")));
         parts.extend(self.rewards_accuracies.map(|v| format!("rewards/accuracies {v:.3}")));
-        parts.push(format!("rewards/margins {:.4}", self.rewards_margins));
+        if !self.absent.contains(&"rewards/margins") {
+            parts.push(format!("rewards/margins {:.4}", self.rewards_margins));
+        }
         parts.join(sep)
     }
 
@@ -445,6 +461,7 @@ impl Metrics {
                 ("entropy", self.entropy),
                 ("num_tokens", self.num_tokens),
             ])
+            .filter(|(name, _)| !self.absent.contains(name))
             .collect()
     }
 }

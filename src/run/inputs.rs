@@ -139,6 +139,8 @@ pub(super) fn load_inputs(
             tokenizer: &tokenizer,
             max_length: Some(cfg.max_length),
             micro_batch: split.micro_batch,
+            kto_weights: (cfg.loss.is_kto() && i == 0)
+                .then_some([cfg.loss.desirable_weight, cfg.loss.undesirable_weight]),
         });
         notes.extend(report.lines());
         (pairs[i], reports[i]) = (data.pairs, Some(report));

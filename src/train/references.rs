@@ -62,7 +62,8 @@ impl References {
         };
         let held_out = data.eval.len() + data.test.len();
         if held_out > 0 {
-            progress.line(&format!("scoring {held_out} held-out pairs under the reference"));
+            let what = if run.cfg.loss.is_kto() { "rows (with their KL sequences)" } else { "pairs" };
+            progress.line(&format!("scoring {held_out} held-out {what} under the reference"));
         }
         let eval = sharded_reference_logps(&reference, &data.eval, &collation, run)?;
         let test = sharded_reference_logps(&reference, &data.test, &collation, run)?;
@@ -179,6 +180,7 @@ impl References {
                     policy,
                     reference: if self.reference_free { "(reference-free)".to_owned() } else { reference[i].clone() },
                     chosen: tok.decode(&pair.chosen_ids, true)?,
+                    desirable: pair.label,
                 })
             })
             .collect::<Result<Vec<_>, TokenizerError>>()?;

@@ -17,8 +17,10 @@ pub struct Sample {
     pub policy: String,
     /// The frozen reference model's completion.
     pub reference: String,
-    /// The dataset's preferred answer.
+    /// The dataset's preferred answer (a KTO row's own completion).
     pub chosen: String,
+    /// A KTO row's label: its completion is then shown as `DESIRABLE:` or `UNDESIRABLE:`.
+    pub desirable: Option<bool>,
 }
 
 /// Width of the rule between samples and under the title.
@@ -29,7 +31,7 @@ const INDENT: &str = "    ";
 /// Writes `samples` to `path` as plain text, atomically (`<path>.tmp`, then rename).
 ///
 /// Layout: the title line, a `=` rule, then per sample `[i/n]` with `PROMPT:`, `POLICY:`,
-/// `REFERENCE:` and `CHOSEN:` sections whose text is indented by four spaces, each sample
+/// `REFERENCE:` and `CHOSEN:` (KTO's rows: `DESIRABLE:` or `UNDESIRABLE:`) sections whose text is indented by four spaces, each sample
 /// followed by a `-` rule. Returns the text written.
 pub fn write_samples(path: &Path, title: &str, samples: &[Sample]) -> Result<String, LogError> {
     let text = format_samples(title, samples);
@@ -45,8 +47,13 @@ fn format_samples(title: &str, samples: &[Sample]) -> String {
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
         let _ = writeln!(out, "\n[{}/{n}]", i + 1);
+        let answer = match s.desirable {
+            None => "CHOSEN:",
+            Some(true) => "DESIRABLE:",
+            Some(false) => "UNDESIRABLE:",
+        };
         for (label, text) in
-            [("PROMPT:", &s.prompt), ("POLICY:", &s.policy), ("REFERENCE:", &s.reference), ("CHOSEN:", &s.chosen)]
+            [("PROMPT:", &s.prompt), ("POLICY:", &s.policy), ("REFERENCE:", &s.reference), (answer, &s.chosen)]
         {
             let _ = writeln!(out, "{label}");
             push_indented(&mut out, text);
@@ -85,8 +92,15 @@ mod tests {
                 policy: "4.\n\nIt is four.".into(),
                 reference: String::new(),
                 chosen: "Four".into(),
+                desirable: None,
             },
-            Sample { prompt: "Hi".into(), policy: "Hello!".into(), reference: "Hey".into(), chosen: "Hello".into() },
+            Sample {
+                prompt: "Hi".into(),
+                policy: "Hello!".into(),
+                reference: "Hey".into(),
+                chosen: "Hello".into(),
+                desirable: None,
+            },
         ];
         let text = format_samples("step 120 (final)", &samples);
         let rule = "-".repeat(80);

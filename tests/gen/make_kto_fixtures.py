@@ -6,7 +6,7 @@ Run from the repository root with the reference venv (trl 1.16.0, transformers 5
     .venv/bin/python tests/gen/make_kto_fixtures.py
 
 It writes two unpaired datasets derived from the committed preference fixtures (tests/fixtures/data/kto.jsonl
-and kto_conv.jsonl: row i keeps its rejected completion, labelled false, where i % 3 == 1, and its chosen one,
+and kto_conv.jsonl, and kto.jsonl's rows as `datasets` writes them to kto.parquet and kto.csv: row i keeps its rejected completion, labelled false, where i % 3 == 1, and its chosen one,
 labelled true, elsewhere), then tests/fixtures/expected/trl_kto.json: for every case, `KTOTrainer.evaluate()`
 metrics on the whole dataset in one eval batch (CPU, float32, policy models/llama against models/llama-ref, or
 a model against a copy of itself), with `per_device_train_batch_size` = the row count, so that the KL
@@ -103,7 +103,10 @@ def main():
     import trl
     from trl import KTOConfig, KTOTrainer
 
-    write_unpaired("data/prefs.jsonl", "data/kto.jsonl")
+    kto_rows = write_unpaired("data/prefs.jsonl", "data/kto.jsonl")
+    # The same rows as `datasets` writes Parquet and CSV (booleans as True/False).
+    Dataset.from_list(kto_rows).to_parquet(str(FIX / "data/kto.parquet"))
+    Dataset.from_list(kto_rows).to_csv(str(FIX / "data/kto.csv"), index=False)
     write_unpaired("data/prefs_conv.jsonl", "data/kto_conv.jsonl")
     tok = AutoTokenizer.from_pretrained(str(FIX / "tokenizer"))
     tok.pad_token = tok.pad_token or tok.eos_token

@@ -756,3 +756,31 @@ fn reference_free_losses_on_two_workers_equal_one_process() {
         assert_params(&run, &want, &got, 4, expect);
     }
 }
+
+/// KTO over ranks: each micro-batch's KL estimate comes from its own rows, so 2 workers, each
+/// running the single-device micro-batches it is given, equal one process bit for bit without
+/// sharding, and within the reordered sums' bound under ZeRO-3 (its pairs unpaired from the
+/// preference fixture, its reference model kept).
+#[test]
+fn kto_on_two_workers_equals_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for (stage, expect) in [("none", Expect::Bits), ("zero3", Expect::Reordered { world: 2 })] {
+        let sub = dir.path().join(stage);
+        std::fs::create_dir_all(&sub).unwrap();
+        let config = write_config(&sub, 4);
+        let config = variant(&config, "kto", "loss_type = \"kto\"\nunpair = true\n");
+        let staged = variant(&config, stage, &format!("sharding = \"{stage}\"\n"));
+        let one = one_process(&config, 3);
+        let run = format!("kto-{stage}-2");
+        train(&staged, &run, 2, 3);
+        let (want, got) = (weights(&sub.join(&one)), weights(&sub.join(&run)));
+        let start = tensors(&fixtures().join("models/llama/model.safetensors"));
+        assert!(max_diff(&want, &start) > 1e-3, "kto: training changed nothing");
+        assert_params(&run, &want, &got, 4, expect);
+        // Both runs logged KTOTrainer's metrics: a `kl` beside the loss, no accuracy.
+        let csv = std::fs::read_to_string(sub.join(&run).join("metrics.csv")).unwrap();
+        let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+        let accuracy = header.iter().position(|c| *c == "rewards/accuracies").unwrap();
+        assert!(csv.lines().skip(1).all(|l| l.split(',').nth(accuracy) == Some("")), "{csv}");
+    }
+}

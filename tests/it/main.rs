@@ -13,6 +13,7 @@ mod export;
 mod first_run;
 mod generate;
 mod hub_data;
+mod kto;
 mod kto_parity;
 mod lora;
 mod model_errors;

@@ -180,12 +180,15 @@ fn writes_samples() {
             policy: "7 is prime.\nIt has no divisors but 1 and itself.".into(),
             reference: "9".into(),
             chosen: "7".into(),
+            desirable: None,
         },
         Sample {
             prompt: "Say hi.".into(),
             policy: "Hi!".into(),
             reference: "Hello.".into(),
             chosen: "Hi there!".into(),
+            // A KTO row: its own completion, under its label.
+            desirable: Some(false),
         },
     ];
     write_samples(&path, "step 120 (final)", &samples).unwrap();
@@ -195,6 +198,7 @@ fn writes_samples() {
         "[1/2]\nPROMPT:\n    Name a prime number.\nPOLICY:\n    7 is prime.\n    It has no divisors but 1 and itself.\nREFERENCE:\n    9\nCHOSEN:\n    7\n"
     ));
     assert!(text.contains("[2/2]\nPROMPT:\n    Say hi.\n"));
+    assert!(text.contains("REFERENCE:\n    Hello.\nUNDESIRABLE:\n    Hi there!\n"), "{text}");
     assert_eq!(text.matches(&"-".repeat(80)).count(), 2);
     assert!(!dir.path().join("samples_val.txt.tmp").exists());
 }

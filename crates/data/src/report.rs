@@ -15,6 +15,8 @@ pub struct DataReport {
     /// Rows read (good and bad) and pairs kept for training or evaluation.
     pub rows_read: usize,
     pub pairs_kept: usize,
+    /// KTO's rows: how many of those kept are desirable (`None` for pairs).
+    pub desirable: Option<usize>,
     pub dropped: Dropped,
     /// Sequences (prompt + a completion) cut to `max_length`.
     pub sequences_truncated: usize,
@@ -86,6 +88,8 @@ pub struct ReportInput<'a> {
     pub tokenizer: &'a Tokenizer,
     pub max_length: Option<usize>,
     pub micro_batch: usize,
+    /// KTO's `desirable_weight` and `undesirable_weight` on a training split (the balance check).
+    pub kto_weights: Option<[f64; 2]>,
 }
 
 impl DataReport {
@@ -97,6 +101,7 @@ impl DataReport {
             split: input.split.clone(),
             rows_read: read.rows + read.skipped.len(),
             pairs_kept: pairs.len(),
+            desirable: unpaired(pairs).then(|| pairs.iter().filter(|p| p.label == Some(true)).count()),
             dropped: Dropped {
                 bad: read.skipped.len(),
                 prompt_too_long: t.dropped_prompt_too_long.len(),
@@ -111,7 +116,7 @@ impl DataReport {
                 chosen: lengths(|p| p.chosen_ids.len()),
                 rejected: lengths(|p| p.rejected_ids.len()),
             },
-            padding_fraction: padding_fraction(pairs, input.micro_batch.max(1)),
+            padding_fraction: padding_fraction(pairs, input.micro_batch.max(1), input.max_length),
             micro_batch: input.micro_batch,
             warnings: warnings(input),
         }
@@ -125,6 +130,29 @@ impl DataReport {
         };
         let d = &self.dropped;
         let t = &self.tokens;
+        if let Some(desirable) = self.desirable {
+            let mut lines = vec![
+                format!(
+                    "{name}: {} rows kept of {} ({desirable} desirable, {} undesirable); dropped {} bad, {} prompt too long, {} empty completion; {} sequences truncated",
+                    self.pairs_kept,
+                    self.rows_read,
+                    self.pairs_kept - desirable,
+                    d.bad,
+                    d.prompt_too_long,
+                    d.empty_completion,
+                    self.sequences_truncated
+                ),
+                format!(
+                    "  tokens p50/p90/p99/max: prompt {}, completion {}; padding {:.1}% at micro-batch {} (with the KL sequences)",
+                    t.prompt.text(),
+                    t.chosen.text(),
+                    100.0 * self.padding_fraction,
+                    self.micro_batch
+                ),
+            ];
+            lines.extend(self.warnings.iter().map(|w| format!("  warning: {w}")));
+            return lines;
+        }
         let mut lines = vec![
             format!(
                 "{name}: {} pairs kept of {} rows; dropped {} bad, {} prompt too long, {} empty completion, {} chosen identical to rejected; {} sequences truncated",
@@ -150,9 +178,22 @@ impl DataReport {
     }
 }
 
+/// Whether the rows are KTO's.
+fn unpaired(pairs: &[TokenizedPair]) -> bool {
+    pairs.first().is_some_and(|p| p.label.is_some())
+}
+
 /// Padding over everything computed, batching `micro_batch` consecutive pairs as collation does
-/// (2 rows per pair, each as long as the batch's longest sequence).
-fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize) -> f64 {
+/// (2 rows per pair, each as long as the batch's longest sequence; KTO's rows with their KL
+/// sequences).
+fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize, max_length: Option<usize>) -> f64 {
+    let with_kl;
+    let pairs = if unpaired(pairs) {
+        with_kl = crate::kto::with_kl(pairs, micro_batch, max_length);
+        &with_kl
+    } else {
+        pairs
+    };
     let (mut real, mut computed) = (0usize, 0usize);
     for batch in pairs.chunks(micro_batch) {
         let lens: Vec<usize> = batch
@@ -168,6 +209,7 @@ fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize) -> f64 {
 fn warnings(input: &ReportInput) -> Vec<String> {
     let tok = input.tokenizer;
     let mut out = Vec::new();
+    out.extend(input.kto_weights.and_then(|w| kto_balance(input.pairs, w)));
     let cut_alike = input.summary.tokenized.identical_after_truncation.len();
     if let (true, Some(max)) = (cut_alike > 0, input.max_length) {
         out.push(format!(
@@ -191,6 +233,31 @@ fn warnings(input: &ReportInput) -> Vec<String> {
     out
 }
 
+/// `KTOTrainer`'s check of the weights against the labels' balance (Eq. 8 of the KTO paper:
+/// `desirable_weight · n_D / (undesirable_weight · n_U)` in [1, 4/3]), with its advice.
+fn kto_balance(pairs: &[TokenizedPair], [desirable_weight, undesirable_weight]: [f64; 2]) -> Option<String> {
+    let desirable = pairs.iter().filter(|p| p.label == Some(true)).count().max(1) as f64;
+    let undesirable = (pairs.len() as f64 - desirable).max(1.0);
+    if desirable == undesirable {
+        return None;
+    }
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    let des = [
+        round(undesirable * undesirable_weight / desirable),
+        round(undesirable * undesirable_weight / desirable * 1.33),
+    ];
+    let und =
+        [round(desirable * desirable_weight / undesirable / 1.33), round(desirable * desirable_weight / undesirable)];
+    let within = |[lo, hi]: [f64; 2], w: f64| lo <= w && w <= hi;
+    if within(des, desirable_weight) || within(und, undesirable_weight) {
+        return None;
+    }
+    Some(format!(
+        "{desirable} desirable and {undesirable} undesirable rows: with these counts KTO's paper advises EITHER `desirable_weight` in [{}, {}] OR `undesirable_weight` in [{}, {}] (not both)",
+        des[0], des[1], und[0], und[1]
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +274,21 @@ mod tests {
         }
     }
 
+    /// TRL's advice, with its numbers: 3 desirable rows to 1 at weights 1, 1 advise desirable in
+    /// [0.33, 0.44] or undesirable in [2.26, 3]; a weight in either range is quiet.
+    #[test]
+    fn kto_weights_are_checked_against_the_labels_balance() {
+        let row = |d| TokenizedPair::unpaired(1, vec![1], vec![2], d);
+        let rows = [row(true), row(true), row(true), row(false)];
+        let advice = kto_balance(&rows, [1.0, 1.0]).unwrap();
+        assert!(advice.contains("`desirable_weight` in [0.33, 0.44] OR `undesirable_weight` in [2.26, 3]"), "{advice}");
+        assert_eq!(kto_balance(&rows, [1.0, 2.5]), None);
+        assert_eq!(kto_balance(&rows, [0.4, 1.0]), None);
+        assert_eq!(kto_balance(&rows[2..], [1.0, 1.0]), None, "balanced");
+        // Padding counts each row's KL sequence (its block's other completion).
+        assert!((padding_fraction(&rows[2..], 2, None) - 0.0).abs() < 1e-12);
+    }
+
     #[test]
     fn percentiles_are_nearest_rank() {
         let p = Percentiles::of((1..=100).rev().collect());
@@ -219,9 +301,9 @@ mod tests {
     fn padding_counts_every_row_up_to_its_batchs_longest() {
         // Rows 4, 6 | 2, 2 in one micro-batch: 24 computed, 14 real.
         let pairs = [pair(&[1, 1, 1], 1, 3), pair(&[1], 1, 1)];
-        assert!((padding_fraction(&pairs, 2) - (1.0 - 14.0 / 24.0)).abs() < 1e-12);
+        assert!((padding_fraction(&pairs, 2, None) - (1.0 - 14.0 / 24.0)).abs() < 1e-12);
         // One pair per micro-batch: only the shorter completion pads.
-        assert!((padding_fraction(&pairs, 1) - (1.0 - 14.0 / 16.0)).abs() < 1e-12);
+        assert!((padding_fraction(&pairs, 1, None) - (1.0 - 14.0 / 16.0)).abs() < 1e-12);
     }
 
     #[test]
@@ -233,6 +315,7 @@ mod tests {
         let read = ReadSummary { rows: 1, skipped: Vec::new(), implicit_prompt: false, conversational: true };
         let summary = DataSummary { read, tokenized: TokenizeReport::default(), eos_in_content: 1 };
         let input = |pairs, summary| ReportInput {
+            kto_weights: None,
             source: "d.jsonl".into(),
             split: None,
             summary,
