@@ -82,7 +82,8 @@ impl ScoredPairs {
         self.desirable.extend(other.desirable);
     }
 
-    /// Every per-pair vector, chosen side then rejected, then KTO's labels (for collectives).
+    /// Every per-pair vector, chosen side then rejected, then KTO's labels (for collectives; the
+    /// labels come back as zeros for pairs, which read none).
     pub fn columns(&self) -> Vec<Vec<f32>> {
         [&self.chosen, &self.rejected]
             .into_iter()
@@ -90,7 +91,8 @@ impl ScoredPairs {
                 [&s.logps, &s.ref_logps, &s.token_logps, &s.lengths, &s.tokens, &s.entropy, &s.mean_logits, &s.wpo]
                     .map(Clone::clone)
             })
-            .chain([self.desirable.clone()])
+            // Every rank sends every column at its length: zeros where pairs have no label.
+            .chain([if self.desirable.is_empty() { vec![0.0; self.len()] } else { self.desirable.clone() }])
             .collect()
     }
 

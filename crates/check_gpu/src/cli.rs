@@ -70,8 +70,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "keep")]
     pub reference: Reference,
     /// Plan for a loss without a reference model (cpo, simpo, alphapo or orpo): no reference
-    /// memory, and the command trains that loss. Other losses keep a reference: omit the flag.
-    #[arg(long, value_name = "cpo|simpo|alphapo|orpo", value_parser = parse_reference_free, conflicts_with = "reference")]
+    /// memory, and the command trains that loss; or for kto, which keeps its reference and takes
+    /// at least 2 rows a micro-batch. DPO's losses keep a reference: omit the flag.
+    #[arg(long, value_name = "cpo|simpo|alphapo|orpo|kto", value_parser = parse_loss_type, conflicts_with = "reference")]
     pub loss_type: Option<&'static str>,
     /// Plan with activation checkpointing (recompute activations in the backward pass).
     #[arg(long)]
@@ -252,7 +253,10 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         seq_len: args.seq_len,
         dtype: args.dtype,
         finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
-        reference: if args.loss_type.is_some() { Reference::None } else { args.reference },
+        reference: match args.loss_type {
+            Some(loss) if loss != dpo_vocab::keys::KTO => Reference::None,
+            _ => args.reference,
+        },
         loss_type: args.loss_type,
         gradient_checkpointing: args.gradient_checkpointing,
         sharding,
@@ -413,12 +417,13 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
-/// `--loss-type`: one of dpo-vocab's reference-free losses (a loss with a reference needs no flag).
-fn parse_reference_free(s: &str) -> Result<&'static str, String> {
-    dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().find(|l| *l == s).ok_or_else(|| {
+/// `--loss-type`: one of dpo-vocab's reference-free losses, or kto (DPO's losses need no flag).
+fn parse_loss_type(s: &str) -> Result<&'static str, String> {
+    let keys = dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().chain([dpo_vocab::keys::KTO]);
+    keys.clone().find(|l| *l == s).ok_or_else(|| {
         format!(
-            "`{s}` is not a reference-free loss ({}); a loss with a reference needs no --loss-type",
-            dpo_vocab::keys::REFERENCE_FREE_LOSSES.join(", ")
+            "`{s}` is not a reference-free loss or kto ({}); a DPO loss needs no --loss-type",
+            keys.collect::<Vec<_>>().join(", ")
         )
     })
 }

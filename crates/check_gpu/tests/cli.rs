@@ -667,7 +667,23 @@ fn a_reference_free_loss_plans_no_reference() {
     let out = run_on("dgx-a100", &["--loss-type", "sigmoid"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("`sigmoid` is not a reference-free loss"), "{err}");
+    assert!(err.contains("`sigmoid` is not a reference-free loss or kto"), "{err}");
+}
+
+/// `--loss-type kto` keeps the reference (as DPO does), plans at least 2 rows a micro-batch
+/// (KTO's KL estimate pairs each prompt with another row's completion) and passes the loss on; a
+/// global batch that leaves one row a GPU is warned about.
+#[test]
+fn kto_keeps_its_reference_and_two_rows_a_micro_batch() {
+    let args = ["--model-params", "1.5B", "--sharding", "none", "--global-batch", "64", "--loss-type", "kto"];
+    let (code, v) = plan_json("dgx-a100", &args);
+    assert_eq!(code, 0, "{v}");
+    assert!(v["memory"]["reference"].as_u64().expect("reference bytes") > 0, "{v}");
+    assert!(v["micro_batch"].as_u64().expect("micro-batch") >= 2, "{v}");
+    assert!(v["command"].as_str().expect("command").ends_with(" --loss-type kto"), "{v}");
+    let (_, one) = plan_json("dgx-a100", &["--model-params", "1.5B", "--global-batch", "8", "--loss-type", "kto"]);
+    let warnings = one["warnings"].to_string();
+    assert!(warnings.contains("at least 2 rows a micro-batch"), "{one}");
 }
 
 /// `--data` puts the data in the command (no placeholder, no note), and a missing file is refused.

@@ -41,6 +41,11 @@ pub const CONFIG_KEYS: [&str; 15] = [
 /// are exactly its `LossType::is_reference_free` names.
 pub const REFERENCE_FREE_LOSSES: [&str; 4] = ["cpo", "simpo", "alphapo", "orpo"];
 
+/// KTO (TRL's KTOTrainer): it keeps its reference, and its KL estimate needs at least
+/// [`KTO_MIN_MICRO_BATCH`] rows in a micro-batch.
+pub const KTO: &str = "kto";
+pub const KTO_MIN_MICRO_BATCH: u64 = 2;
+
 /// The launcher's GPU count or list (`--gpus 4`, `--gpus 0,2`, `--gpus auto`).
 pub const GPUS: &str = "gpus";
 /// The launcher's device list (`--devices cpu:4`).

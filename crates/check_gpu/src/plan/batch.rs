@@ -21,7 +21,14 @@ pub(super) struct Split {
 
 /// Splits the global batch over `world` ranks whose smallest free memory is `min_free`
 /// (`None`: unknown, as on CPU processes).
-pub(super) fn split(world: usize, min_free: Option<u64>, global: u64, est: &Estimator, log: &mut Log) -> Split {
+/// A micro-batch is at least `min_micro` rows where the per-GPU batch allows it (KTO's 2).
+pub(super) fn split(
+    world: usize,
+    min_free: Option<u64>,
+    (global, min_micro): (u64, u64),
+    est: &Estimator,
+    log: &mut Log,
+) -> Split {
     let wu = (world as u64).max(1);
     let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
     let effective = per_rank * wu;
@@ -33,9 +40,14 @@ pub(super) fn split(world: usize, min_free: Option<u64>, global: u64, est: &Esti
     }
     // Divisors ascending: the estimate grows with the micro-batch, so the first that does not
     // fit ends the search. Without a model or free memory the cap stands in for the check.
-    let mut micro = 1;
-    let mut estimate = est.at(1);
-    for m in divisors(per_rank) {
+    let smallest = divisors(per_rank).into_iter().find(|&d| d >= min_micro).unwrap_or(per_rank);
+    if smallest < min_micro {
+        log.warnings.push(format!(
+            "the loss needs at least {min_micro} rows a micro-batch, but the global batch gives each GPU {per_rank}: raise --global-batch"
+        ));
+    }
+    let (mut micro, mut estimate) = (smallest, est.at(smallest));
+    for m in divisors(per_rank).into_iter().filter(|&m| m > smallest) {
         let fits = match (est.at(m), min_free) {
             (Some(e), Some(free)) => (e.total <= free).then_some(Some(e)),
             (e, _) => (m <= DEFAULT_MICRO_BATCH_CAP).then_some(e),

@@ -87,8 +87,8 @@ pub struct PlanRequest {
     pub dtype: Option<Precision>,
     pub finetune: FineTune,
     pub reference: Reference,
-    /// The reference-free loss (`--loss-type`) that makes `reference` [`Reference::None`]; the
-    /// command passes it on.
+    /// The loss of `--loss-type`, which the command passes on: a reference-free one makes
+    /// `reference` [`Reference::None`]; kto needs 2 rows a micro-batch.
     pub loss_type: Option<&'static str>,
     pub gradient_checkpointing: bool,
     /// `None` (`--sharding auto`): the first ZeRO stage that fits when a full replica does not
@@ -101,6 +101,13 @@ pub struct PlanRequest {
     /// Global batch the learning rate was tuned at (the DPO paper uses 64).
     pub lr_base_batch: u64,
     pub device_ids: DeviceIds,
+}
+
+impl PlanRequest {
+    /// The smallest micro-batch the loss trains with.
+    pub fn min_micro_batch(&self) -> u64 {
+        if self.loss_type == Some(dpo_vocab::keys::KTO) { dpo_vocab::keys::KTO_MIN_MICRO_BATCH } else { 1 }
+    }
 }
 
 impl Default for PlanRequest {
@@ -246,7 +253,7 @@ impl Plan {
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
         let share = host_available.map(|b| b / procs as u64);
-        let split = batch::split(procs, share, req.global_batch.max(1), &est, &mut log);
+        let split = batch::split(procs, share, (req.global_batch.max(1), req.min_micro_batch()), &est, &mut log);
         fit::host_check(split.estimate.as_ref(), split.micro, procs, host_available, &mut log);
         let settings = command::settings(req, &setting, Ranks::Cpu(procs), &split, dtype);
         Plan::with_split(req, dtype, &split, Some(settings), log)
@@ -396,7 +403,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let global = req.global_batch.max(1);
     let (setting, est) = (fit.setting, est.chosen(fit.setting, chosen.len()));
     let min_free = chosen.iter().filter_map(|&i| fit::available(snap, i)).min();
-    let split = batch::split(chosen.len(), min_free, global, &est, &mut log);
+    let split = batch::split(chosen.len(), min_free, (global, req.min_micro_batch()), &est, &mut log);
     // 7. Environment.
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
