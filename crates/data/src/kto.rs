@@ -11,10 +11,10 @@
 //! puts that completion in each row's `rejected_ids`, so a KTO row collates, is scored and is
 //! referenced as a pair: `[own sequence; KL sequence]`.
 
+use super::encode::{encode_full, encode_prompt};
 use super::error::DataError;
 use super::load::PreferenceRow;
 use super::pair::{TokenizedPair, common_prefix_length};
-use super::tokenize::{encode_full, encode_prompt};
 use crate::tokenizer::Tokenizer;
 
 /// One unpaired row, and whether its tokenised prompt is not a prefix of prompt + completion.

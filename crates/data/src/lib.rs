@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod cache;
+mod encode;
 pub mod error;
 pub mod kto;
 pub mod load;
