@@ -6,9 +6,7 @@
 //! `eval --batch-size` takes here).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use burn::tensor::Device;
 use dpo_train::config::TrainConfig;
 use dpo_train::data::{Columns, LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
 use dpo_train::dpo::logps::{Collation, DeviceBatch, reference_logps};
@@ -21,6 +19,8 @@ use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 use crate::common::bounds;
+use crate::common::trl::{TrainStep, assert_gradients, case_config};
+use crate::common::{cpu, fixtures};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -41,27 +41,11 @@ struct Case {
 }
 
 #[derive(Deserialize)]
-struct TrainStep {
-    loss: f64,
-    grads: BTreeMap<String, GradStats>,
-}
-
-#[derive(Deserialize)]
-struct GradStats {
-    norm: f64,
-    sum: f64,
-}
-
-#[derive(Deserialize)]
 struct Row {
     prompt: Vec<u32>,
     completion: Vec<u32>,
     kl_completion: Vec<u32>,
     label: bool,
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
 fn fixture() -> Fixture {
@@ -70,20 +54,7 @@ fn fixture() -> Fixture {
 }
 
 fn config(case: &Case) -> TrainConfig {
-    let mut values = vec![
-        ("model_name_or_path".to_owned(), fixtures().join(&case.model).display().to_string()),
-        ("train_file".to_owned(), fixtures().join(&case.dataset).display().to_string()),
-    ];
-    values
-        .extend(case.config.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))));
-    let cfg = TrainConfig::default().with_overrides(&values).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    cfg.resolve().unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    cfg
-}
-
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-fn cpu() -> Device {
-    Device::libtorch()
+    case_config(&case.name, &case.model, &case.dataset, &case.config)
 }
 
 fn read_options(cfg: &TrainConfig) -> LoadOptions {
@@ -233,19 +204,7 @@ fn a_training_batch_has_the_trainers_gradients() {
             // A row's loss weight β·σ'(β(r - z)) moves relatively by at most β·|δ(r - z)| (as
             // |σ''/σ'| ≤ 1), as DPO's does in its margin.
             let relative = bounds::dpo_gradient(&model_dir, seq, tokens, cfg.loss.beta, logp);
-            let scale = relative * want.grads.values().map(|g| g.norm * g.norm).sum::<f64>().sqrt();
-            assert_eq!(grads.grads.keys().collect::<Vec<_>>(), want.grads.keys().collect::<Vec<_>>(), "{what}");
-            for (name, trl) in &want.grads {
-                let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
-                let (norm, sum) = (g.iter().map(|x| x * x).sum::<f64>().sqrt(), g.iter().sum::<f64>());
-                let n = g.len() as f64;
-                assert!(
-                    (norm - trl.norm).abs() <= scale * n.sqrt(),
-                    "{what} {name}: gradient norm {norm}, TRL {}",
-                    trl.norm
-                );
-                assert!((sum - trl.sum).abs() <= scale * n, "{what} {name}: gradient sum {sum}, TRL {}", trl.sum);
-            }
+            assert_gradients(&what, &grads, want, relative);
         }
     }
 }

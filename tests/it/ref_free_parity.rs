@@ -8,9 +8,7 @@
 //! dpo-train reports them over the scored positions, as its DPO does.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use burn::tensor::Device;
 use dpo_train::config::{LossConfig, TrainConfig};
 use dpo_train::data::{Columns, LoadOptions, Packing, Tokenizer, collate, prepare};
 use dpo_train::dpo::logps::DeviceBatch;
@@ -23,6 +21,8 @@ use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 use crate::common::bounds;
+use crate::common::trl::{TrainStep, assert_gradients, case_config};
+use crate::common::{cpu, fixtures};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -44,18 +44,6 @@ struct Case {
 }
 
 #[derive(Deserialize)]
-struct TrainStep {
-    loss: f64,
-    grads: BTreeMap<String, GradStats>,
-}
-
-#[derive(Deserialize)]
-struct GradStats {
-    norm: f64,
-    sum: f64,
-}
-
-#[derive(Deserialize)]
 struct Row {
     chosen_prompt: Vec<u32>,
     chosen: Vec<u32>,
@@ -63,31 +51,13 @@ struct Row {
     rejected: Vec<u32>,
 }
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
 fn fixture() -> Fixture {
     let text = std::fs::read_to_string(fixtures().join("expected/trl_ref_free.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
-/// The case's keys applied as `train` and `eval` apply flags.
 fn config(case: &Case) -> TrainConfig {
-    let mut values = vec![
-        ("model_name_or_path".to_owned(), fixtures().join(&case.model).display().to_string()),
-        ("train_file".to_owned(), fixtures().join(&case.dataset).display().to_string()),
-    ];
-    values
-        .extend(case.config.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))));
-    let cfg = TrainConfig::default().with_overrides(&values).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    cfg.resolve().unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    cfg
-}
-
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
-fn cpu() -> Device {
-    Device::libtorch()
+    case_config(&case.name, &case.model, &case.dataset, &case.config)
 }
 
 fn options(case: &Case, packing: Packing) -> EvalOptions {
@@ -238,19 +208,7 @@ fn a_training_batch_has_the_trainers_gradients() {
             );
             let model_dir = fixtures().join(&case.model);
             let relative = bounds::dpo_gradient(&model_dir, seq, tokens, slope, logp);
-            let scale = relative * want.grads.values().map(|g| g.norm * g.norm).sum::<f64>().sqrt();
-            assert_eq!(grads.grads.keys().collect::<Vec<_>>(), want.grads.keys().collect::<Vec<_>>(), "{what}");
-            for (name, trl) in &want.grads {
-                let g: Vec<f64> = host(&grads.grads[name]).into_iter().map(f64::from).collect();
-                let (norm, sum) = (g.iter().map(|x| x * x).sum::<f64>().sqrt(), g.iter().sum::<f64>());
-                let n = g.len() as f64;
-                assert!(
-                    (norm - trl.norm).abs() <= scale * n.sqrt(),
-                    "{what} {name}: gradient norm {norm}, TRL {}",
-                    trl.norm
-                );
-                assert!((sum - trl.sum).abs() <= scale * n, "{what} {name}: gradient sum {sum}, TRL {}", trl.sum);
-            }
+            assert_gradients(&what, &grads, want, relative);
         }
     }
 }

@@ -227,24 +227,16 @@ impl LossConfig {
             }
             return Ok(());
         }
-        if self.loss_type.len() > 1 {
-            let others: Vec<&str> = self.loss_type.iter().filter(|t| **t != LossType::Kto).map(|t| t.name()).collect();
-            return err(
-                "loss_type",
-                format!("`kto` trains alone (KTOTrainer has one loss), not with `{}`", others.join("`, `")),
-            );
-        }
-        let unsupported = [
-            ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
-            ("ld_alpha", self.ld_alpha.is_some()),
-            ("use_weighting", self.use_weighting),
-            ("label_smoothing", self.label_smoothing != 0.0),
-            ("reference_free", self.reference_free),
-        ];
-        if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
-            return err(key, "is not defined for `kto` (TRL's KTOTrainer has no such setting)".to_owned());
-        }
-        Ok(())
+        self.own_trainer(
+            LossType::Kto,
+            &[
+                ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
+                ("ld_alpha", self.ld_alpha.is_some()),
+                ("use_weighting", self.use_weighting),
+                ("label_smoothing", self.label_smoothing != 0.0),
+                ("reference_free", self.reference_free),
+            ],
+        )
     }
 
     /// Whether the loss is KTO (unpaired rows, each micro-batch's KL estimate).
@@ -264,24 +256,33 @@ impl LossConfig {
             return err("cpo_alpha", format!("must be >= 0, got {}", self.cpo_alpha));
         }
         let Some(family) = self.family() else { return Ok(()) };
-        let name = family.name();
+        self.own_trainer(
+            family,
+            &[
+                ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
+                ("ld_alpha", self.ld_alpha.is_some()),
+                ("use_weighting", self.use_weighting),
+                ("label_smoothing", family == LossType::Orpo && self.label_smoothing != 0.0),
+            ],
+        )
+    }
+
+    /// A loss of another TRL trainer than `DPOTrainer` trains alone, and none of the `set` keys
+    /// (those its trainer does not define) may be set.
+    fn own_trainer(&self, family: LossType, set: &[(&'static str, bool)]) -> Result<(), LossConfigError> {
+        let (name, trainer) = (family.name(), family.trainer());
         if self.loss_type.len() > 1 {
             let others: Vec<&str> = self.loss_type.iter().filter(|t| **t != family).map(|t| t.name()).collect();
-            return err(
-                "loss_type",
-                format!("`{name}` trains alone (its trainer has one loss), not with `{}`", others.join("`, `")),
-            );
+            let message = format!("`{name}` trains alone ({trainer} has one loss), not with `{}`", others.join("`, `"));
+            return Err(LossConfigError { key: "loss_type", message });
         }
-        let unsupported = [
-            ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
-            ("ld_alpha", self.ld_alpha.is_some()),
-            ("use_weighting", self.use_weighting),
-            ("label_smoothing", family == LossType::Orpo && self.label_smoothing != 0.0),
-        ];
-        if let Some((key, _)) = unsupported.iter().find(|(_, set)| *set) {
-            return err(key, format!("is not defined for `{name}` (TRL's {} has no such setting)", family.trainer()));
+        match set.iter().find(|(_, set)| *set) {
+            Some((key, _)) => {
+                let message = format!("is not defined for `{name}` (TRL's {trainer} has no such setting)");
+                Err(LossConfigError { key, message })
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The reference-free loss configured, if any (it is then the only one).

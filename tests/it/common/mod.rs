@@ -12,6 +12,7 @@ use dpo_train::train::Progress;
 
 pub mod bounds;
 pub mod cli;
+pub mod trl;
 
 /// `tests/fixtures/` of this checkout.
 pub fn fixtures() -> PathBuf {
