@@ -362,7 +362,8 @@ pub struct EvalArgs {
         action = clap::ArgAction::Set
     )]
     pub keep_end: Option<bool>,
-    /// Pairs per forward pass; results do not depend on it.
+    /// Pairs per forward pass; results do not depend on it, but for kto's (its KL rows borrow
+    /// completions within blocks of this many rows, TRL's per-device batch: at least 2).
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
     /// Where to run: `auto` (the first CUDA device torch sees, else the CPU), `cpu`, `cuda` or

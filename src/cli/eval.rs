@@ -19,6 +19,8 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     keys.ref_model_name_or_path = args.ref_model.clone();
     keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
     keys.check_reference_free()?;
+    // KTO's KL rows rotate within blocks of `--batch-size` here.
+    keys.per_device_train_batch_size = args.batch_size;
     keys.check_kto()?;
     truncation.rows = keys.truncation()?.rows;
     let opts = EvalOptions {
@@ -50,7 +52,15 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", serde_json::to_string(&report.metrics)?)?;
+        // The table's metrics in its order: TRL's names, none the trainer leaves out.
+        let m = &report.metrics;
+        let fields: Vec<String> = m
+            .named()
+            .into_iter()
+            .chain(m.extra())
+            .map(|(name, v)| Ok(format!("{}:{}", serde_json::to_string(name)?, serde_json::to_string(&v)?)))
+            .collect::<serde_json::Result<_>>()?;
+        writeln!(out, "{{{}}}", fields.join(","))?;
     } else {
         print_table(&mut out, &opts, &report)?;
     }

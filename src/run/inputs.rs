@@ -107,7 +107,7 @@ pub(super) fn load_inputs(
     // Every split is read and checked before any cache entry is written: a refused run leaves
     // nothing behind.
     let mut prepared: [Option<(PathBuf, Prepared, Option<PathBuf>)>; 3] = Default::default();
-    for (slot, split) in prepared.iter_mut().zip(splits(cfg)) {
+    for (i, (slot, split)) in prepared.iter_mut().zip(splits(cfg)).enumerate() {
         let path = match (split.file.map(String::as_str), demo_assets) {
             (None, _) => continue,
             (Some(DEMO), Some(a)) => (split.demo)(a).clone(),
@@ -115,6 +115,10 @@ pub(super) fn load_inputs(
         };
         let (data, store, split_notes) =
             prepare_split(&path, split.name, (cfg, truncation), (&tokenizer, &tokenizer_dir), interrupt, progress)?;
+        if cfg.loss.is_kto() && i == 0 {
+            data::kto::check_labels(&data.pairs)
+                .map_err(|e| data::DataError::InFile { path: path.clone(), source: Box::new(e) })?;
+        }
         notes.extend(split_notes);
         // Collation cuts every sequence to `max_length` (KTO's rows keep longer completions to lend).
         let longest = data.pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0).min(cfg.max_length);

@@ -6,7 +6,7 @@ use std::process::Output;
 
 use dpo_train::data::{LoadOptions, PreferenceRow, RowKind, Text, load_preferences};
 
-use crate::common::cli::{model, train};
+use crate::common::cli::{dpo_train, finish, model, train};
 use crate::common::fixtures;
 
 fn kto(unpair: bool) -> LoadOptions {
@@ -123,6 +123,17 @@ fn what_kto_cannot_train_on_is_one_line() {
         "{err}"
     );
 
+    // 0/1 labels are labels (TRL takes them); 2 is not.
+    let ints = write(
+        dir,
+        "ints.jsonl",
+        "{\"prompt\": \"a\", \"completion\": \" b\", \"label\": 1}\n{\"prompt\": \"a\", \"completion\": \" c\", \"label\": 2}\n",
+    );
+    let err = refused(dir, &ints, &["--loss-type", "kto"]);
+    assert!(err.contains("line 2: field `label` must be a boolean") && err.ends_with("found a number"), "{err}");
+    let rows = load_preferences(&ints, &kto(false)).map(|l| l.rows.len());
+    assert!(rows.is_err(), "line 2 is refused while reading");
+
     let kto_rows = fixtures().join("data/kto.jsonl");
     let err = refused(dir, &kto_rows, &[]);
     assert!(
@@ -136,6 +147,37 @@ fn what_kto_cannot_train_on_is_one_line() {
     assert!(err.contains("`--unpair`: only applies to `kto`"), "{err}");
     let err = refused(dir, &kto_rows, &["--loss-type", "kto,sigmoid"]);
     assert!(err.contains("`kto` trains alone"), "{err}");
+    let err = refused(dir, &kto_rows, &["--loss-type", "kto,kto"]);
+    assert!(err.contains("`kto` is given more than once"), "{err}");
+    let err = refused(dir, &kto_rows, &["--loss-type", "kto", "--loss-weights", "2"]);
+    assert!(err.contains("`--loss-weights`: is not defined for `kto`"), "{err}");
+    let err = refused(dir, &prefs, &["--desirable-weight", "2"]);
+    assert!(err.contains("`--desirable-weight`: only applies to `kto`"), "{err}");
     let err = refused(dir, &kto_rows, &["--loss-type", "kto", "--precompute-ref-log-probs", "true"]);
     assert!(err.contains("`--precompute-ref-log-probs`: is not supported with `kto`"), "{err}");
+}
+
+/// `dpo-train eval` takes a held-out set of one label (TRL evaluates it; only training is
+/// refused), with KL blocks of `--batch-size`, which must then be at least 2.
+#[test]
+fn eval_scores_one_label_and_needs_two_rows_a_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let gold = write(
+        dir.path(),
+        "gold.jsonl",
+        "{\"prompt\": \"a\", \"completion\": \" b\", \"label\": true}\n{\"prompt\": \"c\", \"completion\": \" d\", \"label\": true}\n",
+    );
+    let eval = |extra: &[&str]| {
+        let mut cmd = dpo_train();
+        cmd.args(["eval", "--model"]).arg(model()).args(["--data"]).arg(&gold);
+        cmd.args(["--tokenizer"]).arg(fixtures().join("tokenizer")).args(["--loss-type", "kto", "--json"]).args(extra);
+        finish(cmd, std::time::Duration::from_secs(120))
+    };
+    let out = eval(&[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json.get("rewards/rejected").is_none() && json.get("rewards/chosen").is_some(), "{json}");
+    let out = eval(&["--batch-size", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2 with `kto`"));
 }

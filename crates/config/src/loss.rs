@@ -222,10 +222,15 @@ impl LossConfig {
             }
         }
         if !self.is_kto() {
-            if self.unpair {
-                return err("unpair", "only applies to `kto`, which trains on unpaired rows".to_owned());
-            }
-            return Ok(());
+            let kto_only = [
+                ("unpair", self.unpair),
+                ("desirable_weight", self.desirable_weight != 1.0),
+                ("undesirable_weight", self.undesirable_weight != 1.0),
+            ];
+            return match kto_only.iter().find(|(_, set)| *set) {
+                Some((key, _)) => err(key, "only applies to `kto`, which trains on unpaired rows".to_owned()),
+                None => Ok(()),
+            };
         }
         self.own_trainer(
             LossType::Kto,
@@ -235,6 +240,7 @@ impl LossConfig {
                 ("use_weighting", self.use_weighting),
                 ("label_smoothing", self.label_smoothing != 0.0),
                 ("reference_free", self.reference_free),
+                ("loss_weights", !self.loss_weights.is_empty()),
             ],
         )
     }
@@ -263,6 +269,7 @@ impl LossConfig {
                 ("ld_alpha", self.ld_alpha.is_some()),
                 ("use_weighting", self.use_weighting),
                 ("label_smoothing", family == LossType::Orpo && self.label_smoothing != 0.0),
+                ("loss_weights", !self.loss_weights.is_empty()),
             ],
         )
     }
@@ -273,7 +280,10 @@ impl LossConfig {
         let (name, trainer) = (family.name(), family.trainer());
         if self.loss_type.len() > 1 {
             let others: Vec<&str> = self.loss_type.iter().filter(|t| **t != family).map(|t| t.name()).collect();
-            let message = format!("`{name}` trains alone ({trainer} has one loss), not with `{}`", others.join("`, `"));
+            let message = match others.is_empty() {
+                true => format!("`{name}` is given more than once ({trainer} has one loss)"),
+                false => format!("`{name}` trains alone ({trainer} has one loss), not with `{}`", others.join("`, `")),
+            };
             return Err(LossConfigError { key: "loss_type", message });
         }
         match set.iter().find(|(_, set)| *set) {

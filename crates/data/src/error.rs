@@ -108,7 +108,7 @@ pub enum DataError {
     NothingLeft { total: usize, reasons: String },
     /// KTO data whose rows all carry one label: its KL estimate and loss need both kinds.
     #[error(
-        "field `label`: all {rows} rows are {label}; KTO needs desirable (true) and undesirable (false) rows, as its KL estimate and loss compare both"
+        "field `label`: all {rows} rows are {label}; KTO trains on desirable (true) and undesirable (false) rows, pushing the first up and the second down"
     )]
     OneLabel { rows: usize, label: bool },
     /// Ctrl-C (or SIGTERM) while the data was read and tokenised: nothing was kept or written.

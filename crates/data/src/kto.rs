@@ -39,6 +39,17 @@ pub(super) fn tokenize_row(
     Ok((pair, prompt_len < prompt_ids.len()))
 }
 
+/// Refuses training rows of one label: KTO learns by pushing desirable completions up and
+/// undesirable ones down, and a set of one kind trains one side only (TRL runs it; the weights'
+/// balance it advises on has no meaning then). Held-out sets of one label are evaluated.
+pub fn check_labels(rows: &[TokenizedPair]) -> Result<(), DataError> {
+    let desirable = rows.iter().filter(|p| p.label == Some(true)).count();
+    match rows.is_empty() || (desirable > 0 && desirable < rows.len()) {
+        true => Ok(()),
+        false => Err(DataError::OneLabel { rows: rows.len(), label: desirable > 0 }),
+    }
+}
+
 /// `rows` with each one's KL completion in `rejected_ids`: rotated by one within consecutive
 /// blocks of `block` rows, and each sequence cut to `max_length` as `DataCollatorForUnpairedPreference`
 /// cuts it (the row's own completion too).

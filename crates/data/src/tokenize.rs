@@ -194,12 +194,6 @@ impl<'a> Tokenizing<'a> {
     /// The pairs kept and what happened to the rest; an error when none is kept.
     pub fn finish(self) -> Result<(Vec<TokenizedPair>, TokenizeReport), DataError> {
         let (pairs, mut report) = (self.pairs, self.report);
-        if self.truncation.rows == Rows::Kto && !pairs.is_empty() {
-            let desirable = pairs.iter().filter(|p| p.label == Some(true)).count();
-            if desirable == 0 || desirable == pairs.len() {
-                return Err(DataError::OneLabel { rows: pairs.len(), label: desirable > 0 });
-            }
-        }
         if pairs.is_empty() {
             let r = &report;
             let (too_long, empty, identical) =

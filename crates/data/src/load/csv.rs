@@ -91,10 +91,11 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
                 }
                 Shape::Unpaired { prompt, completion, label } => {
                     let Text::Plain(value) = field(*label, LABEL)? else { unreachable!("CSV fields are text") };
-                    // pandas (under `datasets`) reads these spellings as booleans.
+                    // pandas (under `datasets`) reads these spellings as booleans, and 0/1 as
+                    // integers, which TRL takes as labels too.
                     let label = match value.trim() {
-                        "true" | "True" | "TRUE" => true,
-                        "false" | "False" | "FALSE" => false,
+                        "true" | "True" | "TRUE" | "1" => true,
+                        "false" | "False" | "FALSE" | "0" => false,
                         other => {
                             let found = format!("`{other}`");
                             return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found });

@@ -526,6 +526,8 @@ fn unpaired_value(
     let completion = text_field(get(COMPLETION)?, COMPLETION)?;
     let label = match get(LABEL)? {
         Value::Bool(b) => *b,
+        // TRL takes 0/1 labels as booleans (it sums them and makes a bool tensor of them).
+        Value::Number(n) if n.as_u64().is_some_and(|n| n <= 1) => n.as_u64() == Some(1),
         Value::Null => return Err(RowProblem::Null { field: LABEL.to_owned() }),
         other => return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found: json_kind(other).to_owned() }),
     };

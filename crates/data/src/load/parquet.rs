@@ -105,11 +105,29 @@ fn cell(column: &ArrayRef, i: usize) -> Value {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column.as_ref(), i),
         DataType::List(_) => messages(column.as_list::<i32>(), i),
         DataType::LargeList(_) => messages(column.as_list::<i64>(), i),
-        // KTO's label; any other column type reaches the row check as what it is.
+        // KTO's label: a boolean, or an integer (0/1 pass the row check); any other column type
+        // reaches the row check as a string.
         DataType::Boolean => Value::Bool(column.as_boolean().value(i)),
-        t if t.is_integer() || t.is_floating() => Value::Number(0.into()),
+        t if t.is_integer() => integer(column.as_ref(), i).map_or(Value::Null, Value::from),
         _ => Value::String(String::new()),
     }
+}
+
+/// An integer cell of any of Arrow's integer types.
+fn integer(column: &dyn Array, i: usize) -> Option<i64> {
+    use arrow_array::types::{
+        Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    };
+    macro_rules! try_types {
+        ($($t:ty),*) => {$(
+            if let Some(a) = column.as_primitive_opt::<$t>() {
+                // A u64 past i64's range is no label either way.
+                return Some(i64::try_from(a.value(i)).unwrap_or(i64::MAX));
+            }
+        )*};
+    }
+    try_types!(Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type);
+    None
 }
 
 /// A string cell of any of Arrow's string layouts (null where the cell is not a string).
