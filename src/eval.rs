@@ -99,7 +99,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
     };
     let Prepared { mut pairs, summary } =
         data::prepare(&opts.data, &read, &tokenizer, opts.truncation, Default::default(), reading)?;
-    if opts.loss.is_kto() {
+    if opts.loss.kl_rows() {
         // KTO's KL rows rotate within blocks of the batch size (TRL's per-device batch).
         pairs = data::kto::with_kl(&pairs, opts.batch_size, opts.truncation.max_length);
     }

@@ -4,6 +4,9 @@
 //! batch's mismatched rows, detached, then per row `1 - σ(β(r - z))` where desirable and
 //! `1 - σ(β(z - r))` where not (`r` its log-ratio), weighted and averaged over the rows.
 //!
+//! `apo_zero_unpaired` (`KTOTrainer`'s other loss) is the same with `z = 0`: `1 - σ(βr)` and
+//! `1 - σ(-βr) = σ(βr)`; its rows carry no KL sequence.
+//!
 //! TRL averages `z` over the ranks' batches of a step; here each micro-batch's own rows give it,
 //! so N ranks compute what one device computes for the same micro-batches.
 
@@ -21,9 +24,13 @@ pub fn loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
     let device = s.chosen_logps.device();
     let b = s.desirable.len();
     let desirable = Tensor::<1>::from_data(TensorData::new(s.desirable.clone(), [b]), &device); // [B]
-    // TRL scores the KL rows under no_grad.
-    let kl = (s.rejected_logps.clone().detach() - s.ref_rejected_logps.clone()).mean().clamp_min(0.0); // [1]
-    let kl = kl.detach().expand([b]); // [B]
+    let kl = match cfg.kl_rows() {
+        // TRL scores the KL rows under no_grad.
+        true => (s.rejected_logps.clone().detach() - s.ref_rejected_logps.clone()).mean().clamp_min(0.0).detach(), // [1]
+        // apo_zero_unpaired: no KL term, and then KTO's formula is APO-zero's unpaired one.
+        false => Tensor::zeros([1], &device),
+    };
+    let kl = kl.expand([b]); // [B]
     let logratios = s.chosen_logps.clone() - s.ref_chosen_logps.clone(); // [B]
     let desirable_losses = sigmoid((logratios.clone() - kl.clone()) * cfg.beta).neg() + 1.0;
     let undesirable_losses = sigmoid((kl - logratios) * cfg.beta).neg() + 1.0;

@@ -88,7 +88,12 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
             }
             LossType::SigmoidNorm => -log_sigmoid(normalised() * beta),
             // `LossConfig::validate` keeps the reference-free family alone: handled above.
-            LossType::Cpo | LossType::Simpo | LossType::Alphapo | LossType::Orpo | LossType::Kto => continue,
+            LossType::Cpo
+            | LossType::Simpo
+            | LossType::Alphapo
+            | LossType::Orpo
+            | LossType::Kto
+            | LossType::ApoZeroUnpaired => continue,
         };
         let per_pair =
             if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };

@@ -223,7 +223,8 @@ impl MetricSums {
     /// KTO's sums: one KL estimate for the batch, the rest per row under its label.
     fn add_kto(&mut self, scored: &ScoredPairs, cfg: &LossConfig) {
         let (own, kl) = (&scored.chosen, &scored.rejected);
-        self.kl += super::kto::kl_estimate(&kl.logps, &kl.ref_logps);
+        // TRL logs 0 where it estimates no KL (apo_zero_unpaired).
+        self.kl += if cfg.kl_rows() { super::kto::kl_estimate(&kl.logps, &kl.ref_logps) } else { 0.0 };
         self.kl_batches += 1.0;
         for (i, &desirable) in scored.desirable.iter().enumerate() {
             let reward = cfg.beta * (own.logps[i] as f64 - own.ref_logps[i] as f64);

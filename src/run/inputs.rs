@@ -145,12 +145,13 @@ pub(super) fn load_inputs(
             micro_batch: split.micro_batch,
             kto_weights: (cfg.loss.is_kto() && i == 0)
                 .then_some([cfg.loss.desirable_weight, cfg.loss.undesirable_weight]),
+            kl_rows: cfg.loss.kl_rows(),
         });
         notes.extend(report.lines());
         (pairs[i], reports[i]) = (data.pairs, Some(report));
     }
     let [train, mut eval, mut test] = pairs;
-    if cfg.loss.is_kto() {
+    if cfg.loss.kl_rows() {
         // Evaluated rows borrow their KL completions as TRL's `_prepare_dataset` lends them; the
         // training rows borrow from their micro-batch, as it is drawn.
         for split in [&mut eval, &mut test] {

@@ -41,7 +41,8 @@ pub fn load_or_compute(
                 .line(&format!("warning: the cache entry `{}` is damaged ({why}): computing again", path.display()));
         }
     }
-    progress.line(&format!("precomputing reference log-probs for {} training pairs", run.data.train.len()));
+    let unit = if run.cfg.loss.is_kto() { "rows" } else { "pairs" };
+    progress.line(&format!("precomputing reference log-probs for {} training {unit}", run.data.train.len()));
     let logps = compute()?;
     if !run.rt.workers.is_main() {
         return Ok(logps);

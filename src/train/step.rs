@@ -182,7 +182,7 @@ pub fn optimizer_step(
     let loss_scale = t.state.loss_scaler.map_or(1.0, |s| s.scale);
     for (micro, ids) in mine.micro_batches.iter().enumerate() {
         let mut chunk: Vec<TokenizedPair> = ids.iter().map(|&i| data.train[i].clone()).collect();
-        if cfg.loss.is_kto() {
+        if cfg.loss.kl_rows() {
             // KTO's KL rows borrow completions within the micro-batch (TRL's per-device batch).
             chunk = data::kto::with_kl(&chunk, chunk.len(), Some(cfg.max_length));
         }

@@ -49,7 +49,7 @@ DATASETS = {
     "prefs": "data/prefs.jsonl",
     "prefs_conv": "data/prefs_conv.jsonl",
 }
-GRAD_CASES = {"kto", "kto_weights", "kto_conversational", "kto_unpaired_prefs"}
+GRAD_CASES = {"kto", "kto_weights", "kto_conversational", "kto_unpaired_prefs", "apo_zero_unpaired"}
 
 # (case name, dataset, policy, reference, TRL config overrides, dpo-train keys)
 CASES = [
@@ -63,6 +63,11 @@ CASES = [
     ("kto_unpaired_prefs_conv", "prefs_conv", "llama", "llama-ref", {}, {"loss_type": "kto", "unpair": True}),
     ("kto_qwen2", "kto", "qwen2", "qwen2", {}, {"loss_type": "kto"}),
     ("kto_qwen3", "kto", "qwen3", "qwen3", {}, {"loss_type": "kto"}),
+    # KTOTrainer's other loss: no KL estimate (TRL's calculate_KL is False).
+    ("apo_zero_unpaired", "kto", "llama", "llama-ref", {"loss_type": "apo_zero_unpaired"},
+     {"loss_type": "apo_zero_unpaired"}),
+    ("apo_zero_unpaired_prefs_conv", "prefs_conv", "llama", "llama-ref", {"loss_type": "apo_zero_unpaired", "beta": 0.5},
+     {"loss_type": "apo_zero_unpaired", "unpair": True, "beta": 0.5}),
 ]
 
 
@@ -146,7 +151,7 @@ def main():
             if key not in tokenized:
                 tokenized[key] = [
                     {"prompt": list(r["prompt_ids"]), "completion": list(r["completion_ids"]),
-                     "kl_completion": list(r["KL_completion_ids"]), "label": bool(r["label"])}
+                     "kl_completion": list(r.get("KL_completion_ids") or []), "label": bool(r["label"])}
                     for r in trainer.eval_dataset
                 ]
     payload = {

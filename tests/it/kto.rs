@@ -144,7 +144,7 @@ fn what_kto_cannot_train_on_is_one_line() {
     let err = refused(dir, &kto_rows, &["--loss-type", "kto", "--per-device-train-batch-size", "1"]);
     assert!(err.contains("`--per-device-train-batch-size`: must be at least 2 with `kto`, got 1"), "{err}");
     let err = refused(dir, &prefs, &["--unpair", "true"]);
-    assert!(err.contains("`--unpair`: only applies to `kto`"), "{err}");
+    assert!(err.contains("`--unpair`: only applies to KTOTrainer's losses"), "{err}");
     let err = refused(dir, &kto_rows, &["--loss-type", "kto,sigmoid"]);
     assert!(err.contains("`kto` trains alone"), "{err}");
     let err = refused(dir, &kto_rows, &["--loss-type", "kto,kto"]);
@@ -152,7 +152,7 @@ fn what_kto_cannot_train_on_is_one_line() {
     let err = refused(dir, &kto_rows, &["--loss-type", "kto", "--loss-weights", "2"]);
     assert!(err.contains("`--loss-weights`: is not defined for `kto`"), "{err}");
     let err = refused(dir, &prefs, &["--desirable-weight", "2"]);
-    assert!(err.contains("`--desirable-weight`: only applies to `kto`"), "{err}");
+    assert!(err.contains("`--desirable-weight`: only applies to KTOTrainer's losses"), "{err}");
     let err = refused(dir, &kto_rows, &["--loss-type", "kto", "--precompute-ref-log-probs", "true"]);
     assert!(err.contains("`--precompute-ref-log-probs`: is not supported with `kto`"), "{err}");
 }

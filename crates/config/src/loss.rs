@@ -56,11 +56,15 @@ pub enum LossType {
     /// weighted by `desirable_weight` / `undesirable_weight`, with `z` the clamped KL estimate
     /// from mismatched prompt/completion rows.
     Kto,
+    /// APO-zero's unpaired form (D'Oosterlinck et al. 2024), `KTOConfig(loss_type =
+    /// "apo_zero_unpaired")`: `1 - σ(βr)` for a desirable row and `σ(βr)` for an undesirable
+    /// one; KTO's rows without its KL estimate.
+    ApoZeroUnpaired,
 }
 
 impl LossType {
     /// Every loss type, in declaration order.
-    pub const ALL: [LossType; 20] = [
+    pub const ALL: [LossType; 21] = [
         Self::Sigmoid,
         Self::Hinge,
         Self::Ipo,
@@ -81,6 +85,7 @@ impl LossType {
         Self::Alphapo,
         Self::Orpo,
         Self::Kto,
+        Self::ApoZeroUnpaired,
     ];
 
     /// The name TRL uses, for messages and logs.
@@ -106,6 +111,7 @@ impl LossType {
             Self::Alphapo => "alphapo",
             Self::Orpo => "orpo",
             Self::Kto => "kto",
+            Self::ApoZeroUnpaired => "apo_zero_unpaired",
         }
     }
 
@@ -124,7 +130,7 @@ impl LossType {
         match self {
             Self::Cpo | Self::Simpo | Self::Alphapo => "CPOTrainer",
             Self::Orpo => "ORPOTrainer",
-            Self::Kto => "KTOTrainer",
+            Self::Kto | Self::ApoZeroUnpaired => "KTOTrainer",
             _ => "DPOTrainer",
         }
     }
@@ -228,12 +234,14 @@ impl LossConfig {
                 ("undesirable_weight", self.undesirable_weight != 1.0),
             ];
             return match kto_only.iter().find(|(_, set)| *set) {
-                Some((key, _)) => err(key, "only applies to `kto`, which trains on unpaired rows".to_owned()),
+                Some((key, _)) => {
+                    err(key, "only applies to KTOTrainer's losses (`kto`, `apo_zero_unpaired`)".to_owned())
+                }
                 None => Ok(()),
             };
         }
         self.own_trainer(
-            LossType::Kto,
+            self.unpaired_loss().unwrap_or(LossType::Kto),
             &[
                 ("f_divergence_type", self.f_divergence_type != FDivergence::ReverseKl),
                 ("ld_alpha", self.ld_alpha.is_some()),
@@ -245,8 +253,18 @@ impl LossConfig {
         )
     }
 
-    /// Whether the loss is KTO (unpaired rows, each micro-batch's KL estimate).
+    /// Whether the loss is one of `KTOTrainer`'s (kto, apo_zero_unpaired): unpaired rows.
     pub fn is_kto(&self) -> bool {
+        self.unpaired_loss().is_some()
+    }
+
+    /// `KTOTrainer`'s loss configured, if any.
+    pub fn unpaired_loss(&self) -> Option<LossType> {
+        self.loss_type.iter().copied().find(|t| matches!(t, LossType::Kto | LossType::ApoZeroUnpaired))
+    }
+
+    /// Whether each row is scored with a KL sequence (KTO's estimate; TRL's `calculate_KL`).
+    pub fn kl_rows(&self) -> bool {
         self.loss_type.contains(&LossType::Kto)
     }
 

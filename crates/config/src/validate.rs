@@ -87,17 +87,16 @@ impl TrainConfig {
         self.check_kto()
     }
 
-    /// What KTO cannot run with: a micro-batch of one row (its KL sequence would be its own,
-    /// TRL's "Actual (not effective) batch size must be > 1"), keep_end, which `KTOTrainer` does
-    /// not define, precomputed reference log-probs (the KL rows are formed from the micro-batch
-    /// drawn, so their reference cannot be computed ahead), and the SFT stage (its rows are not
-    /// all desirable). `eval` checks its flags here too.
+    /// What `KTOTrainer`'s losses cannot run with: keep_end, which it does not define, and the
+    /// SFT stage (its rows are not all desirable); and for kto, whose KL rows come from the
+    /// micro-batch drawn, a micro-batch of one row (its KL sequence would be its own, TRL's
+    /// "Actual (not effective) batch size must be > 1") and precomputed reference log-probs
+    /// (the KL rows' reference cannot be computed ahead). `eval` checks its flags here too.
     pub fn check_kto(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: String| Err(ConfigError::Invalid { key, message });
-        if !self.loss.is_kto() {
-            return Ok(());
-        }
-        if self.per_device_train_batch_size < 2 {
+        let Some(loss) = self.loss.unpaired_loss() else { return Ok(()) };
+        let name = loss.name();
+        if self.loss.kl_rows() && self.per_device_train_batch_size < 2 {
             return invalid(
                 "per_device_train_batch_size",
                 format!(
@@ -109,10 +108,10 @@ impl TrainConfig {
         if self.truncation_mode == "keep_end" {
             return invalid(
                 "truncation_mode",
-                "`keep_end` is not defined for `kto`: TRL's KTOTrainer keeps each sequence's start".to_owned(),
+                format!("`keep_end` is not defined for `{name}`: TRL's KTOTrainer keeps each sequence's start"),
             );
         }
-        if self.precompute_ref_log_probs {
+        if self.loss.kl_rows() && self.precompute_ref_log_probs {
             return invalid(
                 "precompute_ref_log_probs",
                 "is not supported with `kto`: its KL rows are formed from each micro-batch drawn, so their reference log-probs cannot be computed ahead".to_owned(),
@@ -121,7 +120,7 @@ impl TrainConfig {
         if self.sft_steps > 0 {
             return invalid(
                 "sft_steps",
-                "cannot precede `kto`: its rows are desirable and undesirable completions, not targets".to_owned(),
+                format!("cannot precede `{name}`: its rows are desirable and undesirable completions, not targets"),
             );
         }
         Ok(())

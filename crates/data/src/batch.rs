@@ -111,9 +111,17 @@ impl Batch {
         self.rows * self.len
     }
 
-    /// Token positions TRL's padded batch of the same sequences computes.
+    /// Token positions TRL's padded batch of the same sequences computes: one batch of the 2B
+    /// sequences for pairs; for KTO's rows, the rows' batch and, where they have KL sequences,
+    /// the KL batch, each padded to its own longest.
     pub fn padded_tokens(&self) -> usize {
-        self.sequences * self.lengths.iter().copied().max().unwrap_or(0)
+        let longest = |l: &[usize]| l.iter().copied().max().unwrap_or(0);
+        if self.desirable.is_empty() || self.sequences != 2 * self.pairs {
+            return self.sequences * longest(&self.lengths);
+        }
+        let (own, kl) = self.lengths.split_at(self.pairs);
+        let with_kl = self.completion_lengths[self.pairs..].iter().any(|&c| c > 0);
+        self.pairs * (longest(own) + if with_kl { longest(kl) } else { 0 })
     }
 
     /// Real tokens of every sequence (TRL's `num_tokens`).

@@ -17,6 +17,8 @@ pub struct DataReport {
     pub pairs_kept: usize,
     /// KTO's rows: how many of those kept are desirable (`None` for pairs).
     pub desirable: Option<usize>,
+    /// Whether the padding counts KTO's KL sequences.
+    pub kl_rows: bool,
     pub dropped: Dropped,
     /// Sequences (prompt + a completion) cut to `max_length`.
     pub sequences_truncated: usize,
@@ -90,6 +92,8 @@ pub struct ReportInput<'a> {
     pub micro_batch: usize,
     /// KTO's `desirable_weight` and `undesirable_weight` on a training split (the balance check).
     pub kto_weights: Option<[f64; 2]>,
+    /// Whether unpaired rows are scored with a KL sequence (kto; not apo_zero_unpaired).
+    pub kl_rows: bool,
 }
 
 impl DataReport {
@@ -102,6 +106,7 @@ impl DataReport {
             rows_read: read.rows + read.skipped.len(),
             pairs_kept: pairs.len(),
             desirable: unpaired(pairs).then(|| pairs.iter().filter(|p| p.label == Some(true)).count()),
+            kl_rows: input.kl_rows,
             dropped: Dropped {
                 bad: read.skipped.len(),
                 prompt_too_long: t.dropped_prompt_too_long.len(),
@@ -116,7 +121,7 @@ impl DataReport {
                 chosen: lengths(|p| p.chosen_ids.len()),
                 rejected: lengths(|p| p.rejected_ids.len()),
             },
-            padding_fraction: padding_fraction(pairs, input.micro_batch.max(1), input.max_length),
+            padding_fraction: padding_fraction(pairs, input.micro_batch.max(1), input.max_length, input.kl_rows),
             micro_batch: input.micro_batch,
             warnings: warnings(input),
         }
@@ -143,11 +148,12 @@ impl DataReport {
                     self.sequences_truncated
                 ),
                 format!(
-                    "  tokens p50/p90/p99/max: prompt {}, completion {}; padding {:.1}% at micro-batch {} (with the KL sequences)",
+                    "  tokens p50/p90/p99/max: prompt {}, completion {}; padding {:.1}% at micro-batch {}{}",
                     t.prompt.text(),
                     t.chosen.text(),
                     100.0 * self.padding_fraction,
-                    self.micro_batch
+                    self.micro_batch,
+                    if self.kl_rows { " (with the KL sequences)" } else { "" }
                 ),
             ];
             lines.extend(self.warnings.iter().map(|w| format!("  warning: {w}")));
@@ -186,9 +192,9 @@ fn unpaired(pairs: &[TokenizedPair]) -> bool {
 /// Padding over everything computed, batching `micro_batch` consecutive pairs as collation does
 /// (2 rows per pair, each as long as the batch's longest sequence; KTO's rows with their KL
 /// sequences).
-fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize, max_length: Option<usize>) -> f64 {
+fn padding_fraction(pairs: &[TokenizedPair], micro_batch: usize, max_length: Option<usize>, kl_rows: bool) -> f64 {
     let with_kl;
-    let pairs = if unpaired(pairs) {
+    let pairs = if unpaired(pairs) && kl_rows {
         with_kl = crate::kto::with_kl(pairs, micro_batch, max_length);
         &with_kl
     } else {
@@ -286,7 +292,7 @@ mod tests {
         assert_eq!(kto_balance(&rows, [0.4, 1.0]), None);
         assert_eq!(kto_balance(&rows[2..], [1.0, 1.0]), None, "balanced");
         // Padding counts each row's KL sequence (its block's other completion).
-        assert!((padding_fraction(&rows[2..], 2, None) - 0.0).abs() < 1e-12);
+        assert!((padding_fraction(&rows[2..], 2, None, true) - 0.0).abs() < 1e-12);
     }
 
     #[test]
@@ -301,9 +307,9 @@ mod tests {
     fn padding_counts_every_row_up_to_its_batchs_longest() {
         // Rows 4, 6 | 2, 2 in one micro-batch: 24 computed, 14 real.
         let pairs = [pair(&[1, 1, 1], 1, 3), pair(&[1], 1, 1)];
-        assert!((padding_fraction(&pairs, 2, None) - (1.0 - 14.0 / 24.0)).abs() < 1e-12);
+        assert!((padding_fraction(&pairs, 2, None, false) - (1.0 - 14.0 / 24.0)).abs() < 1e-12);
         // One pair per micro-batch: only the shorter completion pads.
-        assert!((padding_fraction(&pairs, 1, None) - (1.0 - 14.0 / 16.0)).abs() < 1e-12);
+        assert!((padding_fraction(&pairs, 1, None, false) - (1.0 - 14.0 / 16.0)).abs() < 1e-12);
     }
 
     #[test]
@@ -316,6 +322,7 @@ mod tests {
         let summary = DataSummary { read, tokenized: TokenizeReport::default(), eos_in_content: 1 };
         let input = |pairs, summary| ReportInput {
             kto_weights: None,
+            kl_rows: false,
             source: "d.jsonl".into(),
             split: None,
             summary,
