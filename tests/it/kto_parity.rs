@@ -5,8 +5,6 @@
 //! `tests/gen/make_kto_fixtures.py` (its KL completions rotate over the whole set, the block
 //! `eval --batch-size` takes here).
 
-use std::collections::BTreeMap;
-
 use dpo_train::config::TrainConfig;
 use dpo_train::data::{Columns, LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
 use dpo_train::dpo::logps::{Collation, DeviceBatch, reference_logps};
@@ -19,26 +17,8 @@ use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 use crate::common::bounds;
-use crate::common::trl::{TrainStep, assert_gradients, case_config};
+use crate::common::trl::{Case, Fixture, TrainStep, assert_gradients};
 use crate::common::{cpu, fixtures};
-
-#[derive(Deserialize)]
-struct Fixture {
-    cases: Vec<Case>,
-    tokenized: BTreeMap<String, Vec<Row>>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    dataset: String,
-    model: String,
-    ref_model: String,
-    config: BTreeMap<String, serde_json::Value>,
-    num_rows: usize,
-    metrics: BTreeMap<String, f64>,
-    train_step: Option<TrainStep>,
-}
 
 #[derive(Deserialize)]
 struct Row {
@@ -48,13 +28,12 @@ struct Row {
     label: bool,
 }
 
-fn fixture() -> Fixture {
-    let text = std::fs::read_to_string(fixtures().join("expected/trl_kto.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+fn fixture() -> Fixture<Row> {
+    Fixture::read("trl_kto.json")
 }
 
 fn config(case: &Case) -> TrainConfig {
-    case_config(&case.name, &case.model, &case.dataset, &case.config)
+    case.config()
 }
 
 fn read_options(cfg: &TrainConfig) -> LoadOptions {
@@ -102,7 +81,7 @@ fn every_kto_case_matches_trl() {
         for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
             let options = EvalOptions {
                 model: fixtures().join(&case.model),
-                ref_model: (case.ref_model != case.model).then(|| fixtures().join(&case.ref_model)),
+                ref_model: case.ref_model.as_ref().filter(|r| **r != case.model).map(|r| fixtures().join(r)),
                 tokenizer: Some(fixtures().join("tokenizer")),
                 data: fixtures().join(&case.dataset),
                 columns: Columns::default(),
@@ -174,7 +153,8 @@ fn a_training_batch_has_the_trainers_gradients() {
         let cfg = config(case);
         let truncation = cfg.truncation().unwrap();
         let (_, policy) = dpo_train::model::load(&fixtures().join(&case.model), &device).unwrap();
-        let (_, reference) = dpo_train::model::load(&fixtures().join(&case.ref_model), &cpu()).unwrap();
+        let ref_dir = fixtures().join(case.ref_model.as_ref().expect("every KTO case names its reference"));
+        let (_, reference) = dpo_train::model::load(&ref_dir, &cpu()).unwrap();
         let path = fixtures().join(&case.dataset);
         let rows =
             prepare(&path, &read_options(&cfg), &tok, truncation, Default::default(), &mut |_, _| {}).unwrap().pairs;

@@ -7,8 +7,6 @@
 //! padded batch (prompt and padding included), which depends on how the batch was padded;
 //! dpo-train reports them over the scored positions, as its DPO does.
 
-use std::collections::BTreeMap;
-
 use dpo_train::config::{LossConfig, TrainConfig};
 use dpo_train::data::{Columns, LoadOptions, Packing, Tokenizer, collate, prepare};
 use dpo_train::dpo::logps::DeviceBatch;
@@ -21,27 +19,8 @@ use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
 use crate::common::bounds;
-use crate::common::trl::{TrainStep, assert_gradients, case_config};
+use crate::common::trl::{Case, Fixture, TrainStep, assert_gradients};
 use crate::common::{cpu, fixtures};
-
-#[derive(Deserialize)]
-struct Fixture {
-    cases: Vec<Case>,
-    tokenized: BTreeMap<String, Vec<Row>>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    name: String,
-    dataset: String,
-    model: String,
-    /// dpo-train's keys for the case.
-    config: BTreeMap<String, serde_json::Value>,
-    num_rows: usize,
-    metrics: BTreeMap<String, f64>,
-    /// TRL's loss and gradients of one training batch of every row.
-    train_step: Option<TrainStep>,
-}
 
 #[derive(Deserialize)]
 struct Row {
@@ -51,13 +30,12 @@ struct Row {
     rejected: Vec<u32>,
 }
 
-fn fixture() -> Fixture {
-    let text = std::fs::read_to_string(fixtures().join("expected/trl_ref_free.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
+fn fixture() -> Fixture<Row> {
+    Fixture::read("trl_ref_free.json")
 }
 
 fn config(case: &Case) -> TrainConfig {
-    case_config(&case.name, &case.model, &case.dataset, &case.config)
+    case.config()
 }
 
 fn options(case: &Case, packing: Packing) -> EvalOptions {

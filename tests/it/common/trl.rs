@@ -10,6 +10,46 @@ use serde::Deserialize;
 
 use super::fixtures;
 
+/// A generator's output: its cases, and the trainer's tokenised rows (of type `R`) per dataset
+/// and `max_length`.
+#[derive(Deserialize)]
+pub struct Fixture<R> {
+    pub cases: Vec<Case>,
+    pub tokenized: BTreeMap<String, Vec<R>>,
+}
+
+impl<R: serde::de::DeserializeOwned> Fixture<R> {
+    /// `tests/fixtures/expected/<name>`.
+    pub fn read(name: &str) -> Self {
+        let text = std::fs::read_to_string(fixtures().join("expected").join(name)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+/// One case: TRL's `evaluate()` metrics on a dataset, and dpo-train's keys for it.
+#[derive(Deserialize)]
+pub struct Case {
+    pub name: String,
+    pub dataset: String,
+    pub model: String,
+    /// The reference model, where the case has one.
+    #[serde(default)]
+    pub ref_model: Option<String>,
+    /// dpo-train's keys for the case.
+    pub config: BTreeMap<String, serde_json::Value>,
+    pub num_rows: usize,
+    pub metrics: BTreeMap<String, f64>,
+    /// TRL's loss and gradients of one training batch of every row.
+    pub train_step: Option<TrainStep>,
+}
+
+impl Case {
+    /// The case's keys as flags, validated.
+    pub fn config(&self) -> TrainConfig {
+        case_config(&self.name, &self.model, &self.dataset, &self.config)
+    }
+}
+
 /// TRL's loss and gradients of one training batch of every row.
 #[derive(Deserialize)]
 pub struct TrainStep {
