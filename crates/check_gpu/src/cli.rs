@@ -70,9 +70,10 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "keep")]
     pub reference: Reference,
     /// Plan for a loss without a reference model (cpo, simpo, alphapo or orpo): no reference
-    /// memory, and the command trains that loss; or for kto, which keeps its reference and takes
-    /// at least 2 rows a micro-batch. DPO's losses keep a reference: omit the flag.
-    #[arg(long, value_name = "cpo|simpo|alphapo|orpo|kto", value_parser = parse_loss_type, conflicts_with = "reference")]
+    /// memory, and the command trains that loss; or for KTOTrainer's kto (its reference kept, at
+    /// least 2 rows a micro-batch) or apo_zero_unpaired. DPO's losses keep a reference: omit the
+    /// flag.
+    #[arg(long, value_name = "cpo|simpo|alphapo|orpo|kto|apo_zero_unpaired", value_parser = parse_loss_type, conflicts_with = "reference")]
     pub loss_type: Option<&'static str>,
     /// Plan with activation checkpointing (recompute activations in the backward pass).
     #[arg(long)]
@@ -254,7 +255,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         dtype: args.dtype,
         finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
         reference: match args.loss_type {
-            Some(loss) if loss != dpo_vocab::keys::KTO => Reference::None,
+            Some(loss) if !dpo_vocab::keys::UNPAIRED_LOSSES.contains(&loss) => Reference::None,
             _ => args.reference,
         },
         loss_type: args.loss_type,
@@ -417,12 +418,12 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
-/// `--loss-type`: one of dpo-vocab's reference-free losses, or kto (DPO's losses need no flag).
+/// `--loss-type`: one of dpo-vocab's reference-free or unpaired losses (DPO's need no flag).
 fn parse_loss_type(s: &str) -> Result<&'static str, String> {
-    let keys = dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().chain([dpo_vocab::keys::KTO]);
+    let keys = dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().chain(dpo_vocab::keys::UNPAIRED_LOSSES);
     keys.clone().find(|l| *l == s).ok_or_else(|| {
         format!(
-            "`{s}` is not a reference-free loss or kto ({}); a DPO loss needs no --loss-type",
+            "`{s}` is not a reference-free or unpaired loss ({}); a DPO loss needs no --loss-type",
             keys.collect::<Vec<_>>().join(", ")
         )
     })

@@ -667,7 +667,7 @@ fn a_reference_free_loss_plans_no_reference() {
     let out = run_on("dgx-a100", &["--loss-type", "sigmoid"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("`sigmoid` is not a reference-free loss or kto"), "{err}");
+    assert!(err.contains("`sigmoid` is not a reference-free or unpaired loss"), "{err}");
 }
 
 /// `--loss-type kto` keeps the reference (as DPO does), plans at least 2 rows a micro-batch
@@ -684,6 +684,12 @@ fn kto_keeps_its_reference_and_two_rows_a_micro_batch() {
     let (_, one) = plan_json("dgx-a100", &["--model-params", "1.5B", "--global-batch", "8", "--loss-type", "kto"]);
     let warnings = one["warnings"].to_string();
     assert!(warnings.contains("at least 2 rows a micro-batch"), "{one}");
+    // KTOTrainer's other loss keeps the reference without the minimum.
+    let (_, apo) =
+        plan_json("dgx-a100", &["--model-params", "1.5B", "--global-batch", "8", "--loss-type", "apo_zero_unpaired"]);
+    assert!(apo["memory"]["reference"].as_u64().expect("reference bytes") > 0, "{apo}");
+    assert!(!apo["warnings"].to_string().contains("rows a micro-batch"), "{apo}");
+    assert!(apo["command"].as_str().expect("command").ends_with(" --loss-type apo_zero_unpaired"), "{apo}");
 }
 
 /// `--data` puts the data in the command (no placeholder, no note), and a missing file is refused.

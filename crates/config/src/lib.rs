@@ -589,6 +589,12 @@ mod tests {
         for t in LossType::ALL.into_iter().filter(|t| t.is_reference_free()) {
             assert!(dpo_vocab::keys::REFERENCE_FREE_LOSSES.contains(&t.name()), "{}", t.name());
         }
+        // ... and keeps one for KTOTrainer's losses, with KTO's micro-batch minimum for `kto`.
+        for t in LossType::ALL {
+            let loss = LossConfig { loss_type: vec![t], ..LossConfig::default() };
+            assert_eq!(dpo_vocab::keys::UNPAIRED_LOSSES.contains(&t.name()), loss.is_kto(), "{}", t.name());
+            assert_eq!(t.name() == dpo_vocab::keys::KTO, loss.kl_rows(), "{}", t.name());
+        }
     }
 
     #[test]

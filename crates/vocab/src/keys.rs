@@ -46,6 +46,10 @@ pub const REFERENCE_FREE_LOSSES: [&str; 4] = ["cpo", "simpo", "alphapo", "orpo"]
 pub const KTO: &str = "kto";
 pub const KTO_MIN_MICRO_BATCH: u64 = 2;
 
+/// KTOTrainer's losses (unpaired rows, a reference kept): `kto`, and `apo_zero_unpaired`, which
+/// has no KL estimate and so no micro-batch minimum.
+pub const UNPAIRED_LOSSES: [&str; 2] = [KTO, "apo_zero_unpaired"];
+
 /// The launcher's GPU count or list (`--gpus 4`, `--gpus 0,2`, `--gpus auto`).
 pub const GPUS: &str = "gpus";
 /// The launcher's device list (`--devices cpu:4`).
