@@ -94,8 +94,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
         (None, true) => writeln!(out, "reference  the adapter's base (adapter off)")?,
         (None, false) => writeln!(out, "reference  the model itself")?,
     }
-    let unit = if opts.loss.is_kto() { "rows" } else { "pairs" };
-    writeln!(out, "data       {} ({} {unit})", opts.data.display(), report.pairs)?;
+    writeln!(out, "data       {} ({} {})", opts.data.display(), report.pairs, opts.loss.examples())?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
     let device = crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1);
     writeln!(out, "device     {}", device.trim_start_matches("device: "))?;

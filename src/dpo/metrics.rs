@@ -3,7 +3,6 @@
 //! ranks can add their sums before dividing.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use serde::Serialize;
 
 use super::logps::{DeviceBatch, SequenceScores};
 use super::loss::PairScores;
@@ -317,14 +316,13 @@ impl MetricSums {
 
     /// The means TRL reports.
     pub fn finish(&self, cfg: &LossConfig) -> Metrics {
-        let per = |sum: f64, count: f64| if count > 0.0 { sum / count } else { 0.0 };
+        if cfg.is_kto() {
+            return self.finish_kto();
+        }
         let family = cfg.family();
         // TRL's CPOTrainer logs 0 where the NLL is not trained (cpo_alpha = 0).
         let nll = family.map(|_| if cfg.nll_weight() == 0.0 { 0.0 } else { per(self.nll, self.nll_tokens) });
         let orpo = family == Some(LossType::Orpo);
-        if cfg.is_kto() {
-            return self.finish_kto();
-        }
         Metrics {
             nll_loss: nll,
             log_odds_ratio: orpo.then(|| per(self.log_odds_ratio, self.pairs)),
@@ -348,7 +346,6 @@ impl MetricSums {
     /// KTOTrainer's means: rewards and log-probs over each label's rows, no accuracy (its rows
     /// are not paired), the KL estimate over the batches.
     fn finish_kto(&self) -> Metrics {
-        let per = |sum: f64, count: f64| if count > 0.0 { sum / count } else { 0.0 };
         let undesirable = self.pairs - self.desirable;
         let (chosen, rejected) = (per(self.rewards_chosen, self.desirable), per(self.rewards_rejected, undesirable));
         Metrics {
@@ -376,45 +373,38 @@ impl MetricSums {
     }
 }
 
-/// The metrics under TRL's names, in TRL's order.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// The metrics, under TRL's names through [`Metrics::named`] and [`Metrics::extra`] (every
+/// output, the eval JSON included, goes through them, so an absent metric is never printed).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Metrics {
     pub loss: f64,
-    #[serde(rename = "rewards/chosen")]
     pub rewards_chosen: f64,
-    #[serde(rename = "rewards/rejected")]
     pub rewards_rejected: f64,
     /// Paired losses only (KTO's rows have no partner to beat).
-    #[serde(rename = "rewards/accuracies", skip_serializing_if = "Option::is_none")]
     pub rewards_accuracies: Option<f64>,
-    #[serde(rename = "rewards/margins")]
     pub rewards_margins: f64,
-    #[serde(rename = "logps/chosen")]
     pub logps_chosen: f64,
-    #[serde(rename = "logps/rejected")]
     pub logps_rejected: f64,
-    #[serde(rename = "logits/chosen")]
     pub logits_chosen: f64,
-    #[serde(rename = "logits/rejected")]
     pub logits_rejected: f64,
     pub entropy: f64,
     pub num_tokens: f64,
     /// The reference-free family's (CPOTrainer, ORPOTrainer): the chosen sequences' NLL.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub nll_loss: Option<f64>,
     /// ORPO's mean `log σ(log-odds ratio)` and mean log-odds ratio.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub log_odds_ratio: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub log_odds_chosen: Option<f64>,
     /// KTO's KL estimate (mean over batches), under KTOTrainer's name.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kl: Option<f64>,
     /// Metrics with nothing to average (KTO's `*/chosen` over batches without a desirable row,
     /// `*/rejected` without an undesirable one, and then the margin): left out, as TRL leaves
     /// them out of its log, rather than shown as 0.
-    #[serde(skip)]
     pub absent: &'static [&'static str],
+}
+
+/// A mean, 0 over nothing.
+fn per(sum: f64, count: f64) -> f64 {
+    if count > 0.0 { sum / count } else { 0.0 }
 }
 
 const NO_DESIRABLE: &[&str] = &["rewards/chosen", "logps/chosen", "logits/chosen", "rewards/margins"];

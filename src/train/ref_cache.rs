@@ -41,8 +41,8 @@ pub fn load_or_compute(
                 .line(&format!("warning: the cache entry `{}` is damaged ({why}): computing again", path.display()));
         }
     }
-    let unit = if run.cfg.loss.is_kto() { "rows" } else { "pairs" };
-    progress.line(&format!("precomputing reference log-probs for {} training {unit}", run.data.train.len()));
+    let (n, examples) = (run.data.train.len(), run.cfg.loss.examples());
+    progress.line(&format!("precomputing reference log-probs for {n} training {examples}"));
     let logps = compute()?;
     if !run.rt.workers.is_main() {
         return Ok(logps);

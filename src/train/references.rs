@@ -62,12 +62,9 @@ impl References {
         };
         let held_out = data.eval.len() + data.test.len();
         if held_out > 0 {
-            let what = match (run.cfg.loss.is_kto(), run.cfg.loss.kl_rows()) {
-                (true, true) => "rows (with their KL sequences)",
-                (true, false) => "rows",
-                (false, _) => "pairs",
-            };
-            progress.line(&format!("scoring {held_out} held-out {what} under the reference"));
+            let kl = if run.cfg.loss.kl_rows() { " (with their KL sequences)" } else { "" };
+            let examples = run.cfg.loss.examples();
+            progress.line(&format!("scoring {held_out} held-out {examples}{kl} under the reference"));
         }
         let eval = sharded_reference_logps(&reference, &data.eval, &collation, run)?;
         let test = sharded_reference_logps(&reference, &data.test, &collation, run)?;

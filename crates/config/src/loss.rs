@@ -258,6 +258,11 @@ impl LossConfig {
         self.unpaired_loss().is_some()
     }
 
+    /// What the data's examples are called in messages: KTO's `rows`, or `pairs`.
+    pub fn examples(&self) -> &'static str {
+        if self.is_kto() { "rows" } else { "pairs" }
+    }
+
     /// `KTOTrainer`'s loss configured, if any.
     pub fn unpaired_loss(&self) -> Option<LossType> {
         self.loss_type.iter().copied().find(|t| matches!(t, LossType::Kto | LossType::ApoZeroUnpaired))

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::{
-    COMPLETION, LABEL, LineIndex, LoadOptions, PreferenceRow, RowKind, Rows, Text, build_row, build_unpaired_row,
+    COMPLETION, LABEL, LineIndex, LoadOptions, PreferenceRow, Reading, Rows, Text, build_row, build_unpaired_row,
 };
 use crate::error::{DataError, RowProblem};
 
@@ -36,22 +36,14 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
             header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
         },
     };
-    let paired = find(&cols.chosen).is_some() || find(&cols.rejected).is_some();
-    let unpaired = find(COMPLETION).is_some() && find(LABEL).is_some();
-    let shape = match opts.rows {
-        RowKind::Unpaired { .. } if unpaired || !paired => Shape::Unpaired {
+    let shape = match opts.rows.reading(cols, |name| find(name).is_some()) {
+        Reading::Unpaired => Shape::Unpaired {
             prompt: find(&cols.prompt).ok_or_else(|| missing(&cols.prompt))?,
             completion: find(COMPLETION).ok_or_else(|| missing(COMPLETION))?,
             label: find(LABEL).ok_or_else(|| missing(LABEL))?,
         },
-        RowKind::Unpaired { unpair: false } => {
-            Shape::Refused(RowProblem::PairedForKto { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() })
-        }
-        RowKind::Pairs if unpaired && !paired => Shape::Refused(RowProblem::UnpairedForPairs {
-            chosen: cols.chosen.clone(),
-            rejected: cols.rejected.clone(),
-        }),
-        _ => Shape::Pairs {
+        Reading::Refused(problem) => Shape::Refused(problem),
+        Reading::Pairs => Shape::Pairs {
             chosen: find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
             rejected: find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
             prompt: find(&cols.prompt),

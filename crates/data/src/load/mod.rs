@@ -86,6 +86,28 @@ impl RowKind {
     pub fn of(loss: &dpo_config::LossConfig) -> Self {
         if loss.is_kto() { Self::Unpaired { unpair: loss.unpair } } else { Self::Pairs }
     }
+
+    /// How a row (or a file, by its columns) is read, from the fields `has` finds: one rule for
+    /// every format.
+    fn reading(self, cols: &Columns, has: impl Fn(&str) -> bool) -> Reading {
+        let paired = has(&cols.chosen) || has(&cols.rejected);
+        let unpaired = has(COMPLETION) && has(LABEL);
+        let (chosen, rejected) = (cols.chosen.clone(), cols.rejected.clone());
+        match self {
+            Self::Unpaired { .. } if unpaired || !paired => Reading::Unpaired,
+            Self::Unpaired { unpair: false } => Reading::Refused(RowProblem::PairedForKto { chosen, rejected }),
+            Self::Pairs if unpaired && !paired => Reading::Refused(RowProblem::UnpairedForPairs { chosen, rejected }),
+            _ => Reading::Pairs,
+        }
+    }
+}
+
+/// What [`RowKind::reading`] decides.
+enum Reading {
+    Pairs,
+    Unpaired,
+    /// Rows of the other kind than the loss reads: each is this problem.
+    Refused(RowProblem),
 }
 
 /// TRL's `unpair_preference_dataset` is a batched `datasets.map` (batches of 1000 rows) that
@@ -389,23 +411,13 @@ impl<'a> Rows<'a> {
             return self.bad_row(line, RowProblem::NotAnObject { found: json_kind(value) });
         };
         let cols = self.cols;
-        let paired = obj.contains_key(&cols.chosen) || obj.contains_key(&cols.rejected);
-        let unpaired = obj.contains_key(COMPLETION) && obj.contains_key(LABEL);
-        match self.kind {
-            RowKind::Unpaired { .. } if !paired || unpaired => {
+        match self.kind.reading(cols, |field| obj.contains_key(field)) {
+            Reading::Unpaired => {
                 self.implicit.get_or_insert((false, line));
                 return self.push(line, unpaired_value(line, obj, cols));
             }
-            RowKind::Unpaired { unpair: false } => {
-                let problem = RowProblem::PairedForKto { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() };
-                return self.bad_row(line, problem);
-            }
-            RowKind::Pairs if unpaired && !paired => {
-                let problem =
-                    RowProblem::UnpairedForPairs { chosen: cols.chosen.clone(), rejected: cols.rejected.clone() };
-                return self.bad_row(line, problem);
-            }
-            _ => {}
+            Reading::Refused(problem) => return self.bad_row(line, problem),
+            Reading::Pairs => {}
         }
         let has_prompt = obj.contains_key(&cols.prompt);
         // The first good row decides; a bad one decides nothing (it is skipped or is the error).

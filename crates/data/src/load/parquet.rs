@@ -13,8 +13,8 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
-use super::{COMPLETION, LABEL, LoadOptions, ReadSummary, RowKind, Rows};
-use crate::error::DataError;
+use super::{COMPLETION, LABEL, LoadOptions, ReadSummary, Reading, Rows};
+use crate::error::{DataError, RowProblem};
 
 /// Rows decoded at a time.
 const BATCH_ROWS: usize = 1024;
@@ -32,12 +32,12 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
         column: column.to_owned(),
         found: fields.iter().map(|f| format!("`{}`", f.name())).collect::<Vec<_>>().join(", "),
     };
-    let paired = index(&cols.chosen).is_some() || index(&cols.rejected).is_some();
+    // The columns of the rows the file holds: each row of the kind the loss does not read is
+    // refused by `push_value`, which needs those columns to say so.
     let unpaired = index(COMPLETION).is_some() && index(LABEL).is_some();
-    // KTO's rows where the loss reads them (a mismatch is each row's error, from `push_value`).
-    let kto = match opts.rows {
-        RowKind::Unpaired { .. } => unpaired || !paired,
-        RowKind::Pairs => unpaired && !paired,
+    let kto = match opts.rows.reading(cols, |name| index(name).is_some()) {
+        Reading::Unpaired | Reading::Refused(RowProblem::UnpairedForPairs { .. }) => true,
+        Reading::Pairs | Reading::Refused(_) => false,
     };
     let texts: Vec<&str> = if kto { vec![COMPLETION] } else { vec![&cols.chosen, &cols.rejected] };
     let mut wanted = Vec::new();
