@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu-bundle/run.sh [SECTION ...] (copied there by tools/gpu_bundle.sh): `make gpu-check` on a GPU
 # machine with torch but no Rust toolchain, from the binaries in this folder; sections as
-# benches/gpu.rs names them (probe nccl attention parity throughput scale profile; default all). Writes
+# benches/gpu.rs names them (path probe nccl attention parity throughput scale offload memory profile; default all). Writes
 # results/gpu/<date>-<gpu>.md in the checkout and, where OUT is set, copies it, the profiler
 # traces and the whole log there.
 set -u
@@ -35,7 +35,9 @@ export LD_LIBRARY_PATH=$TORCH/lib DPO_TRAIN_VENV=$PREFIX CARGO_TARGET_DIR=$BUILT
 $PY -c 'import trl, datasets, transformers; print("trl", trl.__version__, "datasets", datasets.__version__, "transformers", transformers.__version__)'
 "$T/dpo-train" --version || exit 1
 cd "$BUILT"
+STARTED=$(mktemp) # the results written after this
 timeout "${GPU_CHECK_SECONDS:-480}" "$T/deps/gpu-bench" --bench "$@"
 echo "gpu-check exit $?"
-if [ -n "$OUT" ]; then cp results/gpu/*.md results/gpu/traces/*.gz "$OUT/" 2>/dev/null; fi
+# What this run wrote (the checkout's older results stay behind: $OUT takes 8 files).
+if [ -n "$OUT" ]; then find results/gpu -maxdepth 2 -type f -newer "$STARTED" -exec cp {} "$OUT/" \; ; fi
 ls -la results/gpu results/gpu/traces

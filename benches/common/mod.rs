@@ -186,6 +186,12 @@ pub struct TrainRate {
     pub peak_bytes: Option<f64>,
     /// On CUDA, the most the CUDA allocator handed out while training (rank 0), bytes.
     pub cuda_peak_bytes: Option<f64>,
+    /// On CUDA, the most it held from the driver (rank 0), bytes.
+    pub cuda_reserved_bytes: Option<f64>,
+    /// Under `--offload-optimizer`, rank 0's copies each way a step, milliseconds.
+    pub offload_copy_ms: Option<f64>,
+    /// Seconds a step, from the end of step 1 to the end of the last.
+    pub step_seconds: f64,
 }
 
 /// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
@@ -218,7 +224,7 @@ pub fn dpo_train_rate_env(
     extra: &[&str],
     envs: &[(&str, &Path)],
 ) -> TrainRate {
-    let run = format!("run{max_length}{}", extra.join("").replace(['-', ':'], "_"));
+    let run = run_name(max_length, extra);
     let _ = std::fs::remove_dir_all(out.join(&run));
     let config = out.join(format!("{run}.toml"));
     let text = format!(
@@ -250,7 +256,18 @@ pub fn dpo_train_rate_env(
         tokens_per_second: tokens / seconds,
         peak_bytes: reported_peak(&said, "peak resident memory while training"),
         cuda_peak_bytes: reported_peak(&said, "peak CUDA memory allocated while training"),
+        cuda_reserved_bytes: reported_peak(&said, "peak CUDA memory reserved while training"),
+        offload_copy_ms: said
+            .lines()
+            .find_map(|l| l.split("offloaded optimizer's copies, rank 0: ").nth(1))
+            .and_then(|rest| rest.split(' ').next()?.parse().ok()),
+        step_seconds: seconds / (train.len() - 1) as f64,
     }
+}
+
+/// The directory under `out` where [`dpo_train_rate_env`] runs `max_length` with `extra` flags.
+pub fn run_name(max_length: usize, extra: &[&str]) -> String {
+    format!("run{max_length}{}", extra.join("").replace(['-', ':', '.'], "_"))
 }
 
 /// Rank 0's figure of dpo-train's "<what>, per rank: X GiB, ..." line.

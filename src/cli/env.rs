@@ -33,7 +33,7 @@ pub struct Build {
 /// The torch this binary links (its `lib/` folder is in the binary's rpath).
 #[derive(Debug, Serialize)]
 pub struct Torch {
-    pub lib: &'static str,
+    pub lib: String,
     /// `torch.__version__`, read from its `version.py`.
     pub version: Option<String>,
     /// The CUDA it was built with (`torch.version.cuda`); `None` for a CPU build.
@@ -111,7 +111,8 @@ pub fn changes_a_run(name: &str) -> bool {
 
 /// The report of this build on this machine, with `vars` as the environment.
 pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
-    let torch_root = Path::new(dpo_torch::TORCH_LIB).parent().map(Path::to_path_buf).unwrap_or_default();
+    let lib = torch_lib();
+    let torch_root = Path::new(&lib).parent().map(Path::to_path_buf).unwrap_or_default();
     let site_packages = torch_root.parent().map(Path::to_path_buf).unwrap_or_default();
     let version_py = std::fs::read_to_string(torch_root.join("version.py")).unwrap_or_default();
     let nccl = probe::nccl::probe();
@@ -136,7 +137,7 @@ pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
     EnvReport {
         dpo_train: Build { version: env!("CARGO_PKG_VERSION"), commit: env!("DPO_TRAIN_COMMIT") },
         torch: Torch {
-            lib: dpo_torch::TORCH_LIB,
+            lib,
             version: python_string(&version_py, "__version__"),
             cuda: python_string(&version_py, "cuda"),
             cudnn: wheel_version(&site_packages, "nvidia_cudnn_cu"),
@@ -171,7 +172,7 @@ pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
 
 /// The line `dpo-train --version` prints after the name: the version, commit, torch and backends.
 pub fn version_line() -> String {
-    let torch_root = Path::new(dpo_torch::TORCH_LIB).parent().map(Path::to_path_buf).unwrap_or_default();
+    let torch_root = Path::new(&torch_lib()).parent().map(Path::to_path_buf).unwrap_or_default();
     let torch =
         python_string(&std::fs::read_to_string(torch_root.join("version.py")).unwrap_or_default(), "__version__");
     let backends = if dpo_torch::has_nccl() { "gloo, nccl" } else { "gloo" };
@@ -201,6 +202,14 @@ fn wheel_version(site_packages: &Path, prefix: &str) -> Option<String> {
         .collect();
     found.sort();
     found.pop()
+}
+
+/// The folder of the libtorch this process loaded (`LD_LIBRARY_PATH` can point elsewhere than
+/// the build's rpath, as on a machine that runs a bundle built here), else the build's.
+fn torch_lib() -> String {
+    loaded_library("libtorch_cpu.so")
+        .and_then(|l| Some(Path::new(&l).parent()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dpo_torch::TORCH_LIB.to_owned())
 }
 
 /// The path of the loaded shared library whose file name starts with `name`, from

@@ -69,6 +69,18 @@ pub struct Offload {
     /// `shard` being `(rank, world_size)`.
     pub masters: BTreeMap<String, Tensor<1>>,
     pub shard: Option<(usize, usize)>,
+    /// Wall time of the copies so far (gradients to the host, new values back, each after the
+    /// device's queued work is done, so the wait for the backward pass is not counted), and
+    /// their bytes: what the offload costs beside the host's update.
+    pub copies: CopyTally,
+}
+
+/// The offloaded optimizer's copies, summed over the run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CopyTally {
+    pub seconds: f64,
+    pub to_host_bytes: u64,
+    pub to_device_bytes: u64,
 }
 
 impl Offload {
@@ -91,6 +103,17 @@ impl Offload {
         }
         t.to_device(&self.host)
     }
+}
+
+/// Waits for `t`'s device to finish its queued work (a CUDA device; the CPU has none) and
+/// returns the moment it did.
+fn synchronized(t: &Tensor<1>) -> std::time::Instant {
+    if let Ok((t, _)) = bridge::to_tch(t.clone())
+        && let tch::Device::Cuda(i) = t.device()
+    {
+        tch::Cuda::synchronize(i64::try_from(i).unwrap_or(0));
+    }
+    std::time::Instant::now()
 }
 
 /// A flat tensor padded with zeros to `world` slices of equal length (ZeRO's layout).
@@ -353,14 +376,28 @@ impl AdamW {
         };
         self.moments.insert(name.to_owned(), moments);
         let mut now = Queue::default();
-        let updated = self.enqueue(&mut now, name, master, off.to_host(grad.cast(FloatDType::F32)), cfg);
+        let grad = grad.cast(FloatDType::F32);
+        let started = synchronized(&grad);
+        let grad = off.to_host(grad);
+        off.copies.seconds += started.elapsed().as_secs_f64();
+        off.copies.to_host_bytes += 4 * grad.dims()[0] as u64;
+        let updated = self.enqueue(&mut now, name, master, grad, cfg);
         let updated = updated.and_then(|u| now.run(self.step, lr, cfg).map(|()| u));
         // The offload state goes back before any error is returned.
         let updated = updated.inspect(|u| {
             off.masters.insert(name.to_owned(), u.clone());
         });
+        let updated = updated.map(|u| {
+            let half = u.cast(off_dtype);
+            let started = std::time::Instant::now();
+            let back = half.to_device(&device);
+            let _ = synchronized(&back);
+            off.copies.seconds += started.elapsed().as_secs_f64();
+            off.copies.to_device_bytes += (burn::tensor::DType::from(off_dtype).size() * back.dims()[0]) as u64;
+            back
+        });
         self.offload = Some(off);
-        Ok(updated?.cast(off_dtype).to_device(&device))
+        Ok(updated?)
     }
 
     /// Queues [`AdamW::update`] where `p` and `grad` are, for torch's fused kernel (the one
@@ -481,7 +518,14 @@ mod tests {
     fn a_pin_that_fails_falls_back_to_a_plain_copy() {
         // Without an accelerator pinning fails (issue 39: tch's `pin_memory` panicked instead).
         let (host, device_dtype) = (cpu(), FloatDType::F32);
-        let off = Offload { host, device_dtype, pin: true, masters: Default::default(), shard: None };
+        let off = Offload {
+            host,
+            device_dtype,
+            pin: true,
+            masters: Default::default(),
+            shard: None,
+            copies: Default::default(),
+        };
         let t = Tensor::<1>::from_data(TensorData::new(vec![1.0f32, -2.5, 3.0], [3]), &cpu());
         assert_eq!(crate::model::host(&off.to_host(t)), [1.0, -2.5, 3.0]);
     }

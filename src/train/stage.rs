@@ -51,7 +51,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
 
     progress.start(name, trained.state.step, total_steps);
     let mut marks = Marks::start(run)?;
-    let (started, elapsed_before) = (Instant::now(), trained.state.elapsed_seconds);
+    let (started, elapsed_before, first_step) = (Instant::now(), trained.state.elapsed_seconds, trained.state.step);
     let mut window = Window::new();
     let mut positions = Positions::default();
     let (mut last_eval, mut last_status, mut interrupted) = (None, String::new(), false);
@@ -107,6 +107,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     }
     positions.add(window.positions);
     report_positions(run, name, positions, plan.packing, progress)?;
+    report_copies(&trained, name, trained.state.step - first_step, progress);
     finish(
         run,
         stage,
@@ -175,7 +176,9 @@ fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Pr
     let resident = crate::malloc::peak_resident().unwrap_or(0);
     let mut lines = vec![("peak resident memory while training", resident)];
     if let Some(index) = cuda {
-        lines.push(("peak CUDA memory allocated while training", dpo_torch::allocator::peak_allocated(index)?));
+        let peaks = dpo_torch::allocator::peaks(index)?;
+        lines.push(("peak CUDA memory allocated while training", peaks.allocated));
+        lines.push(("peak CUDA memory reserved while training", peaks.reserved));
     }
     let workers = run.rt.workers;
     for (what, bytes) in lines {
@@ -186,6 +189,19 @@ fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Pr
         progress.line(&format!("{name}: {what}, per rank: {}", gib.join(", ")));
     }
     Ok(())
+}
+
+/// Prints (rank 0) what the offloaded optimizer's copies cost this rank a step, where it ran.
+fn report_copies(trained: &Trained, name: &str, steps: u64, progress: &mut dyn Progress) {
+    let Some(off) = trained.optimizer.offload.as_ref().filter(|_| steps > 0) else { return };
+    let (c, mib) = (off.copies, |b: u64| b as f64 / steps as f64 / f64::from(1u32 << 20));
+    progress.line(&format!(
+        "{name}: offloaded optimizer's copies, rank 0: {:.1} ms a step ({:.1} MiB to the host, {:.1} MiB back{})",
+        1e3 * c.seconds / steps as f64,
+        mib(c.to_host_bytes),
+        mib(c.to_device_bytes),
+        if off.pin { ", page-locked" } else { ", pageable" }
+    ));
 }
 
 /// Prints (rank 0) how many token positions the forward passes computed over every rank, next to
@@ -443,6 +459,7 @@ fn start(
         device_dtype: spec.compute_dtype,
         masters: Default::default(),
         shard: None,
+        copies: Default::default(),
     });
     if let Some(lora) = &spec.lora {
         let mut trainable = 0;

@@ -443,21 +443,24 @@ extern "C" int c10d_cuda_device_name(int device, char* out, size_t capacity) {
 #endif
 }
 
-extern "C" int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak) {
+extern "C" int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak, int64_t* reserved) {
 #ifdef USE_C10D_NCCL
   return guarded("cuda_peak_allocated", [&] {
-    TORCH_CHECK(peak != nullptr, "null output");
+    TORCH_CHECK(peak != nullptr && reserved != nullptr, "null output");
     auto index = static_cast<c10::DeviceIndex>(device);
     if (reset != 0) {
       c10::cuda::CUDACachingAllocator::resetPeakStats(index);
     }
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-    *peak = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *peak = stats.allocated_bytes[aggregate].peak;
+    *reserved = stats.reserved_bytes[aggregate].peak;
   });
 #else
   (void)device;
   (void)reset;
   (void)peak;
+  (void)reserved;
   return fail(C10D_ERR_STD, "cuda_peak_allocated: this build has no CUDA (the nccl feature is off)");
 #endif
 }

@@ -104,9 +104,10 @@ int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tens
 int c10d_cuda_device_name(int device, char* out, size_t capacity);
 
 // The most bytes the CUDA caching allocator has handed out on `device` since the last reset (what
-// `torch.cuda.max_memory_allocated` reports) into `*peak`; `reset` != 0 first starts a new mark.
+// `torch.cuda.max_memory_allocated` reports) into `*peak`, and the most it held from the driver
+// (`max_memory_reserved`) into `*reserved`; `reset` != 0 first starts a new mark.
 // C10D_ERR_STD in a build without CUDA (the nccl feature off).
-int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak);
+int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak, int64_t* reserved);
 
 // Whether torch's scaled_dot_product_attention may pick cuDNN's kernel
 // (`torch.backends.cuda.enable_cudnn_sdp`). Process-wide.

@@ -22,7 +22,22 @@ pub fn reset_peak_allocated(index: usize) -> Result<(), TorchError> {
 
 /// The most bytes allocated on CUDA device `index` since the last reset (or the process start).
 pub fn peak_allocated(index: usize) -> Result<u64, TorchError> {
+    call(index, false).map(|p| p.allocated)
+}
+
+/// The high-water marks of CUDA device `index` since the last reset.
+pub fn peaks(index: usize) -> Result<Peaks, TorchError> {
     call(index, false)
+}
+
+/// The caching allocator's high-water marks, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peaks {
+    /// Handed out to tensors (`torch.cuda.max_memory_allocated`).
+    pub allocated: u64,
+    /// Held from the driver, cached free blocks included (`torch.cuda.max_memory_reserved`):
+    /// what must fit on the GPU.
+    pub reserved: u64,
 }
 
 /// The name of CUDA device `index` (`torch.cuda.get_device_name`), e.g. "NVIDIA H100 80GB HBM3".
@@ -37,13 +52,16 @@ pub fn cuda_device_name(index: usize) -> Result<String, TorchError> {
     Ok(name.to_string_lossy().into_owned())
 }
 
-fn call(index: usize, reset: bool) -> Result<u64, TorchError> {
-    let mut peak = 0i64;
+fn call(index: usize, reset: bool) -> Result<Peaks, TorchError> {
+    let (mut allocated, mut reserved) = (0i64, 0i64);
     let device = i32::try_from(index).unwrap_or(i32::MAX);
-    // SAFETY: `peak` is a live i64 for the call; the shim checks the device and catches every
-    // C++ exception.
-    check("cuda_peak_allocated", unsafe { ffi::c10d_cuda_peak_allocated(device, i32::from(reset), &mut peak) })?;
-    Ok(u64::try_from(peak).unwrap_or(0))
+    // SAFETY: both outputs are live i64s for the call; the shim checks the device and catches
+    // every C++ exception.
+    check("cuda_peak_allocated", unsafe {
+        ffi::c10d_cuda_peak_allocated(device, i32::from(reset), &mut allocated, &mut reserved)
+    })?;
+    let bytes = |b: i64| u64::try_from(b).unwrap_or(0);
+    Ok(Peaks { allocated: bytes(allocated), reserved: bytes(reserved) })
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ unsafe extern "C" {
         max_k: i64,
         out: *mut *mut C_tensor,
     ) -> i32;
-    pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64) -> i32;
+    pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64, reserved: *mut i64) -> i32;
     pub fn c10d_cuda_device_name(device: i32, out: *mut std::ffi::c_char, capacity: usize) -> i32;
     pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
     pub fn c10d_profiler_start(with_cuda: i32) -> i32;

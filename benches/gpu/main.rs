@@ -10,13 +10,17 @@
 //! 5. throughput and model-FLOPs utilisation next to TRL's `DPOTrainer` on the same GPU
 //!    (the chat-sized workload of `make bench-trl`, and the medium model);
 //! 6. the same for a 1B model (TinyLlama's shape) at max_length 1024, packed and padded;
-//! 7. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces).
+//! 7. the offloaded optimizer against the plain step, and dpo-train's peak CUDA memory over a grid
+//!    of shapes and settings (`memory.rs`);
+//! 8. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces).
 //!
 //! Without a CUDA device it says so and exits 0. The file is rewritten after each section, so a
 //! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
 //! Failures of the checks make the exit status 1, after the results file is written.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod memory;
 
 use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -38,7 +42,7 @@ fn main() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|offload|memory|profile ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
@@ -76,6 +80,15 @@ fn main() {
     }
     if runs("scale") {
         report.section("A 1B model against TRL on this GPU", |f| scale(&work, out.path(), f));
+    }
+    if runs("offload") {
+        report.section("The offloaded optimizer on cuda:0 against the plain step", |f| {
+            memory::offload(&work, out.path(), f)
+        });
+    }
+    if runs("memory") {
+        let json = dir.join(format!("memory-{slug}.json"));
+        report.section("dpo-train's peak CUDA memory over a grid", |f| memory::memory(&work, out.path(), &json, f));
     }
     if runs("profile") {
         report.section("Where a step's time goes (torch profiler)", |_| profile(&work, out.path()));
@@ -322,7 +335,7 @@ fn losses(model: &Path, data: &Path, out: &Path, device: &str, flags: &[&str]) -
     let mut args = flags.to_vec();
     args.extend(["--device", device, "--learning-rate", "1e-5"]);
     dpo_train_rate_at(model, data, out, (2, STEPS, 512), &args);
-    let dir = out.join(format!("run512{}", args.join("").replace(['-', ':'], "_")));
+    let dir = out.join(common::run_name(512, &args));
     let rows = read_metrics(&dir.join("metrics.csv")).expect("metrics.csv");
     let train = rows.into_iter().filter(|r| r.split == Split::Train);
     train.map(|r| (r.metric("loss").unwrap_or(f64::NAN), r.metric("logps/chosen").unwrap_or(f64::NAN))).collect()

@@ -1,0 +1,230 @@
+//! The GPU check's memory sections:
+//! - `offload`: the offloaded optimizer on cuda:0 against the plain step, 20 steps each, f32 and
+//!   bf16, full and LoRA: per-step losses, peak CUDA and host memory, the copies' time a step,
+//!   check-gpu's estimate beside them (issue 39);
+//! - `memory`: dpo-train's peak CUDA memory over a grid of model shapes x micro-batch x activation
+//!   checkpointing x LoRA, on pairs of fixed lengths so each micro-batch's packed row is known,
+//!   written as JSON rows (`results/gpu/memory-<gpu>.json`) for check-gpu's estimate to be held
+//!   against (issue 34).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::common::{self, GQA32M, MEDIUM, QWEN05B, Shape, TrainRate, dpo_train_rate_at};
+use crate::{built, output};
+use dpo_train::train::log::{Split, read_metrics};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Steps of the offload comparison.
+const STEPS: usize = 20;
+
+/// The medium model and its pairs of fixed lengths: prompt 128 tokens, each sequence 512.
+fn medium(work: &Path) -> (PathBuf, PathBuf, Lengths) {
+    let model = common::model_dir(&work.join("medium"), &MEDIUM);
+    let lengths = Lengths { prompt: 128, total: 512 };
+    (model.clone(), lengths.pairs(work, "medium", &model), lengths)
+}
+
+/// Every pair's prompt and sequence (prompt + completion + eos) length, in tokens.
+#[derive(Clone, Copy)]
+struct Lengths {
+    prompt: usize,
+    total: usize,
+}
+
+impl Lengths {
+    fn pairs(self, work: &Path, name: &str, model: &Path) -> PathBuf {
+        let path = work.join(format!("fixed-{name}-{}-{}.jsonl", self.prompt, self.total));
+        let (p, t) = (self.prompt, self.total);
+        common::sized_pairs(&path, model, 64, p..=p, t..=t, 3)
+    }
+}
+
+/// A run's rate and its per-step training losses.
+fn run(
+    model: &Path,
+    data: &Path,
+    out: &Path,
+    (batch, steps, len): (usize, usize, usize),
+    args: &[&str],
+) -> (TrainRate, Vec<f64>) {
+    let rate = dpo_train_rate_at(model, data, out, (batch, steps, len), args);
+    let rows = read_metrics(&out.join(common::run_name(len, args)).join("metrics.csv")).expect("metrics.csv");
+    let losses = rows.iter().filter(|r| r.split == Split::Train).map(|r| r.metric("loss").unwrap_or(f64::NAN));
+    (rate, losses.collect())
+}
+
+fn gib(bytes: Option<f64>) -> String {
+    bytes.map_or_else(|| "?".to_owned(), |b| format!("{:.2}", b / GIB))
+}
+
+/// check-gpu's estimate per GPU for the medium model at 2 pairs of 512 tokens, GiB.
+fn estimate(model: &Path, flags: &[&str]) -> String {
+    let mut args = vec!["--model", model.to_str().unwrap_or_default(), "--global-batch", "2", "--seq-len", "512"];
+    args.extend(flags);
+    args.push("--json");
+    let said = output(&built("check-gpu"), &args);
+    let value: Option<serde_json::Value> = serde_json::from_str(&said).ok();
+    match value.as_ref().and_then(|v| v["memory_per_gpu_bytes"].as_f64()) {
+        Some(bytes) => format!("{:.2}", bytes / GIB),
+        None => format!("? ({})", said.lines().next().unwrap_or_default()),
+    }
+}
+
+/// The offloaded optimizer against the plain one on cuda:0 (issue 39, item 2).
+pub fn offload(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let (model, data, _) = medium(work);
+    let mut text = format!(
+        "medium model (110M), 2 pairs a step of 512-token sequences (prompt 128), {STEPS} steps at learning rate 1e-5; \
+         peaks in GiB (CUDA allocated / reserved, host resident), check-gpu's estimate for the same run\n"
+    );
+    // bf16 keeps 8 significant bits: moving the update to the host changes which way a weight
+    // rounds, as moving the whole run to the CPU does (the parity section's bound).
+    for (precision, flags, tol) in [("f32", &[][..], 1e-3), ("bf16", &["--bf16"][..], 5e-2)] {
+        for (mode, extra) in [("full", &[][..]), ("LoRA r 16", &["--lora-r", "16"][..])] {
+            let mut args = vec!["--device", "cuda:0", "--learning-rate", "1e-5"];
+            args.extend(flags);
+            args.extend(extra);
+            let (plain, plain_losses) = run(&model, &data, out, (2, STEPS, 512), &args);
+            args.extend(["--offload-optimizer", "true"]);
+            let (off, off_losses) = run(&model, &data, out, (2, STEPS, 512), &args);
+            let diff = plain_losses.iter().zip(&off_losses).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let ok = plain_losses.len() == STEPS && off_losses.len() == STEPS && diff <= tol;
+            if !ok {
+                failures.push(format!("offload ({precision}, {mode}): loss differs from the plain step by {diff:.2e}"));
+            }
+            let dtype = if flags.is_empty() { "fp32" } else { "bf16" };
+            let mut est = vec!["--dtype", dtype];
+            est.extend(if extra.is_empty() { &[][..] } else { &["--lora", "16"][..] });
+            let plain_est = estimate(&model, &est);
+            est.push("--offload-optimizer");
+            let _ = writeln!(
+                text,
+                "{precision} {mode}: largest loss difference over {STEPS} steps {diff:.2e} (allowed {tol:.0e}): {}\n  \
+                 plain:     {} / {} CUDA, {} host, {:.1} ms a step; check-gpu {}\n  \
+                 offloaded: {} / {} CUDA, {} host, {:.1} ms a step, copies {:.1} ms a step; check-gpu {}",
+                if ok { "ok" } else { "FAILED" },
+                gib(plain.cuda_peak_bytes),
+                gib(plain.cuda_reserved_bytes),
+                gib(plain.peak_bytes),
+                1e3 * plain.step_seconds,
+                plain_est,
+                gib(off.cuda_peak_bytes),
+                gib(off.cuda_reserved_bytes),
+                gib(off.peak_bytes),
+                1e3 * off.step_seconds,
+                off.offload_copy_ms.unwrap_or(f64::NAN),
+                estimate(&model, &est),
+            );
+            print!(
+                "{}",
+                text.lines()
+                    .rev()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .map(|l| format!("{l}\n"))
+                    .collect::<String>()
+            );
+        }
+    }
+    text
+}
+
+/// One measured configuration of the grid.
+struct Cell<'a> {
+    shape: (&'a str, &'a Shape, &'a str),
+    lengths: Lengths,
+    micro_batch: usize,
+    checkpointing: bool,
+    lora: bool,
+    bf16: bool,
+}
+
+/// dpo-train's peak CUDA memory over a grid (issue 34, item 3), 3 steps a run (the moments
+/// exist from step 2 on), rows appended to `results/gpu/memory-<gpu>.json` as they are measured.
+pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) -> String {
+    let shapes = [("32M", &GQA32M, "llama"), ("medium", &MEDIUM, "llama"), ("0.5B", &QWEN05B, "qwen2")];
+    let short = Lengths { prompt: 128, total: 512 };
+    let long = Lengths { prompt: 256, total: 1024 };
+    let mut cells = Vec::new();
+    for shape in shapes {
+        let batches: &[(usize, Lengths)] = match shape.0 {
+            "32M" => &[(8, short)],
+            "medium" => &[(2, short), (8, short)],
+            _ => &[(2, short), (8, short), (8, long)],
+        };
+        for &(micro_batch, lengths) in batches {
+            for (checkpointing, lora) in [(false, false), (true, false), (false, true), (true, true)] {
+                cells.push(Cell { shape, lengths, micro_batch, checkpointing, lora, bf16: true });
+            }
+        }
+    }
+    let medium_f32 =
+        Cell { shape: shapes[1], lengths: short, micro_batch: 2, checkpointing: false, lora: false, bf16: false };
+    cells.push(medium_f32);
+    let mut text = String::from(
+        "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB\n",
+    );
+    let mut rows = Vec::new();
+    for cell in &cells {
+        let (name, shape, model_type) = cell.shape;
+        let model = common::model_dir_of(&work.join(format!("mem-{name}")), shape, model_type);
+        let data = cell.lengths.pairs(work, name, &model);
+        let mut args = vec!["--device", "cuda:0"];
+        args.extend(if cell.bf16 { &["--bf16"][..] } else { &[] });
+        args.extend(if cell.checkpointing { &["--gradient-checkpointing", "true"][..] } else { &[] });
+        args.extend(if cell.lora { &["--lora-r", "16"][..] } else { &[] });
+        let packed = cell.lengths.prompt + 2 * (cell.lengths.total - cell.lengths.prompt);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            dpo_train_rate_at(&model, &data, out, (cell.micro_batch, 3, cell.lengths.total), &args)
+        }));
+        let Ok(rate) = result else {
+            failures.push(format!("memory grid: {name} {} failed", args.join(" ")));
+            continue;
+        };
+        let line = format!(
+            "{name} {} mb {} x {packed}, checkpointing {}, LoRA {}: {} / {}",
+            if cell.bf16 { "bf16" } else { "f32" },
+            cell.micro_batch,
+            cell.checkpointing,
+            if cell.lora { "r 16 q,k,v,o" } else { "none" },
+            gib(rate.cuda_peak_bytes),
+            gib(rate.cuda_reserved_bytes)
+        );
+        println!("{line}");
+        text += &line;
+        text.push('\n');
+        rows.push(serde_json::json!({
+            "shape": name,
+            "model_type": model_type,
+            "hidden": shape.hidden, "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads,
+            "intermediate": shape.intermediate, "vocab": shape.vocab, "tied_embeddings": true,
+            "precision": if cell.bf16 { "bf16" } else { "fp32" },
+            "micro_batch": cell.micro_batch,
+            "max_length": cell.lengths.total,
+            "prompt_tokens": cell.lengths.prompt,
+            "completion_tokens": cell.lengths.total - cell.lengths.prompt,
+            "gradient_checkpointing": cell.checkpointing,
+            "lora_r": if cell.lora { 16 } else { 0 },
+            "reference": "keep",
+            "sharding": "none",
+            "world_size": 1,
+            "offload_optimizer": false,
+            "steps": 3,
+            "cuda_allocated_bytes": rate.cuda_peak_bytes,
+            "cuda_reserved_bytes": rate.cuda_reserved_bytes,
+            "host_resident_bytes": rate.peak_bytes,
+        }));
+        let tmp = json.with_extension("json.tmp");
+        let written = serde_json::to_string_pretty(&rows)
+            .map_err(std::io::Error::other)
+            .and_then(|t| std::fs::write(&tmp, t + "\n"));
+        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, json)) {
+            failures.push(format!("memory grid: {} not written: {e}", json.display()));
+        }
+    }
+    text
+}
