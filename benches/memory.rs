@@ -18,9 +18,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Device, Tensor};
-use check_gpu::{
-    FineTune, MemoryRequest, ModelShape, Precision, Reference, Sharding, estimate, memory::CUDA_CONTEXT_BYTES,
-};
+use check_gpu::{Engine, FineTune, MemoryRequest, ModelShape, PairTokens, Precision, Reference, Sharding, estimate};
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
 use dpo_train::train::Progress;
@@ -119,8 +117,9 @@ fn main() {
             world_size: 1,
             sharding: Sharding::None,
             offload_optimizer: false,
+            engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN)),
         });
-        let estimated = e.total - CUDA_CONTEXT_BYTES;
+        let estimated = e.allocated();
         let ratio = estimated as f64 / measured as f64;
         worst = worst.max((ratio - 1.0).abs());
         println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
@@ -170,8 +169,9 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 world_size: world,
                 sharding,
                 offload_optimizer: false,
+                engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN)),
             });
-            let estimated = e.total - CUDA_CONTEXT_BYTES;
+            let estimated = e.allocated();
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);

@@ -397,7 +397,7 @@ impl AdamW {
             back
         });
         self.offload = Some(off);
-        Ok(updated?)
+        updated
     }
 
     /// Queues [`AdamW::update`] where `p` and `grad` are, for torch's fused kernel (the one

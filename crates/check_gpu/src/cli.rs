@@ -26,6 +26,13 @@ const MAX_COUNT: u64 = 1 << 20;
 /// Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan a data-parallel dpo-train run.
 ///
 /// Without --topo/--query/--snapshot it probes this machine through NVML.
+/// A trainer `--compare` sets beside dpo-train's estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compare {
+    /// TRL's DPOTrainer under transformers (eager, sdpa).
+    Trl,
+}
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "check-gpu", version)]
 pub struct Args {
@@ -87,6 +94,10 @@ pub struct Args {
     /// Plan with AdamW's state (and the fp32 master weights in mixed precision) in host memory.
     #[arg(long)]
     pub offload_optimizer: bool,
+    /// Also print what another trainer would need per GPU for the same run: `trl`, TRL's
+    /// DPOTrainer under transformers (padded rows, the fp32 log-softmax of every position).
+    #[arg(long, value_enum, value_name = "TRAINER")]
+    pub compare: Option<Compare>,
     /// Use at most this many GPUs (the best-connected ones; 1 to 65536).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub world_size: Option<u64>,
@@ -265,6 +276,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         max_world_size: args.world_size.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         lr_base_batch: args.lr_base_batch,
         device_ids: args.device_ids,
+        compare_trl: args.compare == Some(Compare::Trl),
     })
 }
 

@@ -22,7 +22,9 @@ pub mod snapshot;
 pub mod topology;
 pub mod units;
 
-pub use memory::{FineTune, MemoryEstimate, MemoryRequest, Precision, Reference, Sharding, estimate};
+pub use memory::{
+    Engine, FineTune, MemoryEstimate, MemoryRequest, PairTokens, Precision, Reference, Sharding, estimate,
+};
 pub use model::ModelShape;
 pub use plan::{Plan, PlanRequest, Status, plan};
 pub use probe::{ProbeError, probe_live};

@@ -2,7 +2,7 @@
 //! `tests/gen/activation_bytes.py` (Llama and Qwen2 shapes, fp32 and bf16, sdpa) into
 //! `tests/fixtures/activation_bytes.json`.
 
-use check_gpu::{FineTune, MemoryRequest, ModelShape, Precision, Reference, Sharding, estimate};
+use check_gpu::{Engine, FineTune, MemoryRequest, ModelShape, Precision, Reference, Sharding, estimate};
 use serde::Deserialize;
 
 /// The largest relative error allowed per measured shape.
@@ -75,6 +75,7 @@ impl Case {
             world_size: 1,
             sharding: Sharding::None,
             offload_optimizer: false,
+            engine: Engine::Trl,
         });
         (e.activations + e.logits) as f64 / (self.rows * self.seq_len) as f64
     }

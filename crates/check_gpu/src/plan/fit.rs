@@ -9,7 +9,9 @@
 //! same search and estimated in the first setting of it that fits.
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
-use crate::memory::{self, FineTune, MemoryEstimate, MemoryRequest, Precision, Reference, Sharding};
+use crate::memory::{
+    self, Engine, FineTune, MemoryEstimate, MemoryRequest, PairTokens, Precision, Reference, Sharding,
+};
 use crate::snapshot::{MemoryBasis, Snapshot};
 use crate::units::{bytes, list};
 
@@ -43,7 +45,16 @@ impl<'a> Estimator<'a> {
         self.with(micro, self.setting, self.world)
     }
 
+    /// What TRL's `DPOTrainer` under transformers would need for the planned run at `micro`.
+    pub fn trl_at(&self, micro: u64) -> Option<MemoryEstimate> {
+        self.engine(micro, self.setting, self.world, Engine::Trl)
+    }
+
     fn with(&self, micro: u64, s: Setting, world: usize) -> Option<MemoryEstimate> {
+        self.engine(micro, s, world, Engine::DpoTrain(PairTokens::bound(self.req.seq_len)))
+    }
+
+    fn engine(&self, micro: u64, s: Setting, world: usize, engine: Engine) -> Option<MemoryEstimate> {
         self.req.model.as_ref().map(|model| {
             memory::estimate(&MemoryRequest {
                 model,
@@ -56,6 +67,7 @@ impl<'a> Estimator<'a> {
                 world_size: world as u64,
                 sharding: s.sharding,
                 offload_optimizer: s.offload,
+                engine,
             })
         })
     }

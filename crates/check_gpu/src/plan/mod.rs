@@ -101,6 +101,8 @@ pub struct PlanRequest {
     /// Global batch the learning rate was tuned at (the DPO paper uses 64).
     pub lr_base_batch: u64,
     pub device_ids: DeviceIds,
+    /// Also estimate TRL's `DPOTrainer` (transformers) for the planned run (`--compare trl`).
+    pub compare_trl: bool,
 }
 
 impl PlanRequest {
@@ -128,6 +130,7 @@ impl Default for PlanRequest {
             max_world_size: None,
             lr_base_batch: 64,
             device_ids: DeviceIds::Index,
+            compare_trl: false,
         }
     }
 }
@@ -215,6 +218,10 @@ pub struct Plan {
     /// Estimated peak per GPU; `None` without a model.
     pub memory_per_gpu_bytes: Option<u64>,
     pub memory: Option<MemoryEstimate>,
+    /// With `--compare trl`: what TRL's `DPOTrainer` under transformers would need for the same
+    /// run (padded rows, the fp32 log-softmax of every position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_trl: Option<MemoryEstimate>,
     /// Smallest free memory among the chosen GPUs.
     pub min_free_bytes: Option<u64>,
     pub model: Option<ModelShape>,
@@ -289,6 +296,7 @@ impl Plan {
             seq_len: req.seq_len,
             memory_per_gpu_bytes: None,
             memory: None,
+            memory_trl: None,
             min_free_bytes: None,
             model: req.model.clone(),
             topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
@@ -429,6 +437,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         offload_optimizer: setting.offload,
         memory_per_gpu_bytes: split.estimate.map(|e| e.total),
         memory: split.estimate,
+        memory_trl: req.compare_trl.then(|| est.trl_at(split.micro)).flatten(),
         min_free_bytes: split.min_free,
         topology: topo,
         env,
@@ -594,17 +603,17 @@ mod tests {
     }
 
     /// `--sharding auto` keeps the first stage that fits: 1.5B full fine-tuning in bf16 needs
-    /// 38.6 GiB unsharded, 29.4 GiB under zero1 over 4 GPUs (zero2 alike without checkpointing),
-    /// 20.0 GiB under zero2 with checkpointing, 12.0 GiB under zero3, 7.2 GiB with the offload.
+    /// 36.3 GiB unsharded, 26.6 GiB under zero1 over 4 GPUs (zero2 alike without checkpointing),
+    /// 19.3 GiB under zero2 with checkpointing, 10.9 GiB under zero3, 5.9 GiB with the offload.
     #[test]
     fn auto_sharding_takes_the_first_stage_that_fits() {
         let req = PlanRequest { model: Some(ModelShape::from_param_count(1_500_000_000)), ..PlanRequest::default() };
         let expect = [
-            (40, Sharding::None, false, false),
-            (30, Sharding::Zero1, false, false),
-            (21, Sharding::Zero2, true, false),
-            (13, Sharding::Zero3, true, false),
-            (10, Sharding::Zero3, true, true),
+            (37, Sharding::None, false, false),
+            (27, Sharding::Zero1, false, false),
+            (20, Sharding::Zero2, true, false),
+            (11, Sharding::Zero3, true, false),
+            (7, Sharding::Zero3, true, true),
         ];
         for (free, sharding, checkpointing, offload) in expect {
             let p = plan(&machine((0..4).map(|i| gpu(i, "A", free)).collect(), |_, _| Link::Phb), &req);
@@ -617,10 +626,10 @@ mod tests {
             assert!(p.command.ends_with(&format!(" --offload-optimizer {offload}")), "{}", p.command);
         }
         // Nothing fits: the requested setting is reported, with the leanest stage's need.
-        let p = plan(&machine((0..4).map(|i| gpu(i, "A", 6)).collect(), |_, _| Link::Phb), &req);
+        let p = plan(&machine((0..4).map(|i| gpu(i, "A", 5)).collect(), |_, _| Link::Phb), &req);
         assert_eq!((p.status, p.sharding), (Status::NotReady, Sharding::None));
         assert!(
-            p.warnings[0].ends_with("; zero3 with the optimizer offloaded to host memory over 4 GPUs needs 7.2 GiB"),
+            p.warnings[0].ends_with("; zero3 with the optimizer offloaded to host memory over 4 GPUs needs 5.9 GiB"),
             "{}",
             p.warnings[0]
         );
@@ -810,8 +819,9 @@ mod tests {
         let huge = Plan::on_cpu(&req(70_000_000_000), 4, "no GPU".into(), Some(16 * GIB));
         assert_eq!((huge.status, huge.micro_batch, huge.grad_accum), (Status::NotReady, 1, 16));
         let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
-        // fp32 full fine-tuning: 16 B/param + a 4 B/param reference, 1304 GiB, and the activations.
-        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1558.4 GiB at micro-batch 1 = 6233.7 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
+        // fp32 full fine-tuning: 12 B/param + a 4 B/param reference, 1043 GiB, the activations
+        // and the LM head's gradient, the allocator's share and the CUDA context.
+        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1500.1 GiB at micro-batch 1 = 6000.2 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
         assert!(w.ends_with("; fewer processes (--devices cpu:N), LoRA or activation checkpointing need less"), "{w}");
         // One process cannot be fewer.
         let one = Plan::on_cpu(&req(70_000_000_000), 1, "no GPU".into(), Some(16 * GIB));

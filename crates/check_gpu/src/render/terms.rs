@@ -48,13 +48,27 @@ pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
             ("optimizer", m.optimizer, opt_formula(plan)),
             ("reference", m.reference, ref_formula(plan)),
             ("activations", m.activations, act_formula(plan)),
-            ("logits", m.logits, "2b*s*V*4 (fp32 log-softmax, chosen+rejected)".to_string()),
-            ("overhead", m.overhead, "10% + 500 MiB CUDA context".to_string()),
+            ("logits", m.logits, logits_formula(plan)),
+            (
+                "overhead",
+                m.overhead,
+                "15% (the caching allocator's) + 128 MiB kernel scratch + 500 MiB CUDA context".to_string(),
+            ),
         ] {
             let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
         }
         if plan.offload_optimizer {
             let _ = writeln!(o, "    {:<12} {:>10}  {}", "host", bytes(m.host), host_formula(plan));
+        }
+        if let Some(t) = &plan.memory_trl {
+            let _ = writeln!(
+                o,
+                "  TRL          {} per GPU for the same run under TRL's DPOTrainer ({:.1}x): 2b rows padded to s, activations {}, fp32 log-softmax {}",
+                bytes(t.total),
+                t.total as f64 / m.total.max(1) as f64,
+                bytes(t.activations),
+                bytes(t.logits)
+            );
         }
     }
     if !plan.alternatives.is_empty() {
@@ -131,7 +145,17 @@ fn offloaded_weights_formula(p: &Plan) -> String {
     }
 }
 
+/// dpo-train's gradients at its peak: the stage's, counted beyond what the activations freed
+/// leave (at the backward's start only the LM head's exists).
 fn grads_formula(p: &Plan) -> String {
+    let first = match p.finetune {
+        FineTune::Full => "only the LM head's 4*V*h while the activations live; ",
+        FineTune::Lora { .. } => "",
+    };
+    format!("{} ({first}the rest counted beyond the activations they replace)", stage_grads_formula(p))
+}
+
+fn stage_grads_formula(p: &Plan) -> String {
     let what = match p.finetune {
         FineTune::Full => "param",
         FineTune::Lora { .. } => "adapter param",
@@ -181,19 +205,34 @@ fn ref_formula(p: &Plan) -> String {
     }
 }
 
-/// A = 8h + 4c*h + 2c*d*(a+kv) + 4c*i + 4a + 8 bytes per token and layer, the head's
-/// 4h + 2c*h + 12 once (see [`crate::memory`]).
+/// dpo-train's activations over `T` packed tokens, `A` bytes a token and layer (see
+/// [`crate::memory::packed`]).
 fn act_formula(p: &Plan) -> String {
     let c = p.dtype.bytes();
-    let layer = format!("A={}h+{}d(a+kv)+{}i+4a+8", 8 + 4 * c, 2 * c, 4 * c);
-    let head = format!("head {}h+12", 4 + 2 * c);
-    if p.sharding == Sharding::Zero3 {
-        format!("s*2b*(L*{c}h + A + {head}), {layer} (zero3 recomputes layer by layer)")
-    } else if p.gradient_checkpointing {
-        format!("s*2b*(L*{c}h + A + {head}), {layer} (checkpointing)")
+    let (norms, mlp) = match p.finetune {
+        FineTune::Full => (8 + 4 * c, 5 * c),
+        FineTune::Lora { .. } => (8 + c, 4 * c),
+    };
+    // fp32 attention takes k and v repeated to every head.
+    let attention = if c == 4 { format!("{}d*a", 4 * c) } else { format!("{c}d(2a+2kv)") };
+    let layer = format!("A={norms}h+{attention}+{mlp}i+4a+8");
+    let recompute = if p.sharding == Sharding::Zero3 { "zero3 recomputes layer by layer" } else { "checkpointing" };
+    if p.sharding == Sharding::Zero3 || p.gradient_checkpointing {
+        format!("T*L*{c}h + (T*A beyond the freed logits), {layer}, {} ({recompute})", tokens_formula(p))
     } else {
-        format!("s*2b*(L*A + {head}), {layer} (transformers eager, sdpa)")
+        format!("T*(L*A + 8h), {layer}, {}", tokens_formula(p))
     }
+}
+
+/// Where `T` and `N` come from: without the data's lengths, sequences of `s` tokens, none shared.
+fn tokens_formula(p: &Plan) -> String {
+    format!("T = 2b*s = {} packed tokens", p.micro_batch.saturating_mul(2).saturating_mul(p.seq_len))
+}
+
+/// The softmax dpo-train keeps where a completion token is scored, and one chunk in flight.
+fn logits_formula(p: &Plan) -> String {
+    let c = p.dtype.bytes();
+    format!("4*N*V (fp32 softmax of the N <= T scored positions) + 2^24 logits at {c}+4 B in flight")
 }
 
 /// Host memory per GPU's process: AdamW's moments and the fp32 masters.
@@ -241,7 +280,7 @@ mod tests {
         );
         assert_eq!(weights_formula(&planned(Sharding::Zero1, true)), "2 B/param (bf16), fp32 masters on the host");
         assert_eq!(
-            grads_formula(&z3),
+            stage_grads_formula(&z3),
             "4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward)"
         );
         assert_eq!(opt_formula(&z3), "0 on the GPU (AdamW m, v in host memory)");
@@ -258,16 +297,17 @@ mod tests {
         );
         assert_eq!(
             act_formula(&z3),
-            "s*2b*(L*2h + A + head 8h+12), A=16h+4d(a+kv)+8i+4a+8 (zero3 recomputes layer by layer)"
+            "T*L*2h + (T*A beyond the freed logits), A=16h+2d(2a+2kv)+10i+4a+8, T = 2b*s = 32768 packed tokens (zero3 recomputes layer by layer)"
         );
         let f32 = Plan { dtype: Precision::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
-        assert_eq!(act_formula(&f32), "s*2b*(L*A + head 12h+12), A=24h+8d(a+kv)+16i+4a+8 (transformers eager, sdpa)");
+        assert_eq!(act_formula(&f32), "T*(L*A + 8h), A=24h+16d*a+20i+4a+8, T = 2b*s = 8192 packed tokens");
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
         assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
         assert_eq!(sharding_line(&z1), "zero1 over 4 GPU(s) (AdamW state partitioned)");
         let z2 = planned(Sharding::Zero2, false);
         assert!(grads_formula(&z2).starts_with("4 B/param (fp32; without checkpointing"), "{}", grads_formula(&z2));
+        assert!(grads_formula(&z2).ends_with("(only the LM head's 4*V*h while the activations live; the rest counted beyond the activations they replace)"), "{}", grads_formula(&z2));
         assert_eq!(sharding_line(&planned(Sharding::None, false)), "none (every GPU holds a full replica)");
     }
 }

@@ -3,6 +3,12 @@
 //! Trillion Parameter Models"), its `1/N` part of the optimizer state (zero1), also of the
 //! gradients (zero2) and also of the weights (zero3), as dpo-train implements each stage.
 //!
+//! Two engines share the training state's terms (weights, gradients, optimizer, reference; the
+//! table below): [`Engine::DpoTrain`], what check-gpu plans with, takes dpo-train's own
+//! activations, LM head and peak from [`packed`] (held within 15% of peaks measured on an H100,
+//! `tests/measured.rs`); [`Engine::Trl`], what `--compare trl` prints beside it, takes
+//! transformers' under TRL's `DPOTrainer`, below.
+//!
 //! Sources: Hugging Face "Model training anatomy" (bytes per parameter for fp32 and mixed
 //! precision), TRL's `DPOTrainer`, which runs chosen and rejected as one concatenated batch of
 //! `2*b` rows, and for the activations a measurement of transformers' eager autograd (Llama and
@@ -16,8 +22,7 @@
 //! gate, silu(gate), up and their product (`4c*i`). The final norm and the token ids add
 //! `4h + 2c*h + 12` once. This replaces Korthikanti et al. 2022's `s*b*h*34` (GPT, 4h MLP), which
 //! put Qwen2.5-1.5B's layer at half of it. A padding mask makes transformers repeat k and v to
-//! all `a` heads (`kv` becomes `a` above; not measured); dpo-train's own libtorch graph is not
-//! what was measured, transformers' is what users compare against.
+//! all `a` heads (`kv` becomes `a` above; not measured).
 //!
 //! | term | none (DDP) | zero1 | zero2 | zero3 |
 //! |---|---|---|---|---|
@@ -59,10 +64,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::ModelShape;
 
+pub mod packed;
+
+pub use packed::PairTokens;
+
 /// CUDA context and kernels loaded per process.
 pub const CUDA_CONTEXT_BYTES: u64 = 500 * 1024 * 1024;
-/// Fragmentation and temporary buffers, as a percentage of the estimate.
+/// Fragmentation and temporary buffers under transformers, as a percentage of the estimate.
 pub const OVERHEAD_PERCENT: u64 = 10;
+/// What torch's caching allocator holds beyond dpo-train's allocations (reserved over allocated:
+/// 1.04 to 1.37 on the H100 grid of `results/gpu/memory-*.json`, most under 1.16), percent.
+pub const ALLOCATOR_PERCENT: u64 = 15;
+
+/// Whose allocations an estimate models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// dpo-train: packed rows of pairs of these lengths, the head where completions are scored
+    /// ([`packed`]).
+    DpoTrain(PairTokens),
+    /// transformers under TRL's `DPOTrainer`: `2b` rows padded to `seq_len`, the fp32
+    /// log-softmax of every position (the table above).
+    Trl,
+}
 
 pub use dpo_vocab::{Precision, Sharding};
 
@@ -106,6 +129,7 @@ pub struct MemoryRequest<'a> {
     pub sharding: Sharding,
     /// AdamW's moments and the fp32 masters in host memory.
     pub offload_optimizer: bool,
+    pub engine: Engine,
 }
 
 /// Bytes per GPU, by term.
@@ -117,7 +141,8 @@ pub struct MemoryEstimate {
     pub reference: u64,
     pub activations: u64,
     pub logits: u64,
-    /// 10% of the terms above plus the CUDA context.
+    /// dpo-train: the kernels' scratch, the caching allocator's share of the terms above and the
+    /// CUDA context; transformers: 10% of the terms above plus the CUDA context.
     pub overhead: u64,
     pub total: u64,
     /// Host (CPU) memory per rank for the offloaded optimizer (moments and fp32 masters); not part
@@ -126,9 +151,20 @@ pub struct MemoryEstimate {
     pub host: u64,
 }
 
+impl MemoryEstimate {
+    /// The bytes handed to tensors at the peak (`torch.cuda.max_memory_allocated`): the total
+    /// less the caching allocator's share and the CUDA context.
+    pub fn allocated(&self) -> u64 {
+        [self.weights, self.gradients, self.optimizer, self.reference, self.activations, self.logits]
+            .iter()
+            .fold(0u64, |a, &b| a.saturating_add(b))
+            .saturating_add(packed::WORKSPACE_BYTES)
+    }
+}
+
 /// Product, saturating: absurd inputs (a 2^60-token sequence) give an estimate that fits
 /// nowhere, never one that wraps around to "ready".
-fn mul(x: &[u64]) -> u64 {
+pub(crate) fn mul(x: &[u64]) -> u64 {
     x.iter().fold(1u64, |acc, &y| acc.saturating_mul(y))
 }
 
@@ -250,6 +286,19 @@ pub fn estimate(req: &MemoryRequest<'_>) -> MemoryEstimate {
         FineTune::Full => full_state(req, n),
         FineTune::Lora { rank } => lora_state(req, n, rank),
     };
+    if let Engine::DpoTrain(tokens) = req.engine {
+        let (activations, logits, first) = packed::dynamic(req, tokens);
+        // The full gradients exist once the activations are freed: the larger phase counts.
+        let gradients = first.max(gradients.saturating_sub(activations.saturating_add(logits)));
+        let terms = [weights, gradients, optimizer, reference, activations, logits];
+        let sum = terms.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        let allocated = sum.saturating_add(packed::WORKSPACE_BYTES);
+        let overhead = (allocated.saturating_mul(ALLOCATOR_PERCENT) / 100)
+            .saturating_add(packed::WORKSPACE_BYTES)
+            .saturating_add(CUDA_CONTEXT_BYTES);
+        let total = sum.saturating_add(overhead);
+        return MemoryEstimate { weights, gradients, optimizer, reference, activations, logits, overhead, total, host };
+    }
     let tokens = mul(&[req.seq_len, req.micro_batch, 2]);
     let layer_full = mul(&[tokens, layer_activation_bytes(m, c)]);
     let head = mul(&[tokens, head_activation_bytes(m, c)]);
@@ -288,6 +337,7 @@ mod tests {
             world_size: 1,
             sharding: Sharding::None,
             offload_optimizer: false,
+            engine: Engine::Trl,
         }
     }
 
