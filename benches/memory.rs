@@ -117,7 +117,7 @@ fn main() {
             world_size: 1,
             sharding: Sharding::None,
             offload_optimizer: false,
-            engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN)),
+            engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN).batch(MICRO_BATCH)),
         });
         let estimated = e.allocated();
         let ratio = estimated as f64 / measured as f64;
@@ -169,7 +169,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 world_size: world,
                 sharding,
                 offload_optimizer: false,
-                engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN)),
+                engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN).batch(MICRO_BATCH)),
             });
             let estimated = e.allocated();
             let ratio = estimated as f64 / measured as f64;

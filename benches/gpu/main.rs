@@ -42,7 +42,7 @@ fn main() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|offload|memory|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|offload|memory|plan|profile ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
@@ -89,6 +89,9 @@ fn main() {
     if runs("memory") {
         let json = dir.join(format!("memory-{slug}.json"));
         report.section("dpo-train's peak CUDA memory over a grid", |f| memory::memory(&work, out.path(), &json, f));
+    }
+    if runs("plan") {
+        report.section("check-gpu's plan for the issue's run, run as printed", |f| memory::plan(&work, out.path(), f));
     }
     if runs("profile") {
         report.section("Where a step's time goes (torch profiler)", |_| profile(&work, out.path()));

@@ -228,3 +228,83 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
     }
     text
 }
+
+/// check-gpu on this GPU for the issue's run (the 0.5B shape, 256 pairs of 250-1000 tokens, TRL's
+/// defaults): the plan from `--model M --data D`, its command run as printed for 3 steps, and its
+/// estimate beside the peak; then micro-batches 8 and 16 without checkpointing, each estimate from
+/// the data's lengths beside the measured peak (issue 34, items 2 and 4).
+pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let model = common::model_dir_of(&work.join("mem-0.5B"), &QWEN05B, "qwen2");
+    let data = common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), &model, 256, 32..=200, 250..=1000, 2);
+    let (m, d) = (model.to_str().unwrap_or_default(), data.to_str().unwrap_or_default());
+    let said = output(&built("check-gpu"), &["--model", m, "--data", d, "--compare", "trl", "--json"]);
+    let Ok(plan) = serde_json::from_str::<serde_json::Value>(&said) else {
+        failures.push("plan: check-gpu printed no plan".to_owned());
+        return format!("check-gpu said:\n{said}");
+    };
+    let command = plan["command"].as_str().unwrap_or_default().to_owned();
+    let mut text = format!(
+        "check-gpu --model M --data D: micro-batch {}, {} GiB planned ({} GiB allocated by its terms), TRL {} GiB; tokens {}\n$ {command}\n",
+        plan["micro_batch"],
+        gib(plan["memory_per_gpu_bytes"].as_f64()),
+        gib(plan["memory"].as_object().map(|t| {
+            ["weights", "gradients", "optimizer", "reference", "activations", "logits"]
+                .iter()
+                .filter_map(|k| t[*k].as_f64())
+                .sum::<f64>()
+                + f64::from(128u32 << 20)
+        })),
+        gib(plan["memory_trl"]["total"].as_f64()),
+        plan["tokens"]
+    );
+    let run_dir = out.join("plan-run");
+    let words: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let ran = std::process::Command::new(built("dpo-train"))
+        .args(&words)
+        .args(["--max-steps", "3", "--save-steps", "0", "--output-dir", run_dir.to_str().unwrap_or_default()])
+        .output();
+    match ran {
+        Ok(o) if o.status.success() => {
+            let said = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+            for l in said.lines().filter(|l| l.contains("peak CUDA memory")) {
+                text += &format!("  {l}\n");
+            }
+        }
+        Ok(o) => {
+            failures.push(format!("plan: the printed command exited with {}", o.status));
+            text += &String::from_utf8_lossy(&o.stderr);
+        }
+        Err(e) => failures.push(format!("plan: dpo-train did not run: {e}")),
+    }
+    // The estimate at the data's lengths for other micro-batches, beside the measured peak.
+    let lengths = output(&built("dpo-train"), &["data", "lengths", "--model", m, "--data", d]);
+    let lengths: Option<check_gpu::DataLengths> = serde_json::from_str(&lengths).ok();
+    let shape = check_gpu::ModelShape::from_hf_dir(&model).ok();
+    for mb in [8usize, 16] {
+        let rate = dpo_train_rate_at(&model, &data, out, (mb, 3, 1024), &["--device", "cuda:0", "--bf16"]);
+        let estimate = lengths.as_ref().zip(shape.as_ref()).map(|(l, s)| {
+            check_gpu::estimate(&check_gpu::MemoryRequest {
+                model: s,
+                micro_batch: mb as u64,
+                seq_len: 1024,
+                dtype: check_gpu::Precision::Bf16,
+                finetune: check_gpu::FineTune::Full,
+                reference: check_gpu::Reference::Keep,
+                gradient_checkpointing: false,
+                world_size: 1,
+                sharding: check_gpu::Sharding::None,
+                offload_optimizer: false,
+                engine: check_gpu::Engine::DpoTrain(l.batch(mb as u64)),
+            })
+        });
+        let _ = writeln!(
+            text,
+            "micro-batch {mb}, no checkpointing: measured {} / {} GiB allocated / reserved; estimated {} / {} GiB allocated / planned",
+            gib(rate.cuda_peak_bytes),
+            gib(rate.cuda_reserved_bytes),
+            gib(estimate.map(|e| e.allocated() as f64)),
+            gib(estimate.map(|e| e.total as f64))
+        );
+    }
+    text
+}

@@ -301,6 +301,26 @@ pub struct PlotArgs {
 pub enum DataCommand {
     /// Write the demo's synthetic preference data (train/val/test JSONL).
     Synth(SynthArgs),
+    /// Tokenise preference data as training does and print, as one JSON object, the token counts
+    /// of its longest pairs: what `check-gpu --data` plans dpo-train's packed rows with.
+    Lengths(LengthsArgs),
+}
+
+/// `dpo-train data lengths` flags.
+#[derive(Debug, Args)]
+pub struct LengthsArgs {
+    /// The model directory whose tokenizer training would use.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// The preference data: a JSON Lines, JSON, CSV or Parquet file, or a dataset directory.
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    /// Tokens per sequence, as training's --max-length truncates them (default: TRL's 1024).
+    #[arg(long, value_name = "N")]
+    pub max_length: Option<usize>,
+    /// How many of the longest pairs to list (a micro-batch of up to this many is planned exactly).
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub top: usize,
 }
 
 /// `dpo-train data synth` flags.

@@ -10,6 +10,7 @@ pub mod eval;
 pub mod generate;
 pub mod interrupt;
 pub mod launch;
+pub mod lengths;
 pub mod progress;
 pub mod torch_panic;
 pub mod train;
@@ -37,6 +38,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Generate(args)) => generate::run_generate(args),
         Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Data(DataCommand::Lengths(args))) => lengths::run_lengths(args).map(|()| ExitCode::SUCCESS),
         Some(Command::BenchComm(args)) => bench_comm::run_bench_comm(args),
         Some(Command::Env(args)) => env::run_env(args.json).map(|()| ExitCode::SUCCESS),
         Some(Command::Slurm(args)) => {

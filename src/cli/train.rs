@@ -148,7 +148,9 @@ fn process_estimate(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::Parall
         world_size: world,
         sharding: plan.sharding,
         offload_optimizer: cfg.offload_optimizer,
-        engine: check_gpu::memory::Engine::DpoTrain(check_gpu::PairTokens::bound(cfg.max_length as u64)),
+        engine: check_gpu::memory::Engine::DpoTrain(
+            check_gpu::PairTokens::bound(cfg.max_length as u64).batch(cfg.per_device_train_batch_size as u64),
+        ),
     });
     (e.total.saturating_add(e.host), "check-gpu's estimate for this model and batch")
 }

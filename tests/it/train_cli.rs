@@ -321,3 +321,54 @@ fn env_reports_the_build_and_the_machine() {
     let backends = if cuda.is_empty() { "backends: gloo)" } else { "backends: gloo, nccl)" };
     assert!(line.trim_end().ends_with(backends), "{line}");
 }
+
+/// `data lengths` (what `check-gpu --data` reads): every pair tokenised as training tokenises it,
+/// the longest listed first, packed as dpo-train packs a pair (the prompt once, both completions),
+/// and a shorter `--max-length` truncating them; a row it cannot read is one line, exit 1.
+#[test]
+fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
+    use dpo_train::data::{self, LoadOptions, Tokenizer};
+    let (model, prefs) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["data", "lengths", "--model", model.to_str().unwrap(), "--data", prefs.to_str().unwrap()];
+        args.extend(extra);
+        let out = dpo_train(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let tokenizer = Tokenizer::from_dir(&model).unwrap();
+    let pairs = |max_length| {
+        let truncation = data::Truncation { max_length, ..Default::default() };
+        data::prepare(&prefs, &LoadOptions::default(), &tokenizer, truncation, Default::default(), &mut |_, _| {})
+            .unwrap()
+            .pairs
+    };
+    for (extra, max_length) in [(&[][..], 1024), (&["--max-length", "40"][..], 40)] {
+        let v = run(&[extra, &["--top", "3"][..]].concat());
+        let expected = pairs(Some(max_length));
+        let mut packed: Vec<u64> =
+            expected.iter().map(|p| (p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len()) as u64).collect();
+        packed.sort_unstable_by(|a, b| b.cmp(a));
+        assert_eq!(v["pairs"], expected.len(), "{v}");
+        assert_eq!(v["max_length"], max_length, "{v}");
+        assert_eq!(v["packed_longest"], serde_json::json!(packed[..3]), "{v}");
+        let mean = packed.iter().sum::<u64>() as f64 / packed.len() as f64;
+        assert!((v["packed_mean_std"][0].as_f64().unwrap() - mean).abs() < 1e-9, "{v}");
+        let scored = v["scored_longest"].as_array().unwrap();
+        assert!(scored.len() == 3 && scored.windows(2).all(|w| w[0].as_u64() >= w[1].as_u64()), "{v}");
+    }
+    // Truncation shortens the longest pair (121 tokens packed at 1024; at most 2 x 40 at 40).
+    assert!(run(&["--max-length", "40"])["packed_longest"][0].as_u64().unwrap() <= 80);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    fs::write(&bad, "{\"prompt\": \"a\", \"chosen\": \"b\"}\n").unwrap();
+    let err = one_line_error(&dpo_train(&[
+        "data",
+        "lengths",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        bad.to_str().unwrap(),
+    ]));
+    assert!(err.contains(&bad.display().to_string()) && err.contains("line 1") && err.contains("rejected"), "{err}");
+}

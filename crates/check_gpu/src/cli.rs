@@ -3,7 +3,7 @@
 //! result to an exit code: 0 ready, 1 ready with warnings, 2 not ready or no usable GPU,
 //! 3 bad input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
@@ -57,8 +57,9 @@ pub struct Args {
     /// Hugging Face model directory (its config.json gives the exact shape).
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
-    /// The preference data to train on: the printed command trains on it (the plan still takes
-    /// its sequence length from --seq-len).
+    /// The preference data to train on: the printed command trains on it, and with --model the
+    /// plan counts its pairs' tokens as dpo-train packs them (`dpo-train data lengths`, truncated
+    /// at --seq-len) instead of sequences of --seq-len tokens.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
@@ -257,6 +258,14 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     if let Some(path) = args.data.as_ref().filter(|p| !p.exists()) {
         return Err(FlagError::NoData { path: path.clone() }.into());
     }
+    // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
+    let (lengths, lengths_error) = match (&args.data, &args.model) {
+        (Some(data), Some(model)) => match data_lengths(model, data, args.seq_len) {
+            Ok(l) => (Some(l), None),
+            Err(e) => (None, Some(e)),
+        },
+        _ => (None, None),
+    };
     Ok(PlanRequest {
         model,
         model_dir: args.model.as_deref().map(ModelShape::hf_dir),
@@ -277,6 +286,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         lr_base_batch: args.lr_base_batch,
         device_ids: args.device_ids,
         compare_trl: args.compare == Some(Compare::Trl),
+        lengths,
+        lengths_error,
     })
 }
 
@@ -346,6 +357,25 @@ fn fits_in_host(n: u64, each: u64, available: Option<u64>) -> Result<(), FlagErr
     let bytes = crate::units::bytes;
     let (each_text, need, free) = (bytes(each), bytes(need), bytes(available));
     Err(FlagError::HostMemory { n, each: each_text, need, available: free, most: (available / each.max(1)).max(1) })
+}
+
+/// `dpo-train data lengths` of `data` under `model`'s tokenizer at `max_length`, or why not.
+fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::memory::DataLengths, String> {
+    let program =
+        bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok()).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(&program)
+        .args(["data", "lengths", "--model"])
+        .arg(model)
+        .arg("--data")
+        .arg(data)
+        .args(["--max-length", &max_length.to_string()])
+        .output()
+        .map_err(|e| format!("`{}` did not start: {e}", program.display()))?;
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stderr);
+        return Err(said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("`dpo-train data lengths` printed no lengths: {e}"))
 }
 
 /// Runs `dpo-train bench-comm` on `devices` with the flags' sizes.

@@ -23,7 +23,8 @@ pub mod topology;
 pub mod units;
 
 pub use memory::{
-    Engine, FineTune, MemoryEstimate, MemoryRequest, PairTokens, Precision, Reference, Sharding, estimate,
+    BatchTokens, DataLengths, Engine, FineTune, MemoryEstimate, MemoryRequest, PairTokens, Precision, Reference,
+    Sharding, estimate,
 };
 pub use model::ModelShape;
 pub use plan::{Plan, PlanRequest, Status, plan};

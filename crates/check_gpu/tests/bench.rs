@@ -382,3 +382,47 @@ fn the_bench_dies_with_check_gpu() {
     });
     assert!(gone, "the bench (pid {pid}) outlived check-gpu");
 }
+
+/// `--model M --data D`: the plan counts dpo-train's packed rows from `dpo-train data lengths`
+/// (here a fake printing the longest pairs), the micro-batch's tokens summed over the longest;
+/// a dpo-train that fails leaves the plan at `--seq-len`, saying why in a note.
+#[test]
+fn data_lengths_plan_the_packed_rows() {
+    let dir = temp_dir("lengths");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama");
+    let data = dir.join("pairs.jsonl");
+    std::fs::write(&data, "{}\n").expect("data");
+    let lengths = r#"{"pairs":20,"max_length":1024,"packed_longest":[900,800,700],"scored_longest":[600,500,400]}"#;
+    let good =
+        script(&dir, "lengths.sh", &format!("#!/bin/sh\n[ \"$1 $2\" = 'data lengths' ] || exit 3\necho '{lengths}'\n"));
+    let fail =
+        script(&dir, "fail.sh", "#!/bin/sh\necho 'error: `pairs.jsonl` line 1: no `prompt` field' >&2\nexit 1\n");
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let args = |extra: &[&str]| {
+        let mut a = vec!["--topo", topo.to_str().expect("path"), "--query", query.to_str().expect("path")];
+        a.extend(["--model", model.to_str().expect("path"), "--data", data.to_str().expect("path"), "--json"]);
+        a.extend(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let argv = args(&["--global-batch", "32"]);
+    let v = stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&good)));
+    // 32 over 8 GPUs: micro-batch 4, the three listed pairs and one more as long as the last.
+    assert_eq!(v["micro_batch"], 4, "{v}");
+    assert_eq!(v["tokens"], serde_json::json!({"packed": 3100, "scored": 1900, "from_data": true}), "{v}");
+    let notes = v["notes"].as_array().expect("notes");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.starts_with("planned for the data's longest pairs: 20 pair(s)"))),
+        "{v}"
+    );
+    let v = stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&fail)));
+    assert_eq!(v["tokens"], serde_json::json!({"packed": 8192, "scored": 8192, "from_data": false}), "{v}");
+    let notes = v["notes"].as_array().expect("notes");
+    assert!(
+        notes.iter().any(|n| n.as_str()
+            == Some("--data's lengths were not read (error: `pairs.jsonl` line 1: no `prompt` field): planned for sequences of 1024 tokens (--seq-len), none of them shared")),
+        "{v}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -154,7 +154,7 @@ fn trainer_memory_api() {
         world_size: 1,
         sharding: Sharding::None,
         offload_optimizer: false,
-        engine: Engine::DpoTrain(PairTokens { prompt: 128, completion: 384 }),
+        engine: Engine::DpoTrain(PairTokens { prompt: 128, completion: 384 }.batch(1)),
     });
     // 6 B/param weights (bf16 copies and fp32 masters) and 8 of AdamW; the gradients' phase
     // (4 B/param) outweighs one short pair's activations and softmax at the backward's start.

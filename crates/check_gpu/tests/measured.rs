@@ -63,7 +63,9 @@ impl Row {
             world_size: self.world_size,
             sharding: Sharding::None,
             offload_optimizer: self.offload_optimizer,
-            engine: Engine::DpoTrain(PairTokens { prompt: self.prompt_tokens, completion: self.completion_tokens }),
+            engine: Engine::DpoTrain(
+                PairTokens { prompt: self.prompt_tokens, completion: self.completion_tokens }.batch(self.micro_batch),
+            ),
         }
     }
 }

@@ -66,7 +66,7 @@ use crate::model::ModelShape;
 
 pub mod packed;
 
-pub use packed::PairTokens;
+pub use packed::{BatchTokens, DataLengths, PairTokens};
 
 /// CUDA context and kernels loaded per process.
 pub const CUDA_CONTEXT_BYTES: u64 = 500 * 1024 * 1024;
@@ -79,9 +79,9 @@ pub const ALLOCATOR_PERCENT: u64 = 15;
 /// Whose allocations an estimate models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// dpo-train: packed rows of pairs of these lengths, the head where completions are scored
+    /// dpo-train: a packed row of these tokens, the head where completions are scored
     /// ([`packed`]).
-    DpoTrain(PairTokens),
+    DpoTrain(BatchTokens),
     /// transformers under TRL's `DPOTrainer`: `2b` rows padded to `seq_len`, the fp32
     /// log-softmax of every position (the table above).
     Trl,

@@ -27,6 +27,8 @@
 //! exist only once the activations are freed, so the gradient term is the larger of the head's and
 //! what the full gradients exceed the activations by.
 
+use serde::{Deserialize, Serialize};
+
 use super::{FineTune, MemoryRequest, Sharding, mul};
 use crate::model::ModelShape;
 
@@ -52,14 +54,59 @@ impl PairTokens {
         Self { prompt: 0, completion: seq_len }
     }
 
-    /// Packed tokens of a micro-batch of `b` such pairs, `T`.
-    pub fn packed(self, b: u64) -> u64 {
-        mul(&[b, self.prompt.saturating_add(mul(&[2, self.completion]))])
+    /// A micro-batch of `b` such pairs.
+    pub fn batch(self, b: u64) -> BatchTokens {
+        let packed = mul(&[b, self.prompt.saturating_add(mul(&[2, self.completion]))]);
+        BatchTokens { packed, scored: mul(&[2, b, self.completion]), from_data: false }
     }
+}
 
-    /// Scored positions of a micro-batch of `b` pairs, `N`.
-    pub fn scored(self, b: u64) -> u64 {
-        mul(&[2, b, self.completion])
+/// One micro-batch's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchTokens {
+    /// Tokens of the packed row, `T`.
+    pub packed: u64,
+    /// Positions the LM head scores (the completions' tokens), `N`.
+    pub scored: u64,
+    /// Counted from the data's longest pairs (`check-gpu --data`), not bounded by `--seq-len`.
+    pub from_data: bool,
+}
+
+/// Standard deviations above the mean a planned micro-batch's tokens sit (see
+/// [`DataLengths::batch`]).
+pub const BATCH_SIGMAS: f64 = 4.0;
+
+/// The data's pairs as `dpo-train data lengths` counts them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct DataLengths {
+    pub pairs: u64,
+    /// Each of the longest pairs' packed tokens, longest first.
+    pub packed_longest: Vec<u64>,
+    /// Each of the pairs' scored tokens, most first.
+    pub scored_longest: Vec<u64>,
+    /// Mean and standard deviation of a pair's packed tokens (absent: the longest pairs alone).
+    #[serde(default)]
+    pub packed_mean_std: Option<(f64, f64)>,
+    /// The same of its scored tokens.
+    #[serde(default)]
+    pub scored_mean_std: Option<(f64, f64)>,
+}
+
+impl DataLengths {
+    /// The tokens of the largest micro-batch of `b` shuffled pairs a run meets: the mean plus
+    /// [`BATCH_SIGMAS`] standard deviations of a sum of `b` pairs (a batch past it about once in
+    /// 30,000), at most the `b` longest pairs together (each count over its own longest pairs;
+    /// past those listed, each further pair counts as the last).
+    pub fn batch(&self, b: u64) -> BatchTokens {
+        let sum = |list: &[u64], spread: Option<(f64, f64)>| {
+            let n = usize::try_from(b).unwrap_or(usize::MAX).min(list.len());
+            let rest = mul(&[b.saturating_sub(n as u64), list.last().copied().unwrap_or(0)]);
+            let longest = list[..n].iter().fold(0u64, |a, &x| a.saturating_add(x)).saturating_add(rest);
+            let likely = spread.map(|(mean, std)| (mean * b as f64 + BATCH_SIGMAS * std * (b as f64).sqrt()).ceil());
+            likely.map_or(longest, |l| longest.min(l as u64))
+        };
+        let packed = sum(&self.packed_longest, self.packed_mean_std);
+        BatchTokens { packed, scored: sum(&self.scored_longest, self.scored_mean_std), from_data: true }
     }
 }
 
@@ -76,11 +123,12 @@ pub fn layer_bytes(m: &ModelShape, c: u64, finetune: FineTune) -> u64 {
     norms.saturating_add(attention).saturating_add(mlp)
 }
 
-/// dpo-train's `(activations, logits, first gradient)` for `req` at `tokens` per pair.
-pub fn dynamic(req: &MemoryRequest<'_>, tokens: PairTokens) -> (u64, u64, u64) {
-    let (m, c, b) = (req.model, req.dtype.bytes(), req.micro_batch);
-    let (t, n) = (tokens.packed(b), tokens.scored(b));
-    let logits = mul(&[4, n, m.vocab_size]).saturating_add(mul(&[HEAD_CHUNK_ELEMENTS, c + 4]));
+/// dpo-train's `(activations, logits, first gradient)` for `req` over a micro-batch of `tokens`.
+pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) {
+    let (m, c) = (req.model, req.dtype.bytes());
+    let (t, n) = (tokens.packed, tokens.scored);
+    let scored = mul(&[n, m.vocab_size]);
+    let logits = mul(&[4, scored]).saturating_add(mul(&[scored.min(HEAD_CHUNK_ELEMENTS), c + 4]));
     let layer = mul(&[t, layer_bytes(m, c, req.finetune)]);
     let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
         mul(&[m.num_layers, t, m.hidden_size, c]).saturating_add(layer.saturating_sub(logits))
@@ -92,4 +140,28 @@ pub fn dynamic(req: &MemoryRequest<'_>, tokens: PairTokens) -> (u64, u64, u64) {
         FineTune::Lora { .. } => 0,
     };
     (activations, logits, first_gradient)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shuffled micro-batches of pairs whose packed tokens average 1134 (sd 310.5, the GPU
+    /// check's 250-1000-token pairs): 16 of them plan 16*1134 + 4*310.5*4 = 23112 tokens, under
+    /// the 16 longest together; one pair plans no more than the longest pair.
+    #[test]
+    fn a_batch_plans_the_mean_plus_four_deviations_at_most_the_longest() {
+        let l = DataLengths {
+            pairs: 256,
+            packed_longest: vec![1900; 16],
+            scored_longest: vec![1700, 1600],
+            packed_mean_std: Some((1134.0, 310.5)),
+            scored_mean_std: None,
+        };
+        let b = l.batch(16);
+        assert_eq!((b.packed, b.from_data), (23_112, true));
+        // No spread given: the longest listed, each further pair as long as the last listed.
+        assert_eq!(b.scored, 1700 + 15 * 1600);
+        assert_eq!(l.batch(1).packed, 1900);
+    }
 }

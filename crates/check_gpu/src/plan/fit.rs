@@ -9,9 +9,7 @@
 //! same search and estimated in the first setting of it that fits.
 
 use super::{Alternative, Excluded, LORA_TARGETS, Log, PlanRequest, SUGGESTED_LORA_RANK};
-use crate::memory::{
-    self, Engine, FineTune, MemoryEstimate, MemoryRequest, PairTokens, Precision, Reference, Sharding,
-};
+use crate::memory::{self, Engine, FineTune, MemoryEstimate, MemoryRequest, Precision, Reference, Sharding};
 use crate::snapshot::{MemoryBasis, Snapshot};
 use crate::units::{bytes, list};
 
@@ -51,7 +49,7 @@ impl<'a> Estimator<'a> {
     }
 
     fn with(&self, micro: u64, s: Setting, world: usize) -> Option<MemoryEstimate> {
-        self.engine(micro, s, world, Engine::DpoTrain(PairTokens::bound(self.req.seq_len)))
+        self.engine(micro, s, world, Engine::DpoTrain(self.req.batch_tokens(micro)))
     }
 
     fn engine(&self, micro: u64, s: Setting, world: usize, engine: Engine) -> Option<MemoryEstimate> {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use dpo_vocab::{Ranks, RunSettings};
 
-use crate::memory::{FineTune, MemoryEstimate, Precision, Reference, Sharding};
+use crate::memory::{BatchTokens, DataLengths, FineTune, MemoryEstimate, PairTokens, Precision, Reference, Sharding};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
 use crate::topology::{self, Topology};
@@ -103,9 +103,23 @@ pub struct PlanRequest {
     pub device_ids: DeviceIds,
     /// Also estimate TRL's `DPOTrainer` (transformers) for the planned run (`--compare trl`).
     pub compare_trl: bool,
+    /// The data's longest pairs (`--data`, tokenised by `dpo-train data lengths`); `None`:
+    /// sequences of `seq_len` tokens.
+    pub lengths: Option<DataLengths>,
+    /// Why `--data`'s lengths could not be read, said in the plan's notes.
+    pub lengths_error: Option<String>,
 }
 
 impl PlanRequest {
+    /// The tokens of the longest micro-batch of `b` pairs: from the data's lengths, else every
+    /// sequence `seq_len` tokens with no prompt shared.
+    pub fn batch_tokens(&self, b: u64) -> BatchTokens {
+        match &self.lengths {
+            Some(l) => l.batch(b),
+            None => PairTokens::bound(self.seq_len).batch(b),
+        }
+    }
+
     /// The smallest micro-batch the loss trains with.
     pub fn min_micro_batch(&self) -> u64 {
         if self.loss_type == Some(dpo_vocab::keys::KTO) { dpo_vocab::keys::KTO_MIN_MICRO_BATCH } else { 1 }
@@ -131,6 +145,8 @@ impl Default for PlanRequest {
             lr_base_batch: 64,
             device_ids: DeviceIds::Index,
             compare_trl: false,
+            lengths: None,
+            lengths_error: None,
         }
     }
 }
@@ -222,6 +238,9 @@ pub struct Plan {
     /// run (padded rows, the fp32 log-softmax of every position).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_trl: Option<MemoryEstimate>,
+    /// The planned micro-batch's tokens, as the estimate counted them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<BatchTokens>,
     /// Smallest free memory among the chosen GPUs.
     pub min_free_bytes: Option<u64>,
     pub model: Option<ModelShape>,
@@ -259,6 +278,7 @@ impl Plan {
         let setting = fit::Setting::requested(req);
         let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
+        lengths_note(req, &mut log);
         let share = host_available.map(|b| b / procs as u64);
         let split = batch::split(procs, share, (req.global_batch.max(1), req.min_micro_batch()), &est, &mut log);
         fit::host_check(split.estimate.as_ref(), split.micro, procs, host_available, &mut log);
@@ -297,6 +317,7 @@ impl Plan {
             memory_per_gpu_bytes: None,
             memory: None,
             memory_trl: None,
+            tokens: Some(req.batch_tokens(split.micro)),
             min_free_bytes: None,
             model: req.model.clone(),
             topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
@@ -385,6 +406,23 @@ pub fn cpu_plan(
     p
 }
 
+/// Where the planned tokens come from: `--data`'s pairs, or why not.
+fn lengths_note(req: &PlanRequest, log: &mut Log) {
+    match (&req.lengths, &req.lengths_error) {
+        (Some(l), _) => log.notes.push(format!(
+            "planned for the data's longest pairs: {} pair(s) tokenised at max length {}, the longest {} tokens packed (the prompt once)",
+            l.pairs,
+            req.seq_len,
+            l.packed_longest.first().copied().unwrap_or(0)
+        )),
+        (None, Some(why)) => log.notes.push(format!(
+            "--data's lengths were not read ({why}): planned for sequences of {} tokens (--seq-len), none of them shared",
+            req.seq_len
+        )),
+        (None, None) => {}
+    }
+}
+
 /// Plans a run. Never fails: problems become exclusions, warnings or `Status::NotReady`.
 pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let topo = topology::analyze(snap);
@@ -393,6 +431,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         return Plan { topology: topo, ..cpu_plan(req, &snap.system, reason, snap.bench.as_ref()) };
     }
     let mut log = Log::default();
+    lengths_note(req, &mut log);
     // 1-2. Health and one GPU model.
     let candidates = select::usable(snap, &mut log);
     // 3. Precision.

@@ -63,7 +63,7 @@ pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
         if let Some(t) = &plan.memory_trl {
             let _ = writeln!(
                 o,
-                "  TRL          {} per GPU for the same run under TRL's DPOTrainer ({:.1}x): 2b rows padded to s, activations {}, fp32 log-softmax {}",
+                "  TRL          {} per GPU for the same run under TRL's DPOTrainer ({:.1}x): 2b rows padded to s (at most), activations {}, fp32 log-softmax {}",
                 bytes(t.total),
                 t.total as f64 / m.total.max(1) as f64,
                 bytes(t.activations),
@@ -224,9 +224,18 @@ fn act_formula(p: &Plan) -> String {
     }
 }
 
-/// Where `T` and `N` come from: without the data's lengths, sequences of `s` tokens, none shared.
+/// Where `T` and `N` come from: the data's longest pairs, or sequences of `s` tokens, none shared.
 fn tokens_formula(p: &Plan) -> String {
-    format!("T = 2b*s = {} packed tokens", p.micro_batch.saturating_mul(2).saturating_mul(p.seq_len))
+    match p.tokens {
+        Some(t) if t.from_data => {
+            format!(
+                "T = {} packed tokens, N = {} scored (the data's {} longest pairs)",
+                t.packed, t.scored, p.micro_batch
+            )
+        }
+        Some(t) => format!("T = N = 2b*s = {} tokens (no data: every sequence s tokens)", t.packed),
+        None => "T = 2b*s".to_string(),
+    }
 }
 
 /// The softmax dpo-train keeps where a completion token is scored, and one chunk in flight.
@@ -297,10 +306,13 @@ mod tests {
         );
         assert_eq!(
             act_formula(&z3),
-            "T*L*2h + (T*A beyond the freed logits), A=16h+2d(2a+2kv)+10i+4a+8, T = 2b*s = 32768 packed tokens (zero3 recomputes layer by layer)"
+            "T*L*2h + (T*A beyond the freed logits), A=16h+2d(2a+2kv)+10i+4a+8, T = N = 2b*s = 32768 tokens (no data: every sequence s tokens) (zero3 recomputes layer by layer)"
         );
         let f32 = Plan { dtype: Precision::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
-        assert_eq!(act_formula(&f32), "T*(L*A + 8h), A=24h+16d*a+20i+4a+8, T = 2b*s = 8192 packed tokens");
+        assert_eq!(
+            act_formula(&f32),
+            "T*(L*A + 8h), A=24h+16d*a+20i+4a+8, T = N = 2b*s = 8192 tokens (no data: every sequence s tokens)"
+        );
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
         assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
