@@ -6,8 +6,8 @@
 //!
 //! Each configuration trains in its own process, which reports its peak resident set (`VmHWM`)
 //! and its resident set once libtorch is loaded, before any model (`VmRSS`); the difference is
-//! what training added, the quantity the estimate models (its CUDA-context term left out: there
-//! is no GPU here). The process runs with glibc's mmap threshold fixed at 64 KiB so that freed
+//! what training added, the quantity the estimate models (its CUDA context and kernel scratch
+//! left out: there is no GPU here). The process runs with glibc's mmap threshold fixed at 64 KiB so that freed
 //! tensors leave the resident set, making it the CPU's analogue of CUDA's peak allocated bytes
 //! (`torch.cuda.max_memory_allocated`), which is what the estimate is for.
 
@@ -18,6 +18,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 
 use burn::tensor::{Device, Tensor};
+use check_gpu::memory::packed::WORKSPACE_BYTES;
 use check_gpu::{Engine, FineTune, MemoryRequest, ModelShape, PairTokens, Precision, Reference, Sharding, estimate};
 use dpo_train::config::TrainConfig;
 use dpo_train::run::{RunRequest, run};
@@ -26,6 +27,8 @@ use dpo_train::train::Progress;
 const ROLE: &str = "DPO_TRAIN_BENCH_MEMORY_CONFIG";
 const MICRO_BATCH: u64 = 2;
 const SEQ_LEN: u64 = 512;
+/// Each pair's tokens: a 128-token prompt and two completions of 384.
+const TOKENS: PairTokens = PairTokens { prompt: 128, completion: 384 };
 const LORA_RANK: u64 = 16;
 
 struct Case {
@@ -82,7 +85,8 @@ fn main() {
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
     let model = common::model_dir(&work.join("medium"), &common::MEDIUM);
-    let data = common::long_pairs(&work.join("long-pairs.jsonl"), 8);
+    // Pairs of fixed lengths (prompt 128, each sequence 512 tokens): every micro-batch packs the same.
+    let data = common::sized_pairs(&work.join("fixed-medium-128-512-8.jsonl"), &model, 8, 128..=128, 512..=512, 3);
     let shape = ModelShape::from_hf_dir(&model).expect("the model's config.json");
     let out = tempfile::tempdir().expect("a temporary directory");
 
@@ -117,9 +121,9 @@ fn main() {
             world_size: 1,
             sharding: Sharding::None,
             offload_optimizer: false,
-            engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN).batch(MICRO_BATCH)),
+            engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
         });
-        let estimated = e.allocated();
+        let estimated = e.allocated() - WORKSPACE_BYTES;
         let ratio = estimated as f64 / measured as f64;
         worst = worst.max((ratio - 1.0).abs());
         println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
@@ -169,9 +173,9 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 world_size: world,
                 sharding,
                 offload_optimizer: false,
-                engine: Engine::DpoTrain(PairTokens::bound(SEQ_LEN).batch(MICRO_BATCH)),
+                engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
             });
-            let estimated = e.allocated();
+            let estimated = e.allocated() - WORKSPACE_BYTES;
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
