@@ -81,13 +81,14 @@ fn main() {
     if runs("scale") {
         report.section("A 1B model against TRL on this GPU", |f| scale(&work, out.path(), f));
     }
+    // Both sections put their runs in one table, a row per setting (`tests/measured.rs`).
+    let json = dir.join(format!("memory-{slug}.json"));
     if runs("offload") {
         report.section("The offloaded optimizer on cuda:0 against the plain step", |f| {
-            memory::offload(&work, out.path(), f)
+            memory::offload(&work, out.path(), &json, f)
         });
     }
     if runs("memory") {
-        let json = dir.join(format!("memory-{slug}.json"));
         report.section("dpo-train's peak CUDA memory over a grid", |f| memory::memory(&work, out.path(), &json, f));
     }
     if runs("plan") {

@@ -73,8 +73,8 @@ fn estimate(model: &Path, flags: &[&str]) -> String {
 }
 
 /// The offloaded optimizer against the plain one on cuda:0 (issue 39, item 2).
-pub fn offload(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let (model, data, _) = medium(work);
+pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) -> String {
+    let (model, data, lengths) = medium(work);
     let mut text = format!(
         "medium model (110M), 2 pairs a step of 512-token sequences (prompt 128), {STEPS} steps at learning rate 1e-5; \
          peaks in GiB (CUDA allocated / reserved, host resident), check-gpu's estimate for the same run\n"
@@ -89,6 +89,21 @@ pub fn offload(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
             let (plain, plain_losses) = run(&model, &data, out, (2, STEPS, 512), &args);
             args.extend(["--offload-optimizer", "true"]);
             let (off, off_losses) = run(&model, &data, out, (2, STEPS, 512), &args);
+            for (rate, offload) in [(&plain, false), (&off, true)] {
+                let shape = ("medium", &MEDIUM, "llama");
+                let (lora, bf16) = (!extra.is_empty(), !flags.is_empty());
+                let measured = Measured {
+                    shape,
+                    lengths,
+                    micro_batch: 2,
+                    checkpointing: false,
+                    lora,
+                    bf16,
+                    offload,
+                    steps: STEPS,
+                };
+                record(json, measured.row(rate), failures);
+            }
             let diff = plain_losses.iter().zip(&off_losses).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             let ok = plain_losses.len() == STEPS && off_losses.len() == STEPS && diff <= tol;
             if !ok {
@@ -133,6 +148,71 @@ pub fn offload(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     text
 }
 
+/// One measured run as a row of `results/gpu/memory-<gpu>.json` (what `tests/measured.rs` reads).
+struct Measured<'a> {
+    shape: (&'a str, &'a Shape, &'a str),
+    lengths: Lengths,
+    micro_batch: usize,
+    checkpointing: bool,
+    lora: bool,
+    bf16: bool,
+    offload: bool,
+    steps: usize,
+}
+
+impl Measured<'_> {
+    fn row(&self, rate: &TrainRate) -> serde_json::Value {
+        let (name, shape, model_type) = self.shape;
+        serde_json::json!({
+            "shape": name,
+            "model_type": model_type,
+            "hidden": shape.hidden, "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads,
+            "intermediate": shape.intermediate, "vocab": shape.vocab, "tied_embeddings": true,
+            "precision": if self.bf16 { "bf16" } else { "fp32" },
+            "micro_batch": self.micro_batch,
+            "max_length": self.lengths.total,
+            "prompt_tokens": self.lengths.prompt,
+            "completion_tokens": self.lengths.total - self.lengths.prompt,
+            "gradient_checkpointing": self.checkpointing,
+            "lora_r": if self.lora { 16 } else { 0 },
+            "reference": "keep",
+            "sharding": "none",
+            "world_size": 1,
+            "offload_optimizer": self.offload,
+            "steps": self.steps,
+            "cuda_allocated_bytes": rate.cuda_peak_bytes,
+            "cuda_reserved_bytes": rate.cuda_reserved_bytes,
+            "host_resident_bytes": rate.peak_bytes,
+        })
+    }
+}
+
+/// Puts `row` into the table at `json` in place of the row of the same setting (any earlier
+/// run's), else at the end, and rewrites the file atomically.
+fn record(json: &Path, row: serde_json::Value, failures: &mut Vec<String>) {
+    const MEASURED: [&str; 5] =
+        ["steps", "cuda_allocated_bytes", "cuda_reserved_bytes", "host_resident_bytes", "source"];
+    let setting = |r: &serde_json::Value| {
+        let mut r = r.clone();
+        if let Some(o) = r.as_object_mut() {
+            o.retain(|k, _| !MEASURED.contains(&k.as_str()));
+        }
+        r
+    };
+    let text = std::fs::read_to_string(json).unwrap_or_else(|_| "[]".to_owned());
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    match rows.iter_mut().find(|r| setting(r) == setting(&row)) {
+        Some(old) => *old = row,
+        None => rows.push(row),
+    }
+    let tmp = json.with_extension("json.tmp");
+    let written =
+        serde_json::to_string_pretty(&rows).map_err(std::io::Error::other).and_then(|t| std::fs::write(&tmp, t + "\n"));
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, json)) {
+        failures.push(format!("{} not written: {e}", json.display()));
+    }
+}
+
 /// One measured configuration of the grid.
 struct Cell<'a> {
     shape: (&'a str, &'a Shape, &'a str),
@@ -168,7 +248,6 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
     let mut text = String::from(
         "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB\n",
     );
-    let mut rows = Vec::new();
     for cell in &cells {
         let (name, shape, model_type) = cell.shape;
         let model = common::model_dir_of(&work.join(format!("mem-{name}")), shape, model_type);
@@ -197,34 +276,17 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         println!("{line}");
         text += &line;
         text.push('\n');
-        rows.push(serde_json::json!({
-            "shape": name,
-            "model_type": model_type,
-            "hidden": shape.hidden, "layers": shape.layers, "heads": shape.heads, "kv_heads": shape.kv_heads,
-            "intermediate": shape.intermediate, "vocab": shape.vocab, "tied_embeddings": true,
-            "precision": if cell.bf16 { "bf16" } else { "fp32" },
-            "micro_batch": cell.micro_batch,
-            "max_length": cell.lengths.total,
-            "prompt_tokens": cell.lengths.prompt,
-            "completion_tokens": cell.lengths.total - cell.lengths.prompt,
-            "gradient_checkpointing": cell.checkpointing,
-            "lora_r": if cell.lora { 16 } else { 0 },
-            "reference": "keep",
-            "sharding": "none",
-            "world_size": 1,
-            "offload_optimizer": false,
-            "steps": 3,
-            "cuda_allocated_bytes": rate.cuda_peak_bytes,
-            "cuda_reserved_bytes": rate.cuda_reserved_bytes,
-            "host_resident_bytes": rate.peak_bytes,
-        }));
-        let tmp = json.with_extension("json.tmp");
-        let written = serde_json::to_string_pretty(&rows)
-            .map_err(std::io::Error::other)
-            .and_then(|t| std::fs::write(&tmp, t + "\n"));
-        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, json)) {
-            failures.push(format!("memory grid: {} not written: {e}", json.display()));
-        }
+        let measured = Measured {
+            shape: cell.shape,
+            lengths: cell.lengths,
+            micro_batch: cell.micro_batch,
+            checkpointing: cell.checkpointing,
+            lora: cell.lora,
+            bf16: cell.bf16,
+            offload: false,
+            steps: 3,
+        };
+        record(json, measured.row(&rate), failures);
     }
     text
 }
