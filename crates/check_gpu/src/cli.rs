@@ -12,7 +12,7 @@ use crate::bench::{self, BenchRecord};
 use crate::memory::{FineTune, Precision, Reference, Sharding};
 use crate::model::{ModelError, ModelShape, parse_param_count};
 use crate::parse::{self, Input, ParseError};
-use crate::plan::{DeviceIds, PlanRequest, plan};
+use crate::plan::{DeviceIds, LengthsError, PlanRequest, plan};
 use crate::probe::{self, ProbeError};
 use crate::render::{self, Style};
 use crate::snapshot::{Snapshot, SnapshotError, Source};
@@ -360,9 +360,10 @@ fn fits_in_host(n: u64, each: u64, available: Option<u64>) -> Result<(), FlagErr
 }
 
 /// `dpo-train data lengths` of `data` under `model`'s tokenizer at `max_length`, or why not.
-fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::memory::DataLengths, String> {
-    let program =
-        bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok()).map_err(|e| e.to_string())?;
+fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::memory::DataLengths, LengthsError> {
+    let not_run = LengthsError::NotRun;
+    let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())
+        .map_err(|e| not_run(e.to_string()))?;
     let out = std::process::Command::new(&program)
         .args(["data", "lengths", "--model"])
         .arg(model)
@@ -370,12 +371,14 @@ fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::mem
         .arg(data)
         .args(["--max-length", &max_length.to_string()])
         .output()
-        .map_err(|e| format!("`{}` did not start: {e}", program.display()))?;
+        .map_err(|e| not_run(format!("`{}` did not start: {e}", program.display())))?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
-        return Err(said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim().to_owned());
+        let last = said.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message").trim();
+        return Err(LengthsError::Data(last.to_owned()));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("`dpo-train data lengths` printed no lengths: {e}"))
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| not_run(format!("`dpo-train data lengths` printed no lengths: {e}")))
 }
 
 /// Runs `dpo-train bench-comm` on `devices` with the flags' sizes.

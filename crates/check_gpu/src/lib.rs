@@ -27,6 +27,6 @@ pub use memory::{
     Sharding, estimate,
 };
 pub use model::ModelShape;
-pub use plan::{Plan, PlanRequest, Status, plan};
+pub use plan::{LengthsError, Plan, PlanRequest, Status, plan};
 pub use probe::{ProbeError, probe_live};
 pub use snapshot::Snapshot;

@@ -416,13 +416,21 @@ fn data_lengths_plan_the_packed_rows() {
             .any(|n| n.as_str().is_some_and(|n| n.starts_with("planned for the data's longest pairs: 20 pair(s)"))),
         "{v}"
     );
-    let v = stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&fail)));
+    // Data dpo-train refuses: a warning (training would stop there), exit 1.
+    let out = run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&fail));
+    assert_eq!(out.status.code(), Some(1));
+    let v = stdout_json(&out);
     assert_eq!(v["tokens"], serde_json::json!({"packed": 8192, "scored": 8192, "from_data": false}), "{v}");
-    let notes = v["notes"].as_array().expect("notes");
+    let warnings = v["warnings"].as_array().expect("warnings");
     assert!(
-        notes.iter().any(|n| n.as_str()
-            == Some("--data's lengths were not read (error: `pairs.jsonl` line 1: no `prompt` field): planned for sequences of 1024 tokens (--seq-len), none of them shared")),
+        warnings.iter().any(|n| n.as_str()
+            == Some("dpo-train cannot read --data (error: `pairs.jsonl` line 1: no `prompt` field): training would stop there; planned for sequences of 1024 tokens (--seq-len)")),
         "{v}"
     );
+    // No dpo-train to ask: a note, and the plan at --seq-len.
+    let v =
+        stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&dir.join("no-such-dpo-train"))));
+    let notes = v["notes"].as_array().expect("notes");
+    assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with("--data's lengths were not read ("))), "{v}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -106,8 +106,17 @@ pub struct PlanRequest {
     /// The data's longest pairs (`--data`, tokenised by `dpo-train data lengths`); `None`:
     /// sequences of `seq_len` tokens.
     pub lengths: Option<DataLengths>,
-    /// Why `--data`'s lengths could not be read, said in the plan's notes.
-    pub lengths_error: Option<String>,
+    /// Why `--data`'s lengths could not be read.
+    pub lengths_error: Option<LengthsError>,
+}
+
+/// Why `--data`'s lengths are missing from a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LengthsError {
+    /// dpo-train read the data and refused it (its one-line error): training would stop there too.
+    Data(String),
+    /// dpo-train could not be run to read it.
+    NotRun(String),
 }
 
 impl PlanRequest {
@@ -415,7 +424,11 @@ fn lengths_note(req: &PlanRequest, log: &mut Log) {
             req.seq_len,
             l.packed_longest.first().copied().unwrap_or(0)
         )),
-        (None, Some(why)) => log.notes.push(format!(
+        (None, Some(LengthsError::Data(why))) => log.warnings.push(format!(
+            "dpo-train cannot read --data ({why}): training would stop there; planned for sequences of {} tokens (--seq-len)",
+            req.seq_len
+        )),
+        (None, Some(LengthsError::NotRun(why))) => log.notes.push(format!(
             "--data's lengths were not read ({why}): planned for sequences of {} tokens (--seq-len), none of them shared",
             req.seq_len
         )),
