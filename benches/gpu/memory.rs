@@ -213,18 +213,8 @@ fn record(json: &Path, row: serde_json::Value, failures: &mut Vec<String>) {
     }
 }
 
-/// One measured configuration of the grid.
-struct Cell<'a> {
-    shape: (&'a str, &'a Shape, &'a str),
-    lengths: Lengths,
-    micro_batch: usize,
-    checkpointing: bool,
-    lora: bool,
-    bf16: bool,
-}
-
 /// dpo-train's peak CUDA memory over a grid (issue 34, item 3), 3 steps a run (the moments
-/// exist from step 2 on), rows appended to `results/gpu/memory-<gpu>.json` as they are measured.
+/// exist from step 2 on), each put in `results/gpu/memory-<gpu>.json` as it is measured ([`record`]).
 pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) -> String {
     let shapes = [("32M", &GQA32M, "llama"), ("medium", &MEDIUM, "llama"), ("0.5B", &QWEN05B, "qwen2")];
     let short = Lengths { prompt: 128, total: 512 };
@@ -238,13 +228,21 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         };
         for &(micro_batch, lengths) in batches {
             for (checkpointing, lora) in [(false, false), (true, false), (false, true), (true, true)] {
-                cells.push(Cell { shape, lengths, micro_batch, checkpointing, lora, bf16: true });
+                let (bf16, offload, steps) = (true, false, 3);
+                cells.push(Measured { shape, lengths, micro_batch, checkpointing, lora, bf16, offload, steps });
             }
         }
     }
-    let medium_f32 =
-        Cell { shape: shapes[1], lengths: short, micro_batch: 2, checkpointing: false, lora: false, bf16: false };
-    cells.push(medium_f32);
+    cells.push(Measured {
+        shape: shapes[1],
+        lengths: short,
+        micro_batch: 2,
+        checkpointing: false,
+        lora: false,
+        bf16: false,
+        offload: false,
+        steps: 3,
+    });
     let mut text = String::from(
         "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB\n",
     );
@@ -258,7 +256,7 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         args.extend(if cell.lora { &["--lora-r", "16"][..] } else { &[] });
         let packed = cell.lengths.prompt + 2 * (cell.lengths.total - cell.lengths.prompt);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            dpo_train_rate_at(&model, &data, out, (cell.micro_batch, 3, cell.lengths.total), &args)
+            dpo_train_rate_at(&model, &data, out, (cell.micro_batch, cell.steps, cell.lengths.total), &args)
         }));
         let Ok(rate) = result else {
             failures.push(format!("memory grid: {name} {} failed", args.join(" ")));
@@ -276,17 +274,7 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         println!("{line}");
         text += &line;
         text.push('\n');
-        let measured = Measured {
-            shape: cell.shape,
-            lengths: cell.lengths,
-            micro_batch: cell.micro_batch,
-            checkpointing: cell.checkpointing,
-            lora: cell.lora,
-            bf16: cell.bf16,
-            offload: false,
-            steps: 3,
-        };
-        record(json, measured.row(&rate), failures);
+        record(json, cell.row(&rate), failures);
     }
     text
 }
