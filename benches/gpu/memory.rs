@@ -59,9 +59,10 @@ fn gib(bytes: Option<f64>) -> String {
     bytes.map_or_else(|| "?".to_owned(), |b| format!("{:.2}", b / GIB))
 }
 
-/// check-gpu's estimate per GPU for the medium model at 2 pairs of 512 tokens, GiB.
-fn estimate(model: &Path, flags: &[&str]) -> String {
-    let mut args = vec!["--model", model.to_str().unwrap_or_default(), "--global-batch", "2", "--seq-len", "512"];
+/// check-gpu's estimate per GPU for the medium model at 2 pairs of `data` a step, GiB.
+fn estimate(model: &Path, data: &Path, flags: &[&str]) -> String {
+    let (model, data) = (model.to_str().unwrap_or_default(), data.to_str().unwrap_or_default());
+    let mut args = vec!["--model", model, "--data", data, "--global-batch", "2", "--seq-len", "512"];
     args.extend(flags);
     args.push("--json");
     let said = output(&built("check-gpu"), &args);
@@ -112,7 +113,7 @@ pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>)
             let dtype = if flags.is_empty() { "fp32" } else { "bf16" };
             let mut est = vec!["--dtype", dtype];
             est.extend(if extra.is_empty() { &[][..] } else { &["--lora", "16"][..] });
-            let plain_est = estimate(&model, &est);
+            let plain_est = estimate(&model, &data, &est);
             est.push("--offload-optimizer");
             let _ = writeln!(
                 text,
@@ -130,7 +131,7 @@ pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>)
                 gib(off.peak_bytes),
                 1e3 * off.step_seconds,
                 off.offload_copy_ms.unwrap_or(f64::NAN),
-                estimate(&model, &est),
+                estimate(&model, &data, &est),
             );
             print!(
                 "{}",
@@ -297,13 +298,9 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         "check-gpu --model M --data D: micro-batch {}, {} GiB planned ({} GiB allocated by its terms), TRL {} GiB; tokens {}\n$ {command}\n",
         plan["micro_batch"],
         gib(plan["memory_per_gpu_bytes"].as_f64()),
-        gib(plan["memory"].as_object().map(|t| {
-            ["weights", "gradients", "optimizer", "reference", "activations", "logits"]
-                .iter()
-                .filter_map(|k| t[*k].as_f64())
-                .sum::<f64>()
-                + f64::from(128u32 << 20)
-        })),
+        gib(serde_json::from_value::<check_gpu::MemoryEstimate>(plan["memory"].clone())
+            .ok()
+            .map(|e| e.allocated() as f64)),
         gib(plan["memory_trl"]["total"].as_f64()),
         plan["tokens"]
     );
