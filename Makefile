@@ -89,7 +89,7 @@ bench-1m: build ref-venv
 bench-trl: build ref-venv
 	$(CARGO) bench --bench trl
 
-# The GPU path on cuda:0 (benches/gpu.rs): check-gpu's probe, NCCL, packed attention and 20 steps against the CPU,
+# The GPU path on cuda:0 (benches/gpu/): check-gpu's probe, NCCL, packed attention and 20 steps against the CPU,
 # throughput next to TRL; writes results/gpu/<date>-<gpu>.md. Without CUDA it says so, exit 0.
 gpu-check: build ref-venv
 	$(CARGO) bench --bench gpu

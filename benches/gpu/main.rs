@@ -12,14 +12,18 @@
 //! 6. the same for a 1B model (TinyLlama's shape) at max_length 1024, packed and padded;
 //! 7. the offloaded optimizer against the plain step, and dpo-train's peak CUDA memory over a grid
 //!    of shapes and settings (`memory.rs`);
-//! 8. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces).
+//! 8. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces);
+//! 9. two ranks sharing `cuda:0` (plain DDP, ZeRO-1/2/3, the offloaded optimizer) against one rank,
+//!    Ctrl-C and a killed rank (`dist.rs`).
 //!
-//! Without a CUDA device it says so and exits 0. The file is rewritten after each section, so a
+//! Without a CUDA device it says so and exits 0; `GPU_CHECK_ON_CPU=1` then runs the sections that
+//! can run on CPU processes (`dist`), to try them, with the results under `target/gpu-check-on-cpu/`. The file is rewritten after each section, so a
 //! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
 //! Failures of the checks make the exit status 1, after the results file is written.
 
 #[path = "../common/mod.rs"]
 mod common;
+mod dist;
 mod memory;
 
 use std::fmt::Write as _;
@@ -38,12 +42,16 @@ const STEPS: usize = 20;
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 fn main() {
-    if !tch::Cuda::is_available() {
+    let on_cpu = !tch::Cuda::is_available();
+    if on_cpu && std::env::var_os("GPU_CHECK_ON_CPU").is_none() {
         println!("gpu-check: libtorch sees no CUDA device here, so there is nothing to check (exit 0)");
         return;
     }
-    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|offload|memory|plan|profile ...]` runs only those (cargo passes `--bench`).
+    // `gpu-bench [path|probe|nccl|attention|parity|throughput|scale|offload|memory|plan|profile|dist ...]` runs only those (cargo passes `--bench`).
     let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    if on_cpu {
+        return on_cpu_only(&wanted);
+    }
     let runs = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
     let gpu = gpu_name();
     let dir = common::root().join("results/gpu");
@@ -97,10 +105,28 @@ fn main() {
     if runs("profile") {
         report.section("Where a step's time goes (torch profiler)", |_| profile(&work, out.path()));
     }
-    println!("written to {}", report.path.display());
-    if !report.failures.is_empty() {
-        std::process::exit(1);
+    if runs("dist") {
+        report.section("Two ranks sharing cuda:0 against one rank", |f| dist::dist(&dist::CUDA, out.path(), f));
     }
+    report.finish();
+}
+
+/// `GPU_CHECK_ON_CPU=1` without a GPU: the sections that can, on CPU processes.
+fn on_cpu_only(wanted: &[String]) {
+    let dir = common::root().join("target/gpu-check-on-cpu");
+    std::fs::create_dir_all(&dir).expect("target/gpu-check-on-cpu");
+    let mut report = Report {
+        path: dir.join(format!("{}-cpu.md", today())),
+        text: "# GPU check's sections on CPU processes (no GPU: a dry run)\n\n".to_owned(),
+        failures: Vec::new(),
+    };
+    let out = tempfile::tempdir().expect("a temporary directory");
+    if wanted.is_empty() || wanted.iter().any(|w| w == "dist") {
+        report.section("Two CPU ranks against one (the dist section's dry run)", |f| {
+            dist::dist(&dist::CPU, out.path(), f)
+        });
+    }
+    report.finish();
 }
 
 /// The results file as it grows, and the checks that failed so far.
@@ -111,6 +137,14 @@ struct Report {
 }
 
 impl Report {
+    /// Says where the file is; the exit status is 1 if a check failed.
+    fn finish(self) {
+        println!("written to {}", self.path.display());
+        if !self.failures.is_empty() {
+            std::process::exit(1);
+        }
+    }
+
     /// Runs one section, records its text (or the panic that stopped it), and rewrites the file.
     fn section(&mut self, title: &str, body: impl FnOnce(&mut Vec<String>) -> String) {
         println!("gpu-check: {title} ...");

@@ -139,6 +139,8 @@ pub struct ParallelArgs {
     pub device: DeviceArg,
     /// Data-parallel over CUDA devices: a count (`2`: devices 0 and 1), a list (`0,2`; `3,` is
     /// device 3 alone), or `auto` (the devices check-gpu selects). One device runs as one process.
+    /// A device listed twice (`0,0`) runs two ranks on it over Gloo instead of NCCL: slower, for
+    /// checking a multi-GPU setting on one GPU.
     #[arg(long, value_name = "N|LIST|auto", conflicts_with = "devices")]
     pub gpus: Option<String>,
     /// Data-parallel over CPU processes: `cpu:N` (the cores are divided between them).

@@ -54,8 +54,11 @@ pub enum Role {
 pub struct LaunchPlan {
     pub nproc: usize,
     pub cuda: bool,
-    /// `CUDA_VISIBLE_DEVICES` for every worker (each takes the device of its local rank).
+    /// `CUDA_VISIBLE_DEVICES` for every worker (each takes the device of its local rank, or with
+    /// `shared` the one its entry of the `--gpus` list names).
     pub visible: Option<String>,
+    /// Some ranks share a GPU (`--gpus 0,0`): the job runs over Gloo ([`backend`]).
+    pub shared: bool,
 }
 
 /// Decides this process's role from its flags and worker variables; `cuda_devices` counts the
@@ -66,7 +69,7 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
         // `auto` is CUDA where torch sees a device, unless our launcher started CPU workers.
         let auto_cuda = par.device == DeviceArg::Auto && par.devices.is_none() && cuda_devices() > 0;
         let device = if par.gpus.is_some() || matches!(par.device, DeviceArg::Cuda(_)) || auto_cuda {
-            check_cuda(DeviceArg::Cuda(worker.local_rank), &cuda_devices)?
+            check_cuda(DeviceArg::Cuda(visible_slot(par, worker.local_rank)), &cuda_devices)?
         } else {
             DeviceArg::Cpu
         };
@@ -82,7 +85,7 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
         if nproc == 1 && single_node {
             return Ok(Role::Alone(DeviceArg::Cpu));
         }
-        return Ok(Role::Launcher(LaunchPlan { nproc, cuda: false, visible: None }));
+        return Ok(Role::Launcher(LaunchPlan { nproc, cuda: false, visible: None, shared: false }));
     }
     if let Some(spec) = &par.gpus {
         let found = cuda_devices();
@@ -90,8 +93,11 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
         if let ([only], true) = (ids.as_slice(), single_node) {
             return Ok(Role::Alone(DeviceArg::Cuda(*only)));
         }
-        let visible = ids.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-        return Ok(Role::Launcher(LaunchPlan { nproc: ids.len(), cuda: true, visible: Some(visible) }));
+        let distinct = distinct(&ids);
+        let visible = distinct.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let plan =
+            LaunchPlan { nproc: ids.len(), cuda: true, visible: Some(visible), shared: distinct.len() < ids.len() };
+        return Ok(Role::Launcher(plan));
     }
     Ok(Role::Alone(check_cuda(par.device, &cuda_devices)?))
 }
@@ -132,13 +138,7 @@ fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
     } else if let Ok(n) = spec.parse::<usize>() {
         (0..n).collect()
     } else {
-        // `3,` is the one-element list (a bare `3` is a count).
-        spec.strip_suffix(',')
-            .unwrap_or(spec)
-            .split(',')
-            .map(|i| i.trim().parse::<usize>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| LaunchFlagError::Gpus(spec.to_owned()))?
+        listed_ids(spec).ok_or_else(|| LaunchFlagError::Gpus(spec.to_owned()))?
     };
     if ids.is_empty() {
         return Err(LaunchFlagError::Gpus(spec.to_owned()));
@@ -147,6 +147,39 @@ fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
         return Err(LaunchFlagError::TooFewGpus { spec: spec.to_owned(), found, wanted: ids.len() });
     }
     Ok(ids)
+}
+
+/// The indices of a `--gpus` list (`0,2`; `3,` is the one-element list, a bare `3` a count).
+fn listed_ids(spec: &str) -> Option<Vec<usize>> {
+    if !spec.contains(',') {
+        return None;
+    }
+    spec.strip_suffix(',').unwrap_or(spec).split(',').map(|i| i.trim().parse::<usize>().ok()).collect()
+}
+
+/// `ids` without repeats, in their first order.
+fn distinct(ids: &[usize]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    ids.iter().copied().filter(|&i| seen.insert(i)).collect()
+}
+
+/// The device index a worker of our launcher takes among the devices it sees: its local rank's,
+/// except where a `--gpus` list repeats a device (the launcher shows each device once, so rank
+/// `r` takes the position of list entry `r` among them).
+fn visible_slot(par: &ParallelArgs, local_rank: usize) -> usize {
+    let Some(ids) = par.gpus.as_deref().and_then(listed_ids) else { return local_rank };
+    let slot = ids.get(local_rank).and_then(|id| distinct(&ids).iter().position(|d| d == id));
+    slot.unwrap_or(local_rank)
+}
+
+/// The process group's backend: NCCL between GPUs, Gloo between CPU processes and between ranks
+/// that share a GPU (`--gpus 0,0`: NCCL refuses two ranks on one device; Gloo runs there with the
+/// collectives staged through host memory, slower but the same numbers, a way to check the
+/// distributed code on one GPU).
+pub fn backend(par: &ParallelArgs, device: DeviceArg) -> Backend {
+    let ids = par.gpus.as_deref().and_then(listed_ids).unwrap_or_default();
+    let shared = distinct(&ids).len() < ids.len();
+    if matches!(device, DeviceArg::Cuda(_)) && !shared { Backend::Nccl } else { Backend::Gloo }
 }
 
 /// A CUDA device must exist before anything touches it (torch would abort the process).
@@ -231,7 +264,7 @@ pub fn place(
         local_rank: worker.local_rank,
         master_addr: worker.master_addr.clone(),
         master_port: worker.master_port,
-        backend: if matches!(device_arg, DeviceArg::Cuda(_)) { Backend::Nccl } else { Backend::Gloo },
+        backend: backend(par, device_arg),
         timeout,
     })?;
     Ok(Placed::Here { device: device(device_arg), group: Some(group), worker })
@@ -259,12 +292,13 @@ fn launch(
         timeout,
     };
     eprintln!(
-        "launching {} {} worker(s) on node {} of {} (world size {})",
+        "launching {} {} worker(s) on node {} of {} (world size {}){}",
         plan.nproc,
         if plan.cuda { "CUDA" } else { "CPU" },
         spec.node_rank,
         spec.nnodes,
-        spec.world_size()
+        spec.world_size(),
+        if plan.shared { ", sharing GPUs over Gloo (collectives through host memory)" } else { "" }
     );
     interrupt::install()?;
     let interrupts = interrupt::forward_to_workers();
@@ -313,7 +347,8 @@ mod tests {
         let bad = role(&flags(None, Some("0,x"), DeviceArg::Cpu), &single, || 4);
         assert!(matches!(bad, Err(LaunchFlagError::Gpus(_))), "{bad:?}");
         let listed = role(&flags(None, Some("0,3"), DeviceArg::Cpu), &single, || 4).unwrap();
-        assert_eq!(listed, Role::Launcher(LaunchPlan { nproc: 2, cuda: true, visible: Some("0,3".into()) }));
+        let plan = LaunchPlan { nproc: 2, cuda: true, visible: Some("0,3".into()), shared: false };
+        assert_eq!(listed, Role::Launcher(plan));
     }
 
     #[test]
@@ -348,6 +383,27 @@ mod tests {
         let cpu_worker = role(&flags(Some("cpu:2"), None, DeviceArg::Auto), &worker(2, 1), || 2).unwrap();
         assert_eq!(cpu_worker, Role::Worker(DeviceArg::Cpu));
         let cpu_launch = role(&flags(Some("cpu:2"), None, DeviceArg::Auto), &single, || 2).unwrap();
-        assert_eq!(cpu_launch, Role::Launcher(LaunchPlan { nproc: 2, cuda: false, visible: None }));
+        assert_eq!(cpu_launch, Role::Launcher(LaunchPlan { nproc: 2, cuda: false, visible: None, shared: false }));
+    }
+
+    /// `--gpus 0,0,1`: three ranks, two of them on device 0. The launcher shows each device once;
+    /// each worker takes its list entry's place among them, and the job runs over Gloo (NCCL
+    /// refuses two ranks on one GPU). A list without repeats stays on NCCL, rank r on device r.
+    #[test]
+    fn a_repeated_gpu_is_shared_over_gloo() {
+        let par = flags(None, Some("0,0,1"), DeviceArg::Auto);
+        let plan = role(&par, &WorkerEnv::single(), || 2).unwrap();
+        assert_eq!(
+            plan,
+            Role::Launcher(LaunchPlan { nproc: 3, cuda: true, visible: Some("0,1".into()), shared: true })
+        );
+        let slots: Vec<Role> = (0..3).map(|r| role(&par, &worker(3, r), || 2).unwrap()).collect();
+        assert_eq!(slots, [0, 0, 1].map(|i| Role::Worker(DeviceArg::Cuda(i))));
+        assert_eq!(backend(&par, DeviceArg::Cuda(0)), Backend::Gloo);
+        assert_eq!(backend(&flags(None, Some("0,1"), DeviceArg::Auto), DeviceArg::Cuda(1)), Backend::Nccl);
+        assert_eq!(backend(&flags(None, Some("2"), DeviceArg::Auto), DeviceArg::Cuda(1)), Backend::Nccl);
+        assert_eq!(backend(&flags(Some("cpu:2"), None, DeviceArg::Auto), DeviceArg::Cpu), Backend::Gloo);
+        let missing = role(&flags(None, Some("0,0,3"), DeviceArg::Auto), &WorkerEnv::single(), || 2);
+        assert!(matches!(missing, Err(LaunchFlagError::TooFewGpus { .. })), "{missing:?}");
     }
 }

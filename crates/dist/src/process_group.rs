@@ -1,8 +1,9 @@
 //! [`ProcessGroup`]: a c10d process group (PyTorch's `torch.distributed` engine) owned from Rust.
 //!
 //! Rendezvous is a `TCPStore` served by rank 0 at `master_addr:master_port`, as in
-//! `torch.distributed.init_process_group(init_method="tcp://..")`. The backend is Gloo (CPU tensors)
-//! or NCCL (CUDA tensors, `nccl` feature). Gradients are all-reduced in flat buckets of at most
+//! `torch.distributed.init_process_group(init_method="tcp://..")`. The backend is Gloo (CPU tensors;
+//! CUDA tensors go through a host copy, for ranks sharing a GPU) or NCCL (CUDA tensors, `nccl`
+//! feature). Gradients are all-reduced in flat buckets of at most
 //! [`DEFAULT_BUCKET_BYTES`], like DDP's `bucket_cap_mb=25`.
 //!
 //! Tensors reach c10d without passing through Rust memory: a burn `Tensor` on the LibTorch backend
@@ -31,7 +32,8 @@ pub const DEFAULT_BUCKET_BYTES: usize = 25 * 1024 * 1024;
 /// The collective backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
-    /// Gloo: CPU tensors, TCP transport. Always available.
+    /// Gloo: TCP transport, host memory (the shim copies a CUDA tensor to the host and back:
+    /// ranks that share a GPU, which NCCL refuses). Always available.
     Gloo,
     /// NCCL: CUDA tensors on device `local_rank`. Needs the `nccl` feature and a GPU.
     Nccl,

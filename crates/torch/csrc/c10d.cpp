@@ -127,6 +127,21 @@ void check_flat(const C10dGroup* group, const at::Tensor* small, const at::Tenso
               small->device());
 }
 
+// The tensor a collective runs on: `t` itself, except that a Gloo group is handed a device
+// tensor's host copy (with its values when `with_values`; `land` writes it back). Two ranks
+// sharing one GPU run over Gloo, since NCCL refuses them, and Gloo's own device support covers
+// only some collectives; this covers every one, at the price of the copies (a check, not a fast
+// path).
+at::Tensor host_side(const C10dGroup* group, const at::Tensor& t, bool with_values) {
+  if (group->kind != C10D_BACKEND_GLOO || t.is_cpu()) return t;
+  return with_values ? t.to(at::kCPU) : at::empty(t.sizes(), t.options().device(at::kCPU));
+}
+
+// Writes a collective's result back where the caller holds it (nothing to do unless staged).
+void land(at::Tensor& dst, const at::Tensor& ran_on) {
+  if (!ran_on.is_same(dst)) dst.copy_(ran_on);
+}
+
 }  // namespace
 
 extern "C" {
@@ -242,10 +257,11 @@ int c10d_all_reduce(C10dGroup* group, const c10d_tensor* tensors, size_t n, int 
     for (size_t i = 0; i < n; ++i) {
       check_tensor(tensors[i], "all_reduce input");
       // Gloo has no AVG, so both backends sum and then divide: the same numerics everywhere.
-      std::vector<at::Tensor> one = {*tensors[i]};
+      std::vector<at::Tensor> one = {host_side(group, *tensors[i], true)};
       c10d::AllreduceOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;
       group->backend->allreduce(one, opts)->wait();
+      land(*tensors[i], one[0]);
       if (op == C10D_OP_AVG) tensors[i]->div_(group->world_size);
     }
   });
@@ -262,10 +278,11 @@ int c10d_broadcast(C10dGroup* group, const c10d_tensor* tensors, size_t n, int r
   return guarded("broadcast", [&] {
     for (size_t i = 0; i < n; ++i) {
       check_tensor(tensors[i], "broadcast tensor");
-      std::vector<at::Tensor> one = {*tensors[i]};
+      std::vector<at::Tensor> one = {host_side(group, *tensors[i], group->rank == root)};
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
       group->backend->broadcast(one, opts)->wait();
+      land(*tensors[i], one[0]);
     }
   });
 }
@@ -291,12 +308,14 @@ int c10d_all_gather(C10dGroup* group, c10d_tensor input, c10d_tensor output) {
                 output->scalar_type(), " differs from the input's ", input->scalar_type());
     TORCH_CHECK(output->device() == input->device(), "all_gather output is on ", output->device(),
                 ", the input on ", input->device());
-    at::Tensor flat_in = input->reshape({n});
-    at::Tensor flat_out = output->reshape({n * group->world_size});
+    at::Tensor flat_in = host_side(group, *input, true).reshape({n});
+    at::Tensor out = host_side(group, *output, false);
+    at::Tensor flat_out = out.reshape({n * group->world_size});
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int r = 0; r < group->world_size; ++r) outs[0].push_back(flat_out.narrow(0, r * n, n));
     std::vector<at::Tensor> ins = {flat_in};
     group->backend->allgather(outs, ins)->wait();
+    land(*output, out);
   });
 }
 
@@ -304,9 +323,10 @@ int c10d_all_gather_flat(C10dGroup* group, c10d_tensor input, c10d_tensor output
   if (group == nullptr) return fail(C10D_ERR_INVALID, "c10d_all_gather_flat: null group");
   return guarded("all_gather", [&] {
     check_flat(group, input, output, "all_gather");
-    at::Tensor out = *output;
-    at::Tensor in = *input;
+    at::Tensor out = host_side(group, *output, false);
+    at::Tensor in = host_side(group, *input, true);
     group->backend->_allgather_base(out, in)->wait();
+    land(*output, out);
   });
 }
 
@@ -317,11 +337,12 @@ int c10d_reduce_scatter(C10dGroup* group, c10d_tensor input, c10d_tensor output,
   }
   return guarded("reduce_scatter", [&] {
     check_flat(group, output, input, "reduce_scatter");
-    at::Tensor out = *output;
-    at::Tensor in = *input;
+    at::Tensor out = host_side(group, *output, false);
+    at::Tensor in = host_side(group, *input, true);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
     group->backend->_reduce_scatter_base(out, in, opts)->wait();
+    land(*output, out);
     // As all_reduce: sum, then divide, the same numerics on both backends.
     if (op == C10D_OP_AVG) output->div_(group->world_size);
   });
