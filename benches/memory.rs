@@ -10,6 +10,9 @@
 //! left out: there is no GPU here). The process runs with glibc's mmap threshold fixed at 64 KiB so that freed
 //! tensors leave the resident set, making it the CPU's analogue of CUDA's peak allocated bytes
 //! (`torch.cuda.max_memory_allocated`), which is what the estimate is for.
+//!
+//! Each run is also a row of `results/cpu/memory-<cpu>.json` (the GPU table's fields, the peak as
+//! `resident_bytes`), which check-gpu's `tests/measured.rs` holds the estimate to.
 
 mod common;
 
@@ -30,6 +33,53 @@ const SEQ_LEN: u64 = 512;
 /// Each pair's tokens: a 128-token prompt and two completions of 384.
 const TOKENS: PairTokens = PairTokens { prompt: 128, completion: 384 };
 const LORA_RANK: u64 = 16;
+
+/// One run's setting and peak as a row of the table `tests/measured.rs` reads.
+struct Row {
+    lora_r: u64,
+    reference: Reference,
+    checkpointing: bool,
+    sharding: Sharding,
+    world_size: u64,
+}
+
+impl Row {
+    fn record(&self, json: &Path, resident_bytes: u64) {
+        let m = &common::MEDIUM;
+        let row = serde_json::json!({
+            "shape": "medium",
+            "model_type": "llama",
+            "hidden": m.hidden, "layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads,
+            "intermediate": m.intermediate, "vocab": m.vocab, "tied_embeddings": true,
+            "precision": "fp32",
+            "micro_batch": MICRO_BATCH,
+            "max_length": SEQ_LEN,
+            "prompt_tokens": TOKENS.prompt,
+            "completion_tokens": TOKENS.completion,
+            "gradient_checkpointing": self.checkpointing,
+            "lora_r": self.lora_r,
+            "reference": if self.reference == Reference::Precompute { "precompute" } else { "keep" },
+            "sharding": self.sharding.name(),
+            "world_size": self.world_size,
+            "offload_optimizer": false,
+            "steps": 2,
+            "resident_bytes": resident_bytes,
+        });
+        common::record(json, row).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// `results/cpu/memory-<this CPU>.json`.
+fn table() -> std::path::PathBuf {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu.lines().find_map(|l| l.strip_prefix("model name")).unwrap_or("unknown cpu");
+    let model = model.trim_start_matches([' ', '\t', ':']).trim();
+    let slug: String =
+        model.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let dir = common::root().join("results/cpu");
+    std::fs::create_dir_all(&dir).expect("results/cpu");
+    dir.join(format!("memory-{slug}.json"))
+}
 
 struct Case {
     name: &'static str,
@@ -108,6 +158,8 @@ fn main() {
         );
         std::fs::write(&config, text).expect("the config is written");
         let (baseline, peak) = measure(&config);
+        // Each run's model and checkpoint (about 1 GiB) would fill the disk over the bench.
+        let _ = std::fs::remove_dir_all(out.path().join(case.name.replace(' ', "_")));
         libtorch = baseline;
         let measured = peak.saturating_sub(baseline);
         let e = estimate(&MemoryRequest {
@@ -127,6 +179,15 @@ fn main() {
         let ratio = estimated as f64 / measured as f64;
         worst = worst.max((ratio - 1.0).abs());
         println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
+        let lora_r = if let FineTune::Lora { rank } = case.finetune { rank } else { 0 };
+        let row = Row {
+            lora_r,
+            reference: case.reference,
+            checkpointing: case.checkpointing,
+            sharding: Sharding::None,
+            world_size: 1,
+        };
+        row.record(&table(), measured);
     }
     println!(
         "largest estimate error: {:.0}% (libtorch's own resident set before loading a model is left out)",
@@ -162,6 +223,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
             );
             std::fs::write(&config, text).expect("the config is written");
             let measured = workers_peak(&config, world).saturating_sub(baseline);
+            let _ = std::fs::remove_dir_all(dir.join(&run));
             let e = estimate(&MemoryRequest {
                 model: shape,
                 micro_batch: MICRO_BATCH,
@@ -179,6 +241,8 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
+            let row = Row { lora_r: 0, reference: Reference::Keep, checkpointing, sharding, world_size: world };
+            row.record(&table(), measured);
         }
     }
     println!("largest estimate error: {:.0}%", worst * 100.0);

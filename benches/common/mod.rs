@@ -426,3 +426,28 @@ pub fn matmul_peak(dtype: burn::tensor::FloatDType) -> f64 {
 pub fn torch_threads() -> i32 {
     tch::get_num_threads()
 }
+
+/// Puts `row` into the table of measured memory at `json` (`results/{gpu,cpu}/memory-*.json`,
+/// what check-gpu's `tests/measured.rs` reads) in place of the row of the same setting (any
+/// earlier run's), else at the end, and rewrites the file atomically.
+pub fn record(json: &Path, row: serde_json::Value) -> Result<(), String> {
+    const MEASURED: [&str; 6] =
+        ["steps", "cuda_allocated_bytes", "cuda_reserved_bytes", "host_resident_bytes", "resident_bytes", "source"];
+    let setting = |r: &serde_json::Value| {
+        let mut r = r.clone();
+        if let Some(o) = r.as_object_mut() {
+            o.retain(|k, _| !MEASURED.contains(&k.as_str()));
+        }
+        r
+    };
+    let text = std::fs::read_to_string(json).unwrap_or_else(|_| "[]".to_owned());
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    match rows.iter_mut().find(|r| setting(r) == setting(&row)) {
+        Some(old) => *old = row,
+        None => rows.push(row),
+    }
+    let tmp = json.with_extension("json.tmp");
+    let written =
+        serde_json::to_string_pretty(&rows).map_err(std::io::Error::other).and_then(|t| std::fs::write(&tmp, t + "\n"));
+    written.and_then(|()| std::fs::rename(&tmp, json)).map_err(|e| format!("{} not written: {e}", json.display()))
+}

@@ -103,7 +103,7 @@ pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>)
                     offload,
                     steps: STEPS,
                 };
-                record(json, measured.row(rate), failures);
+                common::record(json, measured.row(rate)).unwrap_or_else(|e| failures.push(e));
             }
             let diff = plain_losses.iter().zip(&off_losses).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
             let ok = plain_losses.len() == STEPS && off_losses.len() == STEPS && diff <= tol;
@@ -188,34 +188,8 @@ impl Measured<'_> {
     }
 }
 
-/// Puts `row` into the table at `json` in place of the row of the same setting (any earlier
-/// run's), else at the end, and rewrites the file atomically.
-fn record(json: &Path, row: serde_json::Value, failures: &mut Vec<String>) {
-    const MEASURED: [&str; 5] =
-        ["steps", "cuda_allocated_bytes", "cuda_reserved_bytes", "host_resident_bytes", "source"];
-    let setting = |r: &serde_json::Value| {
-        let mut r = r.clone();
-        if let Some(o) = r.as_object_mut() {
-            o.retain(|k, _| !MEASURED.contains(&k.as_str()));
-        }
-        r
-    };
-    let text = std::fs::read_to_string(json).unwrap_or_else(|_| "[]".to_owned());
-    let mut rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
-    match rows.iter_mut().find(|r| setting(r) == setting(&row)) {
-        Some(old) => *old = row,
-        None => rows.push(row),
-    }
-    let tmp = json.with_extension("json.tmp");
-    let written =
-        serde_json::to_string_pretty(&rows).map_err(std::io::Error::other).and_then(|t| std::fs::write(&tmp, t + "\n"));
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, json)) {
-        failures.push(format!("{} not written: {e}", json.display()));
-    }
-}
-
 /// dpo-train's peak CUDA memory over a grid (issue 34, item 3), 3 steps a run (the moments
-/// exist from step 2 on), each put in `results/gpu/memory-<gpu>.json` as it is measured ([`record`]).
+/// exist from step 2 on), each put in `results/gpu/memory-<gpu>.json` as it is measured ([`common::record`]).
 pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) -> String {
     let shapes = [("32M", &GQA32M, "llama"), ("medium", &MEDIUM, "llama"), ("0.5B", &QWEN05B, "qwen2")];
     let short = Lengths { prompt: 128, total: 512 };
@@ -275,7 +249,7 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         println!("{line}");
         text += &line;
         text.push('\n');
-        record(json, cell.row(&rate), failures);
+        common::record(json, cell.row(&rate)).unwrap_or_else(|e| failures.push(e));
     }
     text
 }

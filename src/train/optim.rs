@@ -133,6 +133,20 @@ pub fn slice_of(flat: Tensor<1>, (rank, world): (usize, usize)) -> Tensor<1> {
     padded(flat, world).narrow(0, rank * c, c)
 }
 
+/// Whole parameters' bytes a ZeRO-1/2 step gathers at a time ([`AdamW::step_sharded`]).
+pub const GATHER_CHUNK_BYTES: usize = 64 << 20;
+
+/// How many of `slices` (from the first) the next gather takes: as many as fit in
+/// [`GATHER_CHUNK_BYTES`] once whole (`world` slices each), at least one.
+fn gather_chunk_end(slices: &[Tensor<1>], world: usize) -> usize {
+    let mut bytes = 0;
+    let fits = slices.iter().take_while(|s| {
+        bytes += s.dims()[0] * world * s.dtype().size();
+        bytes <= GATHER_CHUNK_BYTES
+    });
+    fits.count().max(1).min(slices.len())
+}
+
 /// Gradients summed over micro-batches, flattened and keyed by parameter name.
 #[derive(Debug, Default)]
 pub struct GradAccumulator {
@@ -433,13 +447,18 @@ impl AdamW {
     /// the rank updates its slices of the parameters (and keeps moments for those only), and the
     /// new slices are gathered (`gather`: every rank's slices, whole) so every rank holds the
     /// whole updated model. `shard` is `(rank, world_size)`.
+    ///
+    /// The gather goes [`GATHER_CHUNK_BYTES`] of parameters at a time, each chunk's new values
+    /// replacing the old ones before the next is gathered: the model is never held twice (a
+    /// second full copy was the peak of a ZeRO-1/2 step under checkpointing). The chunks follow
+    /// the parameters' sizes alone, so every rank calls `gather` on the same ones.
     pub fn step_sharded<M: Module>(
         &mut self,
         model: M,
         grads: &GradAccumulator,
         (lr, cfg): (f64, &AdamWConfig),
         shard: (usize, usize),
-        gather: impl FnOnce(&[Tensor<1>]) -> Result<Vec<Tensor<1>>, DistError>,
+        mut gather: impl FnMut(&[Tensor<1>]) -> Result<Vec<Tensor<1>>, DistError>,
     ) -> Result<M, DistError> {
         self.shard = Some(shard);
         self.step += 1;
@@ -455,13 +474,22 @@ impl AdamW {
             slices.push(self.update(&mut queue, name, slice_of(flat.clone(), shard), grad, (lr, cfg))?);
         }
         queue.run(self.step, lr, cfg)?;
-        let gathered = gather(&slices)?; // each [world · c]
-        let mut whole: BTreeMap<&str, Tensor<1>> = current
-            .iter()
-            .zip(gathered)
-            .map(|((name, flat), full)| (name.as_str(), full.narrow(0, 0, flat.dims()[0])))
-            .collect();
-        Ok(params::map(model, |name, _| whole.remove(name)))
+        let names: Vec<String> = current.keys().cloned().collect();
+        let (mut model, mut start) = (model, 0);
+        while start < names.len() {
+            let end = gather_chunk_end(&slices, shard.1);
+            let chunk: Vec<Tensor<1>> = slices.drain(..end).collect();
+            let gathered = gather(&chunk)?; // each [world · c]
+            let mut whole: BTreeMap<&str, Tensor<1>> = BTreeMap::new();
+            for (name, full) in names[start..start + end].iter().zip(gathered) {
+                // The old values go with this entry and the model's (nothing else holds them).
+                let len = current.remove(name).map_or(0, |old| old.dims()[0]);
+                whole.insert(name.as_str(), full.narrow(0, 0, len));
+            }
+            model = params::map(model, |name, _| whole.remove(name));
+            start += end;
+        }
+        Ok(model)
     }
 }
 

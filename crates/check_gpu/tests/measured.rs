@@ -1,8 +1,12 @@
 //! check-gpu's estimate of dpo-train held against dpo-train's peaks measured on a GPU
 //! (`make gpu-check`'s memory and offload sections, `results/gpu/memory-*.json`): the bytes
 //! handed to tensors within 15% of torch's `max_memory_allocated`, and the planned total (the
-//! caching allocator's share and the CUDA context added) at least what the allocator held.
+//! caching allocator's share and the CUDA context added) at least what the allocator held; and
+//! against CPU processes' peaks (`make bench`'s memory bench, `results/cpu/memory-*.json`): the
+//! same bytes, less the CUDA kernels' scratch, within 15% of what training added to the resident
+//! set, ZeRO stages over 2 and 4 workers included.
 
+use check_gpu::memory::packed::WORKSPACE_BYTES;
 use check_gpu::{Engine, FineTune, MemoryRequest, ModelShape, PairTokens, Precision, Reference, Sharding, estimate};
 use serde::Deserialize;
 
@@ -27,8 +31,11 @@ struct Row {
     sharding: String,
     world_size: u64,
     offload_optimizer: bool,
-    cuda_allocated_bytes: f64,
-    cuda_reserved_bytes: f64,
+    /// A GPU's peak (`results/gpu/`).
+    cuda_allocated_bytes: Option<f64>,
+    cuda_reserved_bytes: Option<f64>,
+    /// A CPU process's peak over its resident set before the model (`results/cpu/`).
+    resident_bytes: Option<f64>,
 }
 
 impl Row {
@@ -51,17 +58,22 @@ impl Row {
     }
 
     fn request<'a>(&self, model: &'a ModelShape) -> MemoryRequest<'a> {
-        assert_eq!((self.reference.as_str(), self.sharding.as_str()), ("keep", "none"), "a new kind of row");
+        let reference = match self.reference.as_str() {
+            "keep" => Reference::Keep,
+            "precompute" => Reference::Precompute,
+            other => panic!("a new kind of row: reference {other}"),
+        };
+        let sharding = Sharding::ALL.into_iter().find(|s| s.name() == self.sharding);
         MemoryRequest {
             model,
             micro_batch: self.micro_batch,
             seq_len: self.prompt_tokens + self.completion_tokens,
             dtype: if self.precision == "bf16" { Precision::Bf16 } else { Precision::Fp32 },
             finetune: if self.lora_r > 0 { FineTune::Lora { rank: self.lora_r } } else { FineTune::Full },
-            reference: Reference::Keep,
+            reference,
             gradient_checkpointing: self.gradient_checkpointing,
             world_size: self.world_size,
-            sharding: Sharding::None,
+            sharding: sharding.unwrap_or_else(|| panic!("a new kind of row: sharding {}", self.sharding)),
             offload_optimizer: self.offload_optimizer,
             engine: Engine::DpoTrain(
                 PairTokens { prompt: self.prompt_tokens, completion: self.completion_tokens }.batch(self.micro_batch),
@@ -70,8 +82,9 @@ impl Row {
     }
 }
 
-fn tables() -> Vec<(String, Vec<Row>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../results/gpu");
+/// The tables under `results/<kind>/` (`gpu` or `cpu`).
+fn tables(kind: &str) -> Vec<(String, Vec<Row>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../results").join(kind);
     let mut found = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("results/gpu") {
         let path = entry.expect("an entry").path();
@@ -86,7 +99,7 @@ fn tables() -> Vec<(String, Vec<Row>)> {
 
 #[test]
 fn the_estimate_is_within_15_percent_of_every_measured_peak() {
-    let tables = tables();
+    let tables = tables("gpu");
     assert!(!tables.is_empty(), "no results/gpu/memory-*.json");
     let mut worst = 0.0f64;
     let mut failures = Vec::new();
@@ -95,7 +108,9 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
         for r in rows {
             let model = r.model();
             let e = estimate(&r.request(&model));
-            let ratio = e.allocated() as f64 / r.cuda_allocated_bytes;
+            let (allocated, reserved) =
+                (r.cuda_allocated_bytes.expect("allocated"), r.cuda_reserved_bytes.expect("reserved"));
+            let ratio = e.allocated() as f64 / allocated;
             worst = worst.max((ratio - 1.0).abs());
             let what = format!(
                 "{file}: {} {} mb {} ({} + 2x{}), checkpointing {}, LoRA {}, offload {}",
@@ -112,14 +127,14 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
                 failures.push(format!(
                     "{what}: estimated {:.3} GiB allocated, measured {:.3} ({ratio:.3}x)",
                     gib(e.allocated()),
-                    r.cuda_allocated_bytes / GIB
+                    allocated / GIB
                 ));
             }
-            if (e.total as f64) < r.cuda_reserved_bytes {
+            if (e.total as f64) < reserved {
                 failures.push(format!(
                     "{what}: planned {:.3} GiB, below the {:.3} the allocator held",
                     gib(e.total),
-                    r.cuda_reserved_bytes / GIB
+                    reserved / GIB
                 ));
             }
         }
@@ -130,6 +145,45 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
         tables.iter().flat_map(|(_, rows)| rows.iter().map(|r| r.vocab)).collect();
     assert!(vocabs.len() >= 3 && vocabs.iter().any(|&v| v > 150_000), "{vocabs:?}");
     println!("largest relative error {worst:.3}");
+}
+
+/// CPU processes (`make bench`): what training added to the resident set against the estimate
+/// without the CUDA kernels' scratch; every mode the plan offers on CPU workers but the offload
+/// (full, LoRA, a precomputed reference, checkpointing, zero1/2/3 on 2 and 4 workers).
+#[test]
+fn the_estimate_is_within_15_percent_of_every_cpu_peak() {
+    let tables = tables("cpu");
+    assert!(!tables.is_empty(), "no results/cpu/memory-*.json");
+    let mut failures = Vec::new();
+    for (file, rows) in &tables {
+        for r in rows {
+            let model = r.model();
+            let estimated = estimate(&r.request(&model)).allocated() - WORKSPACE_BYTES;
+            let measured = r.resident_bytes.expect("resident_bytes");
+            let ratio = estimated as f64 / measured;
+            if (ratio - 1.0).abs() > 0.15 {
+                failures.push(format!(
+                    "{file}: {} LoRA {} reference {} checkpointing {} {} x{}: estimated {:.3} GiB, measured {:.3} ({ratio:.3}x)",
+                    r.shape,
+                    r.lora_r,
+                    r.reference,
+                    r.gradient_checkpointing,
+                    r.sharding,
+                    r.world_size,
+                    gib(estimated),
+                    measured / GIB
+                ));
+            }
+        }
+        let has = |f: &dyn Fn(&Row) -> bool| rows.iter().any(f);
+        assert!(has(&|r| r.lora_r > 0) && has(&|r| r.reference == "precompute"), "{file}: a mode is missing");
+        for world in [2, 4] {
+            for stage in ["none", "zero1", "zero2", "zero3"] {
+                assert!(has(&|r| r.world_size == world && r.sharding == stage), "{file}: no {stage} over {world}");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
