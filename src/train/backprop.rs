@@ -12,6 +12,8 @@
 //! ZeRO-3 runs this segmented pass always: each part's parameters are gathered for its forward
 //! and again for its recompute and backward ([`super::partition`]).
 
+use std::ops::Range;
+
 use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
 
@@ -135,6 +137,23 @@ pub fn idle_pass(model: &dyn Segments, grads: &mut GradAccumulator) -> Result<()
     Ok(())
 }
 
+/// The head's logit gradients (consecutive blocks of predictions) grouped for its two products.
+/// Narrower than f32, all of them as one: the blocks' f32 probabilities, freed by now, held twice
+/// their bytes, so the copy costs no peak, and one product replaces a weight-sized cast and f32
+/// sum per block (tens of them a step for a 150k vocabulary, more time than the products). In
+/// f32 each block alone: there a copy would double the head's peak, and the sum needs no cast.
+///
+/// # Shapes
+/// - each block: `[c, V]` → each group: `[g, V]`, rows `block` of the predictions
+fn product_groups(blocks: Vec<(Range<usize>, Tensor<2>)>, dtype: FloatDType) -> Vec<(Range<usize>, Tensor<2>)> {
+    if dtype == FloatDType::F32 || blocks.len() < 2 {
+        return blocks;
+    }
+    let rows = blocks[0].0.start..blocks.last().map_or(0, |(b, _)| b.end);
+    let whole = Tensor::cat(blocks.into_iter().map(|(_, dz)| dz).collect(), 0); // [N, V]
+    vec![(rows, whole)]
+}
+
 /// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would
 /// keep and revisit several vocabulary-wide tensors per prediction, where `∂ log p(y_t) / ∂ z_t =
 /// onehot(y_t) − p_t` needs one (the probabilities) and torch's fused log-softmax.
@@ -170,20 +189,24 @@ fn head_backward(
     let g = (loss.clone() * scale).backward();
     let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]
 
-    // Backward through softmax and the projection, block by block.
+    // Backward through softmax, block by block, each block's f32 probabilities giving way to its
+    // gradient in the compute dtype.
     let labels = batch.labels.clone().inner(); // [N]
-    let mut dh = Vec::new();
-    let mut dweight: Option<Tensor<2>> = None;
+    let mut dzs = Vec::new();
     for (block, probs) in head.probs {
         let d = dlogp.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         let y = labels.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         // ∂/∂z = d·(onehot(y) − p)
         let dz = (-probs * d.clone()).scatter(1, y, d, IndexingUpdateOp::Add); // [c, V]
-        // Both products in the compute dtype, as autocast runs them; only the sum is kept in f32.
-        let dz = dz.cast(dtype);
-        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [c, h]
+        dzs.push((block, dz.cast(dtype)));
+    }
+    // Then through the projection, both products in the compute dtype as autocast runs them.
+    let mut dh = Vec::new();
+    let mut dweight: Option<Tensor<2>> = None;
+    for (block, dz) in product_groups(dzs, dtype) {
+        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [g, h]
         if lm_head.trains {
-            let x = head.selected.clone().slice([block, 0..h]); // [c, h]
+            let x = head.selected.clone().slice([block, 0..h]); // [g, h]
             let dw = x.transpose().matmul(dz).cast(FloatDType::F32); // [h, V]
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
@@ -205,4 +228,47 @@ fn head_backward(
         false => zeros.select_assign(0, batch.at.clone().inner(), Tensor::cat(dh, 0), IndexingUpdateOp::Add),
     };
     (scores, loss.detach(), Tensor::from_inner(dh.reshape([r, l, h])))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution};
+
+    use super::*;
+
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    fn device() -> Device {
+        Device::libtorch()
+    }
+
+    /// Mixed precision takes the blocks as one group, rows in order, and its weight gradient is
+    /// the blocks' sum; f32 keeps the blocks apart.
+    #[test]
+    fn half_precision_blocks_make_one_product() {
+        let d = device();
+        let ranges = [0..3, 3..6, 6..7];
+        let random = |rows: usize, cols: usize| Tensor::<2>::random([rows, cols], Distribution::Default, &d);
+        let blocks: Vec<(Range<usize>, Tensor<2>)> =
+            ranges.iter().map(|r| (r.clone(), random(r.len(), 5).cast(FloatDType::BF16))).collect();
+        let kept = product_groups(blocks.clone(), FloatDType::F32);
+        assert_eq!(kept.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), ranges.to_vec());
+        let grouped = product_groups(blocks.clone(), FloatDType::BF16);
+        assert_eq!(grouped.len(), 1);
+        let (rows, whole) = grouped.into_iter().next().unwrap();
+        assert_eq!(rows, 0..7);
+        let parts: Vec<Tensor<2>> = blocks.iter().map(|(_, dz)| dz.clone()).collect();
+        whole.to_data().assert_eq(&Tensor::cat(parts, 0).to_data(), true);
+        // One product over the rows equals the blocks' products summed, to f32 round-off.
+        let x = random(7, 4);
+        let f32 = |t: &Tensor<2>| t.clone().cast(FloatDType::F32);
+        let per_block = blocks
+            .iter()
+            .map(|(r, dz)| x.clone().slice([r.clone(), 0..4]).transpose().matmul(f32(dz)))
+            .reduce(|a, b| a + b)
+            .unwrap();
+        let one = x.transpose().matmul(f32(&whole));
+        let diff: f32 = (one - per_block.clone()).abs().max().into_scalar();
+        let scale: f32 = per_block.abs().max().into_scalar();
+        assert!(diff <= 1e-6 * scale.max(1.0), "{diff} of {scale}");
+    }
 }
