@@ -22,7 +22,7 @@ use super::head::LmHead;
 use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
-use super::rope::{Rope, RopeScaling, rotate};
+use super::rope::{Angles, Rope, RopeScaling, rotate};
 use super::weights::TensorSource;
 
 /// The `model_type` values this module implements.
@@ -229,9 +229,8 @@ impl RmsNorm {
 /// batch ([`Llama::place`]) and shared by every layer.
 #[derive(Debug, Clone)]
 pub struct Placement {
-    /// `[1, 1, L, D]` each, in the compute dtype.
-    cos: Tensor<4>,
-    sin: Tensor<4>,
+    /// The rotary cos and sin, `[1, 1, L, D]` each, in the compute dtype.
+    angles: Arc<Angles>,
     spans: Arc<Spans>,
 }
 
@@ -292,8 +291,8 @@ impl Attention {
             _ => (q, k),
         };
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let q = rotate(q.swap_dims(1, 2), &at.cos, &at.sin); // [B, H, S, D]
-        let k = rotate(k.swap_dims(1, 2), &at.cos, &at.sin); // [B, Hkv, S, D]
+        let q = rotate(q.swap_dims(1, 2), &at.angles); // [B, H, S, D]
+        let k = rotate(k.swap_dims(1, 2), &at.angles); // [B, Hkv, S, D]
         let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, T, D]
@@ -470,8 +469,7 @@ impl Llama {
     /// If a position reaches `max_position_embeddings`; callers check
     /// [`Llama::max_sequence_length`] first.
     pub fn place(&self, positions: Tensor<1, Int>, spans: Arc<Spans>) -> Placement {
-        let (cos, sin) = self.rope.at(positions, self.compute_dtype);
-        Placement { cos, sin, spans }
+        Placement { angles: self.rope.at(positions, self.compute_dtype), spans }
     }
 
     /// Rows of `len` tokens from position `offset` on, each attending causally on its own.
