@@ -120,19 +120,10 @@ fn tail(out: &Output) -> String {
     format!("{} ({})", lines[lines.len().saturating_sub(3)..].join(" / "), out.status)
 }
 
+/// A run's final parameters by name (none where it saved none).
 fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
-    let file = run_dir.join("final/model.safetensors");
-    let Ok(bytes) = std::fs::read(&file) else { return Vec::new() };
-    let Ok(st) = safetensors::SafeTensors::deserialize(&bytes) else { return Vec::new() };
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    let read = dpo_train::model::Weights::open(&run_dir.join("final")).and_then(|w| w.all_values());
+    read.unwrap_or_default()
 }
 
 /// The largest difference between two runs' parameters (infinite where their names or sizes

@@ -119,6 +119,22 @@ impl Weights {
         header.metadata().as_ref()?.get(key).cloned()
     }
 
+    /// Every tensor as f32 host values, in name order: what a comparison of two saved models reads.
+    pub fn all_values(&self) -> Result<Vec<(String, Vec<f32>)>, WeightsError> {
+        let mut out = Vec::with_capacity(self.index.len());
+        for name in self.names() {
+            let (path, mmap) = &self.files[self.index[&name]];
+            let tensors = SafeTensors::deserialize(mmap)
+                .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
+            let view = tensors
+                .tensor(&name)
+                .map_err(|_| WeightsError::Missing { name: name.clone(), dir: self.dir.clone() })?;
+            let values = to_f32(&name, view.dtype(), view.data())?;
+            out.push((name, values));
+        }
+        Ok(out)
+    }
+
     /// Whether the checkpoint holds a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)

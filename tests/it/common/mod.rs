@@ -36,17 +36,8 @@ impl Progress for Quiet {
 
 /// Every f32 tensor of a safetensors file, flattened, sorted by name.
 pub fn tensors(file: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f32>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            (name, view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
+    let read = dpo_train::model::Weights::open_file(file).and_then(|w| w.all_values());
+    read.unwrap_or_else(|e| panic!("{}: {e}", file.display()))
 }
 
 /// The largest absolute difference between two tensor lists of the same names.
