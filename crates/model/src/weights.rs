@@ -122,16 +122,15 @@ impl Weights {
     /// Every tensor as f32 host values, in name order: what a comparison of two saved models reads.
     pub fn all_values(&self) -> Result<Vec<(String, Vec<f32>)>, WeightsError> {
         let mut out = Vec::with_capacity(self.index.len());
-        for name in self.names() {
-            let (path, mmap) = &self.files[self.index[&name]];
+        for (path, mmap) in &self.files {
             let tensors = SafeTensors::deserialize(mmap)
                 .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
-            let view = tensors
-                .tensor(&name)
-                .map_err(|_| WeightsError::Missing { name: name.clone(), dir: self.dir.clone() })?;
-            let values = to_f32(&name, view.dtype(), view.data())?;
-            out.push((name, values));
+            for (name, view) in tensors.tensors() {
+                let values = to_f32(&name, view.dtype(), view.data())?;
+                out.push((name, values));
+            }
         }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 
