@@ -9,8 +9,10 @@
 //! `dx = g·cos + Rᵀ(g·sin)`): burn's autodiff built it from narrows (four slices each), a negation
 //! and a concatenation, whose backward materialised zeros and slice assignments per half; a bf16
 //! step of the 0.5B shape went from 34,465 torch operators to 30,865 (`make bench`), each a kernel
-//! launch on a GPU. The values are the same, bit for bit: the same operations in the same order,
-//! where the halves' gradients were added to zeros before.
+//! launch on a GPU. `R(x)·sin = roll(x)·s` with `s = [-sin₁, sin₂]` (the halves swapped by one
+//! roll; the sign kept in the table), and `Rᵀ(g·sin) = roll(g·s)`: three operations each way
+//! where the halves took five. The values are the same, bit for bit: negation is exact, and the
+//! products and sums are the same ones in the same order.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
@@ -36,7 +38,8 @@ pub enum RopeScaling {
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
 }
 
-/// Precomputed cos/sin tables, `[max_positions, D]` each, in f32.
+/// Precomputed cos and signed sin tables (`[-sin₁, sin₂]` by halves), `[max_positions, D]` each,
+/// in f32.
 #[derive(Debug, Clone)]
 pub struct Rope {
     cos: Tensor<2>,
@@ -57,7 +60,7 @@ impl Rope {
                 // angles round identically.
                 let angle = (pos as f32) * inv_freq[j % half];
                 cos.push(angle.cos());
-                sin.push(angle.sin());
+                sin.push(if j < half { -angle.sin() } else { angle.sin() });
             }
         }
         let shape = [max_positions, head_dim];
@@ -86,8 +89,8 @@ impl Rope {
     }
 }
 
-/// The cos and sin of a forward pass's positions, `[1, 1, L, D]` each in the compute dtype (plain
-/// tensors: constants, never differentiated).
+/// The cos and signed sin of a forward pass's positions, `[1, 1, L, D]` each in the compute dtype
+/// (plain tensors: constants, never differentiated).
 #[derive(Debug, Clone)]
 pub struct Angles {
     cos: Tensor<4>,
@@ -122,9 +125,8 @@ pub trait RopeOps: Backend {
 impl RopeOps for LibTorch {
     fn rotary(x: TchTensor, angles: Arc<Angles>) -> TchTensor {
         let [cos, sin] = angles.tch();
-        let d = x.tensor.size()[3] / 2;
-        // rotate_half(x) = [-x2, x1]
-        let turned = tch::Tensor::cat(&[x.tensor.narrow(3, d, d).neg(), x.tensor.narrow(3, 0, d)], 3);
+        // rotate_half(x)·sin = [x2, x1]·[-sin1, sin2]
+        let turned = half_turn(&x.tensor);
         TchTensor::new(&x.tensor * cos + turned * sin)
     }
 }
@@ -142,7 +144,14 @@ impl<C: CheckpointStrategy> RopeOps for Autodiff<LibTorch, C> {
     }
 }
 
-/// [`rotate`]'s graph node: `dx = g·cos + Rᵀ(g·sin)`, with `Rᵀ[u1, u2] = [u2, -u1]`.
+/// The halves of the last dimension swapped, `[x1, x2] → [x2, x1]` (one copy).
+fn half_turn(x: &tch::Tensor) -> tch::Tensor {
+    let d = x.size()[3] / 2;
+    x.roll([d].as_slice(), [3i64].as_slice())
+}
+
+/// [`rotate`]'s graph node: `dx = g·cos + Rᵀ(g·sin)`, with `Rᵀ[u1, u2] = [u2, -u1]`, which is
+/// the halves of `g·[-sin1, sin2]` swapped.
 #[derive(Debug)]
 struct Rotary;
 
@@ -153,9 +162,7 @@ impl Backward<LibTorch, 1> for Rotary {
         let g = grads.consume::<LibTorch>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
         let [cos, sin] = ops.state.tch();
-        let u = &g.tensor * sin;
-        let d = u.size()[3] / 2;
-        let turned_back = tch::Tensor::cat(&[u.narrow(3, d, d), u.narrow(3, 0, d).neg()], 3);
+        let turned_back = half_turn(&(&g.tensor * sin));
         grads.register::<LibTorch>(parent.id, TchTensor::new(&g.tensor * cos + turned_back));
     }
 }
@@ -201,7 +208,10 @@ mod tests {
         let x1 = x.clone().narrow(3, 0, d / 2); // [B, H, L, D/2]
         let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, H, L, D/2]
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, L, D]
-        x * angles.cos.clone() + rotated * angles.sin.clone()
+        // The plain sin from the signed table: [-s1, s2] → [s1, s2].
+        let s = angles.sin.clone();
+        let sin = Tensor::cat(vec![s.clone().narrow(3, 0, d / 2).neg(), s.narrow(3, d / 2, d / 2)], 3);
+        x * angles.cos.clone() + rotated * sin
     }
 
     /// The node's output and input gradient equal the composite's bit for bit, in f32 and bf16,
