@@ -1,7 +1,8 @@
 //! `make bench` (memory): peak memory of DPO training on the medium model (hidden 768, 12
 //! layers, 32k vocabulary, 2 pairs of 512-token sequences per step, f32) for full fine-tuning,
-//! LoRA, a precomputed reference and activation checkpointing, next to `check-gpu`'s estimate
-//! for the same settings; then the ZeRO stages over 2 and 4 CPU worker processes, each rank's
+//! LoRA, a precomputed reference and activation checkpointing, and in bf16 mixed precision for
+//! full fine-tuning, LoRA and checkpointing, next to `check-gpu`'s estimate for the same
+//! settings; then the ZeRO stages over 2 and 4 CPU worker processes, each rank's
 //! peak while training (dpo-train's own report) next to the estimate for that stage.
 //!
 //! Each configuration trains in its own process, which reports its peak resident set (`VmHWM`)
@@ -36,6 +37,7 @@ const LORA_RANK: u64 = 16;
 
 /// One run's setting and peak as a row of the table `tests/measured.rs` reads.
 struct Row {
+    precision: Precision,
     lora_r: u64,
     reference: Reference,
     checkpointing: bool,
@@ -51,7 +53,7 @@ impl Row {
             "model_type": "llama",
             "hidden": m.hidden, "layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads,
             "intermediate": m.intermediate, "vocab": m.vocab, "tied_embeddings": true,
-            "precision": "fp32",
+            "precision": if self.precision == Precision::Bf16 { "bf16" } else { "fp32" },
             "micro_batch": MICRO_BATCH,
             "max_length": SEQ_LEN,
             "prompt_tokens": TOKENS.prompt,
@@ -87,15 +89,17 @@ struct Case {
     finetune: FineTune,
     reference: Reference,
     checkpointing: bool,
+    precision: Precision,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 8] = [
     Case {
         name: "full fine-tuning",
         keys: "",
         finetune: FineTune::Full,
         reference: Reference::Keep,
         checkpointing: false,
+        precision: Precision::Fp32,
     },
     Case {
         name: "LoRA r=16 q,k,v,o",
@@ -103,6 +107,7 @@ const CASES: [Case; 5] = [
         finetune: FineTune::Lora { rank: LORA_RANK },
         reference: Reference::Keep,
         checkpointing: false,
+        precision: Precision::Fp32,
     },
     Case {
         name: "precomputed reference",
@@ -110,6 +115,7 @@ const CASES: [Case; 5] = [
         finetune: FineTune::Full,
         reference: Reference::Precompute,
         checkpointing: false,
+        precision: Precision::Fp32,
     },
     Case {
         name: "activation checkpointing",
@@ -117,6 +123,7 @@ const CASES: [Case; 5] = [
         finetune: FineTune::Full,
         reference: Reference::Keep,
         checkpointing: true,
+        precision: Precision::Fp32,
     },
     Case {
         name: "LoRA + checkpointing",
@@ -124,6 +131,32 @@ const CASES: [Case; 5] = [
         finetune: FineTune::Lora { rank: LORA_RANK },
         reference: Reference::Keep,
         checkpointing: true,
+        precision: Precision::Fp32,
+    },
+    // Mixed precision: the layers keep their activations in bf16 beside the f32 masters.
+    Case {
+        name: "bf16 full fine-tuning",
+        keys: "",
+        finetune: FineTune::Full,
+        reference: Reference::Keep,
+        checkpointing: false,
+        precision: Precision::Bf16,
+    },
+    Case {
+        name: "bf16 LoRA r=16 q,k,v,o",
+        keys: "lora_r = 16\nlora_target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\"]\n",
+        finetune: FineTune::Lora { rank: LORA_RANK },
+        reference: Reference::Keep,
+        checkpointing: false,
+        precision: Precision::Bf16,
+    },
+    Case {
+        name: "bf16 checkpointing",
+        keys: "",
+        finetune: FineTune::Full,
+        reference: Reference::Keep,
+        checkpointing: true,
+        precision: Precision::Bf16,
     },
 ];
 
@@ -141,7 +174,7 @@ fn main() {
     let out = tempfile::tempdir().expect("a temporary directory");
 
     println!(
-        "peak memory, medium model ({:.0}M parameters), {MICRO_BATCH} pairs x {SEQ_LEN} tokens per step, f32",
+        "peak memory, medium model ({:.0}M parameters), {MICRO_BATCH} pairs x {SEQ_LEN} tokens per step, f32 unless named",
         shape.params as f64 / 1e6
     );
     println!("{:<26} {:>12} {:>12} {:>8}", "", "measured", "estimate", "ratio");
@@ -149,10 +182,11 @@ fn main() {
     for case in &CASES {
         let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
         let text = format!(
-            "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = false\ngradient_checkpointing = {}\n{}",
+            "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = {}\ngradient_checkpointing = {}\n{}",
             model.display(),
             data.display(),
             out.path().join(case.name.replace(' ', "_")).display(),
+            case.precision == Precision::Bf16,
             case.checkpointing,
             case.keys
         );
@@ -166,7 +200,7 @@ fn main() {
             model: &shape,
             micro_batch: MICRO_BATCH,
             seq_len: SEQ_LEN,
-            dtype: Precision::Fp32,
+            dtype: case.precision,
             finetune: case.finetune,
             reference: case.reference,
             gradient_checkpointing: case.checkpointing,
@@ -181,6 +215,7 @@ fn main() {
         println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
         let lora_r = if let FineTune::Lora { rank } = case.finetune { rank } else { 0 };
         let row = Row {
+            precision: case.precision,
             lora_r,
             reference: case.reference,
             checkpointing: case.checkpointing,
@@ -241,7 +276,14 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
-            let row = Row { lora_r: 0, reference: Reference::Keep, checkpointing, sharding, world_size: world };
+            let row = Row {
+                precision: Precision::Fp32,
+                lora_r: 0,
+                reference: Reference::Keep,
+                checkpointing,
+                sharding,
+                world_size: world,
+            };
             row.record(&table(), measured);
         }
     }

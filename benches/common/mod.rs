@@ -429,10 +429,21 @@ pub fn torch_threads() -> i32 {
 
 /// Puts `row` into the table of measured memory at `json` (`results/{gpu,cpu}/memory-*.json`,
 /// what check-gpu's `tests/measured.rs` reads) in place of the row of the same setting (any
-/// earlier run's), else at the end, and rewrites the file atomically.
-pub fn record(json: &Path, row: serde_json::Value) -> Result<(), String> {
-    const MEASURED: [&str; 6] =
-        ["steps", "cuda_allocated_bytes", "cuda_reserved_bytes", "host_resident_bytes", "resident_bytes", "source"];
+/// earlier run's, whatever layers it ran), else at the end, and rewrites the file atomically. The
+/// row records the layers' activation layout it was measured with (`packed::LAYOUT`).
+pub fn record(json: &Path, mut row: serde_json::Value) -> Result<(), String> {
+    const MEASURED: [&str; 7] = [
+        "steps",
+        "cuda_allocated_bytes",
+        "cuda_reserved_bytes",
+        "host_resident_bytes",
+        "resident_bytes",
+        "source",
+        "layout",
+    ];
+    if let Some(o) = row.as_object_mut() {
+        o.insert("layout".into(), check_gpu::memory::packed::LAYOUT.into());
+    }
     let setting = |r: &serde_json::Value| {
         let mut r = r.clone();
         if let Some(o) = r.as_object_mut() {

@@ -90,7 +90,7 @@ fn dgx_a100_uses_all_eight() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), (0..8).collect::<Vec<_>>());
     let (w, m, a, g) = split(&v);
-    assert_eq!((w, m, a, g), (8, 4, 2, 64));
+    assert_eq!((w, m, a, g), (8, 8, 1, 64));
     assert_eq!(m * w * a, g);
     assert_eq!(v["topology"]["nvlink_islands"], serde_json::json!([[0, 1, 2, 3, 4, 5, 6, 7]]));
     assert_eq!(v["topology"]["numa_groups"].as_array().expect("groups").len(), 4);
@@ -100,7 +100,7 @@ fn dgx_a100_uses_all_eight() {
     assert!(v["env"].get("NCCL_P2P_DISABLE").is_none());
     assert_eq!(
         v["command"],
-        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 8 --per-device-train-batch-size 4 --gradient-accumulation-steps 2 \
+        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 8 --per-device-train-batch-size 8 --gradient-accumulation-steps 1 \
          --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
          --gradient-checkpointing false --sharding none --offload-optimizer false"
     );
@@ -125,7 +125,7 @@ fn dgx_a100_text_report() {
     assert!(text.contains("  GPU0  X     NV12  NV12"), "{text}");
     assert!(text.contains("NVLink islands: [0,1,2,3,4,5,6,7]"), "{text}");
     assert!(text.contains("NUMA groups: node 1: [2,3], node 3: [0,1], node 5: [6,7], node 7: [4,5]"), "{text}");
-    assert!(text.contains("micro-batch 4 x 8 GPU(s) x accumulation 2 = global batch 64"), "{text}");
+    assert!(text.contains("micro-batch 8 x 8 GPU(s) x accumulation 1 = global batch 64"), "{text}");
     assert!(text.contains("export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"), "{text}");
     assert!(!text.contains('\u{1b}'), "no colour when stdout is not a terminal");
 }
@@ -135,7 +135,7 @@ fn dgx_h100_with_nics() {
     let (code, v) = plan_json("dgx-h100", &["--model-params", "1.5B"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v).len(), 8);
-    assert_eq!(split(&v), (8, 4, 2, 64));
+    assert_eq!(split(&v), (8, 8, 1, 64));
     assert_eq!(v["env"]["OMP_NUM_THREADS"], "28");
     assert_eq!(
         v["topology"]["numa_groups"],
@@ -183,7 +183,7 @@ fn t4_pair_with_lora_is_ready() {
     let (code, v) = plan_json("t4x2-phb", &["--model-params", "1.5B", "--lora", "16"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), vec![0, 1]);
-    assert_eq!(split(&v), (2, 1, 32, 64));
+    assert_eq!(split(&v), (2, 2, 16, 64));
     let cmd = v["command"].as_str().expect("command");
     assert!(
         cmd.contains("--fp16")
@@ -208,7 +208,7 @@ fn rtx4090_two_sockets_all_sys() {
     let (code, v) = plan_json("rtx4090x8-sys", &["--model-params", "1.5B", "--lora", "16"]);
     assert_eq!(code, 1, "{v}");
     assert_eq!(gpus(&v).len(), 8);
-    assert_eq!(split(&v), (8, 2, 4, 64));
+    assert_eq!(split(&v), (8, 4, 2, 64));
     assert_eq!(v["env"]["NCCL_P2P_DISABLE"], "1");
     assert_eq!(v["env"]["NCCL_IB_DISABLE"], "1");
     assert!(warnings(&v).iter().any(|w| w.contains("RTX 40xx with driver 535.129.03")), "{v}");
@@ -283,7 +283,7 @@ fn rtx4090x4_text_report_names_the_stage() {
     assert!(text.contains("  sharding     zero2 over 4 GPU(s) (AdamW state and gradients partitioned)\n"), "{text}");
     assert!(text.contains("    gradients       890 MiB  4 B/param / 4 GPUs + largest piece 4 B x 233M (fp32, reduce-scattered after each layer's backward) (only the LM head's 4*V*h while the activations live; the rest counted beyond the activations they replace)\n"), "{text}");
     assert!(text.contains("    optimizer       2.8 GiB  8 B/param / 4 GPUs (AdamW m, v in fp32)\n"), "{text}");
-    assert!(text.contains("  - a full replica needs 36.3 GiB per GPU even at micro-batch 1, more than is free: zero2 with activation checkpointing over 4 GPUs needs 19.3 GiB\n"), "{text}");
+    assert!(text.contains("  - a full replica needs 33.7 GiB per GPU even at micro-batch 1, more than is free: zero2 with activation checkpointing over 4 GPUs needs 19.3 GiB\n"), "{text}");
     assert!(text.contains(" --gradient-checkpointing true --sharding zero2 --offload-optimizer false\n"), "{text}");
 }
 
@@ -386,11 +386,11 @@ fn nvlink_bridged_pairs() {
     let (code, v) = plan_json("a100-pcie-nvbridge", &["--model-params", "1.5B"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), vec![0, 1, 2, 3]);
-    assert_eq!(split(&v), (4, 4, 4, 64));
+    assert_eq!(split(&v), (4, 8, 2, 64));
     assert_eq!(v["topology"]["nvlink_islands"], serde_json::json!([[0, 1], [2, 3]]));
     let (_, two) = plan_json("a100-pcie-nvbridge", &["--model-params", "1.5B", "--world-size", "2"]);
     assert_eq!(gpus(&two), vec![0, 1], "two GPUs stay on one NVLink bridge");
-    assert_eq!(split(&two), (2, 4, 8, 64));
+    assert_eq!(split(&two), (2, 8, 4, 64));
 }
 
 #[test]
@@ -403,7 +403,7 @@ fn degraded_link_is_excluded() {
         vec![(2, "degraded PCIe link: x8 of x16 (reseat the card or check the riser)".to_string())]
     );
     // 21 pairs per GPU: micro-batch 3 (the largest divisor that fits), not 1, the largest power of two.
-    assert_eq!(split(&v), (3, 3, 7, 63));
+    assert_eq!(split(&v), (3, 7, 3, 63));
     assert!(
         warnings(&v)
             .iter()
@@ -458,7 +458,7 @@ fn busy_gpu_snapshot() {
     assert_eq!(code, 1, "GPU 2 is still excluded");
     assert_eq!(gpus(&two), vec![0, 1]);
     assert!(two["env"].get("NCCL_P2P_DISABLE").is_none());
-    assert_eq!(split(&two), (2, 4, 8, 64));
+    assert_eq!(split(&two), (2, 8, 4, 64));
 }
 
 #[test]

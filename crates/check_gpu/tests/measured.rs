@@ -5,8 +5,12 @@
 //! against CPU processes' peaks (`make bench`'s memory bench, `results/cpu/memory-*.json`): the
 //! same bytes, less the CUDA kernels' scratch, within 15% of what training added to the resident
 //! set, ZeRO stages over 2 and 4 workers included.
+//!
+//! A row measured with an older activation layout (`layout` below [`LAYOUT`]: layers that kept
+//! more for the backward) is held only from above: the estimate of today's layers, which keep
+//! less, is at most 15% over it.
 
-use check_gpu::memory::packed::WORKSPACE_BYTES;
+use check_gpu::memory::packed::{LAYOUT, WORKSPACE_BYTES};
 use check_gpu::{Engine, FineTune, MemoryRequest, ModelShape, PairTokens, Precision, Reference, Sharding, estimate};
 use serde::Deserialize;
 
@@ -36,9 +40,22 @@ struct Row {
     cuda_reserved_bytes: Option<f64>,
     /// A CPU process's peak over its resident set before the model (`results/cpu/`).
     resident_bytes: Option<f64>,
+    /// The activation layout of the build that measured it (absent: 1, the first).
+    layout: Option<u64>,
 }
 
 impl Row {
+    /// Measured with today's layers.
+    fn current(&self) -> bool {
+        self.layout.unwrap_or(1) == LAYOUT
+    }
+
+    /// Whether `ratio` (estimated over measured) holds: within 15% for a current row, at most
+    /// 1.15 for an older layout's.
+    fn holds(&self, ratio: f64) -> bool {
+        if self.current() { (ratio - 1.0).abs() <= 0.15 } else { ratio <= 1.15 }
+    }
+
     fn model(&self) -> ModelShape {
         let mut m = ModelShape {
             source: format!("shaped like {}", self.shape),
@@ -101,7 +118,7 @@ fn tables(kind: &str) -> Vec<(String, Vec<Row>)> {
 fn the_estimate_is_within_15_percent_of_every_measured_peak() {
     let tables = tables("gpu");
     assert!(!tables.is_empty(), "no results/gpu/memory-*.json");
-    let mut worst = 0.0f64;
+    let (mut worst, mut older) = (0.0f64, 0);
     let mut failures = Vec::new();
     for (file, rows) in &tables {
         assert!(rows.len() >= 25, "{file}: {} rows", rows.len());
@@ -111,7 +128,11 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
             let (allocated, reserved) =
                 (r.cuda_allocated_bytes.expect("allocated"), r.cuda_reserved_bytes.expect("reserved"));
             let ratio = e.allocated() as f64 / allocated;
-            worst = worst.max((ratio - 1.0).abs());
+            if r.current() {
+                worst = worst.max((ratio - 1.0).abs());
+            } else {
+                older += 1;
+            }
             let what = format!(
                 "{file}: {} {} mb {} ({} + 2x{}), checkpointing {}, LoRA {}, offload {}",
                 r.shape,
@@ -123,14 +144,15 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
                 r.lora_r,
                 r.offload_optimizer
             );
-            if (ratio - 1.0).abs() > 0.15 {
+            if !r.holds(ratio) {
                 failures.push(format!(
                     "{what}: estimated {:.3} GiB allocated, measured {:.3} ({ratio:.3}x)",
                     gib(e.allocated()),
                     allocated / GIB
                 ));
             }
-            if (e.total as f64) < reserved {
+            // What the allocator held for older layers is no floor for today's.
+            if r.current() && (e.total as f64) < reserved {
                 failures.push(format!(
                     "{what}: planned {:.3} GiB, below the {:.3} the allocator held",
                     gib(e.total),
@@ -144,12 +166,13 @@ fn the_estimate_is_within_15_percent_of_every_measured_peak() {
     let vocabs: std::collections::BTreeSet<u64> =
         tables.iter().flat_map(|(_, rows)| rows.iter().map(|r| r.vocab)).collect();
     assert!(vocabs.len() >= 3 && vocabs.iter().any(|&v| v > 150_000), "{vocabs:?}");
-    println!("largest relative error {worst:.3}");
+    println!("largest relative error {worst:.3}; {older} row(s) of an older layout, held from above");
 }
 
 /// CPU processes (`make bench`): what training added to the resident set against the estimate
 /// without the CUDA kernels' scratch; every mode the plan offers on CPU workers but the offload
-/// (full, LoRA, a precomputed reference, checkpointing, zero1/2/3 on 2 and 4 workers).
+/// (full, LoRA, a precomputed reference, checkpointing, zero1/2/3 on 2 and 4 workers, bf16 mixed
+/// precision), measured with today's layers.
 #[test]
 fn the_estimate_is_within_15_percent_of_every_cpu_peak() {
     let tables = tables("cpu");
@@ -161,10 +184,11 @@ fn the_estimate_is_within_15_percent_of_every_cpu_peak() {
             let estimated = estimate(&r.request(&model)).allocated() - WORKSPACE_BYTES;
             let measured = r.resident_bytes.expect("resident_bytes");
             let ratio = estimated as f64 / measured;
-            if (ratio - 1.0).abs() > 0.15 {
+            if !r.holds(ratio) {
                 failures.push(format!(
-                    "{file}: {} LoRA {} reference {} checkpointing {} {} x{}: estimated {:.3} GiB, measured {:.3} ({ratio:.3}x)",
+                    "{file}: {} {} LoRA {} reference {} checkpointing {} {} x{}: estimated {:.3} GiB, measured {:.3} ({ratio:.3}x)",
                     r.shape,
+                    r.precision,
                     r.lora_r,
                     r.reference,
                     r.gradient_checkpointing,
@@ -175,8 +199,10 @@ fn the_estimate_is_within_15_percent_of_every_cpu_peak() {
                 ));
             }
         }
-        let has = |f: &dyn Fn(&Row) -> bool| rows.iter().any(f);
+        // Every mode measured with today's layers.
+        let has = |f: &dyn Fn(&Row) -> bool| rows.iter().any(|r| r.current() && f(r));
         assert!(has(&|r| r.lora_r > 0) && has(&|r| r.reference == "precompute"), "{file}: a mode is missing");
+        assert!(has(&|r| r.precision == "bf16" && r.lora_r > 0), "{file}: no bf16 rows");
         for world in [2, 4] {
             for stage in ["none", "zero1", "zero2", "zero3"] {
                 assert!(has(&|r| r.world_size == world && r.sharding == stage), "{file}: no {stage} over {world}");

@@ -10,8 +10,10 @@ pub mod kv_cache;
 pub mod linear;
 pub mod llama;
 pub mod lora;
+pub mod norm;
 pub mod params;
 pub mod rope;
+pub mod swiglu;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +29,21 @@ pub use kv_cache::KvCache;
 pub use llama::{Llama, LlamaConfig, Placement};
 pub use lora::{AdapterConfig, AdapterError, AdapterInit};
 pub use weights::{RandomInit, TensorSource, Weights};
+
+/// Helpers of this crate's tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use burn::tensor::{FloatDType, Tensor};
+
+    /// The largest difference of `a` from `b` over `b`'s largest magnitude, in f32: how far a
+    /// graph node is from the composite it replaces, in units of that tensor's scale.
+    pub fn max_rel<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let (a, b) = (a.cast(FloatDType::F32), b.cast(FloatDType::F32));
+        let scale: f32 = b.clone().abs().max().into_scalar();
+        let diff: f32 = (a - b).abs().max().into_scalar();
+        diff / scale
+    }
+}
 
 /// Errors raised while reading `config.json` or building the model from its weights.
 #[derive(Debug, thiserror::Error)]

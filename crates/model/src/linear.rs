@@ -6,10 +6,25 @@
 //! `W` is stored `[in, out]` (burn's orientation; HF checkpoints hold `[out, in]` and are
 //! transposed on the way in and out). The weight is cast to the input's dtype, so one module
 //! serves f32 training, mixed precision over f32 master weights, and a frozen half-precision base.
+//!
+//! The projection with its casts is one graph node ([`project`]): the weight gradient comes back in
+//! the master's dtype from the product itself on CUDA (`torch.mm(..., out_dtype=float32)`, no
+//! cast kernel) and the bias gradient from one sum in f32, where burn's autodiff differentiated a
+//! cast, a reshape, a product and a broadcast addition one by one.
 
+// burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
+// purpose, so the deprecation is expected here.
+#![allow(deprecated)]
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
 use burn::module::{Module, Param};
 use burn::tensor::module::linear;
 use burn::tensor::{Distribution, FloatDType, Tensor};
+use burn_tch::{LibTorch, TchTensor};
 
 /// A linear layer, with an optional LoRA adapter.
 #[derive(Module, Debug)]
@@ -42,9 +57,7 @@ impl Linear {
     /// # Shapes
     /// - x: `[..., in]` → `[..., out]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let dtype = FloatDType::from(x.dtype());
-        let bias = self.bias.as_ref().map(|b| b.val().cast(dtype));
-        let y = linear_rows(x.clone(), self.weight.val().cast(dtype), bias); // [..., out]
+        let y = project(x.clone(), self.weight.val(), self.bias.as_ref().map(Param::val)); // [..., out]
         match &self.lora {
             Some(lora) => y + lora.forward(x),
             None => y,
@@ -91,4 +104,211 @@ pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option
     let y = linear(x.reshape([rows, dims[D - 1]]), weight, bias); // [rows, out]
     dims[D - 1] = y.dims()[1];
     y.reshape(dims)
+}
+
+/// `x·W + b` over every leading position, `W` and `b` cast to x's dtype as they are used, as one
+/// graph node whose gradients come back in the weight's and bias's own dtypes.
+///
+/// # Shapes
+/// - x: `[..., in]`, weight: `[in, out]`, bias: `[out]` → `[..., out]`
+pub fn project<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    type Dispatch = burn::backend::Dispatch;
+    let (x, weight) = (x.into_dispatch(), weight.into_dispatch());
+    Tensor::from_dispatch(match bias {
+        Some(b) => <Dispatch as LinearOps>::cast_linear_bias(x, weight, b.into_dispatch()),
+        None => <Dispatch as LinearOps>::cast_linear(x, weight),
+    })
+}
+
+/// The projection, per backend.
+#[backend_extension(LibTorch, Autodiff)]
+pub trait LinearOps: Backend {
+    /// See [`project`], without a bias.
+    fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// See [`project`].
+    fn cast_linear_bias(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl LinearOps for LibTorch {
+    fn cast_linear(x: TchTensor, weight: TchTensor) -> TchTensor {
+        let [y, ..] = projected(&x.tensor, &weight.tensor, None);
+        TchTensor::new(y)
+    }
+
+    fn cast_linear_bias(x: TchTensor, weight: TchTensor, bias: TchTensor) -> TchTensor {
+        let [y, ..] = projected(&x.tensor, &weight.tensor, Some(&bias.tensor));
+        TchTensor::new(y)
+    }
+}
+
+/// `(x·W + b, W in x's dtype, x's rows)`: one `addmm` (transformers' `F.linear`) or `mm` over the
+/// rows (`[rows, in]`, a view of a contiguous x).
+fn projected(x: &tch::Tensor, weight: &tch::Tensor, bias: Option<&tch::Tensor>) -> [tch::Tensor; 3] {
+    let w = as_kind(weight, x.kind());
+    let size = x.size();
+    let (leading, inner) = size.split_at(size.len().saturating_sub(1));
+    let rows = x.reshape([-1, inner.iter().product()]); // [rows, in]
+    let y = match bias {
+        Some(b) => as_kind(b, x.kind()).addmm(&rows, &w),
+        None => rows.mm(&w),
+    }; // [rows, out]
+    let out: Vec<i64> = leading.iter().copied().chain([w.size()[1]]).collect();
+    [y.reshape(out.as_slice()), w, rows]
+}
+
+/// `t` in `kind`: itself where it is already (torch's `to` would still be an operator call, and the
+/// frozen reference's weights are already in the compute dtype).
+pub(crate) fn as_kind(t: &tch::Tensor, kind: tch::Kind) -> tch::Tensor {
+    if t.kind() == kind { t.shallow_clone() } else { t.to_kind(kind) }
+}
+
+impl<C: CheckpointStrategy> LinearOps for Autodiff<LibTorch, C> {
+    fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        let keep = Keep::of::<C>(&x, &weight, None);
+        let (x, x_node) = x.into_parts();
+        let (weight, w_node) = weight.into_parts();
+        match CastLinear.prepare::<C>([x_node, w_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (y, saved) = keep.forward(&x.tensor, &weight.tensor, None);
+                prep.finish(saved, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(LibTorch::cast_linear(x, weight)),
+        }
+    }
+
+    fn cast_linear_bias(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
+        let keep = Keep::of::<C>(&x, &weight, Some(&bias));
+        let (x, x_node) = x.into_parts();
+        let (weight, w_node) = weight.into_parts();
+        let (bias, b_node) = bias.into_parts();
+        match CastLinear.prepare::<C>([x_node, w_node, b_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (y, saved) = keep.forward(&x.tensor, &weight.tensor, Some(&bias.tensor));
+                prep.finish(saved, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(LibTorch::cast_linear_bias(x, weight, bias)),
+        }
+    }
+}
+
+/// Which inputs take a gradient, read before the forward.
+struct Keep {
+    x: bool,
+    weight: bool,
+    bias: bool,
+}
+
+impl Keep {
+    fn of<C: CheckpointStrategy>(
+        x: &FloatTensor<Autodiff<LibTorch, C>>,
+        weight: &FloatTensor<Autodiff<LibTorch, C>>,
+        bias: Option<&FloatTensor<Autodiff<LibTorch, C>>>,
+    ) -> Self {
+        Self { x: x.is_tracked(), weight: weight.is_tracked(), bias: bias.is_some_and(|b| b.is_tracked()) }
+    }
+
+    /// The output and what the backward reads: the rows of x for the weight's gradient, the cast
+    /// weight for the input's (as the product's own backward would keep them).
+    fn forward(self, x: &tch::Tensor, weight: &tch::Tensor, bias: Option<&tch::Tensor>) -> (TchTensor, Saved) {
+        let [y, w, rows] = projected(x, weight, bias);
+        let saved = Saved {
+            rows: self.weight.then(|| TchTensor::new(rows)),
+            cast_weight: self.x.then(|| TchTensor::new(w)),
+            x_size: x.size(),
+            weight_kind: weight.kind(),
+            bias_kind: bias.filter(|_| self.bias).map(tch::Tensor::kind),
+        };
+        (TchTensor::new(y), saved)
+    }
+}
+
+/// [`project`]'s graph node.
+#[derive(Debug)]
+struct CastLinear;
+
+/// What [`CastLinear`]'s backward reads.
+#[derive(Debug, Clone)]
+struct Saved {
+    /// `[rows, in]`, when the weight trains.
+    rows: Option<TchTensor>,
+    /// `[in, out]` in x's dtype, when x takes a gradient.
+    cast_weight: Option<TchTensor>,
+    x_size: Vec<i64>,
+    weight_kind: tch::Kind,
+    bias_kind: Option<tch::Kind>,
+}
+
+impl<const N: usize> Backward<LibTorch, N> for CastLinear {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = grads.consume::<LibTorch>(&ops.node).tensor;
+        let s = &ops.state;
+        let g = g.reshape([-1, g.size()[g.dim() - 1]]); // [rows, out]
+        let mut parents = ops.parents.into_iter();
+        let (px, pw, pb) = (parents.next().flatten(), parents.next().flatten(), parents.next().flatten());
+        if let (Some(p), Some(w)) = (px, &s.cast_weight) {
+            let dx = g.mm(&w.tensor.tr()).reshape(s.x_size.as_slice()); // [..., in]
+            grads.register::<LibTorch>(p.id, TchTensor::new(dx));
+        }
+        if let (Some(p), Some(rows)) = (pw, &s.rows) {
+            grads.register::<LibTorch>(p.id, TchTensor::new(weight_grad(&rows.tensor, &g, s.weight_kind)));
+        }
+        if let (Some(p), Some(kind)) = (pb, s.bias_kind) {
+            let db = g.sum_dim_intlist([0i64].as_slice(), false, kind); // [out]
+            grads.register::<LibTorch>(p.id, TchTensor::new(db));
+        }
+    }
+}
+
+/// `rowsᵀ·g` in `kind`: written in f32 by the product itself where CUDA can (half-precision
+/// operands, an f32 master), else computed in the operands' dtype and cast.
+///
+/// # Shapes
+/// - rows: `[rows, in]`, g: `[rows, out]` → `[in, out]`
+fn weight_grad(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind) -> tch::Tensor {
+    let half = matches!(g.kind(), tch::Kind::BFloat16 | tch::Kind::Half);
+    if g.device().is_cuda() && half && kind == tch::Kind::Float {
+        return rows.tr().mm_dtype(g, kind);
+    }
+    as_kind(&rows.tr().mm(g), kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution};
+
+    use super::*;
+    use crate::testing::max_rel;
+
+    /// The node's output and its input, weight and bias gradients equal burn's cast, product and
+    /// addition within the dtype's round-off (f32; bf16 one rounding of the largest value), the
+    /// gradients in the f32 masters' dtype; without a bias, and with a frozen weight (LoRA's base)
+    /// whose gradient is not computed.
+    #[test]
+    fn the_projection_node_equals_the_composite() {
+        let device = Device::libtorch().autodiff();
+        let random = |shape: [usize; 3]| Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        for (dtype, bound) in [(FloatDType::F32, 1e-6f32), (FloatDType::BF16, 1e-2)] {
+            let x = random([2, 5, 16]).cast(dtype).require_grad();
+            let w = random([1, 16, 8]).squeeze_dim::<2>(0).require_grad();
+            let b = random([1, 1, 8]).reshape([8]).require_grad();
+            let g = random([2, 5, 8]).cast(dtype);
+            let fused = project(x.clone(), w.clone(), Some(b.clone()));
+            let plain = linear_rows(x.clone(), w.clone().cast(dtype), Some(b.clone().cast(dtype)));
+            assert!(max_rel(fused.clone(), plain.clone()) <= bound, "{dtype:?} output");
+            let (g1, g2) = ((fused * g.clone()).sum().backward(), (plain * g.clone()).sum().backward());
+            assert!(max_rel(x.grad(&g1).unwrap(), x.grad(&g2).unwrap()) <= bound, "{dtype:?} input gradient");
+            let (dw1, dw2) = (w.grad(&g1).unwrap(), w.grad(&g2).unwrap());
+            assert_eq!(dw1.dtype(), w.dtype());
+            assert!(max_rel(dw1, dw2) <= bound, "{dtype:?} weight gradient");
+            let (db1, db2) = (b.grad(&g1).unwrap(), b.grad(&g2).unwrap());
+            assert_eq!(db1.dtype(), b.dtype());
+            assert!(max_rel(db1, db2) <= bound, "{dtype:?} bias gradient");
+            let frozen = Tensor::<2>::from_data(w.to_data(), &device); // a leaf without require_grad
+            let grads = (project(x.clone(), frozen.clone(), None) * g).sum().backward();
+            assert!(frozen.grad(&grads).is_none(), "a frozen weight's gradient");
+            assert!(x.grad(&grads).is_some(), "the input's gradient past a frozen weight");
+        }
+    }
 }

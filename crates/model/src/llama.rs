@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
-use burn::tensor::activation::silu;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
 use hf_config::HfConfig;
 
@@ -22,7 +21,9 @@ use super::head::LmHead;
 use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
+use super::norm::RmsNorm;
 use super::rope::{Angles, Rope, RopeScaling, rotate};
+use super::swiglu::swiglu;
 use super::weights::TensorSource;
 
 /// The `model_type` values this module implements.
@@ -200,30 +201,6 @@ fn rope(hf: &HfConfig, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
     Ok((theta, scaling))
 }
 
-/// Root-mean-square layer norm, computed in f32 whatever the input's dtype (`LlamaRMSNorm`).
-#[derive(Module, Debug)]
-pub struct RmsNorm {
-    pub weight: Param<Tensor<1>>,
-    #[module(skip)]
-    eps: f64,
-}
-
-impl RmsNorm {
-    fn load(w: &dyn TensorSource, prefix: &str, size: usize, eps: f64, device: &Device) -> Result<Self, ModelError> {
-        Ok(Self { weight: Param::from_tensor(w.tensor(&format!("{prefix}.weight"), [size], device)?), eps })
-    }
-
-    /// # Shapes
-    /// - x: `[..., N]` → `[..., N]`
-    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let dtype = FloatDType::from(x.dtype());
-        let x = x.cast(FloatDType::F32);
-        let variance = x.clone().square().mean_dim(D - 1); // [..., 1]
-        let normed = (x * (variance + self.eps).sqrt().recip()).cast(dtype);
-        normed * self.weight.val().cast(dtype).unsqueeze::<D>()
-    }
-}
-
 /// Where the tokens of a forward pass sit: the rotary angles of each column's position and the
 /// attention spans of a packed row (empty: every row attends causally on its own). Built once per
 /// batch ([`Llama::place`]) and shared by every layer.
@@ -327,8 +304,8 @@ impl Mlp {
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let gate = silu(self.gate_proj.forward(x.clone())); // [B, S, I]
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x)); // [B, S, I] each
+        self.down_proj.forward(swiglu(gate, up))
     }
 }
 

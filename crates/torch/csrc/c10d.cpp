@@ -411,6 +411,20 @@ extern "C" int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tenso
   });
 }
 
+extern "C" int c10d_rms_norm_backward(c10d_tensor grad, c10d_tensor input, c10d_tensor rstd, c10d_tensor* out) {
+  return guarded("rms_norm_backward", [&] {
+    for (const at::Tensor* t : {grad, input, rstd}) {
+      TORCH_CHECK(t != nullptr && t->defined(), "rms_norm_backward: a null or undefined tensor");
+    }
+    TORCH_CHECK(out != nullptr, "rms_norm_backward: null output");
+    TORCH_CHECK(input->is_cuda(), "rms_norm_backward: torch's fused kernel is CUDA only, got ", input->device());
+    TORCH_CHECK(input->dim() >= 1 && grad->sizes() == input->sizes(), "rms_norm_backward: grad and input differ in shape");
+    auto dx = std::get<0>(at::_fused_rms_norm_backward(*grad, *input, {input->size(-1)}, *rstd, std::nullopt,
+                                                        {true, false}));
+    *out = new at::Tensor(dx);
+  });
+}
+
 extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
                                      int64_t max_q, int64_t max_k, c10d_tensor* out) {
   return guarded("varlen_attention", [&] {

@@ -88,6 +88,11 @@ int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out);
 // (`torch._foreach_mul_`, as `clip_grad_norm_` scales the gradients), without reading it on the host.
 int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 
+// The input gradient of an RMS norm without weight (`torch._fused_rms_norm_backward`, one kernel on
+// CUDA, which reads `input` and `grad` in their dtype and works in f32): `rstd` as the forward
+// (`torch._fused_rms_norm`) returned it, the norm over the last dimension. CUDA only.
+int c10d_rms_norm_backward(c10d_tensor grad, c10d_tensor input, c10d_tensor rstd, c10d_tensor* out);
+
 // Causal attention over variable-length sequences packed end to end, by torch's fused CUDA kernels
 // (flash attention in half precision, memory-efficient attention in f32), with no padding: q is
 // [Tq, H, D], k and v [Tk, Hkv, D] (Hkv dividing H in half precision, equal to H in f32); sequence

@@ -52,6 +52,12 @@ unsafe extern "C" {
     ) -> i32;
     pub fn c10d_foreach_norms(tensors: *const *mut C_tensor, n: usize, out: *mut *mut C_tensor) -> i32;
     pub fn c10d_foreach_mul(tensors: *const *mut C_tensor, n: usize, scale: *mut C_tensor) -> i32;
+    pub fn c10d_rms_norm_backward(
+        grad: *mut C_tensor,
+        input: *mut C_tensor,
+        rstd: *mut C_tensor,
+        out: *mut *mut C_tensor,
+    ) -> i32;
     pub fn c10d_varlen_attention(
         q: *mut C_tensor,
         k: *mut C_tensor,

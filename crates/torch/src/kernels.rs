@@ -4,7 +4,7 @@
 //! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
 //! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
 //! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
-//! with cumulative sequence lengths), which tch binds neither.
+//! with cumulative sequence lengths) and the fused RMS norm's backward, which tch binds neither.
 
 use crate::{TorchError, check, ffi};
 
@@ -80,6 +80,24 @@ pub fn foreach_mul(tensors: &mut [tch::Tensor], scale: &tch::Tensor) -> Result<(
     // SAFETY: the tensors are borrowed mutably for the call and `scale` shared; the shim checks
     // them and catches every C++ exception.
     check("foreach_mul", unsafe { ffi::c10d_foreach_mul(ptrs.as_ptr(), ptrs.len(), scale.as_ptr().cast_mut()) })
+}
+
+/// The input gradient of an RMS norm over the last dimension, without weight, by torch's fused
+/// CUDA kernel (`torch._fused_rms_norm_backward`): `grad` and `input` in their own dtype, read in
+/// f32 in the kernel; `rstd` as `torch._fused_rms_norm` returned it. CUDA only (an error
+/// elsewhere: torch has no CPU kernel).
+pub fn rms_norm_backward(
+    grad: &tch::Tensor,
+    input: &tch::Tensor,
+    rstd: &tch::Tensor,
+) -> Result<tch::Tensor, TorchError> {
+    let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
+    let mut out = std::ptr::null_mut();
+    // SAFETY: the tensors are live and only read; on success `out` is a new `at::Tensor` whose
+    // ownership passes to the returned handle. The shim catches every C++ exception.
+    check("rms_norm_backward", unsafe { ffi::c10d_rms_norm_backward(ptr(grad), ptr(input), ptr(rstd), &mut out) })?;
+    // SAFETY: `out` was just allocated by the shim for the caller.
+    Ok(unsafe { tch::Tensor::from_ptr(out) })
 }
 
 /// The cumulative sequence lengths of a [`varlen_attention`] call: sequence `i` is rows

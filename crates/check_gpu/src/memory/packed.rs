@@ -10,15 +10,17 @@
 //! (compute dtype) and log-softmax (fp32) in flight.
 //!
 //! A decoder layer keeps per token, with `c` bytes of the compute dtype:
-//! - each RMSNorm its fp32 input (`4h`), `1/rms` (4), and, when its weight trains, the
-//!   normalised values (`c*h`), plus its output where a trained projection reads it (`c*h`);
+//! - each RMSNorm its input (`c*h`, in the compute dtype: the norm is one graph node,
+//!   `crates/model/src/norm.rs`), `1/rms` (4), and, when its weight trains, the normalised values
+//!   (`c*h`), plus its output where a trained projection reads it (`c*h`);
 //! - attention: q and k after RoPE, v and the kernel's output (`c*d*(2a + 2kv)`; in fp32 the
 //!   memory-efficient kernel takes k and v repeated to `a` heads) and its log-sum-exp (`4a`);
-//! - the MLP: gate, sigmoid(gate) and silu(gate) (SiLU is `x*sigmoid(x)` in burn), up, and, when
-//!   `down` trains, their product: `5c*i` (LoRA on q,k,v,o: `4c*i`).
+//! - the MLP: gate and up (`silu(gate)*up` is one graph node that recomputes the SiLU,
+//!   `crates/model/src/swiglu.rs`), and, when `down` trains, their product: `3c*i` (LoRA on
+//!   q,k,v,o: `2c*i`).
 //!
-//! Full fine-tuning: `A = 2*(4h + 4 + 2c*h) + c*d*(2a+2kv) + 4a + 5c*i`; LoRA on q,k,v,o:
-//! `A = (4h + 4 + c*h) + (4h + 4) + c*d*(2a+2kv) + 4a + 4c*i`. The final norm keeps `8h` a token.
+//! Full fine-tuning: `A = 2*(3c*h + 4) + c*d*(2a+2kv) + 4a + 3c*i`; LoRA on q,k,v,o:
+//! `A = (2c*h + 4) + (c*h + 4) + c*d*(2a+2kv) + 4a + 2c*i`. The final norm keeps `(4+c)*h` a token.
 //! With checkpointing (zero3 always) each layer keeps its input (`c*h` a token) and the backward
 //! recomputes one layer at a time, after the head's softmax is freed: the larger of the two counts.
 //!
@@ -31,6 +33,13 @@ use serde::{Deserialize, Serialize};
 
 use super::{FineTune, MemoryRequest, Sharding, mul};
 use crate::model::ModelShape;
+
+/// The version of what dpo-train's layers keep for the backward, as [`layer_bytes`] counts it. A
+/// measured row records the version it ran with (`layout` in `results/*/memory-*.json`); a row of
+/// an older one measured layers that kept more. 1: RMSNorm and SiLU composed of burn's
+/// operations (the norm's input kept in f32; the gate, its sigmoid and its SiLU kept); 2: each
+/// one graph node (the input in the compute dtype; the gate and `up`).
+pub const LAYOUT: u64 = 2;
 
 /// Elements of the `[chunk, V]` logits dpo-train scores at once (`HEAD_CHUNK_ELEMENTS`).
 pub const HEAD_CHUNK_ELEMENTS: u64 = 1 << 24;
@@ -115,10 +124,10 @@ pub fn layer_bytes(m: &ModelShape, c: u64, finetune: FineTune) -> u64 {
     let (h, a, d, i) = (m.hidden_size, m.num_heads, m.head_dim, m.intermediate_size);
     let kv = if c == 4 { a } else { m.num_kv_heads };
     let attention = mul(&[c, d, 2 * a + 2 * kv]).saturating_add(4 * a);
-    let norm = |kept: u64| mul(&[4, h]).saturating_add(4).saturating_add(mul(&[kept, c, h]));
+    let norm = |kept: u64| mul(&[1 + kept, c, h]).saturating_add(4);
     let (norms, mlp) = match finetune {
-        FineTune::Full => (mul(&[2, norm(2)]), mul(&[5, c, i])),
-        FineTune::Lora { .. } => (norm(1).saturating_add(norm(0)), mul(&[4, c, i])),
+        FineTune::Full => (mul(&[2, norm(2)]), mul(&[3, c, i])),
+        FineTune::Lora { .. } => (norm(1).saturating_add(norm(0)), mul(&[2, c, i])),
     };
     norms.saturating_add(attention).saturating_add(mlp)
 }
@@ -133,7 +142,7 @@ pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) 
     let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
         mul(&[m.num_layers, t, m.hidden_size, c]).saturating_add(layer.saturating_sub(logits))
     } else {
-        mul(&[m.num_layers, layer]).saturating_add(mul(&[8, m.hidden_size, t]))
+        mul(&[m.num_layers, layer]).saturating_add(mul(&[4 + c, m.hidden_size, t]))
     };
     let first_gradient = match req.finetune {
         FineTune::Full => mul(&[4, m.vocab_size, m.hidden_size]),

@@ -210,8 +210,8 @@ fn ref_formula(p: &Plan) -> String {
 fn act_formula(p: &Plan) -> String {
     let c = p.dtype.bytes();
     let (norms, mlp) = match p.finetune {
-        FineTune::Full => (8 + 4 * c, 5 * c),
-        FineTune::Lora { .. } => (8 + c, 4 * c),
+        FineTune::Full => (6 * c, 3 * c),
+        FineTune::Lora { .. } => (3 * c, 2 * c),
     };
     // fp32 attention takes k and v repeated to every head.
     let attention = if c == 4 { format!("{}d*a", 4 * c) } else { format!("{c}d(2a+2kv)") };
@@ -220,7 +220,7 @@ fn act_formula(p: &Plan) -> String {
     if p.sharding == Sharding::Zero3 || p.gradient_checkpointing {
         format!("T*L*{c}h + (T*A beyond the freed logits), {layer}, {} ({recompute})", tokens_formula(p))
     } else {
-        format!("T*(L*A + 8h), {layer}, {}", tokens_formula(p))
+        format!("T*(L*A + {}h), {layer}, {}", 4 + c, tokens_formula(p))
     }
 }
 
@@ -306,12 +306,12 @@ mod tests {
         );
         assert_eq!(
             act_formula(&z3),
-            "T*L*2h + (T*A beyond the freed logits), A=16h+2d(2a+2kv)+10i+4a+8, T = N = 2b*s = 32768 tokens (no data: every sequence s tokens) (zero3 recomputes layer by layer)"
+            "T*L*2h + (T*A beyond the freed logits), A=12h+2d(2a+2kv)+6i+4a+8, T = N = 2b*s = 32768 tokens (no data: every sequence s tokens) (zero3 recomputes layer by layer)"
         );
         let f32 = Plan { dtype: Precision::Fp32, sharding: Sharding::None, ..planned(Sharding::None, false) };
         assert_eq!(
             act_formula(&f32),
-            "T*(L*A + 8h), A=24h+16d*a+20i+4a+8, T = N = 2b*s = 8192 tokens (no data: every sequence s tokens)"
+            "T*(L*A + 8h), A=24h+16d*a+12i+4a+8, T = N = 2b*s = 16384 tokens (no data: every sequence s tokens)"
         );
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
