@@ -243,12 +243,23 @@ fn lora_state(req: &MemoryRequest<'_>, n: u64, rank: u64) -> State {
 
 /// fp32 gradients of `count` trained elements: whole under none and zero1 (and under zero2
 /// when one backward pass makes them all), else this rank's shard plus the piece in flight.
+/// A zero1/zero2 step updates a copy of this rank's slices (4 B a shard's element) beside the
+/// whole model before gathering them (dpo-train's `AdamW::step_sharded`; DeepSpeed under TRL
+/// steps its own flat partition), while zero1's whole gradients, or zero2's shard, are still held;
+/// zero3 updates its slices at rest, and the offload on the host.
 fn sharded_gradients(req: &MemoryRequest<'_>, split: Split, count: u64) -> u64 {
-    match req.sharding {
+    let held = match req.sharding {
         Sharding::None | Sharding::Zero1 => mul(&[4, count]),
-        Sharding::Zero2 if !req.gradient_checkpointing => mul(&[4, count]),
+        // The whole gradients are the backward's peak; the step holds only the shard.
+        Sharding::Zero2 if !req.gradient_checkpointing => return mul(&[4, count]),
         Sharding::Zero2 | Sharding::Zero3 => split.shard_and_piece(4, count),
-    }
+    };
+    let dpo_train = matches!(req.engine, Engine::DpoTrain(_));
+    let updated = match req.sharding {
+        Sharding::Zero1 | Sharding::Zero2 if dpo_train && !req.offload_optimizer => split.shard(4, count),
+        _ => 0,
+    };
+    held.saturating_add(updated)
 }
 
 /// AdamW's m and v (8 bytes per trained element, `1/N` of them when sharded) on the GPU, or in

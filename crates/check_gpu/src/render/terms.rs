@@ -155,6 +155,16 @@ fn grads_formula(p: &Plan) -> String {
     format!("{} ({first}the rest counted beyond the activations they replace)", stage_grads_formula(p))
 }
 
+/// A zero1/zero2 step's copies of the shard's slices it updates (`memory::sharded_gradients`).
+fn updated_slices(p: &Plan, what: &str) -> String {
+    match p.sharding {
+        Sharding::Zero1 | Sharding::Zero2 if !p.offload_optimizer => {
+            format!(" + 4 B/{what}{} (the step's updated slices)", over(p))
+        }
+        _ => String::new(),
+    }
+}
+
 fn stage_grads_formula(p: &Plan) -> String {
     let what = match p.finetune {
         FineTune::Full => "param",
@@ -170,11 +180,11 @@ fn stage_grads_formula(p: &Plan) -> String {
                 FineTune::Full => shard(p, "4", what),
                 FineTune::Lora { .. } => format!("4 B/adapter param{} + one layer's", over(p)),
             };
-            format!("{sharded} (fp32, reduce-scattered after each layer's backward)")
+            format!("{sharded} (fp32, reduce-scattered after each layer's backward){}", updated_slices(p, what))
         }
         Sharding::None | Sharding::Zero1 => match p.finetune {
-            FineTune::Full => "4 B/param (fp32)".to_string(),
-            FineTune::Lora { .. } => "4 B/adapter param".to_string(),
+            FineTune::Full => format!("4 B/param (fp32){}", updated_slices(p, what)),
+            FineTune::Lora { .. } => format!("4 B/adapter param{}", updated_slices(p, what)),
         },
     }
 }
