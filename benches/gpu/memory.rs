@@ -3,9 +3,10 @@
 //!   bf16, full and LoRA: per-step losses, peak CUDA and host memory, the copies' time a step,
 //!   check-gpu's estimate beside them (issue 39);
 //! - `memory`: dpo-train's peak CUDA memory over a grid of model shapes x micro-batch x activation
-//!   checkpointing x LoRA, on pairs of fixed lengths so each micro-batch's packed row is known,
-//!   written as JSON rows (`results/gpu/memory-<gpu>.json`) for check-gpu's estimate to be held
-//!   against (issue 34).
+//!   checkpointing x LoRA, and the ZeRO stages on two ranks sharing cuda:0 (`--gpus 0,0`, over
+//!   Gloo: each rank's own caching allocator, so each rank's peak is what one GPU per rank would
+//!   hold), on pairs of fixed lengths so each micro-batch's packed row is known, written as JSON
+//!   rows (`results/gpu/memory-<gpu>.json`) for check-gpu's estimate to be held against (issue 34).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -102,6 +103,7 @@ pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>)
                     bf16,
                     offload,
                     steps: STEPS,
+                    zero: None,
                 };
                 common::record(json, measured.row(rate)).unwrap_or_else(|e| failures.push(e));
             }
@@ -159,6 +161,8 @@ struct Measured<'a> {
     bf16: bool,
     offload: bool,
     steps: usize,
+    /// The ZeRO stage of two ranks sharing cuda:0; one rank when `None`.
+    zero: Option<&'static str>,
 }
 
 impl Measured<'_> {
@@ -177,8 +181,8 @@ impl Measured<'_> {
             "gradient_checkpointing": self.checkpointing,
             "lora_r": if self.lora { 16 } else { 0 },
             "reference": "keep",
-            "sharding": "none",
-            "world_size": 1,
+            "sharding": self.zero.unwrap_or("none"),
+            "world_size": if self.zero.is_some() { 2 } else { 1 },
             "offload_optimizer": self.offload,
             "steps": self.steps,
             "cuda_allocated_bytes": rate.cuda_peak_bytes,
@@ -204,7 +208,8 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         for &(micro_batch, lengths) in batches {
             for (checkpointing, lora) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (bf16, offload, steps) = (true, false, 3);
-                cells.push(Measured { shape, lengths, micro_batch, checkpointing, lora, bf16, offload, steps });
+                let zero = None;
+                cells.push(Measured { shape, lengths, micro_batch, checkpointing, lora, bf16, offload, steps, zero });
             }
         }
     }
@@ -217,7 +222,22 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         bf16: false,
         offload: false,
         steps: 3,
+        zero: None,
     });
+    // The ZeRO stages on two ranks (the medium model, bf16, micro-batch 2 a rank).
+    for (stage, checkpointing) in [("zero1", false), ("zero2", false), ("zero2", true), ("zero3", false)] {
+        cells.push(Measured {
+            shape: shapes[1],
+            lengths: short,
+            micro_batch: 2,
+            checkpointing,
+            lora: false,
+            bf16: true,
+            offload: false,
+            steps: 3,
+            zero: Some(stage),
+        });
+    }
     let mut text = String::from(
         "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB\n",
     );
@@ -225,7 +245,10 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         let (name, shape, model_type) = cell.shape;
         let model = common::model_dir_of(&work.join(format!("mem-{name}")), shape, model_type);
         let data = cell.lengths.pairs(work, name, &model);
-        let mut args = vec!["--device", "cuda:0"];
+        let mut args = match cell.zero {
+            Some(stage) => vec!["--gpus", "0,0", "--sharding", stage],
+            None => vec!["--device", "cuda:0"],
+        };
         args.extend(if cell.bf16 { &["--bf16"][..] } else { &[] });
         args.extend(if cell.checkpointing { &["--gradient-checkpointing", "true"][..] } else { &[] });
         args.extend(if cell.lora { &["--lora-r", "16"][..] } else { &[] });
@@ -238,9 +261,10 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
             continue;
         };
         let line = format!(
-            "{name} {} mb {} x {packed}, checkpointing {}, LoRA {}: {} / {}",
+            "{name} {} mb {} x {packed}{}, checkpointing {}, LoRA {}: {} / {}",
             if cell.bf16 { "bf16" } else { "f32" },
             cell.micro_batch,
+            cell.zero.map_or_else(String::new, |z| format!(", {z} over 2 ranks on cuda:0 (per rank)")),
             cell.checkpointing,
             if cell.lora { "r 16 q,k,v,o" } else { "none" },
             gib(rate.cuda_peak_bytes),
