@@ -5,8 +5,9 @@
 //! `dw = Σ g·n` over the positions, `dx = r·(dn − x·r²·mean(dn·x))` with `dn = g·w`.
 //! burn's autodiff built the norm from a cast, a square, a mean, a square root, a reciprocal and
 //! two products, each differentiated on its own (about twenty f32 operations a norm, and the
-//! input kept in f32); the node keeps the input in its own dtype and `r`, and on CUDA both
-//! directions are one kernel each (`torch._fused_rms_norm` and its backward).
+//! input kept in f32); the node keeps the input in its own dtype and `r`, and on CUDA the
+//! normalisation is one kernel each way (`torch._fused_rms_norm` and its backward), the weight's
+//! product and its gradient one or two more.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
