@@ -164,61 +164,41 @@ pub(crate) fn as_kind(t: &tch::Tensor, kind: tch::Kind) -> tch::Tensor {
 
 impl<C: CheckpointStrategy> LinearOps for Autodiff<LibTorch, C> {
     fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
-        let keep = Keep::of::<C>(&x, &weight, None);
-        let (x, x_node) = x.into_parts();
-        let (weight, w_node) = weight.into_parts();
-        match CastLinear.prepare::<C>([x_node, w_node]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (y, saved) = keep.forward(&x.tensor, &weight.tensor, None);
-                prep.finish(saved, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(LibTorch::cast_linear(x, weight)),
-        }
+        cast_linear_node::<C, 2>([x, weight])
     }
 
     fn cast_linear_bias(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
-        let keep = Keep::of::<C>(&x, &weight, Some(&bias));
-        let (x, x_node) = x.into_parts();
-        let (weight, w_node) = weight.into_parts();
-        let (bias, b_node) = bias.into_parts();
-        match CastLinear.prepare::<C>([x_node, w_node, b_node]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (y, saved) = keep.forward(&x.tensor, &weight.tensor, Some(&bias.tensor));
-                prep.finish(saved, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(LibTorch::cast_linear_bias(x, weight, bias)),
+        cast_linear_node::<C, 3>([x, weight, bias])
+    }
+}
+
+/// [`project`] under autodiff over `[x, weight]` or `[x, weight, bias]`: the output, and what the
+/// backward reads of the inputs that take a gradient (the rows of x for the weight's, the cast
+/// weight for the input's, as the product's own backward would keep them).
+fn cast_linear_node<C: CheckpointStrategy, const N: usize>(
+    inputs: [FloatTensor<Autodiff<LibTorch, C>>; N],
+) -> FloatTensor<Autodiff<LibTorch, C>> {
+    let tracked = inputs.each_ref().map(|t| t.is_tracked());
+    let mut values = Vec::with_capacity(N);
+    let nodes = inputs.map(|t| {
+        let (value, node) = t.into_parts();
+        values.push(value);
+        node
+    });
+    let (x, weight, bias) = (&values[0].tensor, &values[1].tensor, values.get(2).map(|b| &b.tensor));
+    let [y, w, rows] = projected(x, weight, bias);
+    match CastLinear.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let saved = Saved {
+                rows: tracked[1].then(|| TchTensor::new(rows)),
+                cast_weight: tracked[0].then(|| TchTensor::new(w)),
+                x_size: x.size(),
+                weight_kind: weight.kind(),
+                bias_kind: bias.filter(|_| tracked.get(2) == Some(&true)).map(tch::Tensor::kind),
+            };
+            prep.finish(saved, TchTensor::new(y))
         }
-    }
-}
-
-/// Which inputs take a gradient, read before the forward.
-struct Keep {
-    x: bool,
-    weight: bool,
-    bias: bool,
-}
-
-impl Keep {
-    fn of<C: CheckpointStrategy>(
-        x: &FloatTensor<Autodiff<LibTorch, C>>,
-        weight: &FloatTensor<Autodiff<LibTorch, C>>,
-        bias: Option<&FloatTensor<Autodiff<LibTorch, C>>>,
-    ) -> Self {
-        Self { x: x.is_tracked(), weight: weight.is_tracked(), bias: bias.is_some_and(|b| b.is_tracked()) }
-    }
-
-    /// The output and what the backward reads: the rows of x for the weight's gradient, the cast
-    /// weight for the input's (as the product's own backward would keep them).
-    fn forward(self, x: &tch::Tensor, weight: &tch::Tensor, bias: Option<&tch::Tensor>) -> (TchTensor, Saved) {
-        let [y, w, rows] = projected(x, weight, bias);
-        let saved = Saved {
-            rows: self.weight.then(|| TchTensor::new(rows)),
-            cast_weight: self.x.then(|| TchTensor::new(w)),
-            x_size: x.size(),
-            weight_kind: weight.kind(),
-            bias_kind: bias.filter(|_| self.bias).map(tch::Tensor::kind),
-        };
-        (TchTensor::new(y), saved)
+        OpsKind::UnTracked(prep) => prep.finish(TchTensor::new(y)),
     }
 }
 
