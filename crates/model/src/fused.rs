@@ -519,9 +519,9 @@ impl<const N: usize> Recorded<N> {
         if inputs.is_empty() {
             return Vec::new();
         }
-        // `Σ y ⊙ dy` has `dy` as its gradient at `y`, so torch's backward from it is the chain rule's.
-        let surrogate = (&self.output.tensor * &dy.tensor).sum(None);
-        let grads = tch::Tensor::run_backward(&[surrogate], &inputs, false, false);
+        // A failure here is libtorch's, as tch's own backward would panic with it.
+        let grads = dpo_torch::kernels::autograd_grad(&self.output.tensor, &dy.tensor, &inputs)
+            .unwrap_or_else(|e| panic!("torch's autograd through the attention call: {e}"));
         ids.into_iter().zip(grads.into_iter().map(TchTensor::new)).collect()
     }
 }

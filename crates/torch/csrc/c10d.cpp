@@ -425,6 +425,26 @@ extern "C" int c10d_rms_norm_backward(c10d_tensor grad, c10d_tensor input, c10d_
   });
 }
 
+extern "C" int c10d_autograd_grad(const c10d_tensor* outputs, const c10d_tensor* grad_outputs, size_t n_out,
+                                  const c10d_tensor* inputs, size_t n_in, c10d_tensor* grads) {
+  return guarded("autograd_grad", [&] {
+    TORCH_CHECK(grads != nullptr, "autograd_grad: null output");
+    // Any layout: autograd takes strided views as they are.
+    auto list = [](const c10d_tensor* ts, size_t n) {
+      TORCH_CHECK(n == 0 || ts != nullptr, "autograd_grad: null tensor list");
+      std::vector<at::Tensor> out;
+      for (size_t i = 0; i < n; ++i) {
+        TORCH_CHECK(ts[i] != nullptr && ts[i]->defined(), "autograd_grad: a null or undefined tensor");
+        out.push_back(*ts[i]);
+      }
+      return out;
+    };
+    auto [outs, gouts, ins] = std::make_tuple(list(outputs, n_out), list(grad_outputs, n_out), list(inputs, n_in));
+    auto result = torch::autograd::grad(outs, ins, gouts, /*retain_graph=*/false, /*create_graph=*/false);
+    for (size_t i = 0; i < n_in; ++i) grads[i] = new at::Tensor(result[i]);
+  });
+}
+
 extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
                                      int64_t max_q, int64_t max_k, c10d_tensor* out) {
   return guarded("varlen_attention", [&] {

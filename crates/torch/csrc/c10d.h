@@ -93,6 +93,13 @@ int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 // (`torch._fused_rms_norm`) returned it, the norm over the last dimension. CUDA only.
 int c10d_rms_norm_backward(c10d_tensor grad, c10d_tensor input, c10d_tensor rstd, c10d_tensor* out);
 
+// The gradients of `n_in` leaf tensors `inputs` (requiring gradients) given the gradients
+// `grad_outputs` of the `n_out` tensors `outputs` computed from them (`torch.autograd.grad` with
+// `grad_outputs`, the graph freed after): new tensors in `grads[0..n_in]`, which the caller owns.
+// tch binds only the form without `grad_outputs`, which needs a scalar output.
+int c10d_autograd_grad(const c10d_tensor* outputs, const c10d_tensor* grad_outputs, size_t n_out,
+                       const c10d_tensor* inputs, size_t n_in, c10d_tensor* grads);
+
 // Causal attention over variable-length sequences packed end to end, by torch's fused CUDA kernels
 // (flash attention in half precision, memory-efficient attention in f32), with no padding: q is
 // [Tq, H, D], k and v [Tk, Hkv, D] (Hkv dividing H in half precision, equal to H in f32); sequence

@@ -58,6 +58,14 @@ unsafe extern "C" {
         rstd: *mut C_tensor,
         out: *mut *mut C_tensor,
     ) -> i32;
+    pub fn c10d_autograd_grad(
+        outputs: *const *mut C_tensor,
+        grad_outputs: *const *mut C_tensor,
+        n_out: usize,
+        inputs: *const *mut C_tensor,
+        n_in: usize,
+        grads: *mut *mut C_tensor,
+    ) -> i32;
     pub fn c10d_varlen_attention(
         q: *mut C_tensor,
         k: *mut C_tensor,

@@ -4,7 +4,8 @@
 //! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
 //! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
 //! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
-//! with cumulative sequence lengths) and the fused RMS norm's backward, which tch binds neither.
+//! with cumulative sequence lengths), the fused RMS norm's backward, and autograd's gradients given
+//! an output's gradient, none of which tch binds.
 
 use crate::{TorchError, check, ffi};
 
@@ -98,6 +99,27 @@ pub fn rms_norm_backward(
     check("rms_norm_backward", unsafe { ffi::c10d_rms_norm_backward(ptr(grad), ptr(input), ptr(rstd), &mut out) })?;
     // SAFETY: `out` was just allocated by the shim for the caller.
     Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// The gradients of `inputs` (leaves requiring gradients) given `grad_output`, the gradient of
+/// `output` computed from them by torch's autograd (`torch.autograd.grad(output, inputs,
+/// grad_output)`), one per input; the graph is freed. tch's `run_backward` takes no output
+/// gradient, so differentiating a non-scalar output there costs a product and a sum more.
+pub fn autograd_grad(
+    output: &tch::Tensor,
+    grad_output: &tch::Tensor,
+    inputs: &[&tch::Tensor],
+) -> Result<Vec<tch::Tensor>, TorchError> {
+    let ins: Vec<_> = inputs.iter().map(|t| t.as_ptr().cast_mut()).collect();
+    let (out, gout) = ([output.as_ptr().cast_mut()], [grad_output.as_ptr().cast_mut()]);
+    let mut grads = vec![std::ptr::null_mut(); ins.len()];
+    // SAFETY: every pointer is a live tensor borrowed for the call; on success each `grads[i]` is a
+    // new `at::Tensor` whose ownership passes to the caller. The shim catches every C++ exception.
+    let code =
+        unsafe { ffi::c10d_autograd_grad(out.as_ptr(), gout.as_ptr(), 1, ins.as_ptr(), ins.len(), grads.as_mut_ptr()) };
+    check("autograd_grad", code)?;
+    // SAFETY: each pointer was just allocated by the shim for the caller.
+    Ok(grads.into_iter().map(|g| unsafe { tch::Tensor::from_ptr(g) }).collect())
 }
 
 /// The cumulative sequence lengths of a [`varlen_attention`] call: sequence `i` is rows
@@ -204,6 +226,23 @@ mod tests {
         let err = foreach_norms(&mixed).expect_err("two dtypes fail");
         assert!(err.to_string().contains("foreach_norms"), "{err}");
         assert!(foreach_norms(&[]).is_err());
+    }
+
+    /// The gradients given an output's gradient are the chain rule's (`y = x²·w`: `dx = 2xw·g`,
+    /// `dw = x²·g`); an input the output does not depend on is an error, not a crash.
+    #[test]
+    fn autograd_grad_takes_the_output_gradient() {
+        let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0]).set_requires_grad(true);
+        let w = Tensor::from_slice(&[0.5f32, 2.0, -1.0]).set_requires_grad(true);
+        let g = Tensor::from_slice(&[1.0f32, 10.0, 100.0]);
+        let y = &x * &x * &w;
+        let grads = autograd_grad(&y, &g, &[&x, &w]).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&grads[0]).unwrap(), [1.0, -80.0, -600.0]);
+        assert_eq!(Vec::<f32>::try_from(&grads[1]).unwrap(), [1.0, 40.0, 900.0]);
+        let unused = Tensor::from_slice(&[1.0f32]).set_requires_grad(true);
+        let y = &x * 2.0;
+        let err = autograd_grad(&y, &g, &[&unused]).expect_err("an unused input");
+        assert!(err.to_string().contains("autograd_grad"), "{err}");
     }
 
     /// Off CUDA the variable-length kernel is an error that says so, not a crash.
