@@ -12,7 +12,7 @@ use burn::tensor::{Device, FloatDType, Gradients, Tensor};
 
 use crate::dist::DistError;
 use crate::model::params;
-use dpo_torch::kernels::{AdamWEntry, AdamWStep, foreach_mul, foreach_norms, fused_adamw};
+use dpo_torch::kernels::{AdamWEntry, AdamWStep, foreach_copy, foreach_mul, foreach_norms, fused_adamw};
 use dpo_torch::{bridge, tch_err};
 
 /// AdamW hyper-parameters (the learning rate comes from the schedule at each step).
@@ -46,20 +46,30 @@ pub struct AdamW {
     /// `(rank, world_size)` under ZeRO: the moments are this rank's slices of each parameter
     /// ([`crate::dist::shards`]), not whole parameters.
     pub shard: Option<(usize, usize)>,
-    /// `offload_optimizer`: the fp32 masters and the moments live on the host and the update runs
-    /// there; the device keeps the parameters in the compute dtype.
-    pub offload: Option<Offload>,
+    /// The fp32 masters of the trained parameters where the device keeps those in another dtype
+    /// (or, offloaded, elsewhere): on the host under `offload_optimizer`, else on the device.
+    pub masters: Option<Masters>,
 }
 
-/// The optimizer's host side under `offload_optimizer` (DeepSpeed's ZeRO-Offload): the fp32
-/// master of each trained parameter (this rank's slice under ZeRO) and the moments in host memory,
-/// page-locked when the device is a GPU so the copies each way go by DMA. The update runs on the
-/// host, in place (burn's libtorch operations write into a tensor nobody else holds, so the
-/// pinned buffers stay); the new values go back to the device cast to `device_dtype`.
+/// The fp32 masters of the trained parameters (this rank's slices under ZeRO), kept apart from
+/// the parameters the device computes with, which are in `device_dtype`:
+///
+/// - offloaded (`offload_optimizer`, DeepSpeed's ZeRO-Offload): the masters and the moments in
+///   host memory, page-locked when the device is a GPU so the copies each way go by DMA; the
+///   update runs on the host, in place (burn's libtorch operations write into a tensor nobody else
+///   holds, so the pinned buffers stay), and the new values go back to the device cast.
+/// - resident (mixed precision on the device, `resident`): the masters and moments on the device,
+///   updated with every other parameter by one fused call, the compute-dtype parameters then
+///   rewritten by one multi-tensor copy (DeepSpeed's bf16 optimizer, apex's O2): the weights are
+///   cast once a step, not at each use. Chosen where the step would hold every weight's
+///   compute-dtype copy anyway (no recomputation), so it costs no peak memory.
 #[derive(Debug, Clone)]
-pub struct Offload {
-    /// libtorch's CPU device (on a CPU-only machine, the training device itself).
+pub struct Masters {
+    /// Where the masters live: libtorch's CPU device when offloaded (on a CPU-only machine, the
+    /// training device itself), the training device when resident.
     pub host: Device,
+    /// The masters stay on the training device and are updated with every other parameter.
+    pub resident: bool,
     /// The dtype the device keeps trained parameters in: the compute dtype (half the bytes of an
     /// fp32 copy under mixed precision).
     pub device_dtype: FloatDType,
@@ -83,7 +93,7 @@ pub struct CopyTally {
     pub to_device_bytes: u64,
 }
 
-impl Offload {
+impl Masters {
     /// Whether torch can page-lock host memory for `device` here (a one-value probe).
     pub fn try_pin(device: &Device) -> Result<(), dpo_torch::TorchError> {
         crate::model::pinned_copy(Tensor::<1>::zeros([1], device)).map(drop)
@@ -102,6 +112,26 @@ impl Offload {
             }
         }
         t.to_device(&self.host)
+    }
+
+    /// Whether the trained parameter `name` gets a master (and its compute-dtype copy on the
+    /// device). Offloaded, every one does. Resident, all but the embedding, which stays in f32: its
+    /// gradient sums the rows of repeated tokens, which a compute-dtype backward would round, and
+    /// a use casts only the rows looked up (and, tied, the head's weight once a pass).
+    pub fn holds(&self, name: &str) -> bool {
+        !self.resident || name != crate::model::hf::EMBEDDING
+    }
+
+    /// `t` made a master: moved where the masters live, in storage of its own (a master taken
+    /// from a slice of a parameter must not keep the whole parameter alive).
+    pub fn master_of(&self, t: Tensor<1>) -> Result<Tensor<1>, DistError> {
+        if !self.resident {
+            return Ok(self.to_host(t));
+        }
+        let (t, origin) = bridge::to_tch(t).map_err(not_libtorch)?;
+        let mut copy = t.f_empty_like().map_err(tch_err("empty_like"))?;
+        copy.f_copy_(&t).map_err(tch_err("copy_"))?;
+        Ok(bridge::from_tch(copy, origin))
     }
 }
 
@@ -308,9 +338,12 @@ impl LossScaler {
 
 /// AdamW updates waiting for torch's multi-tensor kernel, in the groups it takes: one call per
 /// weight decay, dtype and device, where a call per parameter made a launch and its host time each.
+/// Then the copies of resident masters into their compute-dtype parameters, one multi-tensor call.
 #[derive(Debug, Default)]
 struct Queue {
     groups: Vec<((bool, tch::Kind, tch::Device), Vec<AdamWEntry>)>,
+    /// `(parameter, master)`: the master's new values go into the parameter, cast.
+    copies: Vec<(tch::Tensor, tch::Tensor)>,
 }
 
 impl Queue {
@@ -330,7 +363,11 @@ impl Queue {
             let settings = AdamWStep { step, lr, beta1: cfg.beta1, beta2: cfg.beta2, weight_decay, eps: cfg.epsilon };
             fused_adamw(&mut entries, &settings)?;
         }
-        Ok(())
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        let (mut params, masters): (Vec<_>, Vec<_>) = self.copies.into_iter().unzip();
+        Ok(foreach_copy(&mut params, &masters)?)
     }
 }
 
@@ -365,18 +402,59 @@ impl AdamW {
 
     /// AdamW on one parameter's values `p` (a whole parameter, or this rank's slice of it) with
     /// their gradient: queued, the returned tensor and the moments of `name` holding the update
-    /// once `queue` runs. Offloaded, the update runs on the host master at once and `p` only says
-    /// where the result goes (and, before the first step of a parameter without a master, what the
-    /// master starts from).
+    /// once `queue` runs. With masters, `p` is the compute-dtype copy: it only says where the
+    /// result goes (and, before the first step of a parameter without a master, what the master
+    /// starts from); offloaded, the master's update runs on the host at once.
     fn update(
         &mut self,
         queue: &mut Queue,
         name: &str,
         p: Tensor<1>,
         grad: Tensor<1>,
+        settings: (f64, &AdamWConfig),
+    ) -> Result<Tensor<1>, DistError> {
+        let Some(mut masters) = self.masters.take() else { return self.enqueue(queue, name, p, grad, settings.1) };
+        let updated = match (masters.resident, masters.masters.contains_key(name)) {
+            (true, true) => self.update_resident(&mut masters, queue, name, p, grad, settings.1),
+            // A parameter that stays in f32 beside resident masters (see [`Masters::holds`]).
+            (true, false) => self.enqueue(queue, name, p, grad, settings.1),
+            (false, _) => self.update_offloaded(&mut masters, name, p, grad, settings),
+        };
+        // The masters go back before any error is returned.
+        self.masters = Some(masters);
+        updated
+    }
+
+    /// [`AdamW::update`] with masters on the device: the master's update is queued with every
+    /// other parameter's, and so is the copy of its new values into `p` (in the compute dtype).
+    fn update_resident(
+        &mut self,
+        masters: &mut Masters,
+        queue: &mut Queue,
+        name: &str,
+        p: Tensor<1>,
+        grad: Tensor<1>,
+        cfg: &AdamWConfig,
+    ) -> Result<Tensor<1>, DistError> {
+        let Some(master) = masters.masters.remove(name) else { return self.enqueue(queue, name, p, grad, cfg) };
+        let master = self.enqueue(queue, name, master, grad, cfg)?;
+        masters.masters.insert(name.to_owned(), master.clone());
+        let (param, origin) = bridge::to_tch_exclusive(p)?;
+        let (source, _) = bridge::to_tch(master).map_err(not_libtorch)?;
+        queue.copies.push((param.shallow_clone(), source));
+        Ok(bridge::from_tch(param, origin))
+    }
+
+    /// [`AdamW::update`] with masters on the host: the gradient goes there, the master and the
+    /// moments are updated there now, and the new values come back in `p`'s dtype.
+    fn update_offloaded(
+        &mut self,
+        off: &mut Masters,
+        name: &str,
+        p: Tensor<1>,
+        grad: Tensor<1>,
         (lr, cfg): (f64, &AdamWConfig),
     ) -> Result<Tensor<1>, DistError> {
-        let Some(mut off) = self.offload.take() else { return self.enqueue(queue, name, p, grad, cfg) };
         let (device, off_dtype) = (p.device(), off.device_dtype);
         let master = match off.masters.remove(name) {
             Some(master) => master,
@@ -396,22 +474,15 @@ impl AdamW {
         off.copies.seconds += started.elapsed().as_secs_f64();
         off.copies.to_host_bytes += 4 * grad.dims()[0] as u64;
         let updated = self.enqueue(&mut now, name, master, grad, cfg);
-        let updated = updated.and_then(|u| now.run(self.step, lr, cfg).map(|()| u));
-        // The offload state goes back before any error is returned.
-        let updated = updated.inspect(|u| {
-            off.masters.insert(name.to_owned(), u.clone());
-        });
-        let updated = updated.map(|u| {
-            let half = u.cast(off_dtype);
-            let started = std::time::Instant::now();
-            let back = half.to_device(&device);
-            let _ = synchronized(&back);
-            off.copies.seconds += started.elapsed().as_secs_f64();
-            off.copies.to_device_bytes += (burn::tensor::DType::from(off_dtype).size() * back.dims()[0]) as u64;
-            back
-        });
-        self.offload = Some(off);
-        updated
+        let updated = updated.and_then(|u| now.run(self.step, lr, cfg).map(|()| u))?;
+        off.masters.insert(name.to_owned(), updated.clone());
+        let half = updated.cast(off_dtype);
+        let started = std::time::Instant::now();
+        let back = half.to_device(&device);
+        let _ = synchronized(&back);
+        off.copies.seconds += started.elapsed().as_secs_f64();
+        off.copies.to_device_bytes += (burn::tensor::DType::from(off_dtype).size() * back.dims()[0]) as u64;
+        Ok(back)
     }
 
     /// Queues [`AdamW::update`] where `p` and `grad` are, for torch's fused kernel (the one
@@ -546,8 +617,9 @@ mod tests {
     fn a_pin_that_fails_falls_back_to_a_plain_copy() {
         // Without an accelerator pinning fails (issue 39: tch's `pin_memory` panicked instead).
         let (host, device_dtype) = (cpu(), FloatDType::F32);
-        let off = Offload {
+        let off = Masters {
             host,
+            resident: false,
             device_dtype,
             pin: true,
             masters: Default::default(),

@@ -14,7 +14,7 @@ use burn::module::Module;
 use super::checkpoint::{self, ModelFiles, TrainerState};
 use super::context::{DrawPlots, Objective, Progress, Run, Stage, StageOutcome};
 use super::log::MetricsWriter;
-use super::optim::{AdamW, AdamWConfig, LossScaler, Offload};
+use super::optim::{AdamW, AdamWConfig, LossScaler, Masters};
 use super::partition::{Layout, Partitioned};
 use super::policy::{PolicySpec, inference_copy};
 use super::references::References;
@@ -193,7 +193,7 @@ fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Pr
 
 /// Prints (rank 0) what the offloaded optimizer's copies cost this rank a step, where it ran.
 fn report_copies(trained: &Trained, name: &str, steps: u64, progress: &mut dyn Progress) {
-    let Some(off) = trained.optimizer.offload.as_ref().filter(|_| steps > 0) else { return };
+    let Some(off) = trained.optimizer.masters.as_ref().filter(|m| steps > 0 && !m.resident) else { return };
     let (c, mib) = (off.copies, |b: u64| b as f64 / steps as f64 / f64::from(1u32 << 20));
     progress.line(&format!(
         "{name}: offloaded optimizer's copies, rank 0: {:.1} ms a step ({:.1} MiB to the host, {:.1} MiB back{})",
@@ -297,7 +297,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         let shares_base = spec.lora.is_some() && stage.ref_dir.is_none();
         partition(&mut trained, references.as_mut(), shares_base, workers);
     }
-    trained.offload_masters(sharding, (workers.rank(), workers.world_size()));
+    trained.split_masters(sharding, (workers.rank(), workers.world_size()))?;
     let plan = StepPlan {
         objective: stage.objective,
         sampler,
@@ -450,12 +450,18 @@ fn start(
     };
     // Pinned host memory for a GPU's copies; where torch cannot pin, pageable memory, said once.
     let pin = host.as_ref().is_some_and(|h| *h != run.rt.device)
-        && Offload::try_pin(&run.rt.device)
+        && Masters::try_pin(&run.rt.device)
             .inspect_err(|e| progress.line(&format!("warning: {e}: the offloaded optimizer uses pageable memory")))
             .is_ok();
-    optimizer.offload = host.map(|host| Offload {
+    let resident = masters_resident(run, spec.compute_dtype);
+    let place = match host {
+        Some(host) => Some((host, false)),
+        None => resident.then(|| (run.rt.device.clone(), true)),
+    };
+    optimizer.masters = place.map(|(host, resident)| Masters {
         pin,
         host,
+        resident,
         device_dtype: spec.compute_dtype,
         masters: Default::default(),
         shard: None,
@@ -474,6 +480,16 @@ fn start(
     }
     let policy = run.rt.workers.broadcast_params(policy)?;
     Ok(Trained { policy, parts: None, optimizer, state })
+}
+
+/// Whether a run keeps its fp32 masters beside compute-dtype parameters on the device (see
+/// [`Masters`]): mixed precision, not offloaded, and every weight's compute-dtype copy held by the
+/// step anyway, which is so unless layers are recomputed (`gradient_checkpointing`, and ZeRO-3's
+/// per-part gathers), where each layer's copies live only while it runs.
+fn masters_resident(run: &Run, compute_dtype: burn::tensor::FloatDType) -> bool {
+    let cfg = run.cfg;
+    let zero3 = run.rt.workers.world_size() > 1 && run.plan.sharding == Sharding::Zero3;
+    compute_dtype != burn::tensor::FloatDType::F32 && !cfg.offload_optimizer && !cfg.gradient_checkpointing && !zero3
 }
 
 /// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.

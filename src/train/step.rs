@@ -82,7 +82,7 @@ impl Trained {
     /// at their fp32 values. Offloaded under mixed precision those are the host masters, moved to
     /// `device` (and gathered under ZeRO) for the duration. Every rank calls it at the same point.
     pub fn master_policy(&self, workers: Workers, device: &Device) -> Result<Cow<'_, Llama>, DistError> {
-        let Some(off) = self.optimizer.offload.as_ref().filter(|o| o.device_dtype != FloatDType::F32) else {
+        let Some(off) = self.optimizer.masters.as_ref().filter(|o| o.device_dtype != FloatDType::F32) else {
             return self.whole_policy(workers);
         };
         let mut masters: BTreeMap<String, Tensor<1>> =
@@ -108,35 +108,36 @@ impl Trained {
         names.iter().map(|n| lens.get(n).copied().unwrap_or(0)).collect()
     }
 
-    /// `offload_optimizer`: the fp32 values of the trained parameters (this rank's slices under
-    /// `sharding`) become the optimizer's host masters, and the device keeps the parameters in the
-    /// compute dtype. Done once, after ZeRO-3 partitioned the policy.
-    pub fn offload_masters(&mut self, sharding: Sharding, shard: (usize, usize)) {
-        let Some(off) = self.optimizer.offload.as_mut() else { return };
+    /// The fp32 values of the trained parameters (this rank's slices under `sharding`) become the
+    /// optimizer's masters (on the host under `offload_optimizer`, else resident on the device;
+    /// see [`super::optim::Masters`]), and the device keeps the parameters in the compute dtype.
+    /// Done once, after ZeRO-3 partitioned the policy.
+    pub fn split_masters(&mut self, sharding: Sharding, shard: (usize, usize)) -> Result<(), DistError> {
+        let Some(off) = self.optimizer.masters.as_mut() else { return Ok(()) };
         let dtype = off.device_dtype;
         if let Some(parts) = self.parts.as_mut() {
             off.shard = Some(shard);
             for (name, slice) in parts.slices.iter_mut().filter(|(name, _)| parts.layout.trains(name)) {
-                off.masters.insert(name.clone(), off.to_host(slice.clone()));
+                off.masters.insert(name.clone(), off.master_of(slice.clone())?);
                 *slice = slice.clone().cast(dtype);
             }
-            return;
+            return Ok(());
         }
         off.shard = (sharding != Sharding::None).then_some(shard);
-        let mut masters = BTreeMap::new();
+        let mut values = BTreeMap::new();
         params::visit(&self.policy, None, |p| {
-            if p.trains {
+            if p.trains && off.holds(&p.name) {
                 let flat = p.flat.inner();
-                let values = match off.shard {
-                    Some(shard) => slice_of(flat, shard),
-                    None => flat,
-                };
-                masters.insert(p.name, off.to_host(values));
+                let shard = off.shard.map_or(flat.clone(), |shard| slice_of(flat, shard));
+                values.insert(p.name, shard);
             }
         });
+        let masters: BTreeMap<String, Tensor<1>> =
+            values.into_iter().map(|(name, v)| Ok((name, off.master_of(v)?))).collect::<Result<_, DistError>>()?;
         let policy = self.policy.clone();
         self.policy = params::map(policy, |name, old| masters.contains_key(name).then(|| old.cast(dtype)));
         off.masters = masters;
+        Ok(())
     }
 }
 

@@ -25,7 +25,7 @@ impl LmHead {
     pub fn new(param: Tensor<2>, tied: bool, dtype: FloatDType) -> Self {
         let trains = param.is_require_grad();
         if tied {
-            Self { weight: param.cast(dtype).transpose(), param_name: "model.embed_tokens.weight", trains }
+            Self { weight: param.cast(dtype).transpose(), param_name: super::hf::EMBEDDING, trains }
         } else {
             Self { weight: param.cast(dtype), param_name: "lm_head.weight", trains }
         }

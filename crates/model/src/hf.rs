@@ -11,8 +11,8 @@ use super::linear::Linear;
 use super::params;
 use super::weights::{NamedTensor, TensorSource, Values};
 
-/// The embedding, the only matrix HF stores as burn does (`[V, h]`).
-const EMBEDDING: &str = "model.embed_tokens.weight";
+/// The embedding's parameter, the only matrix HF stores as burn does (`[V, h]`).
+pub const EMBEDDING: &str = "model.embed_tokens.weight";
 
 /// Whether the parameter `name` of `rank` dimensions is stored transposed in HF's files.
 pub fn stored_transposed(name: &str, rank: usize) -> bool {

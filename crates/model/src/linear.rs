@@ -25,6 +25,7 @@ use burn::module::{Module, Param};
 use burn::tensor::module::linear;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use burn_tch::{LibTorch, TchTensor};
+use dpo_torch::dtype::{as_kind, grad_kind};
 
 /// A linear layer, with an optional LoRA adapter.
 #[derive(Module, Debug)]
@@ -107,7 +108,7 @@ pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option
 }
 
 /// `x·W + b` over every leading position, `W` and `b` cast to x's dtype as they are used, as one
-/// graph node whose gradients come back in the weight's and bias's own dtypes.
+/// graph node whose gradients come back in their masters' dtypes ([`grad_kind`]: f32 for a compute-dtype copy).
 ///
 /// # Shapes
 /// - x: `[..., in]`, weight: `[in, out]`, bias: `[out]` → `[..., out]`
@@ -156,12 +157,6 @@ fn projected(x: &tch::Tensor, weight: &tch::Tensor, bias: Option<&tch::Tensor>) 
     [y.reshape(out.as_slice()), w, rows]
 }
 
-/// `t` in `kind`: itself where it is already (torch's `to` would still be an operator call, and the
-/// frozen reference's weights are already in the compute dtype).
-pub(crate) fn as_kind(t: &tch::Tensor, kind: tch::Kind) -> tch::Tensor {
-    if t.kind() == kind { t.shallow_clone() } else { t.to_kind(kind) }
-}
-
 impl<C: CheckpointStrategy> LinearOps for Autodiff<LibTorch, C> {
     fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
         cast_linear_node::<C, 2>([x, weight])
@@ -193,8 +188,8 @@ fn cast_linear_node<C: CheckpointStrategy, const N: usize>(
                 rows: tracked[1].then(|| TchTensor::new(rows)),
                 cast_weight: tracked[0].then(|| TchTensor::new(w)),
                 x_size: x.size(),
-                weight_kind: weight.kind(),
-                bias_kind: bias.filter(|_| tracked.get(2) == Some(&true)).map(tch::Tensor::kind),
+                weight_kind: grad_kind(weight.kind()),
+                bias_kind: bias.filter(|_| tracked.get(2) == Some(&true)).map(|b| grad_kind(b.kind())),
             };
             prep.finish(saved, TchTensor::new(y))
         }
@@ -214,6 +209,7 @@ struct Saved {
     /// `[in, out]` in x's dtype, when x takes a gradient.
     cast_weight: Option<TchTensor>,
     x_size: Vec<i64>,
+    /// The dtypes the weight's and the bias's gradients come back in ([`grad_kind`]).
     weight_kind: tch::Kind,
     bias_kind: Option<tch::Kind>,
 }
@@ -290,5 +286,18 @@ mod tests {
             assert!(frozen.grad(&grads).is_none(), "a frozen weight's gradient");
             assert!(x.grad(&grads).is_some(), "the input's gradient past a frozen weight");
         }
+        // A bf16 weight (the compute-dtype copy of an f32 master) gives its gradient in f32, equal
+        // to the master's own (the cast of a bf16-exact master is the copy itself).
+        let x = random([2, 5, 16]).cast(FloatDType::BF16);
+        let w32 = random([1, 16, 8]).squeeze_dim::<2>(0).cast(FloatDType::BF16).cast(FloatDType::F32).require_grad();
+        let w16 = Tensor::<2>::from_data(w32.to_data(), &device).cast(FloatDType::BF16).require_grad();
+        let g = random([2, 5, 8]).cast(FloatDType::BF16);
+        let (d32, d16) = (
+            (project(x.clone(), w32.clone(), None) * g.clone()).sum().backward(),
+            (project(x, w16.clone(), None) * g).sum().backward(),
+        );
+        let (dw32, dw16) = (w32.grad(&d32).unwrap(), w16.grad(&d16).unwrap());
+        assert_eq!(dw16.dtype(), burn::tensor::DType::F32);
+        assert_eq!(max_rel(dw32, dw16), 0.0, "the copy's gradient is the master's");
     }
 }

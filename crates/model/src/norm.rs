@@ -23,8 +23,8 @@ use burn::tensor::{Device, Tensor};
 use burn_tch::{LibTorch, TchTensor};
 
 use crate::ModelError;
-use crate::linear::as_kind;
 use crate::weights::TensorSource;
+use dpo_torch::dtype::{as_kind, grad_kind};
 
 /// Root-mean-square layer norm over the last dimension, with a learned scale.
 #[derive(Module, Debug)]
@@ -101,7 +101,7 @@ impl<C: CheckpointStrategy> NormOps for Autodiff<LibTorch, C> {
                 // Each direction keeps only what it reads.
                 let saved = Saved {
                     for_x: x_tracked.then(|| (x.clone(), TchTensor::new(f.r), TchTensor::new(f.w))),
-                    for_w: w_tracked.then(|| (TchTensor::new(f.n), weight.tensor.kind())),
+                    for_w: w_tracked.then(|| (TchTensor::new(f.n), grad_kind(weight.tensor.kind()))),
                 };
                 prep.finish(saved, TchTensor::new(f.y))
             }
@@ -115,7 +115,7 @@ impl<C: CheckpointStrategy> NormOps for Autodiff<LibTorch, C> {
 struct NormBackward;
 
 /// What the backward reads: for the input, x, `r` and the weight in x's dtype; for the weight, `n`
-/// and the weight's own dtype.
+/// and the dtype its gradient comes back in ([`grad_kind`]).
 #[derive(Debug, Clone)]
 struct Saved {
     for_x: Option<(TchTensor, TchTensor, TchTensor)>,
@@ -130,7 +130,7 @@ impl Backward<LibTorch, 2> for NormBackward {
         let [x_parent, w_parent] = ops.parents;
         if let (Some(parent), Some((n, kind))) = (w_parent, &ops.state.for_w) {
             // Summed over every position, in the compute dtype (as autograd sums the broadcast
-            // product), then to the weight's dtype.
+            // product), then to the gradient's dtype.
             let leading: Vec<i64> = (0..g.dim() as i64 - 1).collect();
             let dw = (&g * &n.tensor).sum_dim_intlist(leading.as_slice(), false, None);
             let dw = as_kind(&dw, *kind);

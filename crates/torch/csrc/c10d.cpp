@@ -411,6 +411,18 @@ extern "C" int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tenso
   });
 }
 
+extern "C" int c10d_foreach_copy(const c10d_tensor* dst, const c10d_tensor* src, size_t n) {
+  return guarded("foreach_copy", [&] {
+    if (n == 0) return;
+    auto [d, s] = std::make_pair(tensor_list(dst, n, "foreach_copy"), tensor_list(src, n, "foreach_copy"));
+    for (size_t i = 0; i < n; ++i) {
+      TORCH_CHECK(d[i].sizes() == s[i].sizes(), "foreach_copy: entry ", i, " mixes sizes ", d[i].sizes(), " and ",
+                  s[i].sizes());
+    }
+    at::_foreach_copy_(d, s);
+  });
+}
+
 extern "C" int c10d_rms_norm_backward(c10d_tensor grad, c10d_tensor input, c10d_tensor rstd, c10d_tensor* out) {
   return guarded("rms_norm_backward", [&] {
     for (const at::Tensor* t : {grad, input, rstd}) {

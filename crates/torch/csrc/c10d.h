@@ -88,6 +88,11 @@ int c10d_foreach_norms(const c10d_tensor* tensors, size_t n, c10d_tensor* out);
 // (`torch._foreach_mul_`, as `clip_grad_norm_` scales the gradients), without reading it on the host.
 int c10d_foreach_mul(const c10d_tensor* tensors, size_t n, c10d_tensor scale);
 
+// Copies each of `n` tensors `src[i]` into `dst[i]` in place, converting the dtype
+// (`torch._foreach_copy_`: multi-tensor kernels on CUDA, where a cast each is a launch each). Each
+// list has one dtype and device, and entry i of both one size.
+int c10d_foreach_copy(const c10d_tensor* dst, const c10d_tensor* src, size_t n);
+
 // The input gradient of an RMS norm without weight (`torch._fused_rms_norm_backward`, one kernel on
 // CUDA, which reads `input` and `grad` in their dtype and works in f32): `rstd` as the forward
 // (`torch._fused_rms_norm`) returned it, the norm over the last dimension. CUDA only.

@@ -52,6 +52,7 @@ unsafe extern "C" {
     ) -> i32;
     pub fn c10d_foreach_norms(tensors: *const *mut C_tensor, n: usize, out: *mut *mut C_tensor) -> i32;
     pub fn c10d_foreach_mul(tensors: *const *mut C_tensor, n: usize, scale: *mut C_tensor) -> i32;
+    pub fn c10d_foreach_copy(dst: *const *mut C_tensor, src: *const *mut C_tensor, n: usize) -> i32;
     pub fn c10d_rms_norm_backward(
         grad: *mut C_tensor,
         input: *mut C_tensor,

@@ -1,6 +1,7 @@
 //! torch's fused AdamW kernel (`torch._fused_adamw_`) and the multi-tensor norm and scale that
 //! clip gradients (`_foreach_norm`, `_foreach_mul_`) through the shim: tch leaves torch's
-//! `_fused_*` and `_foreach_*` operations unbound. The update written as separate tensor
+//! `_fused_*` and `_foreach_*` operations unbound (also `_foreach_copy_`, which writes the
+//! compute-dtype copies of updated masters). The update written as separate tensor
 //! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
 //! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
 //! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
@@ -81,6 +82,22 @@ pub fn foreach_mul(tensors: &mut [tch::Tensor], scale: &tch::Tensor) -> Result<(
     // SAFETY: the tensors are borrowed mutably for the call and `scale` shared; the shim checks
     // them and catches every C++ exception.
     check("foreach_mul", unsafe { ffi::c10d_foreach_mul(ptrs.as_ptr(), ptrs.len(), scale.as_ptr().cast_mut()) })
+}
+
+/// Copies each `src[i]` into `dst[i]` in place, converting the dtype (`torch._foreach_copy_`: on
+/// CUDA multi-tensor kernels, where a cast each is a launch each). Each list has one dtype and
+/// device, entry i of both one size; a mismatch is an error before anything is written.
+pub fn foreach_copy(dst: &mut [tch::Tensor], src: &[tch::Tensor]) -> Result<(), TorchError> {
+    if dst.len() != src.len() {
+        // The shim takes one length for both lists: checked here, nothing written.
+        let message = format!("{} destinations for {} sources", dst.len(), src.len());
+        return Err(TorchError::Shim { op: "foreach_copy", code: -1, message });
+    }
+    let d: Vec<_> = dst.iter_mut().map(|t| t.as_mut_ptr()).collect();
+    let s: Vec<_> = src.iter().map(|t| t.as_ptr().cast_mut()).collect();
+    // SAFETY: the destinations are borrowed mutably for the call and the sources shared; the shim
+    // checks them and catches every C++ exception.
+    check("foreach_copy", unsafe { ffi::c10d_foreach_copy(d.as_ptr(), s.as_ptr(), d.len()) })
 }
 
 /// The input gradient of an RMS norm over the last dimension, without weight, by torch's fused
@@ -243,6 +260,24 @@ mod tests {
         let y = &x * 2.0;
         let err = autograd_grad(&y, &g, &[&unused]).expect_err("an unused input");
         assert!(err.to_string().contains("autograd_grad"), "{err}");
+    }
+
+    /// f32 values land in bf16 tensors rounded as a cast rounds them; sizes that differ, or lists
+    /// of two lengths, are an error with nothing written.
+    #[test]
+    fn foreach_copy_casts_in_place() {
+        let src = [Tensor::from_slice(&[1.0f32, 1.3, -3.0]), Tensor::from_slice(&[0.1f32])];
+        let mut dst =
+            [Tensor::zeros([3], (Kind::BFloat16, Device::Cpu)), Tensor::zeros([1], (Kind::BFloat16, Device::Cpu))];
+        foreach_copy(&mut dst, &src).unwrap();
+        for (d, s) in dst.iter().zip(&src) {
+            assert!(d.equal(&s.to_kind(Kind::BFloat16)), "{d} vs {s}");
+        }
+        let mut short =
+            [Tensor::zeros([2], (Kind::BFloat16, Device::Cpu)), Tensor::zeros([1], (Kind::BFloat16, Device::Cpu))];
+        assert!(foreach_copy(&mut short, &src).is_err());
+        assert_eq!(short[1].double_value(&[0]), 0.0, "nothing written");
+        assert!(foreach_copy(&mut dst[..1], &src).is_err());
     }
 
     /// Off CUDA the variable-length kernel is an error that says so, not a crash.

@@ -8,6 +8,7 @@
 
 pub mod allocator;
 pub mod bridge;
+pub mod dtype;
 pub mod ffi;
 pub mod kernels;
 pub mod profiler;

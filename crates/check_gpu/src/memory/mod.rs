@@ -26,7 +26,7 @@
 //!
 //! | term | none (DDP) | zero1 | zero2 | zero3 |
 //! |---|---|---|---|---|
-//! | weights | fp32: 4P; bf16/fp16: 2P half copy + 4P fp32 master = 6P | same | same | 4P/N + 4Pg (+ c*Pg half cast of the gathered piece) |
+//! | weights | fp32: 4P; bf16/fp16: 2P half copy + 4P fp32 master = 6P | same (dpo-train: see below) | same | 4P/N + 4Pg (+ c*Pg half cast of the gathered piece) |
 //! | gradients | 4P (fp32) | 4P | 4P/N + 4Pg with checkpointing, else 4P | 4P/N + 4Pg |
 //! | optimizer | 8P (AdamW m and v in fp32) | 8P/N | 8P/N | 8P/N |
 //! | reference | c*P, or 0 with precomputed log-probs | same | same | c*P/N + c*Pg |
@@ -41,6 +41,13 @@
 //! used at one time ([`ModelShape::gathered_piece_params`]: one layer, the embedding or the
 //! head), running the decoder one layer at a time with recomputation; its gradients are
 //! reduce-scattered piece by piece as zero2's.
+//!
+//! dpo-train in mixed precision without recomputation (no checkpointing, not zero3) keeps the
+//! trained parameters in the compute dtype between steps beside their fp32 masters, sharded under
+//! zero1/2 (DeepSpeed's bf16 optimizer): weights `c*(P-E) + 4(P-E)/N + 4E` (+ `c*E` tied: the
+//! head's cast), `E = V*h` the embedding, which stays whole in fp32; N = 1 for none. Recomputing
+//! (checkpointing), each layer casts its fp32 weights as it runs: `4P + c*Pg`, as zero3's gathered
+//! piece.
 //!
 //! `--offload-optimizer` (DeepSpeed's ZeRO-Offload) moves AdamW's moments and the fp32 masters of
 //! the trained parameters to host memory and runs the update there (optimizer term 0): the GPU
@@ -210,6 +217,9 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
             let cast = if mixed { mul(&[c, split.part]) } else { 0 };
             split.shard_and_piece(4, p).saturating_add(cast)
         }
+        _ if resident(req) => resident_weights(req, split),
+        // dpo-train recomputing: each layer casts its fp32 weights as it runs, one piece at a time.
+        _ if mixed && matches!(req.engine, Engine::DpoTrain(_)) => mul(&[4, p]).saturating_add(mul(&[c, split.part])),
         (_, false) => mul(&[if mixed { c + 4 } else { 4 }, p]),
     };
     let gradients = sharded_gradients(req, split, p);
@@ -222,17 +232,52 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
     State { weights, gradients, optimizer, reference, host }
 }
 
+/// Whether dpo-train keeps fp32 masters beside compute-dtype parameters on the GPU between steps
+/// (its `Masters::resident`): mixed precision, not offloaded, no recomputation (no checkpointing,
+/// not zero3). Otherwise each layer casts its fp32 weights as it runs.
+pub fn masters_resident(dtype: Precision, offload: bool, checkpointing: bool, sharding: Sharding) -> bool {
+    dtype.is_mixed() && !offload && !checkpointing && sharding != Sharding::Zero3
+}
+
+/// [`masters_resident`] for dpo-train's estimate (TRL's autocast keeps fp32 parameters).
+fn resident(req: &MemoryRequest<'_>) -> bool {
+    let dpo_train = matches!(req.engine, Engine::DpoTrain(_));
+    dpo_train && masters_resident(req.dtype, req.offload_optimizer, req.gradient_checkpointing, req.sharding)
+}
+
+/// Ranks the resident masters are divided over: zero1 and zero2 shard them, none does not.
+fn master_ranks(req: &MemoryRequest<'_>, n: u64) -> u64 {
+    if req.sharding == Sharding::None { 1 } else { n }
+}
+
+/// Full fine-tuning's weights with resident masters: every parameter in the compute dtype with its
+/// fp32 master (this rank's `1/N` under zero1/2), but the embedding, which stays whole in fp32
+/// (no copy, no master); tied, the head casts it once a pass, held through the head's backward.
+fn resident_weights(req: &MemoryRequest<'_>, split: Split) -> u64 {
+    let (m, c) = (req.model, req.dtype.bytes());
+    let embedding = mul(&[m.vocab_size, m.hidden_size]).min(m.params);
+    let rest = m.params - embedding;
+    let masters = Split { n: master_ranks(req, split.n), ..split }.shard(4, rest);
+    let head_cast = if m.tied_embeddings { mul(&[c, embedding]) } else { 0 };
+    [mul(&[c, rest]), masters, mul(&[4, embedding]), head_cast].iter().fold(0u64, |a, &b| a.saturating_add(b))
+}
+
 /// LoRA: a frozen base and `A` trained adapter parameters (see the module doc).
 fn lora_state(req: &MemoryRequest<'_>, n: u64, rank: u64) -> State {
     let m = req.model;
     let (p, c, a) = (m.params, req.dtype.bytes(), m.lora_params(rank));
     let adapters = Split { n, part: a / m.num_layers.max(1) };
-    // Offloaded, the adapters stay on the GPU in the compute dtype (their masters on the host).
+    // Offloaded, the adapters stay on the GPU in the compute dtype (their masters on the host);
+    // resident, in the compute dtype beside their fp32 masters.
     let adapter_bytes = if req.offload_optimizer { c } else { 4 };
     let (base, adapter_weights) = match req.sharding {
         Sharding::Zero3 => {
             let base = Split { n, part: m.gathered_piece_params() }.shard_and_piece(c, p);
             (base, adapters.shard_and_piece(adapter_bytes, a))
+        }
+        _ if resident(req) => {
+            let masters = Split { n: master_ranks(req, n), ..adapters }.shard(4, a);
+            (mul(&[c, p]), mul(&[c, a]).saturating_add(masters))
         }
         _ => (mul(&[c, p]), mul(&[adapter_bytes, a])),
     };
@@ -255,8 +300,11 @@ fn sharded_gradients(req: &MemoryRequest<'_>, split: Split, count: u64) -> u64 {
         Sharding::Zero2 | Sharding::Zero3 => split.shard_and_piece(4, count),
     };
     let dpo_train = matches!(req.engine, Engine::DpoTrain(_));
+    // Resident masters are updated in place; the copy is of the compute-dtype slices they are
+    // written into (the embedding's, fp32, ignored: a few percent of the copy at most).
+    let per = if resident(req) { req.dtype.bytes() } else { 4 };
     let updated = match req.sharding {
-        Sharding::Zero1 | Sharding::Zero2 if dpo_train && !req.offload_optimizer => split.shard(4, count),
+        Sharding::Zero1 | Sharding::Zero2 if dpo_train && !req.offload_optimizer => split.shard(per, count),
         _ => 0,
     };
     held.saturating_add(updated)

@@ -2,14 +2,15 @@
 //!
 //! What each rank sends per optimizer step, as dpo-train runs each stage (`P` parameters, `T`
 //! trained ones, `A` micro-batches per rank per step; gradients travel in fp32, trained weights
-//! in fp32 (their masters; in the compute dtype when offloaded), frozen ones in the compute dtype
-//! `c`):
+//! in fp32 (their masters; in the compute dtype `c` when offloaded, and in bf16/fp16 without
+//! checkpointing, where the device keeps compute-dtype copies beside the masters, but the fp32
+//! embedding), frozen ones in the compute dtype):
 //!
 //! | stage | collectives per optimizer step |
 //! |---|---|
 //! | none | all-reduce of 4T (DDP) |
-//! | zero1 | all-reduce of 4T, all-gather of the updated 4T |
-//! | zero2 | reduce-scatter of 4T (A times with checkpointing: after each part's backward), all-gather of 4T |
+//! | zero1 | all-reduce of 4T, all-gather of the updated trained weights |
+//! | zero2 | reduce-scatter of 4T (A times with checkpointing: after each part's backward), all-gather of the updated trained weights |
 //! | zero3 | all-gather of the weights 2A times (each part before its forward and again for its recompute and backward), reduce-scatter of 4T A times; a reference computed every step gathers its `c*P` A times more |
 //!
 //! A ring all-reduce of `S` bytes over `n` ranks moves `S × 2(n−1)/n` bytes through each rank's
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Log;
 use crate::bench::{Bench, Collective, GRADIENT_BUCKET_BYTES};
-use crate::memory::{FineTune, Precision, Reference, Sharding};
+use crate::memory::{FineTune, Precision, Reference, Sharding, masters_resident};
 use crate::model::ModelShape;
 use crate::snapshot::Snapshot;
 use crate::units::list;
@@ -94,8 +95,17 @@ pub fn traffic(model: &ModelShape, s: &StepSetting) -> Vec<(Collective, &'static
     let t = trained(model, s.finetune);
     let c = s.dtype.bytes();
     let grads = t.saturating_mul(GRADIENT_BYTES_PER_PARAM);
-    // Trained weights travel as their fp32 masters, or in the compute dtype when those are on the host.
-    let trained_bytes = t.saturating_mul(if s.offload_optimizer { c } else { 4 });
+    // Trained weights travel as their fp32 masters, or in the compute dtype when those are on the
+    // host or beside compute-dtype copies on the device (whose embedding stays in fp32).
+    let resident = masters_resident(s.dtype, s.offload_optimizer, s.gradient_checkpointing, s.sharding);
+    let trained_bytes = match (s.offload_optimizer, resident, s.finetune) {
+        (true, ..) | (false, true, FineTune::Lora { .. }) => t.saturating_mul(c),
+        (false, true, FineTune::Full) => {
+            let embedding = model.vocab_size.saturating_mul(model.hidden_size).min(t);
+            (t - embedding).saturating_mul(c).saturating_add(embedding.saturating_mul(4))
+        }
+        (false, false, _) => t.saturating_mul(4),
+    };
     let a = s.micro_batches.max(1);
     match s.sharding {
         Sharding::None => vec![(Collective::AllReduce, "gradients", grads, 1)],
@@ -261,8 +271,14 @@ mod tests {
             traffic(&m, &s).into_iter().map(|(op, _, bytes, calls)| (op, bytes, calls)).collect()
         };
         use Collective::{AllGather as Ag, AllReduce as Ar, ReduceScatter as Rs};
-        assert_eq!(ops(setting(Sharding::Zero1)), [(Ar, 4 * p, 1), (Ag, 4 * p, 1)]);
-        assert_eq!(ops(setting(Sharding::Zero2)), [(Rs, 4 * p, 1), (Ag, 4 * p, 1)]);
+        // Without checkpointing the device keeps bf16 copies beside the masters and gathers
+        // those, the embedding (E = V·h) in fp32.
+        let e = m.vocab_size * m.hidden_size;
+        let copies = 2 * (p - e) + 4 * e;
+        assert_eq!(ops(setting(Sharding::Zero1)), [(Ar, 4 * p, 1), (Ag, copies, 1)]);
+        assert_eq!(ops(setting(Sharding::Zero2)), [(Rs, 4 * p, 1), (Ag, copies, 1)]);
+        let zero1c = StepSetting { gradient_checkpointing: true, ..setting(Sharding::Zero1) };
+        assert_eq!(ops(zero1c), [(Ar, 4 * p, 1), (Ag, 4 * p, 1)], "the fp32 weights gathered");
         let zero2c = StepSetting { gradient_checkpointing: true, ..setting(Sharding::Zero2) };
         assert_eq!(ops(zero2c), [(Rs, 4 * p, 4), (Ag, 4 * p, 1)], "one reduce-scatter per micro-batch's backward");
         assert_eq!(ops(setting(Sharding::Zero3)), [(Ag, 4 * p, 8), (Rs, 4 * p, 4), (Ag, 2 * p, 4)]);
@@ -274,7 +290,7 @@ mod tests {
         let lora = StepSetting { finetune: FineTune::Lora { rank: 16 }, ..setting(Sharding::Zero3) };
         assert_eq!(ops(lora), [(Ag, 2 * p + 4 * a, 8), (Rs, 4 * a, 4), (Ag, 2 * p, 4)], "the base gathered in bf16");
 
-        let z1 = estimate(&m, &setting(Sharding::Zero1), &bench(4)).expect("estimate");
+        let z1 = estimate(&m, &zero1c, &bench(4)).expect("estimate");
         let ag = 4.0 * p as f64 * 0.75 / (33.554_432e9 * 0.75);
         assert!((z1.seconds_per_step - (4.0 * p as f64 / 16.777_216e9 + ag)).abs() < 1e-9, "{z1:?}");
         let z3 = estimate(&m, &setting(Sharding::Zero3), &bench(4)).expect("estimate");

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Style;
-use crate::memory::{FineTune, Precision, Reference, Sharding};
+use crate::memory::{FineTune, Precision, Reference, Sharding, masters_resident};
 use crate::plan::Plan;
 use crate::units::{bytes, count};
 
@@ -101,12 +101,34 @@ fn shard(p: &Plan, per: &str, what: &str) -> String {
     format!("{per} B/{what}{}{}", over(p), plus_piece(p, per))
 }
 
+/// Whether the plan's run keeps resident fp32 masters (`memory::masters_resident`).
+fn resident(p: &Plan) -> bool {
+    masters_resident(p.dtype, p.offload_optimizer, p.gradient_checkpointing, p.sharding)
+}
+
+/// ` / 4 GPUs` where zero1/2 shard the resident masters.
+fn masters_over(p: &Plan) -> String {
+    if p.sharding == Sharding::None { String::new() } else { over(p) }
+}
+
 fn weights_formula(p: &Plan) -> String {
     let (c, half) = (p.dtype.bytes(), p.dtype.name());
     if p.offload_optimizer {
         return offloaded_weights_formula(p);
     }
+    let tied = p.model.as_ref().is_some_and(|m| m.tied_embeddings);
     match (p.finetune, p.sharding, p.dtype) {
+        (FineTune::Lora { .. }, ..) if resident(p) => {
+            format!(
+                "{c} B/param frozen base + {c} B/adapter param ({half}) + 4 B/adapter param fp32 master{}",
+                masters_over(p)
+            )
+        }
+        (FineTune::Full, ..) if resident(p) => format!(
+            "{c} B/param ({half}) + 4 B/param fp32 master{} (the embedding: 4 B/param whole{})",
+            masters_over(p),
+            if tied { format!(", cast to {half} for the head") } else { String::new() }
+        ),
         (FineTune::Lora { .. }, Sharding::Zero3, ..) => format!(
             "{c} B/param frozen base{}{} + 4 B/adapter param{} + one layer's",
             over(p),
@@ -121,7 +143,9 @@ fn weights_formula(p: &Plan) -> String {
             plus_piece(p, &format!("(4+{c})"))
         ),
         (FineTune::Full, _, Precision::Fp32) => "4 B/param".to_string(),
-        (FineTune::Full, ..) => format!("6 B/param ({half} copy + fp32 master)"),
+        (FineTune::Full, ..) => {
+            format!("4 B/param fp32 master{} (cast to {half} as each layer runs)", plus_piece(p, &c.to_string()))
+        }
     }
 }
 
@@ -159,7 +183,8 @@ fn grads_formula(p: &Plan) -> String {
 fn updated_slices(p: &Plan, what: &str) -> String {
     match p.sharding {
         Sharding::Zero1 | Sharding::Zero2 if !p.offload_optimizer => {
-            format!(" + 4 B/{what}{} (the step's updated slices)", over(p))
+            let per = if resident(p) { p.dtype.bytes() } else { 4 };
+            format!(" + {per} B/{what}{} (the step's updated slices)", over(p))
         }
         _ => String::new(),
     }
@@ -325,7 +350,15 @@ mod tests {
         );
         let z1 = planned(Sharding::Zero1, false);
         assert_eq!(opt_formula(&z1), "8 B/param / 4 GPUs (AdamW m, v in fp32)");
-        assert_eq!(weights_formula(&z1), "6 B/param (bf16 copy + fp32 master)");
+        assert_eq!(
+            weights_formula(&z1),
+            "2 B/param (bf16) + 4 B/param fp32 master / 4 GPUs (the embedding: 4 B/param whole, cast to bf16 for the head)"
+        );
+        let ck = Plan { gradient_checkpointing: true, ..z1.clone() };
+        assert_eq!(
+            weights_formula(&ck),
+            "4 B/param fp32 master + largest piece 2 B x 233M (cast to bf16 as each layer runs)"
+        );
         assert_eq!(sharding_line(&z1), "zero1 over 4 GPU(s) (AdamW state partitioned)");
         let z2 = planned(Sharding::Zero2, false);
         assert!(grads_formula(&z2).starts_with("4 B/param (fp32; without checkpointing"), "{}", grads_formula(&z2));
