@@ -765,6 +765,52 @@ mod tests {
         }
     }
 
+    /// Resident masters: the step updates the fp32 master exactly as plain fp32 AdamW updates the
+    /// same values, and writes its bf16 rounding into the parameter's own storage; a parameter
+    /// without a master (the embedding) is updated as a plain one.
+    #[test]
+    fn resident_masters_update_in_f32_and_write_the_copy_in_place() {
+        use burn::module::Param;
+        let device = cpu();
+        let values = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v, [3]), &device);
+        let start = vec![1.0f32, 2.0, 3.0];
+        let weight = Param::from_tensor(values(start.clone()).cast(FloatDType::BF16));
+        let address = |w: &Param<Tensor<1>>| bridge::to_tch(w.val()).unwrap().0.data_ptr() as usize;
+        let before = address(&weight);
+        let grads = GradAccumulator { grads: [(String::new(), values(vec![0.5, -0.5, 1.0]))].into() };
+        let cfg = AdamWConfig { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 };
+        let masters = Masters {
+            host: device.clone(),
+            resident: true,
+            device_dtype: FloatDType::BF16,
+            pin: false,
+            masters: [(String::new(), values(start.clone()))].into(),
+            shard: None,
+            copies: CopyTally::default(),
+        };
+        let mut opt = AdamW { masters: Some(masters), ..Default::default() };
+        let mut plain = AdamW::default();
+        let (mut weight, mut reference) = (weight, Param::from_tensor(values(start)));
+        for _ in 0..3 {
+            weight = opt.step(weight, &grads, 0.1, &cfg).unwrap();
+            reference = plain.step(reference, &grads, 0.1, &cfg).unwrap();
+        }
+        let master = crate::model::host(&opt.masters.as_ref().unwrap().masters[""]);
+        assert_eq!(master, crate::model::host(&reference.val()), "the master is plain AdamW's");
+        assert_eq!(address(&weight), before, "the copy is written in place");
+        let copy = crate::model::host(&weight.val().cast(FloatDType::F32));
+        let rounded = crate::model::host(&reference.val().cast(FloatDType::BF16).cast(FloatDType::F32));
+        assert_eq!(copy, rounded, "the parameter is the master's bf16 rounding");
+        // Without a master, the parameter itself is updated.
+        let mut opt = AdamW {
+            masters: Some(Masters { masters: Default::default(), ..opt.masters.unwrap() }),
+            ..Default::default()
+        };
+        let lone = opt.step(Param::from_tensor(values(vec![1.0, 2.0, 3.0])), &grads, 0.1, &cfg).unwrap();
+        let first = AdamW::default().step(Param::from_tensor(values(vec![1.0, 2.0, 3.0])), &grads, 0.1, &cfg).unwrap();
+        assert_eq!(crate::model::host(&lone.val()), crate::model::host(&first.val()));
+    }
+
     #[test]
     fn decay_groups_follow_names() {
         assert!(decays("model.layers.0.mlp.up_proj.weight"));
