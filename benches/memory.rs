@@ -2,8 +2,10 @@
 //! layers, 32k vocabulary, 2 pairs of 512-token sequences per step, f32) for full fine-tuning,
 //! LoRA, a precomputed reference and activation checkpointing, and in bf16 mixed precision for
 //! full fine-tuning, LoRA and checkpointing, next to `check-gpu`'s estimate for the same
-//! settings; then the ZeRO stages over 2 and 4 CPU worker processes, each rank's
-//! peak while training (dpo-train's own report) next to the estimate for that stage.
+//! settings; then the ZeRO stages over 2 and 4 CPU worker processes (f32, and zero1/zero2 in bf16,
+//! where the weights stay in bf16 beside sharded fp32 masters), each rank's peak while training
+//! (dpo-train's own report) next to the estimate for that stage. `DPO_TRAIN_BENCH_MEMORY_ONLY=TEXT`
+//! runs only the rows whose name contains TEXT (and the first, for the baseline).
 //!
 //! Each configuration trains in its own process, which reports its peak resident set (`VmHWM`)
 //! and its resident set once libtorch is loaded, before any model (`VmRSS`); the difference is
@@ -179,7 +181,8 @@ fn main() {
     );
     println!("{:<26} {:>12} {:>12} {:>8}", "", "measured", "estimate", "ratio");
     let (mut worst, mut libtorch): (f64, u64) = (0.0, 0);
-    for case in &CASES {
+    // The first case always runs: its libtorch baseline is the ZeRO rows' too.
+    for case in CASES.iter().enumerate().filter(|(i, c)| *i == 0 || selected(c.name)).map(|(_, c)| c) {
         let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
         let text = format!(
             "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = {}\ngradient_checkpointing = {}\n{}",
@@ -236,25 +239,29 @@ fn main() {
 /// ranks', as dpo-train reports it) next to the estimate for that stage and world size.
 fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: u64) {
     let stages = [
-        ("none", Sharding::None, false),
-        ("zero1", Sharding::Zero1, false),
-        ("zero2", Sharding::Zero2, false),
-        ("zero2 + checkpointing", Sharding::Zero2, true),
-        ("zero3", Sharding::Zero3, true),
+        ("none", Sharding::None, false, Precision::Fp32),
+        ("zero1", Sharding::Zero1, false, Precision::Fp32),
+        ("zero2", Sharding::Zero2, false, Precision::Fp32),
+        ("zero2 + checkpointing", Sharding::Zero2, true, Precision::Fp32),
+        ("zero3", Sharding::Zero3, true, Precision::Fp32),
+        // bf16 without checkpointing: the device keeps bf16 weights beside sharded fp32 masters.
+        ("bf16 zero1", Sharding::Zero1, false, Precision::Bf16),
+        ("bf16 zero2", Sharding::Zero2, false, Precision::Bf16),
     ];
     println!("\npeak memory per rank while training, ZeRO stages over CPU workers (Gloo), same model and micro-batch");
     println!("{:<26} {:>8} {:>12} {:>12} {:>8}", "", "workers", "measured", "estimate", "ratio");
     let mut worst: f64 = 0.0;
     for world in [2u64, 4] {
-        for (name, sharding, checkpointing) in stages {
+        for (name, sharding, checkpointing, precision) in stages.into_iter().filter(|s| selected(s.0)) {
             let run = format!("{}-{world}", name.replace([' ', '+'], "_"));
             let config = dir.join(format!("{run}.toml"));
             let text = format!(
-                "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = false\ngradient_checkpointing = {checkpointing}\nsharding = \"{}\"\n",
+                "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = {}\ngradient_checkpointing = {checkpointing}\nsharding = \"{}\"\n",
                 model.display(),
                 data.display(),
                 dir.display(),
-                name.split(' ').next().unwrap_or(name),
+                precision == Precision::Bf16,
+                name.split(' ').find(|w| w.starts_with("zero") || *w == "none").unwrap_or(name),
             );
             std::fs::write(&config, text).expect("the config is written");
             let measured = workers_peak(&config, world).saturating_sub(baseline);
@@ -263,7 +270,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 model: shape,
                 micro_batch: MICRO_BATCH,
                 seq_len: SEQ_LEN,
-                dtype: Precision::Fp32,
+                dtype: precision,
                 finetune: FineTune::Full,
                 reference: Reference::Keep,
                 gradient_checkpointing: checkpointing,
@@ -276,18 +283,18 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
-            let row = Row {
-                precision: Precision::Fp32,
-                lora_r: 0,
-                reference: Reference::Keep,
-                checkpointing,
-                sharding,
-                world_size: world,
-            };
+            let row =
+                Row { precision, lora_r: 0, reference: Reference::Keep, checkpointing, sharding, world_size: world };
             row.record(&table(), measured);
         }
     }
     println!("largest estimate error: {:.0}%", worst * 100.0);
+}
+
+/// Whether the row `name` runs: all of them, or those whose name contains
+/// `DPO_TRAIN_BENCH_MEMORY_ONLY` (to re-measure a few; each row replaces its own in the table).
+fn selected(name: &str) -> bool {
+    std::env::var("DPO_TRAIN_BENCH_MEMORY_ONLY").map_or(true, |only| name.contains(&only))
 }
 
 /// The largest peak resident set of the ranks of a run over `world` CPU workers, from the line

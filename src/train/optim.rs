@@ -122,10 +122,11 @@ impl Masters {
         !self.resident || name != crate::model::hf::EMBEDDING
     }
 
-    /// `t` made a master: moved where the masters live, in storage of its own (a master taken
-    /// from a slice of a parameter must not keep the whole parameter alive).
-    pub fn master_of(&self, t: Tensor<1>) -> Result<Tensor<1>, DistError> {
-        if !self.resident {
+    /// `t` made a master: moved where the masters live. A `slice` of a parameter that stays on its
+    /// device is copied into storage of its own, which would else keep the whole parameter alive;
+    /// a whole one is taken as it is (the parameter's compute-dtype copy replaces it).
+    pub fn master_of(&self, t: Tensor<1>, slice: bool) -> Result<Tensor<1>, DistError> {
+        if !slice || (self.host != t.device() || self.pin) {
             return Ok(self.to_host(t));
         }
         let (t, origin) = bridge::to_tch(t).map_err(not_libtorch)?;

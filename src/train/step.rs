@@ -118,12 +118,13 @@ impl Trained {
         if let Some(parts) = self.parts.as_mut() {
             off.shard = Some(shard);
             for (name, slice) in parts.slices.iter_mut().filter(|(name, _)| parts.layout.trains(name)) {
-                off.masters.insert(name.clone(), off.master_of(slice.clone())?);
+                off.masters.insert(name.clone(), off.master_of(slice.clone(), false)?);
                 *slice = slice.clone().cast(dtype);
             }
             return Ok(());
         }
         off.shard = (sharding != Sharding::None).then_some(shard);
+        let sliced = off.shard.is_some();
         let mut values = BTreeMap::new();
         params::visit(&self.policy, None, |p| {
             if p.trains && off.holds(&p.name) {
@@ -132,8 +133,10 @@ impl Trained {
                 values.insert(p.name, shard);
             }
         });
-        let masters: BTreeMap<String, Tensor<1>> =
-            values.into_iter().map(|(name, v)| Ok((name, off.master_of(v)?))).collect::<Result<_, DistError>>()?;
+        let masters: BTreeMap<String, Tensor<1>> = values
+            .into_iter()
+            .map(|(name, v)| Ok((name, off.master_of(v, sliced)?)))
+            .collect::<Result<_, DistError>>()?;
         let policy = self.policy.clone();
         self.policy = params::map(policy, |name, old| masters.contains_key(name).then(|| old.cast(dtype)));
         off.masters = masters;

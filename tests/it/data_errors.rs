@@ -6,13 +6,28 @@ use std::path::{Path, PathBuf};
 use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::data::{LoadOptions, load_preferences, tokenize};
 
-/// Writes `contents` to a fresh file `name` in this test's temporary directory.
-fn write(test: &str, name: &str, contents: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dpo-data-errors-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+use crate::common::Scratch;
+
+/// A file in a temporary directory of its own, removed with it (it derefs to the file's path).
+struct Written {
+    _dir: Scratch,
+    path: PathBuf,
+}
+
+impl std::ops::Deref for Written {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Writes `contents` to a fresh file `name` in a temporary directory for `test`.
+fn write(test: &str, name: &str, contents: &[u8]) -> Written {
+    let dir = Scratch::new(&format!("dpo-data-errors-{test}-"));
     let path = dir.join(name);
     std::fs::write(&path, contents).unwrap();
-    path
+    Written { _dir: dir, path }
 }
 
 fn load_err(path: &Path) -> String {

@@ -10,6 +10,8 @@ use dpo_train::data::load::CHUNK_ROWS;
 use dpo_train::data::tokenizer::Tokenizer;
 use dpo_train::data::{LoadOptions, Prepared, TokenizeControl, load_preferences, prepare, tokenize};
 
+use crate::common::Scratch;
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
@@ -18,11 +20,8 @@ fn tokenizer() -> Tokenizer {
     Tokenizer::from_dir(&fixtures().join("tokenizer")).expect("fixture tokenizer loads")
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("dpo-stream-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(name: &str) -> Scratch {
+    Scratch::new(&format!("dpo-stream-{name}-"))
 }
 
 /// The fixture rows repeated past several chunks, then one pair whose chosen is its rejected.

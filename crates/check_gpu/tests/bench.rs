@@ -17,10 +17,19 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("check-gpu-benchcli-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A test's scratch directory, removed when the test ends, passed or failed.
+struct TempDir(tempfile::TempDir);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn temp_dir(tag: &str) -> TempDir {
+    TempDir(tempfile::Builder::new().prefix(&format!("check-gpu-benchcli-{tag}-")).tempdir().expect("temp dir"))
 }
 
 fn run(args: &[&str], dpo_train: Option<&Path>) -> Output {
@@ -137,7 +146,6 @@ fn a_saved_bench_gives_the_communication_time() {
         ),
         "{text}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -174,7 +182,6 @@ fn slow_or_other_gpus_are_called_out() {
     ));
     assert_eq!(v["bench"]["nominal_peak"]["gbps"], 300.0);
     assert!(v["communication"]["seconds_per_step"].is_number(), "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -196,7 +203,6 @@ fn snapshots_round_trip_with_and_without_a_bench() {
     let v = stdout_json(&out);
     assert_eq!(v["bench"], Value::Null);
     assert_eq!(v["communication"], Value::Null);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--bench --devices cpu:2` runs the fake dpo-train with its arguments on this machine, with or
@@ -252,7 +258,6 @@ fn bench_runs_dpo_train_and_reports_it() {
     let out = run(&["--bench", "--devices", "cpu:2", "--model-params", "0.5B"], Some(&ok));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("of gradients all-reduced at 16.8 GB/s measured bus bandwidth"), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -284,7 +289,6 @@ fn bench_failures_are_one_line_with_exit_2() {
     ] {
         assert_eq!(run(&args, Some(&fail)).status.code(), Some(3), "{args:?}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Under zero3 the plan counts what dpo-train sends per optimizer step: the weights (fp32
@@ -333,7 +337,6 @@ fn a_sharded_plan_counts_each_stages_collectives() {
         x(a)
     );
     assert!(text.contains(&line), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// More CPU bench processes than the host's memory holds are refused before any starts (one
@@ -432,5 +435,4 @@ fn data_lengths_plan_the_packed_rows() {
         stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&dir.join("no-such-dpo-train"))));
     let notes = v["notes"].as_array().expect("notes");
     assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with("--data's lengths were not read ("))), "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,25 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// A test's scratch directory under the system's temporary directory, removed when the test
+/// ends, passed or failed (it derefs to its path).
+pub struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    /// A fresh directory whose name starts with `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Self(tempfile::Builder::new().prefix(prefix).tempdir().expect("a temporary directory"))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
 /// The libtorch CPU device.
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 pub fn cpu() -> Device {
