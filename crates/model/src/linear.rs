@@ -252,10 +252,10 @@ fn weight_grad(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind) -> tch::Ten
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::Device;
 
     use super::*;
-    use crate::testing::max_rel;
+    use crate::testing::{max_rel, normal};
 
     /// The node's output and its input, weight and bias gradients equal burn's cast, product and
     /// addition within the dtype's round-off (f32; bf16 one rounding of the largest value), the
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn the_projection_node_equals_the_composite() {
         let device = Device::libtorch().autodiff();
-        let random = |shape: [usize; 3]| Tensor::<3>::random(shape, Distribution::Normal(0.0, 1.0), &device);
+        let random = |shape: [usize; 3]| normal(shape, (0.0, 1.0), &format!("{shape:?}"), &device);
         for (dtype, bound) in [(FloatDType::F32, 1e-6f32), (FloatDType::BF16, 1e-2)] {
             let x = random([2, 5, 16]).cast(dtype).require_grad();
             let w = random([1, 16, 8]).squeeze_dim::<2>(0).require_grad();

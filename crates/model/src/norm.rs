@@ -164,10 +164,10 @@ fn input_grad(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor) -> tch::Tensor
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Distribution, FloatDType};
+    use burn::tensor::FloatDType;
 
     use super::*;
-    use crate::testing::max_rel;
+    use crate::testing::{max_rel, normal};
 
     /// The norm as burn's operations composed it before the node.
     fn composite<const D: usize>(x: Tensor<D>, weight: Tensor<1>, eps: f64) -> Tensor<D> {
@@ -189,9 +189,9 @@ mod tests {
     fn the_norm_node_equals_the_composite() {
         let device = Device::libtorch().autodiff();
         for (dtype, bound) in [(FloatDType::F32, 1e-6), (FloatDType::BF16, 8e-3)] {
-            let x = Tensor::<3>::random([2, 5, 16], Distribution::Normal(0.5, 2.0), &device).cast(dtype);
-            let w = Tensor::<1>::random([16], Distribution::Normal(1.0, 0.3), &device);
-            let g = Tensor::<3>::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &device).cast(dtype);
+            let x = normal([2, 5, 16], (0.5, 2.0), "x", &device).cast(dtype);
+            let w = normal([16], (1.0, 0.3), "w", &device);
+            let g = normal([2, 5, 16], (0.0, 1.0), "g", &device).cast(dtype);
             let (x, w) = (x.require_grad(), w.require_grad());
             let fused = norm(w.clone()).forward(x.clone());
             let plain = composite(x.clone(), w.clone(), 1e-6);
@@ -211,8 +211,8 @@ mod tests {
     #[test]
     fn a_frozen_weight_and_a_plain_device() {
         let device = Device::libtorch().autodiff();
-        let x = Tensor::<3>::random([1, 3, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
-        let w = Tensor::<1>::random([8], Distribution::Normal(1.0, 0.3), &device);
+        let x = normal([1, 3, 8], (0.0, 1.0), "x", &device).require_grad();
+        let w = normal([8], (1.0, 0.3), "w", &device);
         let y = norm(w.clone()).forward(x.clone());
         let grads = (y.clone() * y.clone()).sum().backward();
         assert!(w.grad(&grads).is_none());

@@ -198,7 +198,7 @@ fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Ve
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::Distribution;
+    use crate::testing::normal;
 
     use super::*;
 
@@ -223,12 +223,12 @@ mod tests {
             for device in [Device::libtorch(), Device::libtorch().autodiff()] {
                 let positions = Tensor::<1, Int>::arange(5..12, &device);
                 let angles = rope.at(positions, dtype);
-                let x = Tensor::<4>::random([2, 3, 7, 8], Distribution::Normal(0.0, 1.0), &device).cast(dtype);
+                let x = normal([2, 3, 7, 8], (0.0, 1.0), "x", &device).cast(dtype);
                 let x = if device.is_autodiff() { x.require_grad() } else { x };
                 let (fused, plain) = (rotate(x.clone(), &angles), composite(x.clone(), &angles));
                 fused.to_data().assert_eq(&plain.to_data(), true);
                 if device.is_autodiff() {
-                    let w = Tensor::<4>::random([2, 3, 7, 8], Distribution::Normal(0.0, 1.0), &device).cast(dtype);
+                    let w = normal([2, 3, 7, 8], (0.0, 1.0), "w", &device).cast(dtype);
                     let (g1, g2) = ((fused * w.clone()).sum().backward(), (plain * w).sum().backward());
                     let (a, b) = (x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
                     a.to_data().assert_eq(&b.to_data(), true);

@@ -78,20 +78,21 @@ impl Backward<LibTorch, 2> for Swiglu {
 #[cfg(test)]
 mod tests {
     use burn::tensor::activation::silu;
-    use burn::tensor::{Device, Distribution, FloatDType};
+    use burn::tensor::{Device, FloatDType};
 
     use super::*;
-    use crate::testing::max_rel;
+    use crate::testing::{max_rel, normal};
 
     /// Output and both gradients are as close to the f32 values as burn's `silu(gate)·up` in the
-    /// same dtype (equal in f32 to its round-off; in bf16 one rounding of the largest value, where
-    /// the composite rounds the sigmoid and each product on the way); a frozen `up` gets no
-    /// gradient.
+    /// same dtype (equal in f32 to its round-off; in bf16 within four roundings of the largest
+    /// value, u = 2^-8: the casts of gate, up and g, and the node's rounding of g·up or of its
+    /// output, where the composite also rounds the sigmoid and each product on the way); a frozen
+    /// `up` gets no gradient.
     #[test]
     fn the_node_equals_the_composite() {
         let device = Device::libtorch().autodiff();
-        let random = || Tensor::<3>::random([2, 5, 24], Distribution::Normal(0.0, 3.0), &device);
-        let (gate, up, g) = (random(), random(), random());
+        let random = |name| normal([2, 5, 24], (0.0, 3.0), name, &device);
+        let (gate, up, g) = (random("gate"), random("up"), random("g"));
         // (output, d_gate, d_up) of `f` over the inputs in `dtype`, back in f32.
         let run = |dtype: FloatDType, f: &dyn Fn(Tensor<3>, Tensor<3>) -> Tensor<3>| {
             let (a, b) = (gate.clone().cast(dtype).require_grad(), up.clone().cast(dtype).require_grad());
@@ -100,7 +101,7 @@ mod tests {
             [y, a.grad(&grads).unwrap(), b.grad(&grads).unwrap()].map(|t| t.cast(FloatDType::F32))
         };
         let truth = run(FloatDType::F32, &|a, b| silu(a) * b);
-        for (dtype, bound) in [(FloatDType::F32, 1e-6f32), (FloatDType::BF16, 8e-3)] {
+        for (dtype, bound) in [(FloatDType::F32, 1e-6f32), (FloatDType::BF16, 4.0 / 256.0)] {
             let fused = run(dtype, &|a, b| swiglu(a, b));
             let plain = run(dtype, &|a, b| silu(a) * b);
             for (i, name) in ["output", "gate gradient", "up gradient"].iter().enumerate() {
