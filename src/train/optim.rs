@@ -356,6 +356,15 @@ impl Queue {
         }
     }
 
+    /// Queues the copy of `master`'s new values into `p` (cast to `p`'s dtype, in place, once the
+    /// updates ran); returns `p`'s handle.
+    fn copy_into(&mut self, p: Tensor<1>, master: Tensor<1>) -> Result<Tensor<1>, DistError> {
+        let (param, origin) = bridge::to_tch_exclusive(p)?;
+        let (source, _) = bridge::to_tch(master).map_err(not_libtorch)?;
+        self.copies.push((param.shallow_clone(), source));
+        Ok(bridge::from_tch(param, origin))
+    }
+
     /// Runs the queued updates, in place. The shim checks a group before its kernel writes; a
     /// group that fails leaves the earlier ones applied, and its error ends the run.
     fn run(self, step: u64, lr: f64, cfg: &AdamWConfig) -> Result<(), DistError> {
@@ -415,35 +424,22 @@ impl AdamW {
         settings: (f64, &AdamWConfig),
     ) -> Result<Tensor<1>, DistError> {
         let Some(mut masters) = self.masters.take() else { return self.enqueue(queue, name, p, grad, settings.1) };
-        let updated = match (masters.resident, masters.masters.contains_key(name)) {
-            (true, true) => self.update_resident(&mut masters, queue, name, p, grad, settings.1),
+        let updated = if !masters.resident {
+            self.update_offloaded(&mut masters, name, p, grad, settings)
+        } else if let Some(master) = masters.masters.remove(name) {
+            // Resident: the master's update is queued with every other parameter's, and so is the
+            // copy of its new values into `p`.
+            self.enqueue(queue, name, master, grad, settings.1).and_then(|master| {
+                masters.masters.insert(name.to_owned(), master.clone());
+                queue.copy_into(p, master)
+            })
+        } else {
             // A parameter that stays in f32 beside resident masters (see [`Masters::holds`]).
-            (true, false) => self.enqueue(queue, name, p, grad, settings.1),
-            (false, _) => self.update_offloaded(&mut masters, name, p, grad, settings),
+            self.enqueue(queue, name, p, grad, settings.1)
         };
         // The masters go back before any error is returned.
         self.masters = Some(masters);
         updated
-    }
-
-    /// [`AdamW::update`] with masters on the device: the master's update is queued with every
-    /// other parameter's, and so is the copy of its new values into `p` (in the compute dtype).
-    fn update_resident(
-        &mut self,
-        masters: &mut Masters,
-        queue: &mut Queue,
-        name: &str,
-        p: Tensor<1>,
-        grad: Tensor<1>,
-        cfg: &AdamWConfig,
-    ) -> Result<Tensor<1>, DistError> {
-        let Some(master) = masters.masters.remove(name) else { return self.enqueue(queue, name, p, grad, cfg) };
-        let master = self.enqueue(queue, name, master, grad, cfg)?;
-        masters.masters.insert(name.to_owned(), master.clone());
-        let (param, origin) = bridge::to_tch_exclusive(p)?;
-        let (source, _) = bridge::to_tch(master).map_err(not_libtorch)?;
-        queue.copies.push((param.shallow_clone(), source));
-        Ok(bridge::from_tch(param, origin))
     }
 
     /// [`AdamW::update`] with masters on the host: the gradient goes there, the master and the
