@@ -453,7 +453,10 @@ fn start(
         && Masters::try_pin(&run.rt.device)
             .inspect_err(|e| progress.line(&format!("warning: {e}: the offloaded optimizer uses pageable memory")))
             .is_ok();
-    let resident = masters_resident(run, spec.compute_dtype);
+    // Where layers are recomputed each layer's compute-dtype copies live only while it runs.
+    let sharding = if run.rt.workers.world_size() > 1 { run.plan.sharding } else { Sharding::None };
+    let resident =
+        dpo_vocab::masters_resident(run.plan.precision, cfg.offload_optimizer, cfg.gradient_checkpointing, sharding);
     let place = match host {
         Some(host) => Some((host, false)),
         None => resident.then(|| (run.rt.device.clone(), true)),
@@ -480,16 +483,6 @@ fn start(
     }
     let policy = run.rt.workers.broadcast_params(policy)?;
     Ok(Trained { policy, parts: None, optimizer, state })
-}
-
-/// Whether a run keeps its fp32 masters beside compute-dtype parameters on the device (see
-/// [`Masters`]): mixed precision, not offloaded, and every weight's compute-dtype copy held by the
-/// step anyway, which is so unless layers are recomputed (`gradient_checkpointing`, and ZeRO-3's
-/// per-part gathers), where each layer's copies live only while it runs.
-fn masters_resident(run: &Run, compute_dtype: burn::tensor::FloatDType) -> bool {
-    let cfg = run.cfg;
-    let zero3 = run.rt.workers.world_size() > 1 && run.plan.sharding == Sharding::Zero3;
-    compute_dtype != burn::tensor::FloatDType::F32 && !cfg.offload_optimizer && !cfg.gradient_checkpointing && !zero3
 }
 
 /// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.

@@ -20,6 +20,15 @@ pub fn flag_name(key: &str) -> String {
     key.replace('_', "-")
 }
 
+/// Whether a run keeps its trained parameters in the compute dtype between steps beside fp32
+/// masters on its device (dpo-train's resident masters, which check-gpu's memory plan counts):
+/// mixed precision, not offloaded, and no layer recomputed (no gradient checkpointing, not zero3),
+/// so the step holds every weight's compute-dtype copy anyway. `sharding` is the stage the ranks
+/// run (a lone process: none).
+pub fn masters_resident(precision: Precision, offload: bool, checkpointing: bool, sharding: Sharding) -> bool {
+    precision.is_mixed() && !offload && !checkpointing && sharding != Sharding::Zero3
+}
+
 /// The precision a run computes in (the master weights are f32 under both half precisions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

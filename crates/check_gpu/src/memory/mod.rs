@@ -94,7 +94,7 @@ pub enum Engine {
     Trl,
 }
 
-pub use dpo_vocab::{Precision, Sharding};
+pub use dpo_vocab::{Precision, Sharding, masters_resident};
 
 /// Which parameters train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,14 +232,8 @@ fn full_state(req: &MemoryRequest<'_>, n: u64) -> State {
     State { weights, gradients, optimizer, reference, host }
 }
 
-/// Whether dpo-train keeps fp32 masters beside compute-dtype parameters on the GPU between steps
-/// (its `Masters::resident`): mixed precision, not offloaded, no recomputation (no checkpointing,
-/// not zero3). Otherwise each layer casts its fp32 weights as it runs.
-pub fn masters_resident(dtype: Precision, offload: bool, checkpointing: bool, sharding: Sharding) -> bool {
-    dtype.is_mixed() && !offload && !checkpointing && sharding != Sharding::Zero3
-}
-
-/// [`masters_resident`] for dpo-train's estimate (TRL's autocast keeps fp32 parameters).
+/// [`masters_resident`] for dpo-train's estimate (TRL's autocast keeps fp32 parameters); without
+/// them each layer casts its fp32 weights as it runs.
 fn resident(req: &MemoryRequest<'_>) -> bool {
     let dpo_train = matches!(req.engine, Engine::DpoTrain(_));
     dpo_train && masters_resident(req.dtype, req.offload_optimizer, req.gradient_checkpointing, req.sharding)
