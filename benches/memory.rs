@@ -2,7 +2,7 @@
 //! layers, 32k vocabulary, 2 pairs of 512-token sequences per step, f32) for full fine-tuning,
 //! LoRA, a precomputed reference and activation checkpointing, and in bf16 mixed precision for
 //! full fine-tuning, LoRA and checkpointing, next to `check-gpu`'s estimate for the same
-//! settings; then the ZeRO stages over 2 and 4 CPU worker processes (f32, and zero1/zero2 in bf16,
+//! settings; the same for a 150k-vocabulary model (its LM head most of the peak); then the ZeRO stages over 2 and 4 CPU worker processes (f32, and zero1/zero2 in bf16,
 //! where the weights stay in bf16 beside sharded fp32 masters), each rank's peak while training
 //! (dpo-train's own report) next to the estimate for that stage. `DPO_TRAIN_BENCH_MEMORY_ONLY=TEXT`
 //! runs only the rows whose name contains TEXT (and the first, for the baseline).
@@ -39,6 +39,7 @@ const LORA_RANK: u64 = 16;
 
 /// One run's setting and peak as a row of the table `tests/measured.rs` reads.
 struct Row {
+    shape: (&'static str, &'static common::Shape),
     precision: Precision,
     lora_r: u64,
     reference: Reference,
@@ -49,9 +50,9 @@ struct Row {
 
 impl Row {
     fn record(&self, json: &Path, resident_bytes: u64) {
-        let m = &common::MEDIUM;
+        let (name, m) = self.shape;
         let row = serde_json::json!({
-            "shape": "medium",
+            "shape": name,
             "model_type": "llama",
             "hidden": m.hidden, "layers": m.layers, "heads": m.heads, "kv_heads": m.kv_heads,
             "intermediate": m.intermediate, "vocab": m.vocab, "tied_embeddings": true,
@@ -162,6 +163,13 @@ const CASES: [Case; 8] = [
     },
 ];
 
+/// The second shape: the small trunk under Qwen's 151,936-token vocabulary, where the LM head's
+/// buffers are most of a step's memory (its backward in several groups).
+const WIDE: (&str, &common::Shape) = ("150k vocabulary", &common::WIDE_VOCAB);
+/// The cases the wide-vocabulary model runs.
+const WIDE_CASES: [&str; 4] =
+    ["full fine-tuning", "bf16 full fine-tuning", "bf16 LoRA r=16 q,k,v,o", "bf16 checkpointing"];
+
 fn main() {
     if let Ok(config) = std::env::var(ROLE) {
         child(Path::new(&config));
@@ -169,26 +177,49 @@ fn main() {
     }
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
-    let model = common::model_dir(&work.join("medium"), &common::MEDIUM);
-    // Pairs of fixed lengths (prompt 128, each sequence 512 tokens): every micro-batch packs the same.
-    let data = common::sized_pairs(&work.join("fixed-medium-128-512-8.jsonl"), &model, 8, 128..=128, 512..=512, 3);
-    let shape = ModelShape::from_hf_dir(&model).expect("the model's config.json");
     let out = tempfile::tempdir().expect("a temporary directory");
+    let medium = common::model_dir(&work.join("medium"), &common::MEDIUM);
+    // Pairs of fixed lengths (prompt 128, each sequence 512 tokens): every micro-batch packs the same.
+    let data = common::sized_pairs(&work.join("fixed-medium-128-512-8.jsonl"), &medium, 8, 128..=128, 512..=512, 3);
+    // The first case always runs: its libtorch baseline is the ZeRO rows' too.
+    let cases = CASES.iter().enumerate().filter(|(i, c)| *i == 0 || selected(c.name)).map(|(_, c)| c);
+    let libtorch = single(("medium", &common::MEDIUM), &medium, &data, cases.collect(), out.path());
+    let wide = common::model_dir(&work.join("wide-vocab"), WIDE.1);
+    let cases: Vec<&Case> =
+        CASES.iter().filter(|c| WIDE_CASES.contains(&c.name) && selected(&format!("{} {}", WIDE.0, c.name))).collect();
+    if !cases.is_empty() {
+        single(WIDE, &wide, &data, cases, out.path());
+    }
+    // A worker's libtorch before any model: as a lone training process's.
+    let shape = ModelShape::from_hf_dir(&medium).expect("the model's config.json");
+    sharded(&medium, &data, &shape, out.path(), libtorch);
+}
 
+/// Each of `cases` on the model of `shape` in one process, next to the estimate; returns the
+/// last run's resident set before its model (libtorch's own).
+fn single(
+    shape: (&'static str, &'static common::Shape),
+    model: &Path,
+    data: &Path,
+    cases: Vec<&Case>,
+    out: &Path,
+) -> u64 {
+    let m = ModelShape::from_hf_dir(model).expect("the model's config.json");
     println!(
-        "peak memory, medium model ({:.0}M parameters), {MICRO_BATCH} pairs x {SEQ_LEN} tokens per step, f32 unless named",
-        shape.params as f64 / 1e6
+        "\npeak memory, {} model ({:.0}M parameters), {MICRO_BATCH} pairs x {SEQ_LEN} tokens per step, f32 unless named",
+        shape.0,
+        m.params as f64 / 1e6
     );
     println!("{:<26} {:>12} {:>12} {:>8}", "", "measured", "estimate", "ratio");
     let (mut worst, mut libtorch): (f64, u64) = (0.0, 0);
-    // The first case always runs: its libtorch baseline is the ZeRO rows' too.
-    for case in CASES.iter().enumerate().filter(|(i, c)| *i == 0 || selected(c.name)).map(|(_, c)| c) {
-        let config = out.path().join(format!("{}.toml", case.name.replace([' ', ',', '=', '+'], "_")));
+    for case in cases {
+        let run = format!("{}-{}", shape.0, case.name).replace([' ', ',', '=', '+'], "_");
+        let config = out.join(format!("{run}.toml"));
         let text = format!(
             "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"run\"\nmax_length = {SEQ_LEN}\nper_device_train_batch_size = {MICRO_BATCH}\nper_device_eval_batch_size = {MICRO_BATCH}\nmax_steps = 2\nlogging_steps = 1\nsave_steps = 0\nnum_samples = 0\nlearning_rate = 1e-5\nbf16 = {}\ngradient_checkpointing = {}\n{}",
             model.display(),
             data.display(),
-            out.path().join(case.name.replace(' ', "_")).display(),
+            out.join(&run).display(),
             case.precision == Precision::Bf16,
             case.checkpointing,
             case.keys
@@ -196,11 +227,11 @@ fn main() {
         std::fs::write(&config, text).expect("the config is written");
         let (baseline, peak) = measure(&config);
         // Each run's model and checkpoint (about 1 GiB) would fill the disk over the bench.
-        let _ = std::fs::remove_dir_all(out.path().join(case.name.replace(' ', "_")));
+        let _ = std::fs::remove_dir_all(out.join(&run));
         libtorch = baseline;
         let measured = peak.saturating_sub(baseline);
         let e = estimate(&MemoryRequest {
-            model: &shape,
+            model: &m,
             micro_batch: MICRO_BATCH,
             seq_len: SEQ_LEN,
             dtype: case.precision,
@@ -218,6 +249,7 @@ fn main() {
         println!("{:<26} {:>12} {:>12} {:>8.2}", case.name, gib(measured), gib(estimated), ratio);
         let lora_r = if let FineTune::Lora { rank } = case.finetune { rank } else { 0 };
         let row = Row {
+            shape,
             precision: case.precision,
             lora_r,
             reference: case.reference,
@@ -231,8 +263,7 @@ fn main() {
         "largest estimate error: {:.0}% (libtorch's own resident set before loading a model is left out)",
         worst * 100.0
     );
-    // A worker's libtorch before any model: as a lone training process's.
-    sharded(&model, &data, &shape, out.path(), libtorch);
+    libtorch
 }
 
 /// The ZeRO stages over 2 and 4 CPU workers, each rank's peak while training (the largest of the
@@ -283,8 +314,15 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
             let ratio = estimated as f64 / measured as f64;
             worst = worst.max((ratio - 1.0).abs());
             println!("{:<26} {:>8} {:>12} {:>12} {:>8.2}", name, world, gib(measured), gib(estimated), ratio);
-            let row =
-                Row { precision, lora_r: 0, reference: Reference::Keep, checkpointing, sharding, world_size: world };
+            let row = Row {
+                shape: ("medium", &common::MEDIUM),
+                precision,
+                lora_r: 0,
+                reference: Reference::Keep,
+                checkpointing,
+                sharding,
+                world_size: world,
+            };
             row.record(&table(), measured);
         }
     }

@@ -28,6 +28,10 @@ pub struct Shape {
 pub const MEDIUM: Shape = Shape { hidden: 768, layers: 12, heads: 12, kv_heads: 12, intermediate: 2048, vocab: 32000 };
 /// The small one: hidden 256, 4 layers.
 pub const SMALL: Shape = Shape { hidden: 256, layers: 4, heads: 4, kv_heads: 4, intermediate: 688, vocab: 32000 };
+/// The small trunk under Qwen2.5's 151,936-token vocabulary (tied): 44M parameters, most of
+/// them the embedding, so the LM head's buffers dominate a step's memory.
+pub const WIDE_VOCAB: Shape =
+    Shape { hidden: 256, layers: 4, heads: 4, kv_heads: 4, intermediate: 688, vocab: 151_936 };
 /// A 32M-parameter chat-sized Llama with grouped-query attention (8 heads, 4 key/value heads):
 /// the shape `make bench-trl` compares on.
 pub const GQA32M: Shape = Shape { hidden: 512, layers: 8, heads: 8, kv_heads: 4, intermediate: 1408, vocab: 8192 };

@@ -153,7 +153,7 @@ pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceSc
 /// - hidden: `[R, L, hidden]`; every output: `[2B]`
 pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
     let head = model.head(FloatDType::from(hidden.dtype()));
-    let head = head_forward(hidden, &head, batch, with_stats, false);
+    let head = head_forward(hidden, &head, batch, with_stats);
     assemble(head.token_logps, head.stats, batch)
 }
 
@@ -166,50 +166,39 @@ pub struct HeadForward {
     /// With `with_stats`, detached, each `[N]`: the predictive entropy, `log Σ_v p_v²` and the
     /// mean logit.
     pub stats: Option<[Tensor<1>; 3]>,
-    /// With `keep_probs`: each block of predictions with its softmax `[c, V]`, for a
-    /// hand-written backward.
-    pub probs: Vec<(Range<usize>, Tensor<2>)>,
 }
 
-/// Runs the LM head over the positions that predict scored tokens, [`head_chunk`] of them at a
-/// time, in f32 from the projection on.
+/// Runs the LM head over the positions that predict scored tokens, [`head_blocks`] of them at a
+/// time, in f32 from the projection on. Nothing vocabulary-wide outlives its block: a
+/// hand-written backward recomputes a block's log-softmax from `selected` ([`block_log_softmax`]).
 ///
 /// # Shapes
 /// - hidden: `[R, L, h]`, head weight: `[h, V]`
-pub fn head_forward(
-    hidden: Tensor<3>,
-    head: &LmHead,
-    batch: &DeviceBatch,
-    with_stats: bool,
-    keep_probs: bool,
-) -> HeadForward {
+pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_stats: bool) -> HeadForward {
     let [r, l, h] = hidden.dims();
     // Indices on the hidden states' side of autodiff (a hand-written backward passes plain ones).
     let plain = !hidden.device().is_autodiff();
     let ints = |t: &Tensor<1, Int>| if plain { t.clone().inner() } else { t.clone() };
     let selected = hidden.reshape([r * l, h]).select(0, ints(&batch.at)); // [N, h]
     let n = selected.dims()[0];
-    let chunk = head_chunk(head.weight.dims()[1]);
     let mut token_logps = Vec::new();
     let mut stats = Vec::new();
-    let mut probs = Vec::new();
-    for start in (0..n).step_by(chunk) {
-        let block = start..(start + chunk).min(n);
-        let x = selected.clone().slice([block.clone(), 0..h]); // [c, h]
+    for block in head_blocks(0..n, head.weight.dims()[1]) {
         let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
-        let logits = head.project(x); // [c, V]
+        let (logits, logp) = block_log_softmax(head, &selected, block); // [c, V] each
         let v = logits.dims()[1];
-        let logp = log_softmax(logits.clone(), 1); // [c, V]
         token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
-        let p = (with_stats || keep_probs).then(|| logp.clone().detach().exp()); // [c, V]
-        if let (true, Some(p)) = (with_stats, &p) {
+        if with_stats {
+            // Each vocabulary-wide tensor is dropped as soon as it is used (two alive at once).
+            let mean_logit = logits.detach().sum_dim(1).squeeze_dim::<1>(1) / v as f64;
+            let logp = logp.detach();
+            let p = logp.clone().exp(); // [c, V]
             stats.push([
-                -(p.clone() * logp.detach()).sum_dim(1).squeeze_dim::<1>(1),
-                p.clone().square().sum_dim(1).log().squeeze_dim::<1>(1),
-                logits.detach().sum_dim(1).squeeze_dim::<1>(1) / v as f64,
+                -(p.clone() * logp).sum_dim(1).squeeze_dim::<1>(1),
+                p.square().sum_dim(1).log().squeeze_dim::<1>(1),
+                mean_logit,
             ]);
         }
-        probs.extend(p.filter(|_| keep_probs).map(|p| (block, p)));
     }
     let device = selected.device();
     let cat = |parts: Vec<Tensor<1>>| match parts.is_empty() {
@@ -220,7 +209,19 @@ pub fn head_forward(
         let column = |i: usize| cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect());
         [column(0), column(1), column(2)]
     });
-    HeadForward { selected, token_logps: cat(token_logps), stats, probs }
+    HeadForward { selected, token_logps: cat(token_logps), stats }
+}
+
+/// The f32 logits and log-softmax of the predictions `block` of `selected` (`[N, h]`). The
+/// forward and a recomputing backward call it on the same blocks, so both see the same bits.
+///
+/// # Shapes
+/// - selected: `[N, h]` → `[c, V]` each, `c = block.len()`
+pub fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -> (Tensor<2>, Tensor<2>) {
+    let h = selected.dims()[1];
+    let logits = head.project(selected.clone().slice([block, 0..h])); // [c, V]
+    let logp = log_softmax(logits.clone(), 1);
+    (logits, logp)
 }
 
 /// Sequence scores from per-prediction log-probs and, for the policy, the per-prediction entropy,
@@ -242,15 +243,14 @@ pub fn assemble(token_logps: Tensor<1>, stats: Option<[Tensor<1>; 3]>, batch: &D
     }
 }
 
-/// Predictions scored at once (see [`HEAD_CHUNK_ELEMENTS`]).
-fn head_chunk(vocab: usize) -> usize {
-    (HEAD_CHUNK_ELEMENTS / vocab.max(1)).max(1)
+/// The blocks of `rows` the head scores at once ([`dpo_vocab::head::block_rows`] each: the LM
+/// head's vocabulary-wide intermediates are the largest tensors of a step; scoring a block at a
+/// time keeps them alive for one block, not for the batch).
+pub fn head_blocks(rows: Range<usize>, vocab: usize) -> impl Iterator<Item = Range<usize>> {
+    let block = dpo_vocab::head::block_rows(vocab);
+    let end = rows.end;
+    (rows.start..end).step_by(block).map(move |start| start..(start + block).min(end))
 }
-
-/// Elements of the `[c, V]` logits scored at once (64 MiB of f32). The LM head's
-/// vocabulary-wide intermediates are the largest tensors of a step; scoring a block at a time
-/// keeps one of them alive per block (the softmax the backward needs), not several for the batch.
-const HEAD_CHUNK_ELEMENTS: usize = 1 << 24;
 
 /// The reference's sequence log-probs of every pair, in dataset order.
 #[derive(Debug, Clone, Default, PartialEq)]

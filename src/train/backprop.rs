@@ -15,14 +15,14 @@
 use std::ops::Range;
 
 use burn::module::Module;
-use burn::tensor::{FloatDType, IndexingUpdateOp, Tensor};
+use burn::tensor::{FloatDType, IndexingUpdateOp, Int, Tensor};
 
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_forward};
-use crate::model::Llama;
-use crate::model::linear::linear_rows;
+use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, block_log_softmax, head_blocks, head_forward};
+use crate::model::linear::{f32_weight_grad, linear_rows};
+use crate::model::{Llama, LmHead};
 
 /// Recompute activations in the backward pass. With LoRA dropout, `dropout_seed` reseeds the
 /// generator before each layer so the recomputation draws the first pass's masks.
@@ -137,23 +137,6 @@ pub fn idle_pass(model: &dyn Segments, grads: &mut GradAccumulator) -> Result<()
     Ok(())
 }
 
-/// The head's logit gradients (consecutive blocks of predictions) grouped for its two products.
-/// Narrower than f32, all of them as one: the blocks' f32 probabilities, freed by now, held twice
-/// their bytes, so the copy costs no peak, and one product replaces a weight-sized cast and f32
-/// sum per block (tens of them a step for a 150k vocabulary, more time than the products). In
-/// f32 each block alone: there a copy would double the head's peak, and the sum needs no cast.
-///
-/// # Shapes
-/// - each block: `[c, V]` → each group: `[g, V]`, rows `block` of the predictions
-fn product_groups(blocks: Vec<(Range<usize>, Tensor<2>)>, dtype: FloatDType) -> Vec<(Range<usize>, Tensor<2>)> {
-    if dtype == FloatDType::F32 || blocks.len() < 2 {
-        return blocks;
-    }
-    let rows = blocks[0].0.start..blocks.last().map_or(0, |(b, _)| b.end);
-    let whole = Tensor::cat(blocks.into_iter().map(|(_, dz)| dz).collect(), 0); // [N, V]
-    vec![(rows, whole)]
-}
-
 /// The LM head, the log-probs and the loss with a hand-written backward: burn's autodiff would
 /// keep and revisit several vocabulary-wide tensors per prediction, where `∂ log p(y_t) / ∂ z_t =
 /// onehot(y_t) − p_t` needs one (the probabilities) and torch's fused log-softmax.
@@ -179,7 +162,7 @@ fn head_backward(
     let hidden = hidden.inner(); // [R, L, h], no graph
     let device = hidden.device();
     let lm_head = policy.head(dtype).inner(); // weight [h, V]
-    let head = head_forward(hidden, &lm_head, batch, with_stats, true);
+    let head = head_forward(hidden, &lm_head, batch, with_stats);
 
     // The loss over a leaf holding the log-probs gives their gradient.
     let n = head.token_logps.dims()[0];
@@ -189,25 +172,23 @@ fn head_backward(
     let g = (loss.clone() * scale).backward();
     let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]
 
-    // Backward through softmax, block by block, each block's f32 probabilities giving way to its
-    // gradient in the compute dtype.
+    // Back through the softmax and the projection a group of blocks at a time, each block's
+    // softmax recomputed from its hidden states: one more product of the head, where keeping the
+    // forward's f32 probabilities held `4·N·V` bytes, a step's largest tensor, to the end of it.
+    // The groups (`dpo_vocab::head`) bound the logit gradients multiplied at once.
     let labels = batch.labels.clone().inner(); // [N]
-    let mut dzs = Vec::new();
-    for (block, probs) in head.probs {
-        let d = dlogp.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
-        let y = labels.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
-        // ∂/∂z = d·(onehot(y) − p)
-        let dz = (-probs * d.clone()).scatter(1, y, d, IndexingUpdateOp::Add); // [c, V]
-        dzs.push((block, dz.cast(dtype)));
-    }
-    // Then through the projection, both products in the compute dtype as autocast runs them.
+    let v = lm_head.weight.dims()[1];
+    let blocks: Vec<Range<usize>> = head_blocks(0..n, v).collect();
+    let bytes = burn::tensor::DType::from(dtype).size();
+    let per_group = dpo_vocab::head::group_blocks(n, v, h, bytes, lm_head.trains);
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
-    for (block, dz) in product_groups(dzs, dtype) {
+    for group in blocks.chunks(per_group) {
+        let (rows, dz) = logit_gradients(&lm_head, &head.selected, (&dlogp, &labels), group, dtype); // [g, V]
         dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [g, h]
         if lm_head.trains {
-            let x = head.selected.clone().slice([block, 0..h]); // [g, h]
-            let dw = x.transpose().matmul(dz).cast(FloatDType::F32); // [h, V]
+            let x = head.selected.clone().slice([rows, 0..h]); // [g, h]
+            let dw = f32_weight_grad(x, dz, blocks.len() > per_group); // [h, V]
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
                 None => dw,
@@ -230,9 +211,42 @@ fn head_backward(
     (scores, loss.detach(), Tensor::from_inner(dh.reshape([r, l, h])))
 }
 
+/// `∂(loss·scale) / ∂z` at the predictions of `group` (consecutive blocks), from `∂(loss·scale) /
+/// ∂ log p(y_t)` and the labels, each block's softmax recomputed; in the compute dtype, as
+/// autocast's products take it. Several blocks are written into one buffer.
+///
+/// # Shapes
+/// - selected: `[N, h]`, dlogp and labels: `[N]` → the group's rows and `[g, V]`
+fn logit_gradients(
+    head: &LmHead,
+    selected: &Tensor<2>,
+    (dlogp, labels): (&Tensor<1>, &Tensor<1, Int>),
+    group: &[Range<usize>],
+    dtype: FloatDType,
+) -> (Range<usize>, Tensor<2>) {
+    let rows = group[0].start..group[group.len() - 1].end;
+    let block_gradient = |block: &Range<usize>| {
+        let d = dlogp.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
+        let y = labels.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
+        let probs = block_log_softmax(head, selected, block.clone()).1.exp(); // [c, V]
+        // ∂/∂z = d·(onehot(y) − p)
+        (-probs * d.clone()).scatter(1, y, d, IndexingUpdateOp::Add).cast(dtype) // [c, V]
+    };
+    if let [block] = group {
+        return (rows, block_gradient(block));
+    }
+    let v = head.weight.dims()[1];
+    let mut dz = Tensor::<2>::empty([rows.len(), v], (&selected.device(), dtype.into())); // [g, V]
+    for block in group {
+        let within = block.start - rows.start..block.end - rows.start;
+        dz = dz.slice_assign([within, 0..v], block_gradient(block));
+    }
+    (rows, dz)
+}
+
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, TensorData};
 
     use super::*;
 
@@ -241,34 +255,44 @@ mod tests {
         Device::libtorch()
     }
 
-    /// Mixed precision takes the blocks as one group, rows in order, and its weight gradient is
-    /// the blocks' sum; f32 keeps the blocks apart.
+    /// A group of blocks written into one buffer equals each block alone, bit for bit, and the
+    /// gradient is `d·(onehot(y) − softmax(x·W))` of the recomputed logits (f32 round-off, then
+    /// the compute dtype's one rounding).
     #[test]
-    fn half_precision_blocks_make_one_product() {
+    fn a_group_of_recomputed_blocks_is_the_blocks_gradient() {
         let d = device();
-        let ranges = [0..3, 3..6, 6..7];
-        let random = |rows: usize, cols: usize| Tensor::<2>::random([rows, cols], Distribution::Default, &d);
-        let blocks: Vec<(Range<usize>, Tensor<2>)> =
-            ranges.iter().map(|r| (r.clone(), random(r.len(), 5).cast(FloatDType::BF16))).collect();
-        let kept = product_groups(blocks.clone(), FloatDType::F32);
-        assert_eq!(kept.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), ranges.to_vec());
-        let grouped = product_groups(blocks.clone(), FloatDType::BF16);
-        assert_eq!(grouped.len(), 1);
-        let (rows, whole) = grouped.into_iter().next().unwrap();
-        assert_eq!(rows, 0..7);
-        let parts: Vec<Tensor<2>> = blocks.iter().map(|(_, dz)| dz.clone()).collect();
-        whole.to_data().assert_eq(&Tensor::cat(parts, 0).to_data(), true);
-        // One product over the rows equals the blocks' products summed, to f32 round-off.
-        let x = random(7, 4);
-        let f32 = |t: &Tensor<2>| t.clone().cast(FloatDType::F32);
-        let per_block = blocks
-            .iter()
-            .map(|(r, dz)| x.clone().slice([r.clone(), 0..4]).transpose().matmul(f32(dz)))
-            .reduce(|a, b| a + b)
-            .unwrap();
-        let one = x.transpose().matmul(f32(&whole));
-        let diff: f32 = (one - per_block.clone()).abs().max().into_scalar();
-        let scale: f32 = per_block.abs().max().into_scalar();
-        assert!(diff <= 1e-6 * scale.max(1.0), "{diff} of {scale}");
+        let (n, h, v) = (7, 4, 5);
+        d.seed(7);
+        let selected = Tensor::<2>::random([n, h], Distribution::Normal(0.0, 1.0), &d);
+        let weight = Tensor::<2>::random([h, v], Distribution::Normal(0.0, 1.0), &d);
+        let dlogp = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &d);
+        let labels = Tensor::<1, Int>::from_data(TensorData::new(vec![0i64, 4, 2, 2, 1, 3, 0], [n]), &d);
+        for dtype in [FloatDType::BF16, FloatDType::F32] {
+            let head = LmHead::new(weight.clone(), false, dtype);
+            let x = selected.clone().cast(dtype);
+            let blocks = [1..3, 3..6, 6..7]; // the group starts past row 0
+            let (rows, group) = logit_gradients(&head, &x, (&dlogp, &labels), &blocks, dtype);
+            assert_eq!((rows, group.dims(), group.dtype()), (1..7, [n - 1, v], dtype.into()));
+            let alone: Vec<Tensor<2>> = blocks
+                .iter()
+                .map(|b| logit_gradients(&head, &x, (&dlogp, &labels), std::slice::from_ref(b), dtype).1)
+                .collect();
+            group.to_data().assert_eq(&Tensor::cat(alone, 0).to_data(), true);
+
+            let logits = x.clone().cast(FloatDType::F32).matmul(head.weight.clone().cast(FloatDType::F32));
+            let p = burn::tensor::activation::softmax(logits, 1);
+            let onehot = Tensor::<2>::zeros([n, v], &d).scatter(
+                1,
+                labels.clone().unsqueeze_dim(1),
+                Tensor::ones([n, 1], &d),
+                IndexingUpdateOp::Add,
+            );
+            let expected = ((onehot - p) * dlogp.clone().unsqueeze_dim::<2>(1)).slice([1..n, 0..v]);
+            let diff: f32 = (group.cast(FloatDType::F32) - expected.clone()).abs().max().into_scalar();
+            let scale: f32 = expected.abs().max().into_scalar();
+            // bf16: the product's output rounded (relative 2^-8 of each logit), then the gradient's.
+            let bound = if dtype == FloatDType::F32 { 1e-5 } else { 3e-2 };
+            assert!(diff <= bound * scale, "{dtype:?}: {diff} of {scale}");
+        }
     }
 }

@@ -237,6 +237,35 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
     }
 }
 
+/// `rowsᵀ·g` in f32, a master's gradient of burn tensors without a graph (the LM head's
+/// hand-written backward): [`weight_grad`], written in f32 by the product on CUDA. A `partial`
+/// product, one of several summed (the head's groups of rows), is accumulated in f32 on the CPU
+/// too, from f32 copies of `2^24` elements of `g` at a time: a sum of bf16-rounded partial
+/// products loses what cancels between them, as a pair's chosen and rejected rows do.
+///
+/// # Shapes
+/// - rows: `[rows, in]`, g: `[rows, out]` → `[in, out]`
+pub fn f32_weight_grad(rows: Tensor<2>, g: Tensor<2>, partial: bool) -> Tensor<2> {
+    let tch = |t: Tensor<2>| match dpo_torch::bridge::to_tch(t) {
+        Ok(pair) => pair,
+        Err(e) => panic!("a weight gradient off LibTorch: {e}"),
+    };
+    let ((rows, origin), (g, _)) = (tch(rows), tch(g));
+    let half = matches!(g.kind(), tch::Kind::BFloat16 | tch::Kind::Half);
+    if !(half && partial) || g.device().is_cuda() {
+        return dpo_torch::bridge::from_tch(weight_grad(&rows, &g, tch::Kind::Float), origin);
+    }
+    let (n, out) = (g.size()[0], g.size()[1]);
+    let step = ((1i64 << 24) / out.max(1)).max(1);
+    let mut acc = tch::Tensor::zeros([rows.size()[1], out], (tch::Kind::Float, g.device()));
+    for start in (0..n).step_by(step as usize) {
+        let len = step.min(n - start);
+        let r = rows.narrow(0, start, len).to_kind(tch::Kind::Float);
+        let _ = acc.addmm_(&r.tr(), &g.narrow(0, start, len).to_kind(tch::Kind::Float));
+    }
+    dpo_torch::bridge::from_tch(acc, origin)
+}
+
 /// `rowsᵀ·g` in `kind`: written in f32 by the product itself where CUDA can (half-precision
 /// operands, an f32 master), else computed in the operands' dtype and cast.
 ///
@@ -256,6 +285,25 @@ mod tests {
 
     use super::*;
     use crate::testing::{max_rel, normal};
+
+    /// A partial weight gradient of bf16 operands is their exact product to f32 round-off, over
+    /// several f32 slices of `g` (17 rows of a 2^20-wide `g`: 16 rows a slice); a whole one is the
+    /// product rounded to bf16 as autocast's, then widened.
+    #[test]
+    fn a_partial_weight_gradient_is_accumulated_in_f32() {
+        let d = Device::libtorch();
+        let (n, out) = (17, 1 << 20);
+        let rows = normal([n, 2], (0.0, 1.0), "rows", &d).cast(FloatDType::BF16);
+        let g = normal([n, out], (0.0, 1.0), "g", &d).cast(FloatDType::BF16);
+        let f32 = |t: &Tensor<2>| t.clone().cast(FloatDType::F32);
+        let exact = f32(&rows).transpose().matmul(f32(&g)); // [2, out]
+        let partial = f32_weight_grad(rows.clone(), g.clone(), true);
+        assert_eq!(partial.dtype(), burn::tensor::DType::F32);
+        assert!(max_rel(partial, exact.clone()) <= 1e-6);
+        let whole = f32_weight_grad(rows, g, false);
+        let err = max_rel(whole, exact);
+        assert!(err > 1e-6 && err <= 1.0 / 256.0, "{err}");
+    }
 
     /// The node's output and its input, weight and bias gradients equal burn's cast, product and
     /// addition within the dtype's round-off (f32; bf16 one rounding of the largest value), the

@@ -3,6 +3,7 @@
 //! with the one rule that spells a key as its flag ([`flag`]). check-gpu's plan hands its choices
 //! over as a [`RunSettings`], whose [`RunSettings::flags`] are dpo-train's own flags.
 
+pub mod head;
 pub mod keys;
 mod settings;
 

@@ -5,9 +5,13 @@
 //!
 //! dpo-train packs each pair into one row without padding, the prompt once (`T = b*(p + 2c)`
 //! tokens for prompts of `p` and completions of `c` tokens), and runs the LM head only where a
-//! completion token is scored (`N = 2b*c` positions), `2^24` logits at a time, keeping each
-//! chunk's softmax in fp32 for its hand-written backward: `4*N*V` bytes, plus one chunk's logits
-//! (compute dtype) and log-softmax (fp32) in flight.
+//! completion token is scored (`N = 2b*c` positions), `2^24` logits at a time (blocks of
+//! `n = 2^24/V` rows). Nothing vocabulary-wide lives from its forward to its hand-written
+//! backward, which recomputes each block's softmax: `G` rows of logit gradients at a time
+//! (`c*G*V` bytes), with one block's logits and log-softmax in flight (`8*min(N*V, 2^24)`, two
+//! fp32 tensors). A frozen head (LoRA) takes a block at a time (`G = min(N, n)`); a trained one
+//! groups up to `8h/c` rows, in even groups (`dpo_vocab::head`), and past one group a group's
+//! fp32 weight gradient exists beside the sum (`4*V*h`).
 //!
 //! A decoder layer keeps per token, with `c` bytes of the compute dtype:
 //! - each RMSNorm its input (`c*h`, in the compute dtype: the norm is one graph node,
@@ -22,14 +26,16 @@
 //! Full fine-tuning: `A = 2*(3c*h + 4) + c*d*(2a+2kv) + 4a + 3c*i`; LoRA on q,k,v,o:
 //! `A = (2c*h + 4) + (c*h + 4) + c*d*(2a+2kv) + 4a + 2c*i`. The final norm keeps `(4+c)*h` a token.
 //! With checkpointing (zero3 always) each layer keeps its input (`c*h` a token) and the backward
-//! recomputes one layer at a time, after the head's softmax is freed: the larger of the two counts.
+//! recomputes one layer at a time, after the head's buffers are freed: the larger of the two counts.
 //!
-//! The peak is where the backward starts: the activations and the softmax are alive, and of the
+//! The peak is where the backward starts: the activations and the head's buffers are alive, and of the
 //! gradients only the LM head's (`4*V*h`, the first computed; 0 under LoRA). The full gradients
 //! exist only once the activations are freed, so the gradient term is the larger of the head's and
 //! what the full gradients exceed the activations by.
 
 use serde::{Deserialize, Serialize};
+
+use dpo_vocab::head;
 
 use super::{FineTune, MemoryRequest, Sharding, mul};
 use crate::model::ModelShape;
@@ -38,11 +44,9 @@ use crate::model::ModelShape;
 /// measured row records the version it ran with (`layout` in `results/*/memory-*.json`); a row of
 /// an older one measured layers that kept more. 1: RMSNorm and SiLU composed of burn's
 /// operations (the norm's input kept in f32; the gate, its sigmoid and its SiLU kept); 2: each
-/// one graph node (the input in the compute dtype; the gate and `up`).
-pub const LAYOUT: u64 = 2;
-
-/// Elements of the `[chunk, V]` logits dpo-train scores at once (`HEAD_CHUNK_ELEMENTS`).
-pub const HEAD_CHUNK_ELEMENTS: u64 = 1 << 24;
+/// one graph node (the input in the compute dtype; the gate and `up`); 3: the LM head's
+/// backward recomputes its softmax (kept for all `N` scored positions in fp32 before).
+pub const LAYOUT: u64 = 3;
 
 /// Scratch the kernels keep (cuBLAS workspaces, attention's), measured about constant.
 pub const WORKSPACE_BYTES: u64 = 128 << 20;
@@ -136,8 +140,7 @@ pub fn layer_bytes(m: &ModelShape, c: u64, finetune: FineTune) -> u64 {
 pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) {
     let (m, c) = (req.model, req.dtype.bytes());
     let (t, n) = (tokens.packed, tokens.scored);
-    let scored = mul(&[n, m.vocab_size]);
-    let logits = mul(&[4, scored]).saturating_add(mul(&[scored.min(HEAD_CHUNK_ELEMENTS), c + 4]));
+    let logits = head_bytes(m, c, n, req.finetune);
     let layer = mul(&[t, layer_bytes(m, c, req.finetune)]);
     let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
         mul(&[m.num_layers, t, m.hidden_size, c]).saturating_add(layer.saturating_sub(logits))
@@ -149,6 +152,21 @@ pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) 
         FineTune::Lora { .. } => 0,
     };
     (activations, logits, first_gradient)
+}
+
+/// The LM head's buffers at the start of its backward over `n` scored positions (the module
+/// doc's logits term): a group's logit gradients (`dpo_vocab::head`, the rule dpo-train runs),
+/// one block's logits and log-softmax in flight, and, past one group, a group's weight gradient
+/// beside the sum.
+pub fn head_bytes(m: &ModelShape, c: u64, n: u64, finetune: FineTune) -> u64 {
+    let (v, h) = (m.vocab_size, m.hidden_size);
+    let size = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+    let trains = finetune == FineTune::Full;
+    let block = head::block_rows(size(v)) as u64;
+    let group = n.min(mul(&[block, head::group_blocks(size(n), size(v), size(h), size(c), trains) as u64]));
+    let in_flight = mul(&[8, mul(&[n, v]).min(head::CHUNK_ELEMENTS as u64)]);
+    let summed = if trains && n > group { mul(&[4, v, h]) } else { 0 };
+    mul(&[c, group, v]).saturating_add(in_flight).saturating_add(summed)
 }
 
 #[cfg(test)]

@@ -273,10 +273,15 @@ fn tokens_formula(p: &Plan) -> String {
     }
 }
 
-/// The softmax dpo-train keeps where a completion token is scored, and one chunk in flight.
+/// The LM head's backward over the N scored positions: a group of logit gradients and one
+/// block in flight (`memory::packed::head_bytes`).
 fn logits_formula(p: &Plan) -> String {
     let c = p.dtype.bytes();
-    format!("4*N*V (fp32 softmax of the N <= T scored positions) + 2^24 logits at {c}+4 B in flight")
+    let group = match p.finetune {
+        FineTune::Full => "G = up to 8h/c rows, + 4*V*h past one group",
+        FineTune::Lora { .. } => "G = one block of 2^24/V rows",
+    };
+    format!("{c}*G*V (logit gradients, softmax recomputed; N <= T scored, {group}) + 8*min(N*V, 2^24) in flight")
 }
 
 /// Host memory per GPU's process: AdamW's moments and the fp32 masters.
