@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_doubled_bos_and_an_eos_in_the_data_are_warned_with_their_fix() {
-        let dir = std::env::temp_dir().join(format!("dpo-report-{}", std::process::id()));
+        let dir = crate::tokenizer::test_support::scratch_dir("dpo-report-");
         let config = serde_json::json!({"eos_token": "<|im_end|>", "bos_token": "hello", "chat_template": CHATML});
         write_test_tokenizer(&dir, &config.to_string());
         let tok = Tokenizer::from_dir(&dir).unwrap();

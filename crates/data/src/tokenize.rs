@@ -265,11 +265,10 @@ mod tests {
     use super::*;
     use crate::load::Text;
     use crate::tokenizer::Message;
-    use crate::tokenizer::test_support::{CHATML, write_test_tokenizer};
-    use std::path::PathBuf;
+    use crate::tokenizer::test_support::{CHATML, scratch_dir, write_test_tokenizer};
 
     fn tokenizer(name: &str) -> Tokenizer {
-        let dir = std::env::temp_dir().join(format!("dpo-tokz-{}-{name}", std::process::id()));
+        let dir = scratch_dir(&format!("dpo-tokz-{name}-"));
         let cfg = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": CHATML});
         write_test_tokenizer(&dir, &cfg.to_string());
         Tokenizer::from_dir(&dir).unwrap()
@@ -325,7 +324,7 @@ mod tests {
     fn a_template_that_renders_no_completion_drops_the_row() {
         // A template that writes user turns only: the completion adds no token, so the row would
         // reach the loss with nothing to score.
-        let dir = std::env::temp_dir().join(format!("dpo-tokz-{}-useronly", std::process::id()));
+        let dir = scratch_dir("dpo-tokz-useronly-");
         let template = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }} {% endif %}{% endfor %}";
         write_test_tokenizer(
             &dir,
@@ -382,7 +381,7 @@ mod tests {
 
     #[test]
     fn missing_template_names_the_line() {
-        let dir: PathBuf = std::env::temp_dir().join(format!("dpo-tokz-{}-notpl", std::process::id()));
+        let dir = scratch_dir("dpo-tokz-notpl-");
         write_test_tokenizer(&dir, "{\"eos_token\": \"<|im_end|>\"}");
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let rows = [PreferenceRow {

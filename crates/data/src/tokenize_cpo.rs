@@ -83,10 +83,10 @@ fn common_text_prefix<'a>(a: &'a str, b: &str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::test_support::write_test_tokenizer;
+    use crate::tokenizer::test_support::{scratch_dir, write_test_tokenizer};
 
     fn tokenizer(name: &str) -> Tokenizer {
-        let dir = std::env::temp_dir().join(format!("dpo-cpo-tok-{}-{name}", std::process::id()));
+        let dir = scratch_dir(&format!("dpo-cpo-tok-{name}-"));
         let cfg = serde_json::json!({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"});
         write_test_tokenizer(&dir, &cfg.to_string());
         Tokenizer::from_dir(&dir).unwrap()

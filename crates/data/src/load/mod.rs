@@ -577,12 +577,11 @@ impl<'a> LineIndex<'a> {
 mod tests {
     use super::*;
 
-    fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("dpo-load-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::write(&path, contents).unwrap();
-        path
+    /// A file ending in `name` (its extension picks the format), removed when dropped.
+    fn temp_file(name: &str, contents: &[u8]) -> tempfile::TempPath {
+        let mut file = tempfile::Builder::new().prefix("dpo-load-").suffix(&format!("-{name}")).tempfile().unwrap();
+        std::io::Write::write_all(&mut file, contents).unwrap();
+        file.into_temp_path()
     }
 
     fn load(name: &str, contents: &[u8]) -> Result<Loaded, DataError> {

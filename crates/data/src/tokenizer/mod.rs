@@ -408,6 +408,22 @@ fn clean_up_tokenization(text: &str) -> String {
 pub(crate) mod test_support {
     use std::path::Path;
 
+    /// A scratch directory, removed when dropped (a test's files do not outlive it).
+    pub struct ScratchDir(tempfile::TempDir);
+
+    impl std::ops::Deref for ScratchDir {
+        type Target = Path;
+
+        fn deref(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    /// A fresh, empty [`ScratchDir`] whose name starts with `prefix`.
+    pub fn scratch_dir(prefix: &str) -> ScratchDir {
+        ScratchDir(tempfile::Builder::new().prefix(prefix).tempdir().unwrap())
+    }
+
     /// A tiny word-level tokenizer with ChatML tokens, written to a temporary directory.
     pub fn write_test_tokenizer(dir: &Path, config: &str) {
         let tokenizer_json = r#"{
@@ -437,13 +453,11 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::{CHATML, write_test_tokenizer};
+    use super::test_support::{CHATML, ScratchDir, scratch_dir, write_test_tokenizer};
     use super::*;
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("dpo-tok-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    fn temp_dir(name: &str) -> ScratchDir {
+        scratch_dir(&format!("dpo-tok-{name}-"))
     }
 
     fn chatml_config() -> String {
@@ -603,6 +617,5 @@ mod tests {
                 dir.join("tokenizer_config.json").display()
             )
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
