@@ -173,6 +173,25 @@ pub fn head_bytes(m: &ModelShape, c: u64, n: u64, finetune: FineTune) -> u64 {
 mod tests {
     use super::*;
 
+    /// The 0.5B shape's head (V 151,936, h 896, blocks of 110 rows) over 5300 scored positions:
+    /// bf16 full fine-tuning two groups of 25 and 24 blocks, the larger buffered, plus a group's
+    /// fp32 weight gradient beside the sum; LoRA one block; fp32 full fine-tuning groups of 17
+    /// blocks; nothing scored, nothing held.
+    #[test]
+    fn the_head_holds_a_group_a_block_in_flight_and_a_second_weight_gradient() {
+        let m = ModelShape::from_param_count(494_000_000);
+        let (v, h, k) = (151_936u64, 896u64, 1u64 << 24);
+        assert_eq!((m.vocab_size, m.hidden_size), (v, h));
+        let in_flight = 8 * k;
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Full), 2 * 25 * 110 * v + in_flight + 4 * v * h);
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Lora { rank: 16 }), 2 * 110 * v + in_flight);
+        assert_eq!(head_bytes(&m, 4, 5300, FineTune::Full), 4 * 17 * 110 * v + in_flight + 4 * v * h);
+        // One group: no second weight gradient; under a block, the scored rows alone.
+        assert_eq!(head_bytes(&m, 2, 3000, FineTune::Full), 2 * 3000 * v + in_flight);
+        assert_eq!(head_bytes(&m, 2, 50, FineTune::Full), 2 * 50 * v + 8 * 50 * v);
+        assert_eq!(head_bytes(&m, 2, 0, FineTune::Full), 0);
+    }
+
     /// Shuffled micro-batches of pairs whose packed tokens average 1134 (sd 310.5, the GPU
     /// check's 250-1000-token pairs): 16 of them plan 16*1134 + 4*310.5*4 = 23112 tokens, under
     /// the 16 longest together; one pair plans no more than the longest pair.
