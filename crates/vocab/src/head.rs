@@ -24,14 +24,13 @@ pub fn block_rows(vocab: usize) -> usize {
 /// also replaces a weight-sized product, cast and sum per block (tens of blocks for a 150k
 /// vocabulary, more time than the products).
 pub fn group_blocks(scored: usize, vocab: usize, hidden: usize, bytes: usize, head_trains: bool) -> usize {
-    let rows = block_rows(vocab);
-    let blocks = scored.div_ceil(rows).max(1);
     if !head_trains {
         return 1;
     }
+    let rows = block_rows(vocab);
     let cap = rows.max((8 * hidden).div_ceil(bytes.max(1)));
     let groups = scored.div_ceil(cap).max(1);
-    blocks.div_ceil(groups)
+    scored.div_ceil(rows).max(1).div_ceil(groups)
 }
 
 #[cfg(test)]
