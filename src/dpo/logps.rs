@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
+use dpo_torch::bridge;
 
 use crate::data::{self, Batch, Packing, TokenizedPair, Truncation};
 use crate::model::{Llama, LmHead, Placement, fused::Spans};
@@ -170,7 +171,7 @@ pub struct HeadForward {
 
 /// Runs the LM head over the positions that predict scored tokens, [`head_blocks`] of them at a
 /// time, in f32 from the projection on. Nothing vocabulary-wide outlives its block: a
-/// hand-written backward recomputes a block's log-softmax from `selected` ([`block_log_softmax`]).
+/// hand-written backward recomputes a block's softmax from `selected`, projected the same way.
 ///
 /// # Shapes
 /// - hidden: `[R, L, h]`, head weight: `[h, V]`
@@ -186,18 +187,9 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
     for block in head_blocks(0..n, head.weight.dims()[1]) {
         let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         let (logits, logp) = block_log_softmax(head, &selected, block); // [c, V] each
-        let v = logits.dims()[1];
         token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
         if with_stats {
-            // Each vocabulary-wide tensor is dropped as soon as it is used (two alive at once).
-            let mean_logit = logits.detach().sum_dim(1).squeeze_dim::<1>(1) / v as f64;
-            let logp = logp.detach();
-            let p = logp.clone().exp(); // [c, V]
-            stats.push([
-                -(p.clone() * logp).sum_dim(1).squeeze_dim::<1>(1),
-                p.square().sum_dim(1).log().squeeze_dim::<1>(1),
-                mean_logit,
-            ]);
+            stats.push(block_stats(logits, logp));
         }
     }
     let device = selected.device();
@@ -212,16 +204,38 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
     HeadForward { selected, token_logps: cat(token_logps), stats }
 }
 
-/// The f32 logits and log-softmax of the predictions `block` of `selected` (`[N, h]`). The
-/// forward and a recomputing backward call it on the same blocks, so both see the same bits.
+/// The f32 logits and log-softmax of the predictions `block` of `selected` (`[N, h]`).
 ///
 /// # Shapes
 /// - selected: `[N, h]` → `[c, V]` each, `c = block.len()`
-pub fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -> (Tensor<2>, Tensor<2>) {
+fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -> (Tensor<2>, Tensor<2>) {
     let h = selected.dims()[1];
     let logits = head.project(selected.clone().slice([block, 0..h])); // [c, V]
     let logp = log_softmax(logits.clone(), 1);
     (logits, logp)
+}
+
+/// A block's detached statistics, each `[c]`: the predictive entropy `−Σ_v p_v·log p_v`,
+/// `log Σ_v p_v²` and the mean logit. Four passes over the `[c, V]` tensors in torch, where burn's
+/// operations took six: `Σ p²` is the square of one norm's reduction rather than a squared copy
+/// summed, and the entropy's product is taken in place in the probabilities. Each
+/// vocabulary-wide tensor is dropped as soon as it is used (two alive at once).
+///
+/// # Shapes
+/// - logits, logp: `[c, V]` f32
+fn block_stats(logits: Tensor<2>, logp: Tensor<2>) -> [Tensor<1>; 3] {
+    let tch = |t: Tensor<2>| match bridge::to_tch(t) {
+        Ok(pair) => pair,
+        Err(e) => panic!("the LM head's statistics off LibTorch: {e}"),
+    };
+    let ((z, origin), (logp, _)) = (tch(logits), tch(logp));
+    let f32 = tch::Kind::Float;
+    let mean_logit = z.sum_dim_intlist([1i64].as_slice(), false, f32) / z.size()[1] as f64;
+    drop(z);
+    let mut p = logp.exp(); // [c, V]
+    let log_sum_sq = p.linalg_norm(2.0, [1i64].as_slice(), false, f32).log() * 2.0;
+    let entropy = -p.g_mul_(&logp).sum_dim_intlist([1i64].as_slice(), false, f32);
+    [entropy, log_sum_sq, mean_logit].map(|t| bridge::from_tch(t, origin.detached()))
 }
 
 /// Sequence scores from per-prediction log-probs and, for the policy, the per-prediction entropy,

@@ -16,11 +16,12 @@ use std::ops::Range;
 
 use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Int, Tensor};
+use dpo_torch::bridge;
 
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, block_log_softmax, head_blocks, head_forward};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_blocks, head_forward};
 use crate::model::linear::{f32_weight_grad, linear_rows};
 use crate::model::{Llama, LmHead};
 
@@ -213,7 +214,14 @@ fn head_backward(
 
 /// `∂(loss·scale) / ∂z` at the predictions of `group` (consecutive blocks), from `∂(loss·scale) /
 /// ∂ log p(y_t)` and the labels, each block's softmax recomputed; in the compute dtype, as
-/// autocast's products take it. Several blocks are written into one buffer.
+/// autocast's products take it, written into one `[g, V]` buffer.
+///
+/// After the projection and its f32 cast, each block is the softmax, `p − onehot(y)` in place (one
+/// element a row) and `(p − onehot(y))·(−d)` stored into the buffer in its dtype (the product in
+/// f32, rounded once on the store, as the cast rounded it): two passes over its `[c, V]` logits on
+/// CUDA, three on the CPU, where burn's operations took seven (a log-softmax and its exponential,
+/// a negation, the product, the label's addition into a copy, the cast and the copy into the
+/// buffer). On a GPU these are memory-bound passes over the step's widest tensors.
 ///
 /// # Shapes
 /// - selected: `[N, h]`, dlogp and labels: `[N]` → the group's rows and `[g, V]`
@@ -225,22 +233,42 @@ fn logit_gradients(
     dtype: FloatDType,
 ) -> (Range<usize>, Tensor<2>) {
     let rows = group[0].start..group[group.len() - 1].end;
-    let block_gradient = |block: &Range<usize>| {
-        let d = dlogp.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
-        let y = labels.clone().slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
-        let probs = block_log_softmax(head, selected, block.clone()).1.exp(); // [c, V]
-        // ∂/∂z = d·(onehot(y) − p)
-        (-probs * d.clone()).scatter(1, y, d, IndexingUpdateOp::Add).cast(dtype) // [c, V]
-    };
-    if let [block] = group {
-        return (rows, block_gradient(block));
-    }
     let v = head.weight.dims()[1];
-    let mut dz = Tensor::<2>::empty([rows.len(), v], (&selected.device(), dtype.into())); // [g, V]
+    let tch = |t: Tensor<2>| match bridge::to_tch(t) {
+        Ok((t, _)) => t,
+        Err(e) => panic!("the LM head's gradient off LibTorch: {e}"),
+    };
+    let mut dz: Option<(Tensor<2>, tch::Tensor)> = None;
+    let minus_d = tch(-dlogp.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1)); // [g, 1]
+    let labels = match bridge::int_to_tch(labels.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1)) {
+        Ok(t) => t, // [g, 1]
+        Err(e) => panic!("the LM head's labels off LibTorch: {e}"),
+    };
+    let h = selected.dims()[1];
     for block in group {
-        let within = block.start - rows.start..block.end - rows.start;
-        dz = dz.slice_assign([within, 0..v], block_gradient(block));
+        let (at, c) = ((block.start - rows.start) as i64, block.len() as i64);
+        let logits = tch(head.project(selected.clone().slice([block.clone(), 0..h]))); // [c, V] f32
+        let mut p = logits.softmax(1, tch::Kind::Float);
+        drop(logits);
+        let _ = p.scatter_value_reduce_(1, &labels.narrow(0, at, c), -1.0, "add"); // p − onehot(y)
+        // Made once the first block's logits are gone: a buffer of one block costs no more than
+        // the cast it replaces.
+        let (_, out) = dz.get_or_insert_with(|| {
+            let buffer = Tensor::<2>::empty([rows.len(), v], (&selected.device(), dtype.into())); // [g, V]
+            (buffer.clone(), tch(buffer))
+        });
+        let (mut out, minus_d) = (out.narrow(0, at, c), minus_d.narrow(0, at, c));
+        // d·(onehot(y) − p), rounded once as it is stored: one kernel on CUDA; the CPU's kernels
+        // would stage an f32 temporary for the mixed-dtype output, so there it is taken in place
+        // and copied.
+        if p.device().is_cuda() {
+            let _ = p.mul_out(&out, &minus_d);
+        } else {
+            let _ = p.g_mul_(&minus_d);
+            out.copy_(&p);
+        }
     }
+    let Some((dz, _)) = dz else { unreachable!("a group holds a block") };
     (rows, dz)
 }
 

@@ -6,7 +6,7 @@
 // purpose (the trainer's device is `Device::libtorch()`), so the deprecation is expected here.
 #![allow(deprecated)]
 
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 use burn_tch::{LibTorch, TchTensor};
 
 use crate::{TorchError, tch_err};
@@ -26,6 +26,13 @@ pub fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin)
     let origin = Origin { autodiff: tensor.is_autodiff(), require_grad: tensor.is_require_grad() };
     let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
     Ok((primitive.tensor, origin))
+}
+
+/// The `tch::Tensor` under an integer tensor (indices, labels): a shallow handle, any graph
+/// reference dropped as [`to_tch`] does.
+pub fn int_to_tch<const D: usize>(tensor: Tensor<D, Int>) -> Result<tch::Tensor, String> {
+    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
+    Ok(primitive.tensor)
 }
 
 /// [`to_tch`] for an in-place kernel: the tensor is contiguous and nothing else sees its values.
@@ -65,5 +72,10 @@ impl Origin {
     /// A plain tensor's origin (no autodiff), for tch tensors made directly.
     pub fn plain() -> Self {
         Self { autodiff: false, require_grad: false }
+    }
+
+    /// The same device side of autodiff, without a gradient (a detached result).
+    pub fn detached(self) -> Self {
+        Self { require_grad: false, ..self }
     }
 }
