@@ -2,7 +2,8 @@
 
 Usage: python benches/trl_dpo.py MODEL_DIR DATA_JSONL --batch-size B --max-length L --steps N
                                  --threads T [--precompute] [--bf16] [--device cpu|cuda]
-                                 [--no-cudnn-attention]
+                                 [--no-cudnn-attention] [--gradient-checkpointing] [--liger]
+                                 [--lora-r R]
 
 Trains N optimizer steps of `per_device_train_batch_size = B` pairs (no accumulation, no evaluation,
 no checkpoints, the default sigmoid loss, AdamW) and prints one JSON line:
@@ -12,7 +13,13 @@ reference precomputation. `peak_bytes` is the peak resident set while training o
 reset just before `train()`, as dpo-train resets its own), the peak allocated CUDA memory on a GPU.
 `--no-cudnn-attention` turns cuDNN's fused attention off (`torch.backends.cuda.enable_cudnn_sdp`),
 as dpo-train does on CUDA: torch picks it for half precision on Hopper, where it builds a graph per
-input shape; TRL as installed keeps torch's choice.
+input shape; TRL as installed keeps torch's choice. `--gradient-checkpointing` is TRL 1.16's
+default (off here unless asked, as dpo-train's side runs without it unless asked);
+`--liger` sets `use_liger_kernel=True` (liger-kernel's fused linear DPO loss and its model kernels;
+it needs the liger-kernel package and a CUDA device). `--lora-r R` trains PEFT LoRA adapters of
+rank R (alpha 2R, no dropout, PEFT's default targets for the model type: q_proj and v_proj for
+Llama) on a base loaded in bf16 with `--bf16` (as a PEFT user loads a large model), the reference
+being the base with the adapters disabled (TRL's way with a PEFT model: no second copy).
 """
 
 import argparse
@@ -60,6 +67,9 @@ def main() -> None:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--no-cudnn-attention", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--liger", action="store_true")
+    p.add_argument("--lora-r", type=int, default=0)
     a = p.parse_args()
     cuda = a.device == "cuda"
     if a.no_cudnn_attention:
@@ -69,8 +79,14 @@ def main() -> None:
     torch.manual_seed(0)
     rows = [json.loads(line) for line in open(a.data) if line.strip()]
     tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    lora = None
+    if a.lora_r:
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=a.lora_r, lora_alpha=2 * a.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM")
+    dtype = torch.bfloat16 if lora is not None and a.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
+    ref = None if lora is not None else AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
     clock = StepClock()
     with tempfile.TemporaryDirectory() as out:
         args = DPOConfig(
@@ -78,7 +94,8 @@ def main() -> None:
             use_cpu=not cuda,
             report_to=[],
             bf16=a.bf16,
-            gradient_checkpointing=False,  # TRL 1.16 turns it on by default; dpo-train runs without it here
+            gradient_checkpointing=a.gradient_checkpointing,
+            use_liger_kernel=a.liger,
             per_device_train_batch_size=a.batch_size,
             gradient_accumulation_steps=1,
             max_steps=a.steps,
@@ -96,6 +113,7 @@ def main() -> None:
         trainer = DPOTrainer(
             model=model,
             ref_model=None if a.precompute else ref,
+            peft_config=lora,
             args=args,
             processing_class=tok,
             train_dataset=Dataset.from_list(rows),

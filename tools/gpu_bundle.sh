@@ -40,9 +40,12 @@ for pair in "$CARGO_TARGET_DIR/release/dpo-train:dpo-train" "$CARGO_TARGET_DIR/r
   xz -T0 -6 "$BUNDLE.tmp/${pair#*:}"
 done
 # TRL's side: the versions `make ref-venv` installs; the GPU machine's python has the rest.
+# liger-kernel (pure Python over triton, which the machine's torch brings) for the `targets`
+# section's TRL rows with `use_liger_kernel=True`.
 refs=$(sed -n 's/^REF_PKGS := //p' Makefile | tr ' ' '\n' | grep -E '^(trl|datasets)==')
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$GPU_PYTHON" --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$BUNDLE.tmp/wheels" $refs dill==0.4.1 multiprocess==0.70.19
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$BUNDLE.tmp/wheels" $refs dill==0.4.1 multiprocess==0.70.19 \
+  liger-kernel==0.8.5
 cp tools/gpu_run.sh "$BUNDLE.tmp/run.sh"
 echo "$ROOT" > "$BUNDLE.tmp/built-in"
 echo "torch $TORCH_GPU ($("$VENV/bin/python" -c 'import torch; print(torch.__version__)')), commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' with local changes')" > "$BUNDLE.tmp/built-with"

@@ -2,7 +2,8 @@
 """Summarise a torch profiler Chrome trace (dpo-train's DPO_TRAIN_PROFILE, or torch.profiler's
 export_chrome_trace) in text: the window's wall time, how much of it the host spends inside torch
 operators and how much between them (the caller's own overhead), the operators by self time, and on
-CUDA the kernels' busy time, launches and synchronisations.
+CUDA the kernels' busy time, launches and synchronisations, and the share of kernel time in matrix
+products, in attention and in everything else.
 
     python3 tools/trace_summary.py trace.json[.gz] [--steps N] [--top 25]
 """
@@ -55,6 +56,18 @@ def self_times(ops):
     return stats, top
 
 
+def kind(name):
+    """A kernel's kind by its name: cuBLAS/cuBLASLt/CUTLASS products (`gemm`, Hopper's `nvjet`),
+    fused attention (flash, memory-efficient `fmha`, cuDNN's), or other (elementwise, reductions,
+    copies)."""
+    n = name.lower()
+    if "flash" in n or "fmha" in n or "attention" in n or "cudnn" in n:
+        return "attention"
+    if "gemm" in n or "nvjet" in n:
+        return "matrix products"
+    return "other"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("trace")
@@ -85,6 +98,14 @@ def main():
         busy = union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
         print(f"GPU: kernels busy {ms(busy):.1f} ms ({100 * busy / wall:.0f}% of the window), "
               f"{len(kernels)} kernels ({len(kernels) / n:.0f} a step), mean {sum(e['dur'] for e in kernels) / len(kernels):.1f} us")
+        total = sum(e["dur"] for e in kernels)
+        shares = collections.Counter(kind(e["name"]) for e in kernels)
+        time_of = collections.Counter()
+        for e in kernels:
+            time_of[kind(e["name"])] += e["dur"]
+        print("kernel time by kind: " + ", ".join(
+            f"{k} {100 * time_of[k] / total:.0f}% ({ms(time_of[k]) / n:.1f} ms, {shares[k] / n:.0f} kernels a step)"
+            for k in ("matrix products", "attention", "other") if shares[k]))
         runtime = collections.defaultdict(lambda: [0, 0.0])
         for e in ev:
             if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver":

@@ -45,6 +45,11 @@ pub const QWEN05B: Shape =
 /// embeddings: 1.03B parameters, the GPU check's model of the size researchers tune.
 pub const LLAMA1B: Shape = Shape { hidden: 2048, layers: 22, heads: 32, kv_heads: 4, intermediate: 5632, vocab: 32000 };
 
+/// Llama-3.1-8B's trunk (32 layers, hidden 4096, 32 heads, 8 key/value heads, 128,256 tokens) with
+/// tied embeddings: 7.5B parameters, the GPU issue's LoRA model.
+pub const LLAMA8B: Shape =
+    Shape { hidden: 4096, layers: 32, heads: 32, kv_heads: 8, intermediate: 14336, vocab: 128_256 };
+
 /// Writes a randomly initialised model of `shape` with the fixture tokenizer into `dir`
 /// (skipped when already there) and returns `dir`.
 pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {

@@ -10,6 +10,9 @@
 //! 5. throughput and model-FLOPs utilisation next to TRL's `DPOTrainer` on the same GPU
 //!    (the chat-sized workload of `make bench-trl`, and the medium model);
 //! 6. the same for a 1B model (TinyLlama's shape) at max_length 1024, packed and padded;
+//!    `targets`: issue 33's rows (the 0.5B shape at TRL's defaults with and without gradient
+//!    checkpointing, the 1.1B shape) next to TRL and TRL with Liger's kernels, and the 0.5B row
+//!    under torch's profiler; `lora8b`: Llama-3.1-8B's shape with LoRA r 16 likewise (`targets.rs`);
 //! 7. the offloaded optimizer against the plain step, and dpo-train's peak CUDA memory over a grid
 //!    of shapes and settings (`memory.rs`);
 //! 8. torch's profiler over a few steps of the small workloads (traces in results/gpu/traces);
@@ -25,6 +28,8 @@
 mod common;
 mod dist;
 mod memory;
+mod rows;
+mod targets;
 
 use std::fmt::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -33,9 +38,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, FloatDType, Tensor, TensorData};
-use common::{GQA32M, LLAMA1B, MEDIUM, Shape, dpo_train_rate_at, pair_forward_flops, passes, try_trl_rate};
+use common::{GQA32M, LLAMA1B, MEDIUM, dpo_train_rate_at};
 use dpo_train::dist::bench::{measure, single_rank_group};
 use dpo_train::train::log::{Split, read_metrics};
+use rows::{Row, compare, cuda_matmul_peak};
 
 /// Training steps compared with the CPU.
 const STEPS: usize = 20;
@@ -88,6 +94,16 @@ fn main() {
     }
     if runs("scale") {
         report.section("A 1B model against TRL on this GPU", |f| scale(&work, out.path(), f));
+    }
+    if runs("targets") {
+        report.section("Issue 33's rows: 0.5B and 1.1B against TRL and TRL with Liger's kernels", |f| {
+            targets::targets(&work, out.path(), f)
+        });
+    }
+    if runs("lora8b") {
+        report.section("Issue 33's 8B LoRA row against TRL + PEFT and with Liger's kernels", |f| {
+            targets::lora8b(&work, out.path(), f)
+        });
     }
     // Both sections put their runs in one table, a row per setting (`tests/measured.rs`).
     let json = dir.join(format!("memory-{slug}.json"));
@@ -428,19 +444,6 @@ fn assets(work: &Path) -> Assets {
     Assets { small, data, medium: common::model_dir(&work.join("medium"), &MEDIUM) }
 }
 
-/// One comparison: a model and its pairs, dpo-train's precision and packing, TRL beside it or not.
-struct Row<'a> {
-    name: &'a str,
-    model: &'a Path,
-    shape: &'a Shape,
-    data: &'a Path,
-    /// (pairs a step, steps, max_length)
-    run: (usize, usize, usize),
-    bf16: bool,
-    padding_free: bool,
-    with_trl: bool,
-}
-
 /// `make bench-trl`'s workload on cuda:0, both sides, f32 and bf16 with the reference computed
 /// every step, then the medium model in bf16, with model-FLOPs utilisation against the best
 /// matrix product measured here.
@@ -460,7 +463,10 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         run: (4, 64, 512),
         bf16,
         padding_free,
+        checkpointing: false,
         with_trl,
+        liger: false,
+        lora: false,
     };
     let rows = [
         row("32M f32", &small, &GQA32M, false, true, true),
@@ -495,60 +501,13 @@ fn scale(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
             run: (8, 24, 1024),
             bf16: true,
             padding_free,
+            checkpointing: false,
             with_trl: padding_free,
+            liger: false,
+            lora: false,
         };
         text += &compare(&row, peak, out, failures);
     }
-    text
-}
-
-/// One row's line: dpo-train's pairs/s, MFU (against `peak`, the matrix-product FLOP/s of the
-/// row's precision) and peak CUDA memory, then TRL's and the ratio.
-fn compare(row: &Row, peak: f64, out: &Path, failures: &mut Vec<String>) -> String {
-    let (_, _, max_length) = row.run;
-    let flops = pair_forward_flops(row.data, row.model, row.shape, max_length) * passes(true);
-    let mut ours_flags = vec!["--device", "cuda:0"];
-    ours_flags.extend(if row.bf16 { &["--bf16"][..] } else { &[] });
-    ours_flags.extend(if row.padding_free { &[][..] } else { &["--padding-free", "false"] });
-    let trl_flags: &[&str] = if row.bf16 { &["--device", "cuda", "--bf16"] } else { &["--device", "cuda"] };
-    let ours = dpo_train_rate_at(row.model, row.data, out, row.run, &ours_flags);
-    let mfu = |rate: f64| 100.0 * rate * flops / peak;
-    let mut text = format!(
-        "{}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
-        row.name,
-        flops / 1e9,
-        ours.pairs_per_second,
-        mfu(ours.pairs_per_second),
-        ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
-    );
-    // TRL as installed, then, in half precision, with cuDNN's attention off as dpo-train runs.
-    let mut variants = Vec::new();
-    if row.with_trl {
-        variants.push(("TRL", trl_flags.to_vec()));
-    }
-    if row.with_trl && row.bf16 {
-        variants.push(("TRL without cuDNN's attention", [trl_flags, &["--no-cudnn-attention"]].concat()));
-    }
-    for (who, flags) in &variants {
-        match try_trl_rate(row.model, row.data, row.run, flags) {
-            Ok(theirs) => {
-                let _ = write!(
-                    text,
-                    "; {who} {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
-                    theirs.pairs_per_second,
-                    mfu(theirs.pairs_per_second),
-                    theirs.peak_bytes / f64::from(1u32 << 30),
-                    ours.pairs_per_second / theirs.pairs_per_second
-                );
-            }
-            Err(e) => {
-                let _ = write!(text, "; {who} did not run: {e}");
-                failures.push(format!("{who} on cuda ({}): {}", row.name, e.lines().last().unwrap_or_default()));
-            }
-        }
-    }
-    text.push_str(if row.with_trl { "\n" } else { "; TRL not run for this row\n" });
-    print!("{text}"); // progress, row by row
     text
 }
 
@@ -558,9 +517,6 @@ fn compare(row: &Row, peak: f64, out: &Path, failures: &mut Vec<String>) -> Stri
 /// `results/gpu/traces/` (gzipped) for Perfetto.
 fn profile(work: &Path, out: &Path) -> String {
     let Assets { small, data, medium } = assets(work);
-    let traces = common::root().join("results/gpu/traces");
-    std::fs::create_dir_all(&traces).expect("results/gpu/traces");
-    let mut text = String::new();
     let runs: [(&str, &Path, &[&str]); 5] = [
         ("32m-f32", &small, &[]),
         ("32m-bf16", &small, &["--bf16"]),
@@ -568,48 +524,27 @@ fn profile(work: &Path, out: &Path) -> String {
         ("32m-bf16-padded", &small, &["--bf16", "--padding-free", "false"]),
         ("medium-bf16", &medium, &["--bf16"]),
     ];
-    for (name, model, flags) in runs {
-        let trace = traces.join(format!("{name}.json"));
-        let mut args = vec!["--device", "cuda:0"];
-        args.extend(flags);
-        let rate = common::dpo_train_rate_env(model, &data, out, (4, 20, 512), &args, &[("DPO_TRAIN_PROFILE", &trace)]);
-        let summary = output(
-            Path::new("python3"),
-            &[
-                &common::root().join("tools/trace_summary.py").to_string_lossy(),
-                &trace.to_string_lossy(),
-                "--top",
-                "15",
-            ],
-        );
-        let _ = output(Path::new("gzip"), &["-f", &trace.to_string_lossy()]);
-        let _ = writeln!(
-            text,
-            "{name} ({}): {:.1} pairs/s over 20 steps of 4 pairs, 5 of them profiled\n{}",
-            args.join(" "),
-            rate.pairs_per_second,
-            summary.trim_end()
-        );
-    }
-    text
+    runs.into_iter().map(|(name, model, flags)| profiled(name, model, &data, out, (4, 20, 512), flags)).collect()
 }
 
-/// The best of a few large square matrix products on `cuda:0` in `dtype`, FLOP/s.
-#[allow(deprecated)]
-fn cuda_matmul_peak(dtype: FloatDType) -> f64 {
-    use burn::tensor::Distribution;
-    let device = Device::libtorch_cuda(0);
-    let mut best: f64 = 0.0;
-    for n in [4096usize, 8192] {
-        let a = Tensor::<2>::random([n, n], Distribution::Default, &device).cast(dtype);
-        let b = Tensor::<2>::random([n, n], Distribution::Default, &device).cast(dtype);
-        for _ in 0..5 {
-            tch::Cuda::synchronize(0);
-            let started = std::time::Instant::now();
-            let c = a.clone().matmul(b.clone());
-            let _ = c.slice([0..1, 0..1]).into_data(); // waits for the product
-            best = best.max(2.0 * (n * n * n) as f64 / started.elapsed().as_secs_f64());
-        }
-    }
-    best
+/// One run of `run` (pairs a step, 20 steps, max_length) on `cuda:0` with `flags`, steps 11-15
+/// profiled: its rate and `tools/trace_summary.py`'s summary, the trace kept gzipped as
+/// `results/gpu/traces/<name>.json.gz`.
+fn profiled(name: &str, model: &Path, data: &Path, out: &Path, run: (usize, usize, usize), flags: &[&str]) -> String {
+    let traces = common::root().join("results/gpu/traces");
+    std::fs::create_dir_all(&traces).expect("results/gpu/traces");
+    let trace = traces.join(format!("{name}.json"));
+    let mut args = vec!["--device", "cuda:0"];
+    args.extend(flags);
+    let rate = common::dpo_train_rate_env(model, data, out, run, &args, &[("DPO_TRAIN_PROFILE", &trace)]);
+    let script = common::root().join("tools/trace_summary.py");
+    let summary = output(Path::new("python3"), &[&script.to_string_lossy(), &trace.to_string_lossy(), "--top", "15"]);
+    let _ = output(Path::new("gzip"), &["-f", &trace.to_string_lossy()]);
+    let (pairs, steps, _) = run;
+    format!(
+        "{name} ({}): {:.1} pairs/s over {steps} steps of {pairs} pairs, 5 of them profiled\n{}\n",
+        args.join(" "),
+        rate.pairs_per_second,
+        summary.trim_end()
+    )
 }

@@ -1,0 +1,87 @@
+//! The `targets` section: issue 33's rows on this GPU, as the issue measured them. The
+//! Qwen2.5-0.5B shape at TRL's defaults (bf16, 8 pairs a step, max_length 1024, pairs of 250-1000
+//! tokens) with gradient checkpointing (TRL 1.16's default) and without, and TinyLlama-1.1B's
+//! trunk (tied embeddings: 1.03B parameters) without; each row dpo-train, TRL as installed and
+//! TRL with Liger's kernels (`use_liger_kernel=True`; the bundle brings liger-kernel 0.8.5), with
+//! MFU against the bf16 matrix peak measured here; then torch's profiler over the 0.5B row without
+//! checkpointing (operator and kernel counts a step, the matrix products' share of kernel time).
+//! The `lora8b` section: Llama-3.1-8B's trunk with LoRA r 16, likewise (its own section: the
+//! model alone is 30 GB to write and read). Each row's line names its shape ("0.5B", "1.1B",
+//! "8B LoRA") with `MFU N%`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::FloatDType;
+
+use super::common::{self, LLAMA1B, LLAMA8B, QWEN05B};
+use super::profiled;
+use super::rows::{Row, compare, cuda_matmul_peak};
+
+/// Pairs a step, steps, max_length: TRL's defaults, with steps enough for a rate past warm-up.
+const RUN: (usize, usize, usize) = (8, 24, 1024);
+
+/// The rows, then the 0.5B profile (the profiled run takes 20 steps: steps 11-15 are traced).
+pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let qwen = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
+    let llama = common::model_dir(&work.join("llama1b"), &LLAMA1B);
+    let (data, peak, mut text) = workload(work, &qwen, RUN);
+    let row = |name, model, shape, checkpointing| Row {
+        name,
+        model,
+        shape,
+        data: &data,
+        run: RUN,
+        bf16: true,
+        padding_free: true,
+        checkpointing,
+        with_trl: true,
+        liger: true,
+        lora: false,
+    };
+    let rows = [
+        row("0.5B, gradient checkpointing", &qwen, &QWEN05B, true),
+        row("0.5B", &qwen, &QWEN05B, false),
+        row("1.1B", &llama, &LLAMA1B, false),
+    ];
+    for row in &rows {
+        text += &compare(row, peak, out, failures);
+    }
+    let _ = write!(text, "\n{}", profiled("qwen05b-bf16", &qwen, &data, out, (RUN.0, 20, RUN.2), &["--bf16"]));
+    text
+}
+
+/// Llama-3.1-8B's trunk with LoRA r 16 on q_proj and v_proj (PEFT's default targets) over a bf16
+/// base, the same pairs, fewer steps (a step is about a second).
+pub fn lora8b(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let model = common::model_dir(&work.join("llama8b"), &LLAMA8B);
+    let run = (RUN.0, 12, RUN.2);
+    let (data, peak, text) = workload(work, &model, run);
+    let row = Row {
+        name: "8B LoRA",
+        model: &model,
+        shape: &LLAMA8B,
+        data: &data,
+        run,
+        bf16: true,
+        padding_free: true,
+        checkpointing: false,
+        with_trl: true,
+        liger: true,
+        lora: true,
+    };
+    text + &compare(&row, peak, out, failures)
+}
+
+/// The pairs (256 of 250-1000 tokens, prompts 32-200, under the fixture tokenizer every model
+/// here carries), the bf16 matrix peak measured here, and the section's first line.
+fn workload(work: &Path, model: &Path, (pairs, _, max_length): (usize, usize, usize)) -> (PathBuf, f64, String) {
+    let data = common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), model, 256, 32..=200, 250..=1000, 3);
+    let peak = cuda_matmul_peak(FloatDType::BF16);
+    let text = format!(
+        "256 pairs of 250-1000 tokens (prompts 32-200), {pairs} a step, max_length {max_length}, bf16, the \
+         reference every step; matmul peak bf16 {:.1} TFLOP/s\n",
+        peak / 1e12
+    );
+    (data, peak, text)
+}
