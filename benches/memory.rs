@@ -185,6 +185,10 @@ fn main() {
     let cases = CASES.iter().enumerate().filter(|(i, c)| *i == 0 || selected(c.name)).map(|(_, c)| c);
     let libtorch = single(("medium", &common::MEDIUM), &medium, &data, cases.collect(), out.path());
     let wide = common::model_dir(&work.join("wide-vocab"), WIDE.1);
+    // A name that matches no case would drop its row without a word.
+    for name in WIDE_CASES {
+        assert!(CASES.iter().any(|c| c.name == name), "WIDE_CASES names `{name}`, which no case is");
+    }
     let cases: Vec<&Case> =
         CASES.iter().filter(|c| WIDE_CASES.contains(&c.name) && selected(&format!("{} {}", WIDE.0, c.name))).collect();
     if !cases.is_empty() {
