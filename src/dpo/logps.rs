@@ -216,10 +216,11 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 }
 
 /// A block's detached statistics, each `[c]`: the predictive entropy `−Σ_v p_v·log p_v`,
-/// `log Σ_v p_v²` and the mean logit. Four passes over the `[c, V]` tensors in torch, where burn's
-/// operations took six: `Σ p²` is the square of one norm's reduction rather than a squared copy
-/// summed, and the entropy's product is taken in place in the probabilities. Each
-/// vocabulary-wide tensor is dropped as soon as it is used (two alive at once).
+/// `log Σ_v p_v²` and the mean logit. Five passes over the `[c, V]` tensors in torch, two of them
+/// writing one, where burn's operations made six, three writing: `Σ p²` is the square of one
+/// norm's reduction rather than a squared copy summed, and the entropy's product is taken in place
+/// in the probabilities. Each vocabulary-wide tensor is dropped as soon as it is used (two alive
+/// at once).
 ///
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
