@@ -225,11 +225,8 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
 fn block_stats(logits: Tensor<2>, logp: Tensor<2>) -> [Tensor<1>; 3] {
-    let tch = |t: Tensor<2>| match bridge::to_tch(t) {
-        Ok(pair) => pair,
-        Err(e) => panic!("the LM head's statistics off LibTorch: {e}"),
-    };
-    let ((z, origin), (logp, _)) = (tch(logits), tch(logp));
+    let what = "the LM head's statistics";
+    let ((z, origin), (logp, _)) = (bridge::on_libtorch(logits, what), bridge::on_libtorch(logp, what));
     let f32 = tch::Kind::Float;
     let mean_logit = z.sum_dim_intlist([1i64].as_slice(), false, f32) / z.size()[1] as f64;
     drop(z);

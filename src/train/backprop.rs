@@ -234,16 +234,11 @@ fn logit_gradients(
 ) -> (Range<usize>, Tensor<2>) {
     let rows = group[0].start..group[group.len() - 1].end;
     let v = head.weight.dims()[1];
-    let tch = |t: Tensor<2>| match bridge::to_tch(t) {
-        Ok((t, _)) => t,
-        Err(e) => panic!("the LM head's gradient off LibTorch: {e}"),
-    };
+    let tch = |t: Tensor<2>| bridge::on_libtorch(t, "the LM head's gradient").0;
     let mut dz: Option<(Tensor<2>, tch::Tensor)> = None;
     let minus_d = tch(-dlogp.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1)); // [g, 1]
-    let labels = match bridge::int_to_tch(labels.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1)) {
-        Ok(t) => t, // [g, 1]
-        Err(e) => panic!("the LM head's labels off LibTorch: {e}"),
-    };
+    let labels = labels.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1);
+    let labels = bridge::int_on_libtorch(labels, "the LM head's labels"); // [g, 1]
     let h = selected.dims()[1];
     for block in group {
         let (at, c) = ((block.start - rows.start) as i64, block.len() as i64);

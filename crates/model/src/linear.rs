@@ -246,10 +246,7 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
 /// # Shapes
 /// - rows: `[rows, in]`, g: `[rows, out]` → `[in, out]`
 pub fn f32_weight_grad(rows: Tensor<2>, g: Tensor<2>, partial: bool) -> Tensor<2> {
-    let tch = |t: Tensor<2>| match dpo_torch::bridge::to_tch(t) {
-        Ok(pair) => pair,
-        Err(e) => panic!("a weight gradient off LibTorch: {e}"),
-    };
+    let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "a weight gradient");
     let ((rows, origin), (g, _)) = (tch(rows), tch(g));
     let half = matches!(g.kind(), tch::Kind::BFloat16 | tch::Kind::Half);
     if !(half && partial) || g.device().is_cuda() {

@@ -100,10 +100,7 @@ pub struct Angles {
 impl Angles {
     /// cos and sin as torch tensors (handles on the same storage).
     fn tch(&self) -> [tch::Tensor; 2] {
-        [&self.cos, &self.sin].map(|t| match dpo_torch::bridge::to_tch(t.clone()) {
-            Ok((t, _)) => t,
-            Err(e) => panic!("rotary angles off LibTorch: {e}"),
-        })
+        [&self.cos, &self.sin].map(|t| dpo_torch::bridge::on_libtorch(t.clone(), "rotary angles").0)
     }
 }
 

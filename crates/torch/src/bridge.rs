@@ -28,11 +28,22 @@ pub fn to_tch<const D: usize>(tensor: Tensor<D>) -> Result<(tch::Tensor, Origin)
     Ok((primitive.tensor, origin))
 }
 
-/// The `tch::Tensor` under an integer tensor (indices, labels): a shallow handle, any graph
-/// reference dropped as [`to_tch`] does.
-pub fn int_to_tch<const D: usize>(tensor: Tensor<D, Int>) -> Result<tch::Tensor, String> {
-    let primitive = tensor.inner().try_into_primitive::<LibTorch>().map_err(|e| format!("{e:?}"))?;
-    Ok(primitive.tensor)
+/// [`to_tch`] where the tensor can only be on LibTorch (this project's one backend): one that is
+/// not is a programming error, which the panic names by `what`.
+pub fn on_libtorch<const D: usize>(tensor: Tensor<D>, what: &str) -> (tch::Tensor, Origin) {
+    match to_tch(tensor) {
+        Ok(pair) => pair,
+        Err(e) => panic!("{what} off LibTorch: {e}"),
+    }
+}
+
+/// [`on_libtorch`] for an integer tensor (indices, labels): a shallow handle, any graph reference
+/// dropped as [`to_tch`] does.
+pub fn int_on_libtorch<const D: usize>(tensor: Tensor<D, Int>, what: &str) -> tch::Tensor {
+    match tensor.inner().try_into_primitive::<LibTorch>() {
+        Ok(primitive) => primitive.tensor,
+        Err(e) => panic!("{what} off LibTorch: {e:?}"),
+    }
 }
 
 /// [`to_tch`] for an in-place kernel: the tensor is contiguous and nothing else sees its values.
