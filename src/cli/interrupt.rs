@@ -2,10 +2,17 @@
 //! step, save a checkpoint and exit 130; a second aborts at once. A launcher instead forwards every
 //! one to its workers ([`crate::dist::launcher`]), which save together.
 //!
-//! Signals are process-wide, so their state is too: two atomics, as ripgrep keeps its error flag.
+//! A worker can be sent one request twice: by its launcher and directly, when the signal goes to
+//! every process of the job (SLURM's `scancel` and its preemption or time-limit SIGTERM signal
+//! every process of a job step; a terminal's Ctrl-C reaches torchrun's workers, and torchrun
+//! forwards a SIGTERM too). So in a worker a signal within [`SAME_REQUEST`] of the first is that
+//! request again, not the abort, which would lose the checkpoint the first one asked for.
+//!
+//! Signals are process-wide, so their state is too: atomics, as ripgrep keeps its error flag.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
@@ -16,6 +23,12 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FORWARDING: AtomicBool = AtomicBool::new(false);
 static TRAINING: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
+static WORKER: AtomicBool = AtomicBool::new(false);
+static FIRST: OnceLock<Instant> = OnceLock::new();
+
+/// How long after a worker's first signal another counts as the same request delivered twice (a
+/// launcher forwards within its 50 ms poll; a scheduler signals every process at once).
+pub const SAME_REQUEST: Duration = Duration::from_secs(2);
 
 /// Installs the handler (once per process) and returns the flag a run polls between steps.
 pub fn install() -> anyhow::Result<&'static AtomicBool> {
@@ -27,6 +40,11 @@ pub fn install() -> anyhow::Result<&'static AtomicBool> {
 }
 
 fn on_signal() {
+    let first = *FIRST.get_or_init(Instant::now);
+    if COUNT.load(Ordering::SeqCst) > 0 && WORKER.load(Ordering::SeqCst) && first.elapsed() < SAME_REQUEST {
+        eprintln!("\ninterrupt: already stopping (the request reached this worker twice)");
+        return;
+    }
     let n = COUNT.fetch_add(1, Ordering::SeqCst) + 1;
     REQUESTED.store(true, Ordering::SeqCst);
     let forwarding = FORWARDING.load(Ordering::SeqCst);
@@ -49,6 +67,12 @@ fn on_signal() {
 /// A stage's steps have begun: from now on an interrupt finishes the step and saves a checkpoint.
 pub fn training_began() {
     TRAINING.store(true, Ordering::SeqCst);
+}
+
+/// This process is one rank of a job another process launched (ours, torchrun or SLURM's): see
+/// [`SAME_REQUEST`].
+pub fn as_worker() {
+    WORKER.store(true, Ordering::SeqCst);
 }
 
 /// From now on this process is a launcher: signals are counted for forwarding, not acted on.

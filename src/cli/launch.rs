@@ -245,7 +245,10 @@ pub fn place(
             return launch(par, &plan, &extra_args()?, timeout).map(Placed::Launched);
         }
         Role::Alone(device_arg) => return Ok(Placed::Here { device: device(device_arg), group: None, worker }),
-        Role::Worker(device_arg) => device_arg,
+        Role::Worker(device_arg) => {
+            interrupt::as_worker();
+            device_arg
+        }
     };
     match std::env::var(THREADS_VAR).ok().and_then(|t| t.parse::<i32>().ok()) {
         // Started by our launcher, which did `before_workers`.

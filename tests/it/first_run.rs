@@ -393,11 +393,16 @@ fn a_failed_checkpoint_write_is_reported_and_cleaned_up() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// Ctrl-C (SIGINT) or SIGTERM to the launcher of `--devices cpu:2`, alone or with its whole process
-/// group: the workers save one checkpoint together, the job exits 130, and no worker is left.
+/// Ctrl-C (SIGINT) or SIGTERM to the launcher of `--devices cpu:2`, alone, with its whole process
+/// group, or with every worker too (a scheduler's SIGTERM to every process of a job step, each
+/// worker then also getting a launcher's SIGINT: the same request twice, not the abort): the
+/// workers save one checkpoint together, the job exits 130, and no worker is left.
 #[test]
 fn an_interrupted_multi_process_run_saves_and_exits_130() {
-    for (signal, group) in [(libc::SIGINT, false), (libc::SIGINT, true), (libc::SIGTERM, false)] {
+    let cases =
+        [(libc::SIGINT, "launcher"), (libc::SIGINT, "group"), (libc::SIGTERM, "launcher"), (libc::SIGTERM, "all")];
+    for (signal, to) in cases {
+        let group = to == "group";
         let dir = tempfile::tempdir().unwrap();
         let extra = ["--devices", "cpu:2", "--logging-steps", "1", "--save-steps", "0"];
         let mut args = short_run(dir.path(), "stop", &model(), &data(), &extra);
@@ -412,14 +417,23 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
         wait_until("the workers never trained", Duration::from_secs(90), Duration::from_millis(100), trained);
         let workers = children_of(pid);
         assert_eq!(workers.len(), 2, "{workers:?}");
-        // SAFETY: signals to our own child (or its process group).
+        if to == "all" {
+            for worker in &workers {
+                // The scheduler's signal and, at once, a launcher's forward of it (this launcher's
+                // own comes within its 50 ms poll, often after the tiny model's checkpoint).
+                // SAFETY: signals to our child's unreaped children.
+                unsafe { libc::kill(*worker, signal) };
+                unsafe { libc::kill(*worker, libc::SIGINT) };
+            }
+        }
+        // SAFETY: a signal to our own child (or its process group).
         unsafe { libc::kill(if group { -pid } else { pid }, signal) };
         let out = wait_or_kill(child, Duration::from_secs(90));
         let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(130), "signal {signal}, group {group}: {err}");
-        assert!(err.contains("interrupted at step"), "{err}");
+        assert_eq!(out.status.code(), Some(130), "signal {signal} to {to}: {err}");
+        assert!(err.contains("interrupted at step"), "signal {signal} to {to}: {err}");
         let saved = dpo_train::train::checkpoint::list(&dir.path().join("stop"));
-        assert_eq!(saved.len(), 1, "signal {signal}, group {group}: {saved:?}");
+        assert_eq!(saved.len(), 1, "signal {signal} to {to}: {saved:?}");
         for worker in workers {
             assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");
         }
