@@ -15,13 +15,22 @@ const FAILED: i32 = 2;
 /// Installs the hook for this process (the binary's `main`, before anything runs).
 pub fn report_libtorch_panics() {
     let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| match torch_message(&payload_text(info.payload())) {
+    std::panic::set_hook(Box::new(move |info| match libtorch_message(info.payload()) {
         Some(message) => {
             eprintln!("error: {}", describe(&message, &Backtrace::force_capture().to_string()));
             std::process::exit(FAILED);
         }
         None => default(info),
     }));
+}
+
+/// libtorch's message in a panic's payload: a [`dpo_torch::LibtorchPanic`] (its first line), or
+/// tch's panic text ([`torch_message`]). `None` for another panic.
+pub fn libtorch_message(payload: &(dyn Any + Send)) -> Option<String> {
+    match payload.downcast_ref::<dpo_torch::LibtorchPanic>() {
+        Some(p) => Some(p.0.lines().next().unwrap_or_default().trim().to_owned()),
+        None => torch_message(&payload_text(payload)),
+    }
 }
 
 /// A panic's message (`panic!` with a literal or a formatted string).
@@ -156,6 +165,24 @@ mod tests {
         let want = "libtorch failed in `pin_memory` (called from src/cli/torch_panic.rs:";
         assert!(line.starts_with(want), "{line}\n{backtrace}");
         assert!(line.ends_with(&message), "{line}");
+    }
+
+    /// A graph node's backward that cannot return libtorch's error (the attention's, the RMS
+    /// norm's on CUDA) panics with it typed: the hook's message is its first line.
+    #[test]
+    fn a_backward_nodes_libtorch_failure_is_recognised() {
+        let error = dpo_torch::TorchError::Shim {
+            op: "autograd_grad",
+            code: 2,
+            message: "autograd_grad: CUDA out of memory. Tried to allocate 2.00 GiB\nmore".into(),
+        };
+        let fail = || dpo_torch::libtorch_failed("the attention's backward", &error);
+        let payload =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(fail)).expect_err("libtorch_failed returned");
+        let message = libtorch_message(&*payload).expect("a libtorch panic");
+        let want = "the attention's backward: c10d `autograd_grad` failed (code 2): autograd_grad: CUDA out of memory. Tried to allocate 2.00 GiB";
+        assert_eq!(message, want);
+        assert_eq!(libtorch_message(&"index out of bounds"), None);
     }
 
     #[test]

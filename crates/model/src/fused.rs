@@ -521,7 +521,7 @@ impl<const N: usize> Recorded<N> {
         }
         // A failure here is libtorch's, as tch's own backward would panic with it.
         let grads = dpo_torch::kernels::autograd_grad(&self.output.tensor, &dy.tensor, &inputs)
-            .unwrap_or_else(|e| panic!("torch's autograd through the attention call: {e}"));
+            .unwrap_or_else(|e| dpo_torch::libtorch_failed("torch's autograd through the attention call", &e));
         ids.into_iter().zip(grads.into_iter().map(TchTensor::new)).collect()
     }
 }

@@ -152,7 +152,7 @@ fn input_grad(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor) -> tch::Tensor
     if x.device().is_cuda() {
         match dpo_torch::kernels::rms_norm_backward(dn, x, r) {
             Ok(dx) => return dx,
-            Err(e) => panic!("the RMS norm's backward: {e}"),
+            Err(e) => dpo_torch::libtorch_failed("the RMS norm's backward", &e),
         }
     }
     let f32 = tch::Kind::Float;

@@ -33,6 +33,17 @@ pub enum TorchError {
     NotLibTorch { index: usize, reason: String },
 }
 
+/// A libtorch failure where no error can be returned (a graph node's backward, whose signature
+/// is burn's): the panic's payload, which the binary's hook reports as one line, exit 2, as it
+/// does tch's own panics (a CUDA out-of-memory in the backward is the common one).
+#[derive(Debug)]
+pub struct LibtorchPanic(pub String);
+
+/// Panics with a [`LibtorchPanic`]: `error` of the work described by `what`.
+pub fn libtorch_failed(what: &str, error: &TorchError) -> ! {
+    std::panic::panic_any(LibtorchPanic(format!("{what}: {error}")))
+}
+
 /// The message of the last failed shim call on this thread.
 fn last_error() -> String {
     // SAFETY: `c10d_last_error` returns a pointer to a thread-local, NUL-terminated `std::string`
