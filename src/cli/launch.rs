@@ -136,6 +136,10 @@ fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
         }
         plan.gpus.iter().map(|&g| g as usize).collect()
     } else if let Ok(n) = spec.parse::<usize>() {
+        if n > found {
+            // Refused before the list is made: `--gpus 1000000000000` is a count, not an allocation.
+            return Err(LaunchFlagError::TooFewGpus { spec: spec.to_owned(), found, wanted: n });
+        }
         (0..n).collect()
     } else {
         listed_ids(spec).ok_or_else(|| LaunchFlagError::Gpus(spec.to_owned()))?
