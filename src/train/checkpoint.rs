@@ -343,7 +343,9 @@ pub fn load_state(dir: &Path, device: &Device, shard: Option<(usize, usize)>) ->
             // One parameter's slices joined: never more than one whole parameter in memory.
             let read = |key: &str| -> Result<Vec<f32>, CheckpointError> {
                 let c = crate::dist::shards::shard_len(n, world);
-                let mut whole = Vec::with_capacity(c * world);
+                // Grown as the slices are read: a corrupt length fails the first slice's shape
+                // check, where reserving `c * world` first would abort on the allocation.
+                let mut whole = Vec::new();
                 for part in &parts {
                     whole.extend(part.values(key, &[c])?);
                 }
