@@ -27,6 +27,8 @@ pub struct DeviceBatch {
     pub input_ids: Tensor<2, Int>,
     /// `[L]` each column's position.
     pub positions: Tensor<1, Int>,
+    /// One past the largest position (the rotary tables' rows the batch needs).
+    pub position_end: usize,
     /// The attention spans of a packed row (empty: rows).
     pub spans: Arc<Spans>,
     /// `[N]` flat index (`row * L + column`) of the hidden state that predicts each scored token.
@@ -91,6 +93,7 @@ impl DeviceBatch {
             sequences: batch.sequences,
             input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [batch.rows, batch.len]), device),
             positions: ints(&batch.positions, vec![batch.len]),
+            position_end: batch.positions.iter().max().map_or(0, |&p| p as usize + 1),
             spans: Arc::new(Spans::new(batch.spans.clone())),
             at: ints(&batch.at, vec![n]),
             labels: ints(&batch.labels, vec![n]),
@@ -104,7 +107,7 @@ impl DeviceBatch {
 
     /// Where the batch's tokens sit, for `model`'s forward pass.
     pub fn placement(&self, model: &Llama) -> Placement {
-        model.place(self.positions.clone(), self.spans.clone())
+        model.place(self.positions.clone(), self.position_end, self.spans.clone())
     }
 
     /// `[sequences]` sums of the per-token values `t` (`[N]`) by sequence.

@@ -436,23 +436,23 @@ impl Llama {
         projections!(self.model.layers.iter_mut(), &mut)
     }
 
-    /// Tokens at `positions` (one per column, every row alike) attending by `spans` (empty:
-    /// each row causally on its own).
+    /// Tokens at `positions` (one per column, every row alike, each below `end`) attending by
+    /// `spans` (empty: each row causally on its own).
     ///
     /// # Shapes
     /// - positions: `[L]`
     ///
     /// # Panics
-    /// If a position reaches `max_position_embeddings`; callers check
-    /// [`Llama::max_sequence_length`] first.
-    pub fn place(&self, positions: Tensor<1, Int>, spans: Arc<Spans>) -> Placement {
-        Placement { angles: self.rope.at(positions, self.compute_dtype), spans }
+    /// If `end` exceeds `max_position_embeddings`; callers check [`Llama::max_sequence_length`]
+    /// first.
+    pub fn place(&self, positions: Tensor<1, Int>, end: usize, spans: Arc<Spans>) -> Placement {
+        Placement { angles: self.rope.at(positions, end, self.compute_dtype), spans }
     }
 
     /// Rows of `len` tokens from position `offset` on, each attending causally on its own.
     pub fn place_rows(&self, offset: usize, len: usize, device: &Device) -> Placement {
         let positions = Tensor::<1, Int>::arange(offset as i64..(offset + len) as i64, device);
-        self.place(positions, Spans::none())
+        self.place(positions, offset + len, Spans::none())
     }
 
     /// Final hidden states, after the last norm.

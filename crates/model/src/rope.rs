@@ -2,8 +2,8 @@
 //! (`transformers/modeling_rope_utils.py` and `apply_rotary_pos_emb` in `modeling_llama.py`),
 //! with the `llama3` frequency bands (`_compute_llama3_parameters`).
 //!
-//! cos/sin are computed once for every position; a forward pass gathers the rows of its tokens'
-//! positions once ([`Rope::at`]) and every layer rotates with them ([`rotate`]).
+//! cos/sin are computed once for each position a run reaches; a forward pass gathers the rows of
+//! its tokens' positions once ([`Rope::at`]) and every layer rotates with them ([`rotate`]).
 //!
 //! The rotation is one graph node with its derivative written out (`x·cos + R(x)·sin`, so
 //! `dx = g·cos + Rᵀ(g·sin)`): burn's autodiff built it from narrows (four slices each), a negation
@@ -19,7 +19,7 @@
 #![allow(deprecated)]
 
 use std::f64::consts::PI;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -38,55 +38,88 @@ pub enum RopeScaling {
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
 }
 
-/// Precomputed cos and signed sin tables (`[-sin₁, sin₂]` by halves), `[max_positions, D]` each,
-/// in f32.
+/// cos and signed sin tables (`[-sin₁, sin₂]` by halves), `[rows, D]` each, in f32, for the
+/// positions `0..rows`: built for the first [`FIRST_ROWS`] positions and grown (at least doubling,
+/// up to `max_positions`) when a forward pass reaches past them. Whole tables for a long-context
+/// checkpoint cost memory no run of ours uses: Qwen2.5-7B-Instruct-1M's 1,010,000 positions of
+/// 128 would be 1 GB a model, on the device.
 #[derive(Debug, Clone)]
 pub struct Rope {
+    inv_freq: Arc<[f32]>,
+    head_dim: usize,
+    max_positions: usize,
+    device: Device,
+    /// Shared by a model's clones (the tables are constants).
+    tables: Arc<Mutex<Tables>>,
+}
+
+/// The positions `0..cos.dims()[0]`'s rows.
+#[derive(Debug)]
+struct Tables {
     cos: Tensor<2>,
     sin: Tensor<2>,
 }
 
+/// Positions whose rows a model builds when it is made (a `max_length` of up to 4096 never grows them).
+pub const FIRST_ROWS: usize = 4096;
+
 impl Rope {
     /// Tables for positions `0..max_positions` of a `head_dim`-wide head.
     pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, max_positions: usize, device: &Device) -> Self {
-        let inv_freq = inverse_frequencies(head_dim, theta, scaling);
-        let half = inv_freq.len();
-        // Each row is [freqs, freqs] (the two halves share frequencies), as HF's `emb = cat(freqs, freqs)`.
-        let mut cos = Vec::with_capacity(max_positions * head_dim);
-        let mut sin = Vec::with_capacity(max_positions * head_dim);
-        for pos in 0..max_positions {
-            for j in 0..head_dim {
-                // HF computes `positions (f32) @ inv_freq (f32)` in f32; do the same so the
-                // angles round identically.
-                let angle = (pos as f32) * inv_freq[j % half];
-                cos.push(angle.cos());
-                sin.push(if j < half { -angle.sin() } else { angle.sin() });
-            }
-        }
-        let shape = [max_positions, head_dim];
-        // Constants, never differentiated: kept off the autodiff graph even when the model is
-        // built on an autodiff device, so `Module::valid` (which does not visit them) yields a
-        // model with no autodiff tensor left.
-        let table = |values| Tensor::from_data(TensorData::new(values, shape), device).without_autodiff();
-        Self { cos: table(cos), sin: table(sin) }
+        let inv_freq: Arc<[f32]> = inverse_frequencies(head_dim, theta, scaling).into();
+        let tables = build(&inv_freq, head_dim, max_positions.min(FIRST_ROWS), device);
+        Self { inv_freq, head_dim, max_positions, device: device.clone(), tables: Arc::new(Mutex::new(tables)) }
     }
 
     /// Number of positions the tables cover.
     pub fn max_positions(&self) -> usize {
-        self.cos.dims()[0]
+        self.max_positions
     }
 
-    /// cos and sin at each of `positions`, in `dtype` (transformers casts them to the activations'
-    /// dtype under mixed precision).
+    /// cos and sin at each of `positions` (each below `end`), in `dtype` (transformers casts them
+    /// to the activations' dtype under mixed precision).
     ///
     /// # Shapes
     /// - positions: `[L]` → `[1, 1, L, D]` each
-    pub fn at(&self, positions: Tensor<1, Int>, dtype: FloatDType) -> Arc<Angles> {
-        let (l, d) = (positions.dims()[0], self.cos.dims()[1]);
+    ///
+    /// # Panics
+    /// If `end` exceeds `max_positions`, or a position reaches `end`.
+    pub fn at(&self, positions: Tensor<1, Int>, end: usize, dtype: FloatDType) -> Arc<Angles> {
+        assert!(end <= self.max_positions, "position {end} past the model's {}", self.max_positions);
+        let (l, d) = (positions.dims()[0], self.head_dim);
+        let mut tables = self.tables.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rows = tables.cos.dims()[0];
+        if end > rows {
+            let grown = end.max(2 * rows).min(self.max_positions);
+            *tables = build(&self.inv_freq, d, grown, &self.device);
+        }
         let positions = positions.inner();
         let gather = |table: &Tensor<2>| table.clone().select(0, positions.clone()).reshape([1, 1, l, d]).cast(dtype);
-        Arc::new(Angles { cos: gather(&self.cos), sin: gather(&self.sin) })
+        Arc::new(Angles { cos: gather(&tables.cos), sin: gather(&tables.sin) })
     }
+}
+
+/// The tables' rows for positions `0..rows`, each `[freqs, freqs]` (the two halves share
+/// frequencies, as HF's `emb = cat(freqs, freqs)`).
+fn build(inv_freq: &[f32], head_dim: usize, rows: usize, device: &Device) -> Tables {
+    let half = inv_freq.len();
+    let mut cos = Vec::with_capacity(rows * head_dim);
+    let mut sin = Vec::with_capacity(rows * head_dim);
+    for pos in 0..rows {
+        for j in 0..head_dim {
+            // HF computes `positions (f32) @ inv_freq (f32)` in f32; do the same so the
+            // angles round identically.
+            let angle = (pos as f32) * inv_freq[j % half];
+            cos.push(angle.cos());
+            sin.push(if j < half { -angle.sin() } else { angle.sin() });
+        }
+    }
+    let shape = [rows, head_dim];
+    // Constants, never differentiated: kept off the autodiff graph even when the model is
+    // built on an autodiff device, so `Module::valid` (which does not visit them) yields a
+    // model with no autodiff tensor left.
+    let table = |values| Tensor::from_data(TensorData::new(values, shape), device).without_autodiff();
+    Tables { cos: table(cos), sin: table(sin) }
 }
 
 /// The cos and signed sin of a forward pass's positions, `[1, 1, L, D]` each in the compute dtype
@@ -219,7 +252,7 @@ mod tests {
         for dtype in [FloatDType::F32, FloatDType::BF16] {
             for device in [Device::libtorch(), Device::libtorch().autodiff()] {
                 let positions = Tensor::<1, Int>::arange(5..12, &device);
-                let angles = rope.at(positions, dtype);
+                let angles = rope.at(positions, 12, dtype);
                 let x = normal([2, 3, 7, 8], (0.0, 1.0), "x", &device).cast(dtype);
                 let x = if device.is_autodiff() { x.require_grad() } else { x };
                 let (fused, plain) = (rotate(x.clone(), &angles), composite(x.clone(), &angles));
@@ -232,6 +265,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The tables start at [`FIRST_ROWS`] positions and grow, doubling up to `max_positions`, when
+    /// a pass reaches past them: the rows are those of tables built whole, bit for bit, before and
+    /// after the growth.
+    #[test]
+    fn the_tables_grow_to_the_positions_a_pass_reaches() {
+        let device = Device::libtorch();
+        let max = 2 * FIRST_ROWS + 100;
+        let rope = Rope::new(8, 10_000.0, &RopeScaling::Default, max, &device);
+        let rows = || rope.tables.lock().unwrap().cos.dims()[0];
+        assert_eq!(rows(), FIRST_ROWS);
+        let whole = build(&rope.inv_freq, 8, max, &device);
+        let check = |from: usize, to: usize| {
+            let positions = Tensor::<1, Int>::arange(from as i64..to as i64, &device);
+            let angles = rope.at(positions.clone(), to, FloatDType::F32);
+            let want = |t: &Tensor<2>| t.clone().select(0, positions.clone()).reshape([1, 1, to - from, 8]);
+            angles.cos.to_data().assert_eq(&want(&whole.cos).to_data(), true);
+            angles.sin.to_data().assert_eq(&want(&whole.sin).to_data(), true);
+        };
+        check(10, 20);
+        assert_eq!(rows(), FIRST_ROWS, "no growth below the first rows");
+        check(FIRST_ROWS, FIRST_ROWS + 3);
+        assert_eq!(rows(), 2 * FIRST_ROWS, "doubled");
+        check(10, 20);
+        check(max - 5, max);
+        assert_eq!(rows(), max, "capped at max_positions");
     }
 
     #[test]
