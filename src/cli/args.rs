@@ -107,6 +107,11 @@ pub struct SlurmArgs {
     /// Host memory per GPU (SLURM syntax).
     #[arg(long, default_value = "64G")]
     pub mem_per_gpu: String,
+    /// Seconds before the time limit at which every task gets SIGTERM, to finish its step and save
+    /// a checkpoint (SLURM's own SIGTERM at the limit leaves 30 s, KillWait's default, before
+    /// SIGKILL); 0: none.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub save_before_limit: u32,
 }
 
 /// `dpo-train train` / `sft` flags: a config file, then one flag per config key.

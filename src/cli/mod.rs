@@ -51,6 +51,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 job_name: args.job_name,
                 cpus_per_task: args.cpus_per_task,
                 mem_per_gpu: args.mem_per_gpu,
+                save_before_limit: args.save_before_limit,
             });
             print!("{script}");
             Ok(ExitCode::SUCCESS)

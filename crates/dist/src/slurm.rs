@@ -25,6 +25,11 @@ pub struct SlurmOptions {
     pub cpus_per_task: usize,
     /// Host memory per GPU in SLURM's syntax (`--mem-per-gpu`, e.g. `64G`).
     pub mem_per_gpu: String,
+    /// Seconds before the time limit at which SLURM sends every task SIGTERM (`--signal`), so the
+    /// ranks finish their step and save a checkpoint; 0: none. At the limit itself SLURM sends
+    /// SIGTERM and SIGKILL `KillWait` later (30 s by default), too soon to save a large model and
+    /// its optimizer state: the steps since the last periodic checkpoint would be lost.
+    pub save_before_limit: u32,
 }
 
 /// The sbatch script for `opts`. `dpo-train` must be on the nodes' `PATH`.
@@ -42,6 +47,10 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         format!("#SBATCH --mem-per-gpu={}", opts.mem_per_gpu),
         format!("#SBATCH --time={}", opts.time),
     ];
+    if opts.save_before_limit > 0 {
+        // Every task: each rank finishes its step, they save one checkpoint and exit 130.
+        lines.push(format!("#SBATCH --signal=TERM@{}", opts.save_before_limit));
+    }
     if let Some(partition) = &opts.partition {
         lines.push(format!("#SBATCH --partition={partition}"));
     }
@@ -96,6 +105,7 @@ mod tests {
             job_name: "dpo".into(),
             cpus_per_task: 8,
             mem_per_gpu: "64G".into(),
+            save_before_limit: 300,
         };
         let expected = include_str!("../../../tests/fixtures/slurm/two_nodes.sbatch");
         let script = sbatch_script(&opts);
@@ -116,9 +126,11 @@ mod tests {
             job_name: "x".into(),
             cpus_per_task: 4,
             mem_per_gpu: "32G".into(),
+            save_before_limit: 0,
         };
         let script = sbatch_script(&opts);
         assert!(!script.contains("--partition"));
+        assert!(!script.contains("--signal"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
         assert!(
             script.ends_with(
