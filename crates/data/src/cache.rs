@@ -214,7 +214,7 @@ fn parse(input: &mut impl Read, size: u64) -> Option<Prepared> {
     let summary: DataSummary = serde_json::from_slice(&summary).ok()?;
     let n = read_u64(input)?;
     let heads_at = 8 + summary_len as u64 + 8;
-    if n.checked_mul(20).is_none_or(|bytes| heads_at + bytes > size) {
+    if n.checked_mul(20).and_then(|bytes| bytes.checked_add(heads_at)).is_none_or(|end| end > size) {
         return None;
     }
     let n = usize::try_from(n).ok()?;

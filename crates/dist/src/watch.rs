@@ -98,7 +98,8 @@ impl Watchdog {
             return None;
         }
         self.next_records = now + RECORD_POLL;
-        let limit = self.timeout + COLLECTIVE_GRACE;
+        // Saturating: `--timeout` takes any u64 of seconds.
+        let limit = self.timeout.saturating_add(COLLECTIVE_GRACE);
         let unix_now = now_ms();
         ranks.iter().find_map(|&(_, rank, _)| {
             // A rendezvous may take the timeout twice (connecting, then waiting for the others);
