@@ -256,15 +256,32 @@ fn logit_gradients(
         // d·(onehot(y) − p), rounded once as it is stored: one kernel on CUDA; the CPU's kernels
         // would stage an f32 temporary for the mixed-dtype output, so there it is taken in place
         // and copied.
-        if p.device().is_cuda() {
-            let _ = p.mul_out(&out, &minus_d);
-        } else {
+        if !(p.device().is_cuda() && stored_in_one_kernel(&p, &mut out, &minus_d)) {
             let _ = p.g_mul_(&minus_d);
             out.copy_(&p);
         }
     }
     let Some((dz, _)) = dz else { unreachable!("a group holds a block") };
     (rows, dz)
+}
+
+/// `out = p·minus_d` by one `mul.out` into the compute-dtype buffer; false (with a warning, once
+/// a process) where torch refuses it, the caller then taking the two-pass way.
+fn stored_in_one_kernel(p: &tch::Tensor, out: &mut tch::Tensor, minus_d: &tch::Tensor) -> bool {
+    static FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if FAILURE.get().is_some() {
+        return false;
+    }
+    match p.f_mul_out(out, minus_d) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!(
+                "warning: the LM head's gradient could not be stored by one `mul.out` ({e}); two passes from now on"
+            );
+            let _ = FAILURE.set(e.to_string());
+            false
+        }
+    }
 }
 
 #[cfg(test)]

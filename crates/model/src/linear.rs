@@ -270,11 +270,27 @@ pub fn f32_weight_grad(rows: Tensor<2>, g: Tensor<2>, partial: bool) -> Tensor<2
 /// - rows: `[rows, in]`, g: `[rows, out]` → `[in, out]`
 fn weight_grad(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind) -> tch::Tensor {
     let half = matches!(g.kind(), tch::Kind::BFloat16 | tch::Kind::Half);
-    if g.device().is_cuda() && half && kind == tch::Kind::Float {
-        return rows.tr().mm_dtype(g, kind);
+    product_in(rows, g, kind, g.device().is_cuda() && half && kind == tch::Kind::Float)
+}
+
+/// [`weight_grad`]'s product, by `mm` with `out_dtype` where `by_out_dtype` (and it has not
+/// failed before), else computed in the operands' dtype and cast.
+fn product_in(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind, by_out_dtype: bool) -> tch::Tensor {
+    if by_out_dtype && MM_DTYPE_FAILURE.get().is_none() {
+        match rows.tr().f_mm_dtype(g, kind) {
+            Ok(dw) => return dw,
+            Err(e) => {
+                // A build of torch without the kernel costs a cast a gradient, not the run.
+                eprintln!("warning: torch's `mm` with an f32 output failed ({e}); products are cast instead");
+                let _ = MM_DTYPE_FAILURE.set(e.to_string());
+            }
+        }
     }
     as_kind(&rows.tr().mm(g), kind)
 }
+
+/// Why `mm(..., out_dtype=float32)` was given up on in this process, or None.
+static MM_DTYPE_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 #[cfg(test)]
 mod tests {
@@ -300,6 +316,21 @@ mod tests {
         let whole = f32_weight_grad(rows, g, false);
         let err = max_rel(whole, exact);
         assert!(err > 1e-6 && err <= 1.0 / 256.0, "{err}");
+    }
+
+    /// A product whose `mm` with an f32 output torch refuses (the CPU has no such kernel) is
+    /// computed in the operands' dtype and cast, and the failure is remembered.
+    #[test]
+    fn a_refused_f32_output_product_falls_back_to_a_cast() {
+        let d = Device::libtorch();
+        let rows = normal([6, 3], (0.0, 1.0), "rows", &d).cast(FloatDType::BF16);
+        let g = normal([6, 4], (0.0, 1.0), "g", &d).cast(FloatDType::BF16);
+        let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "test").0;
+        let (rows, g) = (tch(rows), tch(g));
+        let dw = product_in(&rows, &g, tch::Kind::Float, true);
+        assert_eq!(dw.kind(), tch::Kind::Float);
+        assert!(dw.equal(&rows.tr().mm(&g).to_kind(tch::Kind::Float)));
+        assert!(MM_DTYPE_FAILURE.get().is_some_and(|e| e.contains("mm")), "{:?}", MM_DTYPE_FAILURE.get());
     }
 
     /// The node's output and its input, weight and bias gradients equal burn's cast, product and

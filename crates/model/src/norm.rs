@@ -143,16 +143,29 @@ impl Backward<LibTorch, 2> for NormBackward {
     }
 }
 
+/// Why torch's fused RMS-norm backward was given up on in this process (the tensor operations
+/// take over, as the CPU's), or None while it works or has not run.
+static FUSED_BACKWARD_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// `dx = r·(dn − x·r²·mean(dn·x))` in f32, returned in x's dtype: torch's fused kernel on CUDA,
-/// the same arithmetic as tensor operations elsewhere.
+/// the same arithmetic as tensor operations elsewhere (and on CUDA should the kernel fail: a
+/// warning, once, rather than a run lost to a kernel this build of torch lacks).
 ///
 /// # Shapes
 /// - dn, x: `[..., N]`, r: `[..., 1]` → `[..., N]`
 fn input_grad(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor) -> tch::Tensor {
-    if x.device().is_cuda() {
+    input_grad_by(dn, x, r, x.device().is_cuda())
+}
+
+/// [`input_grad`], by torch's fused kernel where `fused` (and it has not failed before).
+fn input_grad_by(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor, fused: bool) -> tch::Tensor {
+    if fused && FUSED_BACKWARD_FAILURE.get().is_none() {
         match dpo_torch::kernels::rms_norm_backward(dn, x, r) {
             Ok(dx) => return dx,
-            Err(e) => dpo_torch::libtorch_failed("the RMS norm's backward", &e),
+            Err(e) => {
+                eprintln!("warning: torch's fused RMS-norm backward failed ({e}); tensor operations take over");
+                let _ = FUSED_BACKWARD_FAILURE.set(e.to_string());
+            }
         }
     }
     let f32 = tch::Kind::Float;
@@ -180,6 +193,20 @@ mod tests {
 
     fn norm(weight: Tensor<1>) -> RmsNorm {
         RmsNorm { weight: Param::from_tensor(weight), eps: 1e-6 }
+    }
+
+    /// Where torch's fused backward fails (the shim refuses the CPU), the tensor operations give
+    /// the same gradient, and the failure is remembered.
+    #[test]
+    fn a_failed_fused_backward_falls_back_to_tensor_operations() {
+        let d = Device::libtorch();
+        let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "test").0;
+        let (dn, x) = (tch(normal([3, 8], (0.0, 1.0), "dn", &d)), tch(normal([3, 8], (0.0, 1.0), "x", &d)));
+        let r = x.square().mean_dim(-1, true, None).sqrt().reciprocal(); // [3, 1]
+        let want = input_grad_by(&dn, &x, &r, false);
+        assert!(input_grad_by(&dn, &x, &r, true).equal(&want));
+        let failure = FUSED_BACKWARD_FAILURE.get();
+        assert!(failure.is_some_and(|e| e.contains("rms_norm_backward")), "{failure:?}");
     }
 
     /// Output and both gradients equal the composite's within the dtype's round-off: f32 to a few
