@@ -85,7 +85,7 @@ impl Rope {
     /// # Panics
     /// If `end` exceeds `max_positions`, or a position reaches `end`.
     pub fn at(&self, positions: Tensor<1, Int>, end: usize, dtype: FloatDType) -> Arc<Angles> {
-        assert!(end <= self.max_positions, "position {end} past the model's {}", self.max_positions);
+        assert!(end <= self.max_positions, "positions up to {end} where the model has {}", self.max_positions);
         let (l, d) = (positions.dims()[0], self.head_dim);
         let mut tables = self.tables.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let rows = tables.cos.dims()[0];
