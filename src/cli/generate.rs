@@ -34,7 +34,7 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         if tokens >= limit {
             return Err(GenerateError::PromptTooLong { path, line, tokens, limit, key }.into());
         }
-        if tokens + args.max_new_tokens > limit {
+        if tokens.saturating_add(args.max_new_tokens) > limit {
             notes.push(format!(
                 "note: `{}`, line {line}: the prompt has {tokens} tokens and the model handles {limit} (`{key}`): at most {} new tokens",
                 path.display(),
