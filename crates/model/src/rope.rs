@@ -64,14 +64,15 @@ struct Tables {
 pub const FIRST_ROWS: usize = 4096;
 
 impl Rope {
-    /// Tables for positions `0..max_positions` of a `head_dim`-wide head.
+    /// Rotation for positions `0..max_positions` of a `head_dim`-wide head (the first
+    /// [`FIRST_ROWS`] rows built now).
     pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, max_positions: usize, device: &Device) -> Self {
         let inv_freq: Arc<[f32]> = inverse_frequencies(head_dim, theta, scaling).into();
         let tables = build(&inv_freq, head_dim, max_positions.min(FIRST_ROWS), device);
         Self { inv_freq, head_dim, max_positions, device: device.clone(), tables: Arc::new(Mutex::new(tables)) }
     }
 
-    /// Number of positions the tables cover.
+    /// Number of positions the model takes (`max_position_embeddings`), built or not.
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }
