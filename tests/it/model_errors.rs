@@ -91,6 +91,15 @@ fn unsupported_activation() {
     );
 }
 
+/// Fewer than 2 positions (nothing to predict from and score) is a broken config, named as such,
+/// where it was refused later with the advice to pass `--max-length 0`.
+#[test]
+fn too_few_positions() {
+    let dir = edited_llama(|c| c["max_position_embeddings"] = 0.into());
+    let want = format!("`{}/config.json`: `max_position_embeddings` must be at least 2, got 0", dir.path().display());
+    assert_eq!(load_error(dir.path()), want);
+}
+
 #[test]
 fn weights_that_do_not_fit_the_config() {
     let dir = edited_llama(|c| c["intermediate_size"] = 100.into());

@@ -140,6 +140,12 @@ impl LlamaConfig {
             _ => None,
         };
         let attention_bias = hf.attention_bias.unwrap_or(false);
+        // A sequence needs a token to predict from and one to score: fewer positions is a broken file.
+        let positions =
+            [("max_position_embeddings", Some(size(hf.max_position_embeddings))), ("sliding_window", sliding_window)];
+        if let Some((key, n)) = positions.into_iter().find_map(|(key, n)| n.filter(|&n| n < 2).map(|n| (key, n))) {
+            return Err(ModelError::BadConfig { path, message: format!("`{key}` must be at least 2, got {n}") });
+        }
         Ok(LlamaConfig {
             family,
             vocab_size: size(hf.vocab_size),
