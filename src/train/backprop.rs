@@ -17,6 +17,7 @@ use std::ops::Range;
 use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Int, Tensor};
 use dpo_torch::bridge;
+use dpo_torch::fallback::FastPath;
 
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
@@ -265,20 +266,17 @@ fn logit_gradients(
     (rows, dz)
 }
 
-/// `out = p·minus_d` by one `mul.out` into the compute-dtype buffer; false (with a warning, once
-/// a process) where torch refuses it, the caller then taking the two-pass way.
+/// `out = p·minus_d` by one `mul.out` into the compute-dtype buffer; false where torch refuses it
+/// (then for the rest of the process), the caller then taking the two-pass way.
 fn stored_in_one_kernel(p: &tch::Tensor, out: &mut tch::Tensor, minus_d: &tch::Tensor) -> bool {
-    static FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    if FAILURE.get().is_some() {
+    static ONE_KERNEL: FastPath = FastPath::new("the LM head's one-kernel `mul.out` store", "two passes instead");
+    if !ONE_KERNEL.usable() {
         return false;
     }
     match p.f_mul_out(out, minus_d) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!(
-                "warning: the LM head's gradient could not be stored by one `mul.out` ({e}); two passes from now on"
-            );
-            let _ = FAILURE.set(e.to_string());
+            ONE_KERNEL.give_up(e);
             false
         }
     }

@@ -273,7 +273,7 @@ fn upload<T: tch::kind::Element>(values: &[T], device: tch::Device) -> tch::Tens
 /// Why the variable-length kernel was given up on in this process (it then stays off and packed
 /// rows go through the padded batch), or None while it works or has not run.
 pub fn varlen_failure() -> Option<&'static str> {
-    VARLEN_FAILURE.get().map(String::as_str)
+    VARLEN.failure()
 }
 
 /// Whether the variable-length kernel has attended a packed row in this process.
@@ -281,7 +281,10 @@ pub fn varlen_ran() -> bool {
     VARLEN_RAN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-static VARLEN_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+static VARLEN: dpo_torch::fallback::FastPath = dpo_torch::fallback::FastPath::new(
+    "torch's variable-length attention",
+    "packed rows are attended as padded span batches from now on",
+);
 static VARLEN_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// [`causal_attention`] on torch tensors: by rows, or over the spans of one packed row.
@@ -299,13 +302,7 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
                 VARLEN_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
                 return y;
             }
-            Some(Err(e)) => {
-                let reason = e.to_string();
-                eprintln!(
-                    "warning: torch's variable-length attention failed ({reason}); packed rows are attended as padded span batches from now on"
-                );
-                let _ = VARLEN_FAILURE.set(reason);
-            }
+            Some(Err(e)) => VARLEN.give_up(e),
             None => {}
         }
     }

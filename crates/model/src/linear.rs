@@ -26,6 +26,7 @@ use burn::tensor::module::linear;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use burn_tch::{LibTorch, TchTensor};
 use dpo_torch::dtype::{as_kind, grad_kind};
+use dpo_torch::fallback::FastPath;
 
 /// A linear layer, with an optional LoRA adapter.
 #[derive(Module, Debug)]
@@ -276,21 +277,17 @@ fn weight_grad(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind) -> tch::Ten
 /// [`weight_grad`]'s product, by `mm` with `out_dtype` where `by_out_dtype` (and it has not
 /// failed before), else computed in the operands' dtype and cast.
 fn product_in(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind, by_out_dtype: bool) -> tch::Tensor {
-    if by_out_dtype && MM_DTYPE_FAILURE.get().is_none() {
+    if by_out_dtype && MM_OUT_DTYPE.usable() {
         match rows.tr().f_mm_dtype(g, kind) {
             Ok(dw) => return dw,
-            Err(e) => {
-                // A build of torch without the kernel costs a cast a gradient, not the run.
-                eprintln!("warning: torch's `mm` with an f32 output failed ({e}); products are cast instead");
-                let _ = MM_DTYPE_FAILURE.set(e.to_string());
-            }
+            Err(e) => MM_OUT_DTYPE.give_up(e),
         }
     }
     as_kind(&rows.tr().mm(g), kind)
 }
 
-/// Why `mm(..., out_dtype=float32)` was given up on in this process, or None.
-static MM_DTYPE_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// `mm(..., out_dtype=float32)`, until it fails (a cast a gradient then, not the run).
+static MM_OUT_DTYPE: FastPath = FastPath::new("torch's `mm` with an f32 output", "products are cast instead");
 
 #[cfg(test)]
 mod tests {
@@ -330,7 +327,7 @@ mod tests {
         let dw = product_in(&rows, &g, tch::Kind::Float, true);
         assert_eq!(dw.kind(), tch::Kind::Float);
         assert!(dw.equal(&rows.tr().mm(&g).to_kind(tch::Kind::Float)));
-        assert!(MM_DTYPE_FAILURE.get().is_some_and(|e| e.contains("mm")), "{:?}", MM_DTYPE_FAILURE.get());
+        assert!(MM_OUT_DTYPE.failure().is_some_and(|e| e.contains("mm")), "{:?}", MM_OUT_DTYPE.failure());
     }
 
     /// The node's output and its input, weight and bias gradients equal burn's cast, product and

@@ -25,6 +25,7 @@ use burn_tch::{LibTorch, TchTensor};
 use crate::ModelError;
 use crate::weights::TensorSource;
 use dpo_torch::dtype::{as_kind, grad_kind};
+use dpo_torch::fallback::FastPath;
 
 /// Root-mean-square layer norm over the last dimension, with a learned scale.
 #[derive(Module, Debug)]
@@ -143,9 +144,8 @@ impl Backward<LibTorch, 2> for NormBackward {
     }
 }
 
-/// Why torch's fused RMS-norm backward was given up on in this process (the tensor operations
-/// take over, as the CPU's), or None while it works or has not run.
-static FUSED_BACKWARD_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// torch's fused RMS-norm backward, until it fails (the tensor operations then take over, as the CPU's).
+static FUSED_BACKWARD: FastPath = FastPath::new("torch's fused RMS-norm backward", "tensor operations take over");
 
 /// `dx = r·(dn − x·r²·mean(dn·x))` in f32, returned in x's dtype: torch's fused kernel on CUDA,
 /// the same arithmetic as tensor operations elsewhere (and on CUDA should the kernel fail: a
@@ -159,13 +159,10 @@ fn input_grad(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor) -> tch::Tensor
 
 /// [`input_grad`], by torch's fused kernel where `fused` (and it has not failed before).
 fn input_grad_by(dn: &tch::Tensor, x: &tch::Tensor, r: &tch::Tensor, fused: bool) -> tch::Tensor {
-    if fused && FUSED_BACKWARD_FAILURE.get().is_none() {
+    if fused && FUSED_BACKWARD.usable() {
         match dpo_torch::kernels::rms_norm_backward(dn, x, r) {
             Ok(dx) => return dx,
-            Err(e) => {
-                eprintln!("warning: torch's fused RMS-norm backward failed ({e}); tensor operations take over");
-                let _ = FUSED_BACKWARD_FAILURE.set(e.to_string());
-            }
+            Err(e) => FUSED_BACKWARD.give_up(e),
         }
     }
     let f32 = tch::Kind::Float;
@@ -205,7 +202,7 @@ mod tests {
         let r = x.square().mean_dim(-1, true, None).sqrt().reciprocal(); // [3, 1]
         let want = input_grad_by(&dn, &x, &r, false);
         assert!(input_grad_by(&dn, &x, &r, true).equal(&want));
-        let failure = FUSED_BACKWARD_FAILURE.get();
+        let failure = FUSED_BACKWARD.failure();
         assert!(failure.is_some_and(|e| e.contains("rms_norm_backward")), "{failure:?}");
     }
 

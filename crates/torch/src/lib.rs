@@ -3,12 +3,13 @@
 //! `dpo-dist` wraps as c10d process groups, and the safe wrappers of the rest: torch's fused AdamW
 //! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
 //! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
-//! ([`profiler`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
+//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
 //! ([`bridge`]).
 
 pub mod allocator;
 pub mod bridge;
 pub mod dtype;
+pub mod fallback;
 pub mod ffi;
 pub mod kernels;
 pub mod profiler;
