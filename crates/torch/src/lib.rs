@@ -3,8 +3,8 @@
 //! `dpo-dist` wraps as c10d process groups, and the safe wrappers of the rest: torch's fused AdamW
 //! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
 //! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
-//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
-//! ([`bridge`]).
+//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), and the bridge between
+//! burn tensors and the `tch::Tensor`s they wrap ([`bridge`]).
 
 pub mod allocator;
 pub mod bridge;
