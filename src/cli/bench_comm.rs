@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use super::INTERRUPTED;
 use super::args::BenchCommArgs;
-use super::launch::{Placed, place};
+use super::launch::{Placed, ProcessMemory, place};
 use crate::dist::{self, LaunchOutcome};
 
 /// Runs `bench-comm`.
@@ -21,7 +21,8 @@ pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
     }
     let timeout = Duration::from_secs(args.timeout);
     let each = check_gpu::memory::CUDA_CONTEXT_BYTES.saturating_add(args.max_bytes.saturating_mul(2));
-    super::launch::check_host_memory(&args.parallel, each, "a libtorch process and two buffers of --max-bytes")?;
+    let basis = "a libtorch process and two buffers of --max-bytes";
+    super::launch::check_host_memory(&args.parallel, ProcessMemory { each, basis, lone: "lower `--max-bytes`" })?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), timeout, &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),

@@ -9,7 +9,7 @@ use anyhow::Context;
 
 use super::INTERRUPTED;
 use super::args::GenerateArgs;
-use super::launch::{Placed, place};
+use super::launch::{Placed, ProcessMemory, place};
 use crate::data::Text;
 use crate::data::tokenize::encode_prompt;
 use crate::data::tokenizer::Tokenizer;
@@ -43,8 +43,12 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         encoded.push(ids);
     }
-    let floor = check_gpu::memory::CUDA_CONTEXT_BYTES;
-    super::launch::check_host_memory(&args.parallel, floor, "a libtorch process's own")?;
+    let floor = ProcessMemory {
+        each: check_gpu::memory::CUDA_CONTEXT_BYTES,
+        basis: "a libtorch process's own",
+        lone: "free memory on this machine",
+    };
+    super::launch::check_host_memory(&args.parallel, floor)?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),

@@ -32,10 +32,12 @@ pub enum LaunchFlagError {
         "`--devices {devices}` runs CPU processes and `--device {device}` asks for a GPU: choose one (`--gpus N` runs one process per GPU)"
     )]
     Contradiction { devices: String, device: String },
+    #[error("`--devices cpu:{}`: {}: {}", short.n, short.describe("processes", basis), short.advice(lone))]
+    HostMemory { short: check_gpu::probe::HostShortfall, basis: &'static str, lone: &'static str },
     #[error(
-        "`--devices cpu:{n}`: {n} processes of about {each} each ({basis}) need {need}, and the host has {available} available: use at most `--devices cpu:{most}`"
+        "one process needs about {need} before the data adds any ({terms}; check-gpu's estimate), and the host has {room} available, swap included: {advice}"
     )]
-    HostMemory { n: u64, each: String, basis: &'static str, need: String, available: String, most: u64 },
+    OneProcess { need: String, terms: String, room: String, advice: &'static str },
 }
 
 /// What this process does.
@@ -102,28 +104,51 @@ pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> u
     Ok(Role::Alone(check_cuda(par.device, &cuda_devices)?))
 }
 
-/// Refuses `--devices cpu:N` (N > 1) when N processes of about `per_process` bytes each (the
-/// `basis` of that figure, for the message) would not fit in the memory this job has
-/// (`MemAvailable`, or its cgroup's limit): the workers would be killed one by one, or the
-/// machine swap, long after the start. Unknown host memory is not checked.
-pub fn check_host_memory(par: &ParallelArgs, per_process: u64, basis: &'static str) -> Result<(), LaunchFlagError> {
+/// One process's memory as a command estimates it, for the checks before anything starts.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessMemory {
+    /// Bytes per process at its peak.
+    pub each: u64,
+    /// What `each` counts, for the message.
+    pub basis: &'static str,
+    /// What to lower when not even one process fits.
+    pub lone: &'static str,
+}
+
+/// Refuses `--devices cpu:N` (N > 1) when N processes of `mem.each` bytes would not fit in the
+/// memory this job has (`MemAvailable`, or its cgroup's limit): the workers would be killed one
+/// by one, or the machine swap, long after the start. Unknown host memory is not checked.
+pub fn check_host_memory(par: &ParallelArgs, mem: ProcessMemory) -> Result<(), LaunchFlagError> {
     let n = par.devices.as_deref().and_then(|s| s.strip_prefix("cpu:")).and_then(|n| n.parse::<u64>().ok());
-    let (Some(n), Some(available)) = (n.filter(|&n| n > 1), check_gpu::probe::host_memory_available()) else {
-        return Ok(());
-    };
-    let need = per_process.saturating_mul(n);
-    if need <= available {
+    let Some(n) = n.filter(|&n| n > 1) else { return Ok(()) };
+    match check_gpu::probe::HostShortfall::of(n, mem.each, check_gpu::probe::host_memory_available()) {
+        Some(short) => Err(LaunchFlagError::HostMemory { short, basis: mem.basis, lone: mem.lone }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a run on the CPU whose one process needs `state` bytes (`terms`: what they are) before
+/// its data adds any, beyond the host's available memory and free swap together: held whatever
+/// the data, they cannot fit, and the kernel's OOM killer would end the run without a word (a
+/// `--lora-r` of 10^9, a 70B model on a laptop). The data's share is not counted: a run of short
+/// pairs may well fit where `max_length` pairs would not.
+pub fn check_one_process(
+    par: &ParallelArgs,
+    state: u64,
+    terms: String,
+    advice: &'static str,
+) -> Result<(), LaunchFlagError> {
+    let on_cpu = par.gpus.is_none()
+        && (par.devices.is_some()
+            || par.device == DeviceArg::Cpu
+            || (par.device == DeviceArg::Auto && cuda_device_count() == 0));
+    let Some(available) = check_gpu::probe::host_memory_available().filter(|_| on_cpu) else { return Ok(()) };
+    let room = available.saturating_add(check_gpu::probe::host::host_swap_free().unwrap_or(0));
+    if state <= room {
         return Ok(());
     }
     let bytes = check_gpu::units::bytes;
-    Err(LaunchFlagError::HostMemory {
-        n,
-        each: bytes(per_process),
-        basis,
-        need: bytes(need),
-        available: bytes(available),
-        most: (available / per_process.max(1)).max(1),
-    })
+    Err(LaunchFlagError::OneProcess { need: bytes(state), terms, room: bytes(room), advice })
 }
 
 /// The CUDA device indices of a `--gpus` value.

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::args::TrainArgs;
-use super::launch::{Placed, place};
+use super::launch::{Placed, ProcessMemory, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
 use crate::config::{ConfigError, ConfigFile, Layered, Origin, RunPlan, TrainConfig};
@@ -45,8 +45,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         check_sft_keys(&layered, args.config.is_some())?;
     }
     let mut cfg = layered.cfg.clone();
-    let (each, basis) = process_estimate(&cfg, &plan, &args.parallel);
-    super::launch::check_host_memory(&args.parallel, each, basis)?;
+    check_memory(&cfg, &plan, &args.parallel)?;
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
     // directory it creates (another run's of the same second makes it take a suffix).
@@ -124,12 +123,16 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
 }
 
-/// check-gpu's estimate of one CPU process of this run (its model, batch, precision, adapters,
-/// reference and stage over the `--devices cpu:N` processes), or a libtorch process's own where
-/// the model cannot be read (the demo's is made at the start).
-fn process_estimate(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelArgs) -> (u64, &'static str) {
-    let floor = (check_gpu::memory::CUDA_CONTEXT_BYTES, "a libtorch process's own");
-    let Ok(shape) = check_gpu::ModelShape::from_hf_dir(Path::new(&cfg.model_name_or_path)) else { return floor };
+/// Refuses, before anything starts, CPU processes that cannot fit in this host's memory by
+/// check-gpu's estimate for this model and batch: `--devices cpu:N` whose N processes would not
+/// (the data at `max_length`), and one process whose weights, optimizer state and reference alone
+/// would not. A model directory check-gpu cannot read is checked at a libtorch process's own.
+fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelArgs) -> anyhow::Result<()> {
+    let lone = "lower `--per-device-train-batch-size` or `--max-length`";
+    let floor = ProcessMemory { each: check_gpu::memory::CUDA_CONTEXT_BYTES, basis: "a libtorch process's own", lone };
+    let Ok(shape) = check_gpu::ModelShape::from_hf_dir(Path::new(&cfg.model_name_or_path)) else {
+        return Ok(super::launch::check_host_memory(par, floor)?);
+    };
     let world = par.devices.as_deref().and_then(|s| s.strip_prefix("cpu:")).and_then(|n| n.parse().ok()).unwrap_or(1);
     let finetune = match &plan.lora {
         Some(lora) => check_gpu::FineTune::Lora { rank: lora.r as u64 },
@@ -152,7 +155,25 @@ fn process_estimate(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::Parall
             check_gpu::PairTokens::bound(cfg.max_length as u64).batch(cfg.per_device_train_batch_size as u64),
         ),
     });
-    (e.total.saturating_add(e.host), "check-gpu's estimate for this model and batch")
+    let optimizer = e.optimizer.saturating_add(e.host);
+    let state = e.weights.saturating_add(optimizer).saturating_add(e.reference);
+    let bytes = check_gpu::units::bytes;
+    let terms = [("weights", e.weights), ("optimizer state", optimizer), ("reference", e.reference)]
+        .iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(name, b)| format!("{name} {}", bytes(*b)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The adapter's moments outweigh the base model only when the rank is what is too large.
+    let advice = match finetune {
+        check_gpu::FineTune::Lora { .. } if optimizer > e.weights => "lower `--lora-r`",
+        check_gpu::FineTune::Lora { .. } => "the model needs a machine with more memory, or GPUs (`--gpus N`)",
+        check_gpu::FineTune::Full => "train a LoRA adapter (`--lora-r 16`), or on GPUs (`--gpus N`)",
+    };
+    // One process first: when its state alone does not fit, fewer processes is no advice.
+    super::launch::check_one_process(par, state, terms, advice)?;
+    let basis = "check-gpu's estimate for this model and batch";
+    Ok(super::launch::check_host_memory(par, ProcessMemory { each: e.total.saturating_add(e.host), basis, lone })?)
 }
 
 /// `sft` trains at `learning_rate` for `max_steps` (or `num_train_epochs`) and evaluates nothing:

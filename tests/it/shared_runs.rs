@@ -288,10 +288,19 @@ fn impossible_device_flags_are_refused_up_front() {
         "{}",
         stderr(&many)
     );
+    // One process whose weights and optimizer state alone exceed the host's memory and swap (an
+    // adapter of rank 10^9 is terabytes) was killed by the kernel mid-allocation, without a word.
+    let rank = run(dir.path(), "r", &["--lora-r", "1000000000"]);
+    let said = one_line_error(&rank);
+    assert!(said.starts_with("error: one process needs about") && said.ends_with("lower `--lora-r`"), "{said}");
+    assert_eq!(rank.status.code(), Some(1));
+    // Not even one of N fits: fewer processes is not the advice.
+    let batch = run(dir.path(), "b", &["--devices", "cpu:2", "--per-device-train-batch-size", "100000000"]);
+    assert!(one_line_error(&batch).contains("not even one fits: lower `--per-device-train-batch-size`"));
     let mut bench = dpo_train();
     bench.args(["bench-comm", "--devices", "cpu:1024", "--max-bytes", "68719476736"]);
     assert!(one_line_error(&finish(bench, Duration::from_secs(60))).contains("processes of about"));
-    assert!(!dir.path().join("x").exists() && !dir.path().join("y").exists());
+    assert!(["x", "y", "r", "b"].iter().all(|name| !dir.path().join(name).exists()));
 }
 
 /// A setting that leaves nothing to score is refused with one line (`--max-length 1` kept every

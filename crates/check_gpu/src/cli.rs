@@ -161,9 +161,12 @@ pub enum FlagError {
     ShardingOnOneGpu { stage: &'static str },
     /// More bench processes than the host's memory holds.
     #[error(
-        "`--devices cpu:{n}`: {n} bench processes of about {each} each (a libtorch process and two buffers of the largest message) need {need}, and the host has {available} available: use at most `--devices cpu:{most}`"
+        "`--devices cpu:{}`: {}: {}",
+        short.n,
+        short.describe("bench processes", "a libtorch process and two buffers of the largest message"),
+        short.advice("lower `--bench-max-bytes`")
     )]
-    HostMemory { n: u64, each: String, need: String, available: String, most: u64 },
+    HostMemory { short: crate::probe::HostShortfall },
     /// The data the command would train on is not there.
     #[error("`--data {}`: no such file or directory", path.display())]
     NoData { path: PathBuf },
@@ -347,18 +350,6 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
-/// Refuses `n` processes of `each` bytes that do not fit in `available` (unknown: not checked).
-fn fits_in_host(n: u64, each: u64, available: Option<u64>) -> Result<(), FlagError> {
-    let Some(available) = available else { return Ok(()) };
-    let need = n.saturating_mul(each);
-    if need <= available {
-        return Ok(());
-    }
-    let bytes = crate::units::bytes;
-    let (each_text, need, free) = (bytes(each), bytes(need), bytes(available));
-    Err(FlagError::HostMemory { n, each: each_text, need, available: free, most: (available / each.max(1)).max(1) })
-}
-
 /// `dpo-train data lengths` of `data` under `model`'s tokenizer at `max_length`, or why not.
 fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::memory::DataLengths, LengthsError> {
     let not_run = LengthsError::NotRun;
@@ -393,7 +384,9 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
     let max_bytes = args.bench_max_bytes.unwrap_or(default_max);
     if let Devices::Cpu(n) = devices {
         let each = crate::memory::CUDA_CONTEXT_BYTES.saturating_add(max_bytes.saturating_mul(2));
-        fits_in_host(n as u64, each, crate::probe::host_memory_available())?;
+        if let Some(short) = crate::probe::HostShortfall::of(n as u64, each, crate::probe::host_memory_available()) {
+            return Err(FlagError::HostMemory { short }.into());
+        }
     }
     let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())?;
     let request = BenchRequest { devices, min_bytes: bench::DEFAULT_MIN_BYTES.min(max_bytes), max_bytes };

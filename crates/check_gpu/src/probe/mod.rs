@@ -1,12 +1,15 @@
 //! The live probe: NVML for GPUs and pairs, sysfs for NUMA nodes, NCCL by dlopen, and the
 //! `NCCL_*`, `CUDA_*` and `OMP_NUM_THREADS` environment.
 
+pub mod host;
 pub mod nccl;
 pub mod nvml;
 pub mod sysfs;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+
+pub use host::{HostShortfall, cgroup_headroom, host_memory_available, mem_available};
 
 use crate::snapshot::Snapshot;
 
@@ -64,48 +67,6 @@ pub fn numa_nodes_used(node_cpulists: &[String], allowed: &[u32]) -> Option<u32>
     u32::try_from(used).ok().filter(|&n| n > 0)
 }
 
-/// The host memory available to a new process of this job: `MemAvailable` of `/proc/meminfo`, or
-/// less where the job's cgroup (v2: a container, a SLURM or systemd job) caps it. `None` where
-/// there is no `/proc/meminfo` (not Linux) or it lacks the line.
-pub fn host_memory_available() -> Option<u64> {
-    let host = mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
-    let capped = std::fs::read_to_string("/proc/self/cgroup").ok().and_then(|own| {
-        cgroup_headroom(&own, |file| std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(file)).ok())
-    });
-    Some(capped.map_or(host, |room| room.min(host)))
-}
-
-/// The least headroom under a `memory.max` from this process's cgroup (the `0::` line of
-/// `/proc/self/cgroup`) up to the root: the limit less the working set (`memory.current` without
-/// `inactive_file` of `memory.stat`, page cache the kernel reclaims before it kills). `read` gets
-/// a path relative to the cgroup mount. `None` where no level sets a limit (`max`) or v2 is absent.
-pub fn cgroup_headroom(own: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
-    let mut dir = own.lines().find_map(|l| l.strip_prefix("0::"))?.trim().trim_matches('/').to_owned();
-    let mut least: Option<u64> = None;
-    loop {
-        let file = |name: &str| if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") };
-        let number = |name: &str| read(&file(name)).and_then(|t| t.trim().parse::<u64>().ok());
-        if let (Some(max), Some(current)) = (number("memory.max"), number("memory.current")) {
-            let stat = read(&file("memory.stat")).unwrap_or_default();
-            let inactive = stat.lines().find_map(|l| l.strip_prefix("inactive_file ")?.trim().parse::<u64>().ok());
-            let room = max.saturating_sub(current.saturating_sub(inactive.unwrap_or(0)));
-            least = Some(least.map_or(room, |l| l.min(room)));
-        }
-        match dir.rsplit_once('/') {
-            Some((parent, _)) => dir = parent.to_owned(),
-            None if dir.is_empty() => return least,
-            None => dir.clear(),
-        }
-    }
-}
-
-/// `MemAvailable:   16280176 kB` of `/proc/meminfo` text, in bytes.
-pub fn mem_available(meminfo: &str) -> Option<u64> {
-    let value = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
-    let kib: u64 = value.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    kib.checked_mul(1024)
-}
-
 /// The host's own facts a plan on CPUs needs, with or without NVML: cores, NUMA nodes, memory.
 pub fn host_facts(system: &mut crate::snapshot::System) {
     system.cpu_count = Some(cpu_count());
@@ -142,18 +103,6 @@ mod tests {
     }
 
     #[test]
-    fn meminfo() {
-        let text = "MemTotal:       32567284 kB\nMemFree:         1034560 kB\nMemAvailable:   16280176 kB\n";
-        assert_eq!(mem_available(text), Some(16_280_176 * 1024));
-        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
-        assert_eq!(mem_available("MemAvailable: lots\n"), None);
-        // This machine's, where there is one.
-        if std::path::Path::new("/proc/meminfo").exists() {
-            assert!(host_memory_available().is_some_and(|b| b > 0));
-        }
-    }
-
-    #[test]
     fn numa_nodes_of_the_allowed_cpus() {
         let nodes = ["0-15,32-47\n".to_owned(), "16-31,48-63\n".to_owned(), "\n".to_owned()];
         assert_eq!(numa_nodes_used(&nodes, &(0..64).collect::<Vec<_>>()), Some(2));
@@ -163,33 +112,6 @@ mod tests {
         if std::path::Path::new("/sys/devices/system/node/node0/cpulist").exists() {
             assert!(cpu_numa_nodes().is_some_and(|n| n >= 1));
         }
-    }
-
-    #[test]
-    fn cgroup_limit() {
-        let files: BTreeMap<&str, &str> = [
-            ("memory.max", "max\n"),
-            ("memory.current", "900\n"),
-            ("job/memory.max", "1000\n"),
-            ("job/memory.current", "700\n"),
-            ("job/memory.stat", "anon 500\ninactive_file 200\nactive_file 0\n"),
-            ("job/step/memory.max", "max\n"),
-            ("job/step/memory.current", "650\n"),
-        ]
-        .into();
-        let read = |f: &str| files.get(f).map(|t| t.to_string());
-        // The job's limit (1000) less its working set (700 - 200 reclaimable cache).
-        assert_eq!(cgroup_headroom("0::/job/step\n", read), Some(500));
-        // No level with a limit, or cgroup v1 only: no cap.
-        assert_eq!(cgroup_headroom("0::/\n", read), None);
-        assert_eq!(cgroup_headroom("12:memory:/job\n", read), None);
-        // A limit below the usage leaves nothing rather than wrapping.
-        let tight = |f: &str| match f {
-            "memory.max" => Some("100".into()),
-            "memory.current" => Some("300".into()),
-            _ => None,
-        };
-        assert_eq!(cgroup_headroom("0::/\n", tight), Some(0));
     }
 
     #[test]
