@@ -43,6 +43,15 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         }
         encoded.push(ids);
     }
+    // Every completion's token ids are held until the prompts' are all printed.
+    let held = encoded.iter().fold(0u64, |sum, ids| {
+        let tokens = args.max_new_tokens.min(limit.saturating_sub(ids.len())) as u64;
+        let each = (std::mem::size_of::<Vec<u32>>() as u64).saturating_add(tokens.saturating_mul(4));
+        sum.saturating_add(each.saturating_mul(args.num_samples))
+    });
+    let what = format!("{} completions of each of {} prompts, held until printed,", args.num_samples, prompts.len());
+    let advice = "lower `--num-samples` or `--max-new-tokens`, or split the prompts file";
+    super::launch::check_flag_memory("num-samples", held, &what, advice)?;
     let floor = ProcessMemory {
         each: check_gpu::memory::CUDA_CONTEXT_BYTES,
         basis: "a libtorch process's own",

@@ -151,6 +151,17 @@ pub fn check_one_process(
     Err(LaunchFlagError::OneProcess { need: bytes(state), terms, room: bytes(room), advice })
 }
 
+/// Refuses `--{flag}` where its value makes this process hold `bytes` on the host (`what` they
+/// are, for the message) and the job has less memory available: the allocation would abort, or
+/// the OOM killer end the process, without a word (`data synth --train 10000000000000`).
+pub fn check_flag_memory(flag: &str, bytes: u64, what: &str, advice: &str) -> Result<(), crate::config::ConfigError> {
+    let Some(available) = check_gpu::probe::host_memory_available().filter(|&a| bytes > a) else { return Ok(()) };
+    let size = check_gpu::units::bytes;
+    let message =
+        format!("{what} need about {}, and the host has {} available: {advice}", size(bytes), size(available));
+    Err(crate::config::ConfigError::Flag { flag: flag.to_owned(), message })
+}
+
 /// The CUDA device indices of a `--gpus` value.
 fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
     let ids: Vec<usize> = if spec == "auto" {

@@ -494,7 +494,12 @@ fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Resul
 /// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it.
 fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, usize)> {
     let micro = cfg.per_device_train_batch_size;
-    let per_pass = micro * world_size;
+    // A batch no counter holds (a per-device batch of 2^62 on 4 ranks) is bad input, not a wrap.
+    let too_large = || ConfigError::Invalid {
+        key: "per_device_train_batch_size",
+        message: format!("{micro} x {world_size} devices x accumulation is more pairs than a step can count"),
+    };
+    let per_pass = micro.checked_mul(world_size).ok_or_else(too_large)?;
     let accumulation = match cfg.global_batch_size {
         Some(global) if global % per_pass != 0 => anyhow::bail!(ConfigError::Invalid {
             key: "global_batch_size",
@@ -505,7 +510,7 @@ fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, 
         Some(global) => global / per_pass,
         None => cfg.gradient_accumulation_steps,
     };
-    Ok((per_pass * accumulation, accumulation))
+    Ok((per_pass.checked_mul(accumulation).ok_or_else(too_large)?, accumulation))
 }
 
 /// A run resumes with the global batch its checkpoints were saved at, whatever the devices: their
@@ -637,7 +642,22 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use super::resume_batch_advice;
+    use super::{global_batch, resume_batch_advice};
+
+    /// A batch of more pairs than a step can count is bad input naming the key; one that fits
+    /// splits as configured.
+    #[test]
+    fn a_global_batch_past_usize_is_refused() {
+        let cfg = |micro: usize, accumulation: usize| crate::config::TrainConfig {
+            per_device_train_batch_size: micro,
+            gradient_accumulation_steps: accumulation,
+            ..Default::default()
+        };
+        assert_eq!(global_batch(&cfg(8, 2), 4).unwrap(), (64, 2));
+        let wide = global_batch(&cfg(1 << 62, 1), 4).unwrap_err().to_string();
+        assert!(wide.starts_with("`per_device_train_batch_size`: 4611686018427387904 x 4 devices"), "{wide}");
+        assert!(global_batch(&cfg(1 << 62, 4), 1).is_err());
+    }
 
     /// The advice is a batch that splits (followed, it is accepted), or a device count that does.
     #[test]

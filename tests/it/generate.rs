@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use dpo_train::model::generate::{SamplingConfig, generate, rng};
+use dpo_train::model::generate::{SAMPLE_ROWS, SamplingConfig, generate, rng};
 use dpo_train::model::{self, KvCache};
 
 fn model_dir(name: &str) -> PathBuf {
@@ -70,8 +70,11 @@ fn greedy_equals_argmax(model: &dpo_train::model::Llama, device: &Device, kind: 
     let (model, device) = (model, device.clone());
     let prompt = vec![30u32, 61, 7, 88];
     let eos = 2;
-    let out = generate(model, &prompt, 2, eos, &SamplingConfig::greedy(12), &mut rng(0), &device);
-    assert_eq!(out[0], out[1], "greedy rows of one prompt agree");
+    // More rows than one batch decodes: the last batch holds two.
+    let rows = SAMPLE_ROWS + 2;
+    let out = generate(model, &prompt, rows, eos, &SamplingConfig::greedy(12), &mut rng(0), &device);
+    assert_eq!(out.len(), rows);
+    assert!(out.iter().all(|row| *row == out[0]), "greedy rows of one prompt agree");
     let mut seq = prompt.clone();
     let mut expected = Vec::new();
     for _ in 0..12 {

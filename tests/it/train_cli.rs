@@ -74,6 +74,28 @@ fn data_synth_writes_three_loadable_splits() {
     }
 }
 
+/// Counts no host holds are refused with one line naming the flag, before anything is written
+/// (`--train 10^13` aborted on a failed allocation with a backtrace; `--num-samples 10^12` was
+/// killed by the OOM killer after 24 GB).
+#[test]
+fn counts_beyond_the_host_memory_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("prefs.jsonl");
+    let synth =
+        one_line_error(&dpo_train(&["data", "synth", "--out", out.to_str().unwrap(), "--val", "10000000000000"]));
+    assert!(synth.starts_with("error: `--val`: 10000000002200 pairs made and written in memory need about"), "{synth}");
+    assert!(!out.exists());
+    let prompts = dir.path().join("prompts.txt");
+    fs::write(&prompts, "Hello\n").unwrap();
+    let model = root().join("tests/fixtures/models/llama");
+    let (model, prompts) = (model.to_str().unwrap(), prompts.to_str().unwrap());
+    let many = dpo_train(&["generate", "--model", model, "--prompts", prompts, "--num-samples", "1000000000000"]);
+    let said = one_line_error(&many);
+    assert!(said.starts_with("error: `--num-samples`: 1000000000000 completions of each of 1 prompts"), "{said}");
+    assert!(said.ends_with("lower `--num-samples` or `--max-new-tokens`, or split the prompts file"), "{said}");
+    assert!(many.stdout.is_empty());
+}
+
 #[test]
 fn generate_is_seeded_and_greedy_is_deterministic() {
     let dir = tempfile::tempdir().unwrap();

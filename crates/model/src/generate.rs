@@ -1,8 +1,8 @@
 //! Sampling completions with a KV cache: greedy, temperature and nucleus (top-p) sampling as
 //! transformers' `generate` defines them (`TemperatureLogitsWarper`, `TopPLogitsWarper`).
 //!
-//! One prompt at a time, its `num_samples` continuations decoded together as one batch: rows of
-//! one prompt share a length, so no left padding or attention mask is needed.
+//! One prompt at a time, its `num_samples` continuations decoded together in batches of at most
+//! [`SAMPLE_ROWS`]: rows of one prompt share a length, so no left padding or attention mask is needed.
 
 use std::path::{Path, PathBuf};
 
@@ -90,6 +90,11 @@ impl SamplingConfig {
     }
 }
 
+/// Continuations of one prompt decoded together at most: the KV cache and the logits grow with
+/// the rows, so `--num-samples 1000` decodes in batches rather than asking for all of their memory
+/// at once. (Up to this many, the draws from `rng` are those of one batch.)
+pub const SAMPLE_ROWS: usize = 64;
+
 /// `num_samples` continuations of `prompt`, each ending before its first `eos` (excluded).
 /// `rng` drives sampling; greedy decoding ignores it.
 ///
@@ -104,6 +109,24 @@ pub fn generate(
     device: &Device,
 ) -> Vec<Vec<u32>> {
     let n = num_samples.max(1);
+    let mut outputs = Vec::new();
+    while outputs.len() < n {
+        let rows = SAMPLE_ROWS.min(n - outputs.len());
+        outputs.extend(decode_rows(model, prompt, rows, eos, cfg, rng, device));
+    }
+    outputs
+}
+
+/// [`generate`]'s `n` continuations as one batch.
+fn decode_rows(
+    model: &Llama,
+    prompt: &[u32],
+    n: usize,
+    eos: u32,
+    cfg: &SamplingConfig,
+    rng: &mut ChaCha8Rng,
+    device: &Device,
+) -> Vec<Vec<u32>> {
     let room = model.max_sequence_length().saturating_sub(prompt.len());
     let steps = cfg.max_new_tokens.min(room);
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); n];
