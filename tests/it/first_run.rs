@@ -639,3 +639,40 @@ fn finish_measuring_memory(mut cmd: Command, limit: Duration) -> (Output, u64) {
     let status = std::os::unix::process::ExitStatusExt::from_raw(status);
     (Output { status, stdout: Vec::new(), stderr }, peak)
 }
+
+/// `generate` prints each prompt's completions as they are made, one process or several, so a
+/// Ctrl-C keeps every prompt printed whole (it printed nothing before the last prompt was done).
+#[test]
+fn generate_prints_as_it_goes_and_a_ctrl_c_keeps_it() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.txt");
+    fs::write(&prompts, (0..300).map(|i| format!("prompt {i}\n")).collect::<String>()).unwrap();
+    for workers in [&[][..], &["--devices", "cpu:2"]] {
+        let mut cmd = dpo_train();
+        cmd.args(["generate", "--model", s(&model()), "--prompts", s(&prompts), "--json"])
+            .args(["--num-samples", "4", "--max-new-tokens", "200"])
+            .args(workers)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        let row: serde_json::Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
+        assert_eq!((row["prompt"].as_str(), row["completions"].as_array().map(Vec::len)), (Some("prompt 0"), Some(4)));
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        let status = wait_or_kill(child, Duration::from_secs(60)).status;
+        assert!(!status.success(), "{workers:?}: a Ctrl-C before the last prompt");
+        let lines: Vec<&str> = first.lines().chain(rest.lines()).collect();
+        assert!(rest.is_empty() || rest.ends_with('\n'), "{workers:?}: a prompt cut in the middle");
+        assert!(lines.len() < 300, "{workers:?}: finished before the Ctrl-C");
+        for (i, line) in lines.iter().enumerate() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(row["prompt"], format!("prompt {i}"), "{workers:?}: in prompt order");
+        }
+    }
+}
