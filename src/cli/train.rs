@@ -215,7 +215,7 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
     };
     let dir = match &args.resume {
         None => return Ok((Layered::new(file, flags)?, name, None)),
-        Some(Some(dir)) => dir.clone(),
+        Some(Some(dir)) => run_of(dir)?,
         // The newest run under the output_dir the config and flags name.
         Some(None) => newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
     };
@@ -230,6 +230,27 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
     let layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
     check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
     Ok((layered, String::new(), Some(dir)))
+}
+
+/// The run `--resume PATH` continues: PATH itself, or the run of the checkpoint PATH names (as
+/// TRL's `resume_from_checkpoint` takes one) when it is the checkpoint a resume of that run loads.
+/// An older one is refused, naming what is newer: resumed from, it would train over them.
+fn run_of(path: &Path) -> anyhow::Result<PathBuf> {
+    let Some(named) = crate::train::checkpoint::Named::of(path, crate::run::SFT_DIR) else {
+        return Ok(path.to_owned());
+    };
+    let newer = named.newer();
+    let Some(first) = newer.first() else { return Ok(named.run_dir) };
+    let (after, them) = match newer.len() {
+        1 => (format!("`{}` came", first.display()), "it"),
+        n => (format!("`{}` and {} more came", first.display(), n - 1), "them"),
+    };
+    let message = format!(
+        "`{}` is not the newest checkpoint of its run: {after} after it, and a resume from it would train over {them}: move {them} out of the run to resume from it, or `--resume {}` to continue from the newest",
+        path.display(),
+        named.run_dir.display()
+    );
+    Err(ConfigError::Invalid { key: "resume", message }.into())
 }
 
 /// A resume whose flags change what is trained is refused (naming the first such key and both

@@ -213,7 +213,7 @@ enum WarmUp {
 }
 
 /// The warm-up's stage directory inside the run's.
-const SFT_DIR: &str = "sft";
+pub const SFT_DIR: &str = "sft";
 
 /// The supervised warm-up (`sft_steps > 0`) in `<run>/sft/`, unless a finished one is there.
 fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Result<WarmUp> {

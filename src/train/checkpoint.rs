@@ -287,6 +287,64 @@ pub fn latest(run_dir: &Path) -> Option<PathBuf> {
     list(run_dir).pop().map(|(_, path)| path)
 }
 
+/// A checkpoint's directory named where a run is expected (`--resume`, as TRL's
+/// `resume_from_checkpoint` takes one): `RUN/checkpoints/step-N`, or the warm-up stage's
+/// `RUN/<warm-up>/checkpoints/step-N`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named {
+    pub run_dir: PathBuf,
+    /// The directory of the stage that wrote it (the run's, or the warm-up's inside it).
+    pub stage_dir: PathBuf,
+    pub step: u64,
+}
+
+impl Named {
+    /// `None` where `path` is not a complete checkpoint in a `checkpoints/` folder; `warm_up`
+    /// names the warm-up stage's directory inside a run.
+    pub fn of(path: &Path, warm_up: &str) -> Option<Self> {
+        let step = path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()?;
+        let checkpoints = path.parent()?;
+        if checkpoints.file_name()? != "checkpoints" || !path.join(STATE_FILE).is_file() {
+            return None;
+        }
+        let stage_dir = checkpoints.parent()?.to_owned();
+        let run_dir = match stage_dir.parent() {
+            Some(run) if stage_dir.file_name()? == warm_up && run.join("config.toml").is_file() => run.to_owned(),
+            _ => stage_dir.clone(),
+        };
+        Some(Self { run_dir, stage_dir, step })
+    }
+
+    /// What a resume of the run would continue from rather than this checkpoint: the stage's
+    /// later checkpoints, and after a warm-up's, its `final/` and the run's own checkpoints.
+    pub fn newer(&self) -> Vec<PathBuf> {
+        let mut newer: Vec<PathBuf> =
+            list(&self.stage_dir).into_iter().filter(|(step, _)| *step > self.step).map(|(_, p)| p).collect();
+        if self.stage_dir != self.run_dir {
+            newer.extend(Some(self.stage_dir.join("final")).filter(|f| f.is_dir()));
+            newer.extend(list(&self.run_dir).into_iter().map(|(_, p)| p));
+        }
+        newer
+    }
+}
+
+/// `error`, met resuming from `ckpt`, with the way out where its stage has an older checkpoint:
+/// moved out of `checkpoints/`, this one no longer stops a resume from the previous one.
+pub fn resume_failed(error: anyhow::Error, ckpt: &Path) -> anyhow::Error {
+    let name = ckpt.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let (Some(step), Some(folder)) = (name.strip_prefix("step-").and_then(|n| n.parse::<u64>().ok()), ckpt.parent())
+    else {
+        return error;
+    };
+    let older = list(folder.parent().unwrap_or(folder)).into_iter().rev().find(|(s, _)| *s < step);
+    let Some((previous, _)) = older else { return error };
+    error.context(format!(
+        "cannot resume from `{}` (move `{name}` out of `{}` to resume from step-{previous})",
+        ckpt.display(),
+        folder.display()
+    ))
+}
+
 #[derive(Serialize, Deserialize)]
 struct StateFile {
     trainer: TrainerState,

@@ -421,7 +421,11 @@ fn start(
     progress: &mut dyn Progress,
 ) -> anyhow::Result<Trained> {
     let cfg = run.cfg;
-    let policy = spec.load_policy(resume_from, cfg.seed, train_device)?;
+    let failed = |e: anyhow::Error| match resume_from {
+        Some(ckpt) => checkpoint::resume_failed(e, ckpt),
+        None => e,
+    };
+    let policy = spec.load_policy(resume_from, cfg.seed, train_device).map_err(failed)?;
     // The host is libtorch's CPU device (on a CPU-only machine, the training device itself).
     #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
     let host = cfg.offload_optimizer.then(burn::tensor::Device::libtorch);
@@ -431,7 +435,8 @@ fn start(
             let sharded = workers.world_size() > 1 && run.plan.sharding != Sharding::None;
             let shard = sharded.then(|| (workers.rank(), workers.world_size()));
             // Offloaded moments load straight into host memory.
-            let saved = checkpoint::load_state(ckpt, host.as_ref().unwrap_or(train_device), shard)?;
+            let saved = checkpoint::load_state(ckpt, host.as_ref().unwrap_or(train_device), shard)
+                .map_err(|e| checkpoint::resume_failed(e.into(), ckpt))?;
             let name = stage.objective.name();
             progress.line(&format!("resuming {name} from `{}` (step {})", ckpt.display(), saved.state.step));
             (saved.optimizer, saved.state)
@@ -519,7 +524,7 @@ fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, 
 pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: usize) -> anyhow::Result<()> {
     let (now, accumulation) = global_batch(cfg, world_size)?;
     for ckpt in stage_dirs.iter().filter_map(|dir| checkpoint::latest(dir)) {
-        match checkpoint::trainer_state(&ckpt)?.global_batch {
+        match checkpoint::trainer_state(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?.global_batch {
             Some(saved) if saved != now => anyhow::bail!(ConfigError::Invalid {
                 key: "global_batch_size",
                 message: format!(

@@ -372,6 +372,34 @@ fn restarts_and_resumes_log_each_step_once() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// `--resume RUN/checkpoints/step-N`, as TRL's `resume_from_checkpoint` takes one, continues
+/// that run when the checkpoint is its newest (it trained a new run inside the checkpoint's
+/// directory, from step 0); an older one is refused, naming what came after it. A newest
+/// checkpoint that cannot be loaded says how to resume from the one before, and that works.
+#[test]
+fn resume_takes_a_checkpoint_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(train(&short_run(dir.path(), "ck", &model(), &data(), &["--save-steps", "1"])).status.success());
+    let run = dir.path().join("ck");
+    let ckpt = |n: u64| run.join(format!("checkpoints/step-{n}"));
+    let older = one_line_error(&train(&["--resume", s(&ckpt(2)), "--max-steps", "4"]));
+    let after = format!("is not the newest checkpoint of its run: `{}` came after it", ckpt(3).display());
+    assert!(older.contains(&after), "{older}");
+    assert!(older.ends_with(&format!("`--resume {}` to continue from the newest", run.display())), "{older}");
+    assert!(!ckpt(2).join("checkpoints").exists() && !ckpt(4).exists());
+    let out = train(&["--resume", s(&ckpt(3)), "--max-steps", "4"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("resuming dpo from `{}` (step 3)", ckpt(3).display())), "{}", stderr(&out));
+    assert!(ckpt(4).is_dir() && !ckpt(3).join("checkpoints").exists());
+    fs::write(ckpt(4).join("trainer_state.json"), "{damaged").unwrap();
+    let damaged = stderr(&train(&["--resume", s(&run), "--max-steps", "5"]));
+    let advice = format!("(move `step-4` out of `{}` to resume from step-3)", run.join("checkpoints").display());
+    assert!(damaged.contains(&advice), "{damaged}");
+    fs::rename(ckpt(4), dir.path().join("step-4-damaged")).unwrap();
+    let out = train(&["--resume", s(&run), "--max-steps", "5"]);
+    assert!(out.status.success() && stderr(&out).contains("(step 3)"), "{}", stderr(&out));
+}
+
 /// A file-size limit (as a full disk) while a checkpoint is written: exit 2, one line that says
 /// it was a write and gives the cause once, and no half-written checkpoint left behind.
 #[test]
