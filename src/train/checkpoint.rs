@@ -1,5 +1,5 @@
 //! Checkpoints: `checkpoints/step-N/` holds the model (HF layout), the AdamW moments, the trainer
-//! state (step, epoch, elapsed time) and the effective config. Each is written into a staging
+//! state (step, epoch, elapsed time), the effective config and the tokenizer's files. Each is written into a staging
 //! directory that is renamed into place, so a kill mid-write leaves the previous checkpoints
 //! intact; `save_total_limit` prunes the oldest after a successful save.
 //!
@@ -128,7 +128,7 @@ pub fn save(
     files: ModelFiles,
     optimizer: &AdamW,
     state: &TrainerState,
-    config_toml: &str,
+    beside: Beside,
     keep: Option<usize>,
 ) -> Result<PathBuf, CheckpointError> {
     let root = run_dir.join("checkpoints");
@@ -141,7 +141,7 @@ pub fn save(
     if staged.exists() {
         std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
     }
-    let written = write_checkpoint(&staged, model, files, optimizer, state, config_toml)
+    let written = write_checkpoint(&staged, model, files, optimizer, state, beside)
         .and_then(|()| move_slices(&slices_dir(run_dir, state.step), &staged, optimizer))
         .and_then(|()| replace_dir(&staged, &dest).map_err(io(&dest)));
     if let Err(err) = written {
@@ -160,6 +160,16 @@ pub fn save(
     Ok(dest)
 }
 
+/// What a checkpoint keeps beside the model and the optimizer state.
+#[derive(Debug, Clone, Copy)]
+pub struct Beside<'a> {
+    /// The run's effective config, which a resume continues with.
+    pub config_toml: &'a str,
+    /// Where the tokenizer's files are copied from: with them, a checkpoint evaluates, samples and
+    /// loads as a model directory, as `final/` and the checkpoints of transformers' Trainer do.
+    pub tokenizer_dir: &'a Path,
+}
+
 /// Every file of a checkpoint, into the staging directory `dir`.
 fn write_checkpoint(
     dir: &Path,
@@ -167,11 +177,12 @@ fn write_checkpoint(
     files: ModelFiles,
     optimizer: &AdamW,
     state: &TrainerState,
-    config_toml: &str,
+    beside: Beside,
 ) -> Result<(), CheckpointError> {
     let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
     write_model_dir(dir, model, files)?;
+    copy_tokenizer(beside.tokenizer_dir, dir)?;
     match optimizer.shard {
         None => save_safetensors(&dir.join(OPTIMIZER_FILE), &moment_tensors(optimizer))?,
         Some((_, world_size)) => {
@@ -189,7 +200,18 @@ fn write_checkpoint(
     let full_state = StateFile { trainer: state.clone(), optimizer_step: optimizer.step };
     let json = serde_json::to_vec_pretty(&full_state).map_err(|e| io(e.into()))?;
     write_atomic(&dir.join(STATE_FILE), &json).map_err(io)?;
-    write_atomic(&dir.join("config.toml"), config_toml.as_bytes()).map_err(io)
+    write_atomic(&dir.join("config.toml"), beside.config_toml.as_bytes()).map_err(io)
+}
+
+/// Copies the tokenizer's files that `from` has into the model directory `dir`.
+fn copy_tokenizer(from: &Path, dir: &Path) -> Result<(), CheckpointError> {
+    for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
+        let (src, dest) = (from.join(file), dir.join(file));
+        if src.is_file() {
+            std::fs::copy(&src, &dest).map_err(|source| CheckpointError::Write { path: dest, source })?;
+        }
+    }
+    Ok(())
 }
 
 /// Moves every rank's slice file into the staged checkpoint (ZeRO), checking none is missing.
@@ -227,13 +249,7 @@ pub fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenize
     }
     let written = (|| -> anyhow::Result<()> {
         write_model_dir(&staged, model, files)?;
-        for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"] {
-            let src = tokenizer_dir.join(file);
-            if src.is_file() {
-                let dest = staged.join(file);
-                std::fs::copy(&src, &dest).with_context(|| format!("cannot write `{}`", dest.display()))?;
-            }
-        }
+        copy_tokenizer(tokenizer_dir, &staged)?;
         crate::fsutil::replace_dir(&staged, final_dir)
             .with_context(|| format!("cannot write `{}`", final_dir.display()))
     })();

@@ -589,7 +589,8 @@ fn write_checkpoint(
     }
     if workers.is_main() {
         let (config_toml, keep) = (run.cfg.to_toml(), run.cfg.save_total_limit);
-        let path = checkpoint::save(dir, policy, files, &t.optimizer, &t.state, &config_toml, keep)?;
+        let beside = checkpoint::Beside { config_toml: &config_toml, tokenizer_dir: &run.data.tokenizer_dir };
+        let path = checkpoint::save(dir, policy, files, &t.optimizer, &t.state, beside, keep)?;
         progress.line(&format!("saved `{}`", path.display()));
     }
     Ok(())

@@ -372,6 +372,7 @@ fn restarts_and_resumes_log_each_step_once() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// A checkpoint holds the tokenizer, so `eval` (and `generate`) take it as a model directory;
 /// `--resume RUN/checkpoints/step-N`, as TRL's `resume_from_checkpoint` takes one, continues
 /// that run when the checkpoint is its newest (it trained a new run inside the checkpoint's
 /// directory, from step 0); an older one is refused, naming what came after it. A newest
@@ -382,6 +383,11 @@ fn resume_takes_a_checkpoint_directory() {
     assert!(train(&short_run(dir.path(), "ck", &model(), &data(), &["--save-steps", "1"])).status.success());
     let run = dir.path().join("ck");
     let ckpt = |n: u64| run.join(format!("checkpoints/step-{n}"));
+    // A checkpoint is a model directory, tokenizer included: it evaluates as `final/` does.
+    let mut eval = dpo_train();
+    eval.args(["eval", "--model", s(&ckpt(2)), "--data", s(&data())]);
+    let evaluated = finish(eval, Duration::from_secs(120));
+    assert!(evaluated.status.success(), "{}", stderr(&evaluated));
     let older = one_line_error(&train(&["--resume", s(&ckpt(2)), "--max-steps", "4"]));
     let after = format!("is not the newest checkpoint of its run: `{}` came after it", ckpt(3).display());
     assert!(older.contains(&after), "{older}");
