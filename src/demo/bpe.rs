@@ -51,7 +51,7 @@ pub enum BpeError {
         source: tokenizers::Error,
     },
     /// An output file could not be written.
-    #[error("Cannot write `{path}`")]
+    #[error("cannot write `{path}`")]
     Write {
         path: PathBuf,
         #[source]
@@ -206,6 +206,6 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, "x").unwrap();
         let err = train_tokenizer(["a b"].into_iter(), 300, &file).unwrap_err();
-        assert_eq!(err.to_string(), format!("Cannot write `{}`", file.join("tokenizer.json").display()));
+        assert_eq!(err.to_string(), format!("cannot write `{}`", file.join("tokenizer.json").display()));
     }
 }

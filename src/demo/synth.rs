@@ -28,14 +28,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
     /// Creating, writing or renaming the output file failed.
-    #[error("Cannot write `{path}`")]
+    #[error("cannot write `{path}`")]
     Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A pair could not be serialised to JSON.
-    #[error("Cannot serialise a pair for `{path}`")]
+    #[error("cannot serialise a pair for `{path}`")]
     Serialize {
         path: PathBuf,
         #[source]
@@ -569,6 +569,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // A directory cannot be replaced by a file.
         let err = write_jsonl(dir.path(), &[]).unwrap_err();
-        assert_eq!(err.to_string(), format!("Cannot write `{}`", dir.path().display()));
+        assert_eq!(err.to_string(), format!("cannot write `{}`", dir.path().display()));
     }
 }

@@ -12,7 +12,7 @@ use crate::tokenizer::TokenizerError;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file could not be read.
-    #[error("Cannot read `{path}`")]
+    #[error("cannot read `{path}`")]
     Read {
         path: PathBuf,
         #[source]

@@ -25,7 +25,7 @@ use chat::{ChatTemplate, chat_template};
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// A file could not be read.
-    #[error("Cannot read `{path}`")]
+    #[error("cannot read `{path}`")]
     Read {
         path: PathBuf,
         #[source]
@@ -72,7 +72,7 @@ pub enum TokenizerError {
         source: minijinja::Error,
     },
     /// `apply_chat_template` was called without messages (transformers refuses too).
-    #[error("Cannot apply the chat template to an empty conversation")]
+    #[error("cannot apply the chat template to an empty conversation")]
     EmptyConversation,
     /// The `tokenizers` crate failed to encode a text.
     #[error("Encoding failed")]
@@ -591,7 +591,7 @@ mod tests {
     fn errors_name_the_file() {
         let dir = temp_dir("errors");
         let err = Tokenizer::from_dir(&dir).unwrap_err();
-        assert_eq!(err.to_string(), format!("Cannot read `{}`", dir.join("tokenizer.json").display()));
+        assert_eq!(err.to_string(), format!("cannot read `{}`", dir.join("tokenizer.json").display()));
         write_test_tokenizer(&dir, "{\"eos_token\": 3}");
         let err = Tokenizer::from_dir(&dir).unwrap_err();
         assert_eq!(
