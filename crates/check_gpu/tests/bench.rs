@@ -419,6 +419,9 @@ fn data_lengths_plan_the_packed_rows() {
             .any(|n| n.as_str().is_some_and(|n| n.starts_with("planned for the data's longest pairs: 20 pair(s)"))),
         "{v}"
     );
+    // 20 pairs under a global batch of 32: every step is the whole data, which the plan says.
+    let whole = "the data's 20 pair(s) are fewer than the global batch of 32: each optimizer step takes all of them";
+    assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with(whole))), "{v}");
     // Data dpo-train refuses: a warning (training would stop there), exit 1.
     let out = run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&fail));
     assert_eq!(out.status.code(), Some(1));

@@ -415,15 +415,24 @@ pub fn cpu_plan(
     p
 }
 
-/// Where the planned tokens come from: `--data`'s pairs, or why not.
+/// Where the planned tokens come from: `--data`'s pairs, or why not; and data smaller than the
+/// global batch, which every optimizer step then takes whole.
 fn lengths_note(req: &PlanRequest, log: &mut Log) {
     match (&req.lengths, &req.lengths_error) {
-        (Some(l), _) => log.notes.push(format!(
-            "planned for the data's longest pairs: {} pair(s) tokenised at max length {}, the longest {} tokens packed (the prompt once)",
-            l.pairs,
-            req.seq_len,
-            l.packed_longest.first().copied().unwrap_or(0)
-        )),
+        (Some(l), _) => {
+            log.notes.push(format!(
+                "planned for the data's longest pairs: {} pair(s) tokenised at max length {}, the longest {} tokens packed (the prompt once)",
+                l.pairs,
+                req.seq_len,
+                l.packed_longest.first().copied().unwrap_or(0)
+            ));
+            if l.pairs < req.global_batch {
+                log.notes.push(format!(
+                    "the data's {} pair(s) are fewer than the global batch of {}: each optimizer step takes all of them, one step an epoch (--global-batch sets it)",
+                    l.pairs, req.global_batch
+                ));
+            }
+        }
         (None, Some(LengthsError::Data(why))) => log.warnings.push(format!(
             "dpo-train cannot read --data ({why}): training would stop there; planned for sequences of {} tokens (--seq-len)",
             req.seq_len
