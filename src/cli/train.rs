@@ -236,7 +236,9 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
 /// TRL's `resume_from_checkpoint` takes one) when it is the checkpoint a resume of that run loads.
 /// An older one is refused, naming what is newer: resumed from, it would train over them.
 fn run_of(path: &Path) -> anyhow::Result<PathBuf> {
-    let Some(named) = crate::train::checkpoint::Named::of(path, crate::run::SFT_DIR) else {
+    // Absolute, so that `--resume step-3` from inside `checkpoints/` still sees where it is.
+    let whole = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let Some(named) = crate::train::checkpoint::Named::of(&whole, crate::run::SFT_DIR) else {
         return Ok(path.to_owned());
     };
     let newer = named.newer();
