@@ -38,8 +38,15 @@ pub struct ConfigFile {
 }
 
 impl ConfigFile {
-    /// Reads a TOML config file.
+    /// Reads a TOML config file; a YAML one (a TRL recipe) is refused saying how it translates.
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            return Err(ConfigError::At {
+                place: format!("`{}`", path.display()),
+                key: "config",
+                message: "dpo-train reads TOML configs, not YAML; the keys are TRL's DPOConfig names, so a recipe's `beta: 0.1` is `beta = 0.1` (strings quoted)".to_owned(),
+            });
+        }
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
         Ok(Self { name: path.display().to_string(), text })
     }
@@ -155,6 +162,15 @@ mod tests {
 
     fn file(text: &str) -> Option<ConfigFile> {
         Some(ConfigFile { name: "c.toml".into(), text: text.into() })
+    }
+
+    /// A TRL YAML recipe is named as such before it is read (TOML's parser said `key with no
+    /// value, expected =` at its first line).
+    #[test]
+    fn a_yaml_recipe_is_refused_saying_how_it_translates() {
+        let err = ConfigFile::read(Path::new("recipes/dpo.yaml")).map(|_| ()).unwrap_err().to_string();
+        assert!(err.starts_with("`recipes/dpo.yaml`: dpo-train reads TOML configs, not YAML"), "{err}");
+        assert!(ConfigFile::read(Path::new("absent.toml")).unwrap_err().to_string().starts_with("cannot read"));
     }
 
     #[test]
