@@ -1,7 +1,7 @@
 //! Checkpoints: `checkpoints/step-N/` holds the model (HF layout), the AdamW moments, the trainer
-//! state (step, epoch, elapsed time), the effective config and the tokenizer's files. Each is written into a staging
-//! directory that is renamed into place, so a kill mid-write leaves the previous checkpoints
-//! intact; `save_total_limit` prunes the oldest after a successful save.
+//! state (step, epoch, elapsed time), the effective config and the tokenizer's files. Each is
+//! written into a staging directory that is renamed into place, so a kill mid-write leaves the
+//! previous checkpoints intact; `save_total_limit` prunes the oldest after a successful save.
 //!
 //! The data position needs no saving: the sampler derives every batch from (seed, step).
 //!
@@ -290,12 +290,18 @@ pub fn list(run_dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut found: Vec<(u64, PathBuf)> = entries
         .filter_map(Result::ok)
         .filter_map(|e| {
-            let step = e.file_name().to_str()?.strip_prefix("step-")?.parse().ok()?;
-            e.path().join(STATE_FILE).is_file().then(|| (step, e.path()))
+            let path = e.path();
+            let step = step_of(&path)?;
+            path.join(STATE_FILE).is_file().then_some((step, path))
         })
         .collect();
     found.sort();
     found
+}
+
+/// N of a checkpoint directory `.../step-N`.
+fn step_of(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
 }
 
 /// The newest complete checkpoint of a run.
@@ -318,7 +324,7 @@ impl Named {
     /// `None` where `path` is not a complete checkpoint in a `checkpoints/` folder; `warm_up`
     /// names the warm-up stage's directory inside a run.
     pub fn of(path: &Path, warm_up: &str) -> Option<Self> {
-        let step = path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()?;
+        let step = step_of(path)?;
         let checkpoints = path.parent()?;
         if checkpoints.file_name()? != "checkpoints" || !path.join(STATE_FILE).is_file() {
             return None;
@@ -347,16 +353,15 @@ impl Named {
 /// `error`, met resuming from `ckpt`, with the way out where its stage has an older checkpoint:
 /// moved out of `checkpoints/`, this one no longer stops a resume from the previous one.
 pub fn resume_failed(error: anyhow::Error, ckpt: &Path) -> anyhow::Error {
-    let name = ckpt.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let (Some(step), Some(folder)) = (name.strip_prefix("step-").and_then(|n| n.parse::<u64>().ok()), ckpt.parent())
-    else {
+    let (Some(step), Some(folder), Some(name)) = (step_of(ckpt), ckpt.parent(), ckpt.file_name()) else {
         return error;
     };
     let older = list(folder.parent().unwrap_or(folder)).into_iter().rev().find(|(s, _)| *s < step);
     let Some((previous, _)) = older else { return error };
     error.context(format!(
-        "cannot resume from `{}` (move `{name}` out of `{}` to resume from step-{previous})",
+        "cannot resume from `{}` (move `{}` out of `{}` to resume from step-{previous})",
         ckpt.display(),
+        name.to_string_lossy(),
         folder.display()
     ))
 }
