@@ -2,7 +2,8 @@
 //! transformers' `generate` defines them (`TemperatureLogitsWarper`, `TopPLogitsWarper`).
 //!
 //! One prompt at a time, its `num_samples` continuations decoded together in batches of at most
-//! [`SAMPLE_ROWS`]: rows of one prompt share a length, so no left padding or attention mask is needed.
+//! [`SAMPLE_ROWS`]: rows of one prompt share a length, so no left padding or attention mask is
+//! needed.
 
 use std::path::{Path, PathBuf};
 
