@@ -44,6 +44,9 @@ pub struct RunSummary {
     /// The demo's greedy arithmetic accuracy on its test split: (after SFT, after DPO), each
     /// (correct, asked).
     pub demo_arithmetic: Option<((usize, usize), (usize, usize))>,
+    /// `summary.txt` as the run wrote it when it finished, printed again by a resume that found
+    /// nothing to train.
+    pub recorded: Option<String>,
 }
 
 impl RunSummary {
@@ -55,6 +58,9 @@ impl RunSummary {
     /// What the run did, as printed at its end (and kept in `summary.txt`): the stages, the last
     /// held-out and test metrics when there were such data, the demo's arithmetic.
     pub fn text(&self) -> String {
+        if let Some(recorded) = &self.recorded {
+            return recorded.clone();
+        }
         let mut out = format!("run: {}\n", self.run_dir.display());
         if let Some(sft) = &self.sft {
             out += &format!("sft: {} steps -> {}\n", sft.steps, sft.model_dir.display());
@@ -175,16 +181,22 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     };
     if req.sft_only {
         let outcome = run_stage(&run, &Stage { objective: Objective::Sft, ..base }, progress)?;
-        render_plots(&run_dir, cfg, workers)?;
-        return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
+        if !outcome.already_done {
+            render_plots(&run_dir, cfg, workers)?;
+        }
+        return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None, recorded: None });
     }
     let (sft, start_dir) = match warm_up(&run, &base, progress)? {
         WarmUp::Interrupted(outcome) => {
-            return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None });
+            return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None, recorded: None });
         }
         WarmUp::Ready(sft, start_dir) => (sft, start_dir),
     };
     let dpo = run_stage(&run, &Stage { model_dir: &start_dir, ..base }, progress)?;
+    if dpo.already_done {
+        let recorded = std::fs::read_to_string(run_dir.join("summary.txt")).ok();
+        return Ok(RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic: None, recorded });
+    }
     render_plots(&run_dir, cfg, workers)?;
 
     let demo_arithmetic = match (&demo_assets, dpo.interrupted || !workers.is_main()) {
@@ -193,7 +205,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         }
         _ => None,
     };
-    let summary = RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic };
+    let summary = RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic, recorded: None };
     if workers.is_main() && !summary.interrupted() {
         let path = summary.run_dir.join("summary.txt");
         let device = device::describe(&req.rt.device, Some(req.plan.precision), workers.world_size());
@@ -223,7 +235,7 @@ fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Resu
         return Ok(WarmUp::Ready(None, base.model_dir.to_owned()));
     }
     let finished = sft_dir.join("final");
-    if ["model.safetensors", "adapter_model.safetensors"].iter().any(|f| finished.join(f).is_file()) {
+    if crate::train::checkpoint::model_file(&finished).is_some() {
         progress.line(&format!("supervised warm-up already done: `{}`", finished.display()));
         return Ok(WarmUp::Ready(None, finished));
     }

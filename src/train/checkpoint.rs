@@ -260,6 +260,25 @@ pub fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenize
     written
 }
 
+/// The files of which one makes a directory a model: a full model's, or a PEFT adapter's.
+pub const MODEL_FILES: [&str; 2] = ["model.safetensors", "adapter_model.safetensors"];
+
+/// The model file `dir` holds, if any.
+pub fn model_file(dir: &Path) -> Option<PathBuf> {
+    MODEL_FILES.iter().map(|f| dir.join(f)).find(|p| p.is_file())
+}
+
+/// Whether the stage's `final/` (and `final/merged/` with `merged`) was written from the
+/// checkpoint `ckpt`, that is after it: a checkpoint written later (a resume that trained on and
+/// died before its export) makes `final/` stale.
+pub fn final_is_current(stage_dir: &Path, ckpt: &Path, merged: bool) -> bool {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(saved) = modified(&ckpt.join(STATE_FILE)) else { return false };
+    let final_dir = stage_dir.join("final");
+    let written = |dir: &Path| model_file(dir).and_then(|f| modified(&f)).is_some_and(|t| t >= saved);
+    written(&final_dir) && (!merged || written(&final_dir.join("merged")))
+}
+
 /// Removes what writers that died left in a stage's directory `dir` (the run's, or its `sft/`):
 /// staged checkpoints (`checkpoints/.step-N.partial`), ranks' slices (`.step-N.shards`),
 /// directories moved aside (`*.old-PID`), a staged `final.partial` and temporary files. Called by

@@ -107,6 +107,8 @@ pub struct StageOutcome {
     pub model_dir: PathBuf,
     pub steps: u64,
     pub interrupted: bool,
+    /// A resume found the stage finished: nothing was trained or written.
+    pub already_done: bool,
     /// The last evaluation on the held-out set, and the test set's (DPO only).
     pub eval: Option<Metrics>,
     pub test: Option<Metrics>,

@@ -32,6 +32,9 @@ use dpo_torch::profiler::ProfileWindow;
 
 /// Runs one stage to its end, a Ctrl-C, or an error.
 pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<StageOutcome> {
+    if let Some(done) = finished_before(run, stage, progress)? {
+        return Ok(done);
+    }
     let (cfg, workers) = (run.cfg, run.rt.workers);
     let Setup { plan, schedule, total_steps, mut trained, references, mut log, spec, config_json } =
         setup(run, stage, progress)?;
@@ -273,8 +276,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         std::fs::read_to_string(&config_path).with_context(|| format!("cannot read `{}`", config_path.display()))?;
 
     // --- the plan: steps, batches, schedule ---
-    let total_steps =
-        stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64);
+    let total_steps = total_steps(cfg, stage, &sampler);
     let schedule = schedule(run, stage, &sampler, total_steps, progress);
     let adamw = AdamWConfig {
         beta1: cfg.adam_beta1,
@@ -312,6 +314,34 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout).under(run.plan.truncation),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
+}
+
+/// The steps a stage trains to: its own count, else the epochs' worth of batches.
+fn total_steps(cfg: &TrainConfig, stage: &Stage, sampler: &Sampler) -> u64 {
+    stage.steps.unwrap_or_else(|| (cfg.num_train_epochs * sampler.steps_per_epoch() as f64).ceil() as u64)
+}
+
+/// A resumed stage whose newest checkpoint is at or past its last step, with `final/` written
+/// from that checkpoint: nothing to train, and nothing is written again (a second export dropped
+/// the held-out metrics from the run's summary and took an export's time for the same weights).
+fn finished_before(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<Option<StageOutcome>> {
+    let Some((step, ckpt)) = checkpoint::list(stage.dir).pop().filter(|_| stage.resume) else { return Ok(None) };
+    let sampler = batch_plan(run.cfg, run.data.train.len(), run.rt.workers.world_size())?;
+    let total = total_steps(run.cfg, stage, &sampler);
+    if step < total || !checkpoint::final_is_current(stage.dir, &ckpt, run.cfg.merge) {
+        return Ok(None);
+    }
+    let final_dir = stage.dir.join("final");
+    let at = match step == total {
+        true => format!("at step {step} of {total}"),
+        false => format!("at step {step}, past the {total} steps asked for"),
+    };
+    progress.line(&format!(
+        "{}: nothing to train: the run is {at} and `{}` holds that step's model (a larger `--max-steps` or `--num-train-epochs` trains on)",
+        stage.objective.name(),
+        final_dir.display()
+    ));
+    Ok(Some(StageOutcome { model_dir: final_dir, steps: step, interrupted: false, already_done: true, eval: None, test: None }))
 }
 
 /// The learning-rate schedule of a stage, announced with the batch it steps on.
@@ -625,7 +655,7 @@ fn finish(
         workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
         progress.line(&format!("interrupted at step {step}: resume with `--resume {}`", dir.display()));
-        return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, eval, test: None });
+        return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, already_done: false, eval, test: None });
     }
     let final_dir = dir.join("final");
     if workers.is_main() {
@@ -643,7 +673,7 @@ fn finish(
     };
     // Every rank returns once the files rank 0 writes are complete.
     workers.barrier("final model")?;
-    Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, eval, test })
+    Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, already_done: false, eval, test })
 }
 
 #[cfg(test)]

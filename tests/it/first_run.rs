@@ -406,6 +406,36 @@ fn resume_takes_a_checkpoint_directory() {
     assert!(out.status.success() && stderr(&out).contains("(step 3)"), "{}", stderr(&out));
 }
 
+/// A resume of a finished run has nothing to train: it says so, prints the run's summary, exits
+/// 0 and writes nothing (a second export rewrote `final/` and dropped the held-out metrics from
+/// `summary.txt`). A `final/` older than the newest checkpoint (a resume that trained on and died
+/// before its export) is written again.
+#[test]
+fn a_finished_run_resumed_trains_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(train(&short_run(dir.path(), "done", &model(), &data(), &["--eval-file", s(&data())])).status.success());
+    let run = dir.path().join("done");
+    let model_file = run.join("final/model.safetensors");
+    let summary = fs::read_to_string(run.join("summary.txt")).unwrap();
+    assert!(summary.contains("\neval: loss "), "{summary}");
+    let written = || fs::metadata(&model_file).unwrap().modified().unwrap();
+    let exported = written();
+    let out = train(&["--resume", s(&run)]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let note = format!("dpo: nothing to train: the run is at step 3 of 3 and `{}` holds", run.join("final").display());
+    assert!(err.contains(&note) && !err.contains("dpo: steps"), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), summary);
+    assert_eq!(written(), exported);
+    assert_eq!(fs::read_to_string(run.join("summary.txt")).unwrap(), summary);
+
+    let stale = exported - Duration::from_secs(3600);
+    fs::File::options().write(true).open(&model_file).unwrap().set_modified(stale).unwrap();
+    let out = train(&["--resume", s(&run)]);
+    assert!(out.status.success() && !stderr(&out).contains("nothing to train"), "{}", stderr(&out));
+    assert!(written() > stale);
+}
+
 /// A file-size limit (as a full disk) while a checkpoint is written: exit 2, one line that says
 /// it was a write and gives the cause once, and no half-written checkpoint left behind.
 #[test]
