@@ -264,8 +264,9 @@ fn short_names(key: &str) -> &'static [&'static str] {
 /// `dpo-train generate` flags.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Model directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
-    #[arg(long, value_name = "DIR")]
+    /// Model directory (config.json + safetensors + tokenizer files), a PEFT LoRA adapter
+    /// directory, or a Hub name in the local Hugging Face cache.
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub model: PathBuf,
     /// Prompts: a text file with one prompt per line, or a .jsonl whose `prompt` is a string or a
     /// list of {role, content} messages (rendered by the chat template).
@@ -317,11 +318,12 @@ pub enum DataCommand {
 /// `dpo-train data lengths` flags.
 #[derive(Debug, Args)]
 pub struct LengthsArgs {
-    /// The model directory whose tokenizer training would use.
-    #[arg(long, value_name = "DIR")]
+    /// The model directory whose tokenizer training would use (or its Hub name, cached).
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub model: PathBuf,
-    /// The preference data: a JSON Lines, JSON, CSV or Parquet file, or a dataset directory.
-    #[arg(long, value_name = "FILE")]
+    /// The preference data: a JSON Lines, JSON, CSV or Parquet file, or a dataset directory (or
+    /// its Hub name, cached).
+    #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: PathBuf,
     /// Tokens per sequence, as training's --max-length truncates them (default: TRL's 1024).
     #[arg(long, value_name = "N")]
@@ -354,17 +356,17 @@ pub struct SynthArgs {
 /// `dpo-train eval` flags.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files), or a PEFT LoRA adapter directory.
-    #[arg(long, value_name = "DIR")]
+    /// Policy model: a Hugging Face directory (config.json + safetensors + tokenizer files), a PEFT LoRA adapter directory, or a Hub name in the local Hugging Face cache.
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub model: PathBuf,
     /// Reference model directory [default: a LoRA adapter's base with the adapter off, else the policy itself].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub ref_model: Option<PathBuf>,
     /// Directory holding tokenizer.json and tokenizer_config.json [default: the policy's].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub tokenizer: Option<PathBuf>,
-    /// Preference data: .jsonl, .json (an array), .csv (each optionally .gz), .parquet, or a dataset directory as the hub lays it out.
-    #[arg(long, value_name = "FILE")]
+    /// Preference data: .jsonl, .json (an array), .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out, or its Hub name in the local Hugging Face cache.
+    #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: PathBuf,
     /// The split read when `--data` is a dataset directory.
     #[arg(long, default_value = "test")]
@@ -436,6 +438,16 @@ fn parse_temperature(s: &str) -> Result<f64, String> {
 fn parse_top_p(s: &str) -> Result<f64, String> {
     let p: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if p > 0.0 && p <= 1.0 { Ok(p) } else { Err(format!("must be in (0, 1], got {s}")) }
+}
+
+/// A model flag: the path, or the hub cache's snapshot of the Hub name it gives.
+fn model_dir(s: &str) -> Result<PathBuf, String> {
+    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Model).map_err(|e| e.to_string())
+}
+
+/// A data flag: the path, or the hub cache's snapshot of the dataset name it gives.
+fn data_path(s: &str) -> Result<PathBuf, String> {
+    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Dataset).map_err(|e| e.to_string())
 }
 
 /// `--max-length`: at least [`crate::config::MIN_MAX_LENGTH`], refused as the config key is.

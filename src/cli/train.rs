@@ -16,6 +16,7 @@ use super::args::TrainArgs;
 use super::launch::{Placed, ProcessMemory, place};
 use super::progress::{ConsoleProgress, Silent};
 use super::{INTERRUPTED, interrupt};
+use crate::config::hub::Found;
 use crate::config::{ConfigError, ConfigFile, Layered, Origin, RunPlan, TrainConfig};
 use crate::data::DataError;
 use crate::demo::{DEMO, DEMO_CONFIG};
@@ -37,7 +38,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
-    let (layered, name, resume) = resolve(&args)?;
+    let Resolved { layered, name, resume, found } = resolve(&args)?;
     let plan = layered.validate()?;
     if sft_only {
         // The demo's embedded config and a resumed run's saved one hold every key: only the
@@ -105,6 +106,9 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         crate::run::device::describe(&device, Some(plan.precision), ranks)
     );
     let par = &args.parallel;
+    for found in &found {
+        config_description = format!("{config_description}\n{}", found.describe());
+    }
     if let Some(note) = super::device::auto_fell_back(par.device, par.devices.is_some() || par.gpus.is_some(), &device)
     {
         config_description = format!("{config_description}\n{note}");
@@ -199,8 +203,19 @@ fn check_sft_keys(layered: &Layered, own_file: bool) -> Result<(), ConfigError> 
     Ok(())
 }
 
-/// The config layers, the run's default name, and the run directory to resume.
-fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>)> {
+/// What the command line asks for, read once.
+struct Resolved {
+    layered: Layered,
+    /// The run's default name.
+    name: String,
+    /// The run directory to resume.
+    resume: Option<PathBuf>,
+    /// The values read from the Hugging Face cache.
+    found: Vec<Found>,
+}
+
+/// The config layers, with Hub names read from the local cache.
+fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
     let flags = &args.overrides.values;
     let (file, name) = match &args.config {
         Some(path) => (Some(ConfigFile::read(path)?), stem(path)),
@@ -210,11 +225,17 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
         }
         None => {
             let model = flags.iter().rev().find(|(k, _)| k == "model_name_or_path").map(|(_, v)| v.as_str());
-            (None, model.map_or_else(|| "run".to_owned(), |m| stem(Path::new(m))))
+            // A model directory's whole name (`Qwen2.5-0.5B`, not its "stem" `Qwen2.5-0`).
+            let base = |m: &str| Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned());
+            (None, model.and_then(base).unwrap_or_else(|| "run".to_owned()))
         }
     };
     let dir = match &args.resume {
-        None => return Ok((Layered::new(file, flags)?, name, None)),
+        None => {
+            let mut layered = Layered::new(file, flags)?;
+            let found = layered.find_in_hub_cache()?;
+            return Ok(Resolved { layered, name, resume: None, found });
+        }
         Some(Some(dir)) => run_of(dir)?,
         // The newest run under the output_dir the config and flags name.
         Some(None) => newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
@@ -227,9 +248,11 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<(Layered, String, Option<PathBuf>
             message: format!("`{}` is not a run directory (no config.toml in it)", dir.display()),
         });
     }
-    let layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
+    let mut layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
+    // Before the comparison: a flag naming the cached model the run saved changes nothing.
+    let found = layered.find_in_hub_cache()?;
     check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
-    Ok((layered, String::new(), Some(dir)))
+    Ok(Resolved { layered, name: String::new(), resume: Some(dir), found })
 }
 
 /// The run `--resume PATH` continues: PATH itself, or the run of the checkpoint PATH names (as

@@ -341,7 +341,14 @@ fn finished_before(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> any
         stage.objective.name(),
         final_dir.display()
     ));
-    Ok(Some(StageOutcome { model_dir: final_dir, steps: step, interrupted: false, already_done: true, eval: None, test: None }))
+    Ok(Some(StageOutcome {
+        model_dir: final_dir,
+        steps: step,
+        interrupted: false,
+        already_done: true,
+        eval: None,
+        test: None,
+    }))
 }
 
 /// The learning-rate schedule of a stage, announced with the batch it steps on.

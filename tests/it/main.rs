@@ -12,6 +12,7 @@ mod eval_cli;
 mod export;
 mod first_run;
 mod generate;
+mod hub_cache;
 mod hub_data;
 mod kto;
 mod kto_parity;

@@ -54,13 +54,14 @@ pub struct Args {
     /// Model size, e.g. `1.5B`, `500M`, `7e9`, up to 1e15 (shape taken from the nearest well-known model).
     #[arg(long, value_name = "N", conflicts_with = "model")]
     pub model_params: Option<String>,
-    /// Hugging Face model directory (its config.json gives the exact shape).
-    #[arg(long, value_name = "DIR")]
+    /// Hugging Face model directory (its config.json gives the exact shape), or a Hub name in the
+    /// local Hugging Face cache.
+    #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub model: Option<PathBuf>,
     /// The preference data to train on: the printed command trains on it, and with --model the
     /// plan counts its pairs' tokens as dpo-train packs them (`dpo-train data lengths`, truncated
     /// at --seq-len) instead of sequences of --seq-len tokens.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: Option<PathBuf>,
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
@@ -457,6 +458,16 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
 }
 
 /// `--loss-type`: one of dpo-vocab's reference-free or unpaired losses (DPO's need no flag).
+/// `--model`: the path, or the hub cache's snapshot of the Hub name it gives.
+fn model_dir(s: &str) -> Result<PathBuf, String> {
+    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Model).map_err(|e| e.to_string())
+}
+
+/// `--data`: the path, or the hub cache's snapshot of the dataset name it gives.
+fn data_path(s: &str) -> Result<PathBuf, String> {
+    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Dataset).map_err(|e| e.to_string())
+}
+
 fn parse_loss_type(s: &str) -> Result<&'static str, String> {
     let keys = dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().chain(dpo_vocab::keys::UNPAIRED_LOSSES);
     keys.clone().find(|l| *l == s).ok_or_else(|| {

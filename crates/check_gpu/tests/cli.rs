@@ -636,6 +636,22 @@ fn the_command_names_the_model_directory_and_the_config() {
     let file = model.join("config.json");
     let (_, v) = plan_json("t4x2-phb", &["--model", file.to_str().expect("utf-8 path"), "--lora", "8"]);
     assert!(v["command"].as_str().expect("command").starts_with(&head), "{v}");
+    // A Hub name is the hub cache's snapshot of `main`, which the command then names.
+    let cache = dir.join("hub");
+    let snapshot = cache.join("models--org--qwen/snapshots").join("c".repeat(40));
+    std::fs::create_dir_all(cache.join("models--org--qwen/refs")).expect("temp dir");
+    std::fs::write(cache.join("models--org--qwen/refs/main"), "c".repeat(40)).expect("write");
+    std::fs::create_dir_all(&snapshot).expect("temp dir");
+    std::fs::copy(&file, snapshot.join("config.json")).expect("copy");
+    let (topo, query) = (fixture("t4x2-phb.topo.txt"), fixture("t4x2-phb.query.csv"));
+    let (topo, query) = (topo.to_str().expect("utf-8 path"), query.to_str().expect("utf-8 path"));
+    let out = Command::new(env!("CARGO_BIN_EXE_check-gpu"))
+        .args(["--json", "--model", "org/qwen", "--lora", "8", "--topo", topo, "--query", query])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .expect("the check-gpu binary runs");
+    let cached = format!("dpo-train train --model-name-or-path {} --train-file", snapshot.display());
+    assert!(json_of(&out).1["command"].as_str().expect("command").starts_with(&cached), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -92,6 +92,11 @@ impl Layered {
         Ok(Self { cfg, file, file_keys, flag_keys })
     }
 
+    /// [`TrainConfig::find_in_hub_cache`], with an error located where the name was set.
+    pub fn find_in_hub_cache(&mut self) -> Result<Vec<crate::hub::Found>, ConfigError> {
+        self.cfg.find_in_hub_cache().map_err(|e| self.locate(e))
+    }
+
     /// Where `key`'s value came from (a flag wins over the file).
     pub fn origin(&self, key: &str) -> Origin {
         if self.flag_keys.contains(key) {

@@ -9,6 +9,7 @@
 //! remembers where each value came from, and validates once; the rest of the program only reads
 //! the result.
 
+pub mod hub;
 pub mod keys;
 pub mod layers;
 pub mod lora;
@@ -179,15 +180,15 @@ macro_rules! key_doc {
 train_config! {
     run {
     // --- model and data ---
-    /// Policy to train (required): a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), or `demo` for the embedded demo.
+    /// Policy to train (required): a Hugging Face directory, a PEFT LoRA adapter directory (its training continues), a Hub name the local Hugging Face cache holds (`Qwen/Qwen2.5-0.5B`: its snapshot of `main`), or `demo` for the embedded demo.
     model_name_or_path: String = String::new(),
-    /// Reference model directory [default: a frozen copy of the starting policy].
+    /// Reference model directory, or a Hub name in the local Hugging Face cache [default: a frozen copy of the starting policy].
     ref_model_name_or_path: Option<PathBuf> = None,
-    /// Directory with tokenizer.json [default: the policy's directory].
+    /// Directory with tokenizer.json, or a Hub name in the local Hugging Face cache [default: the policy's directory].
     tokenizer_name_or_path: Option<PathBuf> = None,
-    /// Training preference data (required): .jsonl, .json, .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out (its `dataset_train_split`), or `demo` for the synthetic demo task.
+    /// Training preference data (required): .jsonl, .json, .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out (its `dataset_train_split`), a dataset's Hub name the local Hugging Face cache holds, or `demo` for the synthetic demo task.
     train_file: String = String::new(),
-    /// Held-out data for evaluations and samples, a file or a dataset directory (its `dataset_test_split`) [default: none: no evaluation].
+    /// Held-out data for evaluations and samples, a file, a dataset directory (its `dataset_test_split`) or a cached dataset's Hub name [default: none: no evaluation].
     eval_file: Option<String> = None,
     /// Test data, scored and sampled once at the end (a directory: its `dataset_test_split`).
     test_file: Option<String> = None,

@@ -114,7 +114,8 @@ pub fn tokenizer_dir(dir: &Path) -> Result<PathBuf, ModelError> {
 }
 
 /// Where the full model lives: `dir` itself, or an adapter directory's `base_model_name_or_path`
-/// (as written; a relative path is tried from the working directory, then from `dir`).
+/// (as written; a relative path is tried from the working directory, then from `dir`; a Hub name
+/// in the local hub cache).
 pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
     if !lora::is_adapter_dir(dir) {
         return Ok(dir.to_owned());
@@ -127,15 +128,19 @@ pub fn base_dir(dir: &Path) -> Result<PathBuf, ModelError> {
             message: "`base_model_name_or_path` is missing: the adapter does not say which model it adapts".to_owned(),
         });
     };
-    let base = PathBuf::from(base);
-    let found = [base.clone(), dir.join(&base)].into_iter().find(|p| p.join("config.json").is_file());
-    found.ok_or_else(|| ModelError::BadConfig {
-        path,
-        message: format!(
-            "`base_model_name_or_path` = `{}` is not a local model directory (it needs `config.json`)",
-            base.display()
-        ),
-    })
+    let local = [PathBuf::from(&base), dir.join(&base)].into_iter().find(|p| p.join("config.json").is_file());
+    if let Some(found) = local {
+        return Ok(found);
+    }
+    // An adapter from the Hub names its base by its Hub name: the hub cache may hold it.
+    let bad = |message| ModelError::BadConfig { path: path.clone(), message };
+    match dpo_base::hub::locate(&base, dpo_base::hub::Kind::Model) {
+        Ok(Some(cached)) if cached.join("config.json").is_file() => Ok(cached),
+        Err(e) => Err(bad(format!("`base_model_name_or_path`: {e}"))),
+        _ => Err(bad(format!(
+            "`base_model_name_or_path` = `{base}` is not a local model directory (it needs `config.json`)"
+        ))),
+    }
 }
 
 /// A copy of `t` in page-locked host memory (the libtorch CPU device): copies between it and a GPU

@@ -1,0 +1,130 @@
+//! Hub names (`--model org/name`, `--data org/name`, as TRL's scripts take them) read from the
+//! local Hugging Face cache: each resolves to the snapshot huggingface_hub itself resolves offline
+//! (asked in the venv), in `train`, `eval`, `generate`, `data lengths` and an adapter's base; a
+//! name the cache lacks gets one line saying how to download it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::common::cli::{dpo_train, finish, model, one_line_error, s, short_run, stderr};
+use crate::common::{fixtures, python};
+
+/// A cache repository as huggingface_hub writes one: the files as blobs named by their hash, the
+/// snapshot's files symlinks to them, `refs/main` naming the commit; an older snapshot beside it
+/// that `main` no longer names. Returns the current snapshot's directory.
+fn cached_repo(cache: &Path, folder: &str, id: &str, from: &Path) -> PathBuf {
+    let repo = cache.join(format!("{folder}--{}", id.replace('/', "--")));
+    let (old, main) = ("0".repeat(40), "1234567890abcdef".repeat(3)[..40].to_owned());
+    fs::create_dir_all(repo.join("snapshots").join(old)).unwrap();
+    fs::create_dir_all(repo.join("refs")).unwrap();
+    fs::write(repo.join("refs/main"), &main).unwrap();
+    let snapshot = repo.join("snapshots").join(&main);
+    let mut stack = vec![from.to_path_buf()];
+    let mut n = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let at = snapshot.join(path.strip_prefix(from).unwrap());
+            fs::create_dir_all(at.parent().unwrap()).unwrap();
+            n += 1;
+            let blob = repo.join("blobs").join(format!("blob{n}"));
+            fs::create_dir_all(blob.parent().unwrap()).unwrap();
+            fs::copy(&path, &blob).unwrap();
+            std::os::unix::fs::symlink(&blob, &at).unwrap();
+        }
+    }
+    snapshot
+}
+
+/// A command under `HF_HOME` alone (no `HF_HUB_CACHE`): the cache is `HF_HOME/hub`.
+fn under(mut cmd: Command, hf_home: &Path) -> Command {
+    cmd.env("HF_HOME", hf_home).env_remove("HF_HUB_CACHE").env_remove("HUGGINGFACE_HUB_CACHE");
+    cmd
+}
+
+/// huggingface_hub's own answer: `snapshot_download(id, local_files_only=True)`.
+fn huggingface_hub_resolves(hf_home: &Path, id: &str, repo_type: &str) -> PathBuf {
+    let code = format!(
+        "from huggingface_hub import snapshot_download; print(snapshot_download('{id}', repo_type='{repo_type}', local_files_only=True))"
+    );
+    let mut cmd = Command::new(python());
+    cmd.args(["-c", &code]);
+    let out = under(cmd, hf_home).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn run(args: &[&str], hf_home: &Path) -> Output {
+    let mut cmd = dpo_train();
+    cmd.args(args);
+    finish(under(cmd, hf_home), Duration::from_secs(120))
+}
+
+#[test]
+fn hub_names_are_read_from_the_cache_where_huggingface_hub_finds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf_home = dir.path().join("hf");
+    let cache = hf_home.join("hub");
+    let snapshot = cached_repo(&cache, "models", "org/llama", &model());
+    let data = cached_repo(&cache, "datasets", "trl-lib/ufb", &fixtures().join("hub/ultrafeedback"));
+    assert_eq!(huggingface_hub_resolves(&hf_home, "org/llama", "model"), snapshot);
+    assert_eq!(huggingface_hub_resolves(&hf_home, "trl-lib/ufb", "dataset"), data);
+
+    let out_dir = dir.path().join("runs");
+    let mut args = vec!["train".to_owned()];
+    let extra = ["--eval-file", "trl-lib/ufb"];
+    args.extend(short_run(&out_dir, "hub", Path::new("org/llama"), Path::new("trl-lib/ufb"), &extra));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&args, &hf_home);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let note =
+        format!("`model_name_or_path` = `org/llama`: the Hugging Face cache's snapshot `{}`", snapshot.display());
+    assert!(err.contains(&note), "{err}");
+    // The saved config names the snapshot: a resume reads these files whatever `main` becomes.
+    let saved: toml::Table = fs::read_to_string(out_dir.join("hub/config.toml")).unwrap().parse().unwrap();
+    assert_eq!(saved["model_name_or_path"].as_str(), Some(s(&snapshot)));
+    assert_eq!(saved["train_file"].as_str(), Some(s(&data)));
+    assert_eq!(saved["eval_file"].as_str(), Some(s(&data)));
+
+    let eval = run(&["eval", "--model", "org/llama", "--data", "trl-lib/ufb"], &hf_home);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    let lengths = run(&["data", "lengths", "--model", "org/llama", "--data", "trl-lib/ufb"], &hf_home);
+    assert!(String::from_utf8_lossy(&lengths.stdout).starts_with("{\"pairs\":6,"), "{}", stderr(&lengths));
+    let prompts = dir.path().join("prompts.txt");
+    fs::write(&prompts, "2+2=\n").unwrap();
+    let generated =
+        run(&["generate", "--model", "org/llama", "--prompts", s(&prompts), "--max-new-tokens", "2"], &hf_home);
+    assert!(generated.status.success(), "{}", stderr(&generated));
+
+    // An adapter from the Hub names its base by its Hub name.
+    let adapter = dir.path().join("adapter");
+    fs::create_dir(&adapter).unwrap();
+    let from = fixtures().join("adapters/llama-lora");
+    fs::copy(from.join("adapter_model.safetensors"), adapter.join("adapter_model.safetensors")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(from.join("adapter_config.json")).unwrap()).unwrap();
+    config["base_model_name_or_path"] = "org/llama".into();
+    fs::write(adapter.join("adapter_config.json"), config.to_string()).unwrap();
+    let eval = run(&["eval", "--model", s(&adapter), "--data", "trl-lib/ufb"], &hf_home);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+
+    // A name the cache lacks: one line naming the flag and the download, nothing written.
+    let nowhere = dir.path().join("no");
+    let missing = ["train", "--model", "org/nope", "--data", "trl-lib/ufb", "--output-dir", s(&nowhere)];
+    let err = one_line_error(&run(&missing, &hf_home));
+    let download = format!(
+        "error: `--model-name-or-path`: `org/nope` does not exist here, and the Hugging Face cache `{}` holds no model of that name: `huggingface-cli download org/nope` puts it there",
+        cache.display()
+    );
+    assert!(err.starts_with(&download), "{err}");
+    assert!(!nowhere.exists());
+    let err = one_line_error(&run(&["eval", "--model", "org/llama", "--data", "trl-lib/nope"], &hf_home));
+    assert!(err.contains("`huggingface-cli download --repo-type dataset trl-lib/nope`"), "{err}");
+}
