@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::trl::{TRL_KEYS, Treatment};
 use crate::config::{KEYS, KeyDoc, Section};
 
 /// Direct Preference Optimization for Hugging Face Llama-family models.
@@ -185,6 +186,8 @@ pub type LossFlags = KeyFlags<LossKeys>;
 /// Which keys a [`KeyFlags`] declares.
 pub trait KeySelection {
     const HEADING: &'static str;
+    /// Whether TRL's keys without a key here are flags too (hidden), as in a config file.
+    const TRL_KEYS: bool;
     fn includes(key: &KeyDoc) -> bool;
 }
 
@@ -195,6 +198,7 @@ pub struct LossKeys;
 
 impl KeySelection for AllKeys {
     const HEADING: &'static str = "Config keys (override the file)";
+    const TRL_KEYS: bool = true;
     fn includes(_: &KeyDoc) -> bool {
         true
     }
@@ -202,6 +206,7 @@ impl KeySelection for AllKeys {
 
 impl KeySelection for LossKeys {
     const HEADING: &'static str = "Loss (TRL's DPOConfig keys)";
+    const TRL_KEYS: bool = false;
     fn includes(key: &KeyDoc) -> bool {
         key.section == Section::Loss
     }
@@ -221,9 +226,14 @@ impl<S: KeySelection> clap::FromArgMatches for KeyFlags<S> {
     }
 
     fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-        for key in KEYS.iter().filter(|k| S::includes(k)) {
-            if let Some(value) = matches.get_one::<String>(key.name) {
-                self.values.push((key.name.to_owned(), value.clone()));
+        let ours = KEYS.iter().filter(|k| S::includes(k)).map(|k| (k.name, k.is_bool));
+        let trl = trl_flags().filter(|_| S::TRL_KEYS).map(|(name, treatment)| (name, negatable(treatment)));
+        // TRL's keys after ours: `--use_peft` sees whether `--lora_r` was given.
+        for (key, negated) in ours.chain(trl) {
+            if let Some(value) = matches.get_one::<String>(key) {
+                self.values.push((key.to_owned(), value.clone()));
+            } else if negated && matches.get_flag(&format!("no_{key}")) {
+                self.values.push((key.to_owned(), "false".to_owned()));
             }
         }
         Ok(())
@@ -232,22 +242,87 @@ impl<S: KeySelection> clap::FromArgMatches for KeyFlags<S> {
 
 impl<S: KeySelection> clap::Args for KeyFlags<S> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        KEYS.iter().filter(|k| S::includes(k)).fold(cmd.next_help_heading(S::HEADING), |cmd, key| {
+        let cmd = KEYS.iter().filter(|k| S::includes(k)).fold(cmd.next_help_heading(S::HEADING), |cmd, key| {
             let arg = clap::Arg::new(key.name)
                 .long(dpo_vocab::flag_name(key.name))
                 .visible_aliases(short_names(key.name))
+                .aliases(trl_spellings(key.name))
                 .value_name(key.kind)
                 .help(key.doc.trim())
                 // `-1e-5` is a value here, not a flag.
                 .allow_hyphen_values(matches!(key.kind, "NUM" | "INT" | "LIST"))
                 .action(clap::ArgAction::Set);
-            cmd.arg(if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg })
+            with_negation(
+                cmd,
+                key.name,
+                key.is_bool,
+                if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg },
+            )
+        });
+        if !S::TRL_KEYS {
+            return cmd;
+        }
+        // TRL's keys without a key here, hidden: a TRL command line runs as written.
+        trl_flags().fold(cmd, |cmd, (name, treatment)| {
+            let arg = clap::Arg::new(name)
+                .long(name)
+                .aliases(name.contains('_').then(|| dpo_vocab::flag_name(name)))
+                .hide(true)
+                .num_args(0..=1)
+                .default_missing_value("true")
+                .action(clap::ArgAction::Set);
+            with_negation(cmd, name, negatable(treatment), arg)
         })
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
         Self::augment_args(cmd)
     }
+}
+
+/// TRL's keys that are flags of their own (a renamed one is an alias of ours).
+fn trl_flags() -> impl Iterator<Item = (&'static str, &'static Treatment)> {
+    TRL_KEYS.iter().filter(|(_, t)| !matches!(t, Treatment::Rename(_))).map(|(name, t)| (*name, t))
+}
+
+/// Whether a TRL key takes `--no_KEY` (transformers' parser gives one to each boolean that
+/// defaults to true): those that accept `false`, or any value.
+fn negatable(treatment: &Treatment) -> bool {
+    match treatment {
+        Treatment::Inert => true,
+        Treatment::Only(values, _) | Treatment::Means(values, _) => values.contains(&"false"),
+        Treatment::Never(_) | Treatment::Rename(_) => false,
+    }
+}
+
+/// The spellings transformers' `HfArgumentParser` also takes for a key: `--learning_rate`
+/// beside `--learning-rate`, and TRL's script's name of the data, `--dataset_name`.
+fn trl_spellings(key: &str) -> Vec<String> {
+    let mut names: Vec<String> = key.contains('_').then(|| key.to_owned()).into_iter().collect();
+    for (name, treatment) in TRL_KEYS {
+        if matches!(treatment, Treatment::Rename(ours) if *ours == key) {
+            names.extend([name.to_string(), dpo_vocab::flag_name(name)]);
+        }
+    }
+    names
+}
+
+/// `arg`, and for a boolean `--no_KEY` / `--no-KEY` (hidden) setting it to false, as
+/// transformers' parser offers them.
+fn with_negation(cmd: clap::Command, key: &'static str, boolean: bool, arg: clap::Arg) -> clap::Command {
+    let cmd = cmd.arg(arg);
+    if !boolean {
+        return cmd;
+    }
+    let no = format!("no_{key}");
+    cmd.arg(
+        clap::Arg::new(no.clone())
+            .long(no)
+            .aliases([format!("no-{}", dpo_vocab::flag_name(key))])
+            .hide(true)
+            .conflicts_with(key)
+            .action(clap::ArgAction::SetTrue),
+    )
 }
 
 /// The names `eval` and `generate` use for the same things.
@@ -490,5 +565,50 @@ mod tests {
             let long = dpo_vocab::flag_name(name);
             assert!(train.get_arguments().any(|a| a.get_long() == Some(long.as_str())), "--{long}");
         }
+    }
+
+    /// Every flag name and alias of each subcommand is declared once (clap checks this only in
+    /// debug builds; the suite runs in release).
+    #[test]
+    fn no_flag_name_is_declared_twice() {
+        let cmd = super::Cli::command();
+        for sub in cmd.get_subcommands() {
+            let mut names: Vec<&str> = sub
+                .get_arguments()
+                .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().into_iter().flatten()))
+                .collect();
+            let all = names.len();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), all, "`dpo-train {}` declares a flag name twice", sub.get_name());
+        }
+    }
+
+    /// A TRL command line (`trl dpo ...`, transformers' spellings) parses to the same keys.
+    #[test]
+    fn trl_spellings_parse_to_our_keys() {
+        use clap::Parser;
+        let line = "dpo-train train --model_name_or_path Qwen/Qwen2-0.5B-Instruct --dataset_name trl-lib/ufb \
+                    --learning_rate 5.0e-7 --per_device_train_batch_size 2 --gradient_checkpointing \
+                    --eval_strategy steps --no_remove_unused_columns --use_peft --lora_r 32 --no_padding_free";
+        let cli = super::Cli::try_parse_from(line.split_whitespace().filter(|w| *w != "\\")).unwrap();
+        let Some(super::Command::Train(args)) = cli.command else { panic!("train") };
+        let got: Vec<(&str, &str)> = args.overrides.values.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let want = [
+            ("model_name_or_path", "Qwen/Qwen2-0.5B-Instruct"),
+            ("train_file", "trl-lib/ufb"),
+            ("per_device_train_batch_size", "2"),
+            ("learning_rate", "5.0e-7"),
+            ("lora_r", "32"),
+            ("gradient_checkpointing", "true"),
+            ("padding_free", "false"),
+            ("eval_strategy", "steps"),
+            ("remove_unused_columns", "false"),
+            ("use_peft", "true"),
+        ];
+        for pair in want {
+            assert!(got.contains(&pair), "{pair:?} in {got:?}");
+        }
+        assert_eq!(got.len(), want.len(), "{got:?}");
     }
 }

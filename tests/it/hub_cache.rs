@@ -1,7 +1,8 @@
 //! Hub names (`--model org/name`, `--data org/name`, as TRL's scripts take them) read from the
 //! local Hugging Face cache: each resolves to the snapshot huggingface_hub itself resolves offline
 //! (asked in the venv), in `train`, `eval`, `generate`, `data lengths` and an adapter's base; a
-//! name the cache lacks gets one line saying how to download it.
+//! name the cache lacks gets one line saying how to download it. TRL's own command line runs as
+//! written.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -127,4 +128,41 @@ fn hub_names_are_read_from_the_cache_where_huggingface_hub_finds_them() {
     assert!(!nowhere.exists());
     let err = one_line_error(&run(&["eval", "--model", "org/llama", "--data", "trl-lib/nope"], &hf_home));
     assert!(err.contains("`huggingface-cli download --repo-type dataset trl-lib/nope`"), "{err}");
+}
+
+/// TRL's quickstart command line (`trl dpo ...` in TRL's docs, with LoRA) runs as written after
+/// `dpo-train train`: transformers' spellings, `--dataset_name`, `--eval_strategy steps` (on the
+/// dataset's test split, as TRL's script evaluates), `--no_remove_unused_columns`, `--use_peft`.
+#[test]
+fn trl_s_command_line_runs_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf_home = dir.path().join("hf");
+    let data = cached_repo(&hf_home.join("hub"), "datasets", "trl-lib/ufb", &fixtures().join("hub/ultrafeedback"));
+    cached_repo(&hf_home.join("hub"), "models", "org/llama", &model());
+    let out_dir = dir.path().join("Qwen2-0.5B-DPO");
+    let line = format!(
+        "train --model_name_or_path org/llama --dataset_name trl-lib/ufb --learning_rate 5.0e-7 \
+         --num_train_epochs 1 --per_device_train_batch_size 2 --gradient_accumulation_steps 8 \
+         --gradient_checkpointing --eval_strategy steps --eval_steps 50 --output_dir {} \
+         --no_remove_unused_columns --use_peft --lora_r 32 --lora_alpha 16",
+        out_dir.display()
+    );
+    let out = run(&line.split_whitespace().collect::<Vec<_>>(), &hf_home);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run_dir = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().path()).find(|p| p.join("config.toml").is_file());
+    let run_dir = run_dir.expect("a run directory");
+    let saved: toml::Table = fs::read_to_string(run_dir.join("config.toml")).unwrap().parse().unwrap();
+    assert_eq!(saved["eval_file"].as_str(), Some(s(&data)));
+    assert_eq!((saved["lora_r"].as_integer(), saved["lora_alpha"].as_float()), (Some(32), Some(16.0)));
+    assert_eq!(saved["gradient_accumulation_steps"].as_integer(), Some(8));
+    assert!(fs::read_to_string(run_dir.join("metrics.csv")).unwrap().contains(",eval,"));
+
+    // A file has no test split to evaluate: refused, saying what to set.
+    let (file, model) = (fixtures().join("data/prefs.jsonl"), model());
+    let args = ["train", "--model", s(&model), "--dataset_name", s(&file), "--eval_strategy", "steps"];
+    let err = one_line_error(&run(&args, &hf_home));
+    assert!(
+        err.starts_with("error: `--eval-strategy`: `\"steps\"` evaluates on held-out data, and `eval_file` is not set"),
+        "{err}"
+    );
 }

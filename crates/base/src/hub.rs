@@ -87,6 +87,12 @@ pub fn is_repo_id(name: &str) -> bool {
         && !name.ends_with(".git")
 }
 
+/// Whether `name` ends as a data file's name does (`.jsonl`, `.json`, `.csv`, `.parquet`, `.gz`),
+/// where a dataset directory's or Hub name does not.
+pub fn is_data_file_name(name: &str) -> bool {
+    [".jsonl", ".json", ".csv", ".parquet", ".gz"].iter().any(|e| name.to_ascii_lowercase().ends_with(e))
+}
+
 /// The local directory `value` stands for, where it is no local path but a repository id of the
 /// form `owner/name` that the hub cache holds: its snapshot of `main`. `Ok(None)` leaves `value`
 /// as it is (a path that exists, `demo`, a file name, or a one-part name not in the cache); the
@@ -102,8 +108,7 @@ pub fn path_of(value: &str, kind: Kind) -> Result<PathBuf, NotFound> {
 
 fn locate_in(value: &str, kind: Kind, cache: Option<&Path>) -> Result<Option<PathBuf>, NotFound> {
     // A data file's name (`data/pairs.jsonl`, mistyped) is not taken for a dataset's.
-    let file_like =
-        kind == Kind::Dataset && [".jsonl", ".json", ".csv", ".parquet", ".gz"].iter().any(|e| value.ends_with(e));
+    let file_like = kind == Kind::Dataset && is_data_file_name(value);
     if Path::new(value).exists() || !is_repo_id(value) || file_like {
         return Ok(None);
     }

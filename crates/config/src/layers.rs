@@ -89,7 +89,31 @@ impl Layered {
         };
         let cfg = base.with_overrides(overrides)?;
         let flag_keys = overrides.iter().map(|(k, _)| k.clone()).collect();
-        Ok(Self { cfg, file, file_keys, flag_keys })
+        let mut layered = Self { cfg, file, file_keys, flag_keys };
+        let strategy = match overrides.iter().rev().find(|(k, _)| k == "eval_strategy") {
+            Some((_, text)) => Some(crate::trl::flag_value(text)),
+            None => layered.file.as_ref().and_then(|f| f.text.parse::<toml::Table>().ok()?.remove("eval_strategy")),
+        };
+        if strategy.as_ref().and_then(toml::Value::as_str) == Some("steps") {
+            layered.evaluate_as_trl_script().map_err(|e| layered.locate(e))?;
+        }
+        Ok(layered)
+    }
+
+    /// `eval_strategy = "steps"` without `eval_file`: TRL's script evaluates on the training
+    /// dataset's test split, so a dataset directory or Hub name `train_file` is read for
+    /// `eval_file` too (its `dataset_test_split`); a single file has no such split.
+    fn evaluate_as_trl_script(&mut self) -> Result<(), ConfigError> {
+        let cfg = &mut self.cfg;
+        if cfg.eval_file.is_some() || cfg.eval_steps == Some(0) {
+            return Ok(());
+        }
+        if cfg.train_file.is_empty() || dpo_base::hub::is_data_file_name(&cfg.train_file) {
+            let message = "`\"steps\"` evaluates on held-out data, and `eval_file` is not set (TRL's script reads the test split of `dataset_name`, a dataset and not a file): set `eval_file`".to_owned();
+            return Err(ConfigError::Invalid { key: "eval_strategy", message });
+        }
+        cfg.eval_file = Some(cfg.train_file.clone());
+        Ok(())
     }
 
     /// [`TrainConfig::find_in_hub_cache`], with an error located where the name was set.

@@ -408,6 +408,12 @@ impl TrainConfig {
         };
         for (key, text) in overrides {
             let flag = dpo_vocab::flag_name(key);
+            if trl::is_trl_key(key) {
+                // As the same key in a file: accepted, translated or refused.
+                table.insert(key.clone(), trl::flag_value(text));
+                trl::accept_trl_keys(&mut table).map_err(|(_, message)| ConfigError::Flag { flag, message })?;
+                continue;
+            }
             let value = parse_key(key, text)
                 .ok_or_else(|| ConfigError::Flag { flag: flag.clone(), message: "unknown option".to_owned() })?
                 .map_err(|message| ConfigError::Flag { flag: flag.clone(), message })?;

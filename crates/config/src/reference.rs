@@ -31,8 +31,9 @@ pub fn markdown() -> String {
         }
     }
     out += "\n## TRL keys without a key here\n\n\
-            A config written for TRL may set them: each is accepted where its value changes nothing\n\
-            here, and refused by name with the reason otherwise.\n\n\
+            A config or command line written for TRL may set them (as flags too: `--eval_strategy no`,\n\
+            `--use_peft`): each is accepted where its value changes nothing here or is another name\n\
+            for one of the keys above, and refused by name with the reason otherwise.\n\n\
             | TRL key | accepted | otherwise |\n|---|---|---|\n";
     for (name, treatment) in TRL_KEYS {
         let (accepted, otherwise) = match treatment {
@@ -41,6 +42,8 @@ pub fn markdown() -> String {
                 (values.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "), why.to_string())
             }
             Treatment::Never(why) => ("never".to_owned(), why.to_string()),
+            Treatment::Rename(ours) => (format!("any value: it is `{ours}`"), String::new()),
+            Treatment::Means(_, what) => (what.to_string(), "refused".to_owned()),
         };
         out += &format!("| `{name}` | {accepted} | {} |\n", otherwise.replace('|', "\\|"));
     }

@@ -1,7 +1,10 @@
-//! The keys of TRL 1.16's `DPOConfig` and transformers' `TrainingArguments` that dpo-train has no
-//! key of its own for (read from `trl/trainer/dpo_config.py` and `transformers/training_args.py`).
-//! A TRL config that sets one is never told "unknown key": the key is accepted where its value
-//! changes nothing here (then dropped), and refused by name, with the reason, otherwise.
+//! The keys of TRL 1.16's `DPOConfig` and transformers' `TrainingArguments`, and of the
+//! `ModelConfig` and `ScriptArguments` TRL's `trl dpo` script reads beside them, that dpo-train
+//! has no key of its own for (read from `trl/trainer/dpo_config.py`, `trl/trainer/model_config.py`,
+//! `trl/scripts/utils.py` and `transformers/training_args.py`). A TRL config or command line that
+//! sets one is never told "unknown key": the key is accepted where its value changes nothing here
+//! (then dropped), translated where it is another name for one of ours, and refused by name, with
+//! the reason, otherwise.
 
 /// What a config that sets the key gets.
 #[derive(Debug, Clone, Copy)]
@@ -14,9 +17,13 @@ pub enum Treatment {
     Only(&'static [&'static str], &'static str),
     /// Refused at any value, with the reason.
     Never(&'static str),
+    /// Another name of one of dpo-train's keys (TRL's script calls the data `dataset_name`).
+    Rename(&'static str),
+    /// Accepted at these values (TOML literals), each meaning what [`translate`] says.
+    Means(&'static [&'static str], &'static str),
 }
 
-use Treatment::{Inert, Never, Only};
+use Treatment::{Inert, Means, Never, Only, Rename};
 
 const FALSE: &[&str] = &["false"];
 const NOT_IMPLEMENTED: &str = "not implemented";
@@ -66,8 +73,15 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("trackio_space_id", Inert),
     ("trackio_bucket_id", Inert),
     ("trackio_static_space_id", Inert),
-    // `"no"` also sets `eval_steps = 0` (see `translate`).
-    ("eval_strategy", Only(&["\"steps\"", "\"no\""], "evaluation runs every `eval_steps`")),
+    // `"no"` also sets `eval_steps = 0` (see `translate`); `"steps"` without `eval_file` reads
+    // the training dataset's test split, as TRL's script (see `Layered`).
+    (
+        "eval_strategy",
+        Means(
+            &["\"steps\"", "\"no\""],
+            "`\"no\"` evaluates never (`eval_steps = 0`); `\"steps\"` every `eval_steps`, on `eval_file`, else on the `dataset_test_split` of a dataset directory or Hub name `train_file`, as TRL's script",
+        ),
+    ),
     ("eval_delay", Only(&["0"], "evaluation runs every `eval_steps`")),
     ("prediction_loss_only", Inert),
     ("eval_do_concat_batches", Inert),
@@ -121,7 +135,41 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("do_predict", Inert),
     ("resume_from_checkpoint", Never("resume with `dpo-train train --resume [RUN_DIR]`")),
     ("local_rank", Inert),
+    // TRL's `ScriptArguments` (the `trl dpo` script's data flags).
+    ("dataset_name", Rename("train_file")),
+    (
+        "dataset_config",
+        Never("a dataset's named configurations are not read: pass the configuration's files or directory"),
+    ),
+    ("dataset_streaming", Inert),
+    ("ignore_bias_buffers", Inert),
+    // TRL's `ModelConfig`.
+    (
+        "model_revision",
+        Only(&["\"main\""], "the Hugging Face cache's `main` is read: pass another revision's snapshot directory"),
+    ),
+    ("dtype", Inert),
+    ("torch_dtype", Inert),
+    ("attn_implementation", Inert),
+    (
+        "use_peft",
+        Means(
+            &["true", "false"],
+            "`true` trains LoRA adapters, at `lora_r = 16` (TRL's ModelConfig default) unless `lora_r` is set; `false` trains the whole model (a `lora_r` beside it is ignored, as TRL ignores it)",
+        ),
+    ),
+    ("lora_task_type", Only(&["\"CAUSAL_LM\""], "adapters are trained for causal language modelling")),
+    ("lora_modules_to_save", Never(NOT_IMPLEMENTED)),
+    ("use_rslora", Only(FALSE, NOT_IMPLEMENTED)),
+    ("use_dora", Only(FALSE, NOT_IMPLEMENTED)),
+    ("load_in_8bit", Only(FALSE, "quantised models are not supported")),
+    ("load_in_4bit", Only(FALSE, "quantised models are not supported")),
+    ("bnb_4bit_quant_type", Inert),
+    ("use_bnb_nested_quant", Inert),
 ];
+
+/// TRL's `ModelConfig.lora_r`, which `use_peft = true` trains at when `lora_r` is not set.
+const TRL_LORA_R: i64 = 16;
 
 /// Accepts or refuses each TRL key of `table` that dpo-train has no key for; the accepted ones
 /// leave the table (`eval_strategy`/`save_strategy = "no"` become `eval_steps`/`save_steps = 0`).
@@ -140,6 +188,16 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
             Never(reason) => {
                 return Err(((*key).to_owned(), format!("`{key}` is not supported by dpo-train: {reason}")));
             }
+            Rename(ours) if table.contains_key(*ours) => {
+                return Err(((*key).to_owned(), format!("`{key}` is `{ours}` under TRL's name: set one of them")));
+            }
+            Rename(_) => {}
+            Means(values, what) => {
+                if !values.iter().any(|v| same(value, v)) {
+                    let message = format!("`{key} = {value}` is not supported by dpo-train: {what}");
+                    return Err(((*key).to_owned(), message));
+                }
+            }
         }
         let value = table.remove(*key);
         translate(key, value, table);
@@ -147,16 +205,40 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
     Ok(())
 }
 
-/// TRL's `eval_strategy = "no"` and `save_strategy = "no"` in dpo-train's keys.
+/// TRL's names in dpo-train's keys: `eval_strategy = "no"` and `save_strategy = "no"` are
+/// `eval_steps` and `save_steps = 0`, `dataset_name` is `train_file`, and `use_peft = true` is
+/// LoRA at TRL's rank unless `lora_r` is set (`false`: no LoRA).
 fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
-    let target = match key {
-        "eval_strategy" => "eval_steps",
-        "save_strategy" => "save_steps",
-        _ => return,
-    };
-    if value.as_ref().and_then(toml::Value::as_str) == Some("no") {
-        table.insert(target.to_owned(), toml::Value::Integer(0));
+    let Some(value) = value else { return };
+    match key {
+        "eval_strategy" | "save_strategy" if value.as_str() == Some("no") => {
+            let target = if key == "eval_strategy" { "eval_steps" } else { "save_steps" };
+            table.insert(target.to_owned(), toml::Value::Integer(0));
+        }
+        "dataset_name" => {
+            table.insert("train_file".to_owned(), value);
+        }
+        "use_peft" if value.as_bool() == Some(true) => {
+            table.entry("lora_r").or_insert(toml::Value::Integer(TRL_LORA_R));
+        }
+        // TRL trains the whole model without `use_peft`, whatever `lora_r` says.
+        "use_peft" => {
+            table.remove("lora_r");
+        }
+        _ => {}
     }
+}
+
+/// Whether `key` is one of the TRL keys above.
+pub fn is_trl_key(key: &str) -> bool {
+    TRL_KEYS.iter().any(|(k, _)| *k == key)
+}
+
+/// A TRL key's value as given on the command line (`--eval_strategy steps`): a TOML literal
+/// where the text is one (`true`, `0`, `"x"`), else the text as a string.
+pub fn flag_value(text: &str) -> toml::Value {
+    let literal = format!("v = {text}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v"));
+    literal.filter(|v| !v.is_table()).unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }
 
 /// Whether `value` equals the TOML literal `literal` (an integer equals the same float).
@@ -202,6 +284,35 @@ mod tests {
         );
         assert!(refused("optim = \"sgd\"\n").1.starts_with("`optim = \"sgd\"` is not supported by dpo-train"));
         assert!(refused("deepspeed = \"ds.json\"\n").1.starts_with("`deepspeed` is not supported by dpo-train: use"));
+    }
+
+    #[test]
+    fn trl_script_names_become_ours() {
+        let mut t = table("dataset_name = \"trl-lib/ultrafeedback_binarized\"\nuse_peft = true\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("train_file = \"trl-lib/ultrafeedback_binarized\"\nlora_r = 16\n"));
+        let mut t = table("use_peft = true\nlora_r = 32\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("lora_r = 32\n"));
+        let mut t = table("use_peft = false\nlora_r = 32\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table(""));
+        let both = accept_trl_keys(&mut table("dataset_name = \"a\"\ntrain_file = \"b\"\n")).unwrap_err();
+        assert_eq!(both.1, "`dataset_name` is `train_file` under TRL's name: set one of them");
+        let bad = accept_trl_keys(&mut table("use_peft = \"yes\"\n")).unwrap_err();
+        assert!(
+            bad.1.starts_with("`use_peft = \"yes\"` is not supported by dpo-train: `true` trains LoRA"),
+            "{}",
+            bad.1
+        );
+    }
+
+    #[test]
+    fn flag_text_is_a_literal_or_a_string() {
+        assert_eq!(flag_value("true"), toml::Value::Boolean(true));
+        assert_eq!(flag_value("0"), toml::Value::Integer(0));
+        assert_eq!(flag_value("steps"), toml::Value::String("steps".into()));
+        assert_eq!(flag_value("trl-lib/x"), toml::Value::String("trl-lib/x".into()));
     }
 
     #[test]
