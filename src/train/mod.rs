@@ -3,7 +3,8 @@
 //! - [`stage`]: the loop, read top to bottom as nanoGPT's `train.py`; [`step`]: one optimizer
 //!   step (micro-batches, backward, gradient sum, clipping, update); [`window`]: what a logging
 //!   step reduces into one row; [`references`]: the frozen reference, evaluations and samples.
-//! - [`context`]: the words they share (the run's data, where it executes, a stage, progress).
+//! - [`context`]: the words they share (the run's data, where it executes, a stage, progress);
+//!   [`marks`]: what a loop measures besides its metrics (peak memory, copies, profiler).
 //! - [`policy`]: what trains (every weight, or LoRA adapters) and the reference; [`backprop`]: one
 //!   micro-batch's backward with optional activation checkpointing; [`optim`]: AdamW, global-norm
 //!   clipping, fp16 loss scaling; [`schedule`]: the learning rate; [`sampler`]: the batches of each
@@ -15,6 +16,7 @@ pub mod backprop;
 pub mod checkpoint;
 pub mod context;
 pub mod log;
+pub mod marks;
 pub mod optim;
 pub mod partition;
 pub mod policy;
