@@ -13,7 +13,9 @@ use crate::config::{KEYS, KeyDoc, Section};
 ///
 /// Bare `dpo-train` runs the embedded demo (synthetic task, random model, SFT warm-up, DPO) in a
 /// few minutes on a CPU. `dpo-train train --model DIR --data FILE` trains your model with TRL's
-/// DPOConfig defaults for every key you do not set (in `--config FILE` or as flags).
+/// DPOConfig defaults for every key you do not set (in `--config FILE` or as flags). Model and
+/// data may be Hub names the local Hugging Face cache holds, and TRL's own command line runs as
+/// written after `dpo-train train` (`--model_name_or_path ... --dataset_name ... --use_peft`).
 #[derive(Debug, Parser)]
 #[command(
     name = "dpo-train",
