@@ -121,13 +121,13 @@ fn hub_names_are_read_from_the_cache_where_huggingface_hub_finds_them() {
     let missing = ["train", "--model", "org/nope", "--data", "trl-lib/ufb", "--output-dir", s(&nowhere)];
     let err = one_line_error(&run(&missing, &hf_home));
     let download = format!(
-        "error: `--model-name-or-path`: `org/nope` does not exist here, and the Hugging Face cache `{}` holds no model of that name: `huggingface-cli download org/nope` puts it there",
+        "error: `--model-name-or-path`: `org/nope` does not exist here, and the Hugging Face cache `{}` holds no model of that name: `hf download org/nope` puts it there",
         cache.display()
     );
     assert!(err.starts_with(&download), "{err}");
     assert!(!nowhere.exists());
     let err = one_line_error(&run(&["eval", "--model", "org/llama", "--data", "trl-lib/nope"], &hf_home));
-    assert!(err.contains("`huggingface-cli download --repo-type dataset trl-lib/nope`"), "{err}");
+    assert!(err.contains("`hf download --repo-type dataset trl-lib/nope`"), "{err}");
 }
 
 /// TRL's quickstart command line (`trl dpo ...` in TRL's docs, with LoRA) runs as written after

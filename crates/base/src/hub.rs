@@ -1,5 +1,5 @@
 //! Hugging Face Hub names (`Qwen/Qwen2.5-0.5B`, `trl-lib/ultrafeedback_binarized`) found where
-//! `huggingface-cli download` and `from_pretrained` leave them: the hub cache's snapshot of the
+//! `hf download` and `from_pretrained` leave them: the hub cache's snapshot of the
 //! repository's `main`, as huggingface_hub resolves a name offline
 //! (`snapshot_download(name, local_files_only=True)`). dpo-train never downloads.
 
@@ -30,8 +30,8 @@ impl Kind {
 
     fn download(self, id: &str) -> String {
         match self {
-            Kind::Model => format!("huggingface-cli download {id}"),
-            Kind::Dataset => format!("huggingface-cli download --repo-type dataset {id}"),
+            Kind::Model => format!("hf download {id}"),
+            Kind::Dataset => format!("hf download --repo-type dataset {id}"),
         }
     }
 }
@@ -208,7 +208,7 @@ mod tests {
         assert_eq!(found("org/tiny", Kind::Model), Ok(Some(repo.join("snapshots").join(&new))));
         // Datasets are another folder; a missing owner/name says how to download it.
         let err = found("org/tiny", Kind::Dataset).unwrap_err().to_string();
-        assert!(err.contains("holds no dataset of that name: `huggingface-cli download --repo-type dataset org/tiny`"));
+        assert!(err.contains("holds no dataset of that name: `hf download --repo-type dataset org/tiny`"));
         std::fs::write(repo.join("refs/main"), "c".repeat(40) + "\n").unwrap();
         let err = found("org/tiny", Kind::Model).unwrap_err().to_string();
         assert!(

@@ -1,4 +1,4 @@
-//! A dataset directory as `huggingface-cli download --repo-type dataset` leaves it: one split's
+//! A dataset directory as `hf download --repo-type dataset` leaves it: one split's
 //! files found the way `datasets` resolves a repository without a loading script
 //! (`data/<split>-*.parquet`, `<split>-*.parquet`, `<split>.jsonl[.gz]`, `<split>/...`), its
 //! shards in name order.
