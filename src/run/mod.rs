@@ -317,12 +317,14 @@ pub fn run_dir(
             }
             let name = cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), config_name));
             let dir = cfg.output_dir.join(name);
-            if crate::train::checkpoint::latest(&dir).is_some() {
-                anyhow::bail!(
+            // A name made up here that a run of the same second took gets a suffix when claimed.
+            if cfg.run_name.is_some() && crate::train::checkpoint::latest(&dir).is_some() {
+                let message = format!(
                     "`{}` already holds a run: pass `--resume {}` or another `--run-name`",
                     dir.display(),
                     dir.display()
                 );
+                anyhow::bail!(crate::config::ConfigError::Invalid { key: "run_name", message });
             }
             Ok((dir, false))
         }

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::common::cli::{data, dpo_train, finish, model, one_line_error, short_run, stderr, wait_until};
+use crate::common::cli::{data, dpo_train, finish, model, one_line_error, s, short_run, stderr, wait_until};
 
 /// A short run of the fixture model into `out/name`, finished; `extra` flags replace the short
 /// run's own values of the same flag.
@@ -141,6 +141,44 @@ impl Drop for KillOnDrop {
 /// `--resume` with flags that change what is trained (another model, another reference, another
 /// max_length) is refused naming the key and both values; `--resume-with-changes` continues with
 /// them and says so; the schedule's keys may change without it.
+/// Runs named by the clock in the same second (a script looping over settings) each get a
+/// directory: a finished run under the name a new run makes up gives it a suffix (it was refused
+/// with "already holds a run"); a name the user chose is still refused, naming `--resume`.
+#[test]
+fn runs_named_in_the_same_second_each_get_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    // A finished run under every name the new run can make (this second and the next minute).
+    for t in now..now + 60 {
+        let name = format!("{}-llama", dpo_train::clock::strftime("%Y%m%d-%H%M%S", t));
+        let ckpt = dir.path().join(name).join("checkpoints/step-3");
+        fs::create_dir_all(&ckpt).unwrap();
+        fs::write(ckpt.join("trainer_state.json"), "{}").unwrap();
+    }
+    let (model, data) = (model(), data());
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(["--model", s(&model), "--data", s(&data), "--max-steps", "1", "--num-samples", "0"]);
+    cmd.args(["--output-dir", s(dir.path())]);
+    let out = finish(cmd, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let runs = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path());
+    let suffixed: Vec<_> = runs.filter(|p| p.join("final").is_dir()).collect();
+    assert_eq!(suffixed.len(), 1, "{suffixed:?}");
+    assert!(suffixed[0].to_string_lossy().ends_with("-llama-2"), "{suffixed:?}");
+    let taken = format!("{}-llama", dpo_train::clock::strftime("%Y%m%d-%H%M%S", now));
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(["--model", s(&model), "--data", s(&data), "--output-dir", s(dir.path())]);
+    cmd.args(["--run-name", &taken]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(120)));
+    assert!(
+        err.ends_with(&format!(
+            "already holds a run: pass `--resume {}` or another `--run-name`",
+            dir.path().join(&taken).display()
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
     let dir = tempfile::tempdir().unwrap();
