@@ -592,7 +592,8 @@ mod tests {
         use clap::Parser;
         let line = "dpo-train train --model_name_or_path Qwen/Qwen2-0.5B-Instruct --dataset_name trl-lib/ufb \
                     --learning_rate 5.0e-7 --per_device_train_batch_size 2 --gradient_checkpointing \
-                    --eval_strategy steps --no_remove_unused_columns --use_peft --lora_r 32 --no_padding_free";
+                    --eval_strategy steps --no_remove_unused_columns --use_peft --lora_r 32 --no_padding_free \\
+                    --bf16 True --push_to_hub False";
         let cli = super::Cli::try_parse_from(line.split_whitespace().filter(|w| *w != "\\")).unwrap();
         let Some(super::Command::Train(args)) = cli.command else { panic!("train") };
         let got: Vec<(&str, &str)> = args.overrides.values.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -607,6 +608,8 @@ mod tests {
             ("eval_strategy", "steps"),
             ("remove_unused_columns", "false"),
             ("use_peft", "true"),
+            ("bf16", "True"),
+            ("push_to_hub", "False"),
         ];
         for pair in want {
             assert!(got.contains(&pair), "{pair:?} in {got:?}");

@@ -55,7 +55,17 @@ impl FlagValue for bool {
     const KIND: &'static str = "BOOL";
     const IS_BOOL: bool = true;
     fn parse_flag(text: &str) -> Result<toml::Value, String> {
-        text.parse::<bool>().map(toml::Value::Boolean).map_err(|_| format!("expected true or false, got `{text}`"))
+        flag_bool(text).map(toml::Value::Boolean).ok_or_else(|| format!("expected true or false, got `{text}`"))
+    }
+}
+
+/// A boolean flag's value as transformers' `HfArgumentParser` reads one (`--bf16 True`):
+/// yes/no, true/false, t/f, y/n, 1/0, in any case.
+pub fn flag_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "yes" | "true" | "t" | "y" | "1" => Some(true),
+        "no" | "false" | "f" | "n" | "0" => Some(false),
+        _ => None,
     }
 }
 

@@ -229,6 +229,36 @@ mod tests {
         assert!(l.validate().unwrap_err().to_string().starts_with("`model_name_or_path`: is required"));
     }
 
+    /// TRL's command line: transformers' boolean spellings, TRL's keys as flags, and
+    /// `eval_strategy = "steps"` reading the training dataset's test split.
+    #[test]
+    fn trl_flags_layer_as_trl_reads_them() {
+        let flags = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        };
+        let l = Layered::new(
+            None,
+            &flags(&[
+                ("train_file", "trl-lib/ufb"),
+                ("bf16", "True"),
+                ("gradient_checkpointing", "0"),
+                ("push_to_hub", "False"),
+                ("eval_strategy", "steps"),
+                ("use_peft", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!((l.cfg.bf16, l.cfg.gradient_checkpointing, l.cfg.lora_r), (Some(true), false, Some(16)));
+        assert_eq!(l.cfg.eval_file.as_deref(), Some("trl-lib/ufb"));
+        let refused = Layered::new(None, &flags(&[("push_to_hub", "True")])).unwrap_err().to_string();
+        assert_eq!(
+            refused,
+            "`--push-to-hub`: `push_to_hub = true` is not supported by dpo-train: dpo-train does not upload"
+        );
+        let file = Layered::new(None, &flags(&[("train_file", "d.jsonl"), ("eval_strategy", "steps")])).unwrap_err();
+        assert!(file.to_string().starts_with("`--eval-strategy`: `\"steps\"` evaluates on held-out data"), "{file}");
+    }
+
     #[test]
     fn trls_defaults_apply_to_what_nobody_set() {
         let cfg = TrainConfig::default();

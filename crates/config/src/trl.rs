@@ -235,8 +235,12 @@ pub fn is_trl_key(key: &str) -> bool {
 }
 
 /// A TRL key's value as given on the command line (`--eval_strategy steps`): a TOML literal
-/// where the text is one (`true`, `0`, `"x"`), else the text as a string.
+/// where the text is one (`true`, `0`, `"x"`), a boolean for Python's `True` / `False`, else
+/// the text as a string (`no` stays a string: `eval_strategy` takes it).
 pub fn flag_value(text: &str) -> toml::Value {
+    if let Some(b) = ["false", "true"].iter().position(|b| text.eq_ignore_ascii_case(b)) {
+        return toml::Value::Boolean(b == 1);
+    }
     let literal = format!("v = {text}").parse::<toml::Table>().ok().and_then(|mut t| t.remove("v"));
     literal.filter(|v| !v.is_table()).unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }
@@ -310,6 +314,8 @@ mod tests {
     #[test]
     fn flag_text_is_a_literal_or_a_string() {
         assert_eq!(flag_value("true"), toml::Value::Boolean(true));
+        assert_eq!(flag_value("False"), toml::Value::Boolean(false));
+        assert_eq!(flag_value("no"), toml::Value::String("no".into()));
         assert_eq!(flag_value("0"), toml::Value::Integer(0));
         assert_eq!(flag_value("steps"), toml::Value::String("steps".into()));
         assert_eq!(flag_value("trl-lib/x"), toml::Value::String("trl-lib/x".into()));
