@@ -120,7 +120,8 @@ pub struct SlurmArgs {
 /// `dpo-train train` / `sft` flags: a config file, then one flag per config key.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// TOML config (keys as TRL's DPOConfig); keys it leaves out take TRL's defaults [default:
+    /// TOML or YAML config (keys as TRL's DPOConfig; a TRL recipe runs as it is); keys it leaves
+    /// out take TRL's defaults [default:
     /// the embedded demo's config when no model is given, else none].
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

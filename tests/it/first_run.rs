@@ -72,7 +72,7 @@ fn a_users_model_trains_with_trls_defaults_without_a_config() {
     let saved = dpo_train::config::TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
     assert_eq!((saved.loss.beta, saved.learning_rate, saved.max_length, saved.sft_steps), (0.1, 1e-6, 1024, 0));
     assert_eq!(saved.loss.loss_type, vec![dpo_train::config::LossType::Sigmoid]);
-    assert!(saved.eval_file.is_none() && saved.test_file.is_none() && saved.warmup_steps == 0);
+    assert!(saved.eval_file.is_none() && saved.test_file.is_none() && saved.warmup_steps == 0.0);
     // No evaluation ran, so the summary shows none.
     let summary = String::from_utf8_lossy(&out.stdout);
     assert!(!summary.contains("eval:") && !summary.contains("test:"), "{summary}");

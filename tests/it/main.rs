@@ -21,6 +21,7 @@ mod model_errors;
 mod model_parity;
 mod op_counts;
 mod padding_free;
+mod recipe;
 mod ref_free_parity;
 mod report;
 mod shared_runs;

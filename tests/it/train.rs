@@ -135,7 +135,7 @@ fn accumulation_equals_one_large_batch() {
     let mut one = fixture_config(out.path(), "batch8");
     one.per_device_train_batch_size = 8;
     one.max_steps = 1;
-    one.warmup_steps = 0;
+    one.warmup_steps = 0.0;
     one.eval_file = None;
     // AdamW's first step moves a parameter by lr * g / (|g| + eps): with TRL's eps of 1e-8 a
     // gradient of 1e-9 moves it by nearly lr whatever its rounding, so the summation-order
@@ -185,7 +185,7 @@ fn sft_lowers_the_nll_of_the_chosen_answers() {
     cfg.eval_file = None;
     cfg.max_steps = 8;
     cfg.learning_rate = 1e-3;
-    cfg.warmup_steps = 0;
+    cfg.warmup_steps = 0.0;
     // Every step sees the whole (17-pair) set, so the logged losses are comparable.
     cfg.per_device_train_batch_size = 32;
     let interrupt = AtomicBool::new(false);

@@ -38,22 +38,32 @@ pub struct ConfigFile {
 }
 
 impl ConfigFile {
-    /// Reads a TOML config file; a YAML one (a TRL recipe) is refused saying how it translates.
+    /// Reads a config file: TOML, or YAML (`.yaml`, `.yml`: a TRL recipe) with the same keys.
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-            return Err(ConfigError::At {
-                place: format!("`{}`", path.display()),
-                key: "config",
-                message: "dpo-train reads TOML configs, not YAML; the keys are TRL's DPOConfig names, so a recipe's `beta: 0.1` is `beta = 0.1` (strings quoted)".to_owned(),
-            });
-        }
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_owned(), source })?;
         Ok(Self { name: path.display().to_string(), text })
     }
 
+    fn is_yaml(&self) -> bool {
+        self.name.ends_with(".yaml") || self.name.ends_with(".yml")
+    }
+
+    /// The file's keys and values, in either format.
+    fn table(&self) -> Result<toml::Table, ConfigError> {
+        match self.is_yaml() {
+            true => crate::yaml::to_table(&self.text, &self.name),
+            false => self.text.parse().map_err(|e| crate::toml_error(e, &self.text, &self.name)),
+        }
+    }
+
+    /// The config the file sets over TRL's defaults.
+    fn config(&self) -> Result<TrainConfig, ConfigError> {
+        TrainConfig::from_table(self.table()?, &self.text, &self.name)
+    }
+
     /// Keys the file sets (a flat table: every key is top-level).
     fn keys(&self) -> BTreeSet<String> {
-        self.text.parse::<toml::Table>().map(|t| t.keys().cloned().collect()).unwrap_or_default()
+        self.table().map(|t| t.keys().cloned().collect()).unwrap_or_default()
     }
 
     /// The 1-based line that sets `key`, when one does.
@@ -84,7 +94,7 @@ impl Layered {
     /// TRL's defaults, then `file`, then `overrides` (`(key, text)` in snake_case).
     pub fn new(file: Option<ConfigFile>, overrides: &[(String, String)]) -> Result<Self, ConfigError> {
         let (base, file_keys) = match &file {
-            Some(f) => (TrainConfig::from_toml_str(&f.text, &f.name)?, f.keys()),
+            Some(f) => (f.config()?, f.keys()),
             None => (TrainConfig::default(), BTreeSet::new()),
         };
         let cfg = base.with_overrides(overrides)?;
@@ -92,7 +102,7 @@ impl Layered {
         let mut layered = Self { cfg, file, file_keys, flag_keys };
         let strategy = match overrides.iter().rev().find(|(k, _)| k == "eval_strategy") {
             Some((_, text)) => Some(crate::trl::flag_value(text)),
-            None => layered.file.as_ref().and_then(|f| f.text.parse::<toml::Table>().ok()?.remove("eval_strategy")),
+            None => layered.file.as_ref().and_then(|f| f.table().ok()?.remove("eval_strategy")),
         };
         if strategy.as_ref().and_then(toml::Value::as_str) == Some("steps") {
             layered.evaluate_as_trl_script().map_err(|e| layered.locate(e))?;
@@ -193,12 +203,21 @@ mod tests {
         Some(ConfigFile { name: "c.toml".into(), text: text.into() })
     }
 
-    /// A TRL YAML recipe is named as such before it is read (TOML's parser said `key with no
-    /// value, expected =` at its first line).
+    /// A TRL YAML recipe layers as its TOML translation would: TRL's keys translated, a wrong
+    /// value named by its line in the YAML.
     #[test]
-    fn a_yaml_recipe_is_refused_saying_how_it_translates() {
-        let err = ConfigFile::read(Path::new("recipes/dpo.yaml")).map(|_| ()).unwrap_err().to_string();
-        assert!(err.starts_with("`recipes/dpo.yaml`: dpo-train reads TOML configs, not YAML"), "{err}");
+    fn a_yaml_recipe_layers_as_its_toml_would() {
+        let yaml = |text: &str| Some(ConfigFile { name: "recipes/dpo.yaml".into(), text: text.into() });
+        let recipe = "model_name_or_path: m\ndataset_name: trl-lib/ufb\nbeta: 0.2\nuse_peft: true\n\
+                      eval_strategy: steps\ndtype: bfloat16\n";
+        let l = Layered::new(yaml(recipe), &[]).unwrap();
+        assert_eq!((l.cfg.loss.beta, l.cfg.lora_r, l.cfg.train_file.as_str()), (0.2, Some(16), "trl-lib/ufb"));
+        assert_eq!(l.cfg.eval_file.as_deref(), Some("trl-lib/ufb"));
+        assert_eq!(l.origin("beta"), Origin::File);
+        let err = Layered::new(yaml("beta: 0.1\nlearning_rate: fast\n"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with("`recipes/dpo.yaml`, line 2: `learning_rate`: "), "{err}");
+        let err = Layered::new(yaml("beta: 0.1\npush_to_hub: true\n"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with("`recipes/dpo.yaml`, line 2: `push_to_hub = true` is not supported"), "{err}");
         assert!(ConfigFile::read(Path::new("absent.toml")).unwrap_err().to_string().starts_with("cannot read"));
     }
 
@@ -264,7 +283,7 @@ mod tests {
         let cfg = TrainConfig::default();
         assert_eq!((cfg.loss.beta, cfg.learning_rate, cfg.max_length), (0.1, 1e-6, 1024));
         assert_eq!(cfg.loss.loss_type, vec![crate::LossType::Sigmoid]);
-        assert_eq!((cfg.warmup_steps, cfg.warmup_ratio, cfg.sft_steps), (0, 0.0, 0));
+        assert_eq!((cfg.warmup_steps, cfg.warmup_ratio, cfg.sft_steps), (0.0, 0.0, 0));
         assert_eq!(
             (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.num_train_epochs),
             (8, 1, 3.0)

@@ -19,6 +19,7 @@ pub mod reference;
 pub mod resume;
 pub mod trl;
 mod validate;
+pub mod yaml;
 
 pub use keys::{FlagValue, KeyDoc, Section};
 pub use layers::{ConfigFile, Layered, Origin};
@@ -291,9 +292,9 @@ train_config! {
     lr_scheduler_type: SchedulerType = SchedulerType::Linear,
     /// Final learning rate of cosine_with_min_lr, as a fraction of the peak.
     min_lr_rate: f64 = 0.1,
-    /// Linear warm-up steps (takes precedence over warmup_ratio).
-    warmup_steps: u64 = 0,
-    /// Linear warm-up as a fraction of the training steps.
+    /// Linear warm-up, as transformers 5 reads it: steps (1 or more; the whole part), or a fraction of the training steps (below 1); takes precedence over warmup_ratio.
+    warmup_steps: f64 = 0.0,
+    /// Linear warm-up as a fraction of the training steps (transformers 4's key; transformers 5 writes the fraction as warmup_steps).
     warmup_ratio: f64 = 0.0,
     /// Pairs per device per micro-batch.
     per_device_train_batch_size: usize = 8,
@@ -362,9 +363,13 @@ impl TrainConfig {
 
     /// Parses TOML text; `origin` names it in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::from_table(text.parse().map_err(|e| toml_error(e, text, origin))?, text, origin)
+    }
+
+    /// The config a file's table of keys sets (`text` is the file, for the line of a key).
+    pub fn from_table(mut table: toml::Table, text: &str, origin: &str) -> Result<Self, ConfigError> {
         // The loss keys are a flattened struct, which serde cannot combine with
         // `deny_unknown_fields`: unknown keys are refused here, with the closest known one.
-        let mut table: toml::Table = text.parse().map_err(|e| toml_error(e, text, origin))?;
         let located = |key: &str, message: String| ConfigError::Toml {
             path: origin.to_owned(),
             line: line_of(text, key).unwrap_or(0),
@@ -511,7 +516,7 @@ fn strings_as_lists(table: &mut toml::Table) -> Result<(), (&'static str, String
 }
 
 /// Turns a TOML error into one line naming the file, line and key.
-fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
+pub(crate) fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> ConfigError {
     let line = e.span().map_or(0, |span| text[..span.start.min(text.len())].matches('\n').count() + 1);
     let message = e.message().lines().next().unwrap_or("invalid TOML");
     ConfigError::Toml { path: origin.to_owned(), line, message: with_suggestion(message) }
@@ -544,11 +549,11 @@ pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
     text.lines()
         .position(|line| {
             let line = line.trim_start();
-            // `key = ...`, `"key" = ...`, or a table `[key]` / `[[key]]`.
+            // `key = ...`, `"key" = ...`, a table `[key]` / `[[key]]`, or YAML's `key: ...`.
             let header =
                 line.trim_start_matches('[').strip_prefix(key).is_some_and(|r| r.trim_start().starts_with(']'));
             let rest = line.strip_prefix(key).or_else(|| line.strip_prefix(&format!("\"{key}\"")));
-            header && line.starts_with('[') || rest.is_some_and(|r| r.trim_start().starts_with('='))
+            header && line.starts_with('[') || rest.is_some_and(|r| r.trim_start().starts_with(['=', ':']))
         })
         .map(|i| i + 1)
 }

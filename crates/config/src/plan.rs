@@ -99,8 +99,12 @@ impl TrainConfig {
     /// Validates the config and resolves it: the one place its option strings are parsed.
     pub fn resolve(&self) -> Result<RunPlan, ConfigError> {
         self.validate()?;
-        let warmup =
-            if self.warmup_steps > 0 { Warmup::Steps(self.warmup_steps) } else { Warmup::Ratio(self.warmup_ratio) };
+        // transformers 5's `get_warmup_steps`: whole steps from 1 up, a fraction of the run below.
+        let warmup = match self.warmup_steps {
+            w if w >= 1.0 => Warmup::Steps(w as u64),
+            w if w > 0.0 => Warmup::Ratio(w),
+            _ => Warmup::Ratio(self.warmup_ratio),
+        };
         Ok(RunPlan {
             truncation: self.truncation()?,
             sharding: self.sharding()?,
@@ -130,6 +134,10 @@ mod tests {
         assert_eq!(plan.schedule.warmup_steps(95), 10);
         let plan = cfg("warmup_steps = 7\nwarmup_ratio = 0.5\n").resolve().unwrap();
         assert_eq!(plan.schedule.warmup_steps(100), 7, "warmup_steps wins");
+        // transformers 5: a fraction below 1 (ceil of its share), the whole part from 1 up.
+        let plan = cfg("warmup_steps = 0.1\n").resolve().unwrap();
+        assert_eq!(plan.schedule.warmup_steps(95), 10);
+        assert_eq!(cfg("warmup_steps = 7.9\n").resolve().unwrap().schedule.warmup_steps(100), 7);
         assert_eq!(plan.precision, Precision::Bf16, "TRL's bf16 = not fp16");
     }
 

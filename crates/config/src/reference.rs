@@ -16,7 +16,7 @@ pub fn markdown() -> String {
     let mut out = String::from(
         "# Configuration reference\n\n\
          Generated from dpo-train's key table (`crates/config/src/lib.rs`) by `make config-reference`;\n\
-         a test fails when this file is stale. Every key goes in a TOML file (`--config FILE`) or on\n\
+         a test fails when this file is stale. Every key goes in a TOML or YAML file (`--config FILE`) or on\n\
          the command line as its flag; a flag overrides the file, and an unset key takes TRL 1.16's\n\
          `DPOConfig` default where TRL has the key. `dpo-train eval` takes the loss keys as flags.\n\n\
          - [Training keys](#training-keys)\n- [Loss keys](#loss-keys)\n- [TRL keys without a key here](#trl-keys-without-a-key-here)\n",

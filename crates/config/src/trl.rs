@@ -17,7 +17,8 @@ pub enum Treatment {
     Only(&'static [&'static str], &'static str),
     /// Refused at any value, with the reason.
     Never(&'static str),
-    /// Another name of one of dpo-train's keys (TRL's script calls the data `dataset_name`).
+    /// Another name of one of dpo-train's keys (TRL's script calls the data `dataset_name`,
+    /// transformers 5 gradient checkpointing `activation_checkpointing`).
     Rename(&'static str),
     /// Accepted at these values (TOML literals), each meaning what [`translate`] says.
     Means(&'static [&'static str], &'static str),
@@ -49,8 +50,9 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("bf16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
     ("fp16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
     ("tf32", Never("TF32 matmuls are not configurable")),
-    ("activation_checkpointing", Never("use `gradient_checkpointing`")),
-    ("activation_checkpointing_kwargs", Never("use `gradient_checkpointing`")),
+    // transformers 5's name for it; `gradient_checkpointing` is its deprecated alias there.
+    ("activation_checkpointing", Rename("gradient_checkpointing")),
+    ("activation_checkpointing_kwargs", Inert),
     ("gradient_checkpointing_kwargs", Inert),
     ("torch_compile", Only(FALSE, "torch.compile is not used")),
     ("torch_compile_backend", Inert),
@@ -189,9 +191,14 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
                 return Err(((*key).to_owned(), format!("`{key}` is not supported by dpo-train: {reason}")));
             }
             Rename(ours) if table.contains_key(*ours) => {
-                return Err(((*key).to_owned(), format!("`{key}` is `{ours}` under TRL's name: set one of them")));
+                return Err(((*key).to_owned(), format!("`{key}` and `{ours}` name one setting: set one of them")));
             }
-            Rename(_) => {}
+            Rename(ours) => {
+                let value = value.clone();
+                table.remove(*key);
+                table.insert((*ours).to_owned(), value);
+                continue;
+            }
             Means(values, what) => {
                 if !values.iter().any(|v| same(value, v)) {
                     let message = format!("`{key} = {value}` is not supported by dpo-train: {what}");
@@ -206,17 +213,14 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
 }
 
 /// TRL's names in dpo-train's keys: `eval_strategy = "no"` and `save_strategy = "no"` are
-/// `eval_steps` and `save_steps = 0`, `dataset_name` is `train_file`, and `use_peft = true` is
-/// LoRA at TRL's rank unless `lora_r` is set (`false`: no LoRA).
+/// `eval_steps` and `save_steps = 0`, and `use_peft = true` is LoRA at TRL's rank unless
+/// `lora_r` is set (`false`: no LoRA).
 fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
     let Some(value) = value else { return };
     match key {
         "eval_strategy" | "save_strategy" if value.as_str() == Some("no") => {
             let target = if key == "eval_strategy" { "eval_steps" } else { "save_steps" };
             table.insert(target.to_owned(), toml::Value::Integer(0));
-        }
-        "dataset_name" => {
-            table.insert("train_file".to_owned(), value);
         }
         "use_peft" if value.as_bool() == Some(true) => {
             table.entry("lora_r").or_insert(toml::Value::Integer(TRL_LORA_R));
@@ -302,7 +306,7 @@ mod tests {
         accept_trl_keys(&mut t).unwrap();
         assert_eq!(t, table(""));
         let both = accept_trl_keys(&mut table("dataset_name = \"a\"\ntrain_file = \"b\"\n")).unwrap_err();
-        assert_eq!(both.1, "`dataset_name` is `train_file` under TRL's name: set one of them");
+        assert_eq!(both.1, "`dataset_name` and `train_file` name one setting: set one of them");
         let bad = accept_trl_keys(&mut table("use_peft = \"yes\"\n")).unwrap_err();
         assert!(
             bad.1.starts_with("`use_peft = \"yes\"` is not supported by dpo-train: `true` trains LoRA"),

@@ -51,6 +51,12 @@ impl TrainConfig {
                 format!("must be finite and >= 0 (0: no clipping), got {}", self.max_grad_norm),
             );
         }
+        if !(self.warmup_steps >= 0.0 && self.warmup_steps < 1e15) {
+            return invalid(
+                "warmup_steps",
+                format!("must be >= 0 (below 1: a fraction of the steps), got {}", self.warmup_steps),
+            );
+        }
         if !(0.0..=1.0).contains(&self.warmup_ratio) {
             return invalid("warmup_ratio", format!("must be in [0, 1], got {}", self.warmup_ratio));
         }

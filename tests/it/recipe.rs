@@ -1,0 +1,78 @@
+//! A TRL recipe (`trl dpo --config recipe.yaml`) read by TRL's own parser in the venv
+//! (`TrlParser` over `ScriptArguments`, `DPOConfig` and `ModelConfig`) and by dpo-train: every
+//! setting the recipe makes is the same on both sides, TRL's script names and transformers 5's
+//! (`activation_checkpointing`, `warmup_steps` as a fraction) included.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use dpo_train::config::{ConfigFile, Layered};
+
+use crate::common::{fixtures, python};
+
+/// What TRL resolves the recipe to, as JSON.
+fn trl_reads(recipe: &std::path::Path) -> serde_json::Value {
+    let code = format!(
+        "import json\n\
+         from trl import TrlParser, DPOConfig, ModelConfig, ScriptArguments\n\
+         s, t, m = TrlParser((ScriptArguments, DPOConfig, ModelConfig)).parse_args_and_config(['--config', '{}'])\n\
+         print(json.dumps(dict(model_name_or_path=m.model_name_or_path, dataset_name=s.dataset_name,\n\
+           dataset_test_split=s.dataset_test_split, eval_strategy=str(t.eval_strategy.value), eval_steps=t.eval_steps,\n\
+           learning_rate=t.learning_rate, beta=t.beta, loss_type=t.loss_type, loss_weights=t.loss_weights,\n\
+           num_train_epochs=t.num_train_epochs, per_device_train_batch_size=t.per_device_train_batch_size,\n\
+           gradient_accumulation_steps=t.gradient_accumulation_steps, lr_scheduler_type=str(t.lr_scheduler_type.value),\n\
+           warmup_of_100=t.get_warmup_steps(100), max_length=t.max_length, bf16=t.bf16, seed=t.seed,\n\
+           lora_r=m.lora_r if m.use_peft else None, lora_alpha=m.lora_alpha, lora_target_modules=m.lora_target_modules,\n\
+           gradient_checkpointing=t.activation_checkpointing, report_to=t.report_to, output_dir=t.output_dir)))\n",
+        recipe.display()
+    );
+    let out = Command::new(python()).args(["-W", "ignore", "-c", &code]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_trl_recipe_reads_as_trl_reads_it() {
+    let recipe: PathBuf = fixtures().join("recipes/dpo.yaml");
+    let trl = trl_reads(&recipe);
+    let layered = Layered::new(Some(ConfigFile::read(&recipe).unwrap()), &[]).unwrap();
+    let (cfg, plan) = (&layered.cfg, layered.validate().unwrap());
+    let ours = serde_json::to_value(cfg).unwrap();
+    // The same key on both sides.
+    for key in [
+        "model_name_or_path",
+        "learning_rate",
+        "loss_type",
+        "loss_weights",
+        "num_train_epochs",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "lr_scheduler_type",
+        "max_length",
+        "seed",
+        "lora_r",
+        "lora_alpha",
+        "gradient_checkpointing",
+        "eval_steps",
+    ] {
+        let (a, b) = (&trl[key], &ours[key]);
+        let same = a == b || a.as_f64().zip(b.as_f64()).is_some_and(|(x, y)| x == y);
+        assert!(same, "{key}: TRL {a}, dpo-train {b}");
+    }
+    assert_eq!(trl["beta"].as_f64(), Some(cfg.loss.beta));
+    assert_eq!(trl["bf16"].as_bool(), Some(cfg.bf16()));
+    assert_eq!(trl["output_dir"].as_str(), cfg.output_dir.to_str());
+    assert_eq!(trl["warmup_of_100"].as_u64(), Some(plan.schedule.warmup_steps(100)));
+    // `dataset_name` is the training data; `eval_strategy = "steps"` evaluates its test split.
+    assert_eq!(
+        (trl["dataset_name"].as_str(), trl["eval_strategy"].as_str()),
+        (Some(cfg.train_file.as_str()), Some("steps"))
+    );
+    assert_eq!(cfg.eval_file.as_deref(), Some(cfg.train_file.as_str()));
+    assert_eq!(trl["dataset_test_split"].as_str(), Some(cfg.dataset_test_split.as_str()));
+    assert_eq!(trl["lora_target_modules"].as_str(), Some("all-linear"));
+    assert_eq!(cfg.lora_target_modules, ["all-linear"]);
+    // `report_to: none`: nothing reported on either side.
+    assert_eq!(trl["report_to"], serde_json::json!([]));
+    assert!(cfg.tensorboard_dir(std::path::Path::new("run")).is_none());
+}
