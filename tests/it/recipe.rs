@@ -76,3 +76,20 @@ fn a_trl_recipe_reads_as_trl_reads_it() {
     assert_eq!(trl["report_to"], serde_json::json!([]));
     assert!(cfg.tensorboard_dir(std::path::Path::new("run")).is_none());
 }
+
+/// Every field of the dataclasses `trl dpo` parses (TRL as installed in the venv) is a key of
+/// dpo-train's or one of TRL's keys it accepts, translates or refuses by name: no recipe or
+/// command line of TRL's gets "unknown key".
+#[test]
+fn every_key_of_trl_s_script_is_known() {
+    let code = "import dataclasses\n\
+                from trl import DPOConfig, ModelConfig, ScriptArguments\n\
+                print('\\n'.join(f.name for c in (DPOConfig, ModelConfig, ScriptArguments) for f in dataclasses.fields(c)))\n";
+    let out = Command::new(python()).args(["-W", "ignore", "-c", code]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names = String::from_utf8(out.stdout).unwrap();
+    let known =
+        |name: &str| dpo_train::config::KEYS.iter().any(|k| k.name == name) || dpo_train::config::trl::is_trl_key(name);
+    let unknown: Vec<&str> = names.lines().filter(|n| !known(n)).collect();
+    assert!(names.lines().count() > 150 && unknown.is_empty(), "unknown: {unknown:?}");
+}
