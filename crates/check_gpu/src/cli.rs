@@ -56,12 +56,12 @@ pub struct Args {
     pub model_params: Option<String>,
     /// Hugging Face model directory (its config.json gives the exact shape), or a Hub name in the
     /// local Hugging Face cache.
-    #[arg(long, value_name = "DIR", value_parser = model_dir)]
+    #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// The preference data to train on: the printed command trains on it, and with --model the
     /// plan counts its pairs' tokens as dpo-train packs them (`dpo-train data lengths`, truncated
     /// at --seq-len) instead of sequences of --seq-len tokens.
-    #[arg(long, value_name = "FILE", value_parser = data_path)]
+    #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
@@ -171,6 +171,26 @@ pub enum FlagError {
     /// The data the command would train on is not there.
     #[error("`--data {}`: no such file or directory", path.display())]
     NoData { path: PathBuf },
+    /// A Hub name that is no local path and not in the Hugging Face cache.
+    #[error("`--{flag}`: {reason}")]
+    NotCached { flag: &'static str, reason: String },
+}
+
+/// A `--model` or `--data` value: where it is read (a Hub name's snapshot in the Hugging Face
+/// cache, else the path), and the value itself, which the printed command keeps (dpo-train
+/// finds a Hub name in the cache of the machine it runs on; a snapshot path is this one's).
+struct Located {
+    read: PathBuf,
+    given: PathBuf,
+    cached: bool,
+}
+
+fn locate(value: Option<&Path>, kind: dpo_base::hub::Kind, flag: &'static str) -> Result<Option<Located>, FlagError> {
+    let Some(given) = value else { return Ok(None) };
+    let found = given.to_str().map(|s| dpo_base::hub::locate(s, kind)).transpose();
+    let snapshot = found.map_err(|e| FlagError::NotCached { flag, reason: e.to_string() })?.flatten();
+    let cached = snapshot.is_some();
+    Ok(Some(Located { read: snapshot.unwrap_or_else(|| given.to_path_buf()), given: given.to_path_buf(), cached }))
 }
 
 /// Failures that stop the report.
@@ -248,8 +268,10 @@ pub fn flag_error_line(rendered: &str) -> String {
 
 /// The run settings from the flags.
 pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
-    let model = match (&args.model, &args.model_params) {
-        (Some(dir), _) => Some(ModelShape::from_hf_dir(dir)?),
+    let model_at = locate(args.model.as_deref(), dpo_base::hub::Kind::Model, "model")?;
+    let data_at = locate(args.data.as_deref(), dpo_base::hub::Kind::Dataset, "data")?;
+    let model = match (&model_at, &args.model_params) {
+        (Some(at), _) => Some(ModelShape::from_hf_dir(&at.read)?),
         (None, Some(n)) => Some(ModelShape::from_param_count(parse_param_count(n)?)),
         (None, None) => None,
     };
@@ -259,12 +281,12 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     {
         return Err(FlagError::ShardingOnOneGpu { stage: stage.name() }.into());
     }
-    if let Some(path) = args.data.as_ref().filter(|p| !p.exists()) {
-        return Err(FlagError::NoData { path: path.clone() }.into());
+    if let Some(at) = data_at.as_ref().filter(|at| !at.read.exists()) {
+        return Err(FlagError::NoData { path: at.given.clone() }.into());
     }
     // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
-    let (lengths, lengths_error) = match (&args.data, &args.model) {
-        (Some(data), Some(model)) => match data_lengths(model, data, args.seq_len) {
+    let (lengths, lengths_error) = match (&data_at, &model_at) {
+        (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args.seq_len) {
             Ok(l) => (Some(l), None),
             Err(e) => (None, Some(e)),
         },
@@ -272,8 +294,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     };
     Ok(PlanRequest {
         model,
-        model_dir: args.model.as_deref().map(ModelShape::hf_dir),
-        data: args.data.clone(),
+        model_dir: model_at.map(|at| if at.cached { at.given } else { ModelShape::hf_dir(&at.given) }),
+        data: data_at.map(|at| at.given),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,
@@ -458,16 +480,6 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
 }
 
 /// `--loss-type`: one of dpo-vocab's reference-free or unpaired losses (DPO's need no flag).
-/// `--model`: the path, or the hub cache's snapshot of the Hub name it gives.
-fn model_dir(s: &str) -> Result<PathBuf, String> {
-    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Model).map_err(|e| e.to_string())
-}
-
-/// `--data`: the path, or the hub cache's snapshot of the dataset name it gives.
-fn data_path(s: &str) -> Result<PathBuf, String> {
-    dpo_base::hub::path_of(s, dpo_base::hub::Kind::Dataset).map_err(|e| e.to_string())
-}
-
 fn parse_loss_type(s: &str) -> Result<&'static str, String> {
     let keys = dpo_vocab::keys::REFERENCE_FREE_LOSSES.into_iter().chain(dpo_vocab::keys::UNPAIRED_LOSSES);
     keys.clone().find(|l| *l == s).ok_or_else(|| {

@@ -636,7 +636,7 @@ fn the_command_names_the_model_directory_and_the_config() {
     let file = model.join("config.json");
     let (_, v) = plan_json("t4x2-phb", &["--model", file.to_str().expect("utf-8 path"), "--lora", "8"]);
     assert!(v["command"].as_str().expect("command").starts_with(&head), "{v}");
-    // A Hub name is the hub cache's snapshot of `main`, which the command then names.
+    // A Hub name is read from the hub cache's snapshot of `main`; the command keeps the name.
     let cache = dir.join("hub");
     let snapshot = cache.join("models--org--qwen/snapshots").join("c".repeat(40));
     std::fs::create_dir_all(cache.join("models--org--qwen/refs")).expect("temp dir");
@@ -650,8 +650,20 @@ fn the_command_names_the_model_directory_and_the_config() {
         .env("HF_HUB_CACHE", &cache)
         .output()
         .expect("the check-gpu binary runs");
-    let cached = format!("dpo-train train --model-name-or-path {} --train-file", snapshot.display());
-    assert!(json_of(&out).1["command"].as_str().expect("command").starts_with(&cached), "{out:?}");
+    // The command keeps the name: dpo-train finds it in the cache of the machine it runs on.
+    let cached = "dpo-train train --model-name-or-path org/qwen --train-file";
+    assert!(json_of(&out).1["command"].as_str().expect("command").starts_with(cached), "{out:?}");
+    // A name the cache lacks: one line naming the flag and the download.
+    let missing = Command::new(env!("CARGO_BIN_EXE_check-gpu"))
+        .args(["--model", "org/nope", "--topo", topo, "--query", query])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .expect("the check-gpu binary runs");
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.contains("`--model`: `org/nope` does not exist here") && err.contains("`hf download org/nope`"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
