@@ -123,6 +123,12 @@ impl Layered {
             return Err(ConfigError::Invalid { key: "eval_strategy", message });
         }
         cfg.eval_file = Some(cfg.train_file.clone());
+        // It comes from where `eval_strategy` was set, not from TRL's defaults.
+        let keys = match self.origin("eval_strategy") {
+            Origin::Flag => &mut self.flag_keys,
+            _ => &mut self.file_keys,
+        };
+        keys.insert("eval_file".to_owned());
         Ok(())
     }
 
@@ -213,7 +219,7 @@ mod tests {
         let l = Layered::new(yaml(recipe), &[]).unwrap();
         assert_eq!((l.cfg.loss.beta, l.cfg.lora_r, l.cfg.train_file.as_str()), (0.2, Some(16), "trl-lib/ufb"));
         assert_eq!(l.cfg.eval_file.as_deref(), Some("trl-lib/ufb"));
-        assert_eq!(l.origin("beta"), Origin::File);
+        assert_eq!((l.origin("beta"), l.origin("eval_file")), (Origin::File, Origin::File));
         let err = Layered::new(yaml("beta: 0.1\nlearning_rate: fast\n"), &[]).unwrap_err().to_string();
         assert!(err.starts_with("`recipes/dpo.yaml`, line 2: `learning_rate`: "), "{err}");
         let err = Layered::new(yaml("beta: 0.1\npush_to_hub: true\n"), &[]).unwrap_err().to_string();
