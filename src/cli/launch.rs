@@ -322,7 +322,7 @@ fn launch(
 ) -> anyhow::Result<LaunchOutcome> {
     let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     argv.extend(extra_args.iter().cloned());
-    let spec = NodeSpec {
+    let mut spec = NodeSpec {
         nnodes: par.nnodes,
         node_rank: par.node_rank,
         nproc_per_node: plan.nproc,
@@ -347,14 +347,33 @@ fn launch(
     let interrupts = interrupt::forward_to_workers();
     let visible = plan.visible.clone();
     let env = |_| visible.iter().map(|v| ("CUDA_VISIBLE_DEVICES".to_owned(), v.clone())).collect();
-    dist::launch_node(&spec, env, &argv, interrupts).map_err(|e| {
-        // Where each rank was when the job ended, above the one-line error.
-        for line in e.report() {
-            eprintln!("{line}");
+    // A port this launcher chose can be taken by another process before rank 0 listens on it.
+    let retry = par.master_port.is_none() && par.nnodes == 1;
+    for attempt in 1.. {
+        match dist::launch_node(&spec, env, &argv, interrupts) {
+            Err(e) if retry && attempt < PORT_TRIES && e.port_taken() => {
+                eprintln!(
+                    "port {} was taken before the rendezvous could listen on it: launching again",
+                    spec.master_port
+                );
+                spec.master_port = free_port()?;
+            }
+            done => {
+                return done.map_err(|e| {
+                    // Where each rank was when the job ended, above the one-line error.
+                    for line in e.report() {
+                        eprintln!("{line}");
+                    }
+                    e.into()
+                });
+            }
         }
-        e.into()
-    })
+    }
+    unreachable!("the last try returns")
 }
+
+/// Launches tried on fresh ports when the chosen one was taken first.
+const PORT_TRIES: usize = 3;
 
 #[cfg(test)]
 mod tests {

@@ -127,6 +127,12 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
+    /// Whether rank 0 failed because the rendezvous port was taken before it could listen there
+    /// ([`free_port`]'s race): nothing ran yet, and another port may be tried.
+    pub fn port_taken(&self) -> bool {
+        matches!(self, Self::RankFailed { rank: 0, last_line, .. } if last_line.contains("EADDRINUSE"))
+    }
+
     /// Where each rank of this node was when the job ended (empty for other errors).
     pub fn report(&self) -> &[String] {
         match self {
@@ -457,6 +463,24 @@ mod tests {
         };
         assert_eq!(spec.world_size(), 12);
         assert_eq!((0..4).map(|l| spec.global_rank(l)).collect::<Vec<_>>(), vec![8, 9, 10, 11]);
+    }
+
+    /// Rank 0's last line when another process took the port first (as c10d said it in a run of
+    /// the suite under load): a launch to try again on another port; any other failure is not.
+    #[test]
+    fn a_taken_rendezvous_port_is_told_apart() {
+        let failed = |rank, last_line: &str| LaunchError::RankFailed {
+            rank,
+            status: "exit code 2".into(),
+            code: Some(2),
+            last_line: last_line.into(),
+            report: Vec::new(),
+        };
+        let taken = "error: c10d `init_process_group` failed (code 2): rendezvous: The server socket has failed to \
+                     listen on any local network address. port: 41715, useIpv6: false, code: -98, name: EADDRINUSE, \
+                     message: address already in use";
+        assert!(failed(0, taken).port_taken());
+        assert!(!failed(1, taken).port_taken() && !failed(0, "error: cannot read `x`").port_taken());
     }
 
     #[test]
