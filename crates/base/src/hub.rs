@@ -87,10 +87,14 @@ pub fn is_repo_id(name: &str) -> bool {
         && !name.ends_with(".git")
 }
 
-/// Whether `name` ends as a data file's name does (`.jsonl`, `.json`, `.csv`, `.parquet`, `.gz`),
-/// where a dataset directory's or Hub name does not.
+/// Data file names dpo-train reads (each of the text formats may be gzipped).
+const DATA_EXTENSIONS: [&str; 7] = [".parquet", ".jsonl", ".json", ".csv", ".jsonl.gz", ".json.gz", ".csv.gz"];
+
+/// Whether `name` is a data file's name dpo-train reads (`.jsonl`, `.json`, `.csv`, each maybe
+/// gzipped, `.parquet`, in any case), where a dataset directory's or Hub name is not.
 pub fn is_data_file_name(name: &str) -> bool {
-    [".jsonl", ".json", ".csv", ".parquet", ".gz"].iter().any(|e| name.to_ascii_lowercase().ends_with(e))
+    let name = name.to_ascii_lowercase();
+    DATA_EXTENSIONS.iter().any(|e| name.ends_with(e))
 }
 
 /// The local directory `value` stands for, where it is no local path but a repository id of the

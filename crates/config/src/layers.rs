@@ -56,16 +56,6 @@ impl ConfigFile {
         }
     }
 
-    /// The config the file sets over TRL's defaults.
-    fn config(&self) -> Result<TrainConfig, ConfigError> {
-        TrainConfig::from_table(self.table()?, &self.text, &self.name)
-    }
-
-    /// Keys the file sets (a flat table: every key is top-level).
-    fn keys(&self) -> BTreeSet<String> {
-        self.table().map(|t| t.keys().cloned().collect()).unwrap_or_default()
-    }
-
     /// The 1-based line that sets `key`, when one does.
     fn line_of(&self, key: &str) -> Option<usize> {
         super::line_of(&self.text, key)
@@ -93,16 +83,22 @@ pub struct Layered {
 impl Layered {
     /// TRL's defaults, then `file`, then `overrides` (`(key, text)` in snake_case).
     pub fn new(file: Option<ConfigFile>, overrides: &[(String, String)]) -> Result<Self, ConfigError> {
-        let (base, file_keys) = match &file {
-            Some(f) => (f.config()?, f.keys()),
-            None => (TrainConfig::default(), BTreeSet::new()),
+        // The file's table, read once: its keys (a flat table: every key is top-level), the
+        // config it sets over TRL's defaults, and its `eval_strategy`, which that config drops.
+        let (base, file_keys, file_strategy) = match &file {
+            Some(f) => {
+                let table = f.table()?;
+                let (keys, strategy) = (table.keys().cloned().collect(), table.get("eval_strategy").cloned());
+                (TrainConfig::from_table(table, &f.text, &f.name)?, keys, strategy)
+            }
+            None => (TrainConfig::default(), BTreeSet::new(), None),
         };
         let cfg = base.with_overrides(overrides)?;
         let flag_keys = overrides.iter().map(|(k, _)| k.clone()).collect();
         let mut layered = Self { cfg, file, file_keys, flag_keys };
         let strategy = match overrides.iter().rev().find(|(k, _)| k == "eval_strategy") {
             Some((_, text)) => Some(crate::trl::flag_value(text)),
-            None => layered.file.as_ref().and_then(|f| f.table().ok()?.remove("eval_strategy")),
+            None => file_strategy,
         };
         if strategy.as_ref().and_then(toml::Value::as_str) == Some("steps") {
             layered.evaluate_as_trl_script().map_err(|e| layered.locate(e))?;

@@ -5,15 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use dpo_base::hub::is_data_file_name as is_data_file;
+
 use crate::error::DataError;
-
-/// Data file names this crate reads (each of the text formats may be gzipped).
-const EXTENSIONS: [&str; 7] = [".parquet", ".jsonl", ".json", ".csv", ".jsonl.gz", ".json.gz", ".csv.gz"];
-
-fn is_data_file(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    EXTENSIONS.iter().any(|e| name.ends_with(e))
-}
 
 /// The split a file belongs to by its name, the part before the first `-` or `.`:
 /// `train-00000-of-00002.parquet` and `train.jsonl.gz` are `train`'s, `train_prefs-...` is
