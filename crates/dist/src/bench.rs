@@ -31,9 +31,17 @@ pub fn single_rank_group(device: TchDevice, timeout: Duration) -> Result<Process
         TchDevice::Cuda(i) => (Backend::Nccl, i),
         _ => (Backend::Gloo, 0),
     };
-    let master_port = free_port().map_err(|e| DistError::C10d { op: "bench", code: -1, message: e.to_string() })?;
-    let master_addr = "127.0.0.1".to_owned();
-    ProcessGroup::new(&DistConfig { rank: 0, world_size: 1, local_rank, master_addr, master_port, backend, timeout })
+    // The free port can be taken by another process before the store listens there: another one.
+    for attempt in 1.. {
+        let master_port = free_port().map_err(|e| DistError::C10d { op: "bench", code: -1, message: e.to_string() })?;
+        let master_addr = "127.0.0.1".to_owned();
+        let config = DistConfig { rank: 0, world_size: 1, local_rank, master_addr, master_port, backend, timeout };
+        match ProcessGroup::new(&config) {
+            Err(e) if attempt < 3 && e.to_string().contains("EADDRINUSE") => continue,
+            done => return done,
+        }
+    }
+    unreachable!("the last try returns")
 }
 
 /// Waits for the device's queued work, so a timer read afterwards covers it.
