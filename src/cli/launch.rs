@@ -12,7 +12,7 @@ use burn::tensor::Device;
 
 use super::args::{DeviceArg, ParallelArgs};
 use super::interrupt;
-use crate::dist::launcher::{LaunchOutcome, THREADS_VAR, free_port};
+use crate::dist::launcher::{LaunchOutcome, PORT_TRIES, THREADS_VAR, free_port};
 use crate::dist::{self, Backend, DistConfig, EnvSource, NodeSpec, ProcessGroup, WorkerEnv};
 
 /// Bad device or data-parallel flags, named.
@@ -371,9 +371,6 @@ fn launch(
     }
     unreachable!("the last try returns")
 }
-
-/// Launches tried on fresh ports when the chosen one was taken first.
-const PORT_TRIES: usize = 3;
 
 #[cfg(test)]
 mod tests {

@@ -261,7 +261,7 @@ pub fn export_final(final_dir: &Path, model: &Llama, files: ModelFiles, tokenize
 }
 
 /// The files of which one makes a directory a model: a full model's, or a PEFT adapter's.
-pub const MODEL_FILES: [&str; 2] = ["model.safetensors", "adapter_model.safetensors"];
+const MODEL_FILES: [&str; 2] = ["model.safetensors", "adapter_model.safetensors"];
 
 /// The model file `dir` holds, if any.
 pub fn model_file(dir: &Path) -> Option<PathBuf> {

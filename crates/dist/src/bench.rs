@@ -9,7 +9,7 @@ use burn::tensor::{Device, Tensor};
 use check_gpu::bench::{Bench, Collective, DeviceSpeed, Measurement, sizes};
 use tch::{Device as TchDevice, Kind};
 
-use super::launcher::free_port;
+use super::launcher::{PORT_TRIES, free_port, says_port_taken};
 use super::process_group::{Backend, DistConfig, DistError, ProcessGroup, tch_err};
 use dpo_torch::bridge;
 
@@ -37,7 +37,7 @@ pub fn single_rank_group(device: TchDevice, timeout: Duration) -> Result<Process
         let master_addr = "127.0.0.1".to_owned();
         let config = DistConfig { rank: 0, world_size: 1, local_rank, master_addr, master_port, backend, timeout };
         match ProcessGroup::new(&config) {
-            Err(e) if attempt < 3 && e.to_string().contains("EADDRINUSE") => continue,
+            Err(e) if attempt < PORT_TRIES && says_port_taken(&e.to_string()) => continue,
             done => return done,
         }
     }

@@ -130,7 +130,7 @@ impl LaunchError {
     /// Whether rank 0 failed because the rendezvous port was taken before it could listen there
     /// ([`free_port`]'s race): nothing ran yet, and another port may be tried.
     pub fn port_taken(&self) -> bool {
-        matches!(self, Self::RankFailed { rank: 0, last_line, .. } if last_line.contains("EADDRINUSE"))
+        matches!(self, Self::RankFailed { rank: 0, last_line, .. } if says_port_taken(last_line))
     }
 
     /// Where each rank of this node was when the job ended (empty for other errors).
@@ -165,6 +165,14 @@ pub fn launch_node(
 ) -> Result<LaunchOutcome, LaunchError> {
     let program = std::env::current_exe().map_err(LaunchError::CurrentExe)?;
     run_workers(&program, spec, &per_rank_env, args, interrupts)
+}
+
+/// Tries on fresh ports when the one [`free_port`] gave was taken before the store listened.
+pub const PORT_TRIES: usize = 3;
+
+/// Whether c10d's error `message` says the store could not listen because its port was taken.
+pub fn says_port_taken(message: &str) -> bool {
+    message.contains("EADDRINUSE")
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; another process could take it in between,
