@@ -23,7 +23,7 @@ use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
 use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_blocks, head_forward};
-use crate::model::linear::{f32_weight_grad, linear_rows};
+use crate::model::linear::linear_rows;
 use crate::model::{Llama, LmHead};
 
 /// Recompute activations in the backward pass. With LoRA dropout, `dropout_seed` reseeds the
@@ -190,7 +190,7 @@ fn head_backward(
         dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [g, h]
         if lm_head.trains {
             let x = head.selected.clone().slice([rows, 0..h]); // [g, h]
-            let dw = f32_weight_grad(x, dz, blocks.len() > per_group); // [h, V]
+            let dw = lm_head.weight_grad(x, dz, blocks.len() > per_group); // in the parameter's layout
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
                 None => dw,
@@ -198,7 +198,7 @@ fn head_backward(
         }
     }
     if let Some(dw) = dweight {
-        let dw = lm_head.param_grad(dw); // under the parameter's own name and layout
+        let dw = dw.reshape([h * v]); // under the parameter's own name
         let summed = match grads.grads.remove(lm_head.param_name) {
             Some(acc) => acc + dw,
             None => dw,

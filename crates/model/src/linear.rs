@@ -241,7 +241,7 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
 /// `rowsᵀ·g` in f32, a master's gradient of burn tensors without a graph (the LM head's
 /// hand-written backward): [`weight_grad`], written in f32 by the product on CUDA. A `partial`
 /// product, one of several summed (the head's groups of rows), is accumulated in f32 on the CPU
-/// too, from f32 copies of `2^24` elements of `g` at a time: a sum of bf16-rounded partial
+/// too, from f32 copies of `2^24` elements of the wider operand at a time: a sum of bf16-rounded partial
 /// products loses what cancels between them, as a pair's chosen and rejected rows do.
 ///
 /// # Shapes
@@ -254,7 +254,9 @@ pub fn f32_weight_grad(rows: Tensor<2>, g: Tensor<2>, partial: bool) -> Tensor<2
         return dpo_torch::bridge::from_tch(weight_grad(&rows, &g, tch::Kind::Float), origin);
     }
     let (n, out) = (g.size()[0], g.size()[1]);
-    let step = ((1i64 << 24) / out.max(1)).max(1);
+    // 2^24 elements of the wider operand at a time: `g`, or `rows` where the caller swaps them
+    // for the transposed product (a tied head's `[V, hidden]` gradient).
+    let step = ((1i64 << 24) / out.max(rows.size()[1]).max(1)).max(1);
     let mut acc = tch::Tensor::zeros([rows.size()[1], out], (tch::Kind::Float, g.device()));
     for start in (0..n).step_by(step as usize) {
         let len = step.min(n - start);
