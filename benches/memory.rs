@@ -412,7 +412,12 @@ fn child(config: &Path) {
         config_name: "bench".into(),
         resume: None,
         sft_only: false,
-        rt: dpo_train::train::Runtime { device, interrupt: &interrupt, workers: dpo_train::train::Workers::single() },
+        rt: dpo_train::train::Runtime {
+            device,
+            interrupt: &interrupt,
+            workers: dpo_train::train::Workers::single(),
+            overlap_reference: None,
+        },
         config_description: String::new(),
     };
     run(req, &mut Quiet).expect("training runs");

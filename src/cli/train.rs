@@ -40,6 +40,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let Resolved { layered, name, resume, found } = resolve(&args)?;
     let plan = layered.validate()?;
+    let overlap_reference = crate::train::step::overlap_setting()?;
     if sft_only {
         // The demo's embedded config and a resumed run's saved one hold every key: only the
         // user's own file and flags say what they asked for.
@@ -113,7 +114,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     {
         config_description = format!("{config_description}\n{note}");
     }
-    let rt = Runtime { device, interrupt, workers };
+    let rt = Runtime { device, interrupt, workers, overlap_reference };
     let request =
         RunRequest { cfg, plan, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
     let summary = crate::run::run(request, progress).map_err(|e| match e.downcast::<ConfigError>() {

@@ -53,12 +53,15 @@ pub struct RunData {
 }
 
 /// Where a run executes: the plain device (training runs on its autodiff twin), the flag Ctrl-C
-/// sets, and the data-parallel workers this process is one of (rank 0 writes every file).
+/// sets, the data-parallel workers this process is one of (rank 0 writes every file), and whether
+/// a per-step reference runs on a thread of its own (`None`: the device's default; see
+/// [`super::step::overlaps_reference`]).
 #[derive(Clone)]
 pub struct Runtime<'a> {
     pub device: Device,
     pub interrupt: &'a AtomicBool,
     pub workers: Workers<'a>,
+    pub overlap_reference: Option<bool>,
 }
 
 /// What every stage of a run shares.

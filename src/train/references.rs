@@ -98,6 +98,15 @@ impl References {
         }
     }
 
+    /// The reference model that scores each training micro-batch, where it is whole on this rank
+    /// (no collectives) and nothing was precomputed.
+    pub fn per_step_model(&self) -> Option<&Llama> {
+        match (&self.train, &self.model) {
+            (None, Some(PerStep::Whole(model))) => Some(model),
+            _ => None,
+        }
+    }
+
     /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
     pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Result<Vec<f32>, DistError> {
         // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.

@@ -21,7 +21,7 @@ use super::policy::{PolicySpec, inference_copy};
 use super::references::References;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
-use super::step::{StepPlan, Trained, optimizer_step};
+use super::step::{StepPlan, Trained, optimizer_step, overlaps_reference};
 use super::window::{Positions, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, Sharding, TrainConfig};
@@ -201,6 +201,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
         device: run.rt.device.clone(),
         // Under LoRA dropout a shared prompt would see one dropout mask where padded rows see two.
         packing: Packing::of(cfg.padding_free, cfg.prefix_sharing && !dropout).under(run.plan.truncation),
+        overlap_reference: overlaps_reference(run.rt.overlap_reference, &run.rt.device),
     };
     Ok(Setup { plan, schedule, total_steps, trained, references, log, spec, config_json })
 }

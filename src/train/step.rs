@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::thread::ScopedJoinHandle;
 
 use burn::tensor::{Device, FloatDType, Tensor};
 
@@ -22,10 +23,10 @@ use super::window::Window;
 use super::workers::Workers;
 use crate::config::Sharding;
 use crate::data::{self, Packing, TokenizedPair};
-use crate::dist::DistError;
-use crate::dpo::logps::DeviceBatch;
+use crate::dist::{DistError, EnvError};
+use crate::dpo::logps::{DeviceBatch, score};
 use crate::dpo::loss::{PairScores, dpo_loss};
-use crate::model::{Llama, params};
+use crate::model::{Llama, host, params};
 
 /// What a stage fixes for all of its steps.
 pub struct StepPlan {
@@ -46,6 +47,32 @@ pub struct StepPlan {
     pub device: Device,
     /// How a micro-batch's sequences are laid out (`padding_free`, `prefix_sharing`).
     pub packing: Packing,
+    /// A per-step reference scores each micro-batch on a thread of its own while the policy's
+    /// forward runs ([`overlaps_reference`]).
+    pub overlap_reference: bool,
+}
+
+/// The variable that turns the reference's thread on (`1`) or off (`0`) whatever the device.
+pub const OVERLAP_VAR: &str = "DPO_TRAIN_OVERLAP_REFERENCE";
+
+/// [`OVERLAP_VAR`]'s setting (`None` where unset or empty), read where a command starts.
+pub fn overlap_setting() -> Result<Option<bool>, EnvError> {
+    match std::env::var(OVERLAP_VAR).ok().as_deref() {
+        None | Some("") => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => {
+            Err(EnvError::Invalid { var: OVERLAP_VAR, value: other.to_owned(), expected: "switch: 1 (on) or 0 (off)" })
+        }
+    }
+}
+
+/// Whether a per-step reference scores beside the policy: as `setting` says, else on a CUDA
+/// device, where a small model's step is bound by the host launching kernels one after another
+/// and a second thread launches the reference's (on the same stream, so nothing on the device
+/// changes order). The CPU's cores already run each operator, so it stays off there.
+pub fn overlaps_reference(setting: Option<bool>, device: &Device) -> bool {
+    setting.unwrap_or_else(|| dpo_torch::allocator::cuda_index(device).is_some())
 }
 
 impl StepPlan {
@@ -330,21 +357,48 @@ fn micro_batch(
             window.count(&batch);
             window.losses.push(nll);
         }
-        (Objective::Dpo, Some(refs)) => {
+        (Objective::Dpo, Some(refs)) => std::thread::scope(|scope| -> Result<(), DistError> {
             let loss_cfg = &run.cfg.loss;
             let batch = data::collate(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
-            let ref_rows = refs.train_rows(pass.ids, &batch, run)?;
+            let pending = match refs.per_step_model().filter(|_| plan.overlap_reference) {
+                Some(reference) => {
+                    // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
+                    let rows = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &run.rt.device);
+                    let work = move || host(&score(reference, &rows, false).logps);
+                    RefRows::Pending(dpo_torch::threads::spawn_scoped(scope, work)?)
+                }
+                None => RefRows::Ready(refs.train_rows(pass.ids, &batch, run)?),
+            };
+            let mut ref_rows = Vec::new();
             let (scores, loss) =
                 forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
+                    ref_rows = pending.wait();
                     dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
                 })?;
             window.count(&batch);
             window.pending.push((device_batch, scores, ref_rows, loss));
-        }
+            Ok(())
+        })?,
         (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),
     }
     Ok(())
+}
+
+/// A micro-batch's reference log-probs: at hand, or being scored on another thread.
+enum RefRows<'scope> {
+    Ready(Vec<f32>),
+    Pending(ScopedJoinHandle<'scope, Vec<f32>>),
+}
+
+impl RefRows<'_> {
+    fn wait(self) -> Vec<f32> {
+        match self {
+            Self::Ready(rows) => rows,
+            // A panic there (a libtorch failure) is this thread's.
+            Self::Pending(work) => work.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        }
+    }
 }
 
 /// Input tokens of a pair's sequences after truncation (TRL's `num_tokens` counts every one).

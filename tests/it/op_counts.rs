@@ -31,18 +31,32 @@ const CASTS_PER_STEP_RESIDENT: u64 = 66;
 
 #[test]
 fn a_bf16_step_makes_the_casts_it_made() {
-    let counts = profiled_step(&[]);
+    let (counts, _) = profiled_step(&[], "0");
     assert!(counts.operators > 10 * counts.casts, "a step is mostly other operators: {counts:?}");
     assert_eq!(counts.casts, CASTS_PER_STEP, "casts per bf16 step changed ({counts:?}): update CASTS_PER_STEP");
-    let resident = profiled_step(&["--gradient-checkpointing", "false"]);
+    let (resident, _) = profiled_step(&["--gradient-checkpointing", "false"], "0");
     assert_eq!(
         resident.casts, CASTS_PER_STEP_RESIDENT,
         "casts per bf16 step without checkpointing changed ({resident:?})"
     );
 }
 
-/// Step 2 of a 2-step bf16 run of 2 pairs a step on the fixture llama, with `flags`.
-fn profiled_step(flags: &[&str]) -> TraceCounts {
+/// With the reference scoring each micro-batch on a thread of its own (on by default on CUDA), a
+/// step runs the same operators, the reference's on a second thread that the profiler follows
+/// (it enters the caller's torch state), and trains to the same numbers bit for bit.
+#[test]
+fn a_reference_on_its_own_thread_runs_the_same_step() {
+    let (alone, trained_alone) = profiled_step(&[], "0");
+    let (beside, trained_beside) = profiled_step(&[], "1");
+    assert_eq!((alone.threads, beside.threads), (1, 2), "{alone:?} {beside:?}");
+    assert_eq!((alone.operators, alone.casts), (beside.operators, beside.casts));
+    assert_eq!(trained_alone, trained_beside);
+}
+
+/// Step 2 of a 2-step bf16 run of 2 pairs a step on the fixture llama, with `flags` and the
+/// reference's thread `overlap` (`DPO_TRAIN_OVERLAP_REFERENCE`): the trace's counts, and what
+/// `metrics.csv` logged but its timings.
+fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.json");
     let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
@@ -53,12 +67,16 @@ fn profiled_step(flags: &[&str]) -> TraceCounts {
         .arg("--output-dir")
         .arg(dir.path())
         .args(["--max-steps", "2", "--per-device-train-batch-size", "2", "--bf16", "true", "--save-steps", "0"])
-        .args(["--num-samples", "0", "--device", "cpu"])
+        .args(["--num-samples", "0", "--device", "cpu", "--logging-steps", "1", "--run-name", "run"])
         .args(flags)
         .env("DPO_TRAIN_PROFILE", &trace)
         .env("DPO_TRAIN_PROFILE_STEPS", "2-2")
+        .env("DPO_TRAIN_OVERLAP_REFERENCE", overlap)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    TraceCounts::read(&trace).unwrap()
+    let metrics = std::fs::read_to_string(dir.path().join("run/metrics.csv")).unwrap();
+    // The last three columns are pairs/s, tokens/s and the elapsed time.
+    let trained = metrics.lines().map(|l| l.rsplitn(4, ',').last().unwrap_or_default().to_owned()).collect();
+    (TraceCounts::read(&trace).unwrap(), trained)
 }

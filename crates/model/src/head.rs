@@ -73,6 +73,7 @@ mod tests {
     /// A tied head's gradient is the embedding's `[V, hidden]` layout of `xᵀ·dz`, whole and
     /// accumulated over slices (a `V` of 2^20 makes 16 rows a slice); `lm_head`'s is `xᵀ·dz`.
     #[test]
+    #[allow(deprecated)] // burn's libtorch device: this project's backend
     fn the_weight_gradient_comes_in_the_parameters_layout() {
         let d = Device::libtorch();
         let (g, h, v) = (17, 3, 1 << 20);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <torch/torch.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -569,4 +570,27 @@ extern "C" int c10d_pinned_copy(c10d_tensor src, c10d_tensor* out) {
     host.copy_(*src);
     *out = new at::Tensor(std::move(host));
   });
+}
+
+extern "C" int c10d_thread_state_capture(c10d_thread_state* state) {
+  return guarded("thread_state_capture", [&] {
+    TORCH_CHECK(state != nullptr, "thread_state_capture: null output");
+    *state = reinterpret_cast<c10d_thread_state>(new at::ThreadLocalState());
+  });
+}
+
+extern "C" int c10d_thread_state_enter(c10d_thread_state state, c10d_thread_guard* guard) {
+  return guarded("thread_state_enter", [&] {
+    TORCH_CHECK(state != nullptr && guard != nullptr, "thread_state_enter: a null handle");
+    auto* captured = reinterpret_cast<at::ThreadLocalState*>(state);
+    *guard = reinterpret_cast<c10d_thread_guard>(new at::ThreadLocalStateGuard(*captured));
+  });
+}
+
+extern "C" void c10d_thread_state_exit(c10d_thread_guard guard) {
+  delete reinterpret_cast<at::ThreadLocalStateGuard*>(guard);
+}
+
+extern "C" void c10d_thread_state_free(c10d_thread_state state) {
+  delete reinterpret_cast<at::ThreadLocalState*>(state);
 }

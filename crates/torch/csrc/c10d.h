@@ -139,6 +139,17 @@ int c10d_profiler_stop(const char* path);
 // `*out` (the caller's). Fails, with nothing allocated, where torch has no accelerator to pin for.
 int c10d_pinned_copy(c10d_tensor src, c10d_tensor* out);
 
+// The calling thread's torch state (grad mode, dispatch keys, the profiler's callbacks: what
+// `at::ThreadLocalState` holds) captured into `*state`, then entered on another thread until
+// `c10d_thread_state_exit` (what torch does for its own worker threads, so that their operators
+// run, and are profiled, as the caller's would). Each handle is freed by the function that ends it.
+typedef struct c10d_thread_state_t* c10d_thread_state;
+typedef struct c10d_thread_guard_t* c10d_thread_guard;
+int c10d_thread_state_capture(c10d_thread_state* state);
+int c10d_thread_state_enter(c10d_thread_state state, c10d_thread_guard* guard);
+void c10d_thread_state_exit(c10d_thread_guard guard);
+void c10d_thread_state_free(c10d_thread_state state);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,8 +1,8 @@
 //! The C ABI of `csrc/c10d.cpp` (see `csrc/c10d.h`): c10d's process groups, and the torch
 //! operations tch does not bind (fused AdamW, multi-tensor norms, variable-length attention, the
-//! cuDNN switch, the CUDA allocator's peak, the profiler).
+//! cuDNN switch, the CUDA allocator's peak, the profiler, a thread's torch state).
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 use torch_sys::C_tensor;
 
@@ -83,4 +83,8 @@ unsafe extern "C" {
     pub fn c10d_profiler_start(with_cuda: i32) -> i32;
     pub fn c10d_profiler_stop(path: *const std::ffi::c_char) -> i32;
     pub fn c10d_pinned_copy(src: *mut C_tensor, out: *mut *mut C_tensor) -> i32;
+    pub fn c10d_thread_state_capture(state: *mut *mut c_void) -> i32;
+    pub fn c10d_thread_state_enter(state: *mut c_void, guard: *mut *mut c_void) -> i32;
+    pub fn c10d_thread_state_exit(guard: *mut c_void);
+    pub fn c10d_thread_state_free(state: *mut c_void);
 }

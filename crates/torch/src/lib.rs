@@ -3,8 +3,9 @@
 //! `dpo-dist` wraps as c10d process groups, and the safe wrappers of the rest: torch's fused AdamW
 //! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
 //! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
-//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), and the bridge between
-//! burn tensors and the `tch::Tensor`s they wrap ([`bridge`]).
+//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), threads that run as their
+//! caller's ([`threads`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
+//! ([`bridge`]).
 
 pub mod allocator;
 pub mod bridge;
@@ -13,6 +14,7 @@ pub mod fallback;
 pub mod ffi;
 pub mod kernels;
 pub mod profiler;
+pub mod threads;
 
 use std::ffi::CStr;
 

@@ -103,6 +103,8 @@ impl Drop for ProfileWindow {
 pub struct TraceCounts {
     pub operators: u64,
     pub casts: u64,
+    /// The threads that ran operators.
+    pub threads: u64,
 }
 
 impl TraceCounts {
@@ -115,12 +117,15 @@ impl TraceCounts {
             trace["traceEvents"].as_array().ok_or_else(|| format!("`{}` has no traceEvents", path.display()))?;
         let ops = events.iter().filter(|e| e["cat"] == "cpu_op");
         let mut counts = Self::default();
+        let mut threads = std::collections::BTreeSet::new();
         for op in ops {
+            threads.insert(op["tid"].to_string());
             counts.operators += 1;
             // A shape is recorded for each input; a 0-dim first input is a scalar's conversion.
             let scalar = op["args"]["Input Dims"][0].as_array().is_some_and(|dims| dims.is_empty());
             counts.casts += u64::from(op["name"] == "aten::_to_copy" && !scalar);
         }
+        counts.threads = threads.len() as u64;
         Ok(counts)
     }
 }

@@ -80,7 +80,12 @@ pub fn run_alone(
         config_name: "test".into(),
         resume: resume.map(Some),
         sft_only,
-        rt: dpo_train::train::Runtime { device: cpu(), interrupt, workers: dpo_train::train::Workers::single() },
+        rt: dpo_train::train::Runtime {
+            device: cpu(),
+            interrupt,
+            workers: dpo_train::train::Workers::single(),
+            overlap_reference: None,
+        },
         config_description: String::new(),
     };
     run(req, progress).unwrap()
