@@ -98,23 +98,28 @@ impl References {
         }
     }
 
-    /// The reference model that scores each training micro-batch, where it is whole on this rank
-    /// (no collectives) and nothing was precomputed.
-    pub fn per_step_model(&self) -> Option<&Llama> {
-        match (&self.train, &self.model) {
-            (None, Some(PerStep::Whole(model))) => Some(model),
-            _ => None,
-        }
+    /// The work that scores the training pairs of `batch` under a per-step reference that is whole
+    /// on this rank: no collectives, so it may run on another thread. `None` where the rows come
+    /// from the precomputed table or a partitioned reference.
+    pub fn whole_rows<'a>(&'a self, batch: &Batch, run: &Run) -> Option<impl FnOnce() -> Vec<f32> + Send + 'a> {
+        let (None, Some(PerStep::Whole(model))) = (&self.train, &self.model) else { return None };
+        // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
+        let rows = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
+        Some(move || host(&score(model, &rows, false).logps))
     }
 
     /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
     pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Result<Vec<f32>, DistError> {
-        // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
-        let device_batch = || DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
+        if let Some(work) = self.whole_rows(batch, run) {
+            return Ok(work());
+        }
         Ok(match (&self.train, &self.model) {
             (Some(table), _) => table.rows(ids),
-            (None, Some(PerStep::Whole(model))) => host(&score(model, &device_batch(), false).logps),
-            (None, Some(PerStep::Parted(parts))) => host(&parts.score(&device_batch(), run.rt.workers)?.logps),
+            (None, Some(PerStep::Parted(parts))) => {
+                let rows = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
+                host(&parts.score(&rows, run.rt.workers)?.logps)
+            }
+            (None, Some(PerStep::Whole(_))) => unreachable!("a whole reference scores in `whole_rows`"),
             (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
         })
     }

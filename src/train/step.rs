@@ -24,9 +24,9 @@ use super::workers::Workers;
 use crate::config::Sharding;
 use crate::data::{self, Packing, TokenizedPair};
 use crate::dist::{DistError, EnvError};
-use crate::dpo::logps::{DeviceBatch, score};
+use crate::dpo::logps::DeviceBatch;
 use crate::dpo::loss::{PairScores, dpo_loss};
-use crate::model::{Llama, host, params};
+use crate::model::{Llama, params};
 
 /// What a stage fixes for all of its steps.
 pub struct StepPlan {
@@ -361,13 +361,8 @@ fn micro_batch(
             let loss_cfg = &run.cfg.loss;
             let batch = data::collate(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
-            let pending = match refs.per_step_model().filter(|_| plan.overlap_reference) {
-                Some(reference) => {
-                    // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
-                    let rows = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &run.rt.device);
-                    let work = move || host(&score(reference, &rows, false).logps);
-                    RefRows::Pending(dpo_torch::threads::spawn_scoped(scope, work)?)
-                }
+            let pending = match plan.overlap_reference.then(|| refs.whole_rows(&batch, run)).flatten() {
+                Some(work) => RefRows::Pending(dpo_torch::threads::spawn_scoped(scope, work)?),
                 None => RefRows::Ready(refs.train_rows(pass.ids, &batch, run)?),
             };
             let mut ref_rows = Vec::new();
