@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION := 2.9.0
 # The reference implementations: the generator scripts under tests/gen and the export test use them
 # (tensorboard: tests/it/tensorboard.rs reads our event files with TensorBoard's own reader).
-REF_PKGS := trl==1.16.0 transformers==5.23.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tensorboard==2.20.0
+REF_PKGS := trl==1.16.0 transformers==5.23.0 peft==0.21.2 accelerate==1.15.0 datasets==5.2.0 tensorboard==2.20.0 wandb==0.31.0
 CUDA_HDR_PKGS := nvidia-cuda-nvcc-cu12==12.8.* nvidia-cuda-cccl-cu12==12.8.*
 
 # torch-sys finds libtorch through the venv's python (LIBTORCH_USE_PYTORCH); build.rs adds the rpath.
@@ -118,9 +118,9 @@ $(VENV)/.torch-$(TORCH_VERSION)-nccl:
 		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(CUDA_HDR_PKGS)
 	touch $@
 
-# TRL / transformers / peft.
+# TRL / transformers / peft, and wandb (the W&B test reads an offline run back with it).
 ref-venv: venv
-	$(PY) -c "import trl, transformers, peft, tensorboard" 2>/dev/null \
+	$(PY) -c "import trl, transformers, peft, tensorboard, wandb" 2>/dev/null \
 		|| $(PY) -m pip install --quiet --disable-pip-version-check torch==$(TORCH_VERSION) $(REF_PKGS)
 
 # Gloo's headers for the c10d shim (the torch wheel ships the symbols, not the headers).

@@ -20,6 +20,7 @@ pub mod report;
 pub mod run;
 pub mod tboard;
 pub mod train;
+pub mod wandb;
 
 /// The process exit code for an error: 1 when the user's input is at fault (flags, config, data,
 /// model files), 2 for failures of the run itself (a full disk, a lost worker).

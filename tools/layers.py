@@ -32,7 +32,7 @@ CRATE_LAYERS = {
 
 # dpo-train: top-level module -> layer. Two modules on one layer may not use each other.
 LAYERS = {
-    "malloc": 0, "tboard": 0,
+    "malloc": 0, "tboard": 0, "wandb": 0,
     "dpo": 4,
     "train": 5,
     "report": 6,

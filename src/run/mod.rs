@@ -8,14 +8,16 @@ use anyhow::Context;
 
 pub use self::inputs::warm_data_cache;
 
-use crate::config::{RunPlan, TrainConfig};
+use crate::config::{ConfigError, RunPlan, TrainConfig};
 use crate::demo::{self, DEMO, DemoAssets};
 use crate::report;
 
 pub mod claim;
 pub mod device;
 mod inputs;
-use crate::train::{DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, Workers, run_stage};
+use crate::train::{
+    DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, WandbTarget, Workers, run_stage,
+};
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
 pub struct RunRequest<'a> {
@@ -143,6 +145,12 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
             }
         }
     }
+    // W&B's python is found before anything is written: a run that cannot log where it was asked
+    // to is refused as bad input.
+    let wandb_python = match cfg.reports_to_wandb() && workers.is_main() {
+        true => Some(crate::wandb::python().map_err(|message| ConfigError::Invalid { key: "report_to", message })?),
+        false => None,
+    };
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
     }
@@ -166,6 +174,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
 
     let run = Run { cfg, plan: &req.plan, data: &data, rt: &req.rt };
     let tensorboard = cfg.tensorboard_dir(&run_dir);
+    let run_name = run_dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     // With TensorBoard the plots are redrawn at each evaluation and the dashboard logged there.
     let redraw = |dir: &Path| draw_plots(dir, cfg);
     let base = Stage {
@@ -177,6 +186,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         steps: (cfg.max_steps > 0).then_some(cfg.max_steps as u64),
         resume,
         tensorboard: tensorboard.as_deref(),
+        wandb: wandb_python.as_deref().map(|python| WandbTarget { python, run: &run_name }),
         draw_plots: tensorboard.is_some().then_some(&redraw as &DrawPlots),
     };
     if req.sft_only {

@@ -94,10 +94,20 @@ pub struct Stage<'a> {
     /// TensorBoard's directory for the run (`report_to`); each stage writes a subdirectory named
     /// after its objective (`dpo`, `sft`).
     pub tensorboard: Option<&'a Path>,
+    /// Where the stage logs to W&B (`report_to`).
+    pub wandb: Option<WandbTarget<'a>>,
     /// Draws the stage's plots from its directory's `metrics.csv` and returns the dashboard's
     /// path; given, the plots are redrawn after each evaluation and the dashboard logged to
     /// TensorBoard (the drawing lives in `report`, above this layer).
     pub draw_plots: Option<&'a DrawPlots<'a>>,
+}
+
+/// Where a stage logs to W&B: the python whose `wandb` package runs it, and the run's name (each
+/// stage is a W&B run of that name, the warm-up's with `-sft`).
+#[derive(Clone, Copy)]
+pub struct WandbTarget<'a> {
+    pub python: &'a Path,
+    pub run: &'a str,
 }
 
 /// Draws a stage's plots from the `metrics.csv` in the directory given; returns the dashboard's path.

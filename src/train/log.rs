@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::dpo::metrics::Metrics;
 use crate::fsutil::FileError;
 use crate::tboard::EventWriter;
+use crate::wandb::WandbRun;
 
 /// Errors writing or reading a run's log files (`metrics.csv`, the sample files), each naming the
 /// file.
@@ -179,6 +180,18 @@ impl MetricsRow {
         }
     }
 
+    /// The row's values under the names transformers' `TensorBoardCallback` and `WandbCallback`
+    /// give them (`train/loss`, `eval/rewards/margins`, `train/learning_rate`, `train/grad_norm`,
+    /// `train/epoch`), the values it lacks left out.
+    pub fn tagged(&self) -> Vec<(String, f64)> {
+        let split = self.split.as_str();
+        let named = METRIC_NAMES.iter().zip(&self.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
+        let named = named.chain(self.extra.iter().map(|(name, v)| (format!("{split}/{name}"), Some(*v))));
+        let extra = [("learning_rate", self.learning_rate), ("grad_norm", self.grad_norm), ("epoch", Some(self.epoch))];
+        let extra = extra.into_iter().filter(|_| self.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
+        named.chain(extra).filter_map(|(tag, v)| Some((tag, v?))).collect()
+    }
+
     /// The row as CSV cells, in column order.
     fn to_record(&self) -> Vec<String> {
         let mut cells = Vec::with_capacity(N_COLUMNS);
@@ -259,6 +272,7 @@ pub struct MetricsWriter {
     /// Lines the file holds, for error messages.
     lines: u64,
     tensorboard: Option<EventWriter>,
+    wandb: Option<WandbRun>,
 }
 
 impl MetricsWriter {
@@ -268,7 +282,7 @@ impl MetricsWriter {
         let path = dir.join(METRICS_FILE);
         let file = File::create(&path).map_err(|e| LogError::io("create", &path, e))?;
         let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        let mut this = Self { path, writer, lines: 0, tensorboard: None };
+        let mut this = Self { path, writer, lines: 0, tensorboard: None, wandb: None };
         this.write_record(&header())?;
         Ok(this)
     }
@@ -285,6 +299,12 @@ impl MetricsWriter {
         }
         self.tensorboard = Some(events);
         Ok(self)
+    }
+
+    /// Also logs every row to the W&B run `run`, under the names TensorBoard gets.
+    pub fn with_wandb(mut self, run: WandbRun) -> Self {
+        self.wandb = Some(run);
+        self
     }
 
     /// The TensorBoard event file, when there is one.
@@ -308,7 +328,7 @@ impl MetricsWriter {
         {
             let file = File::create(&tmp).map_err(|e| LogError::io("create", &tmp, e))?;
             let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-            let mut out = Self { path: tmp.clone(), writer, lines: 0, tensorboard: None };
+            let mut out = Self { path: tmp.clone(), writer, lines: 0, tensorboard: None, wandb: None };
             out.write_record(&header())?;
             for row in rows.iter().filter(|r| r.step <= keep_through_step) {
                 out.append(row)?;
@@ -324,7 +344,7 @@ impl MetricsWriter {
             OpenOptions::new().append(true).open(&path).map_err(|e| LogError::io("open for appending", &path, e))?;
         let lines = 1 + rows.iter().filter(|r| r.step <= keep_through_step).count() as u64;
         let writer = csv::WriterBuilder::new().has_headers(false).from_writer(file);
-        Ok(Self { path, writer, lines, tensorboard: None })
+        Ok(Self { path, writer, lines, tensorboard: None, wandb: None })
     }
 
     /// The file being written.
@@ -343,16 +363,16 @@ impl MetricsWriter {
             });
         }
         self.write_record(&row.to_record())?;
+        if self.tensorboard.is_none() && self.wandb.is_none() {
+            return Ok(());
+        }
+        let tagged = row.tagged();
+        if let Some(run) = self.wandb.as_mut() {
+            run.log(&tagged, row.step);
+        }
         let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
-        let split = row.split.as_str();
-        let named = METRIC_NAMES.iter().zip(&row.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
-        let named = named.chain(row.extra.iter().map(|(name, v)| (format!("{split}/{name}"), Some(*v))));
-        let extra = [("learning_rate", row.learning_rate), ("grad_norm", row.grad_norm), ("epoch", Some(row.epoch))];
-        let extra = extra.into_iter().filter(|_| row.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
-        for (tag, value) in named.chain(extra) {
-            if let Some(v) = value {
-                events.scalar(&tag, row.step, v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
-            }
+        for (tag, v) in &tagged {
+            events.scalar(tag, row.step, *v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
         }
         Ok(())
     }

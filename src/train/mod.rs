@@ -30,7 +30,7 @@ pub mod step;
 pub mod window;
 pub mod workers;
 
-pub use context::{DrawPlots, Objective, Progress, Run, RunData, Runtime, Stage, StageOutcome};
+pub use context::{DrawPlots, Objective, Progress, Run, RunData, Runtime, Stage, StageOutcome, WandbTarget};
 pub use sampler::{RankStep, Sampler, ShardError, rank_step, shard_step};
 pub use stage::run_stage;
 pub use workers::Workers;

@@ -29,6 +29,7 @@ use crate::data::Packing;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
 use crate::model::params;
+use crate::wandb::{self, WandbRun};
 
 /// Runs one stage to its end, a Ctrl-C, or an error.
 pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<StageOutcome> {
@@ -178,7 +179,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let train_device = run.rt.device.clone().autodiff();
     let mut trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
     trained.state.global_batch = Some(sampler.global_batch);
-    let log = open_log(run, stage, resume_from.is_some(), trained.state.step)?;
+    let log = open_log(run, stage, resume_from.is_some(), trained.state.step, &config_json)?;
     let mut references = references(run, stage, &spec, &trained, progress)?;
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
     let sharding = if workers.world_size() > 1 { run.plan.sharding } else { Sharding::None };
@@ -264,21 +265,38 @@ fn schedule(run: &Run, stage: &Stage, sampler: &Sampler, total_steps: u64, progr
     }
 }
 
-/// `metrics.csv` on rank 0 (with its TensorBoard twin when asked): a resumed stage keeps the rows
-/// up to its checkpoint; a stage started afresh (again, after dying before its first checkpoint)
-/// starts an empty file, so no step is ever logged twice.
-fn open_log(run: &Run, stage: &Stage, resumed: bool, step: u64) -> anyhow::Result<Option<MetricsWriter>> {
+/// `metrics.csv` on rank 0 (with its TensorBoard twin and its W&B run when asked): a resumed
+/// stage keeps the rows up to its checkpoint; a stage started afresh (again, after dying before
+/// its first checkpoint) starts an empty file, so no step is ever logged twice. W&B gets the
+/// model's `config.json` (`model_config`) and the training config over it, as transformers does.
+fn open_log(
+    run: &Run,
+    stage: &Stage,
+    resumed: bool,
+    step: u64,
+    model_config: &str,
+) -> anyhow::Result<Option<MetricsWriter>> {
     if !run.rt.workers.is_main() {
         return Ok(None);
     }
-    let log = match resumed {
+    let mut log = match resumed {
         true => MetricsWriter::resume(stage.dir, step)?,
         false => MetricsWriter::create(stage.dir)?,
     };
-    Ok(Some(match stage.tensorboard {
-        Some(dir) => log.with_tensorboard(&dir.join(stage.objective.name()), resumed.then_some(step))?,
-        None => log,
-    }))
+    if let Some(dir) = stage.tensorboard {
+        log = log.with_tensorboard(&dir.join(stage.objective.name()), resumed.then_some(step))?;
+    }
+    if let Some(target) = stage.wandb {
+        let name = match stage.objective {
+            Objective::Dpo => target.run.to_owned(),
+            Objective::Sft => format!("{}-sft", target.run),
+        };
+        let config = wandb::config(model_config, run.cfg);
+        let wandb =
+            WandbRun::start(target.python, &name, config).map_err(|e| anyhow::anyhow!("report_to wandb: {e}"))?;
+        log = log.with_wandb(wandb);
+    }
+    Ok(Some(log))
 }
 
 /// DPO's frozen side: the reference model (none when reference-free) and the held-out sets it

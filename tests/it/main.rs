@@ -32,3 +32,4 @@ mod tokenize_parity;
 mod train;
 mod train_cli;
 mod trl_parity;
+mod wandb;

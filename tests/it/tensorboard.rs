@@ -100,12 +100,12 @@ fn tensorboard_reads_every_logged_value_the_samples_and_the_dashboard() {
 #[test]
 fn an_integration_we_do_not_have_is_refused_by_name() {
     let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
-        .args(["train", "--model", "m", "--data", "d.jsonl", "--report-to", "tensorboard,wandb"])
+        .args(["train", "--model", "m", "--data", "d.jsonl", "--report-to", "tensorboard,comet_ml"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim(), "error: `--report-to`: `wandb` is not supported: use `tensorboard` (or `none`)");
+    assert_eq!(err.trim(), "error: `--report-to`: `comet_ml` is not supported: use `tensorboard`, `wandb` (or `none`)");
 }
 
 /// A resumed stage logs the steps after its checkpoint again, in a new file that starts with a

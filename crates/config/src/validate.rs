@@ -73,8 +73,9 @@ impl TrainConfig {
         if self.logging_steps == 0 {
             return invalid("logging_steps", "must be at least 1".to_owned());
         }
-        if let Some(other) = self.report_to.iter().find(|r| !["tensorboard", "all", "none"].contains(&r.as_str())) {
-            return invalid("report_to", format!("`{other}` is not supported: use `tensorboard` (or `none`)"));
+        let known = ["tensorboard", "wandb", "all", "none"];
+        if let Some(other) = self.report_to.iter().find(|r| !known.contains(&r.as_str())) {
+            return invalid("report_to", format!("`{other}` is not supported: use `tensorboard`, `wandb` (or `none`)"));
         }
         if self.save_total_limit == Some(0) {
             return invalid("save_total_limit", "must be at least 1 (omit it to keep every checkpoint)".to_owned());
