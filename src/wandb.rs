@@ -5,7 +5,8 @@
 //! the model's and the training's config, every value on the `train/global_step` axis. W&B's own
 //! settings come from its environment (`WANDB_MODE`, `WANDB_DIR`, `WANDB_ENTITY`, `WANDB_RUN_ID`,
 //! `WANDB_RESUME`, ...), and its messages go to stderr. Logging that fails mid-run warns once and
-//! training goes on: the run's own files hold every value.
+//! training goes on: the run's own files hold every value. A run dropped without
+//! [`WandbRun::finish`] (the stage ended on an error) is marked failed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -124,14 +125,20 @@ impl WandbRun {
             self.stdin = None;
         }
     }
-}
 
-impl Drop for WandbRun {
-    /// Finishes the run (W&B uploads what it holds and prints its summary) and waits for the script.
-    fn drop(&mut self) {
+    /// Ends the run as finished: W&B uploads what it holds and prints its summary.
+    pub fn finish(mut self) {
         if let Some(mut stdin) = self.stdin.take() {
             let _ = writeln!(stdin, "{}", serde_json::json!({ "finish": true }));
         }
+    }
+}
+
+impl Drop for WandbRun {
+    /// Closes the script's input (without [`WandbRun::finish`] the run is marked failed) and
+    /// waits for it.
+    fn drop(&mut self) {
+        drop(self.stdin.take());
         let _ = self.child.wait();
     }
 }

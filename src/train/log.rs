@@ -307,6 +307,13 @@ impl MetricsWriter {
         self
     }
 
+    /// Ends the W&B run as finished (one dropped without this is marked failed).
+    pub fn finish(self) {
+        if let Some(run) = self.wandb {
+            run.finish();
+        }
+    }
+
     /// The TensorBoard event file, when there is one.
     pub fn tensorboard(&mut self) -> Option<&mut EventWriter> {
         self.tensorboard.as_mut()

@@ -112,13 +112,13 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     positions.add(window.positions);
     report_positions(run, name, positions, plan.packing, progress)?;
     report_copies(&trained, name, trained.state.step - first_step, progress);
-    finish(
-        run,
-        stage,
-        trained,
-        Ending { files, config_json: &config_json, interrupted, last_eval, references },
-        progress,
-    )
+    let ending = Ending { files, config_json: &config_json, interrupted, last_eval, references };
+    let outcome = finish(run, stage, trained, ending, progress)?;
+    // The W&B run ended as it should have; an error's return leaves it to be marked failed.
+    if let Some(log) = log {
+        log.finish();
+    }
+    Ok(outcome)
 }
 
 /// Redraws the stage's plots and logs the dashboard to TensorBoard at `step`.

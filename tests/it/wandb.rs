@@ -10,7 +10,7 @@ use crate::common::{fixtures, python};
 
 /// Reads an offline run's `.wandb` file (W&B's log of 32 KiB blocks, each record a CRC, a length,
 /// a piece type and a piece of a `Record` protobuf): the history rows, the run's name and project,
-/// and its config.
+/// its config and its exit code.
 const READ_RUN: &str = r#"
 import glob, json, struct, sys
 from wandb.proto import wandb_internal_pb2 as pb
@@ -36,6 +36,8 @@ while pos + 7 <= len(data):
             out["config"].update({u.key: json.loads(u.value_json) for u in record.run.config.update})
         elif what == "config":
             out["config"].update({u.key: json.loads(u.value_json) for u in record.config.update})
+        elif what == "exit":
+            out["exit_code"] = record.exit.exit_code
 print(json.dumps(out))
 "#;
 
@@ -46,6 +48,7 @@ fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let recorded = read_run(dir.path());
     assert_eq!((recorded["name"].as_str(), recorded["project"].as_str()), (Some("r"), Some("huggingface")));
+    assert_eq!(recorded["exit_code"].as_i64(), Some(0), "the run ended as finished");
     // The model's config.json and the training config over it, as transformers sends them.
     let config = &recorded["config"];
     assert_eq!((config["hidden_size"].as_u64(), config["beta"].as_f64()), (Some(64), Some(0.1)));
