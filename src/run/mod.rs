@@ -146,10 +146,13 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         }
     }
     // W&B's python is found before anything is written: a run that cannot log where it was asked
-    // to is refused as bad input.
-    let wandb_python = match cfg.reports_to_wandb() && workers.is_main() {
-        true => Some(crate::wandb::python().map_err(|message| ConfigError::Invalid { key: "report_to", message })?),
-        false => None,
+    // to is refused as bad input (`all` takes W&B only where it is installed).
+    let wandb_python = match cfg.reports_to_wandb().filter(|_| workers.is_main()) {
+        Some(true) => {
+            Some(crate::wandb::python().map_err(|message| ConfigError::Invalid { key: "report_to", message })?)
+        }
+        Some(false) => crate::wandb::python().ok(),
+        None => None,
     };
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;

@@ -44,7 +44,7 @@ print(json.dumps(out))
 #[test]
 fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dpo_train(dir.path(), &[]);
+    let out = dpo_train(dir.path(), "wandb", &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let recorded = read_run(dir.path());
     assert_eq!((recorded["name"].as_str(), recorded["project"].as_str()), (Some("r"), Some("huggingface")));
@@ -72,8 +72,7 @@ fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
 #[test]
 fn wandb_without_its_package_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    // No `python3` on PATH, and the venv's python (the fallback) without its standard library.
-    let out = dpo_train(dir.path(), &[("PATH", "/nonexistent"), ("PYTHONHOME", "/nonexistent")]);
+    let out = dpo_train(dir.path(), "wandb", NO_WANDB);
     let err = String::from_utf8_lossy(&out.stderr);
     let last = err.trim().lines().last().unwrap_or_default();
     assert!(last.starts_with("error: `--report-to`: `wandb` needs the wandb package"), "{err}");
@@ -81,9 +80,28 @@ fn wandb_without_its_package_is_refused_before_anything_is_written() {
     assert!(!dir.path().join("out").exists(), "nothing written");
 }
 
-/// `dpo-train train` for 4 steps with an evaluation every 2, reporting to W&B offline in `dir`,
-/// with the venv's python first on `PATH`, and `envs` over that.
-fn dpo_train(dir: &Path, envs: &[(&str, &str)]) -> std::process::Output {
+/// `report_to = "all"` takes W&B where a python imports wandb, beside TensorBoard, and runs
+/// without it where none does, as transformers takes the integrations installed.
+#[test]
+fn all_takes_wandb_where_it_is_installed() {
+    let with = tempfile::tempdir().unwrap();
+    let out = dpo_train(with.path(), "all", &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_run(with.path())["history"].as_array().map(Vec::len), Some(6));
+    assert!(with.path().join("out/r/runs/dpo").is_dir(), "TensorBoard too");
+    let without = tempfile::tempdir().unwrap();
+    let out = dpo_train(without.path(), "all", NO_WANDB);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!without.path().join("wandb").exists(), "no W&B run");
+    assert!(without.path().join("out/r/runs/dpo").is_dir(), "TensorBoard alone");
+}
+
+/// No `python3` on PATH, and the venv's python (the fallback) without its standard library.
+const NO_WANDB: &[(&str, &str)] = &[("PATH", "/nonexistent"), ("PYTHONHOME", "/nonexistent")];
+
+/// `dpo-train train` for 4 steps with an evaluation every 2, reporting to `report_to` (W&B
+/// offline, in `dir`), with the venv's python first on `PATH`, and `envs` over that.
+fn dpo_train(dir: &Path, report_to: &str, envs: &[(&str, &str)]) -> std::process::Output {
     let venv_bin = python().parent().unwrap().to_path_buf();
     let path = format!("{}:{}", venv_bin.display(), std::env::var("PATH").unwrap_or_default());
     let data = fixtures().join("data/prefs.jsonl");
@@ -97,7 +115,7 @@ fn dpo_train(dir: &Path, envs: &[(&str, &str)]) -> std::process::Output {
         .arg("--output-dir")
         .arg(dir.join("out"))
         .args(["--run-name", "r", "--max-steps", "4", "--logging-steps", "1", "--eval-steps", "2"])
-        .args(["--report-to", "wandb", "--num-samples", "0", "--device", "cpu"])
+        .args(["--report-to", report_to, "--num-samples", "0", "--device", "cpu"])
         .current_dir(dir)
         .env("PATH", path)
         .env("WANDB_MODE", "offline")

@@ -339,7 +339,7 @@ train_config! {
     save_steps: u64 = 500,
     /// Checkpoints kept (oldest deleted first) [default: all].
     save_total_limit: Option<usize> = None,
-    /// Where else to log: `tensorboard` (event files under `logging_dir`; `all` is the same), `wandb` (Weights & Biases, through the `wandb` package of a python that has it), or none [default: none, as TRL].
+    /// Where else to log: `tensorboard` (event files under `logging_dir`), `wandb` (Weights & Biases, through the `wandb` package of a python that has it), `all` (TensorBoard, and W&B where a python imports wandb, as transformers takes every integration installed), or none [default: none, as TRL].
     report_to: Vec<String> = Vec::new(),
     /// TensorBoard's directory, one subdirectory per stage [default: <run>/runs].
     logging_dir: Option<PathBuf> = None,
@@ -440,9 +440,11 @@ impl TrainConfig {
         wanted.then(|| self.logging_dir.clone().unwrap_or_else(|| run_dir.join("runs")))
     }
 
-    /// Whether `report_to` asks for Weights & Biases.
-    pub fn reports_to_wandb(&self) -> bool {
-        self.report_to.iter().any(|r| r == "wandb")
+    /// Whether `report_to` asks for Weights & Biases: `Some(true)` by name, `Some(false)` through
+    /// `all` (where it is installed), `None` not at all.
+    pub fn reports_to_wandb(&self) -> Option<bool> {
+        let named = self.report_to.iter().any(|r| r == "wandb");
+        (named || self.report_to.iter().any(|r| r == "all")).then_some(named)
     }
 
     /// The LoRA adapter to train; `None` for full fine-tuning.
