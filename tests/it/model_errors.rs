@@ -72,14 +72,23 @@ fn unsupported_model_type() {
 
 #[test]
 fn unsupported_rope_type() {
-    let dir = edited_llama(|c| c["rope_parameters"]["rope_type"] = "yarn".into());
+    let dir = edited_llama(|c| c["rope_parameters"]["rope_type"] = "longrope".into());
     assert_eq!(
         load_error(dir.path()),
         format!(
-            "`{}/config.json`: unsupported `rope_type` = `yarn`; supported: `default`, `llama3`",
+            "`{}/config.json`: unsupported `rope_type` = `longrope`; supported: `default`, `linear`, `dynamic`, `llama3`, `yarn`",
             dir.path().display()
         )
     );
+}
+
+/// A scaling type without the key it scales by is named with that key.
+#[test]
+fn a_linear_rope_without_its_factor() {
+    let dir =
+        edited_llama(|c| c["rope_parameters"] = serde_json::json!({"rope_type": "linear", "rope_theta": 10000.0}));
+    let want = format!("`{}/config.json`: `linear` rope scaling needs `factor`", dir.path().display());
+    assert_eq!(load_error(dir.path()), want);
 }
 
 #[test]

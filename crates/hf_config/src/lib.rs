@@ -30,6 +30,9 @@ pub struct HfConfig {
     pub rope_parameters: Option<serde_json::Value>,
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: u64,
+    /// The pretraining length of a scaled RoPE, where a config keeps it at the top level (Phi-3's
+    /// layout, which transformers prefers to the rope's own).
+    pub original_max_position_embeddings: Option<u64>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Biases on q, k, v and o (llama, qwen3); qwen2 has q, k, v biases whatever this says.

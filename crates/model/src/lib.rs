@@ -13,6 +13,7 @@ pub mod lora;
 pub mod norm;
 pub mod params;
 pub mod rope;
+pub mod rope_scaling;
 pub mod swiglu;
 pub mod weights;
 

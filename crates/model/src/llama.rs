@@ -22,7 +22,8 @@ use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
 use super::norm::RmsNorm;
-use super::rope::{Angles, Rope, RopeScaling, rotate};
+use super::rope::{Angles, Rope, rotate};
+use super::rope_scaling::{self, RopeScaling};
 use super::swiglu::swiglu;
 use super::weights::TensorSource;
 
@@ -132,7 +133,7 @@ impl LlamaConfig {
                 message: format!("`head_dim` must be even and positive, got {head_dim}"),
             });
         }
-        let (rope_theta, rope_scaling) = rope(hf, &path)?;
+        let (rope_theta, rope_scaling) = rope_scaling::parse(hf, &path)?;
         // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window`.
         let sliding_window = match family {
             Family::Mistral => hf.sliding_window.map(size),
@@ -167,44 +168,6 @@ impl LlamaConfig {
             sliding_window,
         })
     }
-}
-
-/// `rope_theta` and the scaling type, from either the old (`rope_theta` + `rope_scaling`) or the
-/// transformers 5 (`rope_parameters`) layout.
-fn rope(hf: &HfConfig, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
-    let params = hf.rope_parameters.as_ref().or(hf.rope_scaling.as_ref()).filter(|v| !v.is_null());
-    let get = |key: &str| params.and_then(|p| p.get(key)).and_then(|v| v.as_f64());
-    let theta = hf.rope_theta.or_else(|| get("rope_theta")).unwrap_or(10_000.0);
-    let rope_type =
-        params.and_then(|p| p.get("rope_type").or_else(|| p.get("type"))).and_then(|v| v.as_str()).unwrap_or("default");
-    let scaling = match rope_type {
-        "default" => RopeScaling::Default,
-        "llama3" => {
-            let need = |key: &'static str| {
-                get(key).ok_or_else(|| ModelError::BadConfig {
-                    path: path.to_owned(),
-                    message: format!("`llama3` rope scaling needs `{key}`"),
-                })
-            };
-            RopeScaling::Llama3 {
-                factor: need("factor")?,
-                low_freq_factor: need("low_freq_factor")?,
-                high_freq_factor: need("high_freq_factor")?,
-                original_max_position_embeddings: get("original_max_position_embeddings")
-                    .map(|v| v as usize)
-                    .unwrap_or(usize::try_from(hf.max_position_embeddings).unwrap_or(usize::MAX)),
-            }
-        }
-        other => {
-            return Err(ModelError::Unsupported {
-                path: path.to_owned(),
-                key: "rope_type",
-                found: format!("`{other}`"),
-                supported: "`default`, `llama3`",
-            });
-        }
-    };
-    Ok((theta, scaling))
 }
 
 /// Where the tokens of a forward pass sit: the rotary angles of each column's position and the

@@ -1,6 +1,6 @@
 //! Rotary position embeddings in Hugging Face's rotate-half convention
 //! (`transformers/modeling_rope_utils.py` and `apply_rotary_pos_emb` in `modeling_llama.py`),
-//! with the `llama3` frequency bands (`_compute_llama3_parameters`).
+//! with the frequencies and scale of each scaling type from [`crate::rope_scaling`].
 //!
 //! cos/sin are computed once for each position a run reaches; a forward pass gathers the rows of
 //! its tokens' positions once ([`Rope::at`]) and every layer rotates with them ([`rotate`]).
@@ -18,7 +18,6 @@
 // purpose, so the deprecation is expected here.
 #![allow(deprecated)]
 
-use std::f64::consts::PI;
 use std::sync::{Arc, Mutex};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -29,14 +28,7 @@ use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use burn_tch::{LibTorch, TchTensor};
 
-/// How the inverse frequencies are derived from `rope_theta`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE: `inv_freq[i] = theta^(-2i/D)`.
-    Default,
-    /// Llama 3.1: long wavelengths divided by `factor`, a smooth blend between the two bands.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
-}
+use crate::rope_scaling::{RopeScaling, inverse_frequencies};
 
 /// cos and signed sin tables (`[-sin₁, sin₂]` by halves), `[rows, D]` each, in f32, for the
 /// positions `0..rows`: built for the first [`FIRST_ROWS`] positions and grown (at least doubling,
@@ -46,6 +38,8 @@ pub enum RopeScaling {
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Arc<[f32]>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    scale: f32,
     head_dim: usize,
     max_positions: usize,
     device: Device,
@@ -67,9 +61,11 @@ impl Rope {
     /// Rotation for positions `0..max_positions` of a `head_dim`-wide head (the first
     /// [`FIRST_ROWS`] rows built now).
     pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, max_positions: usize, device: &Device) -> Self {
-        let inv_freq: Arc<[f32]> = inverse_frequencies(head_dim, theta, scaling).into();
-        let tables = build(&inv_freq, head_dim, max_positions.min(FIRST_ROWS), device);
-        Self { inv_freq, head_dim, max_positions, device: device.clone(), tables: Arc::new(Mutex::new(tables)) }
+        let (inv_freq, scale) = inverse_frequencies(head_dim, theta, scaling);
+        let inv_freq: Arc<[f32]> = inv_freq.into();
+        let tables = build((&inv_freq, scale), head_dim, max_positions.min(FIRST_ROWS), device);
+        let tables = Arc::new(Mutex::new(tables));
+        Self { inv_freq, scale, head_dim, max_positions, device: device.clone(), tables }
     }
 
     /// Number of positions the model takes (`max_position_embeddings`), built or not.
@@ -92,7 +88,7 @@ impl Rope {
         let rows = tables.cos.dims()[0];
         if end > rows {
             let grown = end.max(2 * rows).min(self.max_positions);
-            *tables = build(&self.inv_freq, d, grown, &self.device);
+            *tables = build((&self.inv_freq, self.scale), d, grown, &self.device);
         }
         let positions = positions.inner();
         let gather = |table: &Tensor<2>| table.clone().select(0, positions.clone()).reshape([1, 1, l, d]).cast(dtype);
@@ -101,8 +97,8 @@ impl Rope {
 }
 
 /// The tables' rows for positions `0..rows`, each `[freqs, freqs]` (the two halves share
-/// frequencies, as HF's `emb = cat(freqs, freqs)`).
-fn build(inv_freq: &[f32], head_dim: usize, rows: usize, device: &Device) -> Tables {
+/// frequencies, as HF's `emb = cat(freqs, freqs)`), cos and sin multiplied by `scale`.
+fn build((inv_freq, scale): (&[f32], f32), head_dim: usize, rows: usize, device: &Device) -> Tables {
     let half = inv_freq.len();
     let mut cos = Vec::with_capacity(rows * head_dim);
     let mut sin = Vec::with_capacity(rows * head_dim);
@@ -111,8 +107,10 @@ fn build(inv_freq: &[f32], head_dim: usize, rows: usize, device: &Device) -> Tab
             // HF computes `positions (f32) @ inv_freq (f32)` in f32; do the same so the
             // angles round identically.
             let angle = (pos as f32) * inv_freq[j % half];
-            cos.push(angle.cos());
-            sin.push(if j < half { -angle.sin() } else { angle.sin() });
+            // `emb.cos() * attention_scaling`, in f32 as there (exact where the scale is 1).
+            let (c, s) = (angle.cos() * scale, angle.sin() * scale);
+            cos.push(c);
+            sin.push(if j < half { -s } else { s });
         }
     }
     let shape = [rows, head_dim];
@@ -198,35 +196,6 @@ impl Backward<LibTorch, 1> for Rotary {
     }
 }
 
-/// `inv_freq` as transformers computes it (f32 arithmetic on the exponent, as there).
-fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
-    let base: Vec<f32> =
-        (0..head_dim).step_by(2).map(|i| 1.0 / (theta as f32).powf(i as f32 / head_dim as f32)).collect();
-    match *scaling {
-        RopeScaling::Default => base,
-        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
-            let old_len = original_max_position_embeddings as f64;
-            let low_freq_wavelen = old_len / low_freq_factor;
-            let high_freq_wavelen = old_len / high_freq_factor;
-            base.into_iter()
-                .map(|f| {
-                    let f = f as f64;
-                    let wavelen = 2.0 * PI / f;
-                    let scaled = if wavelen > low_freq_wavelen { f / factor } else { f };
-                    // The band between the two wavelengths (both bounds included), as transformers' `is_medium_freq`.
-                    let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
-                    if medium {
-                        let smooth = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
-                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
-                    } else {
-                        scaled as f32
-                    }
-                })
-                .collect()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::testing::normal;
@@ -278,7 +247,7 @@ mod tests {
         let rope = Rope::new(8, 10_000.0, &RopeScaling::Default, max, &device);
         let rows = || rope.tables.lock().unwrap().cos.dims()[0];
         assert_eq!(rows(), FIRST_ROWS);
-        let whole = build(&rope.inv_freq, 8, max, &device);
+        let whole = build((&rope.inv_freq, rope.scale), 8, max, &device);
         let check = |from: usize, to: usize| {
             let positions = Tensor::<1, Int>::arange(from as i64..to as i64, &device);
             let angles = rope.at(positions.clone(), to, FloatDType::F32);
@@ -295,20 +264,50 @@ mod tests {
         assert_eq!(rows(), max, "capped at max_positions");
     }
 
+    /// Each scaling type's cos and sin (attention scaling included) are those of transformers'
+    /// rotary module built from the same `config.json` (`tests/gen/make_rope_fixture.py`), at
+    /// positions up to 16,383, past the first tables.
     #[test]
-    fn llama3_leaves_high_frequencies_and_divides_low_ones() {
-        let scaling = RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 64,
-        };
-        let plain = inverse_frequencies(32, 10_000.0, &RopeScaling::Default);
-        let scaled = inverse_frequencies(32, 10_000.0, &scaling);
-        // Wavelength 2π < 16: untouched.
-        assert_eq!(plain[0], scaled[0]);
-        // The longest wavelength (> 64) is divided by the factor.
-        let last = plain.len() - 1;
-        assert!((scaled[last] - plain[last] / 8.0).abs() < 1e-12);
+    fn every_scaling_type_gives_transformers_angles() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            name: String,
+            config: serde_json::Value,
+            positions: Vec<i64>,
+            cos: Vec<Vec<f32>>,
+            sin: Vec<Vec<f32>>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Fixture {
+            cases: Vec<Case>,
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/expected/rope.json");
+        let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(fixture.cases.len(), 7);
+        let device = Device::libtorch();
+        for case in fixture.cases {
+            let cfg = crate::LlamaConfig::parse(&case.config.to_string(), std::path::Path::new("config.json"))
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            let rope = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.max_position_embeddings, &device);
+            let end = *case.positions.iter().max().unwrap() as usize + 1;
+            let positions =
+                Tensor::<1, Int>::from_data(TensorData::new(case.positions.clone(), [case.positions.len()]), &device);
+            let angles = rope.at(positions, end, FloatDType::F32);
+            let values = |t: &Tensor<4>| t.to_data().convert::<f32>().to_vec::<f32>().unwrap();
+            let (cos, sin) = (values(&angles.cos), values(&angles.sin));
+            let d = cfg.head_dim;
+            for (row, &p) in case.positions.iter().enumerate() {
+                let mut worst = 0f32;
+                for j in 0..d {
+                    let sign = if j < d / 2 { -1.0 } else { 1.0 }; // the table keeps [-sin1, sin2]
+                    worst = worst.max((cos[row * d + j] - case.cos[row][j]).abs());
+                    worst = worst.max((sign * sin[row * d + j] - case.sin[row][j]).abs());
+                }
+                // The frequencies are transformers' bit for bit (else the angle at 16,383 would be
+                // far off); what is left is the cos and sin of torch's and Rust's f32 math, an ulp
+                // or two of values up to 1.25.
+                assert!(worst <= 3e-7, "{} at position {p}: cos/sin differ by {worst:e}", case.name);
+            }
+        }
     }
 }
