@@ -143,6 +143,31 @@ fn a_trained_adapter_loads_in_peft_and_merges() {
     }
 }
 
+/// rsLoRA (`use_rslora`) scales the update by α/√r: PEFT reads it from adapter_config.json and
+/// computes our logits, which an α/r scale (twice smaller at r = 4) would not give.
+#[test]
+fn a_rank_stabilised_adapter_loads_in_peft() {
+    let out = tempfile::tempdir().unwrap();
+    let extra = "lora_r = 4\nlora_alpha = 8\nuse_rslora = true\nlora_target_modules = [\"q_proj\", \"v_proj\"]\n";
+    let cfg = lora_config(out.path(), &fixtures().join("models/llama"), extra);
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
+    let final_dir = summary.run_dir.join("final");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(final_dir.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(config["use_rslora"], serde_json::Value::Bool(true));
+    let device = cpu();
+    let (_, trained) = model::load(&final_dir, &device).unwrap();
+    let ours = logits(&trained, &device);
+    let worst = max_rel_diff(&ours, &reference_logits(&final_dir, &ids()));
+    assert!(worst <= lora_bound(4), "worst relative logit difference to PEFT {worst}");
+    // The same adapter at α/r is another model.
+    let mut plain = config.clone();
+    plain["use_rslora"] = serde_json::Value::Bool(false);
+    std::fs::write(final_dir.join("adapter_config.json"), plain.to_string()).unwrap();
+    let (_, halved) = model::load(&final_dir, &device).unwrap();
+    assert!(max_rel_diff(&ours, &logits(&halved, &device)) > 1e-3);
+}
+
 /// Under bf16 the frozen base trains in half precision; `merge` folds the saved adapter into the
 /// base as read from disk, so every weight no adapter touches stays bit for bit the base's and
 /// transformers computes the adapter's logits from the merged model (folding into the training

@@ -257,6 +257,8 @@ train_config! {
     lora_r: Option<usize> = None,
     /// LoRA α: the adapters' update is scaled by lora_alpha / lora_r.
     lora_alpha: f64 = 32.0,
+    /// Rank-stabilised LoRA (rsLoRA): scale the adapters' update by lora_alpha / sqrt(lora_r) instead of lora_alpha / lora_r (PEFT's and TRL's `use_rslora`; adapter_config.json records it).
+    use_rslora: bool = false,
     /// Dropout on the adapters' input during training (applied only with `disable_dropout = false`; adapter_config.json records it either way, as PEFT).
     lora_dropout: f64 = 0.05,
     /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
@@ -453,6 +455,7 @@ impl TrainConfig {
         let Some(r) = self.lora_r else { return Ok(None) };
         let mut settings = LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules)?;
         settings.set_dropout(self.lora_dropout, self.disable_dropout);
+        settings.use_rslora = self.use_rslora;
         Ok(Some(settings))
     }
 

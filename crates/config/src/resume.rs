@@ -8,7 +8,7 @@
 use crate::{KEYS, Section, TrainConfig};
 
 /// The keys of the run's own section that decide what is trained; every loss key does too.
-pub const FIXED_ON_RESUME: [&str; 16] = [
+pub const FIXED_ON_RESUME: [&str; 17] = [
     "model_name_or_path",
     "ref_model_name_or_path",
     "tokenizer_name_or_path",
@@ -22,6 +22,7 @@ pub const FIXED_ON_RESUME: [&str; 16] = [
     "truncation_mode",
     "lora_r",
     "lora_alpha",
+    "use_rslora",
     "lora_target_modules",
     "disable_dropout",
     "precompute_ref_log_probs",
