@@ -333,6 +333,8 @@ train_config! {
     // --- reporting ---
     /// Log (console, metrics.csv) every this many optimizer steps.
     logging_steps: u64 = 10,
+    /// Also log the first step (transformers' `logging_first_step`).
+    logging_first_step: bool = false,
     /// Evaluate every this many steps [default: logging_steps]; 0 disables periodic evaluation.
     eval_steps: Option<u64> = None,
     /// Also evaluate before the first step (the policy still equals the reference there).
@@ -469,6 +471,12 @@ impl TrainConfig {
         Precision::of_keys(self.bf16(), self.fp16)
     }
 
+    /// Whether step `step` of a stage of `last` steps logs: every `logging_steps`, the last one,
+    /// and the first under `logging_first_step`.
+    pub fn logs_at(&self, step: u64, last: u64) -> bool {
+        step.is_multiple_of(self.logging_steps) || step == last || (self.logging_first_step && step == 1)
+    }
+
     /// Evaluation cadence in steps (0: never during training).
     pub fn eval_every(&self) -> u64 {
         self.eval_steps.unwrap_or(self.logging_steps)
@@ -571,6 +579,18 @@ pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `logging_steps`, the last step, and step 1 too under `logging_first_step`, as
+    /// transformers' `DefaultFlowCallback` decides.
+    #[test]
+    fn logging_steps_and_the_first_step() {
+        let logged = |text: &str| {
+            let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
+            (1..=25).filter(|&s| cfg.logs_at(s, 25)).collect::<Vec<_>>()
+        };
+        assert_eq!(logged("logging_steps = 10\n"), [10, 20, 25]);
+        assert_eq!(logged("logging_steps = 10\nlogging_first_step = true\n"), [1, 10, 20, 25]);
+    }
 
     /// `--resume` from another working directory: the saved config names existing inputs by
     /// absolute paths; names that are no path here stay as written.

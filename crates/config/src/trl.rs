@@ -64,7 +64,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("torch_empty_cache_steps", Inert),
     ("auto_find_batch_size", Only(FALSE, "batch sizes are as configured (`check-gpu` finds ones that fit)")),
     ("logging_strategy", Only(&["\"steps\""], "logging is every `logging_steps`")),
-    ("logging_first_step", Only(FALSE, "logging is every `logging_steps`")),
     ("log_on_each_node", Inert),
     ("logging_nan_inf_filter", Inert),
     ("include_num_input_tokens_seen", Only(&["\"no\"", "false"], "the tokens seen are not logged")),
