@@ -143,29 +143,118 @@ fn a_trained_adapter_loads_in_peft_and_merges() {
     }
 }
 
+/// Trains 3 steps of adapters on q and v (r 4, α 8) with `extra` settings; returns the final
+/// directory, its adapter_config.json and our logits of the trained adapter, checked against
+/// PEFT's of the same directory.
+fn trained_in_peft(out: &Path, extra: &str) -> (std::path::PathBuf, serde_json::Value, Vec<f32>) {
+    let extra = format!("lora_r = 4\nlora_alpha = 8\nlora_target_modules = [\"q_proj\", \"v_proj\"]\n{extra}");
+    let cfg = lora_config(out, &fixtures().join("models/llama"), &extra);
+    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
+    let final_dir = summary.run_dir.join("final");
+    let config =
+        serde_json::from_str(&std::fs::read_to_string(final_dir.join("adapter_config.json")).unwrap()).unwrap();
+    let (_, trained) = model::load(&final_dir, &cpu()).unwrap();
+    let ours = logits(&trained, &cpu());
+    let worst = max_rel_diff(&ours, &reference_logits(&final_dir, &ids()));
+    assert!(worst <= lora_bound(4), "worst relative logit difference to PEFT {worst}");
+    (final_dir, config, ours)
+}
+
 /// rsLoRA (`use_rslora`) scales the update by α/√r: PEFT reads it from adapter_config.json and
 /// computes our logits, which an α/r scale (twice smaller at r = 4) would not give.
 #[test]
 fn a_rank_stabilised_adapter_loads_in_peft() {
     let out = tempfile::tempdir().unwrap();
-    let extra = "lora_r = 4\nlora_alpha = 8\nuse_rslora = true\nlora_target_modules = [\"q_proj\", \"v_proj\"]\n";
-    let cfg = lora_config(out.path(), &fixtures().join("models/llama"), extra);
-    let summary = run_alone(cfg, None, false, &AtomicBool::new(false), &mut Quiet);
-    let final_dir = summary.run_dir.join("final");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(final_dir.join("adapter_config.json")).unwrap()).unwrap();
+    let (final_dir, config, ours) = trained_in_peft(out.path(), "use_rslora = true\n");
     assert_eq!(config["use_rslora"], serde_json::Value::Bool(true));
-    let device = cpu();
-    let (_, trained) = model::load(&final_dir, &device).unwrap();
-    let ours = logits(&trained, &device);
-    let worst = max_rel_diff(&ours, &reference_logits(&final_dir, &ids()));
-    assert!(worst <= lora_bound(4), "worst relative logit difference to PEFT {worst}");
     // The same adapter at α/r is another model.
     let mut plain = config.clone();
     plain["use_rslora"] = serde_json::Value::Bool(false);
     std::fs::write(final_dir.join("adapter_config.json"), plain.to_string()).unwrap();
-    let (_, halved) = model::load(&final_dir, &device).unwrap();
-    assert!(max_rel_diff(&ours, &logits(&halved, &device)) > 1e-3);
+    let (_, halved) = model::load(&final_dir, &cpu()).unwrap();
+    assert!(max_rel_diff(&ours, &logits(&halved, &cpu())) > 1e-3);
+}
+
+/// A DoRA run (`use_dora`) trains the magnitudes with the adapters: PEFT loads what it writes
+/// with our logits, and the merged model (each column scaled to its magnitude) gives them in
+/// transformers.
+#[test]
+fn a_trained_dora_adapter_loads_in_peft_and_merges() {
+    let out = tempfile::tempdir().unwrap();
+    let (final_dir, config, ours) = trained_in_peft(out.path(), "use_dora = true\nmerge = true\n");
+    assert_eq!(config["use_dora"], serde_json::Value::Bool(true));
+    let merged = reference_logits(&final_dir.join("merged"), &ids());
+    assert!(max_rel_diff(&merged, &ours) <= lora_bound(4));
+    // The magnitudes moved off their start, the base's column norms.
+    let (_, base) = model::load(&fixtures().join("models/llama"), &cpu()).unwrap();
+    let saved = tensors(&final_dir.join("adapter_model.safetensors"));
+    let magnitudes: Vec<_> = saved.iter().filter(|(name, _)| name.ends_with("lora_magnitude_vector")).collect();
+    assert_eq!(magnitudes.len(), 2 * 2, "q and v in 2 layers");
+    for (name, values) in magnitudes {
+        let module = name.trim_start_matches("base_model.model.").trim_end_matches(".lora_magnitude_vector");
+        let (_, linear) = base.linears().into_iter().find(|(n, _)| n == module).unwrap();
+        let start = model::linear::column_norms(&linear.weight.val())
+            .into_data()
+            .convert::<f32>()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec();
+        assert!(max_rel_diff(values, &start) > 1e-4, "{name} did not train");
+    }
+}
+
+/// DoRA: a PEFT adapter (`tests/gen/make_dora_fixture.py`: every projection of the qwen2 fixture,
+/// whose q/k/v biases DoRA's rescaled base output leaves out, magnitudes moved off their start)
+/// loads here with PEFT's logits, and the gradient of every adapter tensor (A, B and the
+/// magnitude) of a fixed function of the logits is PEFT's.
+#[test]
+fn a_dora_adapter_gives_peft_logits_and_gradients() {
+    let dir = fixtures().join("adapters/qwen2-dora");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/dora.json")).unwrap()).unwrap();
+    let want: Vec<Vec<Vec<f32>>> = serde_json::from_value(expected["logits"].clone()).unwrap();
+    let (_, adapted) = model::load(&dir, &cpu()).unwrap();
+    let ours = logits(&adapted, &cpu());
+    let worst = max_rel_diff(&ours, &want.concat().concat());
+    let bound = bounds::lora_logits(&fixtures().join("models/qwen2"), IDS[0].len(), 4) as f32;
+    assert!(worst <= bound, "worst relative logit difference to PEFT {worst} (bound {bound})");
+    let (_, base) = model::load(&fixtures().join("models/qwen2"), &cpu()).unwrap();
+    assert!(max_rel_diff(&ours, &logits(&base, &cpu())) > 1e-3, "the adapter changes the logits");
+
+    let device = cpu().autodiff();
+    let (_, model) = model::load(&dir, &device).unwrap();
+    let input = Tensor::<2, Int>::from_data(TensorData::new(IDS.concat(), [2, 8]), &device);
+    let out = model.forward(input); // [2, 8, V]
+    let n = out.shape().num_elements();
+    let w: Vec<f32> = (0..n).map(|i| (0.37 * i as f64).sin() as f32).collect();
+    let w = Tensor::<1>::from_data(TensorData::new(w, [n]), &device).reshape(out.dims());
+    let grads = (out * w).sum().backward();
+    let mut seen = 0;
+    model::params::visit(&model, Some(&grads), |p| {
+        let Some((module, kind)) = p.name.rsplit_once(".lora.") else { return };
+        let kind = match kind {
+            "a" => "lora_A",
+            "b" => "lora_B",
+            _ => "lora_magnitude_vector",
+        };
+        let want = &expected["grads"][format!("{module}.{kind}")];
+        let g: Vec<f64> =
+            p.grad.expect("an adapter gradient").into_data().convert::<f64>().as_slice::<f64>().unwrap().to_vec();
+        let (norm, sum) = (g.iter().map(|v| v * v).sum::<f64>().sqrt(), g.iter().sum::<f64>());
+        let (want_norm, want_sum) = (want["norm"].as_f64().unwrap(), want["sum"].as_f64().unwrap());
+        eprintln!(
+            "{module}.{kind} norm {:e} sum {:e}",
+            (norm - want_norm).abs() / want_norm,
+            (sum - want_sum).abs() / want_norm
+        );
+        assert!(
+            (norm - want_norm).abs() <= 2e-4 * want_norm,
+            "{module}.{kind}: norm {norm} where PEFT has {want_norm}"
+        );
+        assert!((sum - want_sum).abs() <= 2e-4 * want_norm, "{module}.{kind}: sum {sum} where PEFT has {want_sum}");
+        seen += 1;
+    });
+    assert_eq!(seen, 2 * 7 * 3, "A, B and the magnitude of 7 projections in 2 layers");
 }
 
 /// Under bf16 the frozen base trains in half precision; `merge` folds the saved adapter into the

@@ -259,6 +259,8 @@ train_config! {
     lora_alpha: f64 = 32.0,
     /// Rank-stabilised LoRA (rsLoRA): scale the adapters' update by lora_alpha / sqrt(lora_r) instead of lora_alpha / lora_r (PEFT's and TRL's `use_rslora`; adapter_config.json records it).
     use_rslora: bool = false,
+    /// DoRA: a trained magnitude rescales each output column of every adapted weight to m / ‖W + A·B·scale‖ (PEFT's and TRL's `use_dora`; adapter_config.json records it). Each step computes every adapted weight whole, so it costs more time and memory than LoRA.
+    use_dora: bool = false,
     /// Dropout on the adapters' input during training (applied only with `disable_dropout = false`; adapter_config.json records it either way, as PEFT).
     lora_dropout: f64 = 0.05,
     /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
@@ -458,6 +460,7 @@ impl TrainConfig {
         let mut settings = LoraSettings::new(r, self.lora_alpha, self.lora_dropout, &self.lora_target_modules)?;
         settings.set_dropout(self.lora_dropout, self.disable_dropout);
         settings.use_rslora = self.use_rslora;
+        settings.use_dora = self.use_dora;
         Ok(Some(settings))
     }
 

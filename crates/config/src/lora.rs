@@ -22,6 +22,8 @@ pub struct LoraSettings {
     pub target_modules: Vec<String>,
     /// rsLoRA scales by `α/√r` instead of `α/r` (Kalajdzievski 2023).
     pub use_rslora: bool,
+    /// DoRA (Liu et al. 2024): a trained magnitude per output column of each adapted weight.
+    pub use_dora: bool,
 }
 
 impl LoraSettings {
@@ -38,7 +40,7 @@ impl LoraSettings {
             return Err(("lora_dropout", format!("must be in [0, 1), got {dropout}")));
         }
         let target_modules = resolve_targets(targets).map_err(|m| ("lora_target_modules", m))?;
-        Ok(Self { r, alpha, dropout, config_dropout: dropout, target_modules, use_rslora: false })
+        Ok(Self { r, alpha, dropout, config_dropout: dropout, target_modules, use_rslora: false, use_dora: false })
     }
 
     /// Sets the configured `lora_dropout`; under `disable_dropout` (TRL's default) the adapters

@@ -8,7 +8,7 @@
 use crate::{KEYS, Section, TrainConfig};
 
 /// The keys of the run's own section that decide what is trained; every loss key does too.
-pub const FIXED_ON_RESUME: [&str; 17] = [
+pub const FIXED_ON_RESUME: [&str; 18] = [
     "model_name_or_path",
     "ref_model_name_or_path",
     "tokenizer_name_or_path",
@@ -23,6 +23,7 @@ pub const FIXED_ON_RESUME: [&str; 17] = [
     "lora_r",
     "lora_alpha",
     "use_rslora",
+    "use_dora",
     "lora_target_modules",
     "disable_dropout",
     "precompute_ref_log_probs",

@@ -162,7 +162,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("lora_task_type", Only(&["\"CAUSAL_LM\""], "adapters are trained for causal language modelling")),
     ("lora_modules_to_save", Never(NOT_IMPLEMENTED)),
     ("lora_target_parameters", Never(NOT_IMPLEMENTED)),
-    ("use_dora", Only(FALSE, NOT_IMPLEMENTED)),
     ("load_in_8bit", Only(FALSE, "quantised models are not supported")),
     ("load_in_4bit", Only(FALSE, "quantised models are not supported")),
     ("bnb_4bit_quant_type", Inert),

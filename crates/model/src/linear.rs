@@ -3,6 +3,11 @@
 //!
 //! `y = x·W + b + dropout(x)·A·B · α/r`
 //!
+//! or its DoRA form (Liu et al. 2024, PEFT's `DoraLinearLayer`), where a trained magnitude `m`
+//! rescales each output column of the adapted weight to `m / ‖W + A·B·α/r‖`:
+//!
+//! `y = x·W + b + (s - 1)·x·W + s·dropout(x)·A·B · α/r`, `s = m / ‖W + A·B·α/r‖` (the norm a constant)
+//!
 //! `W` is stored `[in, out]` (burn's orientation; HF checkpoints hold `[out, in]` and are
 //! transposed on the way in and out). The weight is cast to the input's dtype, so one module
 //! serves f32 training, mixed precision over f32 master weights, and a frozen half-precision base.
@@ -53,44 +58,95 @@ pub struct Lora {
     /// policy being trained (evaluation copies switch it off).
     #[module(skip)]
     pub dropout: f64,
+    /// DoRA's magnitude `m`, `[out]` (PEFT's `lora_magnitude_vector`); `None`: plain LoRA.
+    pub magnitude: Option<Param<Tensor<1>>>,
 }
 
 impl Linear {
     /// # Shapes
     /// - x: `[..., in]` → `[..., out]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let y = project(x.clone(), self.weight.val(), self.bias.as_ref().map(Param::val)); // [..., out]
-        match &self.lora {
-            Some(lora) => y + lora.forward(x),
-            None => y,
-        }
+        let bias = self.bias.as_ref().map(Param::val);
+        let y = project(x.clone(), self.weight.val(), bias.clone()); // [..., out]
+        let Some(lora) = &self.lora else { return y };
+        let dropped = lora.dropped(x);
+        let update = lora.update(dropped.clone()); // [..., out]
+        let Some(magnitude) = &lora.magnitude else { return y + update };
+        let dtype = FloatDType::from(y.dtype());
+        // PEFT's `DoraLinearLayer.forward`: the base output without its bias, recomputed from the
+        // dropped input where dropout trains.
+        let base = match bias {
+            _ if lora.dropout > 0.0 => linear_rows(dropped, self.weight.val().cast(dtype), None),
+            Some(b) => y.clone() - b.cast(dtype).unsqueeze::<D>(),
+            None => y.clone(),
+        };
+        let s = lora.dora_scale(self.weight.val(), magnitude.val()).cast(dtype).unsqueeze::<D>(); // [1, .., out]
+        y + (s.clone() - 1.0) * base + s * update
     }
 
-    /// Folds the adapter into the weight and removes it: `W + A·B·α/r`, in f32 (a half-precision
-    /// base would round the update away).
+    /// Folds the adapter into the weight and removes it: `W + A·B·α/r` (DoRA: each column then
+    /// scaled to its magnitude), in f32 (a half-precision base would round the update away).
     pub fn merge(&mut self) {
         let Some(lora) = self.lora.take() else { return };
-        let f32 = |p: &Param<Tensor<2>>| p.val().cast(FloatDType::F32);
-        self.weight = Param::from_tensor(f32(&self.weight) + f32(&lora.a).matmul(f32(&lora.b)) * lora.scale);
+        let merged = lora.adapted(self.weight.val()); // [in, out]
+        self.weight = Param::from_tensor(match &lora.magnitude {
+            Some(m) => {
+                let norm = merged.clone().square().sum_dim(0).sqrt(); // [1, out]
+                merged * (m.val().cast(FloatDType::F32).unsqueeze::<2>() / norm)
+            }
+            None => merged,
+        });
     }
 }
 
 impl Lora {
+    /// The adapter's input: `x` with dropout while it trains.
+    fn dropped<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        if self.dropout == 0.0 {
+            return x;
+        }
+        let keep = 1.0 - self.dropout;
+        // Drawn from the device generator: a checkpointed layer reseeds it to redraw the same mask.
+        let mask = x.random_like(Distribution::Bernoulli(keep));
+        x * mask / keep
+    }
+
+    /// `x·A·B·α/r` of the (dropped) input.
+    ///
     /// # Shapes
     /// - x: `[..., in]` → `[..., out]`
-    fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+    fn update<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let dtype = FloatDType::from(x.dtype());
-        let x = if self.dropout > 0.0 {
-            let keep = 1.0 - self.dropout;
-            // Drawn from the device generator: a checkpointed layer reseeds it to redraw the same mask.
-            let mask = x.random_like(Distribution::Bernoulli(keep));
-            x * mask / keep
-        } else {
-            x
-        };
         let down = linear_rows(x, self.a.val().cast(dtype), None); // [..., r]
         linear_rows(down, self.b.val().cast(dtype), None) * self.scale // [..., out]
     }
+
+    /// `W + A·B·α/r` in f32, off the graph.
+    ///
+    /// # Shapes
+    /// - weight: `[in, out]` → `[in, out]`
+    fn adapted(&self, weight: Tensor<2>) -> Tensor<2> {
+        let f32 = |t: Tensor<2>| t.detach().cast(FloatDType::F32);
+        f32(weight) + f32(self.a.val()).matmul(f32(self.b.val())) * self.scale
+    }
+
+    /// DoRA's column scale `m / ‖W + A·B·α/r‖`, f32, the norm computed off the graph (PEFT
+    /// detaches it, as the paper's section 4.3 suggests): only `m` gets a gradient here.
+    ///
+    /// # Shapes
+    /// - weight: `[in, out]`, magnitude: `[out]` → `[out]`
+    fn dora_scale(&self, weight: Tensor<2>, magnitude: Tensor<1>) -> Tensor<1> {
+        let out = magnitude.dims()[0];
+        let norm = self.adapted(weight).square().sum_dim(0).sqrt().reshape([out]); // [out]
+        magnitude.cast(FloatDType::F32) / norm
+    }
+}
+
+/// DoRA's starting magnitude: the norm of each output column of `weight` (`[in, out]` → `[out]`,
+/// f32), as PEFT sets it where the fresh `B = 0`.
+pub fn column_norms(weight: &Tensor<2>) -> Tensor<1> {
+    let out = weight.dims()[1];
+    weight.clone().detach().cast(FloatDType::F32).square().sum_dim(0).sqrt().reshape([out])
 }
 
 /// `x·W + b` as one matrix product over every leading position. burn's `linear` keeps a batched

@@ -4,9 +4,11 @@
 //! - `adapter_config.json`: `peft_type = "LORA"`, `r`, `lora_alpha`, `lora_dropout`,
 //!   `target_modules`, `base_model_name_or_path`, ...
 //! - `adapter_model.safetensors`: `base_model.model.{module}.lora_A.weight` `[r, in]` and
-//!   `lora_B.weight` `[out, r]` for every adapted module (e.g. `model.layers.0.self_attn.q_proj`).
+//!   `lora_B.weight` `[out, r]` for every adapted module (e.g. `model.layers.0.self_attn.q_proj`),
+//!   and with `use_dora` its `lora_magnitude_vector` `[out]`.
 //!
-//! Initialisation follows PEFT's default: `A` Kaiming-uniform (bound `1/√in`), `B` zero.
+//! Initialisation follows PEFT's default: `A` Kaiming-uniform (bound `1/√in`), `B` zero, DoRA's
+//! magnitude the base weight's column norms.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,7 @@ use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use super::linear::Lora;
+use super::linear::{Lora, column_norms};
 use super::llama::Llama;
 use super::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors, seeded_rng};
 use dpo_config::LoraSettings;
@@ -115,7 +117,7 @@ impl AdapterConfig {
             bias: default_bias(),
             fan_in_fan_out: false,
             use_rslora: settings.use_rslora,
-            use_dora: false,
+            use_dora: settings.use_dora,
             modules_to_save: None,
             layers_to_transform: None,
             rank_pattern: Default::default(),
@@ -139,9 +141,6 @@ impl AdapterConfig {
         }
         if cfg.bias != "none" {
             return unsupported("bias", format!("`{}`", cfg.bias), "none");
-        }
-        if cfg.use_dora {
-            return unsupported("use_dora", "true".to_owned(), "false");
         }
         if cfg.fan_in_fan_out {
             return unsupported("fan_in_fan_out", "true".to_owned(), "false");
@@ -170,6 +169,7 @@ impl AdapterConfig {
                 AdapterError::Invalid { path: path.clone(), message: format!("`{key}` {message}") }
             })?;
         settings.use_rslora = cfg.use_rslora;
+        settings.use_dora = cfg.use_dora;
         Ok((cfg, settings))
     }
 }
@@ -211,15 +211,26 @@ impl Llama {
                     transpose(&weights.values(&format!("{PEFT_PREFIX}{name}.lora_B.weight"), &[d_out, r])?, d_out, r),
                 ),
             };
+            let magnitude = match init {
+                _ if !settings.use_dora => None,
+                // ‖W + A·B·α/r‖ with B = 0.
+                AdapterInit::Fresh { .. } => Some(column_norms(&linear.weight.val()).to_device(device)),
+                AdapterInit::Saved(weights) => {
+                    let values = weights.values(&format!("{PEFT_PREFIX}{name}.lora_magnitude_vector"), &[d_out])?;
+                    Some(Tensor::<1>::from_data(TensorData::new(values, [d_out]), device))
+                }
+            };
+            let trained = |t| Param::from_tensor(if device.is_autodiff() { Tensor::require_grad(t) } else { t });
             let param = |values: Vec<f32>, shape: [usize; 2]| {
-                let t = Tensor::<2>::from_data(TensorData::new(values, shape), device);
-                Param::from_tensor(if device.is_autodiff() { t.require_grad() } else { t })
+                trained(Tensor::<2>::from_data(TensorData::new(values, shape), device))
             };
             linear.lora = Some(Lora {
                 a: param(a, [d_in, r]),
                 b: param(b, [r, d_out]),
                 scale: settings.scale(),
                 dropout: settings.dropout,
+                magnitude: magnitude
+                    .map(|m| Param::from_tensor(if device.is_autodiff() { m.require_grad() } else { m })),
             });
         }
         Ok(())
@@ -267,6 +278,14 @@ impl Llama {
                     name: format!("{PEFT_PREFIX}{name}.{kind}.weight"),
                     shape: vec![cols, rows], // [r, in] / [out, r]
                     values: Values::Device { tensor: t.val(), transpose: true },
+                });
+            }
+            if let Some(m) = &lora.magnitude {
+                let n = m.dims()[0];
+                out.push(NamedTensor {
+                    name: format!("{PEFT_PREFIX}{name}.lora_magnitude_vector"),
+                    shape: vec![n],
+                    values: Values::Device { tensor: m.val().reshape([1, n]), transpose: false },
                 });
             }
         }
