@@ -106,6 +106,9 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         indent(&layered.describe()),
         crate::run::device::describe(&device, Some(plan.precision), ranks)
     );
+    if cfg.tf32 == Some(true) {
+        config_description.push_str(", TF32 for the f32 matrix products");
+    }
     let par = &args.parallel;
     for found in &found {
         config_description = format!("{config_description}\n{}", found.describe());

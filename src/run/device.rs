@@ -29,6 +29,19 @@ pub fn describe(device: &Device, precision: Option<Precision>, ranks: usize) -> 
     format!("device: {place}{ranks}{precision}")
 }
 
+/// Sets TF32 for this process's f32 matrix products and convolutions, as `tf32` asks; `true`
+/// needs a CUDA device, as transformers' `tf32` does (TF32 is a mode of NVIDIA's Ampere and newer
+/// GPUs). The error is the reason, for the key's one line.
+pub fn set_tf32(enable: bool, device: &Device) -> Result<(), String> {
+    if enable && cuda_index(device).is_none() {
+        return Err(
+            "`true` needs a CUDA device (TF32 is a mode of NVIDIA Ampere and newer GPUs); this run is on the CPU"
+                .to_owned(),
+        );
+    }
+    dpo_torch::kernels::set_tf32(enable).map_err(|e| e.to_string())
+}
+
 /// Why `--device auto` runs on the CPU where the NVIDIA driver lists GPUs (`/proc/driver/nvidia/gpus`
 /// has an entry per GPU) but torch sees none; `None` where the driver lists none, so a machine
 /// without GPUs gets no note.
@@ -66,6 +79,16 @@ mod tests {
         assert!(line.ends_with(" torch threads), bf16 mixed precision, fp32 master weights"), "{line}");
         let two = describe(&Device::libtorch(), Some(Precision::Fp32), 2);
         assert!(two.ends_with(", one per rank on each of 2 ranks, fp32"), "{two}");
+    }
+
+    /// `tf32 = true` is refused on the CPU with the reason; `false` sets torch's flags off.
+    #[test]
+    #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+    fn tf32_needs_a_cuda_device() {
+        let err = set_tf32(true, &Device::libtorch()).unwrap_err();
+        assert!(err.starts_with("`true` needs a CUDA device"), "{err}");
+        set_tf32(false, &Device::libtorch()).unwrap();
+        assert_eq!(dpo_torch::kernels::tf32().unwrap(), (false, false));
     }
 
     #[test]

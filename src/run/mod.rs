@@ -154,6 +154,9 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         Some(false) => crate::wandb::python().ok(),
         None => None,
     };
+    if let Some(enable) = cfg.tf32 {
+        device::set_tf32(enable, &req.rt.device).map_err(|message| ConfigError::Invalid { key: "tf32", message })?;
+    }
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
     }

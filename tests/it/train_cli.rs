@@ -194,6 +194,21 @@ fn precision_and_lora_errors_name_the_key() {
         ),
         (vec!["--max-grad-norm", "nan"], "error: `--max-grad-norm`: must be finite and >= 0"),
         (
+            vec![
+                "--model",
+                "tests/fixtures/models/llama",
+                "--data",
+                "tests/fixtures/data/prefs.jsonl",
+                "--device",
+                "cpu",
+                "--tf32",
+                "true",
+                "--output-dir",
+                "/nonexistent/never-made",
+            ],
+            "error: `--tf32`: `true` needs a CUDA device",
+        ),
+        (
             vec!["--model", "demo", "--output-dir", "Cargo.toml"],
             "error: `--output-dir`: `Cargo.toml` is a file, not a directory",
         ),

@@ -273,6 +273,8 @@ train_config! {
     bf16: Option<bool> = None,
     /// float16 mixed precision, with dynamic loss scaling.
     fp16: bool = false,
+    /// TF32 for the matrix products and convolutions done in f32 on CUDA (Ampere and newer), as transformers' `tf32`; `true` needs a CUDA device [default: unset, torch's default: off].
+    tf32: Option<bool> = None,
     /// Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's default: on).
     gradient_checkpointing: bool = true,
     /// Pack each micro-batch's sequences into one row without padding: positions restart at each sequence and attention never crosses one, so the log-probs are the padded rows' (TRL's key).

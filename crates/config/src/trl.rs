@@ -49,7 +49,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("label_smoothing_factor", Only(&["0.0"], "DPO's smoothing is `label_smoothing`")),
     ("bf16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
     ("fp16_full_eval", Only(FALSE, "evaluation runs in the training precision")),
-    ("tf32", Never("TF32 matmuls are not configurable")),
     // transformers 5's name for it; `gradient_checkpointing` is its deprecated alias there.
     ("activation_checkpointing", Rename("gradient_checkpointing")),
     ("activation_checkpointing_kwargs", Inert),

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 #include <ATen/ThreadLocalState.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -558,6 +559,42 @@ extern "C" int c10d_profiler_stop(const char* path) {
 
 extern "C" int c10d_sdp_use_cudnn(int enable) {
   return guarded("sdp_use_cudnn", [&] { at::globalContext().setSDPUseCuDNN(enable != 0); });
+}
+
+// TF32 for f32 matrix products (cuBLAS) and convolutions and recurrent layers (cuDNN), as
+// transformers' `tf32`, by torch's precision settings (the `allow_tf32` flags warn from 2.9 on);
+// torch 2.10 turned their string arguments into enums.
+static void set_cuda_precision(const std::string& op, const std::string& precision) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  at::globalContext().setFloat32Precision(at::str2backend("cuda"), at::str2op(op), at::str2precision(precision));
+#else
+  at::globalContext().setFloat32Precision("cuda", op, precision);
+#endif
+}
+
+static bool cuda_precision_is_tf32(const std::string& op) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+  auto p = at::globalContext().float32Precision(at::str2backend("cuda"), at::str2op(op));
+  return at::precision2str(p) == "tf32";
+#else
+  return at::globalContext().float32Precision("cuda", op) == "tf32";
+#endif
+}
+
+extern "C" int c10d_set_tf32(int enable) {
+  return guarded("set_tf32", [&] {
+    for (const char* op : {"matmul", "conv", "rnn"}) {
+      set_cuda_precision(op, enable != 0 ? "tf32" : "ieee");
+    }
+  });
+}
+
+extern "C" int c10d_tf32(int* cublas, int* cudnn) {
+  return guarded("tf32", [&] {
+    TORCH_CHECK(cublas != nullptr && cudnn != nullptr, "tf32: null output");
+    *cublas = cuda_precision_is_tf32("matmul") ? 1 : 0;
+    *cudnn = cuda_precision_is_tf32("conv") ? 1 : 0;
+  });
 }
 
 extern "C" int c10d_pinned_copy(c10d_tensor src, c10d_tensor* out) {

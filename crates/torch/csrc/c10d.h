@@ -129,6 +129,8 @@ int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak, int64_t* rese
 // Whether torch's scaled_dot_product_attention may pick cuDNN's kernel
 // (`torch.backends.cuda.enable_cudnn_sdp`). Process-wide.
 int c10d_sdp_use_cudnn(int enable);
+int c10d_set_tf32(int enable);
+int c10d_tf32(int* cublas, int* cudnn);
 
 // torch's profiler (Kineto, what `torch.profiler.profile` runs) for this thread's operators, and
 // the CUDA kernels of every thread when `with_cuda` != 0; stop writes the Chrome trace to `path`.

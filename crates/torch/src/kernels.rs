@@ -187,6 +187,22 @@ pub fn use_cudnn_attention(enable: bool) -> Result<(), TorchError> {
     check("sdp_use_cudnn", unsafe { ffi::c10d_sdp_use_cudnn(i32::from(enable)) })
 }
 
+/// Whether f32 matrix products and convolutions on CUDA may use TF32 (transformers' `tf32`:
+/// `torch.backends.cuda.matmul.allow_tf32` and `torch.backends.cudnn.allow_tf32`), for this
+/// whole process.
+pub fn set_tf32(enable: bool) -> Result<(), TorchError> {
+    // SAFETY: plain flag setters; the shim catches every C++ exception.
+    check("set_tf32", unsafe { ffi::c10d_set_tf32(i32::from(enable)) })
+}
+
+/// The two TF32 flags [`set_tf32`] sets: `(cuBLAS, cuDNN)`.
+pub fn tf32() -> Result<(bool, bool), TorchError> {
+    let (mut cublas, mut cudnn) = (0, 0);
+    // SAFETY: the shim writes the two ints it is given.
+    check("tf32", unsafe { ffi::c10d_tf32(&mut cublas, &mut cudnn) })?;
+    Ok((cublas != 0, cudnn != 0))
+}
+
 /// A copy of `t` in page-locked host memory, so copies between it and a GPU go by DMA without a
 /// staging buffer. Pinned for torch's current accelerator, without the `device` argument torch
 /// deprecated (tch's `pin_memory` always passes one, and a CPU one is refused). An error, with
@@ -205,6 +221,15 @@ mod tests {
     use super::*;
 
     use tch::{Device, Kind, Tensor};
+
+    /// The two flags read back as set (the CPU build keeps them too).
+    #[test]
+    fn tf32_flags_are_set_and_read_back() {
+        set_tf32(true).unwrap();
+        assert_eq!(tf32().unwrap(), (true, true));
+        set_tf32(false).unwrap();
+        assert_eq!(tf32().unwrap(), (false, false));
+    }
 
     /// Tensors the kernel cannot pair (another dtype, another size) are an error from the shim,
     /// and nothing is written, not even in the entries that were fine.
