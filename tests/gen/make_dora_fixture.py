@@ -22,13 +22,15 @@ It writes, deterministically (seed 0, CPU, float32):
 """
 
 import json
-import math
-import shutil
+import sys
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_peft_fixture import save_fixture_adapter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 BASE = ROOT / "models" / "qwen2"
@@ -57,14 +59,7 @@ def save_adapter():
             if "lora_magnitude_vector" in name:
                 i = torch.arange(p.numel(), dtype=torch.float32)
                 p.mul_(1.0 + 0.2 * torch.sin(i))
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    model.save_pretrained(str(OUT))
-    cfg_path = OUT / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["base_model_name_or_path"] = "../../models/qwen2"
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    (OUT / "README.md").unlink(missing_ok=True)
+    save_fixture_adapter(model, OUT, "../../models/qwen2")
 
 
 def key(name):

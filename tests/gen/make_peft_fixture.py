@@ -31,6 +31,18 @@ OUT = ROOT / "adapters" / "llama-lora"
 IDS = [[11, 45, 201, 7, 99, 3, 150, 42], [300, 2, 17, 17, 88, 120, 5, 64]]
 
 
+def save_fixture_adapter(model, out: Path, base: str) -> None:
+    """`save_pretrained` into `out` (replaced), the base named by the relative path `base`."""
+    if out.exists():
+        shutil.rmtree(out)
+    model.save_pretrained(str(out))
+    cfg_path = out / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out / "README.md").unlink(missing_ok=True)
+
+
 def main() -> None:
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
@@ -42,15 +54,7 @@ def main() -> None:
         init_lora_weights=False,
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(base, config)
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    model.save_pretrained(str(OUT))
-    cfg_path = OUT / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["base_model_name_or_path"] = "../../models/llama"
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    (OUT / "README.md").unlink(missing_ok=True)
+    save_fixture_adapter(get_peft_model(base, config), OUT, "../../models/llama")
 
     # Reload from disk, as a user would, and record the logits.
     base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
