@@ -245,12 +245,12 @@ fn sft_refuses_the_keys_it_would_ignore() {
 fn unsupported_adapter_is_refused_by_field() {
     let dir = tempfile::tempdir().unwrap();
     let adapter = root().join("tests/fixtures/adapters/llama-lora");
-    let copy = dir.path().join("dora");
+    let copy = dir.path().join("lora-bias");
     fs::create_dir(&copy).unwrap();
     fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
     let mut cfg: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
-    cfg["use_dora"] = serde_json::Value::Bool(true);
+    cfg["lora_bias"] = serde_json::Value::Bool(true);
     cfg["base_model_name_or_path"] =
         serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
     let config = copy.join("adapter_config.json");
@@ -259,7 +259,7 @@ fn unsupported_adapter_is_refused_by_field() {
     let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("`{}`: `use_dora` = true is not supported", config.display())), "{stderr}");
+    assert!(stderr.contains(&format!("`{}`: `lora_bias` = true is not supported", config.display())), "{stderr}");
 }
 
 /// TRL's `disable_dropout = true` (the default) sets PEFT's `lora_dropout` to p=0 while training,
