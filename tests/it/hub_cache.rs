@@ -130,6 +130,32 @@ fn hub_names_are_read_from_the_cache_where_huggingface_hub_finds_them() {
     assert!(err.contains("`hf download --repo-type dataset trl-lib/nope`"), "{err}");
 }
 
+/// A download cut short leaves a snapshot without a shard's blob, or without weights at all: one
+/// line naming what is missing and the `hf download` that completes it, nothing written.
+#[test]
+fn a_partial_download_says_how_to_complete_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf_home = dir.path().join("hf");
+    let snapshot = cached_repo(&hf_home.join("hub"), "models", "org/partial", &fixtures().join("models/mistral"));
+    let data = fixtures().join("data/prefs.jsonl");
+    let nowhere = dir.path().join("no");
+    let args = ["train", "--model", "org/partial", "--data", s(&data), "--output-dir", s(&nowhere)];
+    let complete = "; the Hugging Face cache holds part of `org/partial` (an interrupted download?): `hf download org/partial` completes it";
+
+    let shard = snapshot.join("model-00002-of-00003.safetensors");
+    fs::remove_file(fs::read_link(&shard).unwrap()).unwrap();
+    let err = one_line_error(&run(&args, &hf_home));
+    let want = format!("`{}` is missing, though `model.safetensors.index.json` names it{complete}", shard.display());
+    assert!(err.ends_with(&want), "{err}");
+
+    fs::remove_file(snapshot.join("model.safetensors.index.json")).unwrap();
+    let err = one_line_error(&run(&args, &hf_home));
+    let want =
+        format!("`{}` has no `model.safetensors` and no `model.safetensors.index.json`{complete}", snapshot.display());
+    assert!(err.ends_with(&want), "{err}");
+    assert!(!nowhere.exists());
+}
+
 /// TRL's quickstart command line (`trl dpo ...` in TRL's docs, with LoRA) runs as written after
 /// `dpo-train train`: transformers' spellings, `--dataset_name`, `--eval_strategy steps` (on the
 /// dataset's test split, as TRL's script evaluates), `--no_remove_unused_columns`, `--use_peft`.

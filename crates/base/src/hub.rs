@@ -134,6 +134,25 @@ fn locate_in(value: &str, kind: Kind, cache: Option<&Path>) -> Result<Option<Pat
     }
 }
 
+/// Where `dir` is (or lies in) a snapshot of the hub cache (`.../models--owner--name/snapshots/<commit>`,
+/// as `hf download` leaves it), what a file it lacks says: that the download is incomplete, and
+/// the command that completes it (`; ...`, to end a message); empty elsewhere.
+pub fn incomplete_download_hint(dir: &Path) -> String {
+    let parts: Vec<String> = dir.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let at = parts.windows(2).rposition(|w| w[1] == "snapshots");
+    let Some(repo) = at.map(|i| &parts[i]) else { return String::new() };
+    let Some((kind, id)) = [Kind::Model, Kind::Dataset].into_iter().find_map(|kind| {
+        let rest = repo.strip_prefix(kind.folder())?.strip_prefix("--")?;
+        Some((kind, rest.replacen("--", "/", 1)))
+    }) else {
+        return String::new();
+    };
+    format!(
+        "; the Hugging Face cache holds part of `{id}` (an interrupted download?): `{}` completes it",
+        kind.download(&id)
+    )
+}
+
 /// `cache/<kind>s--owner--name/snapshots/<refs/main>`; `Err(None)` when the cache has no such
 /// repository, `Err(Some(why))` when it has one without a usable `main`.
 fn snapshot(cache: &Path, id: &str, kind: Kind) -> Result<PathBuf, Option<NotFound>> {
@@ -190,6 +209,21 @@ mod tests {
         for bad in ["", "/abs/dir", "./m", "a/b/c", "a--b/c", "a/b..c", "-a/b", "a/b.", "x.git", "a b/c", "a/"] {
             assert!(!is_repo_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_lacking_a_file_says_how_to_complete_it() {
+        let snap = Path::new("/h/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc");
+        let hint = incomplete_download_hint(snap);
+        assert_eq!(
+            hint,
+            "; the Hugging Face cache holds part of `Qwen/Qwen2.5-0.5B` (an interrupted download?): `hf download Qwen/Qwen2.5-0.5B` completes it"
+        );
+        assert_eq!(incomplete_download_hint(&snap.join("sub")), hint, "a folder inside the snapshot");
+        let data = incomplete_download_hint(Path::new("/h/datasets--trl-lib--ufb/snapshots/abc"));
+        assert!(data.ends_with("`hf download --repo-type dataset trl-lib/ufb` completes it"), "{data}");
+        assert_eq!(incomplete_download_hint(Path::new("/work/models/llama")), "");
+        assert_eq!(incomplete_download_hint(Path::new("/h/snapshots/abc")), "", "no repository folder");
     }
 
     #[test]

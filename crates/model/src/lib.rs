@@ -37,8 +37,8 @@ mod testing;
 /// Errors raised while reading `config.json` or building the model from its weights.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights")]
-    NoConfig { path: std::path::PathBuf },
+    #[error("`{path}` not found: a model directory needs `config.json` and safetensors weights{hint}")]
+    NoConfig { path: std::path::PathBuf, hint: String },
     #[error("cannot read `{path}`")]
     Io {
         path: std::path::PathBuf,

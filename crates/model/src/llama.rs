@@ -83,7 +83,7 @@ impl LlamaConfig {
     pub fn read(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
         if !path.is_file() {
-            return Err(ModelError::NoConfig { path });
+            return Err(ModelError::NoConfig { path, hint: dpo_base::hub::incomplete_download_hint(dir) });
         }
         let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
         Self::parse(&text, &path)

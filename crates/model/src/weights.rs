@@ -13,8 +13,11 @@ use safetensors::{Dtype, SafeTensors};
 /// What can go wrong while reading a checkpoint; every message names the file or tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
-    #[error("`{dir}` has no `model.safetensors` and no `model.safetensors.index.json`")]
-    NoWeights { dir: PathBuf },
+    #[error("`{dir}` has no `model.safetensors` and no `model.safetensors.index.json`{hint}")]
+    NoWeights { dir: PathBuf, hint: String },
+    /// A shard the index names is not there.
+    #[error("`{path}` is missing, though `model.safetensors.index.json` names it{hint}")]
+    MissingShard { path: PathBuf, hint: String },
     #[error("cannot read `{path}`")]
     Io {
         path: PathBuf,
@@ -69,10 +72,19 @@ impl Weights {
             names.dedup();
             names
         } else {
-            return Err(WeightsError::NoWeights { dir: dir.to_owned() });
+            let hint = dpo_base::hub::incomplete_download_hint(dir);
+            return Err(WeightsError::NoWeights { dir: dir.to_owned(), hint });
         };
 
-        Self::map_files(dir, shard_names.iter().map(|name| dir.join(name)))
+        let shards: Vec<PathBuf> = shard_names.iter().map(|name| dir.join(name)).collect();
+        // A cache snapshot's file is a link to its blob: a missing blob is a missing shard too.
+        if let Some(path) = shards.iter().find(|p| !p.exists()) {
+            return Err(WeightsError::MissingShard {
+                path: path.clone(),
+                hint: dpo_base::hub::incomplete_download_hint(dir),
+            });
+        }
+        Self::map_files(dir, shards.into_iter())
     }
 
     /// Maps one safetensors file (an optimizer state, for example).
