@@ -438,7 +438,7 @@ fn start(
 /// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
 fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
     let (global_batch, _) = global_batch(cfg, world_size)?;
-    Ok(Sampler { len, global_batch, micro_batch: cfg.per_device_train_batch_size, seed: cfg.seed })
+    Ok(Sampler { len, global_batch, micro_batch: cfg.per_device_train_batch_size, seed: cfg.data_order_seed() })
 }
 
 /// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it.

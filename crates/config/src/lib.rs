@@ -334,6 +334,8 @@ train_config! {
     sft_learning_rate: f64 = 1e-4,
     /// Seed of initialisation, data order and sampling.
     seed: u64 = 42,
+    /// Seed of the training data's order alone, as transformers' `data_seed` [default: seed].
+    data_seed: Option<u64> = None,
     // --- reporting ---
     /// Log (console, metrics.csv) every this many optimizer steps.
     logging_steps: u64 = 10,
@@ -482,6 +484,11 @@ impl TrainConfig {
         step.is_multiple_of(self.logging_steps) || step == last || (self.logging_first_step && step == 1)
     }
 
+    /// The seed of the training data's order: `data_seed`, else `seed`.
+    pub fn data_order_seed(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
+    }
+
     /// Evaluation cadence in steps (0: never during training).
     pub fn eval_every(&self) -> u64 {
         self.eval_steps.unwrap_or(self.logging_steps)
@@ -595,6 +602,13 @@ mod tests {
         };
         assert_eq!(logged("logging_steps = 10\n"), [10, 20, 25]);
         assert_eq!(logged("logging_steps = 10\nlogging_first_step = true\n"), [1, 10, 20, 25]);
+    }
+
+    #[test]
+    fn the_data_order_follows_data_seed_else_seed() {
+        let cfg = |text: &str| TrainConfig::from_toml_str(text, "t.toml").unwrap();
+        assert_eq!(cfg("seed = 7\n").data_order_seed(), 7);
+        assert_eq!(cfg("seed = 7\ndata_seed = 11\n").data_order_seed(), 11);
     }
 
     /// `--resume` from another working directory: the saved config names existing inputs by

@@ -107,7 +107,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("ignore_data_skip", Only(FALSE, "a resumed run skips the batches it has trained on")),
     ("restore_callback_states_from_checkpoint", Inert),
     ("full_determinism", Only(FALSE, NOT_IMPLEMENTED)),
-    ("data_seed", Never("the data order follows `seed`")),
     ("use_cpu", Only(FALSE, "run on the CPU with `--devices cpu`")),
     ("accelerator_config", Never("dpo-train's launcher sets up the workers (`--gpus`)")),
     ("parallelism_config", Never("dpo-train's launcher sets up the workers (`--gpus`)")),
