@@ -95,8 +95,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             last_status = status;
         }
         marks.after_step(trained.state.step, trained.state.step == total_steps, progress);
-        let every = cfg.eval_every();
-        if every > 0 && (trained.state.step % every == 0 || trained.state.step == total_steps) {
+        if cfg.evaluates_at(trained.state.step, total_steps) {
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
         }
         if cfg.save_steps > 0 && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {

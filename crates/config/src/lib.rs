@@ -345,6 +345,8 @@ train_config! {
     eval_steps: Option<u64> = None,
     /// Also evaluate before the first step (the policy still equals the reference there).
     eval_on_start: bool = false,
+    /// No periodic evaluation before this step (transformers' `eval_delay`, in steps as `eval_strategy = "steps"` counts it); `eval_on_start` is not delayed.
+    eval_delay: f64 = 0.0,
     /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
     save_steps: u64 = 500,
     /// Checkpoints kept (oldest deleted first) [default: all].
@@ -489,6 +491,14 @@ impl TrainConfig {
         self.data_seed.unwrap_or(self.seed)
     }
 
+    /// Whether step `step` of a stage of `last` steps evaluates: every `eval_steps` and the last
+    /// step, from `eval_delay` on (transformers' `DefaultFlowCallback`, which compares it with the
+    /// step).
+    pub fn evaluates_at(&self, step: u64, last: u64) -> bool {
+        let every = self.eval_every();
+        every > 0 && (step.is_multiple_of(every) || step == last) && self.eval_delay <= step as f64
+    }
+
     /// Evaluation cadence in steps (0: never during training).
     pub fn eval_every(&self) -> u64 {
         self.eval_steps.unwrap_or(self.logging_steps)
@@ -602,6 +612,19 @@ mod tests {
         };
         assert_eq!(logged("logging_steps = 10\n"), [10, 20, 25]);
         assert_eq!(logged("logging_steps = 10\nlogging_first_step = true\n"), [1, 10, 20, 25]);
+    }
+
+    /// Every `eval_steps` and the last step, none before `eval_delay`.
+    #[test]
+    fn evaluation_steps_and_their_delay() {
+        let evaluated = |text: &str| {
+            let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
+            (1..=25).filter(|&s| cfg.evaluates_at(s, 25)).collect::<Vec<_>>()
+        };
+        assert_eq!(evaluated("eval_steps = 10\n"), [10, 20, 25]);
+        assert_eq!(evaluated("eval_steps = 10\neval_delay = 20\n"), [20, 25]);
+        assert_eq!(evaluated("eval_steps = 10\neval_delay = 20.5\n"), [25]);
+        assert!(evaluated("eval_strategy = \"no\"\n").is_empty());
     }
 
     #[test]

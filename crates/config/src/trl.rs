@@ -82,7 +82,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
             "`\"no\"` evaluates never (`eval_steps = 0`); `\"steps\"` every `eval_steps`, on `eval_file`, else on the `dataset_test_split` of a dataset directory or Hub name `train_file`, as TRL's script",
         ),
     ),
-    ("eval_delay", Only(&["0"], "evaluation runs every `eval_steps`")),
     ("prediction_loss_only", Inert),
     ("eval_do_concat_batches", Inert),
     ("eval_use_gather_object", Inert),

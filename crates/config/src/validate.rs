@@ -70,6 +70,9 @@ impl TrainConfig {
                 format!("must be > 0 when max_steps is not set, got {}", self.num_train_epochs),
             );
         }
+        if !(self.eval_delay >= 0.0 && self.eval_delay.is_finite()) {
+            return invalid("eval_delay", format!("must be finite and >= 0, got {}", self.eval_delay));
+        }
         if self.logging_steps == 0 {
             return invalid("logging_steps", "must be at least 1".to_owned());
         }
