@@ -90,10 +90,7 @@ impl Linear {
         let Some(lora) = self.lora.take() else { return };
         let merged = lora.adapted(self.weight.val()); // [in, out]
         self.weight = Param::from_tensor(match &lora.magnitude {
-            Some(m) => {
-                let norm = merged.clone().square().sum_dim(0).sqrt(); // [1, out]
-                merged * (m.val().cast(FloatDType::F32).unsqueeze::<2>() / norm)
-            }
+            Some(m) => merged * lora.dora_scale(self.weight.val(), m.val()).unsqueeze::<2>(),
             None => merged,
         });
     }
@@ -136,14 +133,12 @@ impl Lora {
     /// # Shapes
     /// - weight: `[in, out]`, magnitude: `[out]` → `[out]`
     fn dora_scale(&self, weight: Tensor<2>, magnitude: Tensor<1>) -> Tensor<1> {
-        let out = magnitude.dims()[0];
-        let norm = self.adapted(weight).square().sum_dim(0).sqrt().reshape([out]); // [out]
-        magnitude.cast(FloatDType::F32) / norm
+        magnitude.cast(FloatDType::F32) / column_norms(&self.adapted(weight))
     }
 }
 
-/// DoRA's starting magnitude: the norm of each output column of `weight` (`[in, out]` → `[out]`,
-/// f32), as PEFT sets it where the fresh `B = 0`.
+/// The norm of each output column of `weight` (`[in, out]` → `[out]`, f32, off the graph): DoRA's
+/// starting magnitude, as PEFT sets it where the fresh `B = 0`.
 pub fn column_norms(weight: &Tensor<2>) -> Tensor<1> {
     let out = weight.dims()[1];
     weight.clone().detach().cast(FloatDType::F32).square().sum_dim(0).sqrt().reshape([out])

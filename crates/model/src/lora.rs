@@ -220,7 +220,6 @@ impl Llama {
                     Some(Tensor::<1>::from_data(TensorData::new(values, [d_out]), device))
                 }
             };
-            let trained = |t| Param::from_tensor(if device.is_autodiff() { Tensor::require_grad(t) } else { t });
             let param = |values: Vec<f32>, shape: [usize; 2]| {
                 trained(Tensor::<2>::from_data(TensorData::new(values, shape), device))
             };
@@ -229,8 +228,7 @@ impl Llama {
                 b: param(b, [r, d_out]),
                 scale: settings.scale(),
                 dropout: settings.dropout,
-                magnitude: magnitude
-                    .map(|m| Param::from_tensor(if device.is_autodiff() { m.require_grad() } else { m })),
+                magnitude: magnitude.map(trained),
             });
         }
         Ok(())
@@ -306,6 +304,11 @@ pub fn save_adapter(dir: &Path, model: &Llama, settings: &LoraSettings, base: &s
 /// Maps `dir/adapter_model.safetensors`.
 pub fn open_adapter_weights(dir: &Path) -> Result<Weights, WeightsError> {
     Weights::open_file(&dir.join(WEIGHTS_FILE))
+}
+
+/// An adapter tensor as a parameter, tracked on an autodiff device.
+fn trained<const D: usize>(t: Tensor<D>) -> Param<Tensor<D>> {
+    Param::from_tensor(if t.device().is_autodiff() { t.require_grad() } else { t })
 }
 
 /// `[rows, cols]` row-major → `[cols, rows]`.
