@@ -423,7 +423,8 @@ fn start(
         let mut trainable = 0;
         params::visit(&policy, None, |p| trainable += if p.trains { p.flat.dims()[0] } else { 0 });
         progress.line(&format!(
-            "LoRA r={} alpha={} on {}: {trainable} trainable parameters of {}",
+            "{} r={} alpha={} on {}: {trainable} trainable parameters of {}",
+            lora.kind(),
             lora.r,
             lora.alpha,
             lora.target_modules.join(","),

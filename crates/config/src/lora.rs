@@ -55,6 +55,16 @@ impl LoraSettings {
         if self.use_rslora { self.alpha / (self.r as f64).sqrt() } else { self.alpha / self.r as f64 }
     }
 
+    /// The adapter's kind, as messages name it.
+    pub fn kind(&self) -> &'static str {
+        match (self.use_dora, self.use_rslora) {
+            (true, true) => "DoRA (rsLoRA scaling)",
+            (true, false) => "DoRA",
+            (false, true) => "rsLoRA",
+            (false, false) => "LoRA",
+        }
+    }
+
     /// Whether the projection `module` carries an adapter.
     pub fn targets(&self, module: &str) -> bool {
         self.target_modules.iter().any(|t| t == module)
