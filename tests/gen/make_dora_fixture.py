@@ -26,11 +26,11 @@ import sys
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_peft_fixture import save_fixture_adapter  # noqa: E402
+from make_peft_fixture import fixture_lora_config, save_fixture_adapter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 BASE = ROOT / "models" / "qwen2"
@@ -44,16 +44,7 @@ def load_base():
 
 
 def save_adapter():
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        init_lora_weights=False,
-        use_dora=True,
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(load_base(), config)
+    model = get_peft_model(load_base(), fixture_lora_config(use_dora=True))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_magnitude_vector" in name:

@@ -31,6 +31,20 @@ OUT = ROOT / "adapters" / "llama-lora"
 IDS = [[11, 45, 201, 7, 99, 3, 150, 42], [300, 2, 17, 17, 88, 120, 5, 64]]
 
 
+def fixture_lora_config(**extra) -> LoraConfig:
+    """r=4, lora_alpha=8 on every projection, B random (`init_lora_weights=False`): an adapter that
+    changes the logits from the start."""
+    return LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+        **extra,
+    )
+
+
 def save_fixture_adapter(model, out: Path, base: str) -> None:
     """`save_pretrained` into `out` (replaced), the base named by the relative path `base`."""
     if out.exists():
@@ -46,14 +60,7 @@ def save_fixture_adapter(model, out: Path, base: str) -> None:
 def main() -> None:
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
-    config = LoraConfig(
-        r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        init_lora_weights=False,
-        task_type="CAUSAL_LM",
-    )
+    config = fixture_lora_config()
     save_fixture_adapter(get_peft_model(base, config), OUT, "../../models/llama")
 
     # Reload from disk, as a user would, and record the logits.

@@ -602,14 +602,17 @@ pub(crate) fn line_of(text: &str, key: &str) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// The steps of a 25-step stage where `at` holds under the config `text`.
+    fn steps_where(text: &str, at: impl Fn(&TrainConfig, u64) -> bool) -> Vec<u64> {
+        let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
+        (1..=25).filter(|&s| at(&cfg, s)).collect()
+    }
+
     /// Every `logging_steps`, the last step, and step 1 too under `logging_first_step`, as
     /// transformers' `DefaultFlowCallback` decides.
     #[test]
     fn logging_steps_and_the_first_step() {
-        let logged = |text: &str| {
-            let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
-            (1..=25).filter(|&s| cfg.logs_at(s, 25)).collect::<Vec<_>>()
-        };
+        let logged = |text| steps_where(text, |cfg, s| cfg.logs_at(s, 25));
         assert_eq!(logged("logging_steps = 10\n"), [10, 20, 25]);
         assert_eq!(logged("logging_steps = 10\nlogging_first_step = true\n"), [1, 10, 20, 25]);
     }
@@ -617,10 +620,7 @@ mod tests {
     /// Every `eval_steps` and the last step, none before `eval_delay`.
     #[test]
     fn evaluation_steps_and_their_delay() {
-        let evaluated = |text: &str| {
-            let cfg = TrainConfig::from_toml_str(text, "t.toml").unwrap();
-            (1..=25).filter(|&s| cfg.evaluates_at(s, 25)).collect::<Vec<_>>()
-        };
+        let evaluated = |text| steps_where(text, |cfg, s| cfg.evaluates_at(s, 25));
         assert_eq!(evaluated("eval_steps = 10\n"), [10, 20, 25]);
         assert_eq!(evaluated("eval_steps = 10\neval_delay = 20\n"), [20, 25]);
         assert_eq!(evaluated("eval_steps = 10\neval_delay = 20.5\n"), [25]);
