@@ -213,7 +213,7 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
 /// - selected: `[N, h]` → `[c, V]` each, `c = block.len()`
 fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -> (Tensor<2>, Tensor<2>) {
     let h = selected.dims()[1];
-    let logits = head.project(selected.clone().slice([block, 0..h])); // [c, V]
+    let logits = head.block_logits(selected.clone().slice([block, 0..h])); // [c, V]
     let logp = log_softmax(logits.clone(), 1);
     (logits, logp)
 }

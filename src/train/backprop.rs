@@ -243,7 +243,7 @@ fn logit_gradients(
     let h = selected.dims()[1];
     for block in group {
         let (at, c) = ((block.start - rows.start) as i64, block.len() as i64);
-        let logits = tch(head.project(selected.clone().slice([block.clone(), 0..h]))); // [c, V] f32
+        let logits = tch(head.block_logits(selected.clone().slice([block.clone(), 0..h]))); // [c, V] f32
         let mut p = logits.softmax(1, tch::Kind::Float);
         drop(logits);
         let _ = p.scatter_value_reduce_(1, &labels.narrow(0, at, c), -1.0, "add"); // p − onehot(y)

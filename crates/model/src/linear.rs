@@ -330,13 +330,22 @@ fn weight_grad(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind) -> tch::Ten
 /// [`weight_grad`]'s product, by `mm` with `out_dtype` where `by_out_dtype` (and it has not
 /// failed before), else computed in the operands' dtype and cast.
 fn product_in(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind, by_out_dtype: bool) -> tch::Tensor {
-    if by_out_dtype && MM_OUT_DTYPE.usable() {
-        match rows.tr().f_mm_dtype(g, kind) {
-            Ok(dw) => return dw,
-            Err(e) => MM_OUT_DTYPE.give_up(e),
-        }
+    if by_out_dtype
+        && kind == tch::Kind::Float
+        && let Some(dw) = mm_f32(&rows.tr(), g)
+    {
+        return dw;
     }
     as_kind(&rows.tr().mm(g), kind)
+}
+
+/// `a·b` written in f32 by the product itself (`mm` with `out_dtype`, which CUDA has for
+/// half-precision operands), or `None` where torch refuses it, then for the rest of the process.
+pub fn mm_f32(a: &tch::Tensor, b: &tch::Tensor) -> Option<tch::Tensor> {
+    if !MM_OUT_DTYPE.usable() {
+        return None;
+    }
+    a.f_mm_dtype(b, tch::Kind::Float).map_err(|e| MM_OUT_DTYPE.give_up(e)).ok()
 }
 
 /// `mm(..., out_dtype=float32)`, until it fails (a cast a gradient then, not the run).
