@@ -15,6 +15,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     dpo_train::malloc::keep_freed_memory();
+    dpo_train::malloc::cuda_segments();
     dpo_train::cli::torch_panic::report_libtorch_panics();
     // A file-size limit (`ulimit -f`) then fails the write with EFBIG, reported as any full disk,
     // instead of killing the process mid-checkpoint.

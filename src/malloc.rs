@@ -1,4 +1,5 @@
-//! glibc allocator settings for a training process.
+//! Allocator settings for a training process: glibc's for the CPU's tensors, torch's caching
+//! allocator's for CUDA's ([`cuda_segments`]).
 //!
 //! libtorch's CPU tensors come from `malloc`. With glibc's defaults every buffer above the
 //! (adaptive) mmap threshold is a fresh mapping whose pages the kernel faults in and zeroes on
@@ -41,6 +42,12 @@ pub fn peak_resident() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Expandable segments for CUDA's caching allocator unless the user set torch's allocator
+/// variables (`dpo_torch::allocator::DEFAULT_CUDA_ALLOCATOR` says why); before any CUDA tensor.
+pub fn cuda_segments() -> dpo_torch::allocator::AllocatorSettings {
+    dpo_torch::allocator::configure_cuda_allocator(|name| std::env::var(name).ok())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use check_gpu::probe;
+use dpo_torch::allocator::{AllocatorSettings, DEFAULT_CUDA_ALLOCATOR};
 
 /// Everything `dpo-train env` reports.
 #[derive(Debug, Serialize)]
@@ -66,6 +67,8 @@ pub struct Cuda {
     pub driver_cuda: Option<String>,
     /// Why NVML read nothing (no NVIDIA driver on this machine, most often).
     pub nvml_error: Option<String>,
+    /// The caching allocator's settings a run gets, and from where.
+    pub allocator: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,7 +95,9 @@ pub struct Host {
 /// SLURM's), dpo-train's own, and those that pick torch's CPU kernels and threads.
 pub fn changes_a_run(name: &str) -> bool {
     const PREFIXES: [&str; 6] = ["CUDA_", "NCCL_", "SLURM_", "DPO_TRAIN_", "TORCHELASTIC_", "LIBTORCH"];
-    const NAMES: [&str; 12] = [
+    const NAMES: [&str; 14] = [
+        "PYTORCH_ALLOC_CONF",
+        "PYTORCH_CUDA_ALLOC_CONF",
         "MASTER_ADDR",
         "MASTER_PORT",
         "RANK",
@@ -107,6 +112,17 @@ pub fn changes_a_run(name: &str) -> bool {
         "LD_LIBRARY_PATH",
     ];
     PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
+}
+
+/// How a run's CUDA caching allocator is set up.
+fn allocator_line(settings: &AllocatorSettings) -> String {
+    match settings {
+        AllocatorSettings::User { var, value } => format!("{var}={value} (the environment's)"),
+        AllocatorSettings::Default => {
+            format!("{DEFAULT_CUDA_ALLOCATOR} (dpo-train's default; PYTORCH_ALLOC_CONF replaces it)")
+        }
+        AllocatorSettings::Unavailable(why) => format!("not set: {why}"),
+    }
 }
 
 /// The report of this build on this machine, with `vars` as the environment.
@@ -157,6 +173,7 @@ pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
             driver: snapshot.as_ref().and_then(|s| s.system.driver_version.clone()),
             driver_cuda: snapshot.as_ref().and_then(|s| s.system.cuda_driver_version.clone()),
             nvml_error,
+            allocator: allocator_line(&crate::malloc::cuda_segments()),
         },
         host: Host {
             cpu: crate::run::machine_cpu(),
@@ -273,6 +290,7 @@ pub fn render(r: &EnvReport) -> String {
             or_unknown(&g.pci_bus_id)
         );
     }
+    out += &format!("          caching allocator: {}\n", c.allocator);
     out += &match (&c.driver, &c.nvml_error) {
         (Some(d), _) => format!("driver    {d} (CUDA {})\n", or_unknown(&c.driver_cuda)),
         (None, Some(e)) => format!("driver    none read: {e}\n"),
@@ -312,6 +330,7 @@ mod tests {
             ("SLURM_JOB_ID", "77"),
             ("DPO_TRAIN_PROFILE", "t.json"),
             ("ATEN_CPU_CAPABILITY", "avx2"),
+            ("PYTORCH_ALLOC_CONF", "expandable_segments:False"),
             ("HOME", "/root"),
             ("PATH", "/bin"),
             ("MY_RANK", "1"),
@@ -326,11 +345,22 @@ mod tests {
                 "DPO_TRAIN_PROFILE",
                 "MASTER_ADDR",
                 "NCCL_DEBUG",
+                "PYTORCH_ALLOC_CONF",
                 "RANK",
                 "SLURM_JOB_ID"
             ]
         );
         assert!(render(&r).contains("          CUDA_VISIBLE_DEVICES=1,3\n"));
+    }
+
+    /// The allocator line says where the settings come from.
+    #[test]
+    fn the_allocator_line_names_its_source() {
+        let user = AllocatorSettings::User { var: "PYTORCH_ALLOC_CONF", value: "expandable_segments:False".to_owned() };
+        assert_eq!(allocator_line(&user), "PYTORCH_ALLOC_CONF=expandable_segments:False (the environment's)");
+        assert!(
+            allocator_line(&AllocatorSettings::Default).starts_with("expandable_segments:True (dpo-train's default")
+        );
     }
 
     #[test]

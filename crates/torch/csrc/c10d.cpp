@@ -26,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -531,6 +532,20 @@ extern "C" int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak, in
   (void)peak;
   (void)reserved;
   return fail(C10D_ERR_STD, "cuda_peak_allocated: this build has no CUDA (the nccl feature is off)");
+#endif
+}
+
+extern "C" int c10d_cuda_allocator_settings(const char* settings) {
+#ifdef USE_C10D_NCCL
+  return guarded("cuda_allocator_settings", [&] {
+    TORCH_CHECK(settings != nullptr, "null settings");
+    // torch 2.9 parses them into the CUDA allocator's config; 2.10 on, this names the
+    // device-generic parser, which CUDA's reads.
+    c10::cuda::CUDACachingAllocator::setAllocatorSettings(settings);
+  });
+#else
+  (void)settings;
+  return fail(C10D_ERR_STD, "cuda_allocator_settings: this build has no CUDA (the nccl feature is off)");
 #endif
 }
 

@@ -126,6 +126,11 @@ int c10d_cuda_device_name(int device, char* out, size_t capacity);
 // C10D_ERR_STD in a build without CUDA (the nccl feature off).
 int c10d_cuda_peak_allocated(int device, int reset, int64_t* peak, int64_t* reserved);
 
+// Applies `settings` (`PYTORCH_ALLOC_CONF`'s syntax, e.g. "expandable_segments:True") to the CUDA
+// caching allocator, as `torch.cuda.memory._set_allocator_settings` does: segments it maps from
+// then on follow them. C10D_ERR_STD for settings torch refuses, or in a build without CUDA.
+int c10d_cuda_allocator_settings(const char* settings);
+
 // Whether torch's scaled_dot_product_attention may pick cuDNN's kernel
 // (`torch.backends.cuda.enable_cudnn_sdp`). Process-wide.
 int c10d_sdp_use_cudnn(int enable);

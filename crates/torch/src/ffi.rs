@@ -78,6 +78,7 @@ unsafe extern "C" {
         out: *mut *mut C_tensor,
     ) -> i32;
     pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64, reserved: *mut i64) -> i32;
+    pub fn c10d_cuda_allocator_settings(settings: *const std::ffi::c_char) -> i32;
     pub fn c10d_cuda_device_name(device: i32, out: *mut std::ffi::c_char, capacity: usize) -> i32;
     pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
     pub fn c10d_set_tf32(enable: i32) -> i32;
