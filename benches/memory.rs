@@ -246,6 +246,7 @@ fn single(
             sharding: Sharding::None,
             offload_optimizer: false,
             engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
+            cuda: false,
         });
         let estimated = e.allocated() - WORKSPACE_BYTES;
         let ratio = estimated as f64 / measured as f64;
@@ -313,6 +314,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 sharding,
                 offload_optimizer: false,
                 engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
+                cuda: false,
             });
             let estimated = e.allocated() - WORKSPACE_BYTES;
             let ratio = estimated as f64 / measured as f64;

@@ -340,6 +340,7 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
                 sharding: check_gpu::Sharding::None,
                 offload_optimizer: false,
                 engine: check_gpu::Engine::DpoTrain(l.batch(mb as u64)),
+                cuda: true,
             })
         });
         let _ = writeln!(

@@ -162,6 +162,7 @@ fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelAr
         engine: check_gpu::memory::Engine::DpoTrain(
             check_gpu::PairTokens::bound(cfg.max_length as u64).batch(cfg.per_device_train_batch_size as u64),
         ),
+        cuda: false,
     });
     let optimizer = e.optimizer.saturating_add(e.host);
     let state = e.weights.saturating_add(optimizer).saturating_add(e.reference);

@@ -187,7 +187,7 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
     let n = selected.dims()[0];
     let mut token_logps = Vec::new();
     let mut stats = Vec::new();
-    for block in head_blocks(0..n, head.weight.dims()[1]) {
+    for block in head_blocks(0..n, head_block_rows(&selected, head.weight.dims()[1])) {
         let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         let (logits, logp) = block_log_softmax(head, &selected, block); // [c, V] each
         token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
@@ -258,13 +258,20 @@ pub fn assemble(token_logps: Tensor<1>, stats: Option<[Tensor<1>; 3]>, batch: &D
     }
 }
 
-/// The blocks of `rows` the head scores at once ([`dpo_vocab::head::block_rows`] each: the LM
+/// The blocks of `rows` the head scores at once, `block` rows each ([`head_block_rows`]: the LM
 /// head's vocabulary-wide intermediates are the largest tensors of a step; scoring a block at a
 /// time keeps them alive for one block, not for the batch).
-pub fn head_blocks(rows: Range<usize>, vocab: usize) -> impl Iterator<Item = Range<usize>> {
-    let block = dpo_vocab::head::block_rows(vocab);
+pub fn head_blocks(rows: Range<usize>, block: usize) -> impl Iterator<Item = Range<usize>> {
+    let block = block.max(1);
     let end = rows.end;
     (rows.start..end).step_by(block).map(move |start| start..(start + block).min(end))
+}
+
+/// Rows of a head block over a `vocab`-wide head for tensors on `like`'s device
+/// ([`dpo_vocab::head::block_rows`]: more on CUDA).
+pub fn head_block_rows(like: &Tensor<2>, vocab: usize) -> usize {
+    let cuda = bridge::to_tch(like.clone()).is_ok_and(|(t, _)| t.device().is_cuda());
+    dpo_vocab::head::block_rows(vocab, cuda)
 }
 
 /// The reference's sequence log-probs of every pair, in dataset order.

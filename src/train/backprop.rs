@@ -22,7 +22,7 @@ use dpo_torch::fallback::FastPath;
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_blocks, head_forward};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_block_rows, head_blocks, head_forward};
 use crate::model::linear::linear_rows;
 use crate::model::{Llama, LmHead};
 
@@ -180,9 +180,10 @@ fn head_backward(
     // The groups (`dpo_vocab::head`) bound the logit gradients multiplied at once.
     let labels = batch.labels.clone().inner(); // [N]
     let v = lm_head.weight.dims()[1];
-    let blocks: Vec<Range<usize>> = head_blocks(0..n, v).collect();
+    let rows = head_block_rows(&head.selected, v);
+    let blocks: Vec<Range<usize>> = head_blocks(0..n, rows).collect();
     let bytes = burn::tensor::DType::from(dtype).size();
-    let per_group = dpo_vocab::head::group_blocks(n, v, h, bytes, lm_head.trains);
+    let per_group = dpo_vocab::head::group_blocks(n, rows, h, bytes, lm_head.trains);
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
     for group in blocks.chunks(per_group) {

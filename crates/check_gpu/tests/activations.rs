@@ -76,6 +76,7 @@ impl Case {
             sharding: Sharding::None,
             offload_optimizer: false,
             engine: Engine::Trl,
+            cuda: true,
         });
         (e.activations + e.logits) as f64 / (self.rows * self.seq_len) as f64
     }

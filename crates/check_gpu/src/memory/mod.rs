@@ -137,6 +137,9 @@ pub struct MemoryRequest<'a> {
     /// AdamW's moments and the fp32 masters in host memory.
     pub offload_optimizer: bool,
     pub engine: Engine,
+    /// CUDA devices rather than CPU processes: dpo-train's LM head scores bigger blocks there
+    /// (`dpo_vocab::head::chunk_elements`).
+    pub cuda: bool,
 }
 
 /// Bytes per GPU, by term.
@@ -391,6 +394,7 @@ mod tests {
             sharding: Sharding::None,
             offload_optimizer: false,
             engine: Engine::Trl,
+            cuda: true,
         }
     }
 

@@ -5,11 +5,10 @@
 //!
 //! dpo-train packs each pair into one row without padding, the prompt once (`T = b*(p + 2c)`
 //! tokens for prompts of `p` and completions of `c` tokens), and runs the LM head only where a
-//! completion token is scored (`N = 2b*c` positions), `2^24` logits at a time (blocks of
-//! `n = 2^24/V` rows). Nothing vocabulary-wide lives from its forward to its hand-written
-//! backward, which recomputes each block's softmax: `G` rows of logit gradients at a time
-//! (`c*G*V` bytes), with one block's logits and log-softmax in flight (`8*min(N*V, 2^24)`, two
-//! fp32 tensors). A frozen head (LoRA) takes a block at a time (`G = min(N, n)`); a trained one
+//! completion token is scored (`N = 2b*c` positions), `n` rows at a time (`n = 2^24/V`, on CUDA
+//! at least 512). Nothing vocabulary-wide lives from its forward to its hand-written backward,
+//! which recomputes each block's softmax: `G` rows of logit gradients at a time (`c*G*V` bytes),
+//! with one block's logits and log-softmax in flight (`8*min(N, n)*V`, two fp32 tensors). A frozen head (LoRA) takes a block at a time (`G = min(N, n)`); a trained one
 //! groups up to `8h/c` rows, in even groups (`dpo_vocab::head`), and past one group a group's
 //! fp32 weight gradient exists beside the sum (`4*V*h`).
 //!
@@ -140,7 +139,7 @@ pub fn layer_bytes(m: &ModelShape, c: u64, finetune: FineTune) -> u64 {
 pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) {
     let (m, c) = (req.model, req.dtype.bytes());
     let (t, n) = (tokens.packed, tokens.scored);
-    let logits = head_bytes(m, c, n, req.finetune);
+    let logits = head_bytes(m, c, n, req.finetune, req.cuda);
     let layer = mul(&[t, layer_bytes(m, c, req.finetune)]);
     let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
         mul(&[m.num_layers, t, m.hidden_size, c]).saturating_add(layer.saturating_sub(logits))
@@ -158,13 +157,13 @@ pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) 
 /// doc's logits term): a group's logit gradients (`dpo_vocab::head`, the rule dpo-train runs),
 /// one block's logits and log-softmax in flight, and, past one group, a group's weight gradient
 /// beside the sum.
-pub fn head_bytes(m: &ModelShape, c: u64, n: u64, finetune: FineTune) -> u64 {
+pub fn head_bytes(m: &ModelShape, c: u64, n: u64, finetune: FineTune, cuda: bool) -> u64 {
     let (v, h) = (m.vocab_size, m.hidden_size);
     let size = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
     let trains = finetune == FineTune::Full;
-    let block = head::block_rows(size(v)) as u64;
-    let group = n.min(mul(&[block, head::group_blocks(size(n), size(v), size(h), size(c), trains) as u64]));
-    let in_flight = mul(&[8, mul(&[n, v]).min(head::CHUNK_ELEMENTS as u64)]);
+    let rows = head::block_rows(size(v), cuda);
+    let group = n.min(mul(&[rows as u64, head::group_blocks(size(n), rows, size(h), size(c), trains) as u64]));
+    let in_flight = mul(&[8, n.min(rows as u64), v]);
     let summed = if trains && n > group { mul(&[4, v, h]) } else { 0 };
     mul(&[c, group, v]).saturating_add(in_flight).saturating_add(summed)
 }
@@ -173,23 +172,27 @@ pub fn head_bytes(m: &ModelShape, c: u64, n: u64, finetune: FineTune) -> u64 {
 mod tests {
     use super::*;
 
-    /// The 0.5B shape's head (V 151,936, h 896, blocks of 110 rows) over 5300 scored positions:
-    /// bf16 full fine-tuning two groups of 25 and 24 blocks, the larger buffered, plus a group's
-    /// fp32 weight gradient beside the sum; LoRA one block; fp32 full fine-tuning groups of 17
-    /// blocks; nothing scored, nothing held.
+    /// The 0.5B shape's head (V 151,936, h 896, blocks of 110 rows on the CPU) over 5300 scored
+    /// positions: bf16 full fine-tuning two groups of 25 and 24 blocks, the larger buffered, plus
+    /// a group's fp32 weight gradient beside the sum; LoRA one block; fp32 full fine-tuning groups
+    /// of 17 blocks; nothing scored, nothing held; on CUDA, blocks of 512 rows.
     #[test]
     fn the_head_holds_a_group_a_block_in_flight_and_a_second_weight_gradient() {
         let m = ModelShape::from_param_count(494_000_000);
-        let (v, h, k) = (151_936u64, 896u64, 1u64 << 24);
+        let (v, h) = (151_936u64, 896u64);
         assert_eq!((m.vocab_size, m.hidden_size), (v, h));
-        let in_flight = 8 * k;
-        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Full), 2 * 25 * 110 * v + in_flight + 4 * v * h);
-        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Lora { rank: 16 }), 2 * 110 * v + in_flight);
-        assert_eq!(head_bytes(&m, 4, 5300, FineTune::Full), 4 * 17 * 110 * v + in_flight + 4 * v * h);
+        let in_flight = 8 * 110 * v; // a block's logits and log-softmax
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Full, false), 2 * 25 * 110 * v + in_flight + 4 * v * h);
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Lora { rank: 16 }, false), 2 * 110 * v + in_flight);
+        assert_eq!(head_bytes(&m, 4, 5300, FineTune::Full, false), 4 * 17 * 110 * v + in_flight + 4 * v * h);
         // One group: no second weight gradient; under a block, the scored rows alone.
-        assert_eq!(head_bytes(&m, 2, 3000, FineTune::Full), 2 * 3000 * v + in_flight);
-        assert_eq!(head_bytes(&m, 2, 50, FineTune::Full), 2 * 50 * v + 8 * 50 * v);
-        assert_eq!(head_bytes(&m, 2, 0, FineTune::Full), 0);
+        assert_eq!(head_bytes(&m, 2, 3000, FineTune::Full, false), 2 * 3000 * v + in_flight);
+        assert_eq!(head_bytes(&m, 2, 50, FineTune::Full, false), 2 * 50 * v + 8 * 50 * v);
+        assert_eq!(head_bytes(&m, 2, 0, FineTune::Full, false), 0);
+        // CUDA's blocks of 512 rows: groups of 6 blocks, a block's logits in flight.
+        let in_flight = 8 * 512 * v;
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Full, true), 2 * 6 * 512 * v + in_flight + 4 * v * h);
+        assert_eq!(head_bytes(&m, 2, 5300, FineTune::Lora { rank: 16 }, true), 2 * 512 * v + in_flight);
     }
 
     /// Shuffled micro-batches of pairs whose packed tokens average 1134 (sd 310.5, the GPU

@@ -21,11 +21,18 @@ pub(super) struct Estimator<'a> {
     setting: Setting,
     /// Ranks the sharded terms divide over.
     world: usize,
+    /// GPUs, or CPU processes ([`Estimator::on_cpu`]).
+    cuda: bool,
 }
 
 impl<'a> Estimator<'a> {
     pub fn new(req: &'a PlanRequest, dtype: Precision) -> Self {
-        Self { req, dtype, setting: Setting::requested(req), world: 1 }
+        Self { req, dtype, setting: Setting::requested(req), world: 1, cuda: true }
+    }
+
+    /// The same estimator for CPU processes.
+    pub fn on_cpu(self) -> Self {
+        Self { cuda: false, ..self }
     }
 
     /// The same estimator for the setting step 4 chose, over `world` GPUs.
@@ -66,6 +73,7 @@ impl<'a> Estimator<'a> {
                 sharding: s.sharding,
                 offload_optimizer: s.offload,
                 engine,
+                cuda: self.cuda,
             })
         })
     }

@@ -285,7 +285,7 @@ impl Plan {
         let procs = usize::try_from(procs.max(1)).unwrap_or(1);
         let dtype = req.dtype.unwrap_or(Precision::Fp32);
         let setting = fit::Setting::requested(req);
-        let est = fit::Estimator::new(req, dtype).chosen(setting, procs);
+        let est = fit::Estimator::new(req, dtype).on_cpu().chosen(setting, procs);
         let mut log = Log { warnings: vec![reason], ..Log::default() };
         lengths_note(req, &mut log);
         let share = host_available.map(|b| b / procs as u64);

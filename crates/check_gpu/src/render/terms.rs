@@ -279,9 +279,11 @@ fn logits_formula(p: &Plan) -> String {
     let c = p.dtype.bytes();
     let group = match p.finetune {
         FineTune::Full => "G = up to 8h/c rows, + 4*V*h past one group",
-        FineTune::Lora { .. } => "G = one block of 2^24/V rows",
+        FineTune::Lora { .. } => "G = one block of n rows",
     };
-    format!("{c}*G*V (logit gradients, softmax recomputed; N <= T scored, {group}) + 8*min(N*V, 2^24) in flight")
+    format!(
+        "{c}*G*V (logit gradients, softmax recomputed; N <= T scored, {group}) + 8*min(N, n)*V in flight, n = max(2^24/V, 512) rows a block"
+    )
 }
 
 /// Host memory per GPU's process: AdamW's moments and the fp32 masters.
