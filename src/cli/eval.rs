@@ -12,6 +12,7 @@ use crate::train::Progress;
 
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    crate::dpo::shapes::padding_setting()?;
     let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
     let args_device = args.device;
     let mut truncation = eval_truncation(args.max_length, args.keep_end);

@@ -14,6 +14,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
 use dpo_torch::bridge;
 
+use super::shapes;
 use crate::data::{self, Batch, Packing, TokenizedPair, Truncation};
 use crate::model::{Llama, LmHead, Placement, fused::Spans};
 
@@ -31,9 +32,12 @@ pub struct DeviceBatch {
     pub position_end: usize,
     /// The attention spans of a packed row (empty: rows).
     pub spans: Arc<Spans>,
-    /// `[N]` flat index (`row * L + column`) of the hidden state that predicts each scored token.
+    /// Scored predictions, `N`.
+    pub scored: usize,
+    /// `[N']` flat index (`row * L + column`) of the hidden state that predicts each scored token,
+    /// then (`N' > N` on CUDA, [`shapes`]) position 0 for the padding's predictions.
     pub at: Tensor<1, Int>,
-    /// `[N]` the scored tokens.
+    /// `[N']` the scored tokens, then token 0 for the padding's predictions.
     pub labels: Tensor<1, Int>,
     /// `[N]` the sequence of each scored token.
     pub seq: Tensor<1, Int>,
@@ -51,8 +55,14 @@ pub struct DeviceBatch {
 }
 
 impl DeviceBatch {
-    /// Uploads a host batch, deriving the LD-DPO weights on the host.
+    /// Uploads a host batch, deriving the LD-DPO weights on the host; on CUDA padded to few
+    /// shapes ([`shapes`]).
     pub fn new(batch: &Batch, ld_alpha: Option<f64>, device: &Device) -> Self {
+        Self::upload(batch, ld_alpha, device, shapes::pads(device))
+    }
+
+    /// [`DeviceBatch::new`], padded to few shapes where `few_shapes`.
+    pub fn upload(batch: &Batch, ld_alpha: Option<f64>, device: &Device, few_shapes: bool) -> Self {
         let n = batch.labels.len();
         let mut counts = vec![0usize; batch.sequences];
         for &s in &batch.seq {
@@ -88,21 +98,38 @@ impl DeviceBatch {
             let len = v.len();
             Tensor::<1>::from_data(TensorData::new(v, [len]), device)
         };
+        let row = few_shapes.then(|| shapes::padded_row(batch)).flatten();
+        let row = row.unwrap_or_else(|| shapes::Row {
+            input_ids: batch.input_ids.clone(),
+            positions: batch.positions.clone(),
+            spans: batch.spans.clone(),
+        });
+        let len = row.positions.len();
+        let (at, labels) = match few_shapes {
+            true => shapes::padded_scored(&batch.at, &batch.labels),
+            false => (batch.at.clone(), batch.labels.clone()),
+        };
         Self {
             pairs: b,
             sequences: batch.sequences,
-            input_ids: Tensor::from_data(TensorData::new(batch.input_ids.clone(), [batch.rows, batch.len]), device),
-            positions: ints(&batch.positions, vec![batch.len]),
-            position_end: batch.positions.iter().max().map_or(0, |&p| p as usize + 1),
-            spans: Arc::new(Spans::new(batch.spans.clone())),
-            at: ints(&batch.at, vec![n]),
-            labels: ints(&batch.labels, vec![n]),
+            input_ids: Tensor::from_data(TensorData::new(row.input_ids, [batch.rows, len]), device),
+            positions: ints(&row.positions, vec![len]),
+            position_end: row.positions.iter().max().map_or(0, |&p| p as usize + 1),
+            spans: Arc::new(Spans::new(row.spans)),
+            scored: n,
+            at: ints(&at, vec![at.len()]),
+            labels: ints(&labels, vec![labels.len()]),
             seq: ints(&batch.seq, vec![n]),
             weights: floats(weights),
             tokens: floats(counts.iter().map(|&c| c as f32).collect()),
             completion_lengths: batch.completion_lengths.iter().map(|&c| c as f32).collect(),
             desirable: batch.desirable.iter().map(|&d| f32::from(u8::from(d))).collect(),
         }
+    }
+
+    /// Token positions the forward computes (rows × columns, any padding included).
+    pub fn computed_tokens(&self) -> usize {
+        self.input_ids.dims().iter().product()
     }
 
     /// Where the batch's tokens sit, for `model`'s forward pass.
@@ -163,7 +190,7 @@ pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_
 
 /// The LM head's results at every scored prediction.
 pub struct HeadForward {
-    /// `[N, h]` the hidden states that predict the scored tokens.
+    /// `[N', h]` the hidden states that predict the scored tokens, then the padding's.
     pub selected: Tensor<2>,
     /// `[N]` `log p(y_t)`, differentiable when the inputs are.
     pub token_logps: Tensor<1>,
@@ -200,11 +227,13 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
         true => Tensor::zeros([0], &device),
         false => Tensor::cat(parts, 0),
     };
+    // The padding's predictions ([`shapes`]) end here.
+    let scored = |t: Tensor<1>| if n > batch.scored { t.narrow(0, 0, batch.scored) } else { t };
     let stats = with_stats.then(|| {
-        let column = |i: usize| cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect());
+        let column = |i: usize| scored(cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect()));
         [column(0), column(1), column(2)]
     });
-    HeadForward { selected, token_logps: cat(token_logps), stats }
+    HeadForward { selected, token_logps: scored(cat(token_logps)), stats }
 }
 
 /// The f32 logits and log-softmax of the predictions `block` of `selected` (`[N, h]`).

@@ -9,6 +9,7 @@ pub mod metrics;
 mod pair_scores;
 pub mod ref_free;
 pub mod score;
+pub mod shapes;
 
 pub use logps::{DeviceBatch, SequenceScores};
 

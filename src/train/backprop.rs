@@ -173,6 +173,13 @@ fn head_backward(
     let loss = loss_of(&scores);
     let g = (loss.clone() * scale).backward();
     let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]
+    // The padding's predictions (`dpo::shapes`) take no gradient.
+    let padded = head.selected.dims()[0];
+    let dlogp = match padded > n {
+        true => Tensor::cat(vec![dlogp, Tensor::zeros([padded - n], &device)], 0), // [N']
+        false => dlogp,
+    };
+    let n = padded;
 
     // Back through the softmax and the projection a group of blocks at a time, each block's
     // softmax recomputed from its hidden states: one more product of the head, where keeping the

@@ -111,8 +111,12 @@ pub fn report_positions(
     run.rt.workers.sum_f64(&mut sums)?;
     [p.computed, p.padded] = sums;
     if p.padded > 0.0 {
+        let few_shapes = match crate::dpo::shapes::pads(&run.rt.device) {
+            true => "; each micro-batch padded to one of few lengths for the GPU's products",
+            false => "",
+        };
         progress.line(&format!(
-            "{name}: computed {:.0} token positions where padded rows hold {:.0}: {:.1}% avoided ({})",
+            "{name}: computed {:.0} token positions where padded rows hold {:.0}: {:.1}% avoided ({}{few_shapes})",
             p.computed,
             p.padded,
             100.0 * p.avoided(),

@@ -57,14 +57,7 @@ pub const OVERLAP_VAR: &str = "DPO_TRAIN_OVERLAP_REFERENCE";
 
 /// [`OVERLAP_VAR`]'s setting (`None` where unset or empty), read where a command starts.
 pub fn overlap_setting() -> Result<Option<bool>, EnvError> {
-    match std::env::var(OVERLAP_VAR).ok().as_deref() {
-        None | Some("") => Ok(None),
-        Some("1") => Ok(Some(true)),
-        Some("0") => Ok(Some(false)),
-        Some(other) => {
-            Err(EnvError::Invalid { var: OVERLAP_VAR, value: other.to_owned(), expected: "switch: 1 (on) or 0 (off)" })
-        }
-    }
+    crate::dist::switch(OVERLAP_VAR)
 }
 
 /// Whether a per-step reference scores beside the policy: as `setting` says, else on a CUDA
@@ -354,7 +347,7 @@ fn micro_batch(
                 forward_backward(policy, &device_batch, false, pass.recompute, pass.scale, grads, |scores| {
                     -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
                 })?;
-            window.count(&batch);
+            window.count(&batch, device_batch.computed_tokens());
             window.losses.push(nll);
         }
         (Objective::Dpo, Some(refs)) => std::thread::scope(|scope| -> Result<(), DistError> {
@@ -371,7 +364,7 @@ fn micro_batch(
                     ref_rows = pending.wait();
                     dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
                 })?;
-            window.count(&batch);
+            window.count(&batch, device_batch.computed_tokens());
             window.pending.push((device_batch, scores, ref_rows, loss));
             Ok(())
         })?,

@@ -65,11 +65,12 @@ impl Window {
         }
     }
 
-    /// Counts a micro-batch's pairs and tokens (throughput) and the positions it computed.
-    pub fn count(&mut self, batch: &Batch) {
+    /// Counts a micro-batch's pairs and tokens (throughput) and the `computed` positions its
+    /// upload holds (CUDA's padding to few shapes included).
+    pub fn count(&mut self, batch: &Batch, computed: usize) {
         self.pairs += batch.pairs;
         self.tokens += batch.tokens() as f64;
-        self.positions.computed += batch.computed_tokens() as f64;
+        self.positions.computed += computed as f64;
         self.positions.padded += batch.padded_tokens() as f64;
     }
 

@@ -1,7 +1,7 @@
 //! `padding_free` end to end: training on packed rows (with and without shared prompts) trains the
 //! parameters TRL's padded rows train, alone and over workers under every sharding stage, for full
-//! fine-tuning and LoRA, with and without activation checkpointing; the run says how many
-//! positions it did not compute.
+//! fine-tuning and LoRA, with and without activation checkpointing, and padded to CUDA's few
+//! shapes; the run says how many positions it did not compute.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +30,11 @@ fn write_config(dir: &Path, extra: &str) -> PathBuf {
 
 /// Trains `run` with `world` CPU workers and `extra` flags; returns what it printed.
 fn train(config: &Path, run: &str, world: usize, extra: &[&str]) -> String {
+    train_with(config, run, world, extra, false)
+}
+
+/// [`train`], with CUDA's padding to few shapes (`dpo_train::dpo::shapes`) where `few_shapes`.
+fn train_with(config: &Path, run: &str, world: usize, extra: &[&str], few_shapes: bool) -> String {
     let micro = (6 / world).to_string();
     let devices = format!("cpu:{world}");
     let mut args =
@@ -38,7 +43,12 @@ fn train(config: &Path, run: &str, world: usize, extra: &[&str]) -> String {
         args.extend(["--devices", &devices]);
     }
     args.extend(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(&args).output().expect("the binary runs");
+    let padding = if few_shapes { "1" } else { "0" };
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(&args)
+        .env(dpo_train::dpo::shapes::PADDING_VAR, padding)
+        .output()
+        .expect("the binary runs");
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "dpo-train {args:?} failed:\n{said}");
     said
@@ -103,7 +113,18 @@ fn packed_rows_train_the_parameters_of_padded_rows() {
     for (run, world, extra) in runs {
         train(&config, run, world, extra);
     }
-    for run in ["shared"].into_iter().chain(runs.map(|r| r.0)) {
+    // CUDA's padding to few shapes: a span of its own, predictions that are dropped.
+    train_with(&config, "shapes", 1, &[], true);
+    train_with(
+        &config,
+        "shapes-zero2-checkpointing-2",
+        2,
+        &["--sharding", "zero2", "--gradient-checkpointing", "true"],
+        true,
+    );
+    train_with(&config, "shapes-padded", 1, PADDED, true);
+    let shapes = ["shapes", "shapes-zero2-checkpointing-2", "shapes-padded"];
+    for run in ["shared"].into_iter().chain(runs.map(|r| r.0)).chain(shapes) {
         assert_same_run(dir.path(), "padded", run, "model.safetensors");
     }
 }
@@ -129,6 +150,8 @@ fn packed_rows_train_the_adapters_of_padded_rows() {
         train(&config, run, world, extra);
         assert_same_run(dir.path(), "padded", run, "adapter_model.safetensors");
     }
+    train_with(&config, "shapes", 1, &[], true);
+    assert_same_run(dir.path(), "padded", "shapes", "adapter_model.safetensors");
 }
 
 /// Under LoRA dropout the prompts are not shared (one mask would serve both rows of a pair): the

@@ -22,7 +22,7 @@ pub mod shards;
 pub mod slurm;
 pub mod watch;
 
-pub use env::{EnvError, EnvSource, WorkerEnv};
+pub use env::{EnvError, EnvSource, WorkerEnv, switch};
 pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};
 pub use process_group::{
     Backend, Compression, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth,

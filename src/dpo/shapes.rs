@@ -1,0 +1,136 @@
+//! Few shapes for a GPU's matrix products.
+//!
+//! cuBLAS picks a kernel for each new product shape on the host: 2-5 ms each on an H200 under
+//! torch 2.11 (CUDA 13), where a shape it has seen takes tens of microseconds. A packed row's
+//! length and the count of scored positions change with every micro-batch, so each step met a
+//! dozen new shapes, the policy's and the reference's threads waiting on them together (the 0.5B
+//! profile of `results/gpu/2026-11-28-nvidia-h200-targets.md`: 89 first-seen shapes over 5 steps,
+//! 151 ms of host time). On CUDA a batch is therefore padded to a few sizes before it is uploaded:
+//! the packed row by a span of its own (it attends only to itself and nothing in it is scored) to
+//! a multiple of [`token_multiple`], and the scored positions to a multiple of
+//! [`SCORED_MULTIPLE`] by predictions whose log-probs are dropped and whose gradients are zero.
+
+use std::sync::OnceLock;
+
+use burn::tensor::Device;
+
+use crate::data::{Batch, Span};
+use crate::dist::EnvError;
+
+/// The variable that turns the padding on (`1`) or off (`0`) whatever the device.
+pub const PADDING_VAR: &str = "DPO_TRAIN_SHAPE_PADDING";
+
+/// [`PADDING_VAR`]'s setting, checked where a command starts (a bad value is an error there).
+pub fn padding_setting() -> Result<Option<bool>, EnvError> {
+    crate::dist::switch(PADDING_VAR)
+}
+
+/// Whether batches for `device` are padded: as [`PADDING_VAR`] says, else on CUDA.
+pub fn pads(device: &Device) -> bool {
+    static SETTING: OnceLock<Option<bool>> = OnceLock::new();
+    let setting = *SETTING.get_or_init(|| padding_setting().ok().flatten());
+    setting.unwrap_or_else(|| dpo_torch::allocator::cuda_index(device).is_some())
+}
+
+/// The scored positions are padded to a multiple of this: with head blocks of 512 rows
+/// (`dpo_vocab::head`), a batch's last block comes in four sizes.
+pub const SCORED_MULTIPLE: usize = 128;
+
+/// The multiple a packed row of `tokens` is padded to: `2^(⌊log2 tokens⌋ − 4)`, at least 64, so
+/// that at most a sixteenth more tokens are computed (a few percent on average) and lengths
+/// between 4096 and 8192 take 16 sizes.
+pub fn token_multiple(tokens: usize) -> usize {
+    let log2 = usize::BITS - 1 - tokens.max(1).leading_zeros();
+    (1usize << log2.saturating_sub(4)).max(64)
+}
+
+/// `x` rounded up to a multiple of `m`.
+pub fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m.max(1)) * m.max(1)
+}
+
+/// A packed batch's row as uploaded: its ids, positions and spans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub input_ids: Vec<i64>,
+    pub positions: Vec<i64>,
+    pub spans: Vec<Span>,
+}
+
+/// `batch`'s packed row padded to a multiple of [`token_multiple`] by one more span of token 0
+/// at positions `0..`; `None` for a batch of padded rows (their layout is not packed) or a row
+/// already at such a length.
+pub fn padded_row(batch: &Batch) -> Option<Row> {
+    if batch.rows != 1 || batch.spans.is_empty() {
+        return None;
+    }
+    let len = batch.len;
+    let pad = round_up(len, token_multiple(len)) - len;
+    if pad == 0 {
+        return None;
+    }
+    let mut row =
+        Row { input_ids: batch.input_ids.clone(), positions: batch.positions.clone(), spans: batch.spans.clone() };
+    row.input_ids.resize(len + pad, 0);
+    row.positions.extend(0..pad as i64);
+    row.spans.push(Span { start: len, len: pad, prefix: None });
+    Some(row)
+}
+
+/// `at` and `labels` (`[N]`) padded to a multiple of [`SCORED_MULTIPLE`] by predictions of token 0
+/// from position 0, which [`crate::dpo::logps::head_forward`] drops.
+pub fn padded_scored(at: &[i64], labels: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    let n = round_up(at.len(), SCORED_MULTIPLE);
+    let (mut at, mut labels) = (at.to_vec(), labels.to_vec());
+    at.resize(n, 0);
+    labels.resize(n, 0);
+    (at, labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Packing, TokenizedPair, collate};
+
+    #[test]
+    fn rows_grow_by_at_most_a_sixteenth() {
+        assert_eq!(token_multiple(1), 64);
+        assert_eq!(token_multiple(1023), 64);
+        assert_eq!(token_multiple(4096), 256);
+        assert_eq!(token_multiple(8191), 256);
+        assert_eq!(token_multiple(8192), 512);
+        for t in [1, 63, 64, 65, 1000, 6646, 9392, 100_000] {
+            let padded = round_up(t, token_multiple(t));
+            assert!(padded >= t && (padded - t) * 16 <= t.max(1024), "{t} -> {padded}");
+        }
+        // 6,000-10,000 tokens take 13 lengths.
+        let lengths: std::collections::BTreeSet<usize> =
+            (6000..=10_000).map(|t| round_up(t, token_multiple(t))).collect();
+        assert_eq!(lengths.len(), 13);
+    }
+
+    /// The pad span follows the row's spans at positions from 0; padded rows are left alone.
+    #[test]
+    fn a_packed_row_gains_one_span_of_its_own() {
+        let pair = |n: u32| TokenizedPair {
+            line: 1,
+            prompt_ids: (1..=n).collect(),
+            chosen_ids: vec![7, 8],
+            rejected_ids: vec![9],
+            label: None,
+        };
+        let batch = collate(&[pair(3), pair(4)], 0, None, Packing::Packed);
+        let len = batch.len;
+        let row = padded_row(&batch).expect("a packed row shorter than 64");
+        assert_eq!(row.input_ids.len(), 64);
+        assert_eq!(&row.input_ids[..len], &batch.input_ids[..]);
+        assert!(row.input_ids[len..].iter().all(|&id| id == 0));
+        assert_eq!(row.positions[len..], (0..(64 - len) as i64).collect::<Vec<_>>()[..]);
+        assert_eq!(row.spans.last(), Some(&Span { start: len, len: 64 - len, prefix: None }));
+        assert_eq!(row.spans.len(), batch.spans.len() + 1);
+        assert_eq!(padded_row(&collate(&[pair(3)], 0, None, Packing::Padded)), None);
+        let (at, labels) = padded_scored(&batch.at, &batch.labels);
+        assert_eq!((at.len(), labels.len()), (128, 128));
+        assert_eq!(&at[..batch.at.len()], &batch.at[..]);
+    }
+}
