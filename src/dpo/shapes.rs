@@ -32,22 +32,7 @@ pub fn pads(device: &Device) -> bool {
     setting.unwrap_or_else(|| dpo_torch::allocator::cuda_index(device).is_some())
 }
 
-/// The scored positions are padded to a multiple of this: with head blocks of 512 rows
-/// (`dpo_vocab::head`), a batch's last block comes in four sizes.
-pub const SCORED_MULTIPLE: usize = 128;
-
-/// The multiple a packed row of `tokens` is padded to: `2^(⌊log2 tokens⌋ − 4)`, at least 64, so
-/// that at most a sixteenth more tokens are computed (a few percent on average) and lengths
-/// between 4096 and 8192 take 16 sizes.
-pub fn token_multiple(tokens: usize) -> usize {
-    let log2 = usize::BITS - 1 - tokens.max(1).leading_zeros();
-    (1usize << log2.saturating_sub(4)).max(64)
-}
-
-/// `x` rounded up to a multiple of `m`.
-pub fn round_up(x: usize, m: usize) -> usize {
-    x.div_ceil(m.max(1)) * m.max(1)
-}
+pub use dpo_vocab::shapes::{SCORED_MULTIPLE, padded_tokens, token_multiple};
 
 /// A packed batch's row as uploaded: its ids, positions and spans.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +50,7 @@ pub fn padded_row(batch: &Batch) -> Option<Row> {
         return None;
     }
     let len = batch.len;
-    let pad = round_up(len, token_multiple(len)) - len;
+    let pad = padded_tokens(len) - len;
     if pad == 0 {
         return None;
     }
@@ -80,7 +65,7 @@ pub fn padded_row(batch: &Batch) -> Option<Row> {
 /// `at` and `labels` (`[N]`) padded to a multiple of [`SCORED_MULTIPLE`] by predictions of token 0
 /// from position 0, which [`crate::dpo::logps::head_forward`] drops.
 pub fn padded_scored(at: &[i64], labels: &[i64]) -> (Vec<i64>, Vec<i64>) {
-    let n = round_up(at.len(), SCORED_MULTIPLE);
+    let n = dpo_vocab::shapes::padded_scored(at.len());
     let (mut at, mut labels) = (at.to_vec(), labels.to_vec());
     at.resize(n, 0);
     labels.resize(n, 0);
@@ -91,23 +76,6 @@ pub fn padded_scored(at: &[i64], labels: &[i64]) -> (Vec<i64>, Vec<i64>) {
 mod tests {
     use super::*;
     use crate::data::{Packing, TokenizedPair, collate};
-
-    #[test]
-    fn rows_grow_by_at_most_a_sixteenth() {
-        assert_eq!(token_multiple(1), 64);
-        assert_eq!(token_multiple(1023), 64);
-        assert_eq!(token_multiple(4096), 256);
-        assert_eq!(token_multiple(8191), 256);
-        assert_eq!(token_multiple(8192), 512);
-        for t in [1, 63, 64, 65, 1000, 6646, 9392, 100_000] {
-            let padded = round_up(t, token_multiple(t));
-            assert!(padded >= t && (padded - t) * 16 <= t.max(1024), "{t} -> {padded}");
-        }
-        // 6,000-10,000 tokens take 13 lengths.
-        let lengths: std::collections::BTreeSet<usize> =
-            (6000..=10_000).map(|t| round_up(t, token_multiple(t))).collect();
-        assert_eq!(lengths.len(), 13);
-    }
 
     /// The pad span follows the row's spans at positions from 0; padded rows are left alone.
     #[test]

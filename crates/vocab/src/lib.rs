@@ -6,6 +6,7 @@
 pub mod head;
 pub mod keys;
 mod settings;
+pub mod shapes;
 
 pub use settings::{Lora, Ranks, RunSettings};
 

@@ -4,7 +4,8 @@
 //! against peaks measured on an H100 (`results/gpu/memory-*.json`, `tests/measured.rs`).
 //!
 //! dpo-train packs each pair into one row without padding, the prompt once (`T = b*(p + 2c)`
-//! tokens for prompts of `p` and completions of `c` tokens), and runs the LM head only where a
+//! tokens for prompts of `p` and completions of `c` tokens; on CUDA `T` and `N` are rounded up to
+//! one of few lengths, `dpo_vocab::shapes`), and runs the LM head only where a
 //! completion token is scored (`N = 2b*c` positions), `n` rows at a time (`n = 2^24/V`, on CUDA
 //! at least 512). Nothing vocabulary-wide lives from its forward to its hand-written backward,
 //! which recomputes each block's softmax: `G` rows of logit gradients at a time (`c*G*V` bytes),
@@ -34,7 +35,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use dpo_vocab::head;
+use dpo_vocab::{head, shapes};
 
 use super::{FineTune, MemoryRequest, Sharding, mul};
 use crate::model::ModelShape;
@@ -139,6 +140,11 @@ pub fn layer_bytes(m: &ModelShape, c: u64, finetune: FineTune) -> u64 {
 pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) {
     let (m, c) = (req.model, req.dtype.bytes());
     let (t, n) = (tokens.packed, tokens.scored);
+    // CUDA pads a micro-batch to one of few lengths (`dpo_vocab::shapes`).
+    let (t, n) = match req.cuda {
+        true => (padded(t, shapes::padded_tokens), padded(n, shapes::padded_scored)),
+        false => (t, n),
+    };
     let logits = head_bytes(m, c, n, req.finetune, req.cuda);
     let layer = mul(&[t, layer_bytes(m, c, req.finetune)]);
     let activations = if req.gradient_checkpointing || req.sharding == Sharding::Zero3 {
@@ -151,6 +157,11 @@ pub fn dynamic(req: &MemoryRequest<'_>, tokens: BatchTokens) -> (u64, u64, u64) 
         FineTune::Lora { .. } => 0,
     };
     (activations, logits, first_gradient)
+}
+
+/// `x` as `pad` rounds it (`u64` through `usize`).
+fn padded(x: u64, pad: fn(usize) -> usize) -> u64 {
+    usize::try_from(x).map_or(x, |x| pad(x) as u64)
 }
 
 /// The LM head's buffers at the start of its backward over `n` scored positions (the module
