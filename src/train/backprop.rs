@@ -185,7 +185,7 @@ fn head_backward(
     // softmax recomputed from its hidden states: one more product of the head, where keeping the
     // forward's f32 probabilities held `4·N·V` bytes, a step's largest tensor, to the end of it.
     // The groups (`dpo_vocab::head`) bound the logit gradients multiplied at once.
-    let labels = batch.labels.clone().inner(); // [N]
+    let labels = batch.labels.clone().inner(); // [N']
     let v = lm_head.weight.dims()[1];
     let rows = head_block_rows(&head.selected, v);
     let blocks: Vec<Range<usize>> = head_blocks(0..n, rows).collect();
