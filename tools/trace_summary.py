@@ -5,7 +5,7 @@ operators and how much between them (the caller's own overhead), the operators b
 CUDA the kernels' busy time, launches and synchronisations, and the share of kernel time in matrix
 products, in attention and in everything else.
 
-    python3 tools/trace_summary.py trace.json[.gz] [--steps N] [--top 25]
+    python3 tools/trace_summary.py trace.json[.gz] [--steps N] [--top 25] [--by-op] [--first-shapes]
 """
 
 import argparse
@@ -68,11 +68,47 @@ def kind(name):
     return "other"
 
 
+def by_op(ev, n, top):
+    """Kernel time a step by the operator that launched each kernel and that operator's input
+    shapes and dtypes (the `External id` a kernel shares with its `cpu_op`)."""
+    ops = {e["args"].get("External id"): e for e in ev if e.get("cat") == "cpu_op"}
+    acc = collections.defaultdict(lambda: [0, 0.0])
+    for e in ev:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            op = ops.get(e["args"].get("External id"))
+            key = "?" if op is None else f"{op['name']} {op['args'].get('Input Dims')} {op['args'].get('Input type')}"
+            acc[key[:160]][0] += 1
+            acc[key[:160]][1] += e["dur"]
+    print("kernel time by launching operator and shapes (a step):")
+    for key, (count, dur) in sorted(acc.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {dur / 1000 / n:8.2f} ms  {count / n:7.1f}x  {key}")
+
+
+def first_shapes(ev, n):
+    """Host time of matrix products (`aten::mm`, `addmm`, `bmm`) on a shape the trace had not shown
+    before, against repeated ones: cuBLAS chooses a kernel for each new shape on the host."""
+    products = sorted((e for e in ev if e.get("cat") == "cpu_op" and e["name"] in ("aten::mm", "aten::addmm", "aten::bmm")),
+                      key=lambda e: e["ts"])
+    seen, first, again = set(), [], []
+    for e in products:
+        key = (e["name"], str(e["args"].get("Input Dims")), str(e["args"].get("Input Strides")),
+               str(e["args"].get("Input type")))
+        (again if key in seen else first).append(e["dur"])
+        seen.add(key)
+    for name, durs in (("first-seen shapes", first), ("repeated shapes", again)):
+        if durs:
+            median = sorted(durs)[len(durs) // 2]
+            print(f"{name}: {len(durs)} products ({len(durs) / n:.1f} a step), host {sum(durs) / 1000:.1f} ms, "
+                  f"median {median:.0f} us")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("trace")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps in the trace (for per-step figures)")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--by-op", action="store_true", help="kernel time by launching operator and shapes")
+    p.add_argument("--first-shapes", action="store_true", help="host time of products on first-seen shapes")
     a = p.parse_args()
     ev = [e for e in load(a.trace) if e.get("ph") == "X"]
     ops = [e for e in ev if e.get("cat") == "cpu_op"]
@@ -124,6 +160,10 @@ def main():
     print("host operators by self time (main thread):")
     for name, (count, total, own) in sorted(stats.items(), key=lambda kv: -kv[1][2])[: a.top]:
         print(f"  {ms(own):9.1f} ms self  {ms(total):9.1f} ms total  {count:7d}x  {name}")
+    if a.by_op:
+        by_op(ev, n, a.top)
+    if a.first_shapes:
+        first_shapes(ev, n)
 
 
 if __name__ == "__main__":
