@@ -210,8 +210,8 @@ fn optimizer(work: &Path) {
         let (_, mut model) = dpo_train::model::load(&dir, &Device::libtorch().autodiff()).expect("the model loads");
         let (mut grads, mut count) = (GradAccumulator::default(), 0);
         params::visit(&model, None, |p| {
-            count += p.flat.dims()[0];
-            let grad = Tensor::<1>::random(p.flat.dims(), Distribution::Normal(0.0, 1e-3), &Device::libtorch());
+            count += p.numel();
+            let grad = Tensor::<1>::random([p.numel()], Distribution::Normal(0.0, 1e-3), &Device::libtorch());
             grads.grads.insert(p.name, grad);
         });
         let mut opt = AdamW::default();
@@ -219,7 +219,7 @@ fn optimizer(work: &Path) {
         for _ in 0..8 {
             let started = Instant::now();
             model = opt.step(model, &grads, 1e-4, &cfg).expect("the update runs");
-            params::visit(&model, None, |p| drop(p.flat.narrow(0, 0, 1).into_data()));
+            params::visit(&model, None, |p| drop(p.flat().narrow(0, 0, 1).into_data()));
             ms.push(started.elapsed().as_secs_f64() * 1e3);
         }
         let shown: Vec<String> = ms.iter().map(|m| format!("{m:.0}")).collect();

@@ -62,7 +62,7 @@ impl DeviceBatch {
     }
 
     /// [`DeviceBatch::new`], padded to few shapes where `few_shapes`.
-    pub fn upload(batch: &Batch, ld_alpha: Option<f64>, device: &Device, few_shapes: bool) -> Self {
+    fn upload(batch: &Batch, ld_alpha: Option<f64>, device: &Device, few_shapes: bool) -> Self {
         let n = batch.labels.len();
         let mut counts = vec![0usize; batch.sequences];
         for &s in &batch.seq {

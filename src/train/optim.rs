@@ -533,7 +533,8 @@ impl AdamW {
         let mut current = BTreeMap::new();
         params::visit(&model, None, |p| {
             if grads.grads.contains_key(&p.name) {
-                current.insert(p.name, p.flat.inner()); // [N]
+                let flat = p.flat().inner(); // [N]
+                current.insert(p.name, flat);
             }
         });
         let (mut queue, mut slices) = (Queue::default(), Vec::with_capacity(current.len()));

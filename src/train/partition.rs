@@ -195,7 +195,7 @@ impl Partitioned {
             let slice = match reused.and_then(|s| s.slices.get(&p.name)) {
                 Some(slice) => slice.clone(),
                 // `* 1.0` copies the slice out, so the whole parameter's storage is freed.
-                None => slice_of(p.flat.inner(), shard) * 1.0,
+                None => slice_of(p.flat().inner(), shard) * 1.0,
             };
             slices.insert(p.name, slice);
         });

@@ -421,7 +421,7 @@ fn start(
     });
     if let Some(lora) = &spec.lora {
         let mut trainable = 0;
-        params::visit(&policy, None, |p| trainable += if p.trains { p.flat.dims()[0] } else { 0 });
+        params::visit(&policy, None, |p| trainable += if p.trains { p.numel() } else { 0 });
         progress.line(&format!(
             "{} r={} alpha={} on {}: {trainable} trainable parameters of {}",
             lora.kind(),

@@ -123,7 +123,8 @@ impl Trained {
     fn layout_lens(&self, names: &[String]) -> Vec<usize> {
         let mut lens = BTreeMap::new();
         params::visit(&self.policy, None, |p| {
-            lens.insert(p.name, p.flat.dims()[0]);
+            let n = p.numel();
+            lens.insert(p.name, n);
         });
         names.iter().map(|n| lens.get(n).copied().unwrap_or(0)).collect()
     }
@@ -148,7 +149,7 @@ impl Trained {
         let mut values = BTreeMap::new();
         params::visit(&self.policy, None, |p| {
             if p.trains && off.holds(&p.name) {
-                let flat = p.flat.inner();
+                let flat = p.flat().inner();
                 let shard = off.shard.map_or(flat.clone(), |shard| slice_of(flat, shard));
                 values.insert(p.name, shard);
             }

@@ -79,8 +79,8 @@ impl<'a> Workers<'a> {
         // Frozen parameters (a LoRA base) have no gradient to synchronise.
         params::visit(model, None, |p| {
             if p.trains {
-                let device = p.device();
-                grads.grads.entry(p.name).or_insert_with(|| Tensor::zeros([p.flat.dims()[0]], &device));
+                let (n, device) = (p.numel(), p.device());
+                grads.grads.entry(p.name).or_insert_with(|| Tensor::zeros([n], &device));
             }
         });
         let names: Vec<String> = grads.grads.keys().cloned().collect();
@@ -102,7 +102,7 @@ impl<'a> Workers<'a> {
         let mut lens = BTreeMap::new();
         params::visit(model, None, |p| {
             if p.trains {
-                let (n, device) = (p.flat.dims()[0], p.device());
+                let (n, device) = (p.numel(), p.device());
                 lens.insert(p.name, (n, device));
             }
         });

@@ -50,8 +50,8 @@ pub fn export_tensors<M: Module>(model: &M) -> Vec<NamedTensor> {
         }
         let transpose = stored_transposed(&p.name, p.dims.len());
         let matrix = match p.dims.as_slice() {
-            [rows, cols] => p.flat.reshape([*rows, *cols]), // burn's layout; transposed as written
-            _ => p.flat.clone().reshape([1, p.flat.dims()[0]]),
+            [rows, cols] => p.flat().reshape([*rows, *cols]), // burn's layout; transposed as written
+            _ => p.flat().reshape([1, p.numel()]),
         };
         let mut shape = p.dims.clone();
         if transpose {

@@ -13,17 +13,29 @@ pub struct ParamView {
     pub name: String,
     /// The shape in burn's layout (linear weights `[in, out]`).
     pub dims: Vec<usize>,
-    /// The values flattened, `[N]` (still on the autodiff graph when the model is).
-    pub flat: Tensor<1>,
     /// Whether the parameter trains (a frozen LoRA base does not).
     pub trains: bool,
     /// Its gradient, flattened, when [`visit`] was given gradients holding one.
     pub grad: Option<Tensor<1>>,
+    device: Device,
+    /// [`ParamView::flat`]'s reshape, made only where a walk reads the values: the gradient sum
+    /// after every backward reads none, and a reshape a parameter is a torch call a step each.
+    values: Box<dyn Fn() -> Tensor<1>>,
 }
 
 impl ParamView {
     pub fn device(&self) -> Device {
-        self.flat.device()
+        self.device.clone()
+    }
+
+    /// Elements, `N`.
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// The values flattened, `[N]` (still on the autodiff graph when the model is).
+    pub fn flat(&self) -> Tensor<1> {
+        (self.values)()
     }
 }
 
@@ -92,8 +104,9 @@ impl<K: Fn(&str) -> bool, F: FnMut(ParamView)> ModuleVisitor for Walk<'_, K, F> 
         let n: usize = dims.iter().product();
         // The gradient is keyed by the parameter's own node, before any reshape.
         let grad = self.grads.and_then(|g| tensor.grad(g)).map(|g| g.reshape([n]));
-        let trains = tensor.is_require_grad();
-        (self.f)(ParamView { name, dims, flat: tensor.reshape([n]), trains, grad });
+        let (trains, device) = (tensor.is_require_grad(), tensor.device());
+        let values = Box::new(move || tensor.clone().reshape([n]));
+        (self.f)(ParamView { name, dims, trains, grad, device, values });
     }
 }
 

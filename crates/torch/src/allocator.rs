@@ -2,17 +2,27 @@
 //! statistics): what `torch.cuda.max_memory_allocated` reports, the figure TRL's and torchtune's
 //! users read a GPU run's memory by. The host's resident set says little on a GPU.
 
+use std::sync::{Mutex, PoisonError};
+
 use burn::tensor::{Device, Tensor};
 
 use crate::{TorchError, check, ffi};
 
-/// The CUDA index of `device`; `None` on the CPU.
+/// The CUDA index of `device`; `None` on the CPU. Known once per device: asking torch takes a
+/// probe tensor (three operators), and each micro-batch's upload asks.
 pub fn cuda_index(device: &Device) -> Option<usize> {
-    let (probe, _) = crate::bridge::to_tch(Tensor::<1>::zeros([1], device)).ok()?;
-    match probe.device() {
-        tch::Device::Cuda(i) => Some(i),
-        _ => None,
+    static KNOWN: Mutex<Vec<(Device, Option<usize>)>> = Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, index)) = known.iter().find(|(d, _)| d == device) {
+        return *index;
     }
+    let index =
+        crate::bridge::to_tch(Tensor::<1>::zeros([1], device)).ok().and_then(|(probe, _)| match probe.device() {
+            tch::Device::Cuda(i) => Some(i),
+            _ => None,
+        });
+    known.push((device.clone(), index));
+    index
 }
 
 /// Starts a new mark on CUDA device `index`.
