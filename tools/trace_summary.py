@@ -99,7 +99,11 @@ def first_shapes(ev, n):
         if durs:
             median = sorted(durs)[len(durs) // 2]
             print(f"{name}: {len(durs)} products ({len(durs) / n:.1f} a step), host {sum(durs) / 1000:.1f} ms, "
-                  f"median {median:.0f} us")
+                  f"median {median:.0f} us, mean {sum(durs) / len(durs):.0f} us")
+    slow = sorted(d for d in first if d > 1000)
+    if slow:
+        print(f"  first-seen above 1 ms: {len(slow)}, {slow[0] / 1000:.1f}-{slow[-1] / 1000:.1f} ms "
+              f"(median {slow[len(slow) // 2] / 1000:.1f} ms), {sum(slow) / 1000:.1f} ms in all")
 
 
 def main():

@@ -1,11 +1,11 @@
 //! Few shapes for a GPU's matrix products.
 //!
-//! cuBLAS picks a kernel for each new product shape on the host: 2-5 ms each on an H200 under
-//! torch 2.11 (CUDA 13), where a shape it has seen takes tens of microseconds. A packed row's
-//! length and the count of scored positions change with every micro-batch, so each step met a
-//! dozen new shapes, the policy's and the reference's threads waiting on them together (the 0.5B
-//! profile of `results/gpu/2026-11-28-nvidia-h200-targets.md`: 89 first-seen shapes over 5 steps,
-//! 151 ms of host time). On CUDA a batch is therefore padded to a few sizes before it is uploaded:
+//! cuBLAS picks a kernel for a new product shape on the host: on an H200 under torch 2.11 (CUDA
+//! 13), 21 products on shapes new to the profiled steps took 2.7-18 ms each (median 4.1 ms),
+//! where a repeated shape took 64 us on average (134 ms of host time in 5 steps of the 0.5B
+//! profile, `results/gpu/2026-11-28-nvidia-h200-targets.md`; the policy's and the reference's
+//! threads met them together). A packed row's length and the count of scored positions change
+//! with every micro-batch, so new shapes kept coming. On CUDA a batch is therefore padded to a few sizes before it is uploaded:
 //! the packed row by a span of its own (it attends only to itself and nothing in it is scored) to
 //! a multiple of [`token_multiple`], and the scored positions to a multiple of
 //! [`SCORED_MULTIPLE`] by predictions whose log-probs are dropped and whose gradients are zero.
