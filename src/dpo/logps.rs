@@ -299,7 +299,7 @@ pub fn head_blocks(rows: Range<usize>, block: usize) -> impl Iterator<Item = Ran
 /// Rows of a head block over a `vocab`-wide head for tensors on `like`'s device
 /// ([`dpo_vocab::head::block_rows`]: more on CUDA).
 pub fn head_block_rows(like: &Tensor<2>, vocab: usize) -> usize {
-    let cuda = bridge::to_tch(like.clone()).is_ok_and(|(t, _)| t.device().is_cuda());
+    let cuda = dpo_torch::allocator::cuda_index(&like.device()).is_some();
     dpo_vocab::head::block_rows(vocab, cuda)
 }
 
