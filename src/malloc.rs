@@ -45,9 +45,11 @@ pub fn peak_resident() -> Option<u64> {
 }
 
 /// Expandable segments for CUDA's caching allocator unless the user set torch's allocator
-/// variables (`dpo_torch::allocator::DEFAULT_CUDA_ALLOCATOR` says why); before any CUDA tensor.
-pub fn cuda_segments() -> dpo_torch::allocator::AllocatorSettings {
-    dpo_torch::allocator::configure_cuda_allocator(|name| std::env::var(name).ok())
+/// variables (`dpo_torch::allocator::DEFAULT_CUDA_ALLOCATOR` says why): applied by the first call,
+/// at the start of `main` before any CUDA tensor; later calls say what it did.
+pub fn cuda_segments() -> &'static dpo_torch::allocator::AllocatorSettings {
+    static APPLIED: std::sync::OnceLock<dpo_torch::allocator::AllocatorSettings> = std::sync::OnceLock::new();
+    APPLIED.get_or_init(|| dpo_torch::allocator::configure_cuda_allocator(|name| std::env::var(name).ok()))
 }
 
 #[cfg(test)]

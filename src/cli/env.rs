@@ -173,7 +173,7 @@ pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
             driver: snapshot.as_ref().and_then(|s| s.system.driver_version.clone()),
             driver_cuda: snapshot.as_ref().and_then(|s| s.system.cuda_driver_version.clone()),
             nvml_error,
-            allocator: allocator_line(&crate::malloc::cuda_segments()),
+            allocator: allocator_line(crate::malloc::cuda_segments()),
         },
         host: Host {
             cpu: crate::run::machine_cpu(),
