@@ -32,8 +32,6 @@ pub struct DeviceBatch {
     pub position_end: usize,
     /// The attention spans of a packed row (empty: rows).
     pub spans: Arc<Spans>,
-    /// Scored predictions, `N`.
-    pub scored: usize,
     /// `[N']` flat index (`row * L + column`) of the hidden state that predicts each scored token,
     /// then (`N' > N` on CUDA, [`shapes`]) position 0 for the padding's predictions.
     pub at: Tensor<1, Int>,
@@ -116,7 +114,6 @@ impl DeviceBatch {
             positions: ints(&row.positions, vec![len]),
             position_end: row.positions.iter().max().map_or(0, |&p| p as usize + 1),
             spans: Arc::new(Spans::new(row.spans)),
-            scored: n,
             at: ints(&at, vec![at.len()]),
             labels: ints(&labels, vec![labels.len()]),
             seq: ints(&batch.seq, vec![n]),
@@ -125,6 +122,11 @@ impl DeviceBatch {
             completion_lengths: batch.completion_lengths.iter().map(|&c| c as f32).collect(),
             desirable: batch.desirable.iter().map(|&d| f32::from(u8::from(d))).collect(),
         }
+    }
+
+    /// Scored predictions, `N` (without the padding's).
+    pub fn scored(&self) -> usize {
+        self.seq.dims()[0]
     }
 
     /// Token positions the forward computes (rows × columns, any padding included).
@@ -228,7 +230,7 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
         false => Tensor::cat(parts, 0),
     };
     // The padding's predictions ([`shapes`]) end here.
-    let scored = |t: Tensor<1>| if n > batch.scored { t.narrow(0, 0, batch.scored) } else { t };
+    let scored = |t: Tensor<1>| if n > batch.scored() { t.narrow(0, 0, batch.scored()) } else { t };
     let stats = with_stats.then(|| {
         let column = |i: usize| scored(cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect()));
         [column(0), column(1), column(2)]
