@@ -5,10 +5,11 @@
 //! where a repeated shape took 64 us on average (134 ms of host time in 5 steps of the 0.5B
 //! profile, `results/gpu/2026-11-28-nvidia-h200-targets.md`; the policy's and the reference's
 //! threads met them together). A packed row's length and the count of scored positions change
-//! with every micro-batch, so new shapes kept coming. On CUDA a batch is therefore padded to a few sizes before it is uploaded:
-//! the packed row by a span of its own (it attends only to itself and nothing in it is scored) to
-//! a multiple of [`token_multiple`], and the scored positions to a multiple of
-//! [`SCORED_MULTIPLE`] by predictions whose log-probs are dropped and whose gradients are zero.
+//! with every micro-batch, so new shapes kept coming. On CUDA a batch is therefore padded to a
+//! few sizes before it is uploaded: the packed row by a span of its own (it attends only to itself
+//! and nothing in it is scored) to a multiple of [`token_multiple`], and the scored positions to a
+//! multiple of [`SCORED_MULTIPLE`] by predictions whose log-probs are dropped and whose gradients
+//! are zero.
 
 use std::sync::OnceLock;
 
@@ -16,6 +17,7 @@ use burn::tensor::Device;
 
 use crate::data::{Batch, Span};
 use crate::dist::EnvError;
+pub use dpo_vocab::shapes::{SCORED_MULTIPLE, padded_tokens, token_multiple};
 
 /// The variable that turns the padding on (`1`) or off (`0`) whatever the device.
 pub const PADDING_VAR: &str = "DPO_TRAIN_SHAPE_PADDING";
@@ -31,8 +33,6 @@ pub fn pads(device: &Device) -> bool {
     let setting = *SETTING.get_or_init(|| padding_setting().ok().flatten());
     setting.unwrap_or_else(|| dpo_torch::allocator::cuda_index(device).is_some())
 }
-
-pub use dpo_vocab::shapes::{SCORED_MULTIPLE, padded_tokens, token_multiple};
 
 /// A packed batch's row as uploaded: its ids, positions and spans.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,11 +5,12 @@
 //!
 //! dpo-train packs each pair into one row without padding, the prompt once (`T = b*(p + 2c)`
 //! tokens for prompts of `p` and completions of `c` tokens; on CUDA `T` and `N` are rounded up to
-//! one of few lengths, `dpo_vocab::shapes`), and runs the LM head only where a
-//! completion token is scored (`N = 2b*c` positions), `n` rows at a time (`n = 2^24/V`, on CUDA
+//! one of few lengths, `dpo_vocab::shapes`), and runs the LM head only where a completion token
+//! is scored (`N = 2b*c` positions), `n` rows at a time (`n = 2^24/V`, on CUDA
 //! at least 512). Nothing vocabulary-wide lives from its forward to its hand-written backward,
 //! which recomputes each block's softmax: `G` rows of logit gradients at a time (`c*G*V` bytes),
-//! with one block's logits and log-softmax in flight (`8*min(N, n)*V`, two fp32 tensors). A frozen head (LoRA) takes a block at a time (`G = min(N, n)`); a trained one
+//! with one block's logits and log-softmax in flight (`8*min(N, n)*V`, two fp32 tensors). A
+//! frozen head (LoRA) takes a block at a time (`G = min(N, n)`); a trained one
 //! groups up to `8h/c` rows, in even groups (`dpo_vocab::head`), and past one group a group's
 //! fp32 weight gradient exists beside the sum (`4*V*h`).
 //!
