@@ -11,14 +11,16 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use burn::tensor::activation::log_softmax;
-use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor, TensorData};
-use dpo_torch::bridge;
+use burn::tensor::kind::Basic;
+use burn::tensor::{Device, FloatDType, IndexingUpdateOp, Int, Tensor};
+use dpo_torch::{bridge, transfers};
 
 use super::shapes;
 use crate::data::{self, Batch, Packing, TokenizedPair, Truncation};
 use crate::model::{Llama, LmHead, Placement, fused::Spans};
 
 /// A batch on the device, with the per-token weights of the summed log-probs.
+#[derive(Debug, Clone)]
 pub struct DeviceBatch {
     /// Pairs in the batch.
     pub pairs: usize,
@@ -45,6 +47,8 @@ pub struct DeviceBatch {
     pub weights: Tensor<1>,
     /// `[2B]` scored tokens of each sequence (with ORPO's rows, a chosen prompt's too).
     pub tokens: Tensor<1>,
+    /// `[2B]` [`DeviceBatch::completion_lengths`] on the device.
+    pub lengths: Tensor<1>,
     /// Completion tokens per sequence before the shift (`completion_mask.sum(1)`), as IPO
     /// normalises.
     pub completion_lengths: Vec<f32>,
@@ -59,43 +63,15 @@ impl DeviceBatch {
         Self::upload(batch, ld_alpha, device, shapes::pads(device))
     }
 
-    /// [`DeviceBatch::new`], padded to few shapes where `few_shapes`.
+    /// [`DeviceBatch::new`], padded to few shapes where `few_shapes`. Two uploads, the integers
+    /// and the floats, each field a view of its part: a GPU copies them without waiting for the
+    /// queued kernels ([`dpo_torch::transfers`]), where a copy a field waited on them each.
     fn upload(batch: &Batch, ld_alpha: Option<f64>, device: &Device, few_shapes: bool) -> Self {
-        let n = batch.labels.len();
         let mut counts = vec![0usize; batch.sequences];
         for &s in &batch.seq {
             counts[s as usize] += 1;
         }
-        let b = batch.pairs;
-        let weights: Vec<f32> = match ld_alpha {
-            // LD-DPO pairs a sequence with its partner; a chosen-only batch has none.
-            Some(alpha) if batch.sequences == 2 * b => {
-                // A token past the pair's shared length (the shorter completion's) weighs `alpha`.
-                let mut seen = vec![0usize; batch.sequences];
-                batch
-                    .seq
-                    .iter()
-                    .map(|&s| {
-                        let s = s as usize;
-                        seen[s] += 1;
-                        let shared = counts[s % b].min(counts[s % b + b]);
-                        if seen[s] > shared { alpha as f32 } else { 1.0 }
-                    })
-                    .collect()
-            }
-            _ => vec![1.0; n],
-        };
-        // ORPO's prompt tokens count in its NLL (the unweighted sum) and not in the log-prob.
-        let weights: Vec<f32> = match batch.prompt_token.is_empty() {
-            true => weights,
-            false => weights.iter().zip(&batch.prompt_token).map(|(&w, &p)| if p { 0.0 } else { w }).collect(),
-        };
-        let ints =
-            |v: &[i64], shape: Vec<usize>| Tensor::<1, Int>::from_data(TensorData::new(v.to_vec(), shape), device);
-        let floats = |v: Vec<f32>| {
-            let len = v.len();
-            Tensor::<1>::from_data(TensorData::new(v, [len]), device)
-        };
+        let weights = token_weights(batch, ld_alpha, &counts);
         let row = few_shapes.then(|| shapes::padded_row(batch)).flatten();
         let row = row.unwrap_or_else(|| shapes::Row {
             input_ids: batch.input_ids.clone(),
@@ -107,20 +83,42 @@ impl DeviceBatch {
             true => shapes::padded_scored(&batch.at, &batch.labels),
             false => (batch.at.clone(), batch.labels.clone()),
         };
+        let completion_lengths: Vec<f32> = batch.completion_lengths.iter().map(|&c| c as f32).collect();
+        let tokens: Vec<f32> = counts.iter().map(|&c| c as f32).collect();
+        let [input_ids, positions, at, labels, seq] =
+            packed([&row.input_ids, &row.positions, &at, &labels, &batch.seq], |v| transfers::upload_ints(v, device));
+        let [weights, tokens, lengths] =
+            packed([&weights, &tokens, &completion_lengths], |v| transfers::upload_floats(v, device));
         Self {
-            pairs: b,
+            pairs: batch.pairs,
             sequences: batch.sequences,
-            input_ids: Tensor::from_data(TensorData::new(row.input_ids, [batch.rows, len]), device),
-            positions: ints(&row.positions, vec![len]),
+            input_ids: input_ids.reshape([batch.rows, len]),
+            positions,
             position_end: row.positions.iter().max().map_or(0, |&p| p as usize + 1),
             spans: Arc::new(Spans::new(row.spans)),
-            at: ints(&at, vec![at.len()]),
-            labels: ints(&labels, vec![labels.len()]),
-            seq: ints(&batch.seq, vec![n]),
-            weights: floats(weights),
-            tokens: floats(counts.iter().map(|&c| c as f32).collect()),
-            completion_lengths: batch.completion_lengths.iter().map(|&c| c as f32).collect(),
+            at,
+            labels,
+            seq,
+            weights,
+            tokens,
+            lengths,
+            completion_lengths,
             desirable: batch.desirable.iter().map(|&d| f32::from(u8::from(d))).collect(),
+        }
+    }
+
+    /// The same batch outside autodiff (views of the same uploads), for a model without a graph.
+    pub fn plain(&self) -> Self {
+        Self {
+            input_ids: self.input_ids.clone().inner(),
+            positions: self.positions.clone().inner(),
+            at: self.at.clone().inner(),
+            labels: self.labels.clone().inner(),
+            seq: self.seq.clone().inner(),
+            weights: self.weights.clone().inner(),
+            tokens: self.tokens.clone().inner(),
+            lengths: self.lengths.clone().inner(),
+            ..self.clone()
         }
     }
 
@@ -144,6 +142,50 @@ impl DeviceBatch {
         let zeros = Tensor::zeros([self.sequences], &t.device());
         zeros.select_assign(0, self.seq.clone(), t, IndexingUpdateOp::Add)
     }
+}
+
+/// Each scored token's weight in its sequence's log-prob: 1, LD-DPO's `ld_alpha` past the
+/// shorter completion of its pair, 0 on ORPO's prompt tokens (they count in its NLL, the
+/// unweighted sum, only). `counts`: scored tokens per sequence.
+fn token_weights(batch: &Batch, ld_alpha: Option<f64>, counts: &[usize]) -> Vec<f32> {
+    let b = batch.pairs;
+    let weights: Vec<f32> = match ld_alpha {
+        // LD-DPO pairs a sequence with its partner; a chosen-only batch has none.
+        Some(alpha) if batch.sequences == 2 * b => {
+            // A token past the pair's shared length (the shorter completion's) weighs `alpha`.
+            let mut seen = vec![0usize; batch.sequences];
+            batch
+                .seq
+                .iter()
+                .map(|&s| {
+                    let s = s as usize;
+                    seen[s] += 1;
+                    let shared = counts[s % b].min(counts[s % b + b]);
+                    if seen[s] > shared { alpha as f32 } else { 1.0 }
+                })
+                .collect()
+        }
+        _ => vec![1.0; batch.labels.len()],
+    };
+    match batch.prompt_token.is_empty() {
+        true => weights,
+        false => weights.iter().zip(&batch.prompt_token).map(|(&w, &p)| if p { 0.0 } else { w }).collect(),
+    }
+}
+
+/// `parts` laid end to end and uploaded once, each part then a `[len]` view of the upload.
+fn packed<const P: usize, T: Copy, K: Basic>(
+    parts: [&[T]; P],
+    upload: impl FnOnce(&[T]) -> Tensor<1, K>,
+) -> [Tensor<1, K>; P] {
+    let all: Vec<T> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    let whole = upload(&all);
+    let mut start = 0;
+    parts.map(|p| {
+        let view = whole.clone().narrow(0, start, p.len());
+        start += p.len();
+        view
+    })
 }
 
 /// Per-sequence results of one forward pass, each `[2B]`.

@@ -39,20 +39,21 @@ pub struct ScoredPairs {
 }
 
 impl ScoredPairs {
-    /// Copies one batch's scores to the host; `ref_logps` holds the reference's `[2B]` sequence
-    /// log-probs (zeros when reference-free).
+    /// Copies one batch's scores to the host (one read); `ref_logps` holds the reference's `[2B]`
+    /// sequence log-probs (zeros when reference-free).
     ///
     /// # Panics
     /// If `policy` was scored without statistics.
     pub fn from_batch(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
         let b = batch.pairs;
         let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
-        let logps = host(&policy.logps);
-        let token_logps = host(&policy.token_logps);
-        let tokens = host(&stats.tokens);
-        let entropy = host(&stats.entropy);
-        let mean_logits = host(&stats.mean_logits);
-        let wpo = host(&stats.wpo);
+        // One read of the six `[2B]` columns: on a GPU each read waits for the queued kernels.
+        let columns =
+            [&policy.logps, &policy.token_logps, &stats.tokens, &stats.entropy, &stats.mean_logits, &stats.wpo];
+        let values = host(&Tensor::cat(columns.iter().map(|t| (*t).clone().inner()).collect(), 0));
+        let s = batch.sequences;
+        let [logps, token_logps, tokens, entropy, mean_logits, wpo] =
+            std::array::from_fn(|i| &values[i * s..(i + 1) * s]);
         let side = |range: std::ops::Range<usize>| SideRows {
             logps: logps[range.clone()].to_vec(),
             ref_logps: ref_logps[range.clone()].to_vec(),

@@ -1,6 +1,6 @@
 //! The loss's inputs per pair, gathered from one scored batch (or from a whole evaluated set).
 
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use super::logps::{DeviceBatch, SequenceScores};
 
@@ -27,23 +27,27 @@ pub struct PairScores {
 
 impl PairScores {
     /// The loss inputs of one preference batch, keeping the policy's graph: `ref_logps` are the
-    /// reference's `[2B]` log-probs on the host.
+    /// reference's `[2B]` log-probs on the device.
     ///
     /// # Panics
     /// If `policy` was scored without statistics.
-    pub fn from_scores(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
+    pub fn from_scores(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &Tensor<1>) -> Self {
         let b = batch.pairs;
-        let device = policy.logps.device();
-        let host = |v: &[f32]| Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
         let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
         let half = |t: &Tensor<1>, start: usize| t.clone().narrow(0, start, b); // [B]
+        // The batch's own tensors live on the autodiff side; the reference's may not.
+        let lengths = batch.lengths.clone().inner();
+        let (ref_logps, lengths) = match policy.logps.is_autodiff() {
+            true => (Tensor::from_inner(ref_logps.clone().inner()), Tensor::from_inner(lengths)),
+            false => (ref_logps.clone().inner(), lengths),
+        };
         PairScores {
             chosen_logps: half(&policy.logps, 0),
             rejected_logps: half(&policy.logps, b),
-            ref_chosen_logps: host(&ref_logps[..b]),
-            ref_rejected_logps: host(&ref_logps[b..]),
-            chosen_lengths: host(&batch.completion_lengths[..b]),
-            rejected_lengths: host(&batch.completion_lengths[b..]),
+            ref_chosen_logps: half(&ref_logps, 0),
+            ref_rejected_logps: half(&ref_logps, b),
+            chosen_lengths: half(&lengths, 0),
+            rejected_lengths: half(&lengths, b),
             chosen_token_logps: half(&policy.token_logps, 0),
             chosen_tokens: half(&stats.tokens, 0),
             chosen_wpo: half(&stats.wpo, 0),

@@ -2,9 +2,7 @@
 //! end: peak host and CUDA memory, the offloaded optimizer's copies, the token positions packing
 //! avoided; and torch's profiler over the steps `DPO_TRAIN_PROFILE` names.
 
-use std::path::PathBuf;
-
-use dpo_torch::profiler::ProfileWindow;
+use dpo_torch::profiler::{ProfileWindow, Profiled};
 
 use super::context::{Progress, Run};
 use super::step::Trained;
@@ -46,11 +44,16 @@ impl Marks {
     fn profiled(
         &mut self,
         progress: &mut dyn Progress,
-        f: impl FnOnce(&mut ProfileWindow) -> Result<Option<PathBuf>, dpo_torch::TorchError>,
+        f: impl FnOnce(&mut ProfileWindow) -> Result<Option<Profiled>, dpo_torch::TorchError>,
     ) {
         let Some(p) = self.profile.as_mut() else { return };
         match f(p) {
-            Ok(Some(path)) => progress.line(&format!("torch profiler trace written to `{}`", path.display())),
+            Ok(Some(profiled)) => progress.line(&format!(
+                "torch profiler trace written to `{}` ({} steps; host-device copies: {})",
+                profiled.path.display(),
+                profiled.steps,
+                profiled.per_step()
+            )),
             Ok(None) => {}
             Err(e) => {
                 progress.line(&format!("warning: the torch profiler stopped ({e}); training goes on"));

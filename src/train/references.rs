@@ -8,6 +8,8 @@
 use std::path::Path;
 
 use anyhow::Context;
+use burn::tensor::Tensor;
+use dpo_torch::transfers;
 
 use super::checkpoint::TrainerState;
 use super::context::{Progress, Run};
@@ -15,14 +17,13 @@ use super::log::{MetricsRow, MetricsWriter, Split};
 use super::partition::Partitioned;
 use super::ref_cache;
 use super::samples::{Sample, write_samples};
-use crate::data::{Batch, TokenizedPair, TokenizerError};
+use crate::data::{TokenizedPair, TokenizerError};
 use crate::dist::DistError;
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
 use crate::dpo::metrics::{Metrics, ScoredPairs};
 use crate::dpo::score::{metrics_of, score_pairs};
 use crate::model::Llama;
 use crate::model::generate::{SamplingConfig, generate, rng};
-use crate::model::host;
 
 /// A DPO stage's reference and what it computed.
 pub struct References {
@@ -101,24 +102,22 @@ impl References {
     /// The work that scores the training pairs of `batch` under a per-step reference that is whole
     /// on this rank: no collectives, so it may run on another thread. `None` where the rows come
     /// from the precomputed table or a partitioned reference.
-    pub fn whole_rows<'a>(&'a self, batch: &Batch, run: &Run) -> Option<impl FnOnce() -> Vec<f32> + Send + 'a> {
+    pub fn whole_rows<'a>(&'a self, batch: &DeviceBatch) -> Option<impl FnOnce() -> Tensor<1> + Send + 'a> {
         let (None, Some(PerStep::Whole(model))) = (&self.train, &self.model) else { return None };
-        // The same LD-DPO weights as the policy's sequence log-probs, as TRL does.
-        let rows = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
-        Some(move || host(&score(model, &rows, false).logps))
+        // The policy's upload (the same LD-DPO weights, as TRL scores both), outside autodiff.
+        let rows = batch.plain();
+        Some(move || score(model, &rows, false).logps)
     }
 
-    /// The `[2B]` reference log-probs of the training pairs `ids` (collated as `batch`).
-    pub fn train_rows(&self, ids: &[usize], batch: &Batch, run: &Run) -> Result<Vec<f32>, DistError> {
-        if let Some(work) = self.whole_rows(batch, run) {
+    /// The `[2B]` reference log-probs of the training pairs `ids` (uploaded as `batch`), on the
+    /// device: the policy's loss reads them there.
+    pub fn train_rows(&self, ids: &[usize], batch: &DeviceBatch, run: &Run) -> Result<Tensor<1>, DistError> {
+        if let Some(work) = self.whole_rows(batch) {
             return Ok(work());
         }
         Ok(match (&self.train, &self.model) {
-            (Some(table), _) => table.rows(ids),
-            (None, Some(PerStep::Parted(parts))) => {
-                let rows = DeviceBatch::new(batch, run.cfg.loss.ld_alpha, &run.rt.device);
-                host(&parts.score(&rows, run.rt.workers)?.logps)
-            }
+            (Some(table), _) => transfers::upload_floats(&table.rows(ids), &run.rt.device),
+            (None, Some(PerStep::Parted(parts))) => parts.score(&batch.plain(), run.rt.workers)?.logps,
             (None, Some(PerStep::Whole(_))) => unreachable!("a whole reference scores in `whole_rows`"),
             (None, None) => unreachable!("a reference without a model has precomputed log-probs"),
         })

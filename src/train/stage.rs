@@ -83,7 +83,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         // --- log, evaluate, checkpoint ---
         if cfg.logs_at(state.step, total_steps) {
             // Reading the values back is a host sync: it happens on logging steps only.
-            let norm = report.grad_norm.map(|n| n.into_scalar::<f32>() as f64);
+            let norm = report.grad_norm.map(|n| crate::model::host(&n)[0] as f64);
             let done = std::mem::take(&mut window);
             positions.add(done.positions);
             let (row, status) = done.finish(state, lr, norm, plan.objective, &cfg.loss, workers)?;

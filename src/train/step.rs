@@ -264,7 +264,7 @@ fn apply(
         Some(scaler) => {
             grads.scale(1.0 / scaler.scale)?;
             // A host sync, as torch's GradScaler: an overflowing step must not be applied.
-            let finite = norm_of(&grads)?.is_none_or(|n| n.into_scalar::<f32>().is_finite());
+            let finite = norm_of(&grads)?.is_none_or(|n| crate::model::host(&n)[0].is_finite());
             scaler.update(finite)
         }
         None => true,
@@ -355,16 +355,17 @@ fn micro_batch(
             let loss_cfg = &run.cfg.loss;
             let batch = data::collate(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, loss_cfg.ld_alpha, &plan.train_device);
-            let pending = match plan.overlap_reference.then(|| refs.whole_rows(&batch, run)).flatten() {
+            let pending = match plan.overlap_reference.then(|| refs.whole_rows(&device_batch)).flatten() {
                 Some(work) => RefRows::Pending(dpo_torch::threads::spawn_scoped(scope, work)?),
-                None => RefRows::Ready(refs.train_rows(pass.ids, &batch, run)?),
+                None => RefRows::Ready(refs.train_rows(pass.ids, &device_batch, run)?),
             };
-            let mut ref_rows = Vec::new();
+            let mut ref_rows = None;
             let (scores, loss) =
                 forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
-                    ref_rows = pending.wait();
-                    dpo_loss(&PairScores::from_scores(&device_batch, scores, &ref_rows), loss_cfg)
+                    let rows = ref_rows.insert(pending.wait());
+                    dpo_loss(&PairScores::from_scores(&device_batch, scores, rows), loss_cfg)
                 })?;
+            let Some(ref_rows) = ref_rows else { unreachable!("a micro-batch's loss reads the reference's rows") };
             window.count(&batch, device_batch.computed_tokens());
             window.pending.push((device_batch, scores, ref_rows, loss));
             Ok(())
@@ -374,14 +375,15 @@ fn micro_batch(
     Ok(())
 }
 
-/// A micro-batch's reference log-probs: at hand, or being scored on another thread.
+/// A micro-batch's reference log-probs (`[2B]`, on the device): at hand, or being scored on
+/// another thread.
 enum RefRows<'scope> {
-    Ready(Vec<f32>),
-    Pending(ScopedJoinHandle<'scope, Vec<f32>>),
+    Ready(Tensor<1>),
+    Pending(ScopedJoinHandle<'scope, Tensor<1>>),
 }
 
 impl RefRows<'_> {
-    fn wait(self) -> Vec<f32> {
+    fn wait(self) -> Tensor<1> {
         match self {
             Self::Ready(rows) => rows,
             // A panic there (a libtorch failure) is this thread's.

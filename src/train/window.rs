@@ -45,8 +45,8 @@ pub struct Window {
     tokens: f64,
     /// Token positions the forward passes computed, and those TRL's padded rows would hold.
     pub positions: Positions,
-    /// DPO: each micro-batch's batch, policy scores, reference rows and loss.
-    pub pending: Vec<(DeviceBatch, SequenceScores, Vec<f32>, Tensor<1>)>,
+    /// DPO: each micro-batch's batch, policy scores, reference rows and loss, on the device.
+    pub pending: Vec<(DeviceBatch, SequenceScores, Tensor<1>, Tensor<1>)>,
     /// SFT: each micro-batch's (scaled) loss.
     pub losses: Vec<Tensor<1>>,
 }
@@ -102,7 +102,7 @@ impl Window {
             Objective::Dpo => {
                 let mut sums = MetricSums::default();
                 for (batch, scores, ref_rows, loss) in &self.pending {
-                    let scored = ScoredPairs::from_batch(batch, scores, ref_rows);
+                    let scored = ScoredPairs::from_batch(batch, scores, &host(ref_rows));
                     sums.add(&scored, host(loss)[0] as f64, loss_cfg);
                 }
                 let mut fields = sums.fields();

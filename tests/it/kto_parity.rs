@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::common::bounds;
 use crate::common::trl::{Case, Fixture, TrainStep, assert_gradients};
-use crate::common::{cpu, fixtures};
+use crate::common::{cpu, fixtures, on_device};
 
 #[derive(Deserialize)]
 struct Row {
@@ -170,7 +170,7 @@ fn a_training_batch_has_the_trainers_gradients() {
             let batch = DeviceBatch::new(&host_batch, None, &device);
             let mut grads = GradAccumulator::default();
             let (scores, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
-                dpo_loss(&PairScores::from_scores(&batch, scores, &ref_rows), &cfg.loss)
+                dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&ref_rows, &batch)), &cfg.loss)
             })
             .unwrap();
             let what = format!("{} ({packing:?})", case.name);

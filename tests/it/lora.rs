@@ -20,7 +20,7 @@ use dpo_train::train::log::{Split, read_metrics};
 use dpo_train::train::optim::GradAccumulator;
 use dpo_train::train::partition::Whole;
 
-use crate::common::{Quiet, bounds, cpu, fixtures, max_rel_diff, reference_logits, run_alone, tensors};
+use crate::common::{Quiet, bounds, cpu, fixtures, max_rel_diff, on_device, reference_logits, run_alone, tensors};
 
 /// Our f32 logits of `IDS` against PEFT's (or another of ours) for an adapter of rank `r`.
 fn lora_bound(r: usize) -> f32 {
@@ -338,7 +338,7 @@ fn dpo_grads_in(policy: &Llama, checkpointing: Option<Checkpointing>, packing: P
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
     forward_backward(&Whole(policy), &batch, true, checkpointing, 1.0, &mut grads, |scores| {
-        dpo_loss(&PairScores::from_scores(&batch, scores, &reference), &loss)
+        dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&reference, &batch)), &loss)
     })
     .unwrap();
     grads
@@ -352,7 +352,7 @@ fn autodiff_grads(policy: &Llama) -> GradAccumulator {
     let reference = REFERENCE.to_vec();
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let scores = dpo_train::dpo::logps::score(policy, &batch, true);
-    let loss = dpo_loss(&PairScores::from_scores(&batch, &scores, &reference), &loss);
+    let loss = dpo_loss(&PairScores::from_scores(&batch, &scores, &on_device(&reference, &batch)), &loss);
     let mut grads = GradAccumulator::default();
     grads.add(policy, &loss.backward());
     grads

@@ -29,6 +29,13 @@ const CASTS_PER_STEP: u64 = 112;
 /// matrices and norms).
 const CASTS_PER_STEP_RESIDENT: u64 = 66;
 
+/// A step's host-device copies (on a GPU each blocking one waited for the queued kernels): the
+/// batch's integers and floats, and the CPU attention's two index tensors (a GPU's variable-length
+/// call uploads three), the reference scoring the policy's upload; read back on a logging step,
+/// the scores (one read), the reference's rows, the loss and the gradient norm. 23 uploads and
+/// 8 reads before the batch went up in two parts and the reference's rows stayed on the device.
+const TRANSFERS_PER_STEP: &str = "4 uploads and 4 reads back a step";
+
 #[test]
 fn a_bf16_step_makes_the_casts_it_made() {
     let (counts, _) = profiled_step(&[], "0");
@@ -48,15 +55,23 @@ fn a_bf16_step_makes_the_casts_it_made() {
 fn a_reference_on_its_own_thread_runs_the_same_step() {
     let (alone, trained_alone) = profiled_step(&[], "0");
     let (beside, trained_beside) = profiled_step(&[], "1");
+    assert!(trained_alone.transfers.contains(TRANSFERS_PER_STEP), "{}", trained_alone.transfers);
+    assert!(trained_beside.transfers.contains(TRANSFERS_PER_STEP), "{}", trained_beside.transfers);
     assert_eq!((alone.threads, beside.threads), (1, 2), "{alone:?} {beside:?}");
     assert_eq!((alone.operators, alone.casts), (beside.operators, beside.casts));
-    assert_eq!(trained_alone, trained_beside);
+    assert_eq!(trained_alone.metrics, trained_beside.metrics);
+}
+
+/// What a profiled run logged, but its timings, and the line that reports its copies.
+struct Trained {
+    metrics: Vec<String>,
+    transfers: String,
 }
 
 /// Step 2 of a 2-step bf16 run of 2 pairs a step on the fixture llama, with `flags` and the
 /// reference's thread `overlap` (`DPO_TRAIN_OVERLAP_REFERENCE`): the trace's counts, and what
-/// `metrics.csv` logged but its timings.
-fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Vec<String>) {
+/// `metrics.csv` logged but its timings, and the profiler's line.
+fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Trained) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.json");
     let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
@@ -77,6 +92,8 @@ fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Vec<String>) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let metrics = std::fs::read_to_string(dir.path().join("run/metrics.csv")).unwrap();
     // The last three columns are pairs/s, tokens/s and the elapsed time.
-    let trained = metrics.lines().map(|l| l.rsplitn(4, ',').last().unwrap_or_default().to_owned()).collect();
-    (TraceCounts::read(&trace).unwrap(), trained)
+    let metrics = metrics.lines().map(|l| l.rsplitn(4, ',').last().unwrap_or_default().to_owned()).collect();
+    let printed = [out.stdout, out.stderr].map(|o| String::from_utf8_lossy(&o).into_owned()).join("\n");
+    let transfers = printed.lines().find(|l| l.contains("host-device copies")).unwrap_or_default().to_owned();
+    (TraceCounts::read(&trace).unwrap(), Trained { metrics, transfers })
 }

@@ -18,7 +18,7 @@ use dpo_train::train::optim::GradAccumulator;
 use dpo_train::train::partition::Whole;
 use serde::Deserialize;
 
-use crate::common::bounds;
+use crate::common::{bounds, on_device};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -244,7 +244,7 @@ fn check_trl_gradients(fx: &GradFixture, policy: &dpo_train::model::Llama, batch
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
     let (scores, loss) = forward_backward(&Whole(policy), batch, true, None, 1.0, &mut grads, |scores| {
-        let pairs = PairScores::from_scores(batch, scores, &fx.ref_logps);
+        let pairs = PairScores::from_scores(batch, scores, &on_device(&fx.ref_logps, batch));
         dpo_loss(&pairs, &loss_cfg)
     })
     .unwrap();

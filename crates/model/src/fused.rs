@@ -265,9 +265,9 @@ fn cached<G, T>(
     f(value)
 }
 
-/// Tensors on `device` from host values.
+/// Tensors on `device` from host values, without waiting for the device ([`dpo_torch::transfers`]).
 fn upload<T: tch::kind::Element>(values: &[T], device: tch::Device) -> tch::Tensor {
-    tch::Tensor::from_slice(values).to_device(device)
+    dpo_torch::transfers::upload(&tch::Tensor::from_slice(values), device)
 }
 
 /// Why the variable-length kernel was given up on in this process (it then stays off and packed

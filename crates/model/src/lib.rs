@@ -154,8 +154,10 @@ pub fn pinned_copy<const D: usize>(t: Tensor<D>) -> Result<Tensor<D>, dpo_torch:
     Ok(dpo_torch::bridge::from_tch(host, origin))
 }
 
-/// A tensor's values on the host, as f32, in row-major order.
+/// A tensor's values on the host, as f32, in row-major order. On a GPU the read waits for every
+/// kernel queued before it; it is counted ([`dpo_torch::transfers`]).
 pub fn host<const D: usize>(t: &Tensor<D>) -> Vec<f32> {
+    dpo_torch::transfers::count_read();
     // `iter` converts each element from whatever dtype the tensor holds.
     t.to_data().iter::<f32>().collect()
 }

@@ -4,8 +4,8 @@
 //! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
 //! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
 //! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), threads that run as their
-//! caller's ([`threads`]), and the bridge between burn tensors and the `tch::Tensor`s they wrap
-//! ([`bridge`]).
+//! caller's ([`threads`]), copies to a GPU that do not wait for it ([`transfers`]), and the bridge
+//! between burn tensors and the `tch::Tensor`s they wrap ([`bridge`]).
 
 pub mod allocator;
 pub mod bridge;
@@ -15,6 +15,7 @@ pub mod ffi;
 pub mod kernels;
 pub mod profiler;
 pub mod threads;
+pub mod transfers;
 
 use std::ffi::CStr;
 

@@ -11,6 +11,7 @@ use std::ffi::{CString, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use crate::transfers::Transfers;
 use crate::{TorchError, check, ffi};
 
 /// Which steps to profile and where the trace goes.
@@ -23,6 +24,25 @@ pub struct ProfileWindow {
     /// Where the shim writes the trace before it is renamed to `path`.
     tmp: CString,
     running: bool,
+    /// The host-device copies counted when the window opened, and the steps it has seen.
+    transfers: Transfers,
+    steps: u64,
+}
+
+/// A window's trace, written, and the host-device copies of its steps ([`crate::transfers`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profiled {
+    pub path: PathBuf,
+    pub steps: u64,
+    pub transfers: Transfers,
+}
+
+impl Profiled {
+    /// The copies a step, e.g. `2 uploads and 3 reads back a step`.
+    pub fn per_step(&self) -> String {
+        let each = |n: u64| n as f64 / self.steps.max(1) as f64;
+        format!("{} uploads and {} reads back a step", each(self.transfers.uploads), each(self.transfers.reads))
+    }
 }
 
 impl ProfileWindow {
@@ -41,7 +61,7 @@ impl ProfileWindow {
         let tmp = path.with_extension("json.tmp");
         let tmp = CString::new(tmp.as_os_str().as_bytes())
             .map_err(|_| format!("DPO_TRAIN_PROFILE=`{}` holds a NUL byte", path.display()))?;
-        Ok(Self { path, first, last, cuda, tmp, running: false })
+        Ok(Self { path, first, last, cuda, tmp, running: false, transfers: Transfers::default(), steps: 0 })
     }
 
     /// Before optimizer step `step` (1-based) runs: starts the profiler at the window's first.
@@ -59,16 +79,19 @@ impl ProfileWindow {
             // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
             check("profiler_start", unsafe { ffi::c10d_profiler_start(i32::from(self.cuda)) })?;
             self.running = true;
+            self.transfers = crate::transfers::counts();
         }
         Ok(())
     }
 
     /// After step `step` ran (or the loop ended there: `end`): stops at the window's last and
-    /// writes the trace. Returns the trace's path when it was written.
-    pub fn after(&mut self, step: u64, end: bool) -> Result<Option<PathBuf>, TorchError> {
+    /// writes the trace. Returns the trace's path and the window's copies when it was written.
+    pub fn after(&mut self, step: u64, end: bool) -> Result<Option<Profiled>, TorchError> {
+        self.steps += u64::from(self.running);
         if !self.running || (step < self.last && !end) {
             return Ok(None);
         }
+        let transfers = crate::transfers::counts().since(self.transfers);
         synchronize(self.cuda); // the step's kernels belong in the trace
         self.running = false;
         // Written beside the trace, then renamed: a trace is whole or absent.
@@ -81,7 +104,7 @@ impl ProfileWindow {
             code: -1,
             message: format!("cannot write `{}`: {e}", self.path.display()),
         })?;
-        Ok(Some(self.path.clone()))
+        Ok(Some(Profiled { path: self.path.clone(), steps: self.steps, transfers }))
     }
 }
 
@@ -170,6 +193,9 @@ mod tests {
             let _ = a.matmul(&a).to_kind(tch::Kind::BFloat16);
             let written = w.after(step, false).unwrap();
             assert_eq!(written.is_some(), step == 3, "step {step}");
+            if let Some(profiled) = written {
+                assert_eq!((profiled.path.as_path(), profiled.steps), (path.as_path(), 2));
+            }
         }
         let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         let events = trace["traceEvents"].as_array().unwrap();

@@ -118,3 +118,8 @@ pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(1.0)).fold(0.0, f32::max)
 }
+
+/// A batch's `[2B]` reference rows on its device, as the loss reads them.
+pub fn on_device(rows: &[f32], batch: &dpo_train::dpo::logps::DeviceBatch) -> burn::tensor::Tensor<1> {
+    dpo_torch::transfers::upload_floats(rows, &batch.lengths.device())
+}
