@@ -711,7 +711,10 @@ fn generate_prints_as_it_goes_and_a_ctrl_c_keeps_it() {
     use std::io::{BufRead, BufReader, Read};
     let dir = tempfile::tempdir().unwrap();
     let prompts = dir.path().join("prompts.txt");
-    fs::write(&prompts, (0..300).map(|i| format!("prompt {i}\n")).collect::<String>()).unwrap();
+    // Enough prompts that a run takes minutes: one alone takes 5 s for 300, and a loaded 2-core
+    // machine once kept this thread from sending the Ctrl-C until the run had finished.
+    const PROMPTS: usize = 20_000;
+    fs::write(&prompts, (0..PROMPTS).map(|i| format!("prompt {i}\n")).collect::<String>()).unwrap();
     for workers in [&[][..], &["--devices", "cpu:2"]] {
         let mut cmd = dpo_train();
         cmd.args(["generate", "--model", s(&model()), "--prompts", s(&prompts), "--json"])
@@ -733,7 +736,7 @@ fn generate_prints_as_it_goes_and_a_ctrl_c_keeps_it() {
         assert!(!status.success(), "{workers:?}: a Ctrl-C before the last prompt");
         let lines: Vec<&str> = first.lines().chain(rest.lines()).collect();
         assert!(rest.is_empty() || rest.ends_with('\n'), "{workers:?}: a prompt cut in the middle");
-        assert!(lines.len() < 300, "{workers:?}: finished before the Ctrl-C");
+        assert!(lines.len() < PROMPTS, "{workers:?}: finished before the Ctrl-C");
         for (i, line) in lines.iter().enumerate() {
             let row: serde_json::Value = serde_json::from_str(line).unwrap();
             assert_eq!(row["prompt"], format!("prompt {i}"), "{workers:?}: in prompt order");
