@@ -237,8 +237,9 @@ impl Attention {
             _ => (q, k),
         };
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let q = rotate(q.swap_dims(1, 2), &at.angles); // [B, H, S, D]
-        let k = rotate(k.swap_dims(1, 2), &at.angles); // [B, Hkv, S, D]
+        // Rotated as the projections lay them out (dense products), then viewed head-major.
+        let q = rotate(q, &at.angles).swap_dims(1, 2); // [B, H, S, D]
+        let k = rotate(k, &at.angles).swap_dims(1, 2); // [B, Hkv, S, D]
         let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, T, D]

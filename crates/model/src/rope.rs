@@ -13,6 +13,11 @@
 //! roll; the sign kept in the table), and `Rᵀ(g·sin) = roll(g·s)`: three operations each way
 //! where the halves took five. The values are the same, bit for bit: negation is exact, and the
 //! products and sums are the same ones in the same order.
+//!
+//! Queries and keys are rotated in the layout their projections make (`[B, L, H, D]`, dense)
+//! against cos and sin spread over that shape once a pass ([`Angles`]): every product is then of
+//! two dense tensors of one shape, which CUDA runs by its vectorised elementwise kernel, where a
+//! head-major view against `[1, 1, L, D]` tables took the general strided one.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
@@ -77,7 +82,7 @@ impl Rope {
     /// to the activations' dtype under mixed precision).
     ///
     /// # Shapes
-    /// - positions: `[L]` → `[1, 1, L, D]` each
+    /// - positions: `[L]` → `[1, L, 1, D]` each
     ///
     /// # Panics
     /// If `end` exceeds `max_positions`, or a position reaches `end`.
@@ -91,8 +96,8 @@ impl Rope {
             *tables = build((&self.inv_freq, self.scale), d, grown, &self.device);
         }
         let positions = positions.inner();
-        let gather = |table: &Tensor<2>| table.clone().select(0, positions.clone()).reshape([1, 1, l, d]).cast(dtype);
-        Arc::new(Angles { cos: gather(&tables.cos), sin: gather(&tables.sin) })
+        let gather = |table: &Tensor<2>| table.clone().select(0, positions.clone()).reshape([1, l, 1, d]).cast(dtype);
+        Arc::new(Angles { cos: gather(&tables.cos), sin: gather(&tables.sin), spread: Mutex::default() })
     }
 }
 
@@ -121,25 +126,43 @@ fn build((inv_freq, scale): (&[f32], f32), head_dim: usize, rows: usize, device:
     Tables { cos: table(cos), sin: table(sin) }
 }
 
-/// The cos and signed sin of a forward pass's positions, `[1, 1, L, D]` each in the compute dtype
+/// The cos and signed sin of a forward pass's positions, `[1, L, 1, D]` each in the compute dtype
 /// (plain tensors: constants, never differentiated).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Angles {
     cos: Tensor<4>,
     sin: Tensor<4>,
+    /// cos and sin spread over the shape of each input rotated (`[B, L, H, D]`, queries and keys),
+    /// made on first use and kept for the pass's every layer: a product with a broadcast operand
+    /// takes CUDA's general elementwise kernel, one with two dense ones of the same shape its
+    /// vectorised kernel, and a pass rotates twice a layer each way.
+    spread: Mutex<Vec<(Vec<i64>, [tch::Tensor; 2])>>,
 }
 
 impl Angles {
-    /// cos and sin as torch tensors (handles on the same storage).
+    /// cos and sin as torch tensors (handles on the same storage), `[1, L, 1, D]`.
     fn tch(&self) -> [tch::Tensor; 2] {
         [&self.cos, &self.sin].map(|t| dpo_torch::bridge::on_libtorch(t.clone(), "rotary angles").0)
     }
+
+    /// cos and sin spread over `x`'s shape, contiguous.
+    fn spread_over(&self, x: &tch::Tensor) -> [tch::Tensor; 2] {
+        let size = x.size();
+        let mut spread = self.spread.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, tables)) = spread.iter().find(|(s, _)| *s == size) {
+            return tables.each_ref().map(tch::Tensor::shallow_clone);
+        }
+        let tables = self.tch().map(|t| t.expand(size.as_slice(), false).contiguous());
+        spread.push((size, tables.each_ref().map(tch::Tensor::shallow_clone)));
+        tables
+    }
 }
 
-/// Rotates queries or keys by the angles of their positions (`x·cos + rotate_half(x)·sin`).
+/// Rotates queries or keys by the angles of their positions (`x·cos + rotate_half(x)·sin`), in the
+/// layout the projections make them (contiguous, so each product is dense).
 ///
 /// # Shapes
-/// - x: `[B, H, L, D]`, angles: `[1, 1, L, D]` → `[B, H, L, D]`
+/// - x: `[B, L, H, D]`, angles: `[1, L, 1, D]` → `[B, L, H, D]`
 pub fn rotate(x: Tensor<4>, angles: &Arc<Angles>) -> Tensor<4> {
     Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rotary(x.into_dispatch(), angles.clone()))
 }
@@ -153,7 +176,7 @@ pub trait RopeOps: Backend {
 
 impl RopeOps for LibTorch {
     fn rotary(x: TchTensor, angles: Arc<Angles>) -> TchTensor {
-        let [cos, sin] = angles.tch();
+        let [cos, sin] = angles.spread_over(&x.tensor);
         // rotate_half(x)·sin = [x2, x1]·[-sin1, sin2]
         let turned = half_turn(&x.tensor);
         TchTensor::new(&x.tensor * cos + turned * sin)
@@ -190,7 +213,7 @@ impl Backward<LibTorch, 1> for Rotary {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let g = grads.consume::<LibTorch>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
-        let [cos, sin] = ops.state.tch();
+        let [cos, sin] = ops.state.spread_over(&g.tensor);
         let turned_back = half_turn(&(&g.tensor * sin));
         grads.register::<LibTorch>(parent.id, TchTensor::new(&g.tensor * cos + turned_back));
     }
@@ -205,9 +228,9 @@ mod tests {
     /// The rotation as burn's autodiff differentiated it before the node.
     fn composite(x: Tensor<4>, angles: &Angles) -> Tensor<4> {
         let d = x.dims()[3];
-        let x1 = x.clone().narrow(3, 0, d / 2); // [B, H, L, D/2]
-        let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, H, L, D/2]
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, H, L, D]
+        let x1 = x.clone().narrow(3, 0, d / 2); // [B, L, H, D/2]
+        let x2 = x.clone().narrow(3, d / 2, d / 2); // [B, L, H, D/2]
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3); // [B, L, H, D]
         // The plain sin from the signed table: [-s1, s2] → [s1, s2].
         let s = angles.sin.clone();
         let sin = Tensor::cat(vec![s.clone().narrow(3, 0, d / 2).neg(), s.narrow(3, d / 2, d / 2)], 3);
@@ -215,7 +238,9 @@ mod tests {
     }
 
     /// The node's output and input gradient equal the composite's bit for bit, in f32 and bf16,
-    /// on a plain device (no graph) and under autodiff, at positions that do not start at 0.
+    /// on a plain device (no graph) and under autodiff, at positions that do not start at 0, for
+    /// queries and keys of two head counts rotated by one pass's angles (each shape's spread
+    /// tables made once, on first use).
     #[test]
     fn the_rotation_node_is_the_composite_bit_for_bit() {
         let rope = Rope::new(8, 10_000.0, &RopeScaling::Default, 64, &Device::libtorch());
@@ -223,16 +248,19 @@ mod tests {
             for device in [Device::libtorch(), Device::libtorch().autodiff()] {
                 let positions = Tensor::<1, Int>::arange(5..12, &device);
                 let angles = rope.at(positions, 12, dtype);
-                let x = normal([2, 3, 7, 8], (0.0, 1.0), "x", &device).cast(dtype);
-                let x = if device.is_autodiff() { x.require_grad() } else { x };
-                let (fused, plain) = (rotate(x.clone(), &angles), composite(x.clone(), &angles));
-                fused.to_data().assert_eq(&plain.to_data(), true);
-                if device.is_autodiff() {
-                    let w = normal([2, 3, 7, 8], (0.0, 1.0), "w", &device).cast(dtype);
-                    let (g1, g2) = ((fused * w.clone()).sum().backward(), (plain * w).sum().backward());
-                    let (a, b) = (x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
-                    a.to_data().assert_eq(&b.to_data(), true);
+                for heads in [3, 1, 3] {
+                    let x = normal([2, 7, heads, 8], (0.0, 1.0), "x", &device).cast(dtype);
+                    let x = if device.is_autodiff() { x.require_grad() } else { x };
+                    let (fused, plain) = (rotate(x.clone(), &angles), composite(x.clone(), &angles));
+                    fused.to_data().assert_eq(&plain.to_data(), true);
+                    if device.is_autodiff() {
+                        let w = normal([2, 7, heads, 8], (0.0, 1.0), "w", &device).cast(dtype);
+                        let (g1, g2) = ((fused * w.clone()).sum().backward(), (plain * w).sum().backward());
+                        let (a, b) = (x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
+                        a.to_data().assert_eq(&b.to_data(), true);
+                    }
                 }
+                assert_eq!(angles.spread.lock().unwrap().len(), 2, "one spread per shape rotated");
             }
         }
     }
@@ -251,7 +279,7 @@ mod tests {
         let check = |from: usize, to: usize| {
             let positions = Tensor::<1, Int>::arange(from as i64..to as i64, &device);
             let angles = rope.at(positions.clone(), to, FloatDType::F32);
-            let want = |t: &Tensor<2>| t.clone().select(0, positions.clone()).reshape([1, 1, to - from, 8]);
+            let want = |t: &Tensor<2>| t.clone().select(0, positions.clone()).reshape([1, to - from, 1, 8]);
             angles.cos.to_data().assert_eq(&want(&whole.cos).to_data(), true);
             angles.sin.to_data().assert_eq(&want(&whole.sin).to_data(), true);
         };
