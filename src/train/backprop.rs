@@ -213,7 +213,7 @@ fn head_backward(
         };
         grads.grads.insert(lm_head.param_name.to_owned(), summed);
     }
-    let zeros = Tensor::<2>::zeros([r * l, h], &device).cast(dtype);
+    let zeros = Tensor::<2>::zeros([r * l, h], (&device, dtype.into())); // [R·L, h]
     let dh = match dh.is_empty() {
         true => zeros,
         false => zeros.select_assign(0, batch.at.clone().inner(), Tensor::cat(dh, 0), IndexingUpdateOp::Add),
