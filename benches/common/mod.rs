@@ -238,12 +238,16 @@ pub fn dpo_train_rate_env(
     let config = out.join(format!("{run}.toml"));
     let text = format!(
         "model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"{run}\"\n\
-         max_length = {max_length}\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\nlogging_steps = 1\n\
+         max_length = {max_length}\nper_device_train_batch_size = {batch}\nmax_steps = {steps}\n\
+         logging_first_step = true\nlogging_steps = {logging}\n\
          save_steps = 0\nnum_samples = 0\nlr_scheduler_type = \"constant\"\nlearning_rate = 1e-6\n\
          bf16 = false\ngradient_checkpointing = false\n",
         model.display(),
         data.display(),
-        out.display()
+        out.display(),
+        // Logged after step 1 and at the end only: a log reads the step's values back, which on a
+        // GPU waits for every queued kernel (TRL's side logs nothing).
+        logging = steps.max(1),
     );
     std::fs::write(&config, text).expect("the config is written");
     let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
@@ -260,8 +264,9 @@ pub fn dpo_train_rate_env(
     let (first, last) = (train[0], train[train.len() - 1]);
     let seconds = last.elapsed_seconds - first.elapsed_seconds;
     let tokens = last.metric("num_tokens").unwrap_or(0.0) - first.metric("num_tokens").unwrap_or(0.0);
+    let timed_steps = (last.step - first.step) as usize;
     TrainRate {
-        pairs_per_second: ((train.len() - 1) * batch) as f64 / seconds,
+        pairs_per_second: (timed_steps * batch) as f64 / seconds,
         tokens_per_second: tokens / seconds,
         peak_bytes: reported_peak(&said, "peak resident memory while training"),
         cuda_peak_bytes: reported_peak(&said, "peak CUDA memory allocated while training"),
@@ -270,7 +275,7 @@ pub fn dpo_train_rate_env(
             .lines()
             .find_map(|l| l.split("offloaded optimizer's copies, rank 0: ").nth(1))
             .and_then(|rest| rest.split(' ').next()?.parse().ok()),
-        step_seconds: seconds / (train.len() - 1) as f64,
+        step_seconds: seconds / timed_steps as f64,
     }
 }
 

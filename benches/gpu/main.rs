@@ -387,7 +387,7 @@ fn attention(failures: &mut Vec<String>) -> String {
 /// Per-step (loss, logps/chosen) of `STEPS` steps of the medium model on `device` with `flags`.
 fn losses(model: &Path, data: &Path, out: &Path, device: &str, flags: &[&str]) -> Vec<(f64, f64)> {
     let mut args = flags.to_vec();
-    args.extend(["--device", device, "--learning-rate", "1e-5"]);
+    args.extend(["--device", device, "--learning-rate", "1e-5", "--logging-steps", "1"]);
     dpo_train_rate_at(model, data, out, (2, STEPS, 512), &args);
     let dir = out.join(common::run_name(512, &args));
     let rows = read_metrics(&dir.join("metrics.csv")).expect("metrics.csv");

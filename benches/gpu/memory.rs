@@ -85,7 +85,7 @@ pub fn offload(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>)
     // rounds, as moving the whole run to the CPU does (the parity section's bound).
     for (precision, flags, tol) in [("f32", &[][..], 1e-3), ("bf16", &["--bf16"][..], 5e-2)] {
         for (mode, extra) in [("full", &[][..]), ("LoRA r 16", &["--lora-r", "16"][..])] {
-            let mut args = vec!["--device", "cuda:0", "--learning-rate", "1e-5"];
+            let mut args = vec!["--device", "cuda:0", "--learning-rate", "1e-5", "--logging-steps", "1"];
             args.extend(flags);
             args.extend(extra);
             let (plain, plain_losses) = run(&model, &data, out, (2, STEPS, 512), &args);
