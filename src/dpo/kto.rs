@@ -11,7 +11,7 @@
 //! so N ranks compute what one device computes for the same micro-batches.
 
 use burn::tensor::activation::sigmoid;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use super::pair_scores::PairScores;
 use crate::config::LossConfig;
@@ -23,7 +23,8 @@ use crate::config::LossConfig;
 pub fn loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
     let device = s.chosen_logps.device();
     let b = s.desirable.len();
-    let desirable = Tensor::<1>::from_data(TensorData::new(s.desirable.clone(), [b]), &device); // [B]
+    // A copy that does not wait for a GPU's queued kernels (the loss runs mid-step).
+    let desirable = dpo_torch::transfers::upload_floats(&s.desirable, &device); // [B]
     let kl = match cfg.kl_rows() {
         // TRL scores the KL rows under no_grad.
         true => (s.rejected_logps.clone().detach() - s.ref_rejected_logps.clone()).mean().clamp_min(0.0).detach(), // [1]
