@@ -10,8 +10,8 @@
 //! TRL averages `z` over the ranks' batches of a step; here each micro-batch's own rows give it,
 //! so N ranks compute what one device computes for the same micro-batches.
 
-use burn::tensor::activation::sigmoid;
 use burn::tensor::Tensor;
+use burn::tensor::activation::sigmoid;
 
 use super::pair_scores::PairScores;
 use crate::config::LossConfig;
