@@ -250,19 +250,49 @@ fn prefix_len(s: &Span) -> usize {
 }
 
 /// Runs `f` with `cell`'s value for `device`, made by `make` the first time and again when the
-/// device changes.
-fn cached<G, T>(
+/// device changes. `f` gets handles of its own ([`Share`]): the lock is not held while it runs,
+/// so the policy's thread and the reference's, which attend over the same spans, do not wait on
+/// each other's attention calls.
+fn cached<G: Share, T>(
     cell: &Mutex<Option<(tch::Device, G)>>,
     device: tch::Device,
     make: impl FnOnce() -> G,
     f: impl FnOnce(&G) -> T,
 ) -> T {
-    let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.as_ref().is_some_and(|(d, _)| *d != device) {
-        *slot = None;
+    let value = {
+        let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|(d, _)| *d != device) {
+            *slot = None;
+        }
+        slot.get_or_insert_with(|| (device, make())).1.share()
+    };
+    f(&value)
+}
+
+/// A cached value's copy of shallow handles on the same tensors.
+trait Share {
+    fn share(&self) -> Self;
+}
+
+impl Share for Gather {
+    fn share(&self) -> Self {
+        Gather { slots: self.slots.shallow_clone(), back: self.back.shallow_clone(), shape: self.shape }
     }
-    let (_, value) = slot.get_or_insert_with(|| (device, make()));
-    f(value)
+}
+
+impl Share for Option<Varlen> {
+    fn share(&self) -> Self {
+        self.as_ref().map(|v| Varlen {
+            seqs: VarlenSeqs {
+                cu_q: v.seqs.cu_q.shallow_clone(),
+                cu_k: v.seqs.cu_k.shallow_clone(),
+                max_q: v.seqs.max_q,
+                max_k: v.seqs.max_k,
+            },
+            keys: v.keys.as_ref().map(tch::Tensor::shallow_clone),
+            rows: v.rows,
+        })
+    }
 }
 
 /// Tensors on `device` from host values, without waiting for the device ([`dpo_torch::transfers`]).
