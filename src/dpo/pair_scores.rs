@@ -35,12 +35,10 @@ impl PairScores {
         let b = batch.pairs;
         let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
         let half = |t: &Tensor<1>, start: usize| t.clone().narrow(0, start, b); // [B]
-        // The batch's own tensors live on the autodiff side; the reference's may not.
-        let lengths = batch.lengths.clone().inner();
-        let (ref_logps, lengths) = match policy.logps.is_autodiff() {
-            true => (Tensor::from_inner(ref_logps.clone().inner()), Tensor::from_inner(lengths)),
-            false => (ref_logps.clone().inner(), lengths),
-        };
+        // On the policy's side of autodiff (the reference's rows come from a plain model).
+        let autodiff = policy.logps.is_autodiff();
+        let side = |t: &Tensor<1>| if autodiff { Tensor::from_inner(t.clone().inner()) } else { t.clone().inner() };
+        let (ref_logps, lengths) = (side(ref_logps), side(&batch.lengths));
         PairScores {
             chosen_logps: half(&policy.logps, 0),
             rejected_logps: half(&policy.logps, b),
