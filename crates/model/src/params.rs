@@ -78,6 +78,23 @@ pub fn map_owned<M: Module>(
     model.map(&mut MapWalk { path: Vec::new(), how: Mapping::Owned(&keep, &mut f) })
 }
 
+/// `t` as `[n]`: the same handle for a vector (norm weights, biases: a third of a model's
+/// parameters), where a reshape is a torch call, three a parameter a step.
+fn flat<const D: usize>(t: Tensor<D>, n: usize) -> Tensor<1> {
+    match D {
+        1 => Tensor::from_dispatch(t.into_dispatch()),
+        _ => t.reshape([n]),
+    }
+}
+
+/// [`flat`]'s inverse: `t` (`[N]`) in `shape`.
+fn shaped<const D: usize>(t: Tensor<1>, shape: [usize; D]) -> Tensor<D> {
+    match D {
+        1 => Tensor::from_dispatch(t.into_dispatch()),
+        _ => t.reshape(shape),
+    }
+}
+
 struct Walk<'a, K, F> {
     path: Vec<String>,
     grads: Option<&'a Gradients>,
@@ -103,9 +120,9 @@ impl<K: Fn(&str) -> bool, F: FnMut(ParamView)> ModuleVisitor for Walk<'_, K, F> 
         let dims = tensor.dims().to_vec();
         let n: usize = dims.iter().product();
         // The gradient is keyed by the parameter's own node, before any reshape.
-        let grad = self.grads.and_then(|g| tensor.grad(g)).map(|g| g.reshape([n]));
+        let grad = self.grads.and_then(|g| tensor.grad(g)).map(|g| flat(g, n));
         let (trains, device) = (tensor.is_require_grad(), tensor.device());
-        let values = Box::new(move || tensor.clone().reshape([n]));
+        let values = Box::new(move || flat(tensor.clone(), n));
         (self.f)(ParamView { name, dims, trains, grad, device, values });
     }
 }
@@ -142,16 +159,16 @@ impl ModuleMapper for MapWalk<'_> {
         let (tracked, autodiff) = (tensor.is_require_grad(), tensor.is_autodiff());
         let name = self.path.join(".");
         let updated = match &mut self.how {
-            Mapping::Replace(f) => match f(&name, &|| tensor.clone().inner().reshape([n])) {
+            Mapping::Replace(f) => match f(&name, &|| flat(tensor.clone().inner(), n)) {
                 Some(updated) => updated,
                 None => return Param::from_mapped_value(id, tensor, mapper),
             },
             Mapping::Owned(keep, _) if !keep(&name) => return Param::from_mapped_value(id, tensor, mapper),
             // Moved, not cloned: unless something else shares the parameter, the reshape is a
             // view on storage nothing else holds.
-            Mapping::Owned(_, f) => f(&name, tensor.inner().reshape([n])), // [N]
+            Mapping::Owned(_, f) => f(&name, flat(tensor.inner(), n)), // [N]
         };
-        let updated = updated.reshape(shape);
+        let updated = shaped(updated, shape);
         let updated = if autodiff { Tensor::<D>::from_inner(updated) } else { updated };
         Param::from_mapped_value(id, if tracked { updated.require_grad() } else { updated }, mapper)
     }
