@@ -209,26 +209,42 @@ pub struct TokenStats {
     /// Number of scored tokens.
     pub tokens: Tensor<1>,
     /// WPO's per-sequence weight exponent (Zhou et al. 2024, eq. 2):
-    /// `mean_t (log p(y_t) - log Σ_v p_v²)` over scored tokens.
+    /// `mean_t (log p(y_t) - log Σ_v p_v²)` over scored tokens; zeros unless [`Stats::Metrics`]
+    /// asked for it (only `use_weighting` reads it).
     pub wpo: Tensor<1>,
+}
+
+/// The per-token statistics a pass computes beside the log-probs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stats {
+    /// None: the reference's and SFT's passes.
+    Off,
+    /// The policy's, for the metrics: the entropy and the mean logit, and where `wpo`
+    /// (`use_weighting`) WPO's `log Σ_v p_v²`, one more vocabulary-wide pass a head block.
+    Metrics { wpo: bool },
+}
+
+impl Stats {
+    /// Every statistic (evaluation, tests).
+    pub const ALL: Stats = Stats::Metrics { wpo: true };
 }
 
 /// Runs `model` over the batch and scores every completion token.
 ///
 /// # Shapes
 /// - batch.input_ids: `[R, L]`; every output: `[2B]`
-pub fn score(model: &Llama, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
+pub fn score(model: &Llama, batch: &DeviceBatch, stats: Stats) -> SequenceScores {
     let hidden = model.hidden_states(batch.input_ids.clone(), &batch.placement(model));
-    score_hidden(model, hidden, batch, with_stats)
+    score_hidden(model, hidden, batch, stats)
 }
 
 /// [`score`] from the model's final hidden states (after the last norm).
 ///
 /// # Shapes
 /// - hidden: `[R, L, hidden]`; every output: `[2B]`
-pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, with_stats: bool) -> SequenceScores {
+pub fn score_hidden(model: &Llama, hidden: Tensor<3>, batch: &DeviceBatch, stats: Stats) -> SequenceScores {
     let head = model.head(FloatDType::from(hidden.dtype()));
-    let head = head_forward(hidden, &head, batch, with_stats);
+    let head = head_forward(hidden, &head, batch, stats);
     assemble(head.token_logps, head.stats, batch)
 }
 
@@ -238,9 +254,26 @@ pub struct HeadForward {
     pub selected: Tensor<2>,
     /// `[N]` `log p(y_t)`, differentiable when the inputs are.
     pub token_logps: Tensor<1>,
-    /// With `with_stats`, detached, each `[N]`: the predictive entropy, `log Σ_v p_v²` and the
-    /// mean logit.
-    pub stats: Option<[Tensor<1>; 3]>,
+    /// With [`Stats::Metrics`], detached.
+    pub stats: Option<HeadStats>,
+}
+
+/// The head's statistics at every scored prediction, detached, each `[N]`.
+#[derive(Debug, Clone)]
+pub struct HeadStats {
+    /// The predictive entropy `−Σ_v p_v·log p_v`.
+    pub entropy: Tensor<1>,
+    /// The mean logit over the vocabulary.
+    pub mean_logit: Tensor<1>,
+    /// `log Σ_v p_v²`, where [`Stats::Metrics`] asked for WPO's.
+    pub log_sum_sq: Option<Tensor<1>>,
+}
+
+impl HeadStats {
+    /// Each tensor through `f` (onto or off autodiff).
+    pub fn map(self, f: impl Fn(Tensor<1>) -> Tensor<1>) -> Self {
+        Self { entropy: f(self.entropy), mean_logit: f(self.mean_logit), log_sum_sq: self.log_sum_sq.map(f) }
+    }
 }
 
 /// Runs the LM head over the positions that predict scored tokens, [`head_blocks`] of them at a
@@ -249,7 +282,7 @@ pub struct HeadForward {
 ///
 /// # Shapes
 /// - hidden: `[R, L, h]`, head weight: `[h, V]`
-pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_stats: bool) -> HeadForward {
+pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, stats_wanted: Stats) -> HeadForward {
     let [r, l, h] = hidden.dims();
     // Indices on the hidden states' side of autodiff (a hand-written backward passes plain ones).
     let plain = !hidden.device().is_autodiff();
@@ -262,8 +295,8 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
         let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         let (logits, logp) = block_log_softmax(head, &selected, block); // [c, V] each
         token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
-        if with_stats {
-            stats.push(block_stats(logits, logp));
+        if let Stats::Metrics { wpo } = stats_wanted {
+            stats.push(block_stats(logits, logp, wpo));
         }
     }
     let device = selected.device();
@@ -273,9 +306,11 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, with_
     };
     // The padding's predictions ([`shapes`]) end here.
     let scored = |t: Tensor<1>| if n > batch.scored() { t.narrow(0, 0, batch.scored()) } else { t };
-    let stats = with_stats.then(|| {
-        let column = |i: usize| scored(cat(stats.iter().map(|s: &[Tensor<1>; 3]| s[i].clone()).collect()));
-        [column(0), column(1), column(2)]
+    let stats = (stats_wanted != Stats::Off).then(|| {
+        let column =
+            |i: usize| scored(cat(stats.iter().filter_map(|s: &[Option<Tensor<1>>; 3]| s[i].clone()).collect()));
+        let wpo = matches!(stats_wanted, Stats::Metrics { wpo: true });
+        HeadStats { entropy: column(0), mean_logit: column(2), log_sum_sq: wpo.then(|| column(1)) }
     });
     HeadForward { selected, token_logps: scored(cat(token_logps)), stats }
 }
@@ -292,7 +327,8 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 }
 
 /// A block's detached statistics, each `[c]`: the predictive entropy `−Σ_v p_v·log p_v`,
-/// `log Σ_v p_v²` and the mean logit. Five passes over the `[c, V]` tensors in torch, two of them
+/// `log Σ_v p_v²` (where `wpo`) and the mean logit. Five passes over the `[c, V]` tensors in torch
+/// (four without `wpo`), two of them
 /// writing one, where burn's operations made six, three writing: `Σ p²` is the square of one
 /// norm's reduction rather than a squared copy summed, and the entropy's product is taken in place
 /// in the probabilities. Each vocabulary-wide tensor is dropped as soon as it is used (two alive
@@ -300,27 +336,33 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 ///
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
-fn block_stats(logits: Tensor<2>, logp: Tensor<2>) -> [Tensor<1>; 3] {
+fn block_stats(logits: Tensor<2>, logp: Tensor<2>, wpo: bool) -> [Option<Tensor<1>>; 3] {
     let what = "the LM head's statistics";
     let ((z, origin), (logp, _)) = (bridge::on_libtorch(logits, what), bridge::on_libtorch(logp, what));
     let f32 = tch::Kind::Float;
     let mean_logit = z.sum_dim_intlist([1i64].as_slice(), false, f32) / z.size()[1] as f64;
     drop(z);
     let mut p = logp.exp(); // [c, V]
-    let log_sum_sq = p.linalg_norm(2.0, [1i64].as_slice(), false, f32).log() * 2.0;
+    let log_sum_sq = wpo.then(|| p.linalg_norm(2.0, [1i64].as_slice(), false, f32).log() * 2.0);
     let entropy = -p.g_mul_(&logp).sum_dim_intlist([1i64].as_slice(), false, f32);
-    [entropy, log_sum_sq, mean_logit].map(|t| bridge::from_tch(t, origin.detached()))
+    [Some(entropy), log_sum_sq, Some(mean_logit)].map(|t| t.map(|t| bridge::from_tch(t, origin.detached())))
 }
 
-/// Sequence scores from per-prediction log-probs and, for the policy, the per-prediction entropy,
-/// `log Σ_v p_v²` and mean logit (each `[N]`).
-pub fn assemble(token_logps: Tensor<1>, stats: Option<[Tensor<1>; 3]>, batch: &DeviceBatch) -> SequenceScores {
-    let stats = stats.map(|[entropy, log_sum_sq, mean_logits]| {
+/// Sequence scores from per-prediction log-probs (`[N]`) and, for the policy, the head's
+/// statistics.
+pub fn assemble(token_logps: Tensor<1>, stats: Option<HeadStats>, batch: &DeviceBatch) -> SequenceScores {
+    let stats = stats.map(|s| {
         let tokens = batch.tokens.clone(); // [2B]
+        let wpo = match s.log_sum_sq {
+            Some(log_sum_sq) => {
+                batch.per_sequence(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0)
+            }
+            None => Tensor::zeros([batch.sequences], &tokens.device()),
+        };
         TokenStats {
-            entropy: batch.per_sequence(entropy),
-            mean_logits: batch.per_sequence(mean_logits),
-            wpo: batch.per_sequence(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0),
+            entropy: batch.per_sequence(s.entropy),
+            mean_logits: batch.per_sequence(s.mean_logit),
+            wpo,
             tokens,
         }
     });
@@ -388,7 +430,7 @@ impl Collation {
 pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, device: &Device) -> RefLogps {
     let mut out = RefLogps::default();
     for chunk in pairs.chunks(collation.batch_size.max(1)) {
-        let logps = crate::model::host(&score(model, &collation.batch(chunk, device), false).logps);
+        let logps = crate::model::host(&score(model, &collation.batch(chunk, device), Stats::Off).logps);
         let b = chunk.len();
         out.chosen.extend_from_slice(&logps[..b]);
         out.rejected.extend_from_slice(&logps[b..]);

@@ -4,7 +4,7 @@
 
 use burn::tensor::Device;
 
-use super::logps::{Collation, RefLogps, score};
+use super::logps::{Collation, RefLogps, Stats, score};
 use super::loss::dpo_loss;
 use super::metrics::{MetricSums, Metrics, ScoredPairs};
 use crate::config::LossConfig;
@@ -38,7 +38,7 @@ pub fn score_pairs(
     for chunk in indices.chunks(collation.batch_size.max(1)) {
         let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
         let batch = collation.batch(&chunk_pairs, device);
-        let policy_scores = score(policy, &batch, true);
+        let policy_scores = score(policy, &batch, Stats::ALL);
         scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
     }
     scored

@@ -22,7 +22,7 @@ use dpo_torch::fallback::FastPath;
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, assemble, head_block_rows, head_blocks, head_forward};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, Stats, assemble, head_block_rows, head_blocks, head_forward};
 use crate::model::linear::linear_rows;
 use crate::model::{Llama, LmHead};
 
@@ -41,7 +41,7 @@ pub struct Checkpointing {
 pub fn forward_backward(
     model: &dyn Segments,
     batch: &DeviceBatch,
-    with_stats: bool,
+    stats: Stats,
     checkpointing: Option<Checkpointing>,
     scale: f64,
     grads: &mut GradAccumulator,
@@ -55,7 +55,7 @@ pub fn forward_backward(
         // parts), then added: the order data parallelism sums them in, so one process and two
         // ranks on the same micro-batches compute the same bits.
         let mut fresh = GradAccumulator::default();
-        let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, with_stats, scale, &mut fresh, loss_of);
+        let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, stats, scale, &mut fresh, loss_of);
         fresh.add(policy, &(hidden * dh).sum().backward());
         grads.merge(fresh);
         return Ok((scores, loss));
@@ -83,7 +83,7 @@ pub fn forward_backward(
     let top = Tensor::from_inner(x).require_grad(); // [R, L, hidden]
     let hidden = head_part.final_norm(top.clone());
     let mut fresh = GradAccumulator::default();
-    let (scores, loss, dh) = head_backward(&head_part, hidden.clone(), batch, with_stats, scale, &mut fresh, loss_of);
+    let (scores, loss, dh) = head_backward(&head_part, hidden.clone(), batch, stats, scale, &mut fresh, loss_of);
     let head = (hidden * dh).sum().backward();
     fresh.add_where(&*head_part, &head, |n| model.in_part(n, Part::Head));
     let mut upstream = top.grad(&head);
@@ -154,7 +154,7 @@ fn head_backward(
     policy: &Llama,
     hidden: Tensor<3>,
     batch: &DeviceBatch,
-    with_stats: bool,
+    stats: Stats,
     scale: f64,
     grads: &mut GradAccumulator,
     loss_of: impl FnOnce(&SequenceScores) -> Tensor<1>,
@@ -164,12 +164,12 @@ fn head_backward(
     let hidden = hidden.inner(); // [R, L, h], no graph
     let device = hidden.device();
     let lm_head = policy.head(dtype).inner(); // weight [h, V]
-    let head = head_forward(hidden, &lm_head, batch, with_stats);
+    let head = head_forward(hidden, &lm_head, batch, stats);
 
     // The loss over a leaf holding the log-probs gives their gradient.
     let n = head.token_logps.dims()[0];
     let leaf = Tensor::from_inner(head.token_logps).require_grad();
-    let scores = assemble(leaf.clone(), head.stats.map(|stats| stats.map(Tensor::from_inner)), batch);
+    let scores = assemble(leaf.clone(), head.stats.map(|s| s.map(Tensor::from_inner)), batch);
     let loss = loss_of(&scores);
     let g = (loss.clone() * scale).backward();
     let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]

@@ -18,7 +18,7 @@ use super::optim::{GradAccumulator, padded, slice_of};
 use super::workers::Workers;
 use crate::config::CommHook;
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, score_hidden};
+use crate::dpo::logps::{DeviceBatch, SequenceScores, Stats, score_hidden};
 use crate::model::{Llama, params};
 
 /// What the segmented pass gathers (ZeRO-3) or reduce-scatters at one time.
@@ -255,7 +255,7 @@ impl Partitioned {
         }
         let head = self.whole(Some(Part::Head), workers)?;
         let hidden = head.final_norm(x);
-        Ok(score_hidden(&head, hidden, batch, false))
+        Ok(score_hidden(&head, hidden, batch, Stats::Off))
     }
 }
 

@@ -19,7 +19,7 @@ use super::ref_cache;
 use super::samples::{Sample, write_samples};
 use crate::data::{TokenizedPair, TokenizerError};
 use crate::dist::DistError;
-use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, reference_logps, score};
+use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, Stats, reference_logps, score};
 use crate::dpo::metrics::{Metrics, ScoredPairs};
 use crate::dpo::score::{metrics_of, score_pairs};
 use crate::model::Llama;
@@ -106,7 +106,7 @@ impl References {
         let (None, Some(PerStep::Whole(model))) = (&self.train, &self.model) else { return None };
         // The policy's upload (the same LD-DPO weights, as TRL scores both), outside autodiff.
         let rows = batch.plain();
-        Some(move || score(model, &rows, false).logps)
+        Some(move || score(model, &rows, Stats::Off).logps)
     }
 
     /// The `[2B]` reference log-probs of the training pairs `ids` (uploaded as `batch`), on the

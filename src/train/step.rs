@@ -24,7 +24,7 @@ use super::workers::Workers;
 use crate::config::Sharding;
 use crate::data::{self, Packing, TokenizedPair};
 use crate::dist::{DistError, EnvError};
-use crate::dpo::logps::DeviceBatch;
+use crate::dpo::logps::{DeviceBatch, Stats};
 use crate::dpo::loss::{PairScores, dpo_loss};
 use crate::model::{Llama, params};
 
@@ -345,7 +345,7 @@ fn micro_batch(
             let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
             // Each micro-batch's loss is its share of the step's token mean.
             let (_, nll) =
-                forward_backward(policy, &device_batch, false, pass.recompute, pass.scale, grads, |scores| {
+                forward_backward(policy, &device_batch, Stats::Off, pass.recompute, pass.scale, grads, |scores| {
                     -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
                 })?;
             window.count(&batch, device_batch.computed_tokens());
@@ -360,11 +360,18 @@ fn micro_batch(
                 None => RefRows::Ready(refs.train_rows(pass.ids, &device_batch, run)?),
             };
             let mut ref_rows = None;
-            let (scores, loss) =
-                forward_backward(policy, &device_batch, true, pass.recompute, pass.scale, grads, |scores| {
+            let (scores, loss) = forward_backward(
+                policy,
+                &device_batch,
+                Stats::Metrics { wpo: loss_cfg.use_weighting },
+                pass.recompute,
+                pass.scale,
+                grads,
+                |scores| {
                     let rows = ref_rows.insert(pending.wait());
                     dpo_loss(&PairScores::from_scores(&device_batch, scores, rows), loss_cfg)
-                })?;
+                },
+            )?;
             let Some(ref_rows) = ref_rows else { unreachable!("a micro-batch's loss reads the reference's rows") };
             window.count(&batch, device_batch.computed_tokens());
             window.pending.push((device_batch, scores, ref_rows, loss));

@@ -7,7 +7,7 @@
 
 use dpo_train::config::TrainConfig;
 use dpo_train::data::{Columns, LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
-use dpo_train::dpo::logps::{Collation, DeviceBatch, reference_logps};
+use dpo_train::dpo::logps::{Collation, DeviceBatch, Stats, reference_logps};
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
 use dpo_train::model::host;
@@ -169,10 +169,11 @@ fn a_training_batch_has_the_trainers_gradients() {
             let (seq, tokens) = (host_batch.lengths.iter().copied().max().unwrap(), host_batch.tokens());
             let batch = DeviceBatch::new(&host_batch, None, &device);
             let mut grads = GradAccumulator::default();
-            let (scores, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
-                dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&ref_rows, &batch)), &cfg.loss)
-            })
-            .unwrap();
+            let (scores, loss) =
+                forward_backward(&Whole(&policy), &batch, Stats::ALL, None, 1.0, &mut grads, |scores| {
+                    dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&ref_rows, &batch)), &cfg.loss)
+                })
+                .unwrap();
             let what = format!("{} ({packing:?})", case.name);
             let loss = f64::from(host(&loss)[0]);
             assert!(

@@ -12,7 +12,7 @@ use dpo_train::config::LoraSettings;
 use dpo_train::config::LossConfig;
 use dpo_train::config::TrainConfig;
 use dpo_train::data::{self, Packing, TokenizedPair};
-use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::logps::{DeviceBatch, Stats};
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::model::{self, AdapterInit, Llama};
 use dpo_train::train::backprop::{Checkpointing, forward_backward};
@@ -337,7 +337,7 @@ fn dpo_grads_in(policy: &Llama, checkpointing: Option<Checkpointing>, packing: P
     let reference = REFERENCE.to_vec();
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
-    forward_backward(&Whole(policy), &batch, true, checkpointing, 1.0, &mut grads, |scores| {
+    forward_backward(&Whole(policy), &batch, Stats::ALL, checkpointing, 1.0, &mut grads, |scores| {
         dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&reference, &batch)), &loss)
     })
     .unwrap();
@@ -351,7 +351,7 @@ fn autodiff_grads(policy: &Llama) -> GradAccumulator {
     let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None, Packing::Padded), None, &device);
     let reference = REFERENCE.to_vec();
     let loss = LossConfig { beta: 0.1, ..LossConfig::default() };
-    let scores = dpo_train::dpo::logps::score(policy, &batch, true);
+    let scores = dpo_train::dpo::logps::score(policy, &batch, Stats::ALL);
     let loss = dpo_loss(&PairScores::from_scores(&batch, &scores, &on_device(&reference, &batch)), &loss);
     let mut grads = GradAccumulator::default();
     grads.add(policy, &loss.backward());
@@ -382,7 +382,7 @@ fn the_hand_written_head_backward_equals_autodiff() {
 fn assert_same_grads(a: &GradAccumulator, b: &GradAccumulator, dir: &Path, policy: &Llama) {
     assert_eq!(a.grads.keys().collect::<Vec<_>>(), b.grads.keys().collect::<Vec<_>>());
     let batch = DeviceBatch::new(&data::collate(&pairs(), 0, None, Packing::Padded), None, &cpu().autodiff());
-    let scores = dpo_train::model::host(&dpo_train::dpo::logps::score(policy, &batch, false).logps);
+    let scores = dpo_train::model::host(&dpo_train::dpo::logps::score(policy, &batch, Stats::Off).logps);
     let logp = scores.iter().chain(&REFERENCE).fold(0f32, |m, x| m.max(x.abs()));
     let seq = pairs().iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len().max(p.rejected_ids.len())).max().unwrap();
     let relative = bounds::dpo_gradient(dir, seq, 4 * seq, 0.1, f64::from(logp));

@@ -9,7 +9,7 @@
 
 use dpo_train::config::{LossConfig, TrainConfig};
 use dpo_train::data::{Columns, LoadOptions, Packing, Tokenizer, collate, prepare};
-use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::logps::{DeviceBatch, Stats};
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
 use dpo_train::model::host;
@@ -169,10 +169,11 @@ fn a_training_batch_has_the_trainers_gradients() {
             let (seq, tokens) = (host_batch.lengths.iter().copied().max().unwrap(), host_batch.tokens());
             let batch = DeviceBatch::new(&host_batch, None, &device);
             let mut grads = GradAccumulator::default();
-            let (scores, loss) = forward_backward(&Whole(&policy), &batch, true, None, 1.0, &mut grads, |scores| {
-                dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&zeros, &batch)), &cfg.loss)
-            })
-            .unwrap();
+            let (scores, loss) =
+                forward_backward(&Whole(&policy), &batch, Stats::ALL, None, 1.0, &mut grads, |scores| {
+                    dpo_loss(&PairScores::from_scores(&batch, scores, &on_device(&zeros, &batch)), &cfg.loss)
+                })
+                .unwrap();
             let what = format!("{} ({packing:?})", case.name);
             let loss = f64::from(host(&loss)[0]);
             let logp = f64::from(host(&scores.logps).into_iter().fold(0f32, |m, x| m.max(x.abs())));

@@ -256,3 +256,21 @@ fn precomputed_reference_equals_the_live_reference_and_is_cached() {
     train(pre, None, None);
     assert_eq!(std::fs::read_dir(out.path().join(".ref_cache")).unwrap().count(), 2);
 }
+
+/// WPO's weights reach the training loss: with `use_weighting` the first step's loss is the
+/// weighted one (the head computes `log Σ_v p_v²` for it), not the plain loss that weights of 1
+/// (the statistic left out) would give.
+#[test]
+fn use_weighting_weights_the_training_loss() {
+    let first_loss = |weighting: bool| {
+        let out = tempfile::tempdir().unwrap();
+        let mut cfg = fixture_config(out.path(), if weighting { "wpo" } else { "plain" });
+        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 1, 0, 0);
+        cfg.loss.use_weighting = weighting;
+        let summary = train(cfg, None, None);
+        let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
+        rows.iter().find_map(|r| r.metric("loss")).unwrap()
+    };
+    let (plain, weighted) = (first_loss(false), first_loss(true));
+    assert!((plain - weighted).abs() > 1e-6 * plain.abs(), "plain {plain}, weighted {weighted}");
+}

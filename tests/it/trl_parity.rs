@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use burn::tensor::Device;
 use dpo_train::config::{FDivergence, LossConfig, LossType};
 use dpo_train::data::{Columns, Packing, TokenizedPair, Tokenizer, collate};
-use dpo_train::dpo::logps::DeviceBatch;
+use dpo_train::dpo::logps::{DeviceBatch, Stats};
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
 use dpo_train::eval::{EvalOptions, evaluate};
 use dpo_train::model::host;
@@ -243,7 +243,7 @@ fn a_training_batch_has_trls_gradients() {
 fn check_trl_gradients(fx: &GradFixture, policy: &dpo_train::model::Llama, batch: &DeviceBatch, packing: Packing) {
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
     let mut grads = GradAccumulator::default();
-    let (scores, loss) = forward_backward(&Whole(policy), batch, true, None, 1.0, &mut grads, |scores| {
+    let (scores, loss) = forward_backward(&Whole(policy), batch, Stats::ALL, None, 1.0, &mut grads, |scores| {
         let pairs = PairScores::from_scores(batch, scores, &on_device(&fx.ref_logps, batch));
         dpo_loss(&pairs, &loss_cfg)
     })
