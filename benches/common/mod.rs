@@ -201,6 +201,8 @@ pub struct TrainRate {
     pub offload_copy_ms: Option<f64>,
     /// Seconds a step, from the end of step 1 to the end of the last.
     pub step_seconds: f64,
+    /// Rank 0's largest micro-batch: its token positions and scored predictions.
+    pub largest_batch: Option<(u64, u64)>,
 }
 
 /// Runs `dpo-train train` for `steps` DPO steps of `batch` pairs (TRL's defaults otherwise: the
@@ -276,7 +278,15 @@ pub fn dpo_train_rate_env(
             .find_map(|l| l.split("offloaded optimizer's copies, rank 0: ").nth(1))
             .and_then(|rest| rest.split(' ').next()?.parse().ok()),
         step_seconds: seconds / timed_steps as f64,
+        largest_batch: largest_batch(&said),
     }
+}
+
+/// Rank 0's figures of dpo-train's "largest micro-batch (...), per rank: T/N, ..." line.
+fn largest_batch(said: &str) -> Option<(u64, u64)> {
+    let line = said.lines().find(|l| l.contains("largest micro-batch"))?;
+    let (t, n) = line.split("per rank: ").nth(1)?.split([',', ' ']).next()?.split_once('/')?;
+    Some((t.parse().ok()?, n.parse().ok()?))
 }
 
 /// The directory under `out` where [`dpo_train_rate_env`] runs `max_length` with `extra` flags.

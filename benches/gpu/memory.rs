@@ -56,6 +56,11 @@ fn run(
     (rate, losses.collect())
 }
 
+/// `estimate / measured` as "N.NNx the measured".
+fn ratio(estimate: Option<f64>, measured: Option<f64>) -> String {
+    estimate.zip(measured).map_or_else(|| "?".to_owned(), |(e, m)| format!("{:.2}x the measured", e / m))
+}
+
 fn gib(bytes: Option<f64>) -> String {
     bytes.map_or_else(|| "?".to_owned(), |b| format!("{:.2}", b / GIB))
 }
@@ -280,8 +285,9 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
 
 /// check-gpu on this GPU for the issue's run (the 0.5B shape, 256 pairs of 250-1000 tokens, TRL's
 /// defaults): the plan from `--model M --data D`, its command run as printed for 3 steps, and its
-/// estimate beside the peak; then micro-batches 8 and 16 without checkpointing, each estimate from
-/// the data's lengths beside the measured peak (issue 34, items 2 and 4).
+/// estimate beside the peak; then micro-batches 8 and 16 without checkpointing, each measured peak
+/// beside the estimate at the largest micro-batch the run met (the model's error, within 15% or
+/// the check fails) and the one planned from the data's lengths (issue 34, items 2 to 4).
 pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let model = common::model_dir_of(&work.join("mem-0.5B"), &QWEN05B, "qwen2");
     let data = common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), &model, 256, 32..=200, 250..=1000, 2);
@@ -311,7 +317,7 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     match ran {
         Ok(o) if o.status.success() => {
             let said = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-            for l in said.lines().filter(|l| l.contains("peak CUDA memory")) {
+            for l in said.lines().filter(|l| l.contains("peak CUDA memory") || l.contains("largest micro-batch")) {
                 text += &format!("  {l}\n");
             }
         }
@@ -327,30 +333,46 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let shape = check_gpu::ModelShape::from_hf_dir(&model).ok();
     for mb in [8usize, 16] {
         let rate = dpo_train_rate_at(&model, &data, out, (mb, 3, 1024), &["--device", "cuda:0", "--bf16"]);
-        let estimate = lengths.as_ref().zip(shape.as_ref()).map(|(l, s)| {
-            check_gpu::estimate(&check_gpu::MemoryRequest {
-                model: s,
-                micro_batch: mb as u64,
-                seq_len: 1024,
-                dtype: check_gpu::Precision::Bf16,
-                finetune: check_gpu::FineTune::Full,
-                reference: check_gpu::Reference::Keep,
-                gradient_checkpointing: false,
-                world_size: 1,
-                sharding: check_gpu::Sharding::None,
-                offload_optimizer: false,
-                engine: check_gpu::Engine::DpoTrain(l.batch(mb as u64)),
-                cuda: true,
+        let estimate = |tokens: check_gpu::BatchTokens| {
+            shape.as_ref().map(|s| {
+                check_gpu::estimate(&check_gpu::MemoryRequest {
+                    model: s,
+                    micro_batch: mb as u64,
+                    seq_len: 1024,
+                    dtype: check_gpu::Precision::Bf16,
+                    finetune: check_gpu::FineTune::Full,
+                    reference: check_gpu::Reference::Keep,
+                    gradient_checkpointing: false,
+                    world_size: 1,
+                    sharding: check_gpu::Sharding::None,
+                    offload_optimizer: false,
+                    engine: check_gpu::Engine::DpoTrain(tokens),
+                    cuda: true,
+                })
             })
-        });
+        };
+        // The model's error: the estimate at the largest micro-batch the run met. The plan's:
+        // at the micro-batch it plans for from the data's lengths (mean + 4 sd, a margin).
+        let met = rate.largest_batch.map(|(packed, scored)| check_gpu::BatchTokens { packed, scored, from_data: true });
+        let at_met = met.and_then(estimate);
+        let planned = lengths.as_ref().and_then(|l| estimate(l.batch(mb as u64)));
         let _ = writeln!(
             text,
-            "micro-batch {mb}, no checkpointing: measured {} / {} GiB allocated / reserved; estimated {} / {} GiB allocated / planned",
+            "micro-batch {mb}, no checkpointing: measured {} / {} GiB allocated / reserved (largest micro-batch {}); \
+             estimated {} GiB allocated at that micro-batch ({}); planned from the data's lengths {} / {} GiB allocated / total",
             gib(rate.cuda_peak_bytes),
             gib(rate.cuda_reserved_bytes),
-            gib(estimate.map(|e| e.allocated() as f64)),
-            gib(estimate.map(|e| e.total as f64))
+            met.map_or_else(|| "?".to_owned(), |t| format!("{} token positions, {} scored", t.packed, t.scored)),
+            gib(at_met.map(|e| e.allocated() as f64)),
+            ratio(at_met.map(|e| e.allocated() as f64), rate.cuda_peak_bytes),
+            gib(planned.map(|e| e.allocated() as f64)),
+            gib(planned.map(|e| e.total as f64))
         );
+        let off = at_met.zip(rate.cuda_peak_bytes).map(|(e, m)| e.allocated() as f64 / m - 1.0);
+        if off.is_some_and(|o| o.abs() > 0.15) {
+            failures
+                .push(format!("plan: micro-batch {mb}'s estimate at its largest micro-batch is off by more than 15%"));
+        }
     }
     text
 }

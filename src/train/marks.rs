@@ -68,8 +68,15 @@ impl Marks {
 /// freed memory stays resident, so the mark starts from what loading left resident; with
 /// `MALLOC_MMAP_THRESHOLD_=65536`, as `make bench` runs, it follows the live tensors.) On CUDA
 /// (`cuda`: this rank's device; every rank's is CUDA if one is) also the most the CUDA allocator
-/// handed out, which is what `torch.cuda.max_memory_allocated` reports.
-pub fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dyn Progress) -> anyhow::Result<()> {
+/// handed out, which is what `torch.cuda.max_memory_allocated` reports. Then each rank's largest
+/// micro-batch (`largest`, [`super::window::Positions`]), the one its peak is likely to be from.
+pub fn report_peak(
+    run: &Run,
+    name: &str,
+    cuda: Option<usize>,
+    largest: [usize; 2],
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
     let resident = crate::malloc::peak_resident().unwrap_or(0);
     let mut lines = vec![("peak resident memory while training", resident)];
     if let Some(index) = cuda {
@@ -85,6 +92,14 @@ pub fn report_peak(run: &Run, name: &str, cuda: Option<usize>, progress: &mut dy
         let gib: Vec<String> = peaks.iter().map(|b| format!("{:.2} GiB", b / f64::from(1u32 << 30))).collect();
         progress.line(&format!("{name}: {what}, per rank: {}", gib.join(", ")));
     }
+    let mut counts = vec![0.0; 2 * workers.world_size()];
+    counts[2 * workers.rank()..][..2].copy_from_slice(&largest.map(|c| c as f64));
+    workers.sum_f64(&mut counts)?;
+    let counts: Vec<String> = counts.chunks(2).map(|c| format!("{}/{}", c[0], c[1])).collect();
+    progress.line(&format!(
+        "{name}: largest micro-batch (token positions/scored predictions), per rank: {}",
+        counts.join(", ")
+    ));
     Ok(())
 }
 

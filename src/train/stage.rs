@@ -105,10 +105,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     }
     marks.after_step(trained.state.step, true, progress); // a window Ctrl-C cut short
     // Every rank must take part in the report's sum: it runs only where all of them track.
-    if !workers.any(!marks.tracks_peak)? {
-        report_peak(run, name, marks.cuda, progress)?;
-    }
     positions.add(window.positions);
+    if !workers.any(!marks.tracks_peak)? {
+        report_peak(run, name, marks.cuda, positions.largest, progress)?;
+    }
     report_positions(run, name, positions, plan.packing, progress)?;
     report_copies(&trained, name, trained.state.step - first_step, progress);
     let ending = Ending { files, config_json: &config_json, interrupted, last_eval, references };

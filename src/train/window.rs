@@ -21,6 +21,10 @@ use crate::model::host;
 pub struct Positions {
     pub computed: f64,
     pub padded: f64,
+    /// The most token positions one micro-batch's rows held (before CUDA's padding to few
+    /// shapes) and the most predictions one scored: the largest micro-batch a memory estimate
+    /// of this run takes (check-gpu's `BatchTokens`).
+    pub largest: [usize; 2],
 }
 
 impl Positions {
@@ -28,6 +32,7 @@ impl Positions {
     pub fn add(&mut self, other: Positions) {
         self.computed += other.computed;
         self.padded += other.padded;
+        self.largest = [0, 1].map(|i| self.largest[i].max(other.largest[i]));
     }
 
     /// The share of the padded positions not computed.
@@ -72,6 +77,8 @@ impl Window {
         self.tokens += batch.tokens() as f64;
         self.positions.computed += computed as f64;
         self.positions.padded += batch.padded_tokens() as f64;
+        self.positions
+            .add(Positions { largest: [batch.computed_tokens(), batch.labels.len()], ..Positions::default() });
     }
 
     /// The logged row and a one-line status, TRL's names in TRL's order, over every rank.

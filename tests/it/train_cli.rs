@@ -412,3 +412,45 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
     ]));
     assert!(err.contains(&bad.display().to_string()) && err.contains("line 1") && err.contains("rejected"), "{err}");
 }
+
+/// A run reports its largest micro-batch beside its peak memory (what check-gpu's estimate of
+/// the run takes): one micro-batch of every fixture pair holds each pair's prompt once and both
+/// completions, and scores the completions' tokens; with two CPU ranks, each rank's own.
+#[test]
+fn a_run_reports_its_largest_micro_batch() {
+    use dpo_train::data::{self, LoadOptions, Tokenizer};
+    let (model, prefs) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let tokenizer = Tokenizer::from_dir(&model).unwrap();
+    let truncation = data::Truncation { max_length: Some(1024), ..Default::default() };
+    let pairs =
+        data::prepare(&prefs, &LoadOptions::default(), &tokenizer, truncation, Default::default(), &mut |_, _| {})
+            .unwrap()
+            .pairs;
+    let packed: usize = pairs.iter().map(|p| p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len()).sum();
+    let scored: usize = pairs.iter().map(|p| p.chosen_ids.len() + p.rejected_ids.len()).sum();
+    let dir = tempfile::tempdir().unwrap();
+    let largest = |extra: &[&str]| {
+        let out_dir = dir.path().join(extra.len().to_string());
+        let args = [
+            ["train", "--model", model.to_str().unwrap(), "--data", prefs.to_str().unwrap()].as_slice(),
+            &["--output-dir", out_dir.to_str().unwrap(), "--max-steps", "1", "--save-steps", "0", "--num-samples", "0"],
+            &["--per-device-train-batch-size", "32", "--bf16", "false"],
+            extra,
+        ]
+        .concat();
+        let out = dpo_train(&args);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        let line =
+            said.lines().find(|l| l.contains("largest micro-batch")).expect("the largest micro-batch is reported");
+        line.split("per rank: ").nth(1).unwrap().to_owned()
+    };
+    assert_eq!(largest(&[]), format!("{packed}/{scored}"));
+    // Two ranks split the pairs: each rank's largest is its own, together the whole batch's.
+    let per_rank: Vec<(usize, usize)> = largest(&["--devices", "cpu:2"])
+        .split(", ")
+        .map(|r| r.split_once('/').map(|(t, n)| (t.parse().unwrap(), n.parse().unwrap())).unwrap())
+        .collect();
+    assert_eq!(per_rank.len(), 2);
+    assert_eq!(per_rank.iter().fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1)), (packed, scored));
+}
