@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpu-bundle/run.sh [SECTION ...] (copied there by tools/gpu_bundle.sh): `make gpu-check` on a GPU
 # machine with torch but no Rust toolchain, from the binaries in this folder; sections as
-# benches/gpu/main.rs names them (path probe nccl attention parity throughput scale targets lora8b offload memory plan profile dist; default all). Writes
+# benches/gpu/main.rs names them (path probe nccl attention parity targets lora8b offload memory plan dist, the
+# default; throughput scale profile shapes when named). Writes
 # results/gpu/<date>-<gpu>.md in the checkout and, where OUT is set, copies it, the profiler
 # traces and the whole log there.
 set -u

@@ -3,9 +3,10 @@
 //! tokens) with gradient checkpointing (TRL 1.16's default) and without, and TinyLlama-1.1B's
 //! trunk (tied embeddings: 1.03B parameters) without; each row dpo-train, TRL as installed and
 //! TRL with Liger's kernels (`use_liger_kernel=True`; the bundle brings liger-kernel 0.8.5), with
-//! MFU against the bf16 matrix peak measured here; the 0.5B row without checkpointing with its
-//! micro-batches as they come and padded to few shapes; then torch's profiler over that row
-//! (operator and kernel counts a step, the matrix products' share of kernel time).
+//! MFU against the bf16 matrix peak measured here; then torch's profiler over the 0.5B row
+//! without checkpointing (operator and kernel counts a step, the matrix products' share of kernel
+//! time). The `shapes` section (not in a run without names): that row with its micro-batches as
+//! they come and padded to few shapes.
 //! The `lora8b` section: Llama-3.1-8B's trunk with LoRA r 16, likewise (its own section: the
 //! model alone is 30 GB to write and read). Each row's line names its shape ("0.5B", "1.1B",
 //! "8B LoRA") with `MFU N%`.
@@ -48,16 +49,19 @@ pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     for row in &rows {
         text += &compare(row, peak, out, failures);
     }
-    text += &shape_padding(&qwen, &data, out);
     let _ = write!(text, "\n{}", profiled("qwen05b-bf16", &qwen, &data, out, (RUN.0, 20, RUN.2), &["--bf16"]));
     text
 }
 
-/// The 0.5B row without checkpointing twice more, its micro-batches uploaded as they come
-/// (`DPO_TRAIN_SHAPE_PADDING=0`) and padded to few shapes (CUDA's default, `dpo::shapes`): what
-/// cuBLAS's choices for new product shapes cost a step. (The reference on a thread of its own
-/// against the training thread measured 43.1 against 43.2 pairs/s on an H200, 2026-11-28.)
-fn shape_padding(model: &Path, data: &Path, out: &Path) -> String {
+/// The `shapes` section: the 0.5B row without checkpointing twice, its micro-batches uploaded as
+/// they come (`DPO_TRAIN_SHAPE_PADDING=0`) and padded to few shapes (CUDA's default,
+/// `dpo::shapes`): what cuBLAS's choices for new product shapes cost a step. (The reference on a
+/// thread of its own against the training thread measured 43.1 against 43.2 pairs/s on an H200,
+/// 2026-11-28.)
+pub fn shape_padding(work: &Path, out: &Path) -> String {
+    let model = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
+    let data = pairs(work, &model);
+    let (model, data) = (model.as_path(), data.as_path());
     let rate = |pads: &str| {
         let envs = [(dpo_train::dpo::shapes::PADDING_VAR, Path::new(pads))];
         common::dpo_train_rate_env(model, data, out, RUN, &["--device", "cuda:0", "--bf16"], &envs).pairs_per_second
@@ -95,13 +99,18 @@ pub fn lora8b(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
 
 /// The pairs (256 of 250-1000 tokens, prompts 32-200, under the fixture tokenizer every model
 /// here carries), the bf16 matrix peak measured here, and the section's first line.
-fn workload(work: &Path, model: &Path, (pairs, _, max_length): (usize, usize, usize)) -> (PathBuf, f64, String) {
-    let data = common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), model, 256, 32..=200, 250..=1000, 3);
+fn workload(work: &Path, model: &Path, (pairs_a_step, _, max_length): (usize, usize, usize)) -> (PathBuf, f64, String) {
+    let data = pairs(work, model);
     let peak = cuda_matmul_peak(FloatDType::BF16);
     let text = format!(
-        "256 pairs of 250-1000 tokens (prompts 32-200), {pairs} a step, max_length {max_length}, bf16, the \
+        "256 pairs of 250-1000 tokens (prompts 32-200), {pairs_a_step} a step, max_length {max_length}, bf16, the \
          reference every step; matmul peak bf16 {:.1} TFLOP/s\n",
         peak / 1e12
     );
     (data, peak, text)
+}
+
+/// The rows' pairs: 256 of 250-1000 tokens, prompts 32-200.
+fn pairs(work: &Path, model: &Path) -> PathBuf {
+    common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), model, 256, 32..=200, 250..=1000, 3)
 }
