@@ -212,6 +212,8 @@ pub struct TokenStats {
     /// `mean_t (log p(y_t) - log Σ_v p_v²)` over scored tokens; zeros unless [`Stats::Metrics`]
     /// asked for it (only `use_weighting` reads it).
     pub wpo: Tensor<1>,
+    /// Scored tokens that are the logits' argmax ([`HeadStats::top1`]).
+    pub top1: Tensor<1>,
 }
 
 /// The per-token statistics a pass computes beside the log-probs.
@@ -267,12 +269,20 @@ pub struct HeadStats {
     pub mean_logit: Tensor<1>,
     /// `log Σ_v p_v²`, where [`Stats::Metrics`] asked for WPO's.
     pub log_sum_sq: Option<Tensor<1>>,
+    /// 1 where the scored token is the logits' argmax (the first largest), else 0: TRL's
+    /// `is_top1`, behind `mean_token_accuracy`.
+    pub top1: Tensor<1>,
 }
 
 impl HeadStats {
     /// Each tensor through `f` (onto or off autodiff).
     pub fn map(self, f: impl Fn(Tensor<1>) -> Tensor<1>) -> Self {
-        Self { entropy: f(self.entropy), mean_logit: f(self.mean_logit), log_sum_sq: self.log_sum_sq.map(f) }
+        Self {
+            entropy: f(self.entropy),
+            mean_logit: f(self.mean_logit),
+            log_sum_sq: self.log_sum_sq.map(&f),
+            top1: f(self.top1),
+        }
     }
 }
 
@@ -294,9 +304,9 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, stats
     for block in head_blocks(0..n, head_block_rows(&selected, head.weight.dims()[1])) {
         let labels = ints(&batch.labels).slice([block.clone()]).unsqueeze_dim::<2>(1); // [c, 1]
         let (logits, logp) = block_log_softmax(head, &selected, block); // [c, V] each
-        token_logps.push(logp.clone().gather(1, labels).squeeze_dim::<1>(1)); // [c]
+        token_logps.push(logp.clone().gather(1, labels.clone()).squeeze_dim::<1>(1)); // [c]
         if let Stats::Metrics { wpo } = stats_wanted {
-            stats.push(block_stats(logits, logp, wpo));
+            stats.push(block_stats(logits, logp, labels, wpo));
         }
     }
     let device = selected.device();
@@ -308,9 +318,9 @@ pub fn head_forward(hidden: Tensor<3>, head: &LmHead, batch: &DeviceBatch, stats
     let scored = |t: Tensor<1>| if n > batch.scored() { t.narrow(0, 0, batch.scored()) } else { t };
     let stats = (stats_wanted != Stats::Off).then(|| {
         let column =
-            |i: usize| scored(cat(stats.iter().filter_map(|s: &[Option<Tensor<1>>; 3]| s[i].clone()).collect()));
+            |i: usize| scored(cat(stats.iter().filter_map(|s: &[Option<Tensor<1>>; 4]| s[i].clone()).collect()));
         let wpo = matches!(stats_wanted, Stats::Metrics { wpo: true });
-        HeadStats { entropy: column(0), mean_logit: column(2), log_sum_sq: wpo.then(|| column(1)) }
+        HeadStats { entropy: column(0), mean_logit: column(2), log_sum_sq: wpo.then(|| column(1)), top1: column(3) }
     });
     HeadForward { selected, token_logps: scored(cat(token_logps)), stats }
 }
@@ -327,8 +337,9 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 }
 
 /// A block's detached statistics, each `[c]`: the predictive entropy `−Σ_v p_v·log p_v`,
-/// `log Σ_v p_v²` (where `wpo`) and the mean logit. Five passes over the `[c, V]` tensors in torch
-/// (four without `wpo`), two of them
+/// `log Σ_v p_v²` (where `wpo`), the mean logit and whether the label (`[c, 1]`) is the logits'
+/// first argmax (`torch.argmax`'s, TRL's `is_top1`). Six passes over the `[c, V]` tensors in torch
+/// (five without `wpo`), two of them
 /// writing one, where burn's operations made six, three writing: `Σ p²` is the square of one
 /// norm's reduction rather than a squared copy summed, and the entropy's product is taken in place
 /// in the probabilities. Each vocabulary-wide tensor is dropped as soon as it is used (two alive
@@ -336,16 +347,18 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 ///
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
-fn block_stats(logits: Tensor<2>, logp: Tensor<2>, wpo: bool) -> [Option<Tensor<1>>; 3] {
+fn block_stats(logits: Tensor<2>, logp: Tensor<2>, labels: Tensor<2, Int>, wpo: bool) -> [Option<Tensor<1>>; 4] {
     let what = "the LM head's statistics";
     let ((z, origin), (logp, _)) = (bridge::on_libtorch(logits, what), bridge::on_libtorch(logp, what));
+    let labels = bridge::int_on_libtorch(labels, what);
     let f32 = tch::Kind::Float;
     let mean_logit = z.sum_dim_intlist([1i64].as_slice(), false, f32) / z.size()[1] as f64;
+    let top1 = z.argmax(1, true).eq_tensor(&labels).to_kind(f32).squeeze_dim(1); // [c]
     drop(z);
     let mut p = logp.exp(); // [c, V]
     let log_sum_sq = wpo.then(|| p.linalg_norm(2.0, [1i64].as_slice(), false, f32).log() * 2.0);
     let entropy = -p.g_mul_(&logp).sum_dim_intlist([1i64].as_slice(), false, f32);
-    [Some(entropy), log_sum_sq, Some(mean_logit)].map(|t| t.map(|t| bridge::from_tch(t, origin.detached())))
+    [Some(entropy), log_sum_sq, Some(mean_logit), Some(top1)].map(|t| t.map(|t| bridge::from_tch(t, origin.detached())))
 }
 
 /// Sequence scores from per-prediction log-probs (`[N]`) and, for the policy, the head's
@@ -362,6 +375,7 @@ pub fn assemble(token_logps: Tensor<1>, stats: Option<HeadStats>, batch: &Device
         TokenStats {
             entropy: batch.per_sequence(s.entropy),
             mean_logits: batch.per_sequence(s.mean_logit),
+            top1: batch.per_sequence(s.top1),
             wpo,
             tokens,
         }

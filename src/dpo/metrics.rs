@@ -26,6 +26,8 @@ pub struct SideRows {
     pub mean_logits: Vec<f32>,
     /// WPO weight exponents.
     pub wpo: Vec<f32>,
+    /// Scored tokens that are the logits' argmax (`mean_token_accuracy`'s).
+    pub top1: Vec<f32>,
 }
 
 /// Scored pairs on the host, appendable across batches (the evaluation keeps the whole set).
@@ -47,12 +49,19 @@ impl ScoredPairs {
     pub fn from_batch(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &[f32]) -> Self {
         let b = batch.pairs;
         let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
-        // One read of the six `[2B]` columns: on a GPU each read waits for the queued kernels.
-        let columns =
-            [&policy.logps, &policy.token_logps, &stats.tokens, &stats.entropy, &stats.mean_logits, &stats.wpo];
+        // One read of the seven `[2B]` columns: on a GPU each read waits for the queued kernels.
+        let columns = [
+            &policy.logps,
+            &policy.token_logps,
+            &stats.tokens,
+            &stats.entropy,
+            &stats.mean_logits,
+            &stats.wpo,
+            &stats.top1,
+        ];
         let values = host(&Tensor::cat(columns.iter().map(|t| (*t).clone().inner()).collect(), 0));
         let s = batch.sequences;
-        let [logps, token_logps, tokens, entropy, mean_logits, wpo] =
+        let [logps, token_logps, tokens, entropy, mean_logits, wpo, top1] =
             std::array::from_fn(|i| &values[i * s..(i + 1) * s]);
         let side = |range: std::ops::Range<usize>| SideRows {
             logps: logps[range.clone()].to_vec(),
@@ -62,7 +71,8 @@ impl ScoredPairs {
             tokens: tokens[range.clone()].to_vec(),
             entropy: entropy[range.clone()].to_vec(),
             mean_logits: mean_logits[range.clone()].to_vec(),
-            wpo: wpo[range].to_vec(),
+            wpo: wpo[range.clone()].to_vec(),
+            top1: top1[range].to_vec(),
         };
         Self { chosen: side(0..b), rejected: side(b..2 * b), desirable: batch.desirable.clone() }
     }
@@ -78,6 +88,7 @@ impl ScoredPairs {
             mine.entropy.extend(theirs.entropy);
             mine.mean_logits.extend(theirs.mean_logits);
             mine.wpo.extend(theirs.wpo);
+            mine.top1.extend(theirs.top1);
         }
         self.desirable.extend(other.desirable);
     }
@@ -88,8 +99,18 @@ impl ScoredPairs {
         [&self.chosen, &self.rejected]
             .into_iter()
             .flat_map(|s| {
-                [&s.logps, &s.ref_logps, &s.token_logps, &s.lengths, &s.tokens, &s.entropy, &s.mean_logits, &s.wpo]
-                    .map(Clone::clone)
+                [
+                    &s.logps,
+                    &s.ref_logps,
+                    &s.token_logps,
+                    &s.lengths,
+                    &s.tokens,
+                    &s.entropy,
+                    &s.mean_logits,
+                    &s.wpo,
+                    &s.top1,
+                ]
+                .map(Clone::clone)
             })
             // Every rank sends every column at its length: zeros where pairs have no label.
             .chain([if self.desirable.is_empty() { vec![0.0; self.len()] } else { self.desirable.clone() }])
@@ -108,6 +129,7 @@ impl ScoredPairs {
             entropy: it.next().unwrap_or_default(),
             mean_logits: it.next().unwrap_or_default(),
             wpo: it.next().unwrap_or_default(),
+            top1: it.next().unwrap_or_default(),
         };
         let chosen = side();
         let rejected = side();
@@ -172,10 +194,13 @@ pub struct MetricSums {
     pub kl: f64,
     pub kl_batches: f64,
     pub desirable: f64,
+    /// The chosen completions' tokens that are the logits' argmax (DPO's `mean_token_accuracy`
+    /// over `chosen_tokens`).
+    pub top1_chosen: f64,
 }
 
 /// Number of [`MetricSums`] fields (the values ranks add up).
-const FIELDS: usize = 20;
+const FIELDS: usize = 21;
 
 impl MetricSums {
     /// Adds the pairs of `scored`, whose mean loss was `loss`.
@@ -215,6 +240,7 @@ impl MetricSums {
             self.chosen_tokens += c.tokens[i] as f64;
             self.rejected_tokens += r.tokens[i] as f64;
             self.entropy += c.entropy[i] as f64 + r.entropy[i] as f64;
+            self.top1_chosen += c.top1[i] as f64;
             self.nll -= c.token_logps[i] as f64;
             self.nll_tokens += c.tokens[i] as f64;
         }
@@ -287,6 +313,7 @@ impl MetricSums {
             self.kl,
             self.kl_batches,
             self.desirable,
+            self.top1_chosen,
         ]
     }
 
@@ -312,6 +339,7 @@ impl MetricSums {
             &mut self.kl,
             &mut self.kl_batches,
             &mut self.desirable,
+            &mut self.top1_chosen,
         ]
     }
 
@@ -339,6 +367,8 @@ impl MetricSums {
             logits_rejected: per(self.logits_rejected, self.rejected_tokens),
             entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
             num_tokens: self.num_tokens,
+            // DPOTrainer's; CPOTrainer and ORPOTrainer log none.
+            mean_token_accuracy: family.is_none().then(|| per(self.top1_chosen, self.chosen_tokens)),
             kl: None,
             absent: &[],
         }
@@ -361,6 +391,7 @@ impl MetricSums {
             logits_rejected: per(self.logits_rejected, self.rejected_tokens),
             entropy: per(self.entropy, self.chosen_tokens + self.rejected_tokens),
             num_tokens: self.num_tokens,
+            mean_token_accuracy: None,
             nll_loss: None,
             log_odds_ratio: None,
             log_odds_chosen: None,
@@ -390,6 +421,8 @@ pub struct Metrics {
     pub logits_rejected: f64,
     pub entropy: f64,
     pub num_tokens: f64,
+    /// DPOTrainer's share of the chosen completions' tokens that are the logits' argmax.
+    pub mean_token_accuracy: Option<f64>,
     /// The reference-free family's (CPOTrainer, ORPOTrainer): the chosen sequences' NLL.
     pub nll_loss: Option<f64>,
     /// ORPO's mean `log σ(log-odds ratio)` and mean log-odds ratio.
@@ -455,6 +488,7 @@ impl Metrics {
                 ("entropy", self.entropy),
                 ("num_tokens", self.num_tokens),
             ])
+            .chain(self.mean_token_accuracy.map(|v| ("mean_token_accuracy", v)))
             .filter(|(name, _)| !self.absent.contains(name))
             .collect()
     }

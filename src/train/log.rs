@@ -39,7 +39,7 @@ pub enum LogError {
     /// A cell does not parse as its column's type.
     #[error("Invalid value `{value}` in column `{column}` at line {line} of `{path}`")]
     Value { path: PathBuf, line: u64, column: &'static str, value: String },
-    /// A row handed to [`MetricsWriter::append`] does not carry exactly the 11 TRL metrics.
+    /// A row handed to [`MetricsWriter::append`] does not carry exactly the TRL metrics.
     #[error("Metrics row for step {step} has {found} metric values, expected {expected} for `{path}`")]
     MetricCount { path: PathBuf, step: u64, found: usize, expected: usize },
 }
@@ -62,8 +62,8 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LogError> {
     crate::fsutil::write_atomic(path, bytes).map_err(|e| LogError::io("write", path, e))
 }
 
-/// TRL's metric names, in column order (columns 4..=14 of `metrics.csv`).
-pub const METRIC_NAMES: [&str; 11] = [
+/// TRL's metric names, in column order (columns 4..=15 of `metrics.csv`).
+pub const METRIC_NAMES: [&str; 12] = [
     "loss",
     "rewards/chosen",
     "rewards/rejected",
@@ -75,7 +75,12 @@ pub const METRIC_NAMES: [&str; 11] = [
     "logits/rejected",
     "entropy",
     "num_tokens",
+    "mean_token_accuracy",
 ];
+
+/// Metric columns a file written by an earlier version lacks (its rows read them as empty; a
+/// resumed run rewrites the file with them): `mean_token_accuracy` came with TRL 1.16's metrics.
+const ADDED_LATER: [&str; 1] = ["mean_token_accuracy"];
 
 /// Columns after the metrics, in order.
 const TAIL_COLUMNS: [&str; 5] =
@@ -122,7 +127,7 @@ pub struct MetricsRow {
     /// Fractional epoch at that step.
     pub epoch: f64,
     pub split: Split,
-    /// The 11 TRL metrics, in [`METRIC_NAMES`] order; `None` is an empty cell.
+    /// The TRL metrics, in [`METRIC_NAMES`] order; `None` is an empty cell.
     pub metrics: Vec<Option<f64>>,
     pub learning_rate: Option<f64>,
     pub grad_norm: Option<f64>,
@@ -158,7 +163,7 @@ impl MetricsRow {
         self.metrics.get(index).copied().flatten()
     }
 
-    /// Records evaluated or logged metrics: TRL's eleven, and the loss family's own as `extra`.
+    /// Records evaluated or logged metrics: TRL's, and the loss family's own as `extra`.
     pub fn record(&mut self, metrics: &Metrics) {
         for (name, value) in metrics.named() {
             self.set_metric(name, value);
@@ -206,17 +211,22 @@ impl MetricsRow {
         cells
     }
 
-    /// Parses one record; `line` is only used in errors.
-    fn from_record(record: &csv::StringRecord, path: &Path, line: u64) -> Result<Self, LogError> {
-        if record.len() != N_COLUMNS {
+    /// Parses one record of a file whose header is `names` ([`check_header`]); `line` is only
+    /// used in errors.
+    fn from_record(
+        record: &csv::StringRecord,
+        names: &[&'static str],
+        path: &Path,
+        line: u64,
+    ) -> Result<Self, LogError> {
+        if record.len() != names.len() {
             return Err(LogError::FieldCount {
                 path: path.to_path_buf(),
                 line,
                 found: record.len(),
-                expected: N_COLUMNS,
+                expected: names.len(),
             });
         }
-        let names = header();
         let bad = |i: usize| LogError::Value {
             path: path.to_path_buf(),
             line,
@@ -236,8 +246,9 @@ impl MetricsRow {
             "eval" => Split::Eval,
             _ => return Err(bad(2)),
         };
-        let first_tail = HEAD_COLUMNS.len() + METRIC_NAMES.len();
-        let metrics = (HEAD_COLUMNS.len()..first_tail).map(opt).collect::<Result<Vec<_>, _>>()?;
+        let first_tail = names.len() - TAIL_COLUMNS.len();
+        let column = |name: &str| names.iter().position(|n| *n == name);
+        let metrics = METRIC_NAMES.iter().map(|n| column(n).map_or(Ok(None), opt)).collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             step,
             epoch,
@@ -396,22 +407,25 @@ impl MetricsWriter {
     }
 }
 
-/// Checks that the first line of `path` is the header this version writes.
-fn check_header(path: &Path) -> Result<(), LogError> {
+/// Checks that the first line of `path` is the header this version writes, or an earlier
+/// version's (without [`ADDED_LATER`]); returns its columns.
+fn check_header(path: &Path) -> Result<Vec<&'static str>, LogError> {
     let file = File::open(path).map_err(|e| LogError::io("read", path, e))?;
     let mut first = String::new();
     BufReader::new(file).read_line(&mut first).map_err(|e| LogError::io("read", path, e))?;
     let found = first.trim_end_matches(['\r', '\n']);
-    let expected = header().join(",");
-    if found != expected {
-        return Err(LogError::Header { path: path.to_path_buf(), expected, found: found.to_string() });
+    let earlier: Vec<&'static str> = header().into_iter().filter(|c| !ADDED_LATER.contains(c)).collect();
+    match [header(), earlier].into_iter().find(|names| names.join(",") == found) {
+        Some(names) => Ok(names),
+        None => {
+            Err(LogError::Header { path: path.to_path_buf(), expected: header().join(","), found: found.to_string() })
+        }
     }
-    Ok(())
 }
 
 /// Reads every row of a `metrics.csv`; errors name the file and the 1-based line.
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
-    check_header(path)?;
+    let names = check_header(path)?;
     let file = File::open(path).map_err(|e| LogError::io("read", path, e))?;
     let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(file);
     let mut rows = Vec::new();
@@ -435,7 +449,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
             }
         }
         let line = record.position().map_or(line, |p| p.line());
-        rows.push(MetricsRow::from_record(&record, path, line)?);
+        rows.push(MetricsRow::from_record(&record, &names, path, line)?);
     }
     Ok(rows)
 }
@@ -461,7 +475,8 @@ mod tests {
             header().join(","),
             "step,epoch,split,loss,rewards/chosen,rewards/rejected,rewards/accuracies,\
              rewards/margins,logps/chosen,logps/rejected,logits/chosen,logits/rejected,entropy,\
-             num_tokens,learning_rate,grad_norm,pairs_per_second,tokens_per_second,elapsed_seconds"
+             num_tokens,mean_token_accuracy,learning_rate,grad_norm,pairs_per_second,tokens_per_second,\
+             elapsed_seconds"
         );
     }
 
@@ -481,8 +496,8 @@ mod tests {
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4);
-        assert_eq!(lines[1], "1,0.1,train,0.75,,,,0.5,,,,,,,5e-7,1.25,,,1.5");
-        assert_eq!(lines[3], "2,0.2,eval,1,,,,1,,,,,,,,,,,3");
+        assert_eq!(lines[1], "1,0.1,train,0.75,,,,0.5,,,,,,,,5e-7,1.25,,,1.5");
+        assert_eq!(lines[3], "2,0.2,eval,1,,,,1,,,,,,,,,,,,3");
 
         let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
         assert_eq!(back.len(), 3);
@@ -541,7 +556,7 @@ mod tests {
         let mut bad = row(7, Split::Train);
         bad.metrics.pop();
         let err = MetricsWriter::create(dir.path()).unwrap().append(&bad).unwrap_err();
-        assert!(err.to_string().starts_with("Metrics row for step 7 has 10 metric values"));
+        assert!(err.to_string().starts_with("Metrics row for step 7 has 11 metric values"));
     }
 
     fn write_file(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
@@ -553,23 +568,48 @@ mod tests {
 
     #[test]
     fn short_row_error_names_file_and_line() {
-        let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
+        let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
         let err = read_metrics(&path).unwrap_err();
-        assert_eq!(err.to_string(), format!("Row at line 3 of `{}` has 4 fields, expected 19", path.display()));
+        assert_eq!(err.to_string(), format!("Row at line 3 of `{}` has 4 fields, expected 20", path.display()));
     }
 
     #[test]
     fn bad_value_error_names_file_line_and_column() {
         let (_dir, path) =
-            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,abc,,,2\n");
+            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,abc,,,2\n");
         let err = read_metrics(&path).unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("Invalid value `abc` in column `grad_norm` at line 3 of `{}`", path.display())
         );
-        let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,1\n");
+        let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,,1\n");
         let err = read_metrics(&path).unwrap_err();
         assert!(err.to_string().starts_with("Invalid value `test` in column `split` at line 2"));
+    }
+
+    /// A run written before `mean_token_accuracy` was a column reads back with it empty, and
+    /// resuming it rewrites the file under this version's header.
+    #[test]
+    fn an_earlier_versions_file_reads_and_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let earlier: Vec<&str> = header().into_iter().filter(|c| *c != "mean_token_accuracy").collect();
+        let body = "1,0.1,train,0.5,,,,,,,,,,,5e-7,,,,1.5\n2,0.2,train,0.25,,,,,,,,,,,5e-7,,,,3\n";
+        std::fs::write(&path, format!("{}\n{body}", earlier.join(","))).unwrap();
+        let rows = read_metrics(&path).unwrap();
+        assert_eq!((rows[1].metric("loss"), rows[1].metric("mean_token_accuracy")), (Some(0.25), None));
+        assert_eq!((rows[1].learning_rate, rows[1].elapsed_seconds), (Some(5e-7), 3.0));
+        let mut writer = MetricsWriter::resume(dir.path(), 1).unwrap();
+        let mut next = row(2, Split::Train);
+        next.set_metric("mean_token_accuracy", 0.75);
+        writer.append(&next).unwrap();
+        drop(writer);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(&format!("{}\n", header().join(","))), "{text}");
+        let back = read_metrics(&path).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!((back[0].metric("loss"), back[0].metric("mean_token_accuracy")), (Some(0.5), None));
+        assert_eq!(back[1].metric("mean_token_accuracy"), Some(0.75));
     }
 
     #[test]

@@ -209,9 +209,15 @@ pub fn largest_logp(row: &dpo_train::train::log::MetricsRow, pairs: usize) -> f6
 /// whose derivative in the margin is at most 1 + |metric| for every TRL loss (β·σ ≤ 1 for the
 /// sigmoid family; 2·√ℓ ≤ 1 + ℓ for the squared ones, IPO's and SPPO's), so it is off by at most
 /// `forward` · (the four log-probs' sizes) · (1 + |metric|). `metrics` holds TRL's values.
+/// `mean_token_accuracy` counts argmaxes: a token's flips only where its two largest logits lie
+/// within `forward` of each other, which the fixture's models do not hold, so the counts must be
+/// TRL's; TRL divides them in f32 (one rounding, `u`).
 pub fn trl_metric(name: &str, want: f64, metrics: &dyn Fn(&str) -> Option<f64>, beta: f64, forward: f64) -> f64 {
     if name.starts_with("logps/") {
         return forward * want.abs();
+    }
+    if name == "mean_token_accuracy" {
+        return U_F32 * want.abs();
     }
     let logp = |side: &str| metrics(&format!("logps/{side}")).unwrap_or(0.0).abs();
     let reference = |side: &str| {
