@@ -364,26 +364,29 @@ fn block_stats(logits: Tensor<2>, logp: Tensor<2>, labels: Tensor<2, Int>, wpo: 
 /// Sequence scores from per-prediction log-probs (`[N]`) and, for the policy, the head's
 /// statistics.
 pub fn assemble(token_logps: Tensor<1>, stats: Option<HeadStats>, batch: &DeviceBatch) -> SequenceScores {
-    let stats = stats.map(|s| {
-        let tokens = batch.tokens.clone(); // [2B]
-        let wpo = match s.log_sum_sq {
-            Some(log_sum_sq) => {
-                batch.per_sequence(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0)
-            }
-            None => Tensor::zeros([batch.sequences], &tokens.device()),
-        };
-        TokenStats {
-            entropy: batch.per_sequence(s.entropy),
-            mean_logits: batch.per_sequence(s.mean_logit),
-            top1: batch.per_sequence(s.top1),
-            wpo,
-            tokens,
-        }
-    });
+    let stats = stats.map(|s| token_stats(&token_logps, s, batch));
     SequenceScores {
         logps: batch.per_sequence(token_logps.clone() * batch.weights.clone()),
         token_logps: batch.per_sequence(token_logps),
         stats,
+    }
+}
+
+/// Per-sequence statistics from the head's per-prediction ones and the log-probs (`[N]`).
+pub fn token_stats(token_logps: &Tensor<1>, s: HeadStats, batch: &DeviceBatch) -> TokenStats {
+    let tokens = batch.tokens.clone(); // [2B]
+    let wpo = match s.log_sum_sq {
+        Some(log_sum_sq) => {
+            batch.per_sequence(token_logps.clone().detach() - log_sum_sq) / tokens.clone().clamp_min(1.0)
+        }
+        None => Tensor::zeros([batch.sequences], &tokens.device()),
+    };
+    TokenStats {
+        entropy: batch.per_sequence(s.entropy),
+        mean_logits: batch.per_sequence(s.mean_logit),
+        top1: batch.per_sequence(s.top1),
+        wpo,
+        tokens,
     }
 }
 

@@ -27,18 +27,20 @@ pub struct PairScores {
 
 impl PairScores {
     /// The loss inputs of one preference batch, keeping the policy's graph: `ref_logps` are the
-    /// reference's `[2B]` log-probs on the device.
-    ///
-    /// # Panics
-    /// If `policy` was scored without statistics.
+    /// reference's `[2B]` log-probs on the device. WPO's exponents are the policy's statistics',
+    /// zeros where it was scored without them (only `use_weighting` reads them, and it scores
+    /// them: `Stats::Metrics { wpo: true }`).
     pub fn from_scores(batch: &DeviceBatch, policy: &SequenceScores, ref_logps: &Tensor<1>) -> Self {
         let b = batch.pairs;
-        let stats = policy.stats.as_ref().expect("the policy is scored with statistics");
         let half = |t: &Tensor<1>, start: usize| t.clone().narrow(0, start, b); // [B]
         // On the policy's side of autodiff (the reference's rows come from a plain model).
         let autodiff = policy.logps.is_autodiff();
         let side = |t: &Tensor<1>| if autodiff { Tensor::from_inner(t.clone().inner()) } else { t.clone().inner() };
-        let (ref_logps, lengths) = (side(ref_logps), side(&batch.lengths));
+        let (ref_logps, lengths, tokens) = (side(ref_logps), side(&batch.lengths), side(&batch.tokens));
+        let wpo = match &policy.stats {
+            Some(stats) => stats.wpo.clone(),
+            None => Tensor::zeros([batch.sequences], &policy.logps.device()),
+        };
         PairScores {
             chosen_logps: half(&policy.logps, 0),
             rejected_logps: half(&policy.logps, b),
@@ -47,9 +49,9 @@ impl PairScores {
             chosen_lengths: half(&lengths, 0),
             rejected_lengths: half(&lengths, b),
             chosen_token_logps: half(&policy.token_logps, 0),
-            chosen_tokens: half(&stats.tokens, 0),
-            chosen_wpo: half(&stats.wpo, 0),
-            rejected_wpo: half(&stats.wpo, b),
+            chosen_tokens: half(&tokens, 0),
+            chosen_wpo: half(&wpo, 0),
+            rejected_wpo: half(&wpo, b),
             desirable: batch.desirable.clone(),
         }
     }

@@ -22,7 +22,9 @@ use dpo_torch::fallback::FastPath;
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
 use crate::dist::DistError;
-use crate::dpo::logps::{DeviceBatch, SequenceScores, Stats, assemble, head_block_rows, head_blocks, head_forward};
+use crate::dpo::logps::{
+    DeviceBatch, HeadStats, SequenceScores, Stats, assemble, head_block_rows, head_blocks, head_forward, token_stats,
+};
 use crate::model::linear::linear_rows;
 use crate::model::{Llama, LmHead};
 
@@ -164,21 +166,26 @@ fn head_backward(
     let hidden = hidden.inner(); // [R, L, h], no graph
     let device = hidden.device();
     let lm_head = policy.head(dtype).inner(); // weight [h, V]
-    let head = head_forward(hidden, &lm_head, batch, stats);
+    // The statistics come from the backward's softmax ([`BackwardStats`]), but WPO's, which the
+    // loss reads, from the forward.
+    let in_forward = matches!(stats, Stats::Metrics { wpo: true });
+    let head = head_forward(hidden, &lm_head, batch, if in_forward { stats } else { Stats::Off });
 
     // The loss over a leaf holding the log-probs gives their gradient.
     let n = head.token_logps.dims()[0];
     let leaf = Tensor::from_inner(head.token_logps).require_grad();
-    let scores = assemble(leaf.clone(), head.stats.map(|s| s.map(Tensor::from_inner)), batch);
+    let mut scores = assemble(leaf.clone(), head.stats.map(|s| s.map(Tensor::from_inner)), batch);
     let loss = loss_of(&scores);
     let g = (loss.clone() * scale).backward();
     let dlogp = leaf.grad(&g).unwrap_or_else(|| Tensor::zeros([n], &device)); // [N]
     // The padding's predictions (`dpo::shapes`) take no gradient.
     let padded = head.selected.dims()[0];
-    let dlogp = match padded > n {
-        true => Tensor::cat(vec![dlogp, Tensor::zeros([padded - n], &device)], 0), // [N']
-        false => dlogp,
+    let pad = |t: Tensor<1>| match padded > n {
+        true => Tensor::cat(vec![t, Tensor::zeros([padded - n], &device)], 0), // [N']
+        false => t,
     };
+    let dlogp = pad(dlogp);
+    let mut from_backward = (stats != Stats::Off && !in_forward).then(|| BackwardStats::new(pad(leaf.clone().inner())));
     let n = padded;
 
     // Back through the softmax and the projection a group of blocks at a time, each block's
@@ -194,7 +201,8 @@ fn head_backward(
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
     for group in blocks.chunks(per_group) {
-        let (rows, dz) = logit_gradients(&lm_head, &head.selected, (&dlogp, &labels), group, dtype); // [g, V]
+        let targets = (&dlogp, &labels);
+        let (rows, dz) = logit_gradients(&lm_head, &head.selected, targets, group, dtype, from_backward.as_mut()); // [g, V]
         dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [g, h]
         if lm_head.trains {
             let x = head.selected.clone().slice([rows, 0..h]); // [g, h]
@@ -212,6 +220,9 @@ fn head_backward(
             None => dw,
         };
         grads.grads.insert(lm_head.param_name.to_owned(), summed);
+    }
+    if let Some(stats) = from_backward {
+        scores.stats = Some(token_stats(&leaf, stats.finish(batch.scored()).map(Tensor::from_inner), batch));
     }
     let zeros = Tensor::<2>::zeros([r * l, h], (&device, dtype.into())); // [R·L, h]
     let dh = match dh.is_empty() {
@@ -232,6 +243,8 @@ fn head_backward(
 /// a negation, the product, the label's addition into a copy, the cast and the copy into the
 /// buffer). On a GPU these are memory-bound passes over the step's widest tensors.
 ///
+/// With `stats`, each block's statistics are taken from its logits and softmax on the way.
+///
 /// # Shapes
 /// - selected: `[N, h]`, dlogp and labels: `[N]` → the group's rows and `[g, V]`
 fn logit_gradients(
@@ -240,6 +253,7 @@ fn logit_gradients(
     (dlogp, labels): (&Tensor<1>, &Tensor<1, Int>),
     group: &[Range<usize>],
     dtype: FloatDType,
+    mut stats: Option<&mut BackwardStats>,
 ) -> (Range<usize>, Tensor<2>) {
     let rows = group[0].start..group[group.len() - 1].end;
     let v = head.weight.dims()[1];
@@ -253,7 +267,10 @@ fn logit_gradients(
         let (at, c) = ((block.start - rows.start) as i64, block.len() as i64);
         let logits = tch(head.block_logits(selected.clone().slice([block.clone(), 0..h]))); // [c, V] f32
         let mut p = logits.softmax(1, tch::Kind::Float);
-        drop(logits);
+        match stats.as_mut() {
+            Some(stats) => stats.block(logits, &p, &labels.narrow(0, at, c), block.start),
+            None => drop(logits),
+        }
         let _ = p.scatter_value_reduce_(1, &labels.narrow(0, at, c), -1.0, "add"); // p − onehot(y)
         // Made once the first block's logits are gone: a buffer of one block costs no more than
         // the cast it replaces.
@@ -272,6 +289,48 @@ fn logit_gradients(
     }
     let Some((dz, _)) = dz else { unreachable!("a group holds a block") };
     (rows, dz)
+}
+
+/// The head's statistics taken in its backward, where each block's softmax is recomputed anyway:
+/// the entropy as TRL's kernel takes it, `log Σ_v e^{z_v} − Σ_v p_v·z_v` (the log-sum-exp from
+/// the label's logit and the forward's log-prob), the mean logit and whether the label is the
+/// first argmax. Six passes over a block's `[c, V]` logits and probabilities, one of them writing
+/// (the product, in place in the logits, which are dropped after it), where the forward's took
+/// eight, two of them writing new tensors (an exponential and a product). (A batched product
+/// would read each once, but the CPU's accumulates `Σ p·z` in order: 1e-3 off at V = 152k.)
+struct BackwardStats {
+    /// `[N']` the forward's `log p(y_t)`, then zeros for the padding's predictions.
+    logp: tch::Tensor,
+    /// Each block's `[entropy, mean logit, top-1]`, `[c]` each.
+    blocks: Vec<[tch::Tensor; 3]>,
+}
+
+impl BackwardStats {
+    fn new(logp: Tensor<1>) -> Self {
+        Self { logp: bridge::on_libtorch(logp, "the LM head's log-probs").0, blocks: Vec::new() }
+    }
+
+    /// One block's, from its f32 logits (consumed) and softmax (`[c, V]`) and labels (`[c, 1]`),
+    /// its first prediction `start`.
+    fn block(&mut self, mut z: tch::Tensor, p: &tch::Tensor, labels: &tch::Tensor, start: usize) {
+        let (c, f32) = (z.size()[0], tch::Kind::Float);
+        let sum = |t: &tch::Tensor| t.sum_dim_intlist([1i64].as_slice(), false, f32);
+        let mean = sum(&z) / z.size()[1] as f64;
+        let top1 = z.argmax(1, true).eq_tensor(labels).to_kind(f32).view([c]);
+        let log_sum_exp = z.gather(1, labels, false).view([c]) - self.logp.narrow(0, start as i64, c);
+        let expected = sum(&z.g_mul_(p)); // Σ_v p_v·z_v
+        self.blocks.push([log_sum_exp - expected, mean, top1]);
+    }
+
+    /// The statistics of the first `n` predictions (the padding's dropped), plain.
+    fn finish(self, n: usize) -> HeadStats {
+        let column = |i: usize| {
+            let parts: Vec<&tch::Tensor> = self.blocks.iter().map(|b| &b[i]).collect();
+            let whole = tch::Tensor::cat(&parts, 0).narrow(0, 0, n as i64);
+            bridge::from_tch(whole, bridge::Origin::plain())
+        };
+        HeadStats { entropy: column(0), mean_logit: column(1), log_sum_sq: None, top1: column(2) }
+    }
 }
 
 /// `out = p·minus_d` by one `mul.out` into the compute-dtype buffer; false where torch refuses it
@@ -317,11 +376,11 @@ mod tests {
             let head = LmHead::new(weight.clone(), false, dtype);
             let x = selected.clone().cast(dtype);
             let blocks = [1..3, 3..6, 6..7]; // the group starts past row 0
-            let (rows, group) = logit_gradients(&head, &x, (&dlogp, &labels), &blocks, dtype);
+            let (rows, group) = logit_gradients(&head, &x, (&dlogp, &labels), &blocks, dtype, None);
             assert_eq!((rows, group.dims(), group.dtype()), (1..7, [n - 1, v], dtype.into()));
             let alone: Vec<Tensor<2>> = blocks
                 .iter()
-                .map(|b| logit_gradients(&head, &x, (&dlogp, &labels), std::slice::from_ref(b), dtype).1)
+                .map(|b| logit_gradients(&head, &x, (&dlogp, &labels), std::slice::from_ref(b), dtype, None).1)
                 .collect();
             group.to_data().assert_eq(&Tensor::cat(alone, 0).to_data(), true);
 
