@@ -219,17 +219,24 @@ fn pairs_of(input_ids: &[Vec<i64>], completion_mask: &[Vec<i64>]) -> Vec<Tokeniz
         .collect()
 }
 
+/// TRL's training batch (`tests/gen/make_grad_fixture.py`), the fixture policy on the autodiff
+/// CPU device, and the batch's pairs.
+fn grad_fixture() -> (GradFixture, dpo_train::model::Llama, Vec<TokenizedPair>, Device) {
+    let text = std::fs::read_to_string(fixtures().join("expected/trl_grads.json")).unwrap();
+    let fx: GradFixture = serde_json::from_str(&text).unwrap();
+    let device = cpu().autodiff();
+    let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let pairs = pairs_of(&fx.input_ids, &fx.completion_mask);
+    (fx, policy, pairs, device)
+}
+
 /// The training step's loss and every parameter's gradient equal those of TRL's `compute_loss`
 /// backpropagated by torch, on TRL's own collated batch (and on the same pairs packed, with and
 /// without shared prompts): this covers the hand-written LM-head backward, torch's attention
 /// backward and burn's autodiff through the rest of the model.
 #[test]
 fn a_training_batch_has_trls_gradients() {
-    let text = std::fs::read_to_string(fixtures().join("expected/trl_grads.json")).unwrap();
-    let fx: GradFixture = serde_json::from_str(&text).unwrap();
-    let device = cpu().autodiff();
-    let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
-    let pairs = pairs_of(&fx.input_ids, &fx.completion_mask);
+    let (fx, policy, pairs, device) = grad_fixture();
     // TRL's rows, rebuilt from the pairs: the same ids, padding and all.
     let pad = Tokenizer::from_dir(&fixtures().join("models/llama")).unwrap().pad_id();
     assert_eq!(collate(&pairs, pad, None, Packing::Padded).input_ids, fx.input_ids.concat(), "TRL's rows");
@@ -284,12 +291,8 @@ fn check_trl_gradients(fx: &GradFixture, policy: &dpo_train::model::Llama, batch
 /// log-sum-exp, summed over a sequence's tokens).
 #[test]
 fn a_training_steps_statistics_are_evaluations() {
-    let text = std::fs::read_to_string(fixtures().join("expected/trl_grads.json")).unwrap();
-    let fx: GradFixture = serde_json::from_str(&text).unwrap();
-    let device = cpu().autodiff();
-    let (_, policy) = dpo_train::model::load(&fixtures().join("models/llama"), &device).unwrap();
+    let (fx, policy, pairs, device) = grad_fixture();
     let pad = Tokenizer::from_dir(&fixtures().join("models/llama")).unwrap().pad_id();
-    let pairs = pairs_of(&fx.input_ids, &fx.completion_mask);
     let loss_cfg = LossConfig { beta: fx.beta, ..LossConfig::default() };
     for packing in LAYOUTS {
         let batch = DeviceBatch::new(&collate(&pairs, pad, None, packing), None, &device);
