@@ -339,11 +339,11 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 /// A block's detached statistics, each `[c]`: the predictive entropy `−Σ_v p_v·log p_v`,
 /// `log Σ_v p_v²` (where `wpo`), the mean logit and whether the label (`[c, 1]`) is the logits'
 /// first argmax (`torch.argmax`'s, TRL's `is_top1`). Six passes over the `[c, V]` tensors in torch
-/// (five without `wpo`), two of them
-/// writing one, where burn's operations made six, three writing: `Σ p²` is the square of one
-/// norm's reduction rather than a squared copy summed, and the entropy's product is taken in place
-/// in the probabilities. Each vocabulary-wide tensor is dropped as soon as it is used (two alive
-/// at once).
+/// (five without `wpo`), two of them writing one; before the argmax five, where burn's operations
+/// made six, three writing: `Σ p²` is the square of one norm's reduction rather than a squared
+/// copy summed, and the entropy's product is taken in place in the probabilities. Each
+/// vocabulary-wide tensor is dropped as soon as it is used (two alive at once). Evaluation's; a
+/// training step takes these from the head's backward (`train::backprop`).
 ///
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
