@@ -342,8 +342,9 @@ fn block_log_softmax(head: &LmHead, selected: &Tensor<2>, block: Range<usize>) -
 /// (five without `wpo`), two of them writing one; before the argmax five, where burn's operations
 /// made six, three writing: `Σ p²` is the square of one norm's reduction rather than a squared
 /// copy summed, and the entropy's product is taken in place in the probabilities. Each
-/// vocabulary-wide tensor is dropped as soon as it is used (two alive at once). Evaluation's; a
-/// training step takes these from the head's backward (`train::backprop`).
+/// vocabulary-wide tensor is dropped as soon as it is used (two alive at once). Evaluation's, and
+/// a training step's under `use_weighting` (its loss reads WPO's); other training steps take them
+/// from the head's backward (`train::backprop`).
 ///
 /// # Shapes
 /// - logits, logp: `[c, V]` f32
