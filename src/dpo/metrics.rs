@@ -1,6 +1,8 @@
 //! TRL's logged metrics (`DPOTrainer._compute_loss`, "metrics" block), kept as sums and counts so
 //! that a mean is always over every pair (or token) seen, whatever the batch size, and so that
-//! ranks can add their sums before dividing.
+//! ranks can add their sums before dividing. Evaluation divides once over the whole set; a logged
+//! training row is the mean of its steps' metrics ([`Metrics::mean`]), as TRL's `log` averages
+//! its calls'.
 
 use burn::tensor::{Device, Tensor, TensorData};
 
@@ -200,7 +202,7 @@ pub struct MetricSums {
 }
 
 /// Number of [`MetricSums`] fields (the values ranks add up).
-const FIELDS: usize = 21;
+pub const FIELDS: usize = 21;
 
 impl MetricSums {
     /// Adds the pairs of `scored`, whose mean loss was `loss`.
@@ -279,6 +281,11 @@ impl MetricSums {
         for (a, b) in self.fields_mut().into_iter().zip(o.fields()) {
             *a += b;
         }
+    }
+
+    /// [`MetricSums::from_fields`] of a slice (zeros past its end).
+    pub fn from_slice(f: &[f64]) -> Self {
+        Self::from_fields(std::array::from_fn(|i| f.get(i).copied().unwrap_or(0.0)))
     }
 
     /// The inverse of [`MetricSums::fields`].
@@ -443,8 +450,46 @@ fn per(sum: f64, count: f64) -> f64 {
 
 const NO_DESIRABLE: &[&str] = &["rewards/chosen", "logps/chosen", "logits/chosen", "rewards/margins"];
 const NO_UNDESIRABLE: &[&str] = &["rewards/rejected", "logps/rejected", "logits/rejected", "rewards/margins"];
+const NO_MARGIN: &[&str] = &["rewards/margins"];
 
 impl Metrics {
+    /// The mean of `parts` (each a step's), each metric over the parts that have it, as TRL's
+    /// `log` averages the values each `compute_loss` call appended; `None` without parts.
+    pub fn mean(parts: &[Metrics]) -> Option<Metrics> {
+        let first = *parts.first()?;
+        let mean = |name: &str, get: &dyn Fn(&Metrics) -> Option<f64>| {
+            let values: Vec<f64> = parts.iter().filter(|m| !m.absent.contains(&name)).filter_map(get).collect();
+            (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+        };
+        let always = |name: &str, get: fn(&Metrics) -> f64| mean(name, &|m| Some(get(m))).unwrap_or(0.0);
+        let nowhere = |name: &str| parts.iter().all(|m| m.absent.contains(&name));
+        let absent = match (nowhere("rewards/chosen"), nowhere("rewards/rejected"), nowhere("rewards/margins")) {
+            (true, _, _) => NO_DESIRABLE,
+            (_, true, _) => NO_UNDESIRABLE,
+            (_, _, true) => NO_MARGIN,
+            _ => &[],
+        };
+        Some(Metrics {
+            loss: always("loss", |m| m.loss),
+            rewards_chosen: always("rewards/chosen", |m| m.rewards_chosen),
+            rewards_rejected: always("rewards/rejected", |m| m.rewards_rejected),
+            rewards_accuracies: mean("rewards/accuracies", &|m| m.rewards_accuracies),
+            rewards_margins: always("rewards/margins", |m| m.rewards_margins),
+            logps_chosen: always("logps/chosen", |m| m.logps_chosen),
+            logps_rejected: always("logps/rejected", |m| m.logps_rejected),
+            logits_chosen: always("logits/chosen", |m| m.logits_chosen),
+            logits_rejected: always("logits/rejected", |m| m.logits_rejected),
+            entropy: always("entropy", |m| m.entropy),
+            num_tokens: first.num_tokens,
+            mean_token_accuracy: mean("mean_token_accuracy", &|m| m.mean_token_accuracy),
+            nll_loss: mean("nll_loss", &|m| m.nll_loss),
+            log_odds_ratio: mean("log_odds_ratio", &|m| m.log_odds_ratio),
+            log_odds_chosen: mean("log_odds_chosen", &|m| m.log_odds_chosen),
+            kl: mean("kl", &|m| m.kl),
+            absent,
+        })
+    }
+
     /// The reference-free family's metrics beyond [`Metrics::named`], under its trainers' names
     /// (`eval` shows them, training logs them to TensorBoard; they are not `metrics.csv` columns).
     pub fn extra(&self) -> Vec<(&'static str, f64)> {
@@ -491,5 +536,44 @@ impl Metrics {
             .chain(self.mean_token_accuracy.map(|v| ("mean_token_accuracy", v)))
             .filter(|(name, _)| !self.absent.contains(name))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step's KTO metrics: desirable rows only, undesirable only, or both.
+    fn kto_step(loss: f64, desirable: bool, undesirable: bool) -> Metrics {
+        let sums = MetricSums {
+            loss: loss * 2.0,
+            pairs: 2.0,
+            rewards_chosen: if desirable { 1.0 } else { 0.0 },
+            rewards_rejected: if undesirable { -1.0 } else { 0.0 },
+            desirable: f64::from(u8::from(desirable)) + f64::from(u8::from(desirable && !undesirable)),
+            ..MetricSums::default()
+        };
+        sums.finish_kto()
+    }
+
+    /// Each metric is averaged over the steps that have it (TRL appends a side's values only for
+    /// a call with rows of that label, and the margin only with both), and a metric no step has
+    /// stays left out.
+    #[test]
+    fn the_mean_of_steps_takes_each_metric_where_it_is() {
+        let only_chosen = kto_step(0.5, true, false);
+        let both = kto_step(0.25, true, true);
+        assert_eq!(only_chosen.absent, NO_UNDESIRABLE);
+        let m = Metrics::mean(&[only_chosen, both]).unwrap();
+        assert_eq!(m.loss, 0.375);
+        assert_eq!(m.rewards_chosen, (only_chosen.rewards_chosen + both.rewards_chosen) / 2.0);
+        assert_eq!((m.rewards_rejected, m.rewards_margins), (both.rewards_rejected, both.rewards_margins));
+        assert!(m.absent.is_empty());
+        let m = Metrics::mean(&[only_chosen, only_chosen]).unwrap();
+        assert_eq!(m.absent, NO_UNDESIRABLE);
+        assert!(!m.named().iter().any(|(n, _)| *n == "rewards/rejected" || *n == "rewards/margins"));
+        let m = Metrics::mean(&[only_chosen, kto_step(0.5, false, true)]).unwrap();
+        assert_eq!(m.absent, NO_MARGIN);
+        assert!(Metrics::mean(&[]).is_none());
     }
 }

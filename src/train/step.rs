@@ -374,7 +374,7 @@ fn micro_batch(
             )?;
             let Some(ref_rows) = ref_rows else { unreachable!("a micro-batch's loss reads the reference's rows") };
             window.count(&batch, device_batch.computed_tokens());
-            window.pending.push((device_batch, scores, ref_rows, loss));
+            window.pending.push((window.steps, device_batch, scores, ref_rows, loss));
             Ok(())
         })?,
         (Objective::Dpo, None) => unreachable!("DPO stages prepare their references"),

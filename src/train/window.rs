@@ -13,7 +13,7 @@ use super::log::{MetricsRow, Split};
 use crate::config::LossConfig;
 use crate::data::Batch;
 use crate::dpo::logps::{DeviceBatch, SequenceScores};
-use crate::dpo::metrics::{MetricSums, ScoredPairs};
+use crate::dpo::metrics::{FIELDS, MetricSums, Metrics, ScoredPairs};
 use crate::model::host;
 
 /// Token positions computed by forward passes, and those padded rows of the same sequences hold.
@@ -50,8 +50,9 @@ pub struct Window {
     tokens: f64,
     /// Token positions the forward passes computed, and those TRL's padded rows would hold.
     pub positions: Positions,
-    /// DPO: each micro-batch's batch, policy scores, reference rows and loss, on the device.
-    pub pending: Vec<(DeviceBatch, SequenceScores, Tensor<1>, Tensor<1>)>,
+    /// DPO: each micro-batch's step (in the window), batch, policy scores, reference rows and
+    /// loss, on the device.
+    pub pending: Vec<(usize, DeviceBatch, SequenceScores, Tensor<1>, Tensor<1>)>,
     /// SFT: each micro-batch's (scaled) loss.
     pub losses: Vec<Tensor<1>>,
 }
@@ -107,14 +108,23 @@ impl Window {
                 format!("loss {loss:.4}")
             }
             Objective::Dpo => {
-                let mut sums = MetricSums::default();
-                for (batch, scores, ref_rows, loss) in &self.pending {
+                // TRL logs the mean of what each `compute_loss` call appended: a step's, over
+                // every rank, at `gradient_accumulation_steps = 1`. A step here pools its
+                // micro-batches and ranks; the row is the mean of the steps.
+                let mut steps = vec![MetricSums::default(); self.steps.max(1)];
+                for (step, batch, scores, ref_rows, loss) in &self.pending {
                     let scored = ScoredPairs::from_batch(batch, scores, &host(ref_rows));
-                    sums.add(&scored, host(loss)[0] as f64, loss_cfg);
+                    steps[(*step).min(self.steps.max(1) - 1)].add(&scored, host(loss)[0] as f64, loss_cfg);
                 }
-                let mut fields = sums.fields();
+                let mut fields: Vec<f64> = steps.iter().flat_map(MetricSums::fields).collect();
                 workers.sum_f64(&mut fields)?;
-                let m = MetricSums::from_fields(fields).finish(loss_cfg);
+                let steps: Vec<Metrics> = fields
+                    .chunks(FIELDS)
+                    .map(MetricSums::from_slice)
+                    .filter(|s| s.pairs > 0.0)
+                    .map(|s| s.finish(loss_cfg))
+                    .collect();
+                let m = Metrics::mean(&steps).unwrap_or_else(|| MetricSums::default().finish(loss_cfg));
                 row.record(&m);
                 m.headline(" | ")
             }

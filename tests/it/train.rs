@@ -274,3 +274,33 @@ fn use_weighting_weights_the_training_loss() {
     let (plain, weighted) = (first_loss(false), first_loss(true));
     assert!((plain - weighted).abs() > 1e-6 * plain.abs(), "plain {plain}, weighted {weighted}");
 }
+
+/// A logged row is the mean of its steps' metrics, as TRL's `log` averages what each step's
+/// `compute_loss` appended: logging every second step gives the mean of the two rows that
+/// logging every step gives (the steps themselves are the same; `num_tokens` is a running count).
+#[test]
+fn a_logged_row_is_the_mean_of_its_steps() {
+    let rows = |logging_steps: u64| {
+        let out = tempfile::tempdir().unwrap();
+        let mut cfg = fixture_config(out.path(), &format!("every-{logging_steps}"));
+        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 4, 0, 0);
+        cfg.logging_steps = logging_steps;
+        let summary = train(cfg, None, None);
+        read_metrics(&summary.run_dir.join("metrics.csv")).unwrap()
+    };
+    let (every, second) = (rows(1), rows(2));
+    assert_eq!((every.len(), second.len()), (4, 2));
+    for (pair, row) in every.chunks(2).zip(&second) {
+        for name in METRIC_NAMES.iter().filter(|n| **n != "num_tokens") {
+            let (a, b) = (pair[0].metric(name).unwrap(), pair[1].metric(name).unwrap());
+            let got = row.metric(name).unwrap();
+            // Two f64 means of the same f64 values: a rounding or two apart.
+            assert!(
+                (got - (a + b) / 2.0).abs() <= 1e-12 * got.abs().max(1.0),
+                "step {} {name}: {got} vs {a}, {b}",
+                row.step
+            );
+        }
+        assert_eq!(row.metric("num_tokens"), pair[1].metric("num_tokens"));
+    }
+}
