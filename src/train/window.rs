@@ -111,10 +111,11 @@ impl Window {
                 // TRL logs the mean of what each `compute_loss` call appended: a step's, over
                 // every rank, at `gradient_accumulation_steps = 1`. A step here pools its
                 // micro-batches and ranks; the row is the mean of the steps.
-                let mut steps = vec![MetricSums::default(); self.steps.max(1)];
+                let last = self.steps.max(1) - 1;
+                let mut steps = vec![MetricSums::default(); last + 1];
                 for (step, batch, scores, ref_rows, loss) in &self.pending {
                     let scored = ScoredPairs::from_batch(batch, scores, &host(ref_rows));
-                    steps[(*step).min(self.steps.max(1) - 1)].add(&scored, host(loss)[0] as f64, loss_cfg);
+                    steps[(*step).min(last)].add(&scored, host(loss)[0] as f64, loss_cfg);
                 }
                 let mut fields: Vec<f64> = steps.iter().flat_map(MetricSums::fields).collect();
                 workers.sum_f64(&mut fields)?;
