@@ -56,9 +56,9 @@ fn run(
     (rate, losses.collect())
 }
 
-/// `estimate / measured` as "N.NNx the measured".
-fn ratio(estimate: Option<f64>, measured: Option<f64>) -> String {
-    estimate.zip(measured).map_or_else(|| "?".to_owned(), |(e, m)| format!("{:.2}x the measured", e / m))
+/// An estimate's quotient by its measurement as "N.NNx the measured".
+fn ratio(quotient: Option<f64>) -> String {
+    quotient.map_or_else(|| "?".to_owned(), |q| format!("{q:.2}x the measured"))
 }
 
 fn gib(bytes: Option<f64>) -> String {
@@ -356,6 +356,7 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         let met = rate.largest_batch.map(|(packed, scored)| check_gpu::BatchTokens { packed, scored, from_data: true });
         let at_met = met.and_then(estimate);
         let planned = lengths.as_ref().and_then(|l| estimate(l.batch(mb as u64)));
+        let quotient = at_met.zip(rate.cuda_peak_bytes).map(|(e, m)| e.allocated() as f64 / m);
         let _ = writeln!(
             text,
             "micro-batch {mb}, no checkpointing: measured {} / {} GiB allocated / reserved (largest micro-batch {}); \
@@ -364,12 +365,11 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
             gib(rate.cuda_reserved_bytes),
             met.map_or_else(|| "?".to_owned(), |t| format!("{} token positions, {} scored", t.packed, t.scored)),
             gib(at_met.map(|e| e.allocated() as f64)),
-            ratio(at_met.map(|e| e.allocated() as f64), rate.cuda_peak_bytes),
+            ratio(quotient),
             gib(planned.map(|e| e.allocated() as f64)),
             gib(planned.map(|e| e.total as f64))
         );
-        let off = at_met.zip(rate.cuda_peak_bytes).map(|(e, m)| e.allocated() as f64 / m - 1.0);
-        if off.is_some_and(|o| o.abs() > 0.15) {
+        if quotient.is_some_and(|q| (q - 1.0).abs() > 0.15) {
             failures
                 .push(format!("plan: micro-batch {mb}'s estimate at its largest micro-batch is off by more than 15%"));
         }
