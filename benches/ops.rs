@@ -1,12 +1,15 @@
-//! `make bench` (ops): torch operator calls and tensor casts per DPO training step in bf16, counted
-//! by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the first), for the
-//! Qwen2.5-0.5B shape and the medium model: the host-side proxy of a GPU step's launch overhead
-//! and cast traffic that any change can be measured by without a GPU. The counts are
-//! deterministic for a given build and batch; `tests/it/train.rs` holds the tiny fixture's.
+//! `make bench` (ops): torch operator calls, tensor casts and matrix products per DPO training
+//! step in bf16, counted by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the
+//! first), for the Qwen2.5-0.5B shape and the medium model: the host-side proxy of a GPU step's
+//! launch overhead, cuBLAS calls and cast traffic that any change can be measured by without a
+//! GPU. The counts are deterministic for a given build and batch; `tests/it/op_counts.rs` holds
+//! the tiny fixture's.
 //!
-//! Each model trains 2 steps of 2 pairs at max_length 256 (the counts depend on the layers and
-//! the batch layout, not on the sequence length), policy and reference both, AdamW's update
-//! included.
+//! Each model trains 2 steps of 2 pairs at max_length 512, policy and reference both, AdamW's
+//! update included. The counts depend on the layers and the batch layout, and on whether a batch
+//! has more token positions than the model's width: a layer's projections of one input are joined
+//! into one product from there on (`model::linear`), as they are on a GPU's batches of thousands of
+//! positions (at max_length 256, 2 pairs made fewer than the 0.5B shape's 896 inputs).
 
 mod common;
 
@@ -16,23 +19,23 @@ use common::{MEDIUM, QWEN05B, Shape, dpo_train_rate_env, long_pairs, model_dir, 
 use dpo_torch::profiler::TraceCounts;
 
 const PAIRS: usize = 2;
-const MAX_LENGTH: usize = 256;
+const MAX_LENGTH: usize = 512;
 
 fn main() {
     let out = root().join("target/bench-ops");
     std::fs::create_dir_all(&out).expect("the bench folder");
     let data = long_pairs(&out.join("pairs.jsonl"), 8);
     println!(
-        "torch operator calls and tensor casts per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
+        "torch operator calls, tensor casts and matrix products per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
     );
-    println!("{:<34} {:>10} {:>8}", "model", "operators", "casts");
+    println!("{:<34} {:>10} {:>8} {:>9}", "model", "operators", "casts", "products");
     let models: [(&str, &Shape, &str); 2] =
         [("Qwen2.5-0.5B shape (494M)", &QWEN05B, "qwen2"), ("medium (hidden 768, 12 layers)", &MEDIUM, "llama")];
     for (name, shape, family) in models {
         let dir = out.join(format!("model-{family}-{}", shape.layers));
         let model = if family == "llama" { model_dir(&dir, shape) } else { model_dir_of(&dir, shape, family) };
         let counts = profiled_step(&model, &data, &out);
-        println!("{name:<34} {:>10} {:>8}", counts.operators, counts.casts);
+        println!("{name:<34} {:>10} {:>8} {:>9}", counts.operators, counts.casts, counts.products);
     }
 }
 

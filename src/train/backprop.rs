@@ -2,12 +2,13 @@
 //! decoder layer.
 //!
 //! The LM head, the log-probs and the loss are differentiated by hand ([`head_backward`]); their
-//! gradient at the final hidden states enters the decoder's autodiff graph as `Σ h ⊙ ∂L/∂h`.
+//! gradient at the final hidden states starts the decoder's backward pass there
+//! ([`backward_from`], the gradients of `Σ h ⊙ ∂L/∂h` without computing that sum).
 //!
 //! Checkpointing runs the decoder once without a graph, keeping only each layer's input, then
 //! backpropagates one segment at a time from the top: the head (final norm, log-probs, loss)
 //! gives the gradient at the last layer's output; each layer is recomputed from its saved input
-//! and backpropagated with `Σ y ⊙ ∂L/∂y`, whose gradient is exactly the chain rule's. Peak memory
+//! and backpropagated from `∂L/∂y` at its output, exactly the chain rule's gradient. Peak memory
 //! holds one layer's activations instead of all of them; the price is one more forward pass.
 //! ZeRO-3 runs this segmented pass always: each part's parameters are gathered for its forward
 //! and again for its recompute and backward ([`super::partition`]).
@@ -18,6 +19,7 @@ use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Int, Tensor};
 use dpo_torch::bridge;
 use dpo_torch::fallback::FastPath;
+use dpo_torch::graph::backward_from;
 
 use super::optim::GradAccumulator;
 use super::partition::{Part, Segments};
@@ -58,7 +60,7 @@ pub fn forward_backward(
         // ranks on the same micro-batches compute the same bits.
         let mut fresh = GradAccumulator::default();
         let (scores, loss, dh) = head_backward(policy, hidden.clone(), batch, stats, scale, &mut fresh, loss_of);
-        fresh.add(policy, &(hidden * dh).sum().backward());
+        fresh.add(policy, &backward_from(hidden, dh));
         grads.merge(fresh);
         return Ok((scores, loss));
     }
@@ -86,7 +88,7 @@ pub fn forward_backward(
     let hidden = head_part.final_norm(top.clone());
     let mut fresh = GradAccumulator::default();
     let (scores, loss, dh) = head_backward(&head_part, hidden.clone(), batch, stats, scale, &mut fresh, loss_of);
-    let head = (hidden * dh).sum().backward();
+    let head = backward_from(hidden, dh);
     fresh.add_where(&*head_part, &head, |n| model.in_part(n, Part::Head));
     let mut upstream = top.grad(&head);
     drop(head_part);
@@ -99,7 +101,7 @@ pub fn forward_backward(
         let part = model.part(Part::Layer(i))?;
         let x = Tensor::from_inner(input).require_grad();
         let y = part.layer(i, x.clone(), &at);
-        let g = (y * Tensor::from_inner(dy)).sum().backward();
+        let g = backward_from(y, Tensor::from_inner(dy));
         let mut fresh = GradAccumulator::default();
         fresh.add_where(&*part, &g, |n| model.in_part(n, Part::Layer(i)));
         upstream = x.grad(&g);
@@ -112,7 +114,7 @@ pub fn forward_backward(
         if let Some(dx) = upstream {
             let part = model.part(Part::Embed)?;
             let e = part.embed(batch.input_ids.clone());
-            fresh.add_where(&*part, &(e * Tensor::from_inner(dx)).sum().backward(), |n| model.in_part(n, Part::Embed));
+            fresh.add_where(&*part, &backward_from(e, Tensor::from_inner(dx)), |n| model.in_part(n, Part::Embed));
         }
         model.absorb(Part::Embed, fresh, grads)?;
     }

@@ -12,9 +12,10 @@ use crate::common::fixtures;
 
 /// Tensor casts (`aten::_to_copy` of a tensor with a shape) in step 2 of a bf16 run of 2 pairs a
 /// step on the fixture llama (2 layers, policy and reference, AdamW over f32 masters).
-/// Deterministic: the same on every run and under `ATEN_CPU_CAPABILITY=avx2`. 112 among 3360
-/// operator calls at commit time, one of them a head block's argmax flags made numbers (TRL's
-/// `mean_token_accuracy`); 111 among 3403 before that and before the WPO statistic left steps
+/// Deterministic: the same on every run and under `ATEN_CPU_CAPABILITY=avx2`. 100 among 3258
+/// operator calls at commit time: each layer's q, k and v weights are cast side by side, and its
+/// gate and up weights, in one cast each (112 among 3380 before, one of them a head block's argmax
+/// flags made numbers, TRL's `mean_token_accuracy`); 111 among 3403 before that and before the WPO statistic left steps
 /// without `use_weighting`, and before parameters of one dimension stopped being reshaped; 112 before the LM head's input gradient started from zeros in
 /// the compute dtype (an f32 one was cast); 112 among 3601 before the batch and the reference's
 /// rows went up in two uploads; 113 among 3596 before the LM head's backward wrote its logit
@@ -23,18 +24,24 @@ use crate::common::fixtures;
 /// f32 cast more per block); 107 among 3828 before the RMSNorm node, whose CPU backward upcasts the
 /// bf16 input it keeps (none on CUDA, where torch's fused kernel reads bf16); 4180 operators
 /// before the rotary node.
-const CASTS_PER_STEP: u64 = 112;
+const CASTS_PER_STEP: u64 = 100;
 
 /// The same without checkpointing: the trained weights stay in bf16 between steps beside their
 /// f32 masters, so none is cast as it is used (one multi-tensor copy a step writes them; on the
-/// CPU a `copy_` each, not counted as a cast): 66 among 2694 operator calls, one of them the head
-/// block's argmax flags (65 among 2737 before them, the WPO statistic's leaving and the vectors'
+/// CPU a `copy_` each, not counted as a cast): 66 among 2658 operator calls (2714 before each
+/// layer's projections of one input were joined; 2694 at the time), one of them the head block's
+/// argmax flags (65 among 2737 before them, the WPO statistic's leaving and the vectors'
 /// reshapes' leaving; 66 among 2815 before
 /// the head's input gradient started from zeros in the compute dtype, 67 among 2810
 /// before the head's buffer took its gradients in the compute dtype, 66 among 2791 before the head
 /// recomputed its logits), where casting each weight at its use made 85 among 2847 (the 19 trained
 /// matrices and norms).
 const CASTS_PER_STEP_RESIDENT: u64 = 66;
+
+/// Matrix products (cuBLAS calls on a GPU) of the same two steps, with and without
+/// checkpointing: each layer's q, k and v projections, and its gate and up projections, are one
+/// product each way (their weights side by side), where they made 75 and 61 one by one.
+const PRODUCTS_PER_STEP: (u64, u64) = (51, 43);
 
 /// A step's host-device copies (on a GPU each blocking one waited for the queued kernels): the
 /// batch's integers and floats, and the CPU attention's two index tensors (a GPU's variable-length
@@ -53,6 +60,7 @@ fn a_bf16_step_makes_the_casts_it_made() {
         resident.casts, CASTS_PER_STEP_RESIDENT,
         "casts per bf16 step without checkpointing changed ({resident:?})"
     );
+    assert_eq!((counts.products, resident.products), PRODUCTS_PER_STEP, "matrix products per step changed");
 }
 
 /// With the reference scoring each micro-batch on a thread of its own (on by default on CUDA), a

@@ -16,22 +16,29 @@
 //! the master's dtype from the product itself on CUDA (`torch.mm(..., out_dtype=float32)`, no
 //! cast kernel) and the bias gradient from one sum in f32, where burn's autodiff differentiated a
 //! cast, a reshape, a product and a broadcast addition one by one.
+//!
+//! Projections of one input (a layer's q, k and v; gate and up) run as one product over their
+//! weights side by side ([`Linear::forward_group`]): on a GPU each product is a launch and
+//! cuBLAS's host time (about a third of a small model's step, results/gpu/), and the narrow k and
+//! v products (128 columns on the 0.5B shape) leave most of the device idle.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
 #![allow(deprecated)]
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::{Autodiff, Backend, backend_extension, tensor::FloatTensor};
+use burn::backend::tensor::FloatTensor;
 use burn::module::{Module, Param};
 use burn::tensor::module::linear;
 use burn::tensor::{Distribution, FloatDType, Tensor};
 use burn_tch::{LibTorch, TchTensor};
 use dpo_torch::dtype::{as_kind, grad_kind};
 use dpo_torch::fallback::FastPath;
+
+use dpo_torch::graph::{Ad, on_autodiff, split_last};
 
 /// A linear layer, with an optional LoRA adapter.
 #[derive(Module, Debug)]
@@ -66,8 +73,28 @@ impl Linear {
     /// # Shapes
     /// - x: `[..., in]` → `[..., out]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let bias = self.bias.as_ref().map(Param::val);
-        let y = project(x.clone(), self.weight.val(), bias.clone()); // [..., out]
+        let y = project(x.clone(), self.weight.val(), self.bias.as_ref().map(Param::val)); // [..., out]
+        self.adapt(x, y)
+    }
+
+    /// The projections of one input by each of `group` (q, k and v; gate and up): as one product
+    /// over their weights side by side where that saves more than it costs (see [`fuses`]), then
+    /// cut into each one's output, each adapter added to its own.
+    ///
+    /// # Shapes
+    /// - x: `[..., in]` → `[..., out_i]` each
+    pub fn forward_group<const D: usize>(x: Tensor<D>, group: &[&Linear]) -> Vec<Tensor<D>> {
+        if !fuses(&x, group) {
+            return group.iter().map(|l| l.forward(x.clone())).collect();
+        }
+        let parts = group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect();
+        let widths: Vec<usize> = group.iter().map(|l| l.weight.dims()[1]).collect();
+        let y = project_many(x.clone(), parts); // [..., Σ out]
+        split_last(y, &widths).into_iter().zip(group).map(|(y, l)| l.adapt(x.clone(), y)).collect()
+    }
+
+    /// `y`, the base projection of `x`, with the adapter's update added (none: `y`).
+    fn adapt<const D: usize>(&self, x: Tensor<D>, y: Tensor<D>) -> Tensor<D> {
         let Some(lora) = &self.lora else { return y };
         let dropped = lora.dropped(x);
         let update = lora.update(dropped.clone()); // [..., out]
@@ -75,7 +102,7 @@ impl Linear {
         let dtype = FloatDType::from(y.dtype());
         // PEFT's `DoraLinearLayer.forward`: the base output without its bias, recomputed from the
         // dropped input where dropout trains.
-        let base = match bias {
+        let base = match self.bias.as_ref().map(Param::val) {
             _ if lora.dropout > 0.0 => linear_rows(dropped, self.weight.val().cast(dtype), None),
             Some(b) => y.clone() - b.cast(dtype).unsqueeze::<D>(),
             None => y.clone(),
@@ -94,6 +121,19 @@ impl Linear {
             None => merged,
         });
     }
+}
+
+/// Whether [`Linear::forward_group`] runs `group` over `x` as one product: two or more
+/// projections, all with a bias or none, and at least as many rows as inputs (`rows ≥ in`). Joining
+/// the weights copies them once a pass (or casts them, as each use would anyway), at most one more
+/// write of the output the product makes; a decoding step of a few rows would copy a large model's
+/// weights for every token. The dtypes take no part: the same batch computes the same way however
+/// the weights are held (ZeRO-3 gathers a frozen bf16 base in f32, plain data parallelism keeps it
+/// in bf16), as the sums the joined product groups differently round differently.
+fn fuses<const D: usize>(x: &Tensor<D>, group: &[&Linear]) -> bool {
+    let rows: usize = x.dims()[..D - 1].iter().product();
+    let biased = group.iter().filter(|l| l.bias.is_some()).count();
+    group.len() > 1 && (biased == 0 || biased == group.len()) && group.iter().all(|l| rows >= l.weight.dims()[0])
 }
 
 impl Lora {
@@ -165,83 +205,107 @@ pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option
 /// # Shapes
 /// - x: `[..., in]`, weight: `[in, out]`, bias: `[out]` → `[..., out]`
 pub fn project<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
-    type Dispatch = burn::backend::Dispatch;
-    let (x, weight) = (x.into_dispatch(), weight.into_dispatch());
-    Tensor::from_dispatch(match bias {
-        Some(b) => <Dispatch as LinearOps>::cast_linear_bias(x, weight, b.into_dispatch()),
-        None => <Dispatch as LinearOps>::cast_linear(x, weight),
-    })
+    project_many(x, vec![(weight, bias)])
 }
 
-/// The projection, per backend.
-#[backend_extension(LibTorch, Autodiff)]
-pub trait LinearOps: Backend {
-    /// See [`project`], without a bias.
-    fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self>;
-    /// See [`project`].
-    fn cast_linear_bias(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self>;
-}
-
-impl LinearOps for LibTorch {
-    fn cast_linear(x: TchTensor, weight: TchTensor) -> TchTensor {
-        let [y, ..] = projected(&x.tensor, &weight.tensor, None);
-        TchTensor::new(y)
+/// [`project`] by several weights at once: `x·[W₁|…|W_k] + [b₁|…|b_k]`, one product over the
+/// weights side by side (cast as they are joined), whose backward takes the input's gradient by
+/// one product too and each weight's gradient from its own columns of the output's.
+///
+/// # Shapes
+/// - x: `[..., in]`, parts: (`[in, out_i]`, `[out_i]`) → `[..., Σ out_i]`
+///
+/// # Panics
+/// If some parts have a bias and others none, or more than three parts are given.
+pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<Tensor<1>>)>) -> Tensor<D> {
+    let k = parts.len();
+    let (weights, biases): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+    let biases: Vec<Tensor<1>> = biases.into_iter().flatten().collect();
+    assert!(biases.is_empty() || biases.len() == k, "a bias on some of the projections joined, not all");
+    if !x.is_autodiff() {
+        let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "a projection's weight").0;
+        let (x, origin) = dpo_torch::bridge::on_libtorch(x, "a projection's input");
+        let w: Vec<_> = weights.into_iter().map(tch).collect();
+        let b: Vec<_> =
+            biases.into_iter().map(|b| dpo_torch::bridge::on_libtorch(b, "a projection's bias").0).collect();
+        let [y, ..] = projected(&x, &w, &b);
+        return dpo_torch::bridge::from_tch(y, origin);
     }
+    let what = "a projection's operand";
+    let inputs: Vec<FloatTensor<Ad>> = std::iter::once(on_autodiff(x, what))
+        .chain(weights.into_iter().map(|w| on_autodiff(w, what)))
+        .chain(biases.into_iter().map(|b| on_autodiff(b, what)))
+        .collect();
+    let y = match inputs.len() {
+        2 => linear_node::<2>(inputs, k),
+        3 => linear_node::<3>(inputs, k),
+        4 => linear_node::<4>(inputs, k),
+        5 => linear_node::<5>(inputs, k),
+        7 => linear_node::<7>(inputs, k),
+        n => panic!("{k} projections joined ({n} operands): at most three are"),
+    };
+    Tensor::from_primitive::<Ad>(y)
+}
 
-    fn cast_linear_bias(x: TchTensor, weight: TchTensor, bias: TchTensor) -> TchTensor {
-        let [y, ..] = projected(&x.tensor, &weight.tensor, Some(&bias.tensor));
-        TchTensor::new(y)
+/// The weights side by side along `dim` in `kind`, and whether that is a copy made for this pass
+/// (a cast, or several joined) rather than the one weight itself.
+fn joined(parts: &[tch::Tensor], dim: i64, kind: tch::Kind) -> (tch::Tensor, bool) {
+    match parts {
+        [one] => (as_kind(one, kind), one.kind() != kind),
+        _ => (as_kind(&tch::Tensor::cat(parts, dim), kind), true),
     }
 }
 
-/// `(x·W + b, W in x's dtype, x's rows)`: one `addmm` (transformers' `F.linear`) or `mm` over the
-/// rows (`[rows, in]`, a view of a contiguous x).
-fn projected(x: &tch::Tensor, weight: &tch::Tensor, bias: Option<&tch::Tensor>) -> [tch::Tensor; 3] {
-    let w = as_kind(weight, x.kind());
+/// `(x·W + b, W in x's dtype, x's rows)` for the weights and biases joined ([`joined`]; no biases
+/// or one each): one `addmm` (transformers' `F.linear`) or `mm` over the rows
+/// (`[rows, in]`, a view of a contiguous x).
+fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor]) -> [tch::Tensor; 3] {
+    let (w, _) = joined(weights, 1, x.kind());
     let size = x.size();
     let (leading, inner) = size.split_at(size.len().saturating_sub(1));
     let rows = x.reshape([-1, inner.iter().product()]); // [rows, in]
-    let y = match bias {
-        Some(b) => as_kind(b, x.kind()).addmm(&rows, &w),
-        None => rows.mm(&w),
+    let y = match biases.is_empty() {
+        false => joined(biases, 0, x.kind()).0.addmm(&rows, &w),
+        true => rows.mm(&w),
     }; // [rows, out]
     let out: Vec<i64> = leading.iter().copied().chain([w.size()[1]]).collect();
     [y.reshape(out.as_slice()), w, rows]
 }
 
-impl<C: CheckpointStrategy> LinearOps for Autodiff<LibTorch, C> {
-    fn cast_linear(x: FloatTensor<Self>, weight: FloatTensor<Self>) -> FloatTensor<Self> {
-        cast_linear_node::<C, 2>([x, weight])
-    }
-
-    fn cast_linear_bias(x: FloatTensor<Self>, weight: FloatTensor<Self>, bias: FloatTensor<Self>) -> FloatTensor<Self> {
-        cast_linear_node::<C, 3>([x, weight, bias])
-    }
-}
-
-/// [`project`] under autodiff over `[x, weight]` or `[x, weight, bias]`: the output, and what the
-/// backward reads of the inputs that take a gradient (the rows of x for the weight's, the cast
-/// weight for the input's, as the product's own backward would keep them).
-fn cast_linear_node<C: CheckpointStrategy, const N: usize>(
-    inputs: [FloatTensor<Autodiff<LibTorch, C>>; N],
-) -> FloatTensor<Autodiff<LibTorch, C>> {
+/// [`project_many`] under autodiff over `[x, W₁..W_k, b₁..b_k]` (N = 1 + k or 1 + 2k): the output,
+/// and what the backward reads of the inputs that take a gradient (the rows of x for the
+/// weights', the joined weight for the input's, as the product's own backward would keep them).
+fn linear_node<const N: usize>(inputs: Vec<FloatTensor<Ad>>, k: usize) -> FloatTensor<Ad> {
+    let Ok(inputs) = <[FloatTensor<Ad>; N]>::try_from(inputs) else { unreachable!("N operands") };
     let tracked = inputs.each_ref().map(|t| t.is_tracked());
     let mut values = Vec::with_capacity(N);
     let nodes = inputs.map(|t| {
         let (value, node) = t.into_parts();
-        values.push(value);
+        values.push(value.tensor);
         node
     });
-    let (x, weight, bias) = (&values[0].tensor, &values[1].tensor, values.get(2).map(|b| &b.tensor));
-    let [y, w, rows] = projected(x, weight, bias);
-    match CastLinear.prepare::<C>(nodes).compute_bound().stateful() {
+    let (x, weights, biases) = (&values[0], &values[1..=k], &values[k + 1..]);
+    let [y, w, rows] = projected(x, weights, biases);
+    match CastLinear.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
+            let kinds = |ts: &[tch::Tensor], tracked: &[bool]| {
+                ts.iter().zip(tracked).map(|(t, &on)| on.then(|| grad_kind(t.kind()))).collect()
+            };
+            let widths = weights.iter().map(|w| w.size()[1]).collect();
+            // The input's gradient reads the joined weight: kept where it is a cast (as the casts
+            // it replaces were), else joined again then (holding no copy of frozen weights).
+            let cast = weights.iter().any(|w| w.kind() != x.kind());
+            let weight = tracked[0].then(|| match k == 1 || cast {
+                true => Weight::Kept(TchTensor::new(w)),
+                false => Weight::Joined(weights.iter().map(|w| TchTensor::new(w.shallow_clone())).collect()),
+            });
             let saved = Saved {
-                rows: tracked[1].then(|| TchTensor::new(rows)),
-                cast_weight: tracked[0].then(|| TchTensor::new(w)),
+                rows: tracked[1..=k].contains(&true).then(|| TchTensor::new(rows)),
+                weight,
                 x_size: x.size(),
-                weight_kind: grad_kind(weight.kind()),
-                bias_kind: bias.filter(|_| tracked.get(2) == Some(&true)).map(|b| grad_kind(b.kind())),
+                widths,
+                weight_kinds: kinds(weights, &tracked[1..=k]),
+                bias_kinds: kinds(biases, &tracked[k + 1..]),
             };
             prep.finish(saved, TchTensor::new(y))
         }
@@ -249,21 +313,32 @@ fn cast_linear_node<C: CheckpointStrategy, const N: usize>(
     }
 }
 
-/// [`project`]'s graph node.
+/// [`project_many`]'s graph node.
 #[derive(Debug)]
 struct CastLinear;
+
+/// The joined weight [`CastLinear`]'s backward multiplies by.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// `[in, Σ out]` in x's dtype.
+    Kept(TchTensor),
+    /// The weights as they are, in x's dtype, joined again in the backward.
+    Joined(Vec<TchTensor>),
+}
 
 /// What [`CastLinear`]'s backward reads.
 #[derive(Debug, Clone)]
 struct Saved {
-    /// `[rows, in]`, when the weight trains.
+    /// `[rows, in]`, when some weight trains.
     rows: Option<TchTensor>,
-    /// `[in, out]` in x's dtype, when x takes a gradient.
-    cast_weight: Option<TchTensor>,
+    /// When x takes a gradient.
+    weight: Option<Weight>,
     x_size: Vec<i64>,
-    /// The dtypes the weight's and the bias's gradients come back in ([`grad_kind`]).
-    weight_kind: tch::Kind,
-    bias_kind: Option<tch::Kind>,
+    /// Each weight's output columns.
+    widths: Vec<i64>,
+    /// The dtype each weight's and each bias's gradient comes back in ([`grad_kind`]), where it trains.
+    weight_kinds: Vec<Option<tch::Kind>>,
+    bias_kinds: Vec<Option<tch::Kind>>,
 }
 
 impl<const N: usize> Backward<LibTorch, N> for CastLinear {
@@ -272,19 +347,37 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
     fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let g = grads.consume::<LibTorch>(&ops.node).tensor;
         let s = &ops.state;
-        let g = g.reshape([-1, g.size()[g.dim() - 1]]); // [rows, out]
-        let mut parents = ops.parents.into_iter();
-        let (px, pw, pb) = (parents.next().flatten(), parents.next().flatten(), parents.next().flatten());
-        if let (Some(p), Some(w)) = (px, &s.cast_weight) {
-            let dx = g.mm(&w.tensor.tr()).reshape(s.x_size.as_slice()); // [..., in]
+        let g = g.reshape([-1, g.size()[g.dim() - 1]]); // [rows, Σ out]
+        let (px, params) = (&ops.parents[0], &ops.parents[1..]);
+        let (pw, pb) = params.split_at(s.widths.len());
+        let columns = |i: usize| {
+            let at: i64 = s.widths[..i].iter().sum();
+            if s.widths.len() == 1 { g.shallow_clone() } else { g.narrow(1, at, s.widths[i]) }
+        }; // [rows, out_i]
+        if let (Some(p), Some(w)) = (px, &s.weight) {
+            let w = match w {
+                Weight::Kept(w) => w.tensor.shallow_clone(),
+                Weight::Joined(parts) => tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), 1),
+            };
+            let dx = g.mm(&w.tr()).reshape(s.x_size.as_slice()); // [..., in]
             grads.register::<LibTorch>(p.id, TchTensor::new(dx));
         }
-        if let (Some(p), Some(rows)) = (pw, &s.rows) {
-            grads.register::<LibTorch>(p.id, TchTensor::new(weight_grad(&rows.tensor, &g, s.weight_kind)));
+        for (i, (p, kind)) in pw.iter().zip(&s.weight_kinds).enumerate() {
+            if let (Some(p), Some(rows), Some(kind)) = (p, &s.rows, kind) {
+                grads.register::<LibTorch>(p.id, TchTensor::new(weight_grad(&rows.tensor, &columns(i), *kind)));
+            }
         }
-        if let (Some(p), Some(kind)) = (pb, s.bias_kind) {
-            let db = g.sum_dim_intlist([0i64].as_slice(), false, kind); // [out]
-            grads.register::<LibTorch>(p.id, TchTensor::new(db));
+        // One sum over the rows for every bias, then each bias's columns of it.
+        if let Some(kind) = s.bias_kinds.iter().flatten().next() {
+            let db = g.sum_dim_intlist([0i64].as_slice(), false, *kind); // [Σ out]
+            let mut at = 0;
+            for ((p, k), &n) in pb.iter().zip(&s.bias_kinds).zip(&s.widths) {
+                if let (Some(p), Some(k)) = (p, k) {
+                    let own = if pb.len() == 1 { db.shallow_clone() } else { db.narrow(0, at, n) };
+                    grads.register::<LibTorch>(p.id, TchTensor::new(as_kind(&own, *k)));
+                }
+                at += n;
+            }
         }
     }
 }
@@ -390,6 +483,87 @@ mod tests {
         assert_eq!(dw.kind(), tch::Kind::Float);
         assert!(dw.equal(&rows.tr().mm(&g).to_kind(tch::Kind::Float)));
         assert!(MM_OUT_DTYPE.failure().is_some_and(|e| e.contains("mm")), "{:?}", MM_OUT_DTYPE.failure());
+    }
+
+    /// Projections joined ([`Linear::forward_group`]) give each part's output and the input's,
+    /// weights' and biases' gradients of the projections one by one: f32 masters under bf16
+    /// (the joined cast kept), weights in x's dtype (joined again in the backward), with and
+    /// without biases, a frozen weight, and an adapter on one part; the gradients in the masters'
+    /// dtypes. Within f32's round-off of sums grouped differently (the input's gradient is one
+    /// product over every output column where it was three products added: 2.1e-6 of the largest
+    /// value here), and one rounding of the largest value in bf16.
+    #[test]
+    fn joined_projections_equal_them_one_by_one() {
+        let device = Device::libtorch().autodiff();
+        let random = |shape: [usize; 2], name: &str| normal(shape, (0.0, 1.0), name, &device);
+        for (dtype, weights_dtype, bound) in [
+            (FloatDType::F32, FloatDType::F32, 1e-5f32),
+            (FloatDType::BF16, FloatDType::F32, 1e-2),
+            (FloatDType::BF16, FloatDType::BF16, 1e-2),
+        ] {
+            for biased in [true, false] {
+                let linear = |out: usize, name: &str, trains: bool| {
+                    let w = random([16, out], name).cast(weights_dtype);
+                    let b = random([1, out], &format!("{name}.b")).reshape([out]);
+                    Linear {
+                        weight: Param::from_tensor(if trains { w.require_grad() } else { w }),
+                        bias: biased.then(|| Param::from_tensor(b.require_grad())),
+                        lora: None,
+                    }
+                };
+                let mut group = [linear(8, "q", true), linear(4, "k", false), linear(4, "v", true)];
+                group[2].lora = Some(Lora {
+                    a: Param::from_tensor(random([16, 2], "a").require_grad()),
+                    b: Param::from_tensor(random([2, 4], "b").require_grad()),
+                    scale: 2.0,
+                    dropout: 0.0,
+                    magnitude: None,
+                });
+                let x = normal([2, 9, 16], (0.0, 1.0), "x", &device).cast(dtype).require_grad();
+                let refs: Vec<&Linear> = group.iter().collect();
+                assert!(fuses(&x, &refs), "18 rows of 16 inputs are joined");
+                let joined = Linear::forward_group(x.clone(), &refs);
+                let apart: Vec<Tensor<3>> = group.iter().map(|l| l.forward(x.clone())).collect();
+                let loss = |ys: &[Tensor<3>]| {
+                    ys.iter()
+                        .enumerate()
+                        .map(|(i, y)| (y.clone() * (i as f64 + 1.0)).sin().sum())
+                        .reduce(|a, b| a + b)
+                        .unwrap()
+                };
+                for (a, b) in joined.iter().zip(&apart) {
+                    assert!(max_rel(a.clone(), b.clone()) <= bound, "{dtype:?} output");
+                }
+                let (g1, g2) = (loss(&joined).backward(), loss(&apart).backward());
+                let case = format!("{dtype:?} over {weights_dtype:?} weights, biases {biased}");
+                assert!(max_rel(x.grad(&g1).unwrap(), x.grad(&g2).unwrap()) <= bound, "{case}: input gradient");
+                for (i, l) in group.iter().enumerate() {
+                    let w = l.weight.val();
+                    match (w.grad(&g1), w.grad(&g2)) {
+                        (Some(a), Some(b)) => {
+                            assert_eq!(a.dtype(), b.dtype(), "{case}: weight {i}'s gradient dtype");
+                            assert!(max_rel(a, b) <= bound, "{case}: weight {i}'s gradient");
+                        }
+                        (None, None) => assert_eq!(i, 1, "only k is frozen"),
+                        _ => panic!("{case}: weight {i} has a gradient one way only"),
+                    }
+                    if let Some(b) = l.bias.as_ref().map(Param::val) {
+                        assert!(max_rel(b.grad(&g1).unwrap(), b.grad(&g2).unwrap()) <= bound, "{case}: bias {i}");
+                    }
+                }
+                let lora = group[2].lora.as_ref().unwrap();
+                assert!(
+                    max_rel(lora.a.val().grad(&g1).unwrap(), lora.a.val().grad(&g2).unwrap()) <= bound,
+                    "{case}: A"
+                );
+            }
+        }
+        // Fewer rows than inputs: one by one, no copy of the weights.
+        let l = |name: &str| Linear { weight: Param::from_tensor(random([16, 4], name)), bias: None, lora: None };
+        let (a, b) = (l("a"), l("b"));
+        let x = normal([1, 3, 16], (0.0, 1.0), "x", &device);
+        assert!(!fuses(&x, &[&a, &b]) && !fuses(&x.cast(FloatDType::BF16), &[&a, &b]), "whatever the dtypes");
+        assert!(fuses(&normal([2, 8, 16], (0.0, 1.0), "x", &device), &[&a, &b]), "as many rows as inputs");
     }
 
     /// The node's output and its input, weight and bias gradients equal burn's cast, product and

@@ -229,9 +229,14 @@ impl Attention {
     pub fn forward(&self, x: Tensor<3>, at: &Placement, cache: Option<&mut LayerCache>) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x.clone()).reshape([b, s, h, d]); // [B, S, H, D]
-        let k = self.k_proj.forward(x.clone()).reshape([b, s, hkv, d]); // [B, S, Hkv, D]
-        let v = self.v_proj.forward(x).reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        let [q, k, v] =
+            match <[Tensor<3>; 3]>::try_from(Linear::forward_group(x, &[&self.q_proj, &self.k_proj, &self.v_proj])) {
+                Ok(qkv) => qkv,
+                Err(_) => unreachable!("three projections"),
+            };
+        let q = q.reshape([b, s, h, d]); // [B, S, H, D]
+        let k = k.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        let v = v.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
             _ => (q, k),
@@ -274,7 +279,10 @@ impl Mlp {
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let (gate, up) = (self.gate_proj.forward(x.clone()), self.up_proj.forward(x)); // [B, S, I] each
+        let [gate, up] = match <[Tensor<3>; 2]>::try_from(Linear::forward_group(x, &[&self.gate_proj, &self.up_proj])) {
+            Ok(pair) => pair,
+            Err(_) => unreachable!("two projections"),
+        }; // [B, S, I] each
         self.down_proj.forward(swiglu(gate, up))
     }
 }

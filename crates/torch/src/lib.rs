@@ -4,14 +4,16 @@
 //! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
 //! switch ([`kernels`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
 //! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), threads that run as their
-//! caller's ([`threads`]), copies to a GPU that do not wait for it ([`transfers`]), and the bridge
-//! between burn tensors and the `tch::Tensor`s they wrap ([`bridge`]).
+//! caller's ([`threads`]), copies to a GPU that do not wait for it ([`transfers`]), the bridge
+//! between burn tensors and the `tch::Tensor`s they wrap ([`bridge`]), and autodiff nodes that
+//! are plumbing rather than layers ([`graph`]).
 
 pub mod allocator;
 pub mod bridge;
 pub mod dtype;
 pub mod fallback;
 pub mod ffi;
+pub mod graph;
 pub mod kernels;
 pub mod profiler;
 pub mod threads;

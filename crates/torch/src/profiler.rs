@@ -119,13 +119,16 @@ impl Drop for ProfileWindow {
 }
 
 /// What a trace holds per profiled window: torch operator calls (every `cpu_op` event, nested
-/// ones included, as torch's `key_averages` counts them) and the dtype or device conversions of
+/// ones included, as torch's `key_averages` counts them), the dtype or device conversions of
 /// tensors among them (`aten::_to_copy`, what every `.to(dtype)` runs; the 0-dim conversions torch
-/// makes of scalar arguments, which stay on the host, are left out: they launch no kernel).
+/// makes of scalar arguments, which stay on the host, are left out: they launch no kernel), and
+/// the matrix products (`mm`, `addmm`, `bmm`, `baddbmm`: what `matmul` and `linear` run), each a
+/// cuBLAS call on a GPU, whose host time made the largest share of a small model's step there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TraceCounts {
     pub operators: u64,
     pub casts: u64,
+    pub products: u64,
     /// The threads that ran operators.
     pub threads: u64,
 }
@@ -147,11 +150,15 @@ impl TraceCounts {
             // A shape is recorded for each input; a 0-dim first input is a scalar's conversion.
             let scalar = op["args"]["Input Dims"][0].as_array().is_some_and(|dims| dims.is_empty());
             counts.casts += u64::from(op["name"] == "aten::_to_copy" && !scalar);
+            counts.products += u64::from(PRODUCTS.iter().any(|p| op["name"] == *p));
         }
         counts.threads = threads.len() as u64;
         Ok(counts)
     }
 }
+
+/// The operators [`TraceCounts::products`] counts (the ones `matmul` dispatches to, so none twice).
+const PRODUCTS: [&str; 5] = ["aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"];
 
 fn parse_steps(text: &str) -> Option<(u64, u64)> {
     let (a, b) = text.split_once('-')?;
@@ -206,6 +213,7 @@ mod tests {
         let counts = TraceCounts::read(&path).unwrap();
         assert_eq!(counts.casts, 2, "{counts:?}");
         assert!(counts.operators >= 6, "ones, matmul and the cast in each step at least: {counts:?}");
+        assert_eq!(counts.products, 2, "matmul's mm, once a step: {counts:?}");
         assert!(TraceCounts::read(&dir.path().join("absent.json")).unwrap_err().contains("cannot read"));
         assert!(!path.with_extension("json.tmp").exists());
     }

@@ -1,0 +1,229 @@
+//! Graph nodes of burn's autodiff that are plumbing rather than layers.
+//!
+//! [`split_last`]: a tensor cut along its last dimension into views, whose gradients go back as
+//! one concatenation (torch's `split` and its `SplitBackward`). burn differentiates each `narrow` on its own: a zero tensor of the whole input's shape, the
+//! part's gradient written into it, then the parts' zero-padded gradients added up, a memset, a
+//! copy and an addition a part. Here the parts' gradients are collected as they arrive and sent
+//! on as one `cat`, zeros standing in only for a part nothing differentiated.
+//!
+//! The graph: the input, then a node that passes it through (`Joint`), then one node per part
+//! (`Piece`) reading the joint. burn's backward runs a node after every deeper one (a node's depth
+//! is one more than its deepest parent's), so every part has handed in its gradient when the
+//! joint's step runs. The joint's output is never given out, so nothing else registers a gradient
+//! on it.
+//!
+//! [`backward_from`]: a backward pass that starts from a given gradient at a tensor (torch's
+//! `y.backward(dy)`), where `(y * dy).sum().backward()` multiplied, summed, then differentiated both.
+
+// burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
+// purpose, so the deprecation is expected here.
+#![allow(deprecated)]
+
+use std::sync::{Arc, Mutex};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, tensor::FloatTensor};
+use burn::tensor::Tensor;
+use burn_tch::{LibTorch, TchTensor};
+
+/// The autodiff backend the model's tensors live on (burn's `Device::libtorch().autodiff()`).
+pub type Ad = Autodiff<LibTorch>;
+
+/// `x` cut along its last dimension into parts of `sizes` (views of `x`, in order), differentiable
+/// as one operation.
+///
+/// # Shapes
+/// - x: `[..., Σ sizes]` → `[..., sizes[i]]` each
+///
+/// # Panics
+/// If `sizes` do not add up to the last dimension.
+pub fn split_last<const D: usize>(x: Tensor<D>, sizes: &[usize]) -> Vec<Tensor<D>> {
+    let width = x.dims()[D - 1];
+    assert_eq!(sizes.iter().sum::<usize>(), width, "split sizes {sizes:?} of a last dimension of {width}");
+    let offsets = sizes.iter().scan(0, |at, &n| Some((std::mem::replace(at, *at + n), n)));
+    if !x.is_autodiff() {
+        let (t, origin) = crate::bridge::on_libtorch(x, "a split tensor");
+        let last = (D - 1) as i64;
+        return offsets.map(|(at, n)| crate::bridge::from_tch(t.narrow(last, at as i64, n as i64), origin)).collect();
+    }
+    let (value, node) = on_autodiff(x, "a split tensor").into_parts();
+    let slots = Arc::new(Slots { grads: Mutex::new(sizes.iter().map(|_| None).collect()), sizes: sizes.to_vec() });
+    let joint = match Joint.prepare::<NoCheckpointing>([node]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(slots.clone(), value),
+        OpsKind::UnTracked(prep) => prep.finish(value),
+    };
+    offsets
+        .enumerate()
+        .map(|(i, (at, n))| {
+            let part = joint.primitive().tensor.narrow((D - 1) as i64, at as i64, n as i64);
+            let out = match Piece.prepare::<NoCheckpointing>([joint.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish((slots.clone(), i), TchTensor::new(part)),
+                OpsKind::UnTracked(prep) => prep.finish(TchTensor::new(part)),
+            };
+            Tensor::from_primitive::<Ad>(out)
+        })
+        .collect()
+}
+
+/// The parts' gradients as they arrive.
+#[derive(Debug)]
+struct Slots {
+    grads: Mutex<Vec<Option<TchTensor>>>,
+    sizes: Vec<usize>,
+}
+
+/// The node the parts read: its backward sends their gradients on, concatenated.
+#[derive(Debug)]
+struct Joint;
+
+impl Backward<LibTorch, 1> for Joint {
+    type State = Arc<Slots>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [Some(parent)] = ops.parents else { return };
+        let slots = ops.state;
+        let parts = std::mem::take(&mut *slots.grads.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        // The joint's step runs only when some part was reached, so one gradient gives the
+        // shape and dtype of the zeros standing in for a part that was not.
+        let Some(like) = parts.iter().flatten().next().map(|g| g.tensor.shallow_clone()) else { return };
+        let last = like.dim() - 1;
+        let mut parts: Vec<TchTensor> = parts
+            .into_iter()
+            .zip(&slots.sizes)
+            .map(|(g, &n)| {
+                g.unwrap_or_else(|| {
+                    let mut size = like.size();
+                    size[last] = n as i64;
+                    TchTensor::new(tch::Tensor::zeros(size.as_slice(), (like.kind(), like.device())))
+                })
+            })
+            .collect();
+        let whole = match parts.len() {
+            1 => parts.remove(0),
+            _ => TchTensor::new(tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), last as i64)),
+        };
+        grads.register::<LibTorch>(parent.id, whole);
+    }
+}
+
+/// One part: its backward hands its gradient to the joint.
+#[derive(Debug)]
+struct Piece;
+
+impl Backward<LibTorch, 1> for Piece {
+    type State = (Arc<Slots>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = grads.consume::<LibTorch>(&ops.node);
+        let (slots, i) = ops.state;
+        slots.grads.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[i] = Some(g);
+    }
+}
+
+/// The gradients of `Σ y ⊙ dy`: a backward pass from `y` whose gradient there is `dy` (same shape).
+pub fn backward_from<const D: usize>(y: Tensor<D>, dy: Tensor<D>) -> burn::tensor::Gradients {
+    // dy's own primitive, which knows whether its storage is shared: burn's backward writes in
+    // place into a gradient it holds alone, and the caller may still read dy.
+    let dy = match dy.inner().try_into_primitive::<LibTorch>() {
+        Ok(dy) => dy,
+        Err(e) => panic!("a seed gradient off LibTorch: {e:?}"),
+    };
+    let (value, node) = on_autodiff(y, "a seeded tensor").into_parts();
+    // The root's value is never read: its gradient, ones, goes to `Seed`, which passes dy on.
+    let root = TchTensor::new(tch::Tensor::empty([1], (value.tensor.kind(), value.tensor.device())));
+    let root = match Seed.prepare::<NoCheckpointing>([node]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(dy, root),
+        OpsKind::UnTracked(prep) => prep.finish(root),
+    };
+    Tensor::<1>::from_primitive::<Ad>(root).backward()
+}
+
+/// The root of [`backward_from`]'s pass: registers its state, `dy`, as its parent's gradient.
+#[derive(Debug)]
+struct Seed;
+
+impl Backward<LibTorch, 1> for Seed {
+    type State = TchTensor;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let _ = grads.consume::<LibTorch>(&ops.node);
+        let [Some(parent)] = ops.parents else { return };
+        grads.register::<LibTorch>(parent.id, ops.state);
+    }
+}
+
+/// A tensor under autodiff as a node's operand (`what` names it if it is not one).
+pub fn on_autodiff<const D: usize>(t: Tensor<D>, what: &str) -> FloatTensor<Ad> {
+    match t.try_into_primitive::<Ad>() {
+        Ok(primitive) => primitive,
+        Err(e) => panic!("{what} off Autodiff<LibTorch>: {e:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, FloatDType};
+
+    use super::*;
+
+    /// Deterministic values of `shape`, differing by `seed` (no generator involved).
+    fn normal<const D: usize>(shape: [usize; D], seed: f32, device: &Device) -> Tensor<D> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n).map(|i| ((i as f32 + 1.0) * (0.37 + seed)).sin() * 1.7).collect();
+        Tensor::<D>::from_data(burn::tensor::TensorData::new(values, shape), device)
+    }
+
+    /// The parts are burn's `narrow`s of the input, and the input's gradient through them is
+    /// burn's bit for bit: every part used, a part unused (its gradient zero), and a part used
+    /// twice; on a plain device the parts are views of the input.
+    #[test]
+    fn a_split_is_burns_narrows_bit_for_bit() {
+        let device = Device::libtorch().autodiff();
+        for dtype in [FloatDType::F32, FloatDType::BF16] {
+            let x = normal([2, 3, 9], 0.0, &device).cast(dtype).require_grad();
+            let w = |i: usize| normal([2, 3, [4, 2, 3][i]], 1.0 + i as f32, &device).cast(dtype);
+            let narrows = |x: &Tensor<3>| [(0, 4), (4, 2), (6, 3)].map(|(at, n)| x.clone().narrow(2, at, n)).to_vec();
+            let loss = |parts: Vec<Tensor<3>>, uses: [usize; 3]| {
+                let mut total = Tensor::<1>::zeros([1], &device).cast(dtype);
+                for (i, p) in parts.into_iter().enumerate() {
+                    for _ in 0..uses[i] {
+                        total = total + (p.clone() * w(i)).sum();
+                    }
+                }
+                total
+            };
+            for uses in [[1, 1, 1], [1, 0, 1], [2, 1, 0]] {
+                let ours = split_last(x.clone(), &[4, 2, 3]);
+                for (a, b) in ours.iter().zip(narrows(&x)) {
+                    a.to_data().assert_eq(&b.to_data(), true);
+                }
+                let (g1, g2) = (loss(ours, uses).backward(), loss(narrows(&x), uses).backward());
+                x.grad(&g1).unwrap().to_data().assert_eq(&x.grad(&g2).unwrap().to_data(), true);
+            }
+        }
+        let plain = normal([2, 6], 0.5, &Device::libtorch());
+        let parts = split_last(plain.clone(), &[1, 5]);
+        let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
+        assert_eq!(ptr(&parts[1]), ptr(&plain) + 4, "a view one f32 into the row");
+        parts[1].to_data().assert_eq(&plain.narrow(1, 1, 5).to_data(), true);
+    }
+
+    /// A pass seeded with `dy` at `y` gives the gradients of `(y * dy).sum()`, bit for bit, in f32
+    /// and bf16, through a parameter used twice.
+    #[test]
+    fn a_seeded_pass_is_the_weighted_sums() {
+        let device = Device::libtorch().autodiff();
+        for dtype in [FloatDType::F32, FloatDType::BF16] {
+            let w = normal([4, 5], 0.3, &device).cast(dtype).require_grad();
+            let x = normal([3, 4], 0.9, &device).cast(dtype);
+            // Each pass on a graph of its own (burn does not keep one for a second backward).
+            let y = || x.clone().matmul(w.clone()).tanh() * w.clone().sum_dim(0); // [3, 5]
+            let dy = normal([3, 5], 2.0, &device).cast(dtype);
+            let (ours, summed) = (backward_from(y(), dy.clone()), (y() * dy).sum().backward());
+            w.grad(&ours).unwrap().to_data().assert_eq(&w.grad(&summed).unwrap().to_data(), true);
+        }
+    }
+}
