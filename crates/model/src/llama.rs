@@ -236,7 +236,8 @@ impl Attention {
             };
         let q = q.reshape([b, s, h, d]); // [B, S, H, D]
         let k = k.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
-        let v = v.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        // Owned: attention keeps v for its backward, and a view would keep the joined projection.
+        let v = dpo_torch::graph::owned(v.reshape([b, s, hkv, d])); // [B, S, Hkv, D]
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
             _ => (q, k),

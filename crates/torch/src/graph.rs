@@ -12,6 +12,9 @@
 //! joint's step runs. The joint's output is never given out, so nothing else registers a gradient
 //! on it.
 //!
+//! [`owned`]: a view copied into storage of its own, so what is saved of it does not keep the
+//! tensor it viewed alive.
+//!
 //! [`backward_from`]: a backward pass that starts from a given gradient at a tensor (torch's
 //! `y.backward(dy)`), where `(y * dy).sum().backward()` multiplied, summed, then differentiated both.
 
@@ -155,6 +158,39 @@ impl Backward<LibTorch, 1> for Seed {
     }
 }
 
+/// `x` in storage of its own (a dense copy where it is a view that is not, else `x` itself), with
+/// the identity's gradient: a node that saves it for the backward then keeps it alone, not the
+/// wider tensor it viewed. Off the graph (nothing saved), `x` as it is.
+pub fn owned<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    if !x.is_autodiff() {
+        return x;
+    }
+    let (value, node) = on_autodiff(x, "an owned tensor").into_parts();
+    let dense = match value.tensor.is_contiguous() {
+        true => value,
+        false => TchTensor::new(value.tensor.contiguous()),
+    };
+    let out = match Own.prepare::<NoCheckpointing>([node]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((), dense),
+        OpsKind::UnTracked(prep) => prep.finish(dense),
+    };
+    Tensor::from_primitive::<Ad>(out)
+}
+
+/// [`owned`]'s node: the gradient passes through.
+#[derive(Debug)]
+struct Own;
+
+impl Backward<LibTorch, 1> for Own {
+    type State = ();
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let g = grads.consume::<LibTorch>(&ops.node);
+        let [Some(parent)] = ops.parents else { return };
+        grads.register::<LibTorch>(parent.id, g);
+    }
+}
+
 /// A tensor under autodiff as a node's operand (`what` names it if it is not one).
 pub fn on_autodiff<const D: usize>(t: Tensor<D>, what: &str) -> FloatTensor<Ad> {
     match t.try_into_primitive::<Ad>() {
@@ -209,6 +245,24 @@ mod tests {
         let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
         assert_eq!(ptr(&parts[1]), ptr(&plain) + 4, "a view one f32 into the row");
         parts[1].to_data().assert_eq(&plain.narrow(1, 1, 5).to_data(), true);
+    }
+
+    /// An owned part of a split is a dense copy of the view (the same values) with the view's
+    /// gradient; a dense tensor stays itself.
+    #[test]
+    fn an_owned_view_is_a_copy_with_the_same_gradient() {
+        let device = Device::libtorch().autodiff();
+        let x = normal([3, 8], 0.2, &device).require_grad();
+        let w = normal([3, 5], 1.4, &device);
+        let view = || split_last(x.clone(), &[3, 5]).remove(1);
+        let own = owned(view());
+        let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
+        assert_ne!(ptr(&own), ptr(&view()), "copied");
+        own.to_data().assert_eq(&view().to_data(), true);
+        let (a, b) = (backward_from(own, w.clone()), backward_from(view(), w));
+        x.grad(&a).unwrap().to_data().assert_eq(&x.grad(&b).unwrap().to_data(), true);
+        let dense = normal([2, 2], 0.1, &device).require_grad();
+        assert_eq!(ptr(&owned(dense.clone())), ptr(&dense), "not copied");
     }
 
     /// A pass seeded with `dy` at `y` gives the gradients of `(y * dy).sum()`, bit for bit, in f32
