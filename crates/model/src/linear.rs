@@ -247,12 +247,12 @@ pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<
     Tensor::from_primitive::<Ad>(y)
 }
 
-/// The weights side by side along `dim` in `kind`, and whether that is a copy made for this pass
-/// (a cast, or several joined) rather than the one weight itself.
-fn joined(parts: &[tch::Tensor], dim: i64, kind: tch::Kind) -> (tch::Tensor, bool) {
+/// The weights (or biases) side by side along `dim`, in `kind`: one of them as it is where it is
+/// in `kind` already.
+fn joined(parts: &[tch::Tensor], dim: i64, kind: tch::Kind) -> tch::Tensor {
     match parts {
-        [one] => (as_kind(one, kind), one.kind() != kind),
-        _ => (as_kind(&tch::Tensor::cat(parts, dim), kind), true),
+        [one] => as_kind(one, kind),
+        _ => as_kind(&tch::Tensor::cat(parts, dim), kind),
     }
 }
 
@@ -260,12 +260,12 @@ fn joined(parts: &[tch::Tensor], dim: i64, kind: tch::Kind) -> (tch::Tensor, boo
 /// or one each): one `addmm` (transformers' `F.linear`) or `mm` over the rows
 /// (`[rows, in]`, a view of a contiguous x).
 fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor]) -> [tch::Tensor; 3] {
-    let (w, _) = joined(weights, 1, x.kind());
+    let w = joined(weights, 1, x.kind());
     let size = x.size();
     let (leading, inner) = size.split_at(size.len().saturating_sub(1));
     let rows = x.reshape([-1, inner.iter().product()]); // [rows, in]
     let y = match biases.is_empty() {
-        false => joined(biases, 0, x.kind()).0.addmm(&rows, &w),
+        false => joined(biases, 0, x.kind()).addmm(&rows, &w),
         true => rows.mm(&w),
     }; // [rows, out]
     let out: Vec<i64> = leading.iter().copied().chain([w.size()[1]]).collect();
@@ -357,7 +357,10 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
         if let (Some(p), Some(w)) = (px, &s.weight) {
             let w = match w {
                 Weight::Kept(w) => w.tensor.shallow_clone(),
-                Weight::Joined(parts) => tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), 1),
+                Weight::Joined(parts) => {
+                    let parts: Vec<tch::Tensor> = parts.iter().map(|p| p.tensor.shallow_clone()).collect();
+                    joined(&parts, 1, g.kind())
+                }
             };
             let dx = g.mm(&w.tr()).reshape(s.x_size.as_slice()); // [..., in]
             grads.register::<LibTorch>(p.id, TchTensor::new(dx));
