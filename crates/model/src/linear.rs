@@ -216,7 +216,8 @@ pub fn project<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Ten
 /// - x: `[..., in]`, parts: (`[in, out_i]`, `[out_i]`) → `[..., Σ out_i]`
 ///
 /// # Panics
-/// If some parts have a bias and others none, or more than three parts are given.
+/// If some parts have a bias and others none, or the operands (x, the weights, the biases) are
+/// more than seven.
 pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<Tensor<1>>)>) -> Tensor<D> {
     let k = parts.len();
     let (weights, biases): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
@@ -241,8 +242,9 @@ pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<
         3 => linear_node::<3>(inputs, k),
         4 => linear_node::<4>(inputs, k),
         5 => linear_node::<5>(inputs, k),
+        6 => linear_node::<6>(inputs, k),
         7 => linear_node::<7>(inputs, k),
-        n => panic!("{k} projections joined ({n} operands): at most three are"),
+        n => panic!("{k} projections joined ({n} operands): at most seven operands are"),
     };
     Tensor::from_primitive::<Ad>(y)
 }
@@ -350,10 +352,12 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
         let g = g.reshape([-1, g.size()[g.dim() - 1]]); // [rows, Σ out]
         let (px, params) = (&ops.parents[0], &ops.parents[1..]);
         let (pw, pb) = params.split_at(s.widths.len());
-        let columns = |i: usize| {
-            let at: i64 = s.widths[..i].iter().sum();
-            if s.widths.len() == 1 { g.shallow_clone() } else { g.narrow(1, at, s.widths[i]) }
-        }; // [rows, out_i]
+        let starts: Vec<i64> = s.widths.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        // Part i's columns of a `[.., Σ out]` gradient along `dim` (the whole of it for one part).
+        let part = |t: &tch::Tensor, dim: i64, i: usize| match s.widths.len() {
+            1 => t.shallow_clone(),
+            _ => t.narrow(dim, starts[i], s.widths[i]),
+        };
         if let (Some(p), Some(w)) = (px, &s.weight) {
             let w = match w {
                 Weight::Kept(w) => w.tensor.shallow_clone(),
@@ -367,19 +371,16 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
         }
         for (i, (p, kind)) in pw.iter().zip(&s.weight_kinds).enumerate() {
             if let (Some(p), Some(rows), Some(kind)) = (p, &s.rows, kind) {
-                grads.register::<LibTorch>(p.id, TchTensor::new(weight_grad(&rows.tensor, &columns(i), *kind)));
+                grads.register::<LibTorch>(p.id, TchTensor::new(weight_grad(&rows.tensor, &part(&g, 1, i), *kind)));
             }
         }
         // One sum over the rows for every bias, then each bias's columns of it.
         if let Some(kind) = s.bias_kinds.iter().flatten().next() {
             let db = g.sum_dim_intlist([0i64].as_slice(), false, *kind); // [Σ out]
-            let mut at = 0;
-            for ((p, k), &n) in pb.iter().zip(&s.bias_kinds).zip(&s.widths) {
+            for (i, (p, k)) in pb.iter().zip(&s.bias_kinds).enumerate() {
                 if let (Some(p), Some(k)) = (p, k) {
-                    let own = if pb.len() == 1 { db.shallow_clone() } else { db.narrow(0, at, n) };
-                    grads.register::<LibTorch>(p.id, TchTensor::new(as_kind(&own, *k)));
+                    grads.register::<LibTorch>(p.id, TchTensor::new(as_kind(&part(&db, 0, i), *k)));
                 }
-                at += n;
             }
         }
     }
