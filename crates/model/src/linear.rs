@@ -83,14 +83,18 @@ impl Linear {
     ///
     /// # Shapes
     /// - x: `[..., in]` → `[..., out_i]` each
-    pub fn forward_group<const D: usize>(x: Tensor<D>, group: &[&Linear]) -> Vec<Tensor<D>> {
-        if !fuses(&x, group) {
-            return group.iter().map(|l| l.forward(x.clone())).collect();
+    pub fn forward_group<const D: usize, const K: usize>(x: Tensor<D>, group: [&Linear; K]) -> [Tensor<D>; K] {
+        if !fuses(&x, &group) {
+            return group.map(|l| l.forward(x.clone()));
         }
         let parts = group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect();
-        let widths: Vec<usize> = group.iter().map(|l| l.weight.dims()[1]).collect();
+        let widths = group.map(|l| l.weight.dims()[1]);
         let y = project_many(x.clone(), parts); // [..., Σ out]
-        split_last(y, &widths).into_iter().zip(group).map(|(y, l)| l.adapt(x.clone(), y)).collect()
+        let mut ys = split_last(y, &widths).into_iter();
+        group.map(|l| match ys.next() {
+            Some(y) => l.adapt(x.clone(), y),
+            None => unreachable!("one part a projection"),
+        })
     }
 
     /// `y`, the base projection of `x`, with the adapter's update added (none: `y`).
@@ -524,9 +528,9 @@ mod tests {
                     magnitude: None,
                 });
                 let x = normal([2, 9, 16], (0.0, 1.0), "x", &device).cast(dtype).require_grad();
-                let refs: Vec<&Linear> = group.iter().collect();
+                let refs = [&group[0], &group[1], &group[2]];
                 assert!(fuses(&x, &refs), "18 rows of 16 inputs are joined");
-                let joined = Linear::forward_group(x.clone(), &refs);
+                let joined = Linear::forward_group(x.clone(), refs);
                 let apart: Vec<Tensor<3>> = group.iter().map(|l| l.forward(x.clone())).collect();
                 let loss = |ys: &[Tensor<3>]| {
                     ys.iter()

@@ -229,11 +229,7 @@ impl Attention {
     pub fn forward(&self, x: Tensor<3>, at: &Placement, cache: Option<&mut LayerCache>) -> Tensor<3> {
         let [b, s, _] = x.dims();
         let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let [q, k, v] =
-            match <[Tensor<3>; 3]>::try_from(Linear::forward_group(x, &[&self.q_proj, &self.k_proj, &self.v_proj])) {
-                Ok(qkv) => qkv,
-                Err(_) => unreachable!("three projections"),
-            };
+        let [q, k, v] = Linear::forward_group(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
         let q = q.reshape([b, s, h, d]); // [B, S, H, D]
         let k = k.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
         // Owned: attention keeps v for its backward, and a view would keep the joined projection.
@@ -280,10 +276,7 @@ impl Mlp {
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [gate, up] = match <[Tensor<3>; 2]>::try_from(Linear::forward_group(x, &[&self.gate_proj, &self.up_proj])) {
-            Ok(pair) => pair,
-            Err(_) => unreachable!("two projections"),
-        }; // [B, S, I] each
+        let [gate, up] = Linear::forward_group(x, [&self.gate_proj, &self.up_proj]); // [B, S, I] each
         self.down_proj.forward(swiglu(gate, up))
     }
 }
