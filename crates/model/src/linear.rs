@@ -38,7 +38,7 @@ use burn_tch::{LibTorch, TchTensor};
 use dpo_torch::dtype::{as_kind, grad_kind};
 use dpo_torch::fallback::FastPath;
 
-use dpo_torch::graph::{Ad, on_autodiff, split_last};
+use dpo_torch::graph::{Ad, on_autodiff, split};
 
 /// A linear layer, with an optional LoRA adapter.
 #[derive(Module, Debug)]
@@ -87,14 +87,22 @@ impl Linear {
         if !fuses(&x, &group) {
             return group.map(|l| l.forward(x.clone()));
         }
-        let parts = group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect();
         let widths = group.map(|l| l.weight.dims()[1]);
-        let y = project_many(x.clone(), parts); // [..., Σ out]
-        let mut ys = split_last(y, &widths).into_iter();
+        let ys = split(project_group(x.clone(), &group), D - 1, widths);
+        let mut ys = ys.into_iter();
         group.map(|l| match ys.next() {
             Some(y) => l.adapt(x.clone(), y),
             None => unreachable!("one part a projection"),
         })
+    }
+
+    /// The projections of `x` by each of `group` side by side, as one product, where
+    /// [`Linear::forward_group`] would join them and none has an adapter; else `None`.
+    ///
+    /// # Shapes
+    /// - x: `[..., in]` → `[..., Σ out_i]`
+    pub fn forward_joined<const D: usize, const K: usize>(x: Tensor<D>, group: [&Linear; K]) -> Option<Tensor<D>> {
+        (fuses(&x, &group) && group.iter().all(|l| l.lora.is_none())).then(|| project_group(x, &group))
     }
 
     /// `y`, the base projection of `x`, with the adapter's update added (none: `y`).
@@ -125,6 +133,11 @@ impl Linear {
             None => merged,
         });
     }
+}
+
+/// `x` projected by the weights (and biases) of `group` side by side: `[..., Σ out_i]`.
+fn project_group<const D: usize>(x: Tensor<D>, group: &[&Linear]) -> Tensor<D> {
+    project_many(x, group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect())
 }
 
 /// Whether [`Linear::forward_group`] runs `group` over `x` as one product: two or more

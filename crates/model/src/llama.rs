@@ -13,6 +13,7 @@ use std::sync::Arc;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::Embedding;
 use burn::tensor::{Device, FloatDType, Int, Tensor};
+use dpo_torch::graph::split;
 use hf_config::HfConfig;
 
 use super::ModelError;
@@ -22,7 +23,7 @@ use super::hf::load_linear;
 use super::kv_cache::{KvCache, LayerCache};
 use super::linear::Linear;
 use super::norm::RmsNorm;
-use super::rope::{Angles, Rope, rotate};
+use super::rope::{Angles, Rope, rotate, rotate_heads};
 use super::rope_scaling::{self, RopeScaling};
 use super::swiglu::swiglu;
 use super::weights::TensorSource;
@@ -228,21 +229,9 @@ impl Attention {
     /// If a cache that already holds positions is given more than one new token.
     pub fn forward(&self, x: Tensor<3>, at: &Placement, cache: Option<&mut LayerCache>) -> Tensor<3> {
         let [b, s, _] = x.dims();
-        let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let [q, k, v] = Linear::forward_group(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
-        let q = q.reshape([b, s, h, d]); // [B, S, H, D]
-        let k = k.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
-        // Owned: attention keeps v for its backward, and a view would keep the joined projection.
-        let v = dpo_torch::graph::owned(v.reshape([b, s, hkv, d])); // [B, S, Hkv, D]
-        let (q, k) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
-            _ => (q, k),
-        };
+        let (h, d) = (self.num_heads, self.head_dim);
+        let [q, k, v] = self.rotated_qkv(x, &at.angles).map(|t| t.swap_dims(1, 2)); // [B, heads, S, D]
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        // Rotated as the projections lay them out (dense products), then viewed head-major.
-        let q = rotate(q, &at.angles).swap_dims(1, 2); // [B, H, S, D]
-        let k = rotate(k, &at.angles).swap_dims(1, 2); // [B, Hkv, S, D]
-        let v = v.swap_dims(1, 2); // [B, Hkv, S, D]
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v), // [B, Hkv, T, D]
             None => (k, v),
@@ -252,6 +241,37 @@ impl Attention {
         let y = super::fused::causal_attention(q, k, v, at.spans.clone()); // [B, H, S, D]
         let y = y.swap_dims(1, 2).reshape([b, s, h * d]); // [B, S, H*D]
         self.o_proj.forward(y)
+    }
+
+    /// Queries, keys and values, `[B, S, heads, D]` each, queries and keys rotated (normed
+    /// first where the model norms them), in the layout the projections make them.
+    ///
+    /// Where the projections join and none has an adapter or a norm between it and the
+    /// rotation, one rotation turns the queries' and keys' heads of the joined output and passes
+    /// the values' through: one pass of the rotary kernels where two were made and v copied,
+    /// and q, k and v are views of the one tensor attention saves.
+    ///
+    /// # Shapes
+    /// - x: `[B, S, hidden]` → `[B, S, H, D]`, `[B, S, Hkv, D]`, `[B, S, Hkv, D]`
+    fn rotated_qkv(&self, x: Tensor<3>, angles: &Arc<Angles>) -> [Tensor<4>; 3] {
+        let [b, s, _] = x.dims();
+        let (h, hkv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let group = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let normed = self.q_norm.is_some() || self.k_norm.is_some();
+        if let Some(y) = (!normed).then(|| Linear::forward_joined(x.clone(), group)).flatten() {
+            let y = rotate_heads(y.reshape([b, s, h + 2 * hkv, d]), angles, h + hkv); // [B, S, H+2Hkv, D]
+            return split(y, 2, [h, hkv, hkv]);
+        }
+        let [q, k, v] = Linear::forward_group(x, group);
+        let q = q.reshape([b, s, h, d]); // [B, S, H, D]
+        let k = k.reshape([b, s, hkv, d]); // [B, S, Hkv, D]
+        // Owned: attention keeps v for its backward, and a view would keep the joined projection.
+        let v = dpo_torch::graph::owned(v.reshape([b, s, hkv, d])); // [B, S, Hkv, D]
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(q), kn.forward(k)),
+            _ => (q, k),
+        };
+        [rotate(q, angles), rotate(k, angles), v]
     }
 }
 

@@ -126,6 +126,9 @@ fn build((inv_freq, scale): (&[f32], f32), head_dim: usize, rows: usize, device:
     Tables { cos: table(cos), sin: table(sin) }
 }
 
+/// A spread's shape (`[B, L, H, D]`) and the heads it rotates.
+type SpreadKey = (Vec<i64>, usize);
+
 /// The cos and signed sin of a forward pass's positions, `[1, L, 1, D]` each in the compute dtype
 /// (plain tensors: constants, never differentiated).
 #[derive(Debug)]
@@ -136,7 +139,7 @@ pub struct Angles {
     /// made on first use and kept for the pass's every layer: a product with a broadcast operand
     /// takes CUDA's general elementwise kernel, one with two dense ones of the same shape its
     /// vectorised kernel, and a pass rotates twice a layer each way.
-    spread: Mutex<Vec<(Vec<i64>, [tch::Tensor; 2])>>,
+    spread: Mutex<Vec<(SpreadKey, [tch::Tensor; 2])>>,
 }
 
 impl Angles {
@@ -145,15 +148,29 @@ impl Angles {
         [&self.cos, &self.sin].map(|t| dpo_torch::bridge::on_libtorch(t.clone(), "rotary angles").0)
     }
 
-    /// cos and sin spread over `x`'s shape, contiguous.
-    fn spread_over(&self, x: &tch::Tensor) -> [tch::Tensor; 2] {
+    /// cos and sin spread over `x`'s shape (`[B, L, H, D]`), contiguous: the angles on the first
+    /// `rotated` heads, cos 1 and sin 0 on the others.
+    fn spread_over(&self, x: &tch::Tensor, rotated: usize) -> [tch::Tensor; 2] {
         let size = x.size();
+        let key = (size.clone(), rotated);
         let mut spread = self.spread.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, tables)) = spread.iter().find(|(s, _)| *s == size) {
+        if let Some((_, tables)) = spread.iter().find(|(k, _)| *k == key) {
             return tables.each_ref().map(tch::Tensor::shallow_clone);
         }
-        let tables = self.tch().map(|t| t.expand(size.as_slice(), false).contiguous());
-        spread.push((size, tables.each_ref().map(tch::Tensor::shallow_clone)));
+        let (heads, rotated) = (size[2], (rotated as i64).min(size[2]));
+        let turned = [size[0], size[1], rotated, size[3]];
+        let [cos, sin] = self.tch().map(|t| t.expand(turned.as_slice(), false));
+        let tables = match heads - rotated {
+            0 => [cos, sin].map(|t| t.contiguous()),
+            rest => {
+                let still = [size[0], size[1], rest, size[3]];
+                let opts = (cos.kind(), cos.device());
+                let (ones, zeros) =
+                    (tch::Tensor::ones(still.as_slice(), opts), tch::Tensor::zeros(still.as_slice(), opts));
+                [tch::Tensor::cat(&[&cos, &ones], 2), tch::Tensor::cat(&[&sin, &zeros], 2)]
+            }
+        };
+        spread.push((key, tables.each_ref().map(tch::Tensor::shallow_clone)));
         tables
     }
 }
@@ -164,19 +181,38 @@ impl Angles {
 /// # Shapes
 /// - x: `[B, L, H, D]`, angles: `[1, L, 1, D]` → `[B, L, H, D]`
 pub fn rotate(x: Tensor<4>, angles: &Arc<Angles>) -> Tensor<4> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rotary(x.into_dispatch(), angles.clone()))
+    let heads = x.dims()[2];
+    rotate_heads(x, angles, heads)
+}
+
+/// [`rotate`] of the first `rotated` heads of `x`, the others passed through (as the rotation by
+/// angle 0: cos 1, sin 0): queries and keys rotated in one pass over their joined projection,
+/// values beside them, into the one tensor attention saves.
+///
+/// # Shapes
+/// - x: `[B, L, H, D]`, angles: `[1, L, 1, D]` → `[B, L, H, D]`
+pub fn rotate_heads(x: Tensor<4>, angles: &Arc<Angles>, rotated: usize) -> Tensor<4> {
+    let turn = Turn { angles: angles.clone(), rotated };
+    Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rotary(x.into_dispatch(), turn))
+}
+
+/// A pass's angles and how many leading heads they rotate.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    angles: Arc<Angles>,
+    rotated: usize,
 }
 
 /// The rotation, per backend.
 #[backend_extension(LibTorch, Autodiff)]
 pub trait RopeOps: Backend {
-    /// See [`rotate`].
-    fn rotary(x: FloatTensor<Self>, angles: Arc<Angles>) -> FloatTensor<Self>;
+    /// See [`rotate_heads`].
+    fn rotary(x: FloatTensor<Self>, turn: Turn) -> FloatTensor<Self>;
 }
 
 impl RopeOps for LibTorch {
-    fn rotary(x: TchTensor, angles: Arc<Angles>) -> TchTensor {
-        let [cos, sin] = angles.spread_over(&x.tensor);
+    fn rotary(x: TchTensor, turn: Turn) -> TchTensor {
+        let [cos, sin] = turn.angles.spread_over(&x.tensor, turn.rotated);
         // rotate_half(x)·sin = [x2, x1]·[-sin1, sin2]
         let turned = half_turn(&x.tensor);
         TchTensor::new(&x.tensor * cos + turned * sin)
@@ -184,14 +220,14 @@ impl RopeOps for LibTorch {
 }
 
 impl<C: CheckpointStrategy> RopeOps for Autodiff<LibTorch, C> {
-    fn rotary(x: FloatTensor<Self>, angles: Arc<Angles>) -> FloatTensor<Self> {
+    fn rotary(x: FloatTensor<Self>, turn: Turn) -> FloatTensor<Self> {
         let (x, node) = x.into_parts();
         match Rotary.prepare::<C>([node]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let out = LibTorch::rotary(x, angles.clone());
-                prep.finish(angles, out)
+                let out = LibTorch::rotary(x, turn.clone());
+                prep.finish(turn, out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(LibTorch::rotary(x, angles)),
+            OpsKind::UnTracked(prep) => prep.finish(LibTorch::rotary(x, turn)),
         }
     }
 }
@@ -208,12 +244,12 @@ fn half_turn(x: &tch::Tensor) -> tch::Tensor {
 struct Rotary;
 
 impl Backward<LibTorch, 1> for Rotary {
-    type State = Arc<Angles>;
+    type State = Turn;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let g = grads.consume::<LibTorch>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
-        let [cos, sin] = ops.state.spread_over(&g.tensor);
+        let [cos, sin] = ops.state.angles.spread_over(&g.tensor, ops.state.rotated);
         let turned_back = half_turn(&(&g.tensor * sin));
         grads.register::<LibTorch>(parent.id, TchTensor::new(&g.tensor * cos + turned_back));
     }
@@ -262,6 +298,24 @@ mod tests {
                 }
                 assert_eq!(angles.spread.lock().unwrap().len(), 2, "one spread per shape rotated");
             }
+        }
+    }
+
+    /// Rotating the leading heads of a tensor is rotating them alone and passing the rest
+    /// through, bit for bit, values and input gradient, in f32 and bf16.
+    #[test]
+    fn leading_heads_rotate_and_the_rest_pass_through() {
+        let rope = Rope::new(8, 10_000.0, &RopeScaling::Default, 64, &Device::libtorch());
+        let device = Device::libtorch().autodiff();
+        for dtype in [FloatDType::F32, FloatDType::BF16] {
+            let angles = rope.at(Tensor::<1, Int>::arange(3..10, &device), 10, dtype);
+            let x = normal([2, 7, 5, 8], (0.0, 1.0), "x", &device).cast(dtype).require_grad();
+            let joint = rotate_heads(x.clone(), &angles, 3);
+            let apart = Tensor::cat(vec![rotate(x.clone().narrow(2, 0, 3), &angles), x.clone().narrow(2, 3, 2)], 2);
+            joint.to_data().assert_eq(&apart.to_data(), true);
+            let w = normal([2, 7, 5, 8], (0.0, 1.0), "w", &device).cast(dtype);
+            let (g1, g2) = ((joint * w.clone()).sum().backward(), (apart * w).sum().backward());
+            x.grad(&g1).unwrap().to_data().assert_eq(&x.grad(&g2).unwrap().to_data(), true);
         }
     }
 

@@ -471,8 +471,11 @@ extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v
     TORCH_CHECK(q->dim() == 3 && k->dim() == 3 && v->dim() == 3, "varlen_attention: q, k, v must be [T, heads, D]");
     TORCH_CHECK(cu_q->scalar_type() == at::kInt && cu_k->scalar_type() == at::kInt &&
                     cu_q->numel() == cu_k->numel(), "varlen_attention: cu_q and cu_k must be int32 of one length");
-    // Both kernels need unit stride in the head dimension; contiguous() is free where it holds.
-    auto [qc, kc, vc] = std::make_tuple(q->contiguous(), k->contiguous(), v->contiguous());
+    // Both kernels need unit stride in the head dimension only: they take the rows' and heads'
+    // strides, so q, k and v may be views of one joined projection (flash attention's packed
+    // qkv) and are copied only where that stride is not 1.
+    auto unit_last = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
+    auto [qc, kc, vc] = std::make_tuple(unit_last(*q), unit_last(*k), unit_last(*v));
     at::Tensor y;
     if (q->scalar_type() == at::kHalf || q->scalar_type() == at::kBFloat16) {
       // Flash attention: grouped key/value heads as they are; `is_causal` aligns each sequence's

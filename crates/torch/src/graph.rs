@@ -1,6 +1,6 @@
 //! Graph nodes of burn's autodiff that are plumbing rather than layers.
 //!
-//! [`split_last`]: a tensor cut along its last dimension into views, whose gradients go back as
+//! [`split`]: a tensor cut along one dimension into views, whose gradients go back as
 //! one concatenation (torch's `split` and its `SplitBackward`). burn differentiates each `narrow` on its own: a zero tensor of the whole input's shape, the
 //! part's gradient written into it, then the parts' zero-padded gradients added up, a memset, a
 //! copy and an addition a part. Here the parts' gradients are collected as they arrive and sent
@@ -35,40 +35,37 @@ use burn_tch::{LibTorch, TchTensor};
 /// The autodiff backend the model's tensors live on (burn's `Device::libtorch().autodiff()`).
 pub type Ad = Autodiff<LibTorch>;
 
-/// `x` cut along its last dimension into parts of `sizes` (views of `x`, in order), differentiable
+/// `x` cut along dimension `dim` into parts of `sizes` (views of `x`, in order), differentiable
 /// as one operation.
 ///
 /// # Shapes
-/// - x: `[..., Σ sizes]` → `[..., sizes[i]]` each
+/// - x: `[..., Σ sizes, ...]` → `[..., sizes[i], ...]` each
 ///
 /// # Panics
-/// If `sizes` do not add up to the last dimension.
-pub fn split_last<const D: usize>(x: Tensor<D>, sizes: &[usize]) -> Vec<Tensor<D>> {
-    let width = x.dims()[D - 1];
-    assert_eq!(sizes.iter().sum::<usize>(), width, "split sizes {sizes:?} of a last dimension of {width}");
-    let offsets = sizes.iter().scan(0, |at, &n| Some((std::mem::replace(at, *at + n), n)));
+/// If `sizes` do not add up to dimension `dim`.
+pub fn split<const D: usize, const K: usize>(x: Tensor<D>, dim: usize, sizes: [usize; K]) -> [Tensor<D>; K] {
+    let width = x.dims()[dim];
+    assert_eq!(sizes.iter().sum::<usize>(), width, "split sizes {sizes:?} of a dimension of {width}");
+    let offsets: [usize; K] = std::array::from_fn(|i| sizes[..i].iter().sum());
+    let narrow = |t: &tch::Tensor, i: usize| t.narrow(dim as i64, offsets[i] as i64, sizes[i] as i64);
     if !x.is_autodiff() {
         let (t, origin) = crate::bridge::on_libtorch(x, "a split tensor");
-        let last = (D - 1) as i64;
-        return offsets.map(|(at, n)| crate::bridge::from_tch(t.narrow(last, at as i64, n as i64), origin)).collect();
+        return std::array::from_fn(|i| crate::bridge::from_tch(narrow(&t, i), origin));
     }
     let (value, node) = on_autodiff(x, "a split tensor").into_parts();
-    let slots = Arc::new(Slots { grads: Mutex::new(sizes.iter().map(|_| None).collect()), sizes: sizes.to_vec() });
+    let slots = Arc::new(Slots { grads: Mutex::new(vec![None; K]), sizes: sizes.to_vec(), dim });
     let joint = match Joint.prepare::<NoCheckpointing>([node]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(slots.clone(), value),
         OpsKind::UnTracked(prep) => prep.finish(value),
     };
-    offsets
-        .enumerate()
-        .map(|(i, (at, n))| {
-            let part = joint.primitive().tensor.narrow((D - 1) as i64, at as i64, n as i64);
-            let out = match Piece.prepare::<NoCheckpointing>([joint.node()]).compute_bound().stateful() {
-                OpsKind::Tracked(prep) => prep.finish((slots.clone(), i), TchTensor::new(part)),
-                OpsKind::UnTracked(prep) => prep.finish(TchTensor::new(part)),
-            };
-            Tensor::from_primitive::<Ad>(out)
-        })
-        .collect()
+    std::array::from_fn(|i| {
+        let part = narrow(&joint.primitive().tensor, i);
+        let out = match Piece.prepare::<NoCheckpointing>([joint.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((slots.clone(), i), TchTensor::new(part)),
+            OpsKind::UnTracked(prep) => prep.finish(TchTensor::new(part)),
+        };
+        Tensor::from_primitive::<Ad>(out)
+    })
 }
 
 /// The parts' gradients as they arrive.
@@ -76,6 +73,8 @@ pub fn split_last<const D: usize>(x: Tensor<D>, sizes: &[usize]) -> Vec<Tensor<D
 struct Slots {
     grads: Mutex<Vec<Option<TchTensor>>>,
     sizes: Vec<usize>,
+    /// The dimension cut.
+    dim: usize,
 }
 
 /// The node the parts read: its backward sends their gradients on, concatenated.
@@ -92,21 +91,21 @@ impl Backward<LibTorch, 1> for Joint {
         // The joint's step runs only when some part was reached, so one gradient gives the
         // shape and dtype of the zeros standing in for a part that was not.
         let Some(like) = parts.iter().flatten().next().map(|g| g.tensor.shallow_clone()) else { return };
-        let last = like.dim() - 1;
+        let dim = slots.dim;
         let mut parts: Vec<TchTensor> = parts
             .into_iter()
             .zip(&slots.sizes)
             .map(|(g, &n)| {
                 g.unwrap_or_else(|| {
                     let mut size = like.size();
-                    size[last] = n as i64;
+                    size[dim] = n as i64;
                     TchTensor::new(tch::Tensor::zeros(size.as_slice(), (like.kind(), like.device())))
                 })
             })
             .collect();
         let whole = match parts.len() {
             1 => parts.remove(0),
-            _ => TchTensor::new(tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), last as i64)),
+            _ => TchTensor::new(tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), dim as i64)),
         };
         grads.register::<LibTorch>(parent.id, whole);
     }
@@ -232,7 +231,7 @@ mod tests {
                 total
             };
             for uses in [[1, 1, 1], [1, 0, 1], [2, 1, 0]] {
-                let ours = split_last(x.clone(), &[4, 2, 3]);
+                let ours = split(x.clone(), 2, [4, 2, 3]).to_vec();
                 for (a, b) in ours.iter().zip(narrows(&x)) {
                     a.to_data().assert_eq(&b.to_data(), true);
                 }
@@ -241,7 +240,7 @@ mod tests {
             }
         }
         let plain = normal([2, 6], 0.5, &Device::libtorch());
-        let parts = split_last(plain.clone(), &[1, 5]);
+        let parts = split(plain.clone(), 1, [1, 5]);
         let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
         assert_eq!(ptr(&parts[1]), ptr(&plain) + 4, "a view one f32 into the row");
         parts[1].to_data().assert_eq(&plain.narrow(1, 1, 5).to_data(), true);
@@ -254,7 +253,10 @@ mod tests {
         let device = Device::libtorch().autodiff();
         let x = normal([3, 8], 0.2, &device).require_grad();
         let w = normal([3, 5], 1.4, &device);
-        let view = || split_last(x.clone(), &[3, 5]).remove(1);
+        let view = || {
+            let [_, view] = split(x.clone(), 1, [3, 5]);
+            view
+        };
         let own = owned(view());
         let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
         assert_ne!(ptr(&own), ptr(&view()), "copied");

@@ -157,7 +157,8 @@ pub struct VarlenSeqs {
 /// f32): q `[Tq, H, D]`, k and v `[Tk, Hkv, D]` → `[Tq, H, D]`. Each sequence's queries are its
 /// last keys (the mask aligned bottom right): keys before its first query are a prefix every
 /// query sees. f32 needs `Hkv == H`. Differentiable by torch's autograd where the inputs require
-/// gradients. CUDA only (an error elsewhere: torch has no CPU kernel).
+/// gradients. q, k and v may be views with rows and heads strided (of one joined projection):
+/// only the head dimension must be dense. CUDA only (an error elsewhere: torch has no CPU kernel).
 pub fn varlen_attention([q, k, v]: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
     let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
     let mut out = std::ptr::null_mut();
