@@ -91,10 +91,11 @@ impl PolicySpec {
         Ok(self.frozen(reference))
     }
 
-    /// A frozen model in the compute precision (stored in it too: nothing updates it).
+    /// A frozen model in the compute precision (stored in it too: nothing updates it), each
+    /// layer's projections of one input side by side in one buffer.
     fn frozen(&self, model: Llama) -> Llama {
         let model = if self.compute_dtype == FloatDType::F32 { model } else { model.cast_params(self.compute_dtype) };
-        model.with_compute_dtype(self.compute_dtype)
+        model.share_frozen_storage().with_compute_dtype(self.compute_dtype)
     }
 
     /// What checkpoints and `final/` hold: every weight with `config.json`, or the adapter.

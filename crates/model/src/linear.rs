@@ -105,6 +105,36 @@ impl Linear {
         (fuses(&x, &group) && group.iter().all(|l| l.lora.is_none())).then(|| project_group(x, &group))
     }
 
+    /// Moves the frozen weights of `group` (and their biases) into one buffer, side by side,
+    /// each `Linear`'s own a view of it, so that [`Linear::forward_group`] multiplies by the
+    /// buffer where it copied the weights together every pass (a frozen reference, a LoRA base):
+    /// three copies a layer and pass fewer. Left as they are where a weight trains or has an
+    /// adapter, or the group differs in dtype, device or bias; nothing writes into a frozen
+    /// weight, and each view keeps the whole buffer.
+    pub fn share_storage<const K: usize>(group: [&mut Linear; K]) {
+        let frozen = group.iter().all(|l| l.lora.is_none() && !l.weight.val().is_require_grad());
+        let biased = group.iter().filter(|l| l.bias.is_some()).count();
+        if K < 2 || !frozen || (biased != 0 && biased != K) {
+            return;
+        }
+        let weights = group.each_ref().map(|l| l.weight.val());
+        let (Some(weights), biases) =
+            (side_by_side(weights), group.each_ref().map(|l| l.bias.as_ref().map(Param::val)))
+        else {
+            return;
+        };
+        let biases =
+            biases.into_iter().collect::<Option<Vec<_>>>().and_then(|b| side_by_side::<1, K>(b.try_into().ok()?));
+        for (i, l) in group.into_iter().enumerate() {
+            let view = weights[i].clone();
+            l.weight = l.weight.clone().map(|_| view);
+            if let (Some(bias), Some(views)) = (l.bias.as_mut(), &biases) {
+                let view = views[i].clone();
+                *bias = bias.clone().map(|_| view);
+            }
+        }
+    }
+
     /// `y`, the base projection of `x`, with the adapter's update added (none: `y`).
     fn adapt<const D: usize>(&self, x: Tensor<D>, y: Tensor<D>) -> Tensor<D> {
         let Some(lora) = &self.lora else { return y };
@@ -271,8 +301,56 @@ pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<
 fn joined(parts: &[tch::Tensor], dim: i64, kind: tch::Kind) -> tch::Tensor {
     match parts {
         [one] => as_kind(one, kind),
-        _ => as_kind(&tch::Tensor::cat(parts, dim), kind),
+        _ => match adjacent(parts) {
+            Some(whole) => as_kind(&whole, kind),
+            None => as_kind(&tch::Tensor::cat(parts, dim), kind),
+        },
     }
+}
+
+/// The parts as one tensor along their last dimension without a copy, where they are views of
+/// one buffer side by side in order ([`Linear::share_storage`]); else `None`. torch checks the
+/// view against the buffer's storage, so parts that merely sit next to each other in memory are
+/// refused there.
+fn adjacent(parts: &[tch::Tensor]) -> Option<tch::Tensor> {
+    let first = parts.first()?;
+    let last = first.dim().checked_sub(1)?;
+    let mut size = first.size();
+    size[last] = parts.iter().map(|p| p.size().get(last).copied().unwrap_or(0)).sum();
+    // The strides of the whole, contiguous, which each part shares.
+    let mut stride = vec![1i64; size.len()];
+    for d in (0..last).rev() {
+        stride[d] = stride[d + 1] * size[d + 1];
+    }
+    let bytes = first.kind().elt_size_in_bytes();
+    let mut at = first.data_ptr() as usize;
+    for p in parts {
+        let fits = p.kind() == first.kind() && p.device() == first.device() && p.dim() == first.dim();
+        if !(fits && p.size()[..last] == size[..last] && p.stride() == stride && p.data_ptr() as usize == at) {
+            return None;
+        }
+        at += p.size()[last] as usize * bytes;
+    }
+    first.f_as_strided(size.as_slice(), stride.as_slice(), None).ok()
+}
+
+/// `tensors` moved into one buffer along their last dimension, each returned as its view of it.
+fn side_by_side<const D: usize, const K: usize>(tensors: [Tensor<D>; K]) -> Option<[Tensor<D>; K]> {
+    let what = "a frozen weight";
+    let origin = dpo_torch::bridge::on_libtorch(tensors[0].clone(), what).1;
+    let parts = tensors.map(|t| dpo_torch::bridge::on_libtorch(t, what).0);
+    let kind = parts[0].kind();
+    if parts.iter().any(|p| p.kind() != kind || p.device() != parts[0].device()) {
+        return None;
+    }
+    let whole = tch::Tensor::cat(&parts, (D - 1) as i64);
+    let mut start = 0;
+    Some(parts.map(|p| {
+        let width = p.size()[D - 1];
+        let view = whole.narrow((D - 1) as i64, start, width);
+        start += width;
+        dpo_torch::bridge::from_tch(view, origin)
+    }))
 }
 
 /// `(x·W + b, W in x's dtype, x's rows)` for the weights and biases joined ([`joined`]; no biases
@@ -471,6 +549,75 @@ mod tests {
 
     use super::*;
     use crate::testing::{max_rel, normal};
+
+    /// Frozen weights moved into one buffer are views of it side by side, and the joined
+    /// projections over them (no copy) equal those over separate weights bit for bit: outputs
+    /// without a graph, and the input's and an adapter's gradients on an autodiff device, with
+    /// and without biases. Weights that train stay where they are, and tensors that are not one
+    /// buffer's views are joined by a copy.
+    #[test]
+    fn frozen_weights_in_one_buffer_join_without_a_copy() {
+        let ptr = |t: &Tensor<2>| dpo_torch::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
+        for device in [Device::libtorch(), Device::libtorch().autodiff()] {
+            for biased in [true, false] {
+                let random = |shape: [usize; 2], name: &str| normal(shape, (0.0, 1.0), name, &device);
+                let linear = |out: usize, name: &str| Linear {
+                    weight: Param::initialized(burn::module::ParamId::new(), random([16, out], name)),
+                    bias: biased.then(|| {
+                        Param::initialized(burn::module::ParamId::new(), random([1, out], name).reshape([out]))
+                    }),
+                    lora: None,
+                };
+                let fresh = || [linear(8, "q"), linear(4, "k"), linear(4, "v")];
+                let (apart, mut shared) = (fresh(), fresh());
+                let [q, k, v] = &mut shared;
+                Linear::share_storage([q, k, v]);
+                let [q, k, _] = &shared;
+                assert_eq!(ptr(&k.weight.val()), ptr(&q.weight.val()) + 8 * 4, "k's columns follow q's in one row");
+                let tch = |l: &Linear| dpo_torch::bridge::on_libtorch(l.weight.val(), "test").0;
+                let whole = adjacent(&shared.each_ref().map(tch)).expect("one buffer's views");
+                assert_eq!((whole.size(), whole.data_ptr() as usize), (vec![16, 16], ptr(&q.weight.val())));
+                let x = normal([2, 9, 16], (0.0, 1.0), "x", &device);
+                let x = if device.is_autodiff() { x.require_grad() } else { x };
+                let run = |mut group: [Linear; 3]| {
+                    if device.is_autodiff() {
+                        group[2].lora = Some(Lora {
+                            a: Param::initialized(burn::module::ParamId::new(), random([16, 2], "a").require_grad()),
+                            b: Param::initialized(burn::module::ParamId::new(), random([2, 4], "b").require_grad()),
+                            scale: 2.0,
+                            dropout: 0.0,
+                            magnitude: None,
+                        });
+                    }
+                    let ys = Linear::forward_group(x.clone(), [&group[0], &group[1], &group[2]]);
+                    let sum = ys.iter().map(|y| y.clone().sin().sum()).reduce(|a, b| a + b).unwrap();
+                    (ys, group, sum)
+                };
+                let ((ys1, g1, s1), (ys2, g2, s2)) = (run(apart), run(shared));
+                for (a, b) in ys1.iter().zip(&ys2) {
+                    a.to_data().assert_eq(&b.to_data(), true);
+                }
+                if device.is_autodiff() {
+                    let (d1, d2) = (s1.backward(), s2.backward());
+                    x.grad(&d1).unwrap().to_data().assert_eq(&x.grad(&d2).unwrap().to_data(), true);
+                    let a = |g: &[Linear; 3], d| g[2].lora.as_ref().unwrap().a.val().grad(d).unwrap();
+                    a(&g1, &d1).to_data().assert_eq(&a(&g2, &d2).to_data(), true);
+                }
+            }
+        }
+        let device = Device::libtorch().autodiff();
+        let trained = |name: &str| Linear {
+            weight: Param::from_tensor(normal([16, 4], (0.0, 1.0), name, &device).require_grad()),
+            bias: None,
+            lora: None,
+        };
+        let (mut a, mut b) = (trained("a"), trained("b"));
+        let before = (ptr(&a.weight.val()), ptr(&b.weight.val()));
+        Linear::share_storage([&mut a, &mut b]);
+        assert_eq!((ptr(&a.weight.val()), ptr(&b.weight.val())), before, "weights that train are left alone");
+        let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "test").0;
+        assert!(adjacent(&[tch(a.weight.val()), tch(b.weight.val())]).is_none(), "two buffers are copied together");
+    }
 
     /// A partial weight gradient of bf16 operands is their exact product to f32 round-off, over
     /// several f32 slices of `g` (17 rows of a 2^20-wide `g`: 16 rows a slice); a whole one is the

@@ -417,6 +417,18 @@ impl Llama {
         self.map(&mut CastParams(dtype))
     }
 
+    /// Each layer's frozen q/k/v weights, and its gate/up weights, moved into one buffer each
+    /// ([`Linear::share_storage`]): a frozen reference or LoRA base then multiplies by them as
+    /// they lie, where joining copied them every pass. Weights that train are left as they are.
+    pub fn share_frozen_storage(mut self) -> Self {
+        for layer in &mut self.model.layers {
+            let a = &mut layer.self_attn;
+            Linear::share_storage([&mut a.q_proj, &mut a.k_proj, &mut a.v_proj]);
+            Linear::share_storage([&mut layer.mlp.gate_proj, &mut layer.mlp.up_proj]);
+        }
+        self
+    }
+
     /// Every projection of the decoder layers under its HF module name
     /// (`model.layers.0.self_attn.q_proj`), in layer order.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
