@@ -96,6 +96,26 @@ impl Linear {
         })
     }
 
+    /// [`Linear::forward_group`] with each output laid out column by column (the transpose of a
+    /// dense `[out_i, rows]`) where the group joins without adapters, so that
+    /// elementwise work over the parts (SwiGLU's gate and up) reads and writes dense blocks: row
+    /// by row, each part is a strided slice of the joined rows, which CUDA's elementwise kernels
+    /// take only by their general, unvectorised path. A product that reads the result (the down
+    /// projection) takes its transpose as it is, and its input's gradient comes back laid out so.
+    ///
+    /// # Shapes
+    /// - x: `[..., in]` → `[..., out_i]` each
+    pub fn forward_group_by_columns<const D: usize, const K: usize>(
+        x: Tensor<D>,
+        group: [&Linear; K],
+    ) -> [Tensor<D>; K] {
+        if !(fuses(&x, &group) && group.iter().all(|l| l.lora.is_none())) {
+            return Self::forward_group(x, group);
+        }
+        let parts = group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect();
+        split(project_laid(x, parts, Columns(true)), D - 1, group.map(|l| l.weight.dims()[1]))
+    }
+
     /// The projections of `x` by each of `group` side by side, as one product, where
     /// [`Linear::forward_group`] would join them and none has an adapter; else `None`.
     ///
@@ -168,6 +188,20 @@ impl Linear {
 /// `x` projected by the weights (and biases) of `group` side by side: `[..., Σ out_i]`.
 fn project_group<const D: usize>(x: Tensor<D>, group: &[&Linear]) -> Tensor<D> {
     project_many(x, group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect())
+}
+
+/// Whether a product's output is laid out column by column: the transpose of a dense
+/// `[out, rows]`, where `false` is row by row (dense `[rows, out]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Columns(bool);
+
+impl Columns {
+    /// How the `[rows, n]` matrix `m` lies: by columns where it is the transpose of a dense
+    /// `[n, rows]` (and neither side is 1, where both layouts are one).
+    fn of(m: &tch::Tensor) -> Self {
+        let (size, stride) = (m.size(), m.stride());
+        Self(size.len() == 2 && size[0] > 1 && size[1] > 1 && stride == [1, size[0]])
+    }
 }
 
 /// Whether [`Linear::forward_group`] runs `group` over `x` as one product: two or more
@@ -266,6 +300,15 @@ pub fn project<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Ten
 /// If some parts have a bias and others none, or the operands (x, the weights, the biases) are
 /// more than seven.
 pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<Tensor<1>>)>) -> Tensor<D> {
+    project_laid(x, parts, Columns(false))
+}
+
+/// [`project_many`] with its output laid out by `columns`.
+fn project_laid<const D: usize>(
+    x: Tensor<D>,
+    parts: Vec<(Tensor<2>, Option<Tensor<1>>)>,
+    columns: Columns,
+) -> Tensor<D> {
     let k = parts.len();
     let (weights, biases): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
     let biases: Vec<Tensor<1>> = biases.into_iter().flatten().collect();
@@ -276,7 +319,7 @@ pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<
         let w: Vec<_> = weights.into_iter().map(tch).collect();
         let b: Vec<_> =
             biases.into_iter().map(|b| dpo_torch::bridge::on_libtorch(b, "a projection's bias").0).collect();
-        let [y, ..] = projected(&x, &w, &b);
+        let [y, ..] = projected(&x, &w, &b, columns);
         return dpo_torch::bridge::from_tch(y, origin);
     }
     let what = "a projection's operand";
@@ -285,12 +328,12 @@ pub fn project_many<const D: usize>(x: Tensor<D>, parts: Vec<(Tensor<2>, Option<
         .chain(biases.into_iter().map(|b| on_autodiff(b, what)))
         .collect();
     let y = match inputs.len() {
-        2 => linear_node::<2>(inputs, k),
-        3 => linear_node::<3>(inputs, k),
-        4 => linear_node::<4>(inputs, k),
-        5 => linear_node::<5>(inputs, k),
-        6 => linear_node::<6>(inputs, k),
-        7 => linear_node::<7>(inputs, k),
+        2 => linear_node::<2>(inputs, k, columns),
+        3 => linear_node::<3>(inputs, k, columns),
+        4 => linear_node::<4>(inputs, k, columns),
+        5 => linear_node::<5>(inputs, k, columns),
+        6 => linear_node::<6>(inputs, k, columns),
+        7 => linear_node::<7>(inputs, k, columns),
         n => panic!("{k} projections joined ({n} operands): at most seven operands are"),
     };
     Tensor::from_primitive::<Ad>(y)
@@ -355,15 +398,18 @@ fn side_by_side<const D: usize, const K: usize>(tensors: [Tensor<D>; K]) -> Opti
 
 /// `(x·W + b, W in x's dtype, x's rows)` for the weights and biases joined ([`joined`]; no biases
 /// or one each): one `addmm` (transformers' `F.linear`) or `mm` over the rows
-/// (`[rows, in]`, a view of a contiguous x).
-fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor]) -> [tch::Tensor; 3] {
+/// (`[rows, in]`, a view of x), the output laid out by `columns`.
+fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor], columns: Columns) -> [tch::Tensor; 3] {
     let w = joined(weights, 1, x.kind());
     let size = x.size();
     let (leading, inner) = size.split_at(size.len().saturating_sub(1));
     let rows = x.reshape([-1, inner.iter().product()]); // [rows, in]
-    let y = match biases.is_empty() {
-        false => joined(biases, 0, x.kind()).addmm(&rows, &w),
-        true => rows.mm(&w),
+    let y = match (biases.is_empty(), columns.0) {
+        (false, false) => joined(biases, 0, x.kind()).addmm(&rows, &w),
+        // The bias a column broadcast over `[out, rows]`.
+        (false, true) => joined(biases, 0, x.kind()).unsqueeze(1).addmm(&w.tr(), &rows.tr()).tr(),
+        (true, false) => rows.mm(&w),
+        (true, true) => w.tr().mm(&rows.tr()).tr(),
     }; // [rows, out]
     let out: Vec<i64> = leading.iter().copied().chain([w.size()[1]]).collect();
     [y.reshape(out.as_slice()), w, rows]
@@ -372,7 +418,7 @@ fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor]) -
 /// [`project_many`] under autodiff over `[x, W₁..W_k, b₁..b_k]` (N = 1 + k or 1 + 2k): the output,
 /// and what the backward reads of the inputs that take a gradient (the rows of x for the
 /// weights', the joined weight for the input's, as the product's own backward would keep them).
-fn linear_node<const N: usize>(inputs: Vec<FloatTensor<Ad>>, k: usize) -> FloatTensor<Ad> {
+fn linear_node<const N: usize>(inputs: Vec<FloatTensor<Ad>>, k: usize, columns: Columns) -> FloatTensor<Ad> {
     let Ok(inputs) = <[FloatTensor<Ad>; N]>::try_from(inputs) else { unreachable!("N operands") };
     let tracked = inputs.each_ref().map(|t| t.is_tracked());
     let mut values = Vec::with_capacity(N);
@@ -382,7 +428,8 @@ fn linear_node<const N: usize>(inputs: Vec<FloatTensor<Ad>>, k: usize) -> FloatT
         node
     });
     let (x, weights, biases) = (&values[0], &values[1..=k], &values[k + 1..]);
-    let [y, w, rows] = projected(x, weights, biases);
+    let [y, w, rows] = projected(x, weights, biases, columns);
+    let x_columns = Columns::of(&rows);
     match CastLinear.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let kinds = |ts: &[tch::Tensor], tracked: &[bool]| {
@@ -400,6 +447,7 @@ fn linear_node<const N: usize>(inputs: Vec<FloatTensor<Ad>>, k: usize) -> FloatT
                 rows: tracked[1..=k].contains(&true).then(|| TchTensor::new(rows)),
                 weight,
                 x_size: x.size(),
+                x_columns,
                 widths,
                 weight_kinds: kinds(weights, &tracked[1..=k]),
                 bias_kinds: kinds(biases, &tracked[k + 1..]),
@@ -431,6 +479,8 @@ struct Saved {
     /// When x takes a gradient.
     weight: Option<Weight>,
     x_size: Vec<i64>,
+    /// How x's rows lie; its gradient comes back laid out so.
+    x_columns: Columns,
     /// Each weight's output columns.
     widths: Vec<i64>,
     /// The dtype each weight's and each bias's gradient comes back in ([`grad_kind`]), where it trains.
@@ -461,7 +511,11 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
                     joined(&parts, 1, g.kind())
                 }
             };
-            let dx = g.mm(&w.tr()).reshape(s.x_size.as_slice()); // [..., in]
+            let dx = match s.x_columns.0 {
+                true => w.mm(&g.tr()).tr(),
+                false => g.mm(&w.tr()),
+            };
+            let dx = dx.reshape(s.x_size.as_slice()); // [..., in]
             grads.register::<LibTorch>(p.id, TchTensor::new(dx));
         }
         for (i, (p, kind)) in pw.iter().zip(&s.weight_kinds).enumerate() {
@@ -617,6 +671,57 @@ mod tests {
         assert_eq!((ptr(&a.weight.val()), ptr(&b.weight.val())), before, "weights that train are left alone");
         let tch = |t: Tensor<2>| dpo_torch::bridge::on_libtorch(t, "test").0;
         assert!(adjacent(&[tch(a.weight.val()), tch(b.weight.val())]).is_none(), "two buffers are copied together");
+    }
+
+    /// Gate and up laid out by columns ([`Linear::forward_group_by_columns`]) equal them laid out
+    /// by rows within f32's round-off (the products of the transposes), values and the gradients
+    /// of x and every weight through SwiGLU and the down projection; each part is a dense block.
+    /// With padded rows (B > 1) too, and a bias on both. A projection gives back the gradient of
+    /// an input laid out by columns laid out so.
+    #[test]
+    fn projections_by_columns_equal_them_by_rows() {
+        let device = Device::libtorch().autodiff();
+        for (batch, biased) in [(1, false), (3, false), (2, true)] {
+            let random = |shape: [usize; 2], name: &str| normal(shape, (0.0, 1.0), name, &device);
+            let linear = |shape: [usize; 2], name: &str, bias: bool| Linear {
+                weight: Param::from_tensor(random(shape, name).require_grad()),
+                bias: bias.then(|| Param::from_tensor(random([1, shape[1]], name).reshape([shape[1]]).require_grad())),
+                lora: None,
+            };
+            let (gate, up, down) =
+                (linear([16, 12], "g", biased), linear([16, 12], "u", biased), linear([12, 16], "d", false));
+            let x = normal([batch, 17, 16], (0.0, 1.0), "x", &device).require_grad();
+            let laid = |t: &Tensor<3>| dpo_torch::bridge::on_libtorch(t.clone(), "test").0;
+            let mut seen = Vec::new();
+            let mut run = |by_columns: bool| {
+                let [g, u] = match by_columns {
+                    true => Linear::forward_group_by_columns(x.clone(), [&gate, &up]),
+                    false => Linear::forward_group(x.clone(), [&gate, &up]),
+                };
+                seen.push([&g, &u].map(|t| laid(t).movedim_int(-1, 0).is_contiguous()));
+                let y = down.forward(crate::swiglu::swiglu(g, u));
+                (y.clone(), y.sin().sum().backward())
+            };
+            let ((y1, g1), (y2, g2)) = (run(false), run(true));
+            assert_eq!(seen, [[false, false], [true, true]], "rows, then dense blocks by columns");
+            assert!(max_rel(y1, y2) <= 1e-6, "batch {batch}: output");
+            assert!(max_rel(x.grad(&g1).unwrap(), x.grad(&g2).unwrap()) <= 1e-5, "batch {batch}: input gradient");
+            for (name, l) in [("gate", &gate), ("up", &up), ("down", &down)] {
+                let w = l.weight.val();
+                assert!(max_rel(w.grad(&g1).unwrap(), w.grad(&g2).unwrap()) <= 1e-5, "batch {batch}: {name}");
+                if let Some(b) = l.bias.as_ref().map(Param::val) {
+                    assert!(
+                        max_rel(b.grad(&g1).unwrap(), b.grad(&g2).unwrap()) <= 1e-5,
+                        "batch {batch}: {name}'s bias"
+                    );
+                }
+            }
+        }
+        let x = normal([12, 17], (0.0, 1.0), "x", &device).transpose().require_grad(); // [17, 12] by columns
+        let w = normal([12, 5], (0.0, 1.0), "w", &device);
+        let grads = project(x.clone(), w, None).sum().backward();
+        let dx = dpo_torch::bridge::on_libtorch(x.grad(&grads).unwrap(), "test").0;
+        assert_eq!(dx.stride(), [1, 17], "the input's gradient by columns");
     }
 
     /// A partial weight gradient of bf16 operands is their exact product to f32 round-off, over

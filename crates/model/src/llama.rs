@@ -296,7 +296,8 @@ impl Mlp {
     /// # Shapes
     /// - x: `[B, S, hidden]` → `[B, S, hidden]`
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [gate, up] = Linear::forward_group(x, [&self.gate_proj, &self.up_proj]); // [B, S, I] each
+        // Laid out by columns: SwiGLU's elementwise kernels then read and write dense blocks.
+        let [gate, up] = Linear::forward_group_by_columns(x, [&self.gate_proj, &self.up_proj]); // [B, S, I] each
         self.down_proj.forward(swiglu(gate, up))
     }
 }

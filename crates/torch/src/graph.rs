@@ -105,10 +105,41 @@ impl Backward<LibTorch, 1> for Joint {
             .collect();
         let whole = match parts.len() {
             1 => parts.remove(0),
-            _ => TchTensor::new(tch::Tensor::cat(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), dim as i64)),
+            _ => TchTensor::new(cat_as_laid(&parts.iter().map(|p| &p.tensor).collect::<Vec<_>>(), dim)),
         };
         grads.register::<LibTorch>(parent.id, whole);
     }
+}
+
+/// `parts` concatenated along `dim`. Parts cut along their last dimension and laid out by
+/// columns (dense with the last dimension outermost, as `model::linear`'s products laid out by
+/// columns make them) are joined so too, a dense copy of each, where torch's `cat` would write
+/// by rows and read them across.
+fn cat_as_laid(parts: &[&tch::Tensor], dim: usize) -> tch::Tensor {
+    let last = parts[0].dim().saturating_sub(1);
+    if dim != last || last == 0 || !parts.iter().all(|p| by_columns(p)) {
+        return tch::Tensor::cat(parts, dim as i64);
+    }
+    let moved: Vec<tch::Tensor> = parts.iter().map(|p| p.movedim_int(-1, 0)).collect();
+    tch::Tensor::cat(&moved, 0).movedim_int(0, -1)
+}
+
+/// Whether `t` is dense with its last dimension outermost, read from its strides. Where the last
+/// dimension or the rest holds one element, the two layouts are one: `false`.
+fn by_columns(t: &tch::Tensor) -> bool {
+    let (size, stride) = (t.size(), t.stride());
+    let Some((&n, rows)) = size.split_last() else { return false };
+    if n <= 1 || rows.iter().product::<i64>() <= 1 {
+        return false;
+    }
+    let mut dense = 1;
+    for (d, &len) in rows.iter().enumerate().rev() {
+        if len != 1 && stride[d] != dense {
+            return false;
+        }
+        dense *= len;
+    }
+    stride[rows.len()] == dense
 }
 
 /// One part: its backward hands its gradient to the joint.
@@ -244,6 +275,22 @@ mod tests {
         let ptr = |t: &Tensor<2>| crate::bridge::on_libtorch(t.clone(), "test").0.data_ptr() as usize;
         assert_eq!(ptr(&parts[1]), ptr(&plain) + 4, "a view one f32 into the row");
         parts[1].to_data().assert_eq(&plain.narrow(1, 1, 5).to_data(), true);
+    }
+
+    /// Parts laid out by columns (the last dimension outermost) are joined laid out so, with the
+    /// values of torch's `cat`; parts by rows are joined by it.
+    #[test]
+    fn parts_by_columns_join_by_columns() {
+        let laid = |n: i64, seed: f64| {
+            tch::Tensor::arange(n * 6, (tch::Kind::Float, tch::Device::Cpu)).view([n, 1, 6]).movedim_int(0, -1) * seed
+        };
+        let parts = [laid(3, 1.0), laid(2, -0.5)]; // [1, 6, 3] and [1, 6, 2]
+        let whole = cat_as_laid(&[&parts[0], &parts[1]], 2);
+        assert!(whole.equal(&tch::Tensor::cat(&parts, 2)));
+        assert!(whole.movedim_int(-1, 0).is_contiguous() && by_columns(&whole), "by columns");
+        assert!(by_columns(&parts[1]) && !by_columns(&whole.contiguous()), "read from the strides");
+        let rows = parts.each_ref().map(|p| p.contiguous());
+        assert!(cat_as_laid(&[&rows[0], &rows[1]], 2).is_contiguous(), "by rows");
     }
 
     /// An owned part of a split is a dense copy of the view (the same values) with the view's
