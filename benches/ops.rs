@@ -1,5 +1,5 @@
-//! `make bench` (ops): torch operator calls, tensor casts and matrix products per DPO training
-//! step in bf16, counted by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the
+//! `make bench` (ops): torch operator calls, tensor casts, matrix products and elementwise
+//! operators over strided operands (CUDA's unvectorised kernel) per DPO training step in bf16, counted by torch's profiler on the CPU (`DPO_TRAIN_PROFILE`, one step after the
 //! first), for the Qwen2.5-0.5B shape and the medium model: the host-side proxy of a GPU step's
 //! launch overhead, cuBLAS calls and cast traffic that any change can be measured by without a
 //! GPU. The counts are deterministic for a given build and batch; `tests/it/op_counts.rs` holds
@@ -26,16 +26,19 @@ fn main() {
     std::fs::create_dir_all(&out).expect("the bench folder");
     let data = long_pairs(&out.join("pairs.jsonl"), 8);
     println!(
-        "torch operator calls, tensor casts and matrix products per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
+        "torch operator calls, tensor casts, matrix products and elementwise operators over strided operands per bf16 DPO step ({PAIRS} pairs, max_length {MAX_LENGTH}, CPU profiler)"
     );
-    println!("{:<34} {:>10} {:>8} {:>9}", "model", "operators", "casts", "products");
+    println!("{:<34} {:>10} {:>8} {:>9} {:>8}", "model", "operators", "casts", "products", "strided");
     let models: [(&str, &Shape, &str); 2] =
         [("Qwen2.5-0.5B shape (494M)", &QWEN05B, "qwen2"), ("medium (hidden 768, 12 layers)", &MEDIUM, "llama")];
     for (name, shape, family) in models {
         let dir = out.join(format!("model-{family}-{}", shape.layers));
         let model = if family == "llama" { model_dir(&dir, shape) } else { model_dir_of(&dir, shape, family) };
         let counts = profiled_step(&model, &data, &out);
-        println!("{name:<34} {:>10} {:>8} {:>9}", counts.operators, counts.casts, counts.products);
+        println!(
+            "{name:<34} {:>10} {:>8} {:>9} {:>8}",
+            counts.operators, counts.casts, counts.products, counts.strided
+        );
     }
 }
 

@@ -1,5 +1,6 @@
-//! The host-side proxy of a GPU step's launch overhead (issue 33, item 4): torch operator calls
-//! and dtype casts of one bf16 DPO step, counted by torch's profiler on the CPU. `make bench`
+//! The host-side proxy of a GPU step's launch overhead (issue 33, item 4): torch operator calls,
+//! dtype casts, matrix products and elementwise operators over strided operands of one bf16 DPO
+//! step, counted by torch's profiler on the CPU. `make bench`
 //! prints them for the 0.5B shape and the medium model; here the fixture llama's cast count is
 //! held at its value, so a change that adds casts to the step fails (and one that removes some
 //! updates this number).
@@ -43,6 +44,13 @@ const CASTS_PER_STEP_RESIDENT: u64 = 66;
 /// product each way (their weights side by side), where they made 75 and 61 one by one.
 const PRODUCTS_PER_STEP: (u64, u64) = (51, 43);
 
+/// Elementwise operators over operands not of one dense layout (a broadcast, a strided view),
+/// which CUDA runs by its general kernel, not the vectorised one, in the same two steps: mostly
+/// the CPU's RMSNorm backward (CUDA runs torch's fused kernel) and the norms' weight products.
+/// 85 and 69 before queries and keys were rotated in one pass over the joined projection and
+/// gate and up were laid out by columns (each a strided slice of the joined rows).
+const STRIDED_PER_STEP: (u64, u64) = (45, 37);
+
 /// A step's host-device copies (on a GPU each blocking one waited for the queued kernels): the
 /// batch's integers and floats, and the CPU attention's two index tensors (a GPU's variable-length
 /// call uploads three), the reference scoring the policy's upload; read back on a logging step,
@@ -61,6 +69,7 @@ fn a_bf16_step_makes_the_casts_it_made() {
         "casts per bf16 step without checkpointing changed ({resident:?})"
     );
     assert_eq!((counts.products, resident.products), PRODUCTS_PER_STEP, "matrix products per step changed");
+    assert_eq!((counts.strided, resident.strided), STRIDED_PER_STEP, "strided elementwise operators per step changed");
 }
 
 /// With the reference scoring each micro-batch on a thread of its own (on by default on CUDA), a

@@ -123,12 +123,16 @@ impl Drop for ProfileWindow {
 /// tensors among them (`aten::_to_copy`, what every `.to(dtype)` runs; the 0-dim conversions torch
 /// makes of scalar arguments, which stay on the host, are left out: they launch no kernel), and
 /// the matrix products (`mm`, `addmm`, `bmm`, `baddbmm`: what `matmul` and `linear` run), each a
-/// cuBLAS call on a GPU, whose host time made the largest share of a small model's step there.
+/// cuBLAS call on a GPU, whose host time made the largest share of a small model's step there;
+/// and the elementwise operators whose tensor operands are not all one dense layout (a
+/// broadcast, a strided view, two layouts: [`strided`]), which CUDA runs by its general kernel
+/// rather than the vectorised one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TraceCounts {
     pub operators: u64,
     pub casts: u64,
     pub products: u64,
+    pub strided: u64,
     /// The threads that ran operators.
     pub threads: u64,
 }
@@ -151,6 +155,7 @@ impl TraceCounts {
             let scalar = op["args"]["Input Dims"][0].as_array().is_some_and(|dims| dims.is_empty());
             counts.casts += u64::from(op["name"] == "aten::_to_copy" && !scalar);
             counts.products += u64::from(PRODUCTS.iter().any(|p| op["name"] == *p));
+            counts.strided += u64::from(strided(op));
         }
         counts.threads = threads.len() as u64;
         Ok(counts)
@@ -159,6 +164,71 @@ impl TraceCounts {
 
 /// The operators [`TraceCounts::products`] counts (the ones `matmul` dispatches to, so none twice).
 const PRODUCTS: [&str; 5] = ["aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm"];
+
+/// The elementwise operators [`strided`] looks at: torch's `TensorIterator` kernels a layer step
+/// makes (arithmetic, activations and their gradients, copies).
+const ELEMENTWISE: [&str; 22] = [
+    "aten::add",
+    "aten::add_",
+    "aten::sub",
+    "aten::sub_",
+    "aten::mul",
+    "aten::mul_",
+    "aten::div",
+    "aten::div_",
+    "aten::neg",
+    "aten::exp",
+    "aten::exp_",
+    "aten::log",
+    "aten::sigmoid",
+    "aten::silu",
+    "aten::silu_backward",
+    "aten::copy_",
+    "aten::where",
+    "aten::masked_fill",
+    "aten::masked_fill_",
+    "aten::clamp",
+    "aten::clamp_min",
+    "aten::pow",
+];
+
+/// Whether `op` (a trace event) is an elementwise operator whose tensor operands differ in shape
+/// or strides, or share strides that are not a dense layout: what CUDA's `gpu_kernel` takes by
+/// its general path (an offset computed per element, one element a load), not the vectorised one
+/// (`iter.is_contiguous()`, after dimensions are reordered and merged). Scalars are left out.
+fn strided(op: &serde_json::Value) -> bool {
+    if !ELEMENTWISE.iter().any(|n| op["name"] == *n) {
+        return false;
+    }
+    let (dims, strides) = (&op["args"]["Input Dims"], &op["args"]["Input Strides"]);
+    let ints = |v: &serde_json::Value| v.as_array().map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect());
+    let tensors: Vec<(Vec<i64>, Vec<i64>)> = (0..dims.as_array().map_or(0, Vec::len))
+        .filter_map(|i| Some((ints(&dims[i])?, ints(&strides[i])?)))
+        .filter(|(d, s): &(Vec<i64>, Vec<i64>)| !d.is_empty() && d.len() == s.len())
+        // A dimension of one element has no stride that matters.
+        .map(|(d, s)| {
+            let s = d.iter().zip(s).map(|(&n, s)| if n == 1 { 0 } else { s }).collect();
+            (d, s)
+        })
+        .collect();
+    match tensors.first() {
+        None => false,
+        Some(first) => tensors.iter().any(|t| t != first) || !dense(&first.0, &first.1),
+    }
+}
+
+/// Whether `strides` lay a tensor of `sizes` out densely in some order of its dimensions.
+fn dense(sizes: &[i64], strides: &[i64]) -> bool {
+    let mut by_stride: Vec<(i64, i64)> =
+        strides.iter().zip(sizes).filter(|&(_, &n)| n != 1).map(|(&s, &n)| (s, n)).collect();
+    by_stride.sort_unstable();
+    let mut step = 1;
+    by_stride.into_iter().all(|(s, n)| {
+        let fits = s == step;
+        step *= n;
+        fits
+    })
+}
 
 fn parse_steps(text: &str) -> Option<(u64, u64)> {
     let (a, b) = text.split_once('-')?;
@@ -177,6 +247,21 @@ fn synchronize(cuda: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An elementwise operator over a broadcast, a strided view or two layouts is strided; one
+    /// over operands of one dense layout (transposed included) or scalars is not, nor a product.
+    #[test]
+    fn strided_operands_are_told_from_dense_ones() {
+        let op = |name: &str, dims: serde_json::Value, strides: serde_json::Value| serde_json::json!({"name": name, "args": {"Input Dims": dims, "Input Strides": strides}});
+        use serde_json::json;
+        assert!(strided(&op("aten::mul", json!([[4, 6], [6]]), json!([[6, 1], [1]]))), "a broadcast");
+        assert!(strided(&op("aten::silu", json!([[4, 6]]), json!([[12, 1]]))), "every second row");
+        assert!(strided(&op("aten::add", json!([[4, 6], [4, 6], []]), json!([[6, 1], [1, 4], []]))), "two layouts");
+        assert!(!strided(&op("aten::mul", json!([[4, 6], [4, 6]]), json!([[1, 4], [1, 4]]))), "one layout, transposed");
+        assert!(!strided(&op("aten::add_", json!([[1, 4, 6], [1, 4, 6], []]), json!([[99, 6, 1], [24, 6, 1], []]))));
+        assert!(!strided(&op("aten::mul", json!([[4, 6], []]), json!([[6, 1], []]))), "a scalar");
+        assert!(!strided(&op("aten::mm", json!([[4, 6], [6, 2]]), json!([[1, 4], [2, 1]]))), "a product");
+    }
 
     #[test]
     fn step_ranges_parse_and_bad_ones_do_not() {
@@ -214,6 +299,7 @@ mod tests {
         assert_eq!(counts.casts, 2, "{counts:?}");
         assert!(counts.operators >= 6, "ones, matmul and the cast in each step at least: {counts:?}");
         assert_eq!(counts.products, 2, "matmul's mm, once a step: {counts:?}");
+        assert_eq!(counts.strided, 0, "dense operands: {counts:?}");
         assert!(TraceCounts::read(&dir.path().join("absent.json")).unwrap_err().contains("cannot read"));
         assert!(!path.with_extension("json.tmp").exists());
     }
