@@ -88,8 +88,7 @@ impl Linear {
             return group.map(|l| l.forward(x.clone()));
         }
         let widths = group.map(|l| l.weight.dims()[1]);
-        let ys = split(project_group(x.clone(), &group), D - 1, widths);
-        let mut ys = ys.into_iter();
+        let mut ys = split(project_group(x.clone(), &group, Columns(false)), D - 1, widths).into_iter();
         group.map(|l| match ys.next() {
             Some(y) => l.adapt(x.clone(), y),
             None => unreachable!("one part a projection"),
@@ -109,11 +108,10 @@ impl Linear {
         x: Tensor<D>,
         group: [&Linear; K],
     ) -> [Tensor<D>; K] {
-        if !(fuses(&x, &group) && group.iter().all(|l| l.lora.is_none())) {
+        if !joins_plainly(&x, &group) {
             return Self::forward_group(x, group);
         }
-        let parts = group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect();
-        split(project_laid(x, parts, Columns(true)), D - 1, group.map(|l| l.weight.dims()[1]))
+        split(project_group(x, &group, Columns(true)), D - 1, group.map(|l| l.weight.dims()[1]))
     }
 
     /// The projections of `x` by each of `group` side by side, as one product, where
@@ -122,7 +120,7 @@ impl Linear {
     /// # Shapes
     /// - x: `[..., in]` → `[..., Σ out_i]`
     pub fn forward_joined<const D: usize, const K: usize>(x: Tensor<D>, group: [&Linear; K]) -> Option<Tensor<D>> {
-        (fuses(&x, &group) && group.iter().all(|l| l.lora.is_none())).then(|| project_group(x, &group))
+        joins_plainly(&x, &group).then(|| project_group(x, &group, Columns(false)))
     }
 
     /// Moves the frozen weights of `group` (and their biases) into one buffer, side by side,
@@ -137,12 +135,8 @@ impl Linear {
         if K < 2 || !frozen || (biased != 0 && biased != K) {
             return;
         }
-        let weights = group.each_ref().map(|l| l.weight.val());
-        let (Some(weights), biases) =
-            (side_by_side(weights), group.each_ref().map(|l| l.bias.as_ref().map(Param::val)))
-        else {
-            return;
-        };
+        let Some(weights) = side_by_side(group.each_ref().map(|l| l.weight.val())) else { return };
+        let biases = group.each_ref().map(|l| l.bias.as_ref().map(Param::val));
         let biases =
             biases.into_iter().collect::<Option<Vec<_>>>().and_then(|b| side_by_side::<1, K>(b.try_into().ok()?));
         for (i, l) in group.into_iter().enumerate() {
@@ -185,9 +179,15 @@ impl Linear {
     }
 }
 
-/// `x` projected by the weights (and biases) of `group` side by side: `[..., Σ out_i]`.
-fn project_group<const D: usize>(x: Tensor<D>, group: &[&Linear]) -> Tensor<D> {
-    project_many(x, group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect())
+/// `x` projected by the weights (and biases) of `group` side by side, laid out by `columns`:
+/// `[..., Σ out_i]`.
+fn project_group<const D: usize>(x: Tensor<D>, group: &[&Linear], columns: Columns) -> Tensor<D> {
+    project_laid(x, group.iter().map(|l| (l.weight.val(), l.bias.as_ref().map(Param::val))).collect(), columns)
+}
+
+/// Whether `group` joins over `x` ([`fuses`]) with no adapter to add to a part.
+fn joins_plainly<const D: usize>(x: &Tensor<D>, group: &[&Linear]) -> bool {
+    fuses(x, group) && group.iter().all(|l| l.lora.is_none())
 }
 
 /// Whether a product's output is laid out column by column: the transpose of a dense
