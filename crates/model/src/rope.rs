@@ -17,7 +17,9 @@
 //! Queries and keys are rotated in the layout their projections make (`[B, L, H, D]`, dense)
 //! against cos and sin spread over that shape once a pass ([`Angles`]): every product is then of
 //! two dense tensors of one shape, which CUDA runs by its vectorised elementwise kernel, where a
-//! head-major view against `[1, 1, L, D]` tables took the general strided one.
+//! head-major view against `[1, 1, L, D]` tables took the general strided one. Where q, k and v
+//! come out of one joined projection, one rotation turns the query and key heads and passes the
+//! value heads through ([`rotate_heads`]: cos 1, sin 0 on those), over the dense joined output.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
@@ -138,7 +140,7 @@ pub struct Angles {
     /// cos and sin spread over the shape of each input rotated (`[B, L, H, D]`, queries and keys),
     /// made on first use and kept for the pass's every layer: a product with a broadcast operand
     /// takes CUDA's general elementwise kernel, one with two dense ones of the same shape its
-    /// vectorised kernel, and a pass rotates twice a layer each way.
+    /// vectorised kernel, and a pass rotates once a layer each way (queries and keys joined) or twice.
     spread: Mutex<Vec<(SpreadKey, [tch::Tensor; 2])>>,
 }
 
