@@ -17,6 +17,7 @@
 //!    of shapes and settings (`memory.rs`);
 //! 8. `profile` (named only): torch's profiler over a few steps of the small workloads (traces in
 //!    results/gpu/traces); `shapes` (named only): the 0.5B row's micro-batches padded or not;
+//!    `checkpointing` (named only): the checkpointed 0.5B row setting by setting, and profiled;
 //! 9. two ranks sharing `cuda:0` (plain DDP, ZeRO-1/2/3, the offloaded optimizer) against one rank,
 //!    Ctrl-C and a killed rank (`dist.rs`).
 //!
@@ -51,8 +52,8 @@ const STEPS: usize = 20;
 /// Sections a run without names leaves out, each covered by another (issue 33 asks the whole check
 /// to fit 15 minutes): `throughput` and `scale` by `targets`' rows against TRL (0.5B and 1.1B),
 /// `profile` by its profile of the 0.5B row; `shapes` is a diagnosis (what padding micro-batches
-/// to few shapes buys).
-const OPTIONAL: [&str; 4] = ["throughput", "scale", "profile", "shapes"];
+/// to few shapes buys) and `checkpointing` another (where the checkpointed 0.5B row's time goes).
+const OPTIONAL: [&str; 5] = ["throughput", "scale", "profile", "shapes", "checkpointing"];
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 fn main() {
@@ -114,6 +115,11 @@ fn main() {
     if runs("shapes") {
         report.section("The 0.5B row's micro-batches as they come and padded to few shapes", |_| {
             targets::shape_padding(&work, out.path())
+        });
+    }
+    if runs("checkpointing") {
+        report.section("The 0.5B row with gradient checkpointing, setting by setting", |_| {
+            targets::checkpointing(&work, out.path())
         });
     }
     if runs("lora8b") {

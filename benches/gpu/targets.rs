@@ -75,6 +75,36 @@ pub fn shape_padding(work: &Path, out: &Path) -> String {
     text
 }
 
+/// The `checkpointing` section (a diagnosis, not in a run without names): the 0.5B row with
+/// gradient checkpointing, where an H200 measured 35.1 pairs/s at 4789ffe and 14.5 at 4f2c655
+/// while the row without it went from 43.4 to 56.6. Its rate as the targets run it, then with
+/// each setting that differs from that earlier code turned back (the caching allocator without
+/// expandable segments, the reference on the training thread), then torch's profiler over it.
+pub fn checkpointing(work: &Path, out: &Path) -> String {
+    let model = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
+    let data = pairs(work, &model);
+    let (model, data) = (model.as_path(), data.as_path());
+    let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
+    let mut text = String::new();
+    let settings: [(&str, &[(&str, &Path)]); 3] = [
+        ("as the targets run it", &[]),
+        (
+            "PYTORCH_ALLOC_CONF=expandable_segments:False",
+            &[("PYTORCH_ALLOC_CONF", Path::new("expandable_segments:False"))],
+        ),
+        ("the reference on the training thread", &[(dpo_train::train::step::OVERLAP_VAR, Path::new("0"))]),
+    ];
+    for (name, envs) in settings {
+        let rate = common::dpo_train_rate_env(model, data, out, RUN, &flags, envs);
+        let line = format!("0.5B, gradient checkpointing, {name}: {:.1} pairs/s\n", rate.pairs_per_second);
+        print!("{line}");
+        text += &line;
+    }
+    let run = (RUN.0, 20, RUN.2);
+    let _ = write!(text, "\n{}", profiled("qwen05b-bf16-checkpointing", model, data, out, run, &flags[2..]));
+    text
+}
+
 /// Llama-3.1-8B's trunk with LoRA r 16 on q_proj and v_proj (PEFT's default targets) over a bf16
 /// base, the same pairs, fewer steps (a step is about a second): with gradient checkpointing on
 /// both sides (TRL's default, with which TRL + PEFT fits an 80 GB GPU), then without, where TRL
