@@ -6,7 +6,8 @@
 //! MFU against the bf16 matrix peak measured here; then torch's profiler over the 0.5B row
 //! without checkpointing (operator and kernel counts a step, the matrix products' share of kernel
 //! time). The `shapes` section (not in a run without names): that row with its micro-batches as
-//! they come and padded to few shapes.
+//! they come and padded to few shapes. The `checkpointing` section (likewise named only): the
+//! checkpointed 0.5B row with settings changed since an earlier, faster run turned back, profiled.
 //! The `lora8b` section: Llama-3.1-8B's trunk with LoRA r 16, likewise (its own section: the
 //! model alone is 30 GB to write and read). Each row's line names its shape ("0.5B", "1.1B",
 //! "8B LoRA") with `MFU N%`.
