@@ -87,12 +87,11 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
     let (model, data) = (model.as_path(), data.as_path());
     let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
     let mut text = String::new();
+    // torch's own name for the allocator's settings, as dpo-train reads it.
+    let allocator = dpo_torch::allocator::ALLOCATOR_VARS[0];
     let settings: [(&str, &[(&str, &Path)]); 3] = [
         ("as the targets run it", &[]),
-        (
-            "PYTORCH_ALLOC_CONF=expandable_segments:False",
-            &[("PYTORCH_ALLOC_CONF", Path::new("expandable_segments:False"))],
-        ),
+        ("without expandable segments", &[(allocator, Path::new("expandable_segments:False"))]),
         ("the reference on the training thread", &[(dpo_train::train::step::OVERLAP_VAR, Path::new("0"))]),
     ];
     for (name, envs) in settings {
