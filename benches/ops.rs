@@ -9,7 +9,9 @@
 //! update included. The counts depend on the layers and the batch layout, and on whether a batch
 //! has more token positions than the model's width: a layer's projections of one input are joined
 //! into one product from there on (`model::linear`), as they are on a GPU's batches of thousands of
-//! positions (at max_length 256, 2 pairs made fewer than the 0.5B shape's 896 inputs).
+//! positions (at max_length 256, 2 pairs made fewer than the 0.5B shape's 896 inputs). A CPU
+//! without bf16 units would multiply on f32 copies (`dpo_torch::product`), casts no GPU makes:
+//! the runs here take torch's own products (`DPO_TRAIN_CPU_F32_PRODUCTS=0`), a GPU's operators.
 
 mod common;
 
@@ -46,8 +48,12 @@ fn main() {
 fn profiled_step(model: &Path, data: &Path, out: &Path) -> TraceCounts {
     let trace = out.join("trace.json");
     let _ = std::fs::remove_file(&trace);
-    let steps = Path::new("2-2");
-    let envs = [("DPO_TRAIN_PROFILE", trace.as_path()), ("DPO_TRAIN_PROFILE_STEPS", steps)];
+    let (steps, products) = (Path::new("2-2"), Path::new("0"));
+    let envs = [
+        ("DPO_TRAIN_PROFILE", trace.as_path()),
+        ("DPO_TRAIN_PROFILE_STEPS", steps),
+        (dpo_torch::product::WIDEN_VAR, products),
+    ];
     dpo_train_rate_env(model, data, out, (PAIRS, 2, MAX_LENGTH), &["--bf16", "true"], &envs);
     let counts = TraceCounts::read(&trace).expect("the profiled step's trace");
     // The run's checkpoint and final model (several GB for the 0.5B shape) are not needed.

@@ -89,6 +89,8 @@ pub struct Host {
     pub memory_total_bytes: Option<u64>,
     pub memory_available_bytes: Option<u64>,
     pub torch_threads: i32,
+    /// How bf16 and fp16 matrix products run on this CPU ([`dpo_torch::product`]).
+    pub half_products: String,
 }
 
 /// Whether the variable `name` changes a run: CUDA's, NCCL's, the rendezvous (torchrun's and
@@ -182,9 +184,20 @@ pub fn report(vars: impl IntoIterator<Item = (String, String)>) -> EnvReport {
             memory_total_bytes: mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default()),
             memory_available_bytes: system.memory_available_bytes,
             torch_threads: tch::get_num_threads(),
+            half_products: half_products(),
         },
         env: vars.into_iter().filter(|(k, _)| changes_a_run(k)).collect(),
     }
+}
+
+/// How bf16 and fp16 matrix products run on this CPU: torch's oneDNN kernels where it has units
+/// for them, else on f32 copies (or as `DPO_TRAIN_CPU_F32_PRODUCTS` says).
+fn half_products() -> String {
+    let way = |kind| match dpo_torch::product::widens(kind, tch::Device::Cpu) {
+        true => "on f32 copies",
+        false => "by torch's own kernels",
+    };
+    format!("bf16 {}, fp16 {}", way(tch::Kind::BFloat16), way(tch::Kind::Half))
 }
 
 /// The line `dpo-train --version` prints after the name: the version, commit, torch and backends.
@@ -306,6 +319,7 @@ pub fn render(r: &EnvReport) -> String {
         h.memory_available_bytes.map_or_else(|| "unknown".to_owned(), gib),
         h.torch_threads
     );
+    out += &format!("          half-precision matrix products: {}\n", h.half_products);
     out += "environment\n";
     if r.env.is_empty() {
         out += "          (none of the variables that change a run is set)\n";

@@ -42,6 +42,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let plan = layered.validate()?;
     let overlap_reference = crate::train::step::overlap_setting()?;
     crate::dpo::shapes::padding_setting()?;
+    crate::dist::switch(dpo_torch::product::WIDEN_VAR)?;
     if sft_only {
         // The demo's embedded config and a resumed run's saved one hold every key: only the
         // user's own file and flags say what they asked for.

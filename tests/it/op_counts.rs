@@ -3,7 +3,9 @@
 //! step, counted by torch's profiler on the CPU. `make bench`
 //! prints them for the 0.5B shape and the medium model; here the fixture llama's cast count is
 //! held at its value, so a change that adds casts to the step fails (and one that removes some
-//! updates this number).
+//! updates this number). The runs take torch's own bf16 products on every CPU
+//! (`DPO_TRAIN_CPU_F32_PRODUCTS=0`): a CPU without bf16 units would multiply on f32 copies,
+//! casts no GPU makes (`dpo_torch::product`).
 
 use std::process::Command;
 
@@ -111,6 +113,7 @@ fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Trained) {
         .env("DPO_TRAIN_PROFILE", &trace)
         .env("DPO_TRAIN_PROFILE_STEPS", "2-2")
         .env("DPO_TRAIN_OVERLAP_REFERENCE", overlap)
+        .env(dpo_torch::product::WIDEN_VAR, "0")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

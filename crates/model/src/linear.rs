@@ -37,6 +37,7 @@ use burn::tensor::{Distribution, FloatDType, Tensor};
 use burn_tch::{LibTorch, TchTensor};
 use dpo_torch::dtype::{as_kind, grad_kind};
 use dpo_torch::fallback::FastPath;
+use dpo_torch::product::{addmm, mm};
 
 use dpo_torch::graph::{Ad, on_autodiff, split};
 
@@ -275,7 +276,16 @@ pub fn column_norms(weight: &Tensor<2>) -> Tensor<1> {
 pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
-    let y = linear(x.reshape([rows, dims[D - 1]]), weight, bias); // [rows, out]
+    let x = x.reshape([rows, dims[D - 1]]);
+    let t = dpo_torch::bridge::on_libtorch(x.clone(), "a linear layer's input").0;
+    let y = match dpo_torch::product::widens(t.kind(), t.device()) {
+        // [`dpo_torch::product`]: on f32 copies where the CPU multiplies half precision slowly.
+        true => {
+            let (dtype, f32) = (FloatDType::from(x.dtype()), FloatDType::F32);
+            linear(x.cast(f32), weight.cast(f32), bias.map(|b| b.cast(f32))).cast(dtype)
+        }
+        false => linear(x, weight, bias),
+    }; // [rows, out]
     dims[D - 1] = y.dims()[1];
     y.reshape(dims)
 }
@@ -405,11 +415,11 @@ fn projected(x: &tch::Tensor, weights: &[tch::Tensor], biases: &[tch::Tensor], c
     let (leading, inner) = size.split_at(size.len().saturating_sub(1));
     let rows = x.reshape([-1, inner.iter().product()]); // [rows, in]
     let y = match (biases.is_empty(), columns.0) {
-        (false, false) => joined(biases, 0, x.kind()).addmm(&rows, &w),
+        (false, false) => addmm(&joined(biases, 0, x.kind()), &rows, &w),
         // The bias a column broadcast over `[out, rows]`.
-        (false, true) => joined(biases, 0, x.kind()).unsqueeze(1).addmm(&w.tr(), &rows.tr()).tr(),
-        (true, false) => rows.mm(&w),
-        (true, true) => w.tr().mm(&rows.tr()).tr(),
+        (false, true) => addmm(&joined(biases, 0, x.kind()).unsqueeze(1), &w.tr(), &rows.tr()).tr(),
+        (true, false) => mm(&rows, &w),
+        (true, true) => mm(&w.tr(), &rows.tr()).tr(),
     }; // [rows, out]
     let out: Vec<i64> = leading.iter().copied().chain([w.size()[1]]).collect();
     [y.reshape(out.as_slice()), w, rows]
@@ -512,8 +522,8 @@ impl<const N: usize> Backward<LibTorch, N> for CastLinear {
                 }
             };
             let dx = match s.x_columns.0 {
-                true => w.mm(&g.tr()).tr(),
-                false => g.mm(&w.tr()),
+                true => mm(&w, &g.tr()).tr(),
+                false => mm(&g, &w.tr()),
             };
             let dx = dx.reshape(s.x_size.as_slice()); // [..., in]
             grads.register::<LibTorch>(p.id, TchTensor::new(dx));
@@ -582,7 +592,7 @@ fn product_in(rows: &tch::Tensor, g: &tch::Tensor, kind: tch::Kind, by_out_dtype
     {
         return dw;
     }
-    as_kind(&rows.tr().mm(g), kind)
+    as_kind(&mm(&rows.tr(), g), kind)
 }
 
 /// `a·b` written in f32 by the product itself (`mm` with `out_dtype`, which CUDA has for

@@ -607,6 +607,15 @@ extern "C" int c10d_set_tf32(int enable) {
   });
 }
 
+extern "C" int c10d_cpu_half_gemm_native(int fp16, int* out) {
+  return guarded("cpu_half_gemm_native", [&] {
+    TORCH_CHECK(out != nullptr, "cpu_half_gemm_native: null output");
+    const char* name = fp16 != 0 ? "mkldnn::_is_mkldnn_fp16_supported" : "mkldnn::_is_mkldnn_bf16_supported";
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<bool()>();
+    *out = op.call() ? 1 : 0;
+  });
+}
+
 extern "C" int c10d_tf32(int* cublas, int* cudnn) {
   return guarded("tf32", [&] {
     TORCH_CHECK(cublas != nullptr && cudnn != nullptr, "tf32: null output");

@@ -137,6 +137,11 @@ int c10d_sdp_use_cudnn(int enable);
 int c10d_set_tf32(int enable);
 int c10d_tf32(int* cublas, int* cudnn);
 
+// Whether torch multiplies bf16 (fp16 when `fp16` != 0) matrices on this CPU with oneDNN, whose
+// instruction set (capped by ONEDNN_MAX_CPU_ISA) has units for them, rather than in its scalar
+// reference gemm: `torch.ops.mkldnn._is_mkldnn_bf16_supported()` (`_fp16_`), into `*out`.
+int c10d_cpu_half_gemm_native(int fp16, int* out);
+
 // torch's profiler (Kineto, what `torch.profiler.profile` runs) for this thread's operators, and
 // the CUDA kernels of every thread when `with_cuda` != 0; stop writes the Chrome trace to `path`.
 int c10d_profiler_start(int with_cuda);

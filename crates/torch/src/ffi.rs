@@ -83,6 +83,7 @@ unsafe extern "C" {
     pub fn c10d_sdp_use_cudnn(enable: i32) -> i32;
     pub fn c10d_set_tf32(enable: i32) -> i32;
     pub fn c10d_tf32(cublas: *mut i32, cudnn: *mut i32) -> i32;
+    pub fn c10d_cpu_half_gemm_native(fp16: i32, out: *mut i32) -> i32;
     pub fn c10d_profiler_start(with_cuda: i32) -> i32;
     pub fn c10d_profiler_stop(path: *const std::ffi::c_char) -> i32;
     pub fn c10d_pinned_copy(src: *mut C_tensor, out: *mut *mut C_tensor) -> i32;
