@@ -62,10 +62,10 @@ const TRANSFERS_PER_STEP: &str = "4 uploads and 4 reads back a step";
 
 #[test]
 fn a_bf16_step_makes_the_casts_it_made() {
-    let (counts, _) = profiled_step(&[], "0");
+    let (counts, _) = profiled_step(&[], "0", "0");
     assert!(counts.operators > 10 * counts.casts, "a step is mostly other operators: {counts:?}");
     assert_eq!(counts.casts, CASTS_PER_STEP, "casts per bf16 step changed ({counts:?}): update CASTS_PER_STEP");
-    let (resident, _) = profiled_step(&["--gradient-checkpointing", "false"], "0");
+    let (resident, _) = profiled_step(&["--gradient-checkpointing", "false"], "0", "0");
     assert_eq!(
         resident.casts, CASTS_PER_STEP_RESIDENT,
         "casts per bf16 step without checkpointing changed ({resident:?})"
@@ -79,13 +79,23 @@ fn a_bf16_step_makes_the_casts_it_made() {
 /// (it enters the caller's torch state), and trains to the same numbers bit for bit.
 #[test]
 fn a_reference_on_its_own_thread_runs_the_same_step() {
-    let (alone, trained_alone) = profiled_step(&[], "0");
-    let (beside, trained_beside) = profiled_step(&[], "1");
+    let (alone, trained_alone) = profiled_step(&[], "0", "0");
+    let (beside, trained_beside) = profiled_step(&[], "1", "0");
     assert!(trained_alone.transfers.contains(TRANSFERS_PER_STEP), "{}", trained_alone.transfers);
     assert!(trained_beside.transfers.contains(TRANSFERS_PER_STEP), "{}", trained_beside.transfers);
     assert_eq!((alone.threads, beside.threads), (1, 2), "{alone:?} {beside:?}");
     assert_eq!((alone.operators, alone.casts), (beside.operators, beside.casts));
     assert_eq!(trained_alone.metrics, trained_beside.metrics);
+}
+
+/// On f32 copies (a CPU without bf16 units, forced here by `DPO_TRAIN_CPU_F32_PRODUCTS=1`) a
+/// step runs the same products, each with the casts of its bf16 operands and of its result.
+#[test]
+fn products_on_f32_copies_add_casts_not_products() {
+    let (own, _) = profiled_step(&[], "0", "0");
+    let (widened, _) = profiled_step(&[], "0", "1");
+    assert_eq!(widened.products, own.products, "{own:?} {widened:?}");
+    assert!(widened.casts >= own.casts + 2 * own.products, "{own:?} {widened:?}");
 }
 
 /// What a profiled run logged, but its timings, and the line that reports its copies.
@@ -94,10 +104,11 @@ struct Trained {
     transfers: String,
 }
 
-/// Step 2 of a 2-step bf16 run of 2 pairs a step on the fixture llama, with `flags` and the
-/// reference's thread `overlap` (`DPO_TRAIN_OVERLAP_REFERENCE`): the trace's counts, and what
-/// `metrics.csv` logged but its timings, and the profiler's line.
-fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Trained) {
+/// Step 2 of a 2-step bf16 run of 2 pairs a step on the fixture llama, with `flags`, the
+/// reference's thread `overlap` (`DPO_TRAIN_OVERLAP_REFERENCE`) and `f32_products`
+/// (`DPO_TRAIN_CPU_F32_PRODUCTS`): the trace's counts, and what `metrics.csv` logged but its
+/// timings, and the profiler's line.
+fn profiled_step(flags: &[&str], overlap: &str, f32_products: &str) -> (TraceCounts, Trained) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.json");
     let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
@@ -113,7 +124,7 @@ fn profiled_step(flags: &[&str], overlap: &str) -> (TraceCounts, Trained) {
         .env("DPO_TRAIN_PROFILE", &trace)
         .env("DPO_TRAIN_PROFILE_STEPS", "2-2")
         .env("DPO_TRAIN_OVERLAP_REFERENCE", overlap)
-        .env(dpo_torch::product::WIDEN_VAR, "0")
+        .env(dpo_torch::product::WIDEN_VAR, f32_products)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

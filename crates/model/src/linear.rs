@@ -160,7 +160,7 @@ impl Linear {
         // PEFT's `DoraLinearLayer.forward`: the base output without its bias, recomputed from the
         // dropped input where dropout trains.
         let base = match self.bias.as_ref().map(Param::val) {
-            _ if lora.dropout > 0.0 => linear_rows(dropped, self.weight.val().cast(dtype), None),
+            _ if lora.dropout > 0.0 => project(dropped, self.weight.val(), None),
             Some(b) => y.clone() - b.cast(dtype).unsqueeze::<D>(),
             None => y.clone(),
         };
@@ -230,14 +230,14 @@ impl Lora {
         x * mask / keep
     }
 
-    /// `x·A·B·α/r` of the (dropped) input.
+    /// `x·A·B·α/r` of the (dropped) input, A and B cast to x's dtype by the projection node (which
+    /// keeps its operands in that dtype for the backward).
     ///
     /// # Shapes
     /// - x: `[..., in]` → `[..., out]`
     fn update<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let dtype = FloatDType::from(x.dtype());
-        let down = linear_rows(x, self.a.val().cast(dtype), None); // [..., r]
-        linear_rows(down, self.b.val().cast(dtype), None) * self.scale // [..., out]
+        let down = project(x, self.a.val(), None); // [..., r]
+        project(down, self.b.val(), None) * self.scale // [..., out]
     }
 
     /// `W + A·B·α/r` in f32, off the graph.
