@@ -269,23 +269,20 @@ pub fn column_norms(weight: &Tensor<2>) -> Tensor<1> {
 /// `x·W + b` as one matrix product over every leading position. burn's `linear` keeps a batched
 /// input batched (`[B, S, in] @ [1, in, out]`), which torch runs as a `bmm` against the weight
 /// expanded per batch, and its half-precision (oneDNN) kernels copy that expansion on every call,
-/// forward and backward.
+/// forward and backward. On a CPU that multiplies half precision on f32 copies
+/// ([`dpo_torch::product`]) it is [`project`], whose node keeps its operands in their dtype for
+/// the backward and multiplies in blocks (burn's product of f32 casts would keep f32 copies).
 ///
 /// # Shapes
 /// - x: `[..., in]`, weight: `[in, out]`, bias: `[out]` → `[..., out]`
 pub fn linear_rows<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let t = dpo_torch::bridge::on_libtorch(x.clone(), "a linear layer's input").0;
+    if dpo_torch::product::widens(t.kind(), t.device()) {
+        return project(x, weight, bias);
+    }
     let mut dims = x.dims();
     let rows = dims[..D - 1].iter().product();
-    let x = x.reshape([rows, dims[D - 1]]);
-    let t = dpo_torch::bridge::on_libtorch(x.clone(), "a linear layer's input").0;
-    let y = match dpo_torch::product::widens(t.kind(), t.device()) {
-        // [`dpo_torch::product`]: on f32 copies where the CPU multiplies half precision slowly.
-        true => {
-            let (dtype, f32) = (FloatDType::from(x.dtype()), FloatDType::F32);
-            linear(x.cast(f32), weight.cast(f32), bias.map(|b| b.cast(f32))).cast(dtype)
-        }
-        false => linear(x, weight, bias),
-    }; // [rows, out]
+    let y = linear(x.reshape([rows, dims[D - 1]]), weight, bias); // [rows, out]
     dims[D - 1] = y.dims()[1];
     y.reshape(dims)
 }

@@ -21,7 +21,7 @@ use crate::ffi;
 /// - a: `[m, k]`, b: `[k, n]` → `[m, n]`
 pub fn mm(a: &Tensor, b: &Tensor) -> Tensor {
     match widened(a) {
-        Some(kind) => a.to_kind(Kind::Float).mm(&b.to_kind(Kind::Float)).to_kind(kind),
+        Some(kind) => on_f32_copies(None, a, b, kind),
         None => a.mm(b),
     }
 }
@@ -32,12 +32,41 @@ pub fn mm(a: &Tensor, b: &Tensor) -> Tensor {
 /// - bias: `[n]`, `[m, 1]` or `[m, n]`; a: `[m, k]`, b: `[k, n]` → `[m, n]`
 pub fn addmm(bias: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
     match widened(a) {
-        Some(kind) => {
-            let f32 = |t: &Tensor| t.to_kind(Kind::Float);
-            f32(bias).addmm(&f32(a), &f32(b)).to_kind(kind)
-        }
+        Some(kind) => on_f32_copies(Some(bias), a, b, kind),
         None => bias.addmm(a, b),
     }
+}
+
+/// f32 elements of an operand's copy at a time (16 MiB): a block of `b`'s columns and then of
+/// `a`'s rows, so that a product by a large weight (a 150k vocabulary's LM head) holds no f32
+/// copy of all of it, nor of its output.
+const BLOCK: i64 = 1 << 22;
+
+/// `[bias +] a·b` computed block by block on f32 copies, each block's result rounded to `kind`
+/// into its place in the output.
+///
+/// # Shapes
+/// - bias: broadcast to `[m, n]`; a: `[m, k]`, b: `[k, n]` → `[m, n]`
+fn on_f32_copies(bias: Option<&Tensor>, a: &Tensor, b: &Tensor, kind: Kind) -> Tensor {
+    let (m, k, n) = (a.size()[0], a.size()[1], b.size()[1]);
+    let out = Tensor::empty([m, n], (kind, a.device()));
+    let bias = bias.map(|c| c.expand([m, n], false));
+    let width = (BLOCK / k.max(1)).clamp(1, n.max(1));
+    let height = (BLOCK / (k + width)).clamp(1, m.max(1));
+    for j in (0..n).step_by(width as usize) {
+        let w = width.min(n - j);
+        let columns = b.narrow(1, j, w).to_kind(Kind::Float); // [k, w]
+        for i in (0..m).step_by(height as usize) {
+            let h = height.min(m - i);
+            let rows = a.narrow(0, i, h).to_kind(Kind::Float); // [h, k]
+            let part = match &bias {
+                Some(c) => c.narrow(0, i, h).narrow(1, j, w).to_kind(Kind::Float).addmm(&rows, &columns),
+                None => rows.mm(&columns),
+            }; // [h, w]
+            out.narrow(0, i, h).narrow(1, j, w).copy_(&part);
+        }
+    }
+    out
 }
 
 /// The dtype to round to where a product of `a`'s dtype and device runs on f32 copies.
@@ -91,25 +120,44 @@ mod tests {
     fn products_round_as_torchs_own() {
         tch::manual_seed(3);
         for kind in [Kind::BFloat16, Kind::Half] {
-            let ulp = if kind == Kind::BFloat16 { 1.0 / 128.0 } else { 1.0 / 1024.0 };
             let a = Tensor::randn([37, 64], (kind, tch::Device::Cpu));
             let b = Tensor::randn([64, 24], (kind, tch::Device::Cpu));
             let bias = Tensor::randn([24], (kind, tch::Device::Cpu));
-            let cases = [
-                (mm(&a, &b), a.mm(&b)),
-                (mm(&b.tr(), &a.tr()), b.tr().mm(&a.tr())),
-                (addmm(&bias, &a, &b), bias.addmm(&a, &b)),
-                (addmm(&bias.unsqueeze(1), &b.tr(), &a.tr()), bias.unsqueeze(1).addmm(&b.tr(), &a.tr())),
-            ];
-            for (ours, torchs) in cases {
-                assert_eq!(ours.kind(), kind);
-                assert_eq!(ours.size(), torchs.size());
-                let (ours, torchs) = (ours.to_kind(Kind::Float), torchs.to_kind(Kind::Float));
-                let apart = (&ours - &torchs).abs() / torchs.abs().clamp_min(1.0);
-                let worst = apart.max().double_value(&[]);
-                assert!(worst <= ulp, "{kind:?}: {worst} apart, one unit is {ulp}");
-            }
+            assert_within_a_unit(&mm(&a, &b), &a.mm(&b));
+            assert_within_a_unit(&mm(&b.tr(), &a.tr()), &b.tr().mm(&a.tr()));
+            assert_within_a_unit(&addmm(&bias, &a, &b), &bias.addmm(&a, &b));
+            let column = bias.unsqueeze(1);
+            assert_within_a_unit(&addmm(&column, &b.tr(), &a.tr()), &column.addmm(&b.tr(), &a.tr()));
         }
+    }
+
+    /// A product larger than a block is computed block by block (three blocks of columns, each
+    /// in three blocks of rows), the bias broadcast either way: the f32 product rounded once.
+    #[test]
+    fn blocks_make_the_whole_product() {
+        tch::manual_seed(4);
+        let kind = Kind::BFloat16;
+        let (m, k, n) = (130, 64, (BLOCK / 64) * 2 + 5);
+        let a = Tensor::randn([m, k], (kind, tch::Device::Cpu));
+        let b = Tensor::randn([k, n], (kind, tch::Device::Cpu));
+        let f32 = |t: &Tensor| t.to_kind(Kind::Float);
+        assert_within_a_unit(&on_f32_copies(None, &a, &b, kind), &f32(&a).mm(&f32(&b)).to_kind(kind));
+        for bias in [Tensor::randn([m, 1], (kind, tch::Device::Cpu)), Tensor::randn([n], (kind, tch::Device::Cpu))] {
+            let whole = f32(&bias).addmm(&f32(&a), &f32(&b)).to_kind(kind);
+            assert_within_a_unit(&on_f32_copies(Some(&bias), &a, &b, kind), &whole);
+        }
+    }
+
+    /// `ours` has `expected`'s dtype and shape, each element within one unit in the last place
+    /// of it (relative to the element, or to 1 below 1).
+    fn assert_within_a_unit(ours: &Tensor, expected: &Tensor) {
+        let kind = expected.kind();
+        assert_eq!((ours.kind(), ours.size()), (kind, expected.size()));
+        let ulp = if kind == Kind::BFloat16 { 1.0 / 128.0 } else { 1.0 / 1024.0 };
+        let (ours, expected) = (ours.to_kind(Kind::Float), expected.to_kind(Kind::Float));
+        let apart = (&ours - &expected).abs() / expected.abs().clamp_min(1.0);
+        let worst = apart.max().double_value(&[]);
+        assert!(worst <= ulp, "{kind:?}: {worst} apart, one unit is {ulp}");
     }
 
     /// f32 products are torch's own, to the bit.
