@@ -72,6 +72,11 @@ fn a_bf16_step_makes_the_casts_it_made() {
     );
     assert_eq!((counts.products, resident.products), PRODUCTS_PER_STEP, "matrix products per step changed");
     assert_eq!((counts.strided, resident.strided), STRIDED_PER_STEP, "strided elementwise operators per step changed");
+    // On f32 copies (a CPU without bf16 units, forced by `DPO_TRAIN_CPU_F32_PRODUCTS=1`) the step
+    // runs the same products, each with the casts of its bf16 operands and of its result.
+    let (widened, _) = profiled_step(&[], "0", "1");
+    assert_eq!(widened.products, counts.products, "{counts:?} {widened:?}");
+    assert!(widened.casts >= counts.casts + 2 * counts.products, "{counts:?} {widened:?}");
 }
 
 /// With the reference scoring each micro-batch on a thread of its own (on by default on CUDA), a
@@ -86,16 +91,6 @@ fn a_reference_on_its_own_thread_runs_the_same_step() {
     assert_eq!((alone.threads, beside.threads), (1, 2), "{alone:?} {beside:?}");
     assert_eq!((alone.operators, alone.casts), (beside.operators, beside.casts));
     assert_eq!(trained_alone.metrics, trained_beside.metrics);
-}
-
-/// On f32 copies (a CPU without bf16 units, forced here by `DPO_TRAIN_CPU_F32_PRODUCTS=1`) a
-/// step runs the same products, each with the casts of its bf16 operands and of its result.
-#[test]
-fn products_on_f32_copies_add_casts_not_products() {
-    let (own, _) = profiled_step(&[], "0", "0");
-    let (widened, _) = profiled_step(&[], "0", "1");
-    assert_eq!(widened.products, own.products, "{own:?} {widened:?}");
-    assert!(widened.casts >= own.casts + 2 * own.products, "{own:?} {widened:?}");
 }
 
 /// What a profiled run logged, but its timings, and the line that reports its copies.
