@@ -80,7 +80,8 @@ pub fn shape_padding(work: &Path, out: &Path) -> String {
 /// gradient checkpointing, where an H200 measured 35.1 pairs/s at 4789ffe and 14.5 at 4f2c655
 /// while the row without it went from 43.4 to 56.6. Its rate as the targets run it, then with
 /// each setting that differs from that earlier code turned back (the caching allocator without
-/// expandable segments, the reference on the training thread), then torch's profiler over it.
+/// expandable segments, the reference on the training thread, micro-batches not padded to few
+/// shapes), then all three together, then torch's profiler over it.
 pub fn checkpointing(work: &Path, out: &Path) -> String {
     let model = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
     let data = pairs(work, &model);
@@ -89,10 +90,16 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
     let mut text = String::new();
     // torch's own name for the allocator's settings, as dpo-train reads it.
     let allocator = dpo_torch::allocator::ALLOCATOR_VARS[0];
-    let settings: [(&str, &[(&str, &Path)]); 3] = [
+    let no_expandable = (allocator, Path::new("expandable_segments:False"));
+    let no_overlap = (dpo_train::train::step::OVERLAP_VAR, Path::new("0"));
+    let no_padding = (dpo_train::dpo::shapes::PADDING_VAR, Path::new("0"));
+    // Each setting alone, then all three at once (as 4789ffe ran, in these respects).
+    let settings: [(&str, &[(&str, &Path)]); 5] = [
         ("as the targets run it", &[]),
-        ("without expandable segments", &[(allocator, Path::new("expandable_segments:False"))]),
-        ("the reference on the training thread", &[(dpo_train::train::step::OVERLAP_VAR, Path::new("0"))]),
+        ("without expandable segments", &[no_expandable]),
+        ("the reference on the training thread", &[no_overlap]),
+        ("micro-batches not padded to few shapes", &[no_padding]),
+        ("all three of those", &[no_expandable, no_overlap, no_padding]),
     ];
     for (name, envs) in settings {
         let rate = common::dpo_train_rate_env(model, data, out, RUN, &flags, envs);
