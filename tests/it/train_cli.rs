@@ -240,6 +240,33 @@ fn sft_refuses_the_keys_it_would_ignore() {
     }
 }
 
+/// A switch variable set to neither `1` nor `0` is refused with one line naming it, before the
+/// run directory is made: each is read once where the command starts.
+#[test]
+fn a_switch_variable_takes_one_or_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, data) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let out = dir.path().join("out");
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--max-steps",
+        "1",
+    ];
+    for var in [dpo_train::train::step::OVERLAP_VAR, dpo_train::dpo::shapes::PADDING_VAR, dpo_torch::product::WIDEN_VAR]
+    {
+        let run = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(args).env(var, "yes").output().unwrap();
+        let err = one_line_error(&run);
+        assert_eq!(err, format!("error: `{var}` is `yes`, not a switch: 1 (on) or 0 (off)"));
+        assert!(!out.exists(), "{var}: the run directory was made");
+    }
+}
+
 /// A PEFT adapter using a feature we do not implement is refused, naming the file and field.
 #[test]
 fn unsupported_adapter_is_refused_by_field() {

@@ -1,7 +1,9 @@
 //! dpo-base: what every layer may use and which uses nothing of the project: files written
-//! atomically ([`fsutil`]), dates without a time-zone database ([`clock`]), and Hugging Face Hub
-//! names found in the local hub cache ([`hub`]).
+//! atomically ([`fsutil`]), dates without a time-zone database ([`clock`]), Hugging Face Hub
+//! names found in the local hub cache ([`hub`]), and on/off switches read from the environment
+//! ([`env`]).
 
 pub mod clock;
+pub mod env;
 pub mod fsutil;
 pub mod hub;

@@ -56,12 +56,7 @@ impl WorkerEnv {
 
 /// A switch variable's setting: `1` on, `0` off, `None` where unset or empty.
 pub fn switch(var: &'static str) -> Result<Option<bool>, EnvError> {
-    match std::env::var(var).ok().as_deref() {
-        None | Some("") => Ok(None),
-        Some("1") => Ok(Some(true)),
-        Some("0") => Ok(Some(false)),
-        Some(other) => Err(EnvError::Invalid { var, value: other.to_owned(), expected: "switch: 1 (on) or 0 (off)" }),
-    }
+    dpo_base::env::switch(var).map_err(|e| EnvError::Invalid { var, value: e.value, expected: dpo_base::env::SWITCH })
 }
 
 /// A worker variable that is missing or malformed.

@@ -87,11 +87,8 @@ pub fn widens(kind: Kind, device: tch::Device) -> bool {
         Kind::Half => 1,
         _ => return false,
     };
-    let setting = *SETTING.get_or_init(|| match std::env::var(WIDEN_VAR).ok().as_deref() {
-        Some("1") => Some(true),
-        Some("0") => Some(false),
-        _ => None,
-    });
+    // A bad value reads as unset here: `dpo-train` refuses it where a command starts.
+    let setting = *SETTING.get_or_init(|| dpo_base::env::switch(WIDEN_VAR).ok().flatten());
     device == tch::Device::Cpu && setting.unwrap_or_else(|| !cpu_gemm_native()[half])
 }
 
