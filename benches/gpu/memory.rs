@@ -327,6 +327,8 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         }
         Err(e) => failures.push(format!("plan: dpo-train did not run: {e}")),
     }
+    // Its checkpoint and final model (about 8 GB) are not read.
+    let _ = std::fs::remove_dir_all(&run_dir);
     // The estimate at the data's lengths for other micro-batches, beside the measured peak.
     let lengths = output(&built("dpo-train"), &["data", "lengths", "--model", m, "--data", d]);
     let lengths: Option<check_gpu::DataLengths> = serde_json::from_str(&lengths).ok();
