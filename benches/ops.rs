@@ -55,12 +55,6 @@ fn profiled_step(model: &Path, data: &Path, out: &Path) -> TraceCounts {
         (dpo_torch::product::WIDEN_VAR, products),
     ];
     dpo_train_rate_env(model, data, out, (PAIRS, 2, MAX_LENGTH), &["--bf16", "true"], &envs);
-    let counts = TraceCounts::read(&trace).expect("the profiled step's trace");
-    // The run's checkpoint and final model (several GB for the 0.5B shape) are not needed.
-    for entry in std::fs::read_dir(out).expect("the bench folder").flatten() {
-        if entry.file_name().to_string_lossy().starts_with("run") && entry.path().is_dir() {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-    counts
+    // The run's checkpoint and final model are gone already (`common::drop_weights`).
+    TraceCounts::read(&trace).expect("the profiled step's trace")
 }
