@@ -245,7 +245,8 @@ fn sft_refuses_the_keys_it_would_ignore() {
 #[test]
 fn a_switch_variable_takes_one_or_zero() {
     let dir = tempfile::tempdir().unwrap();
-    let (model, data) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let fixtures = crate::common::fixtures();
+    let (model, data) = (fixtures.join("models/llama"), fixtures.join("data/prefs.jsonl"));
     let out = dir.path().join("out");
     let args = [
         "train",
@@ -260,7 +261,7 @@ fn a_switch_variable_takes_one_or_zero() {
     ];
     for var in [dpo_train::train::step::OVERLAP_VAR, dpo_train::dpo::shapes::PADDING_VAR, dpo_torch::product::WIDEN_VAR]
     {
-        let run = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(args).env(var, "yes").output().unwrap();
+        let run = crate::common::cli::dpo_train().args(args).env(var, "yes").output().unwrap();
         let err = one_line_error(&run);
         assert_eq!(err, format!("error: `{var}` is `yes`, not a switch: 1 (on) or 0 (off)"));
         assert!(!out.exists(), "{var}: the run directory was made");
