@@ -56,6 +56,14 @@ pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
     model_dir_of(dir, shape, "llama")
 }
 
+/// [`model_dir_of`] in a directory of `work` named by the shape and family: every section that
+/// runs a shape reads one generation of it (the GPU check generated the 0.5B shape twice).
+pub fn generated(work: &Path, shape: &Shape, model_type: &str) -> PathBuf {
+    let Shape { hidden, layers, heads, kv_heads, intermediate, vocab } = shape;
+    let name = format!("{model_type}-h{hidden}-l{layers}-a{heads}-kv{kv_heads}-i{intermediate}-v{vocab}");
+    model_dir_of(&work.join(name), shape, model_type)
+}
+
 /// [`model_dir`] of another family of `model_type` (`qwen2`: the q/k/v projections carry biases).
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 pub fn model_dir_of(dir: &Path, shape: &Shape, model_type: &str) -> PathBuf {
@@ -201,6 +209,9 @@ pub struct TrainRate {
     pub offload_copy_ms: Option<f64>,
     /// Seconds a step, from the end of step 1 to the end of the last.
     pub step_seconds: f64,
+    /// The whole process, start to exit (loading, tokenising, saving): what a GPU check's time
+    /// budget is made of.
+    pub wall_seconds: f64,
     /// Rank 0's largest micro-batch: its token positions and scored predictions.
     pub largest_batch: Option<(u64, u64)>,
 }
@@ -254,11 +265,13 @@ pub fn dpo_train_rate_env(
     std::fs::write(&config, text).expect("the config is written");
     let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
+    let started = std::time::Instant::now();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
         .args(&args)
         .envs(envs.iter().copied())
         .output()
         .expect("dpo-train runs");
+    let wall_seconds = started.elapsed().as_secs_f64();
     let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "dpo-train {} failed:\n{said}", args.join(" "));
     let rows = dpo_train::train::log::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
@@ -279,6 +292,7 @@ pub fn dpo_train_rate_env(
             .find_map(|l| l.split("offloaded optimizer's copies, rank 0: ").nth(1))
             .and_then(|rest| rest.split(' ').next()?.parse().ok()),
         step_seconds: seconds / timed_steps as f64,
+        wall_seconds,
         largest_batch: largest_batch(&said),
     }
 }
@@ -318,6 +332,8 @@ pub struct TrlRate {
     pub pairs_per_second: f64,
     /// Peak resident memory while training (peak allocated CUDA memory on a GPU), bytes.
     pub peak_bytes: f64,
+    /// The whole process, start to exit.
+    pub wall_seconds: f64,
 }
 
 /// The venv's python (`DPO_TRAIN_VENV`, else `.venv`), where TRL lives.
@@ -356,6 +372,7 @@ pub fn try_trl_rate(
         .args(["--batch-size", &batch.to_string(), "--max-length", &max_length.to_string()])
         .args(["--steps", &steps.to_string(), "--threads", &torch_threads().to_string()])
         .args(flags);
+    let started = std::time::Instant::now();
     let out = command
         .output()
         .map_err(|e| format!("{} does not run (make ref-venv installs TRL): {e}", python().display()))?;
@@ -366,7 +383,8 @@ pub fn try_trl_rate(
     let value: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .map_err(|e| format!("trl_dpo.py printed no JSON line ({e}): {stdout}"))?;
     let number = |key: &str| value[key].as_f64().ok_or_else(|| format!("no {key} in trl_dpo.py's line: {stdout}"));
-    Ok(TrlRate { pairs_per_second: number("pairs_per_second")?, peak_bytes: number("peak_bytes")? })
+    let wall_seconds = started.elapsed().as_secs_f64();
+    Ok(TrlRate { pairs_per_second: number("pairs_per_second")?, peak_bytes: number("peak_bytes")?, wall_seconds })
 }
 
 /// What a bench's child process printed; its stderr and exit 1 when it failed (`what` names

@@ -420,7 +420,7 @@ fn losses(model: &Path, data: &Path, out: &Path, device: &str, flags: &[&str]) -
 /// The medium model 20 steps on cuda:0 in f32 and bf16 against 20 steps on the CPU in f32:
 /// per-step loss and chosen log-prob side by side, with the largest differences.
 fn parity(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let model = common::model_dir(&work.join("medium"), &MEDIUM);
+    let model = common::generated(work, &MEDIUM, "llama");
     let data = common::long_pairs(&work.join("long-pairs.jsonl"), 64);
     let cpu = losses(&model, &data, out, "cpu", &[]);
     let mut text = String::new();
@@ -461,9 +461,9 @@ struct Assets {
 }
 
 fn assets(work: &Path) -> Assets {
-    let small = common::model_dir(&work.join("gqa32m"), &GQA32M);
+    let small = common::generated(work, &GQA32M, "llama");
     let data = common::sized_pairs(&work.join("pairs-16-96.jsonl"), &small, 256, 16..=96, 150..=250, 1);
-    Assets { small, data, medium: common::model_dir(&work.join("medium"), &MEDIUM) }
+    Assets { small, data, medium: common::generated(work, &MEDIUM, "llama") }
 }
 
 /// `make bench-trl`'s workload on cuda:0, both sides, f32 and bf16 with the reference computed
@@ -507,7 +507,7 @@ fn throughput(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
 /// 256-1000 tokens a step at max_length 1024, where the GPU, not the host, sets the pace;
 /// packed and padded, TRL beside the packed row.
 fn scale(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let model = common::model_dir(&work.join("llama1b"), &LLAMA1B);
+    let model = common::generated(work, &LLAMA1B, "llama");
     let data = common::sized_pairs(&work.join("pairs-32-200-256-1000.jsonl"), &model, 256, 32..=200, 256..=1000, 2);
     let peak = cuda_matmul_peak(FloatDType::BF16);
     let mut text = format!(

@@ -22,7 +22,7 @@ const STEPS: usize = 20;
 
 /// The medium model and its pairs of fixed lengths: prompt 128 tokens, each sequence 512.
 fn medium(work: &Path) -> (PathBuf, PathBuf, Lengths) {
-    let model = common::model_dir(&work.join("medium"), &MEDIUM);
+    let model = common::generated(work, &MEDIUM, "llama");
     let lengths = Lengths { prompt: 128, total: 512 };
     (model.clone(), lengths.pairs(work, "medium", &model), lengths)
 }
@@ -248,7 +248,7 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
     );
     for cell in &cells {
         let (name, shape, model_type) = cell.shape;
-        let model = common::model_dir_of(&work.join(format!("mem-{name}")), shape, model_type);
+        let model = common::generated(work, shape, model_type);
         let data = cell.lengths.pairs(work, name, &model);
         let mut args = match cell.zero {
             Some(stage) => vec!["--gpus", "0,0", "--sharding", stage],
@@ -266,14 +266,15 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
             continue;
         };
         let line = format!(
-            "{name} {} mb {} x {packed}{}, checkpointing {}, LoRA {}: {} / {}",
+            "{name} {} mb {} x {packed}{}, checkpointing {}, LoRA {}: {} / {} (run {:.0} s)",
             if cell.bf16 { "bf16" } else { "f32" },
             cell.micro_batch,
             cell.zero.map_or_else(String::new, |z| format!(", {z} over 2 ranks on cuda:0 (per rank)")),
             cell.checkpointing,
             if cell.lora { "r 16 q,k,v,o" } else { "none" },
             gib(rate.cuda_peak_bytes),
-            gib(rate.cuda_reserved_bytes)
+            gib(rate.cuda_reserved_bytes),
+            rate.wall_seconds
         );
         println!("{line}");
         text += &line;
@@ -289,8 +290,8 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
 /// beside the estimate at the largest micro-batch the run met (the model's error, within 15% or
 /// the check fails) and the one planned from the data's lengths (issue 34, items 2 to 4).
 pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let model = common::model_dir_of(&work.join("mem-0.5B"), &QWEN05B, "qwen2");
-    let data = common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), &model, 256, 32..=200, 250..=1000, 2);
+    let model = common::generated(work, &QWEN05B, "qwen2");
+    let data = crate::targets::pairs(work, &model); // the targets' rows' pairs
     let (m, d) = (model.to_str().unwrap_or_default(), data.to_str().unwrap_or_default());
     let said = output(&built("check-gpu"), &["--model", m, "--data", d, "--compare", "trl", "--json"]);
     let Ok(plan) = serde_json::from_str::<serde_json::Value>(&said) else {

@@ -50,12 +50,13 @@ pub fn compare(row: &Row, peak: f64, out: &Path, failures: &mut Vec<String>) -> 
     let ours = dpo_train_rate_at(row.model, row.data, out, row.run, &ours_flags);
     let mfu = |rate: f64| 100.0 * rate * flops / peak;
     let mut text = format!(
-        "{}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB)",
+        "{}, reference every step ({:.2} useful GFLOP a pair): dpo-train {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB, run {:.0} s)",
         row.name,
         flops / 1e9,
         ours.pairs_per_second,
         mfu(ours.pairs_per_second),
-        ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30)
+        ours.cuda_peak_bytes.unwrap_or(f64::NAN) / f64::from(1u32 << 30),
+        ours.wall_seconds
     );
     // TRL as installed, then, in half precision, with cuDNN's attention off as dpo-train runs.
     let mut variants = Vec::new();
@@ -73,10 +74,11 @@ pub fn compare(row: &Row, peak: f64, out: &Path, failures: &mut Vec<String>) -> 
             Ok(theirs) => {
                 let _ = write!(
                     text,
-                    "; {who} {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB), {:.2}x",
+                    "; {who} {:.1} pairs/s (MFU {:.1}%, peak CUDA allocated {:.2} GiB, run {:.0} s), {:.2}x",
                     theirs.pairs_per_second,
                     mfu(theirs.pairs_per_second),
                     theirs.peak_bytes / f64::from(1u32 << 30),
+                    theirs.wall_seconds,
                     ours.pairs_per_second / theirs.pairs_per_second
                 );
             }

@@ -26,8 +26,8 @@ const RUN: (usize, usize, usize) = (8, 24, 1024);
 
 /// The rows, then the 0.5B profile (the profiled run takes 20 steps: steps 11-15 are traced).
 pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let qwen = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
-    let llama = common::model_dir(&work.join("llama1b"), &LLAMA1B);
+    let qwen = common::generated(work, &QWEN05B, "qwen2");
+    let llama = common::generated(work, &LLAMA1B, "llama");
     let (data, peak, mut text) = workload(work, &qwen, RUN);
     let row = |name, model, shape, checkpointing| Row {
         name,
@@ -60,7 +60,7 @@ pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
 /// thread of its own against the training thread measured 43.1 against 43.2 pairs/s on an H200,
 /// 2026-11-28.)
 pub fn shape_padding(work: &Path, out: &Path) -> String {
-    let model = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
+    let model = common::generated(work, &QWEN05B, "qwen2");
     let data = pairs(work, &model);
     let (model, data) = (model.as_path(), data.as_path());
     let rate = |pads: &str| {
@@ -83,7 +83,7 @@ pub fn shape_padding(work: &Path, out: &Path) -> String {
 /// expandable segments, the reference on the training thread, micro-batches not padded to few
 /// shapes), then all three together, then torch's profiler over it.
 pub fn checkpointing(work: &Path, out: &Path) -> String {
-    let model = common::model_dir_of(&work.join("qwen05b"), &QWEN05B, "qwen2");
+    let model = common::generated(work, &QWEN05B, "qwen2");
     let data = pairs(work, &model);
     let (model, data) = (model.as_path(), data.as_path());
     let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
@@ -118,7 +118,7 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
 /// runs only if check-gpu's plan of TRL's memory fits this GPU (134 GiB for rows padded to
 /// max_length 1024, its bound: on an 80 GB GPU TRL would load the model, then run out of memory).
 pub fn lora8b(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
-    let model = common::model_dir(&work.join("llama8b"), &LLAMA8B);
+    let model = common::generated(work, &LLAMA8B, "llama");
     let run = (RUN.0, 12, RUN.2);
     let (data, peak, mut text) = workload(work, &model, run);
     let row = |name, checkpointing, with_trl| Row {
@@ -197,7 +197,7 @@ fn workload(work: &Path, model: &Path, (pairs_a_step, _, max_length): (usize, us
     (data, peak, text)
 }
 
-/// The rows' pairs: 256 of 250-1000 tokens, prompts 32-200.
-fn pairs(work: &Path, model: &Path) -> PathBuf {
+/// The rows' pairs: 256 of 250-1000 tokens, prompts 32-200 (the plan section's too).
+pub fn pairs(work: &Path, model: &Path) -> PathBuf {
     common::sized_pairs(&work.join("pairs-32-200-250-1000.jsonl"), model, 256, 32..=200, 250..=1000, 3)
 }
