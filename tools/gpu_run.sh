@@ -38,7 +38,7 @@ $PY -c 'import trl, datasets, transformers; print("trl", trl.__version__, "datas
 cd "$BUILT"
 STARTED=$(mktemp) # the results written after this
 timeout "${GPU_CHECK_SECONDS:-480}" "$T/deps/gpu-bench" --bench "$@"
-echo "gpu-check exit $?"
+echo "gpu-check exit $? after ${SECONDS} s from this script's start (the bundle unpacked and wheels installed included)"
 # What this run wrote (the checkout's older results stay behind: $OUT takes 8 files).
 if [ -n "$OUT" ]; then find results/gpu -maxdepth 2 -type f -newer "$STARTED" -exec cp {} "$OUT/" \; ; fi
 ls -la results/gpu results/gpu/traces

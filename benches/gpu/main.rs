@@ -25,7 +25,8 @@
 //! exits 0; `GPU_CHECK_ON_CPU=1` then runs the sections that
 //! can run on CPU processes (`dist`), to try them, with the results under `target/gpu-check-on-cpu/`. The file is rewritten after each section, so a
 //! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
-//! Failures of the checks make the exit status 1, after the results file is written.
+//! Failures of the checks make the exit status 1, after the results file is written; a section
+//! over 8 minutes, and a run of every default section over 15, are failures (issue 33, item 6).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -81,6 +82,8 @@ fn main() {
         path: dir.join(format!("{}-{slug}{}.md", today(), wanted.iter().map(|w| format!("-{w}")).collect::<String>())),
         text: format!("# GPU check: {gpu}\n\n{}\n\n", versions()),
         failures: Vec::new(),
+        began: Instant::now(),
+        whole: wanted.is_empty(),
     };
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
@@ -157,6 +160,8 @@ fn on_cpu_only(wanted: &[String]) {
         path: dir.join(format!("{}-cpu.md", today())),
         text: "# GPU check's sections on CPU processes (no GPU: a dry run)\n\n".to_owned(),
         failures: Vec::new(),
+        began: Instant::now(),
+        whole: false,
     };
     let out = tempfile::tempdir().expect("a temporary directory");
     if wanted.is_empty() || wanted.iter().any(|w| w == "dist") {
@@ -172,11 +177,26 @@ struct Report {
     path: PathBuf,
     text: String,
     failures: Vec<String>,
+    /// When the check began, and whether it runs every default section (the 15-minute budget).
+    began: Instant,
+    whole: bool,
 }
+
+/// The most a section may take, and the whole check from the prepared bundle (issue 33, item 6).
+const SECTION_SECONDS: f64 = 480.0;
+const CHECK_SECONDS: f64 = 900.0;
 
 impl Report {
     /// Says where the file is; the exit status is 1 if a check failed.
-    fn finish(self) {
+    fn finish(mut self) {
+        let seconds = self.began.elapsed().as_secs_f64();
+        if self.whole {
+            let _ = writeln!(self.text, "## Time\n\nthe whole check: {seconds:.0} s (budget {CHECK_SECONDS:.0} s)\n");
+            if seconds > CHECK_SECONDS {
+                self.failures.push(format!("the whole check took {seconds:.0} s, over its {CHECK_SECONDS:.0} s"));
+            }
+            self.write();
+        }
         println!("written to {}", self.path.display());
         if !self.failures.is_empty() {
             std::process::exit(1);
@@ -202,6 +222,14 @@ impl Report {
         let seconds = started.elapsed().as_secs_f64();
         let _ = writeln!(self.text, "## {title} ({seconds:.0} s)\n\n```\n{}\n```\n", text.trim_end());
         println!("{}", text.trim_end());
+        if seconds > SECTION_SECONDS {
+            self.failures.push(format!("{title}: {seconds:.0} s, over the {SECTION_SECONDS:.0} s a section may take"));
+        }
+        self.write();
+    }
+
+    /// Rewrites the results file with the sections so far and the checks that failed.
+    fn write(&self) {
         let checks = if self.failures.is_empty() { "all passed so far".to_owned() } else { self.failures.join("\n") };
         let tmp = self.path.with_extension("md.tmp");
         std::fs::write(&tmp, format!("{}## Checks\n\n{checks}\n", self.text))
