@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
+use dpo_train::model::weights::NamedTensor;
 use dpo_train::model::{Llama, LlamaConfig, RandomInit};
 use dpo_train::train::checkpoint::{ModelFiles, write_model_dir};
 
@@ -56,17 +57,24 @@ pub fn model_dir(dir: &Path, shape: &Shape) -> PathBuf {
     model_dir_of(dir, shape, "llama")
 }
 
-/// [`model_dir_of`] in a directory of `work` named by the shape and family: every section that
-/// runs a shape reads one generation of it (the GPU check generated the 0.5B shape twice).
+/// A model of `shape` in a directory of `work` named by the shape and family, its weights stored
+/// in bf16 (transformers' `save_pretrained` of a bf16 model): every section that runs a shape
+/// reads one generation of it (the GPU check generated the 0.5B shape twice), and the 8B shape
+/// is 15 GB to write and read where f32 made 30.
 pub fn generated(work: &Path, shape: &Shape, model_type: &str) -> PathBuf {
     let Shape { hidden, layers, heads, kv_heads, intermediate, vocab } = shape;
-    let name = format!("{model_type}-h{hidden}-l{layers}-a{heads}-kv{kv_heads}-i{intermediate}-v{vocab}");
-    model_dir_of(&work.join(name), shape, model_type)
+    let name = format!("{model_type}-h{hidden}-l{layers}-a{heads}-kv{kv_heads}-i{intermediate}-v{vocab}-bf16");
+    write_model(&work.join(name), shape, model_type, true)
 }
 
 /// [`model_dir`] of another family of `model_type` (`qwen2`: the q/k/v projections carry biases).
-#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 pub fn model_dir_of(dir: &Path, shape: &Shape, model_type: &str) -> PathBuf {
+    write_model(dir, shape, model_type, false)
+}
+
+/// Writes a randomly initialised model into `dir`, in bf16 or f32 (skipped when already there).
+#[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+fn write_model(dir: &Path, shape: &Shape, model_type: &str, bf16: bool) -> PathBuf {
     if dir.join("model.safetensors").is_file() {
         return dir.to_owned();
     }
@@ -85,18 +93,59 @@ pub fn model_dir_of(dir: &Path, shape: &Shape, model_type: &str) -> PathBuf {
         "tie_word_embeddings": true,
         "hidden_act": "silu",
         "eos_token_id": 2,
-        "torch_dtype": "float32",
+        "torch_dtype": if bf16 { "bfloat16" } else { "float32" },
     })
     .to_string();
     let cfg = LlamaConfig::parse(&config, Path::new("config.json"));
     let cfg = cfg.expect("the benchmark's model config is valid");
     let model = Llama::load(&RandomInit { seed: 0, std: 0.02 }, &cfg, &Device::libtorch()).expect("random init");
-    write_model_dir(dir, &model, ModelFiles::Full { config_json: &config }).expect("the model is written");
+    // The tokenizer first: the weights, written last and atomically, say the directory is whole.
+    std::fs::create_dir_all(dir).expect("the model's directory");
     let tokenizer = root().join("tests/fixtures/models/llama");
     for file in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
         std::fs::copy(tokenizer.join(file), dir.join(file)).expect("tokenizer files copy");
     }
+    match bf16 {
+        true => write_bf16(dir, &model, &config),
+        false => write_model_dir(dir, &model, ModelFiles::Full { config_json: &config }).expect("the model is written"),
+    }
     dir.to_owned()
+}
+
+/// `config.json` and `model` as bf16 safetensors (each value rounded to the nearest), the
+/// weights through a temporary file renamed into place.
+fn write_bf16(dir: &Path, model: &Llama, config_json: &str) {
+    std::fs::write(dir.join("config.json"), config_json).expect("config.json is written");
+    let tensors = dpo_train::model::hf::export_tensors(model);
+    let views = tensors.iter().map(|t| (t.name.clone(), Bf16(t)));
+    let metadata = std::collections::HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    let tmp = dir.join("model.safetensors.tmp");
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).expect("the model is written");
+    std::fs::rename(&tmp, dir.join("model.safetensors")).expect("the model is moved into place");
+}
+
+/// A tensor's values as bf16 on their way to a file.
+struct Bf16<'a>(&'a NamedTensor);
+
+impl safetensors::View for Bf16<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        safetensors::Dtype::BF16
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        let values = self.0.values.to_vec();
+        let mut bytes = Vec::with_capacity(2 * values.len());
+        values.iter().for_each(|&x| bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()));
+        std::borrow::Cow::Owned(bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        2 * self.0.shape.iter().product::<usize>()
+    }
 }
 
 /// The vocabulary of the generated pairs.

@@ -224,6 +224,11 @@ impl RandomInit {
     fn draws(&self, name: &str, n: usize, parts: usize) -> Vec<f32> {
         let mut values = vec![0.0f32; n];
         let part = n.div_ceil(parts.max(1)).max(1);
+        if part >= n {
+            let mut rng = seeded_rng(self.seed, name);
+            values.iter_mut().for_each(|x| *x = (normal(&mut rng) * self.std) as f32);
+            return values;
+        }
         std::thread::scope(|s| {
             for (k, out) in values.chunks_mut(part).enumerate() {
                 s.spawn(move || {
