@@ -113,15 +113,16 @@ fn write_model(dir: &Path, shape: &Shape, model_type: &str, bf16: bool) -> PathB
 }
 
 /// `config.json` and `model` as bf16 safetensors (each value rounded to the nearest), the
-/// weights through a temporary file renamed into place.
+/// weights written atomically as the project writes every file.
 fn write_bf16(dir: &Path, model: &Llama, config_json: &str) {
     std::fs::write(dir.join("config.json"), config_json).expect("config.json is written");
     let tensors = dpo_train::model::hf::export_tensors(model);
-    let views = tensors.iter().map(|t| (t.name.clone(), Bf16(t)));
     let metadata = std::collections::HashMap::from([("format".to_owned(), "pt".to_owned())]);
-    let tmp = dir.join("model.safetensors.tmp");
-    safetensors::serialize_to_file(views, Some(metadata), &tmp).expect("the model is written");
-    std::fs::rename(&tmp, dir.join("model.safetensors")).expect("the model is moved into place");
+    dpo_train::fsutil::write_atomic_with(&dir.join("model.safetensors"), |tmp| {
+        let views = tensors.iter().map(|t| (t.name.clone(), Bf16(t)));
+        safetensors::serialize_to_file(views, Some(metadata), tmp).map_err(std::io::Error::other)
+    })
+    .expect("the model is written");
 }
 
 /// A tensor's values as bf16 on their way to a file.

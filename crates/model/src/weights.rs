@@ -224,18 +224,18 @@ impl RandomInit {
     fn draws(&self, name: &str, n: usize, parts: usize) -> Vec<f32> {
         let mut values = vec![0.0f32; n];
         let part = n.div_ceil(parts.max(1)).max(1);
-        if part >= n {
+        let fill = move |k: usize, out: &mut [f32]| {
             let mut rng = seeded_rng(self.seed, name);
-            values.iter_mut().for_each(|x| *x = (normal(&mut rng) * self.std) as f32);
+            rng.set_word_pos(WORDS_A_DRAW * (k * part) as u128);
+            out.iter_mut().for_each(|x| *x = (normal(&mut rng) * self.std) as f32);
+        };
+        if part >= n {
+            fill(0, &mut values);
             return values;
         }
         std::thread::scope(|s| {
             for (k, out) in values.chunks_mut(part).enumerate() {
-                s.spawn(move || {
-                    let mut rng = seeded_rng(self.seed, name);
-                    rng.set_word_pos(WORDS_A_DRAW * (k * part) as u128);
-                    out.iter_mut().for_each(|x| *x = (normal(&mut rng) * self.std) as f32);
-                });
+                s.spawn(move || fill(k, out));
             }
         });
         values
