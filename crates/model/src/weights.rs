@@ -212,8 +212,7 @@ impl TensorSource for RandomInit {
         if name.ends_with(".bias") {
             return Ok(vec![0.0; n]);
         }
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        Ok(self.draws(name, n, threads.min(n.div_ceil(1 << 20))))
+        Ok(self.draws(name, n, parts_for(n, 1 << 20)))
     }
 }
 
@@ -222,24 +221,35 @@ impl RandomInit {
     /// threads, each part's generator moved to the part's first draw, so the values are those of
     /// one thread drawing in order (an 8B shape is 7.5G draws, minutes on one core).
     fn draws(&self, name: &str, n: usize, parts: usize) -> Vec<f32> {
-        let mut values = vec![0.0f32; n];
-        let part = n.div_ceil(parts.max(1)).max(1);
-        let fill = move |k: usize, out: &mut [f32]| {
+        filled_in_parts(n, parts, |start, out| {
             let mut rng = seeded_rng(self.seed, name);
-            rng.set_word_pos(WORDS_A_DRAW * (k * part) as u128);
+            rng.set_word_pos(WORDS_A_DRAW * start as u128);
             out.iter_mut().for_each(|x| *x = (normal(&mut rng) * self.std) as f32);
-        };
-        if part >= n {
-            fill(0, &mut values);
-            return values;
-        }
-        std::thread::scope(|s| {
-            for (k, out) in values.chunks_mut(part).enumerate() {
-                s.spawn(move || fill(k, out));
-            }
-        });
-        values
+        })
     }
+}
+
+/// As many parts of `n` values as there are cores, each of at least `min` values.
+fn parts_for(n: usize, min: usize) -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from).min(n.div_ceil(min))
+}
+
+/// `n` values, each of `parts` filled by `fill(first index, values)` on a thread of its own (on
+/// the caller's where there is one part): each part's pages are first touched by its thread.
+fn filled_in_parts(n: usize, parts: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let mut values = vec![0.0f32; n];
+    let part = n.div_ceil(parts.max(1)).max(1);
+    if part >= n {
+        fill(0, &mut values);
+        return values;
+    }
+    let fill = &fill;
+    std::thread::scope(|s| {
+        for (k, out) in values.chunks_mut(part).enumerate() {
+            s.spawn(move || fill(k * part, out));
+        }
+    });
+    values
 }
 
 /// The generator's 32-bit words one normal draw takes: two uniform f64s of a `u64` each.
@@ -263,42 +273,25 @@ pub fn seeded_rng(seed: u64, name: &str) -> rand_chacha::ChaCha8Rng {
 }
 
 /// Decodes little-endian f32/bf16/f16 bytes into f32 (exact for all three), a large tensor in
-/// parts on every core (an 8B model in bf16 is 15 GB to widen, and each part's pages are first
-/// touched by the thread that fills them).
+/// parts on every core (an 8B model in bf16 is 15 GB to widen).
 fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>, WeightsError> {
-    let width = match dtype {
-        Dtype::F32 => 4,
-        Dtype::BF16 | Dtype::F16 => 2,
-        dtype => return Err(WeightsError::Dtype { name: name.to_owned(), dtype }),
-    };
-    let n = bytes.len() / width;
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    Ok(decode(dtype, bytes, threads.min(n.div_ceil(1 << 22))))
+    if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        return Err(WeightsError::Dtype { name: name.to_owned(), dtype });
+    }
+    Ok(decode(dtype, bytes, parts_for(bytes.len() / (dtype.bitsize() / 8), 1 << 22)))
 }
 
 /// [`to_f32`] of a supported dtype in `parts` on as many threads.
 fn decode(dtype: Dtype, bytes: &[u8], parts: usize) -> Vec<f32> {
-    let width = if dtype == Dtype::F32 { 4 } else { 2 };
-    let mut values = vec![0.0f32; bytes.len() / width];
-    let part = values.len().div_ceil(parts.max(1)).max(1);
-    let fill = move |out: &mut [f32], bytes: &[u8]| {
-        let pairs = out.iter_mut().zip(bytes.chunks_exact(width));
+    let width = dtype.bitsize() / 8;
+    filled_in_parts(bytes.len() / width, parts, |start, out| {
+        let pairs = out.iter_mut().zip(bytes[start * width..].chunks_exact(width));
         match dtype {
             Dtype::F32 => pairs.for_each(|(x, b)| *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
             Dtype::BF16 => pairs.for_each(|(x, b)| *x = half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
             _ => pairs.for_each(|(x, b)| *x = half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
         }
-    };
-    if part >= values.len() {
-        fill(&mut values, bytes);
-        return values;
-    }
-    std::thread::scope(|s| {
-        for (out, bytes) in values.chunks_mut(part).zip(bytes.chunks(part * width)) {
-            s.spawn(move || fill(out, bytes));
-        }
-    });
-    values
+    })
 }
 
 #[derive(serde::Deserialize)]
