@@ -315,7 +315,7 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let words: Vec<&str> = command.split_whitespace().skip(1).collect();
     let ran = std::process::Command::new(built("dpo-train"))
         .args(&words)
-        .args(["--max-steps", "3", "--save-steps", "0", "--output-dir", run_dir.to_str().unwrap_or_default()])
+        .args(["--max-steps", "3", "--save-strategy", "no", "--output-dir", run_dir.to_str().unwrap_or_default()])
         .output();
     match ran {
         Ok(o) if o.status.success() => {
@@ -330,7 +330,7 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         }
         Err(e) => failures.push(format!("plan: dpo-train did not run: {e}")),
     }
-    // Its checkpoint and final model (about 8 GB) are not read.
+    // Its final model (2 GB) is not read.
     let _ = std::fs::remove_dir_all(&run_dir);
     // The estimate at the data's lengths for other micro-batches, beside the measured peak.
     let lengths = output(&built("dpo-train"), &["data", "lengths", "--model", m, "--data", d]);

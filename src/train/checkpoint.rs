@@ -270,12 +270,18 @@ pub fn model_file(dir: &Path) -> Option<PathBuf> {
 
 /// Whether the stage's `final/` (and `final/merged/` with `merged`) was written from the
 /// checkpoint `ckpt`, that is after it: a checkpoint written later (a resume that trained on and
-/// died before its export) makes `final/` stale.
-pub fn final_is_current(stage_dir: &Path, ckpt: &Path, merged: bool) -> bool {
+/// died before its export) makes `final/` stale. Without a checkpoint (`save_strategy = "no"`
+/// writes none), whether `final/` was written at all.
+pub fn final_is_current(stage_dir: &Path, ckpt: Option<&Path>, merged: bool) -> bool {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let Some(saved) = modified(&ckpt.join(STATE_FILE)) else { return false };
+    let saved = match ckpt.map(|c| modified(&c.join(STATE_FILE))) {
+        Some(None) => return false,
+        Some(Some(saved)) => Some(saved),
+        None => None,
+    };
     let final_dir = stage_dir.join("final");
-    let written = |dir: &Path| model_file(dir).and_then(|f| modified(&f)).is_some_and(|t| t >= saved);
+    let written =
+        |dir: &Path| model_file(dir).and_then(|f| modified(&f)).is_some_and(|t| saved.is_none_or(|saved| t >= saved));
     written(&final_dir) && (!merged || written(&final_dir.join("merged")))
 }
 

@@ -24,7 +24,7 @@ use super::schedule::Schedule;
 use super::step::{StepPlan, Trained, optimizer_step, overlaps_reference};
 use super::window::{Positions, Window};
 use super::workers::Workers;
-use crate::config::{ConfigError, Sharding, TrainConfig};
+use crate::config::{ConfigError, SaveStrategy, Sharding, TrainConfig};
 use crate::data::Packing;
 use crate::dpo::logps::Collation;
 use crate::dpo::metrics::Metrics;
@@ -98,7 +98,8 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         if cfg.evaluates_at(trained.state.step, total_steps) {
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
         }
-        if cfg.save_steps > 0 && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
+        let periodic = cfg.save_strategy == SaveStrategy::Steps && cfg.save_steps > 0;
+        if periodic && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
             save(run, stage, &trained, files, &trained.master_policy(workers, &run.rt.device)?.valid(), progress)?;
         }
         progress.step(trained.state.step, &last_status);
@@ -212,25 +213,35 @@ fn total_steps(cfg: &TrainConfig, stage: &Stage, sampler: &Sampler) -> u64 {
 }
 
 /// A resumed stage whose newest checkpoint is at or past its last step, with `final/` written
-/// from that checkpoint: nothing to train, and nothing is written again (a second export dropped
-/// the held-out metrics from the run's summary and took an export's time for the same weights).
+/// from that checkpoint, or that ended without one (`save_strategy = "no"`: `final/` newer than
+/// any checkpoint, a Ctrl-C's it trained past): nothing to train, and nothing is written again (a
+/// second export dropped the held-out metrics from the run's summary and took an export's time for
+/// the same weights).
 fn finished_before(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<Option<StageOutcome>> {
-    let Some((step, ckpt)) = checkpoint::list(stage.dir).pop().filter(|_| stage.resume) else { return Ok(None) };
-    let sampler = batch_plan(run.cfg, run.data.train.len(), run.rt.workers.world_size())?;
-    let total = total_steps(run.cfg, stage, &sampler);
-    if step < total || !checkpoint::final_is_current(stage.dir, &ckpt, run.cfg.merge) {
+    if !stage.resume {
         return Ok(None);
     }
+    let sampler = batch_plan(run.cfg, run.data.train.len(), run.rt.workers.world_size())?;
+    let total = total_steps(run.cfg, stage, &sampler);
+    let newest = checkpoint::list(stage.dir).pop();
     let final_dir = stage.dir.join("final");
-    let at = match step == total {
-        true => format!("at step {step} of {total}"),
-        false => format!("at step {step}, past the {total} steps asked for"),
+    let current = |ckpt: Option<&Path>| checkpoint::final_is_current(stage.dir, ckpt, run.cfg.merge);
+    let (step, said) = match newest {
+        Some((step, ckpt)) if step >= total && current(Some(&ckpt)) => {
+            let at = match step == total {
+                true => format!("at step {step} of {total}"),
+                false => format!("at step {step}, past the {total} steps asked for"),
+            };
+            let more = "a larger `--max-steps` or `--num-train-epochs` trains on";
+            (step, format!("the run is {at} and `{}` holds that step's model ({more})", final_dir.display()))
+        }
+        newest if run.cfg.save_strategy == SaveStrategy::No && current(newest.as_ref().map(|(_, c)| c.as_path())) => {
+            let why = "it saved no checkpoint to train on from (`save_strategy = \"no\"`)";
+            (total, format!("the run finished and `{}` holds its model; {why}", final_dir.display()))
+        }
+        _ => return Ok(None),
     };
-    progress.line(&format!(
-        "{}: nothing to train: the run is {at} and `{}` holds that step's model (a larger `--max-steps` or `--num-train-epochs` trains on)",
-        stage.objective.name(),
-        final_dir.display()
-    ));
+    progress.line(&format!("{}: nothing to train: {said}", stage.objective.name()));
     Ok(Some(StageOutcome {
         model_dir: final_dir,
         steps: step,
@@ -561,11 +572,13 @@ fn finish(
 ) -> anyhow::Result<StageOutcome> {
     let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
     let policy = inference_copy(t.master_policy(workers, &run.rt.device)?.as_ref());
+    let (eval, interrupted) = (end.last_eval, end.interrupted);
     let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
-    if !saved_now {
+    // `save_strategy = "no"` writes none at the end (transformers' rule); a Ctrl-C still does,
+    // the only way to resume the run.
+    if !saved_now && (interrupted || run.cfg.save_strategy == SaveStrategy::Steps) {
         write_checkpoint(run, dir, &t, end.files, &policy, progress)?;
     }
-    let (eval, interrupted) = (end.last_eval, end.interrupted);
     if interrupted {
         workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());

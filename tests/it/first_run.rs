@@ -372,6 +372,25 @@ fn restarts_and_resumes_log_each_step_once() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// `save_strategy = "no"` (TRL's value) writes no checkpoint, not even at the end, as transformers
+/// saves none; `final/` holds the model, and a resume of the finished run says there is nothing
+/// to train and writes nothing.
+#[test]
+fn save_strategy_no_writes_the_model_and_no_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--save-strategy", "no", "--save-steps", "1", "--logging-steps", "1"];
+    let out = train(&short_run(dir.path(), "nosave", &model(), &data(), &extra));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = dir.path().join("nosave");
+    assert!(!run.join("checkpoints").exists() && run.join("final/model.safetensors").is_file());
+    let metrics = fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let out = train(&["--resume", s(&run), "--max-steps", "5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nothing to train: the run finished and"), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(run.join("metrics.csv")).unwrap(), metrics);
+    assert!(!run.join("checkpoints").exists());
+}
+
 /// A checkpoint holds the tokenizer, so `eval` (and `generate`) take it as a model directory;
 /// `--resume RUN/checkpoints/step-N`, as TRL's `resume_from_checkpoint` takes one, continues
 /// that run when the checkpoint is its newest (it trained a new run inside the checkpoint's
@@ -468,7 +487,9 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
     for (signal, to) in cases {
         let group = to == "group";
         let dir = tempfile::tempdir().unwrap();
-        let extra = ["--devices", "cpu:2", "--logging-steps", "1", "--save-steps", "0"];
+        // `save_strategy = "no"` saves no checkpoint but this one, the way to resume.
+        let saving = if to == "all" { ["--save-strategy", "no"] } else { ["--save-steps", "0"] };
+        let extra = ["--devices", "cpu:2", "--logging-steps", "1", saving[0], saving[1]];
         let mut args = short_run(dir.path(), "stop", &model(), &data(), &extra);
         let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
         args[steps] = "100000".into();

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::loss::{FDivergence, LossType};
-use super::{CommHook, LrScaling, SchedulerType, Sharding};
+use super::{CommHook, LrScaling, SaveStrategy, SchedulerType, Sharding};
 
 /// How a value of a key is typed on the command line.
 pub trait FlagValue {
@@ -48,6 +48,7 @@ flag_value! {
     SchedulerType => "TYPE", string;
     LrScaling => "TYPE", string;
     CommHook => "TYPE", string;
+    SaveStrategy => "TYPE", string;
     Sharding => "STAGE", string;
 }
 

@@ -65,6 +65,17 @@ pub enum SchedulerType {
     CosineWithMinLr,
 }
 
+/// Whether a run writes checkpoints (transformers' `save_strategy`, in the two values TRL's
+/// scripts use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SaveStrategy {
+    /// Every `save_steps` steps and at the end.
+    Steps,
+    /// None, as transformers saves none: only a run stopped by Ctrl-C writes one, to resume from.
+    No,
+}
+
 /// How the learning rate follows the number of data-parallel workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -349,6 +360,8 @@ train_config! {
     eval_delay: f64 = 0.0,
     /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
     save_steps: u64 = 500,
+    /// `steps`: checkpoints every `save_steps` and at the end; `no`: none (transformers' `save_strategy = "no"`), but the one a Ctrl-C writes to resume from. `final/` is written either way.
+    save_strategy: SaveStrategy = SaveStrategy::Steps,
     /// Checkpoints kept (oldest deleted first) [default: all].
     save_total_limit: Option<usize> = None,
     /// Where else to log: `tensorboard` (event files under `logging_dir`), `wandb` (Weights & Biases, through the `wandb` package of a python that has it), `all` (TensorBoard, and W&B where a python imports wandb, as transformers takes every integration installed), or none [default: none, as TRL].
@@ -750,6 +763,14 @@ mod tests {
         );
         let cfg = TrainConfig::from_toml_str("eval_strategy = \"no\"\n", "t.toml").unwrap();
         assert_eq!(cfg.eval_every(), 0, "TRL's eval_strategy = \"no\" never evaluates");
+        // `save_strategy` keeps TRL's meaning (no checkpoint at all with "no"), not `save_steps = 0`'s.
+        let cfg = TrainConfig::from_toml_str("save_strategy = \"no\"\n", "t.toml").unwrap();
+        assert_eq!((cfg.save_strategy, cfg.save_steps), (SaveStrategy::No, 500));
+        let err = TrainConfig::from_toml_str("beta = 0.1\nsave_strategy = \"epoch\"\n", "t.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`t.toml`, line 2: `save_strategy`: unknown variant `epoch`, expected `steps` or `no`"
+        );
         let base = "model_name_or_path = \"m\"\ntrain_file = \"d.jsonl\"\n";
         let mode = |m: &str| {
             let text = format!("{base}truncation_mode = \"{m}\"\n");

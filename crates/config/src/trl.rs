@@ -89,8 +89,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("include_for_metrics", Inert),
     ("batch_eval_metrics", Inert),
     ("save_only_model", Only(FALSE, "checkpoints hold the optimizer state, so that a run resumes")),
-    // `"no"` also sets `save_steps = 0` (see `translate`).
-    ("save_strategy", Only(&["\"steps\"", "\"no\""], "checkpoints are saved every `save_steps`")),
     ("save_on_each_node", Only(FALSE, "checkpoints are written once")),
     ("enable_jit_checkpoint", Only(FALSE, NOT_IMPLEMENTED)),
     ("push_to_hub", Only(FALSE, "dpo-train does not upload")),
@@ -170,7 +168,8 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
 const TRL_LORA_R: i64 = 16;
 
 /// Accepts or refuses each TRL key of `table` that dpo-train has no key for; the accepted ones
-/// leave the table (`eval_strategy`/`save_strategy = "no"` become `eval_steps`/`save_steps = 0`).
+/// leave the table (`eval_strategy = "no"` becomes `eval_steps = 0`). `save_strategy` is a key of
+/// dpo-train's own, with TRL's meaning.
 /// An error is the key and a one-line message.
 pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> {
     for (key, treatment) in TRL_KEYS {
@@ -208,15 +207,13 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
     Ok(())
 }
 
-/// TRL's names in dpo-train's keys: `eval_strategy = "no"` and `save_strategy = "no"` are
-/// `eval_steps` and `save_steps = 0`, and `use_peft = true` is LoRA at TRL's rank unless
+/// TRL's names in dpo-train's keys: `eval_strategy = "no"` is `eval_steps = 0`, and `use_peft = true` is LoRA at TRL's rank unless
 /// `lora_r` is set (`false`: no LoRA).
 fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
     let Some(value) = value else { return };
     match key {
-        "eval_strategy" | "save_strategy" if value.as_str() == Some("no") => {
-            let target = if key == "eval_strategy" { "eval_steps" } else { "save_steps" };
-            table.insert(target.to_owned(), toml::Value::Integer(0));
+        "eval_strategy" if value.as_str() == Some("no") => {
+            table.insert("eval_steps".to_owned(), toml::Value::Integer(0));
         }
         "use_peft" if value.as_bool() == Some(true) => {
             table.entry("lora_r").or_insert(toml::Value::Integer(TRL_LORA_R));
@@ -270,9 +267,10 @@ mod tests {
         let mut t = table("dataloader_num_workers = 4\nsync_ref_model = false\noptim = \"adamw_torch\"\nbeta = 0.1\n");
         accept_trl_keys(&mut t).unwrap();
         assert_eq!(t, table("beta = 0.1\n"));
+        // `save_strategy` is dpo-train's own key (TRL's meaning): it stays for the config to read.
         let mut t = table("eval_strategy = \"no\"\nsave_strategy = \"no\"\nlabel_smoothing_factor = 0\n");
         accept_trl_keys(&mut t).unwrap();
-        assert_eq!(t, table("eval_steps = 0\nsave_steps = 0\n"));
+        assert_eq!(t, table("eval_steps = 0\nsave_strategy = \"no\"\n"));
     }
 
     #[test]
