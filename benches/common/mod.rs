@@ -324,6 +324,11 @@ pub fn dpo_train_rate_env(
     let wall_seconds = started.elapsed().as_secs_f64();
     let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "dpo-train {} failed:\n{said}", args.join(" "));
+    // A fast path given up on (`dpo_torch::fallback`) or another warning changes what a rate
+    // means: the log shows it beside the run.
+    for warning in said.lines().filter(|l| l.starts_with("warning:")) {
+        println!("  {run}: {warning}");
+    }
     let rows = dpo_train::train::log::read_metrics(&out.join(&run).join("metrics.csv")).expect("metrics.csv");
     drop_weights(&out.join(&run));
     let train: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::train::log::Split::Train).collect();
