@@ -168,9 +168,8 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
 const TRL_LORA_R: i64 = 16;
 
 /// Accepts or refuses each TRL key of `table` that dpo-train has no key for; the accepted ones
-/// leave the table (`eval_strategy = "no"` becomes `eval_steps = 0`). `save_strategy` is a key of
-/// dpo-train's own, with TRL's meaning.
-/// An error is the key and a one-line message.
+/// leave the table (`eval_strategy = "no"` becomes `eval_steps = 0`; `save_strategy` is a key of
+/// dpo-train's own, with TRL's meaning). An error is the key and a one-line message.
 pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> {
     for (key, treatment) in TRL_KEYS {
         let Some(value) = table.get(*key) else { continue };
@@ -207,8 +206,8 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
     Ok(())
 }
 
-/// TRL's names in dpo-train's keys: `eval_strategy = "no"` is `eval_steps = 0`, and `use_peft = true` is LoRA at TRL's rank unless
-/// `lora_r` is set (`false`: no LoRA).
+/// TRL's names in dpo-train's keys: `eval_strategy = "no"` is `eval_steps = 0`, and `use_peft =
+/// true` is LoRA at TRL's rank unless `lora_r` is set (`false`: no LoRA).
 fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
     let Some(value) = value else { return };
     match key {
