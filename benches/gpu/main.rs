@@ -239,9 +239,10 @@ impl Report {
 }
 
 /// The runs' directory: in memory (`/dev/shm`) where it has room for the largest run's files,
-/// else the system's temporary directory. Every run ends writing a checkpoint and `final/` (8 GB
-/// for the 0.5B shape, 16 GB for the 1.1B), removed once its figures are read; none of it is
-/// measured, and on disk each costs its write and sync within the check's 15 minutes.
+/// else the system's temporary directory. Every run ends writing `final/` (2 GB for the 0.5B
+/// shape, 4 GB for the 1.1B; the timed runs save no checkpoint), removed once its figures are
+/// read; none of it is measured, and on disk each costs its write and sync within the check's 15
+/// minutes.
 fn scratch() -> tempfile::TempDir {
     const ROOM: u64 = 48 << 30;
     let shm = Path::new("/dev/shm");
