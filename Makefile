@@ -69,7 +69,7 @@ lint: build
 	python3 tools/layers.py
 
 bench: build ref-venv
-	$(CARGO) bench --bench throughput --bench memory --bench ddp --bench data --bench ops
+	$(CARGO) bench --bench throughput --bench memory --bench ddp --bench data --bench ops --bench precision
 
 # One million rows (1.1 GB of JSON Lines, benches/big_data.py) read and tokenised by a one-step
 # run: wall time and peak memory, the same start again (served by the tokenised-data cache), and

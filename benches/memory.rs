@@ -74,18 +74,6 @@ impl Row {
     }
 }
 
-/// `results/cpu/memory-<this CPU>.json`.
-fn table() -> std::path::PathBuf {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpu.lines().find_map(|l| l.strip_prefix("model name")).unwrap_or("unknown cpu");
-    let model = model.trim_start_matches([' ', '\t', ':']).trim();
-    let slug: String =
-        model.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
-    let dir = common::root().join("results/cpu");
-    std::fs::create_dir_all(&dir).expect("results/cpu");
-    dir.join(format!("memory-{slug}.json"))
-}
-
 struct Case {
     name: &'static str,
     keys: &'static str,
@@ -262,7 +250,7 @@ fn single(
             sharding: Sharding::None,
             world_size: 1,
         };
-        row.record(&table(), measured);
+        row.record(&common::cpu_results("memory"), measured);
     }
     println!(
         "largest estimate error: {:.0}% (libtorch's own resident set before loading a model is left out)",
@@ -329,7 +317,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 sharding,
                 world_size: world,
             };
-            row.record(&table(), measured);
+            row.record(&common::cpu_results("memory"), measured);
         }
     }
     println!("largest estimate error: {:.0}%", worst * 100.0);

@@ -3,6 +3,8 @@
 //! enough to fill 512-token sequences.
 #![allow(dead_code)] // each bench binary uses a different subset
 
+pub mod precision;
+
 use std::path::{Path, PathBuf};
 
 use burn::tensor::Device;
@@ -13,6 +15,23 @@ use dpo_train::train::checkpoint::{ModelFiles, write_model_dir};
 /// The checkout's root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// This CPU's model name, as `/proc/cpuinfo` has it ("AMD EPYC").
+pub fn cpu_model() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu.lines().find_map(|l| l.strip_prefix("model name")).unwrap_or("unknown cpu");
+    model.trim_start_matches([' ', '\t', ':']).trim().to_owned()
+}
+
+/// `results/cpu/<stem>-<this CPU>.json`, the CPU named by [`cpu_model`] (`amd-epyc`); the folder
+/// is made if missing.
+pub fn cpu_results(stem: &str) -> PathBuf {
+    let slug: String =
+        cpu_model().chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let dir = root().join("results/cpu");
+    std::fs::create_dir_all(&dir).expect("results/cpu");
+    dir.join(format!("{stem}-{slug}.json"))
 }
 
 /// A model shape in `config.json` form.
