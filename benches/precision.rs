@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::precision::{DRIFT_STEM, Drift, STEPS, cpu_bf16_drift, inputs, trajectory};
+use common::precision::{DRIFT_STEM, Drift, STEPS, cpu_bf16_drift, inputs, step_line, trajectory};
 use common::{cpu_results, root};
 
 fn main() {
@@ -31,7 +31,7 @@ fn main() {
     let bf16 = trajectory(&model, &data, &out, "cpu", &["--bf16"]);
     println!("medium model, {STEPS} steps on the CPU: step, loss f32 / bf16, logps/chosen f32 / bf16");
     for (step, (a, b)) in f32.iter().zip(&bf16).enumerate() {
-        println!("  {:>2}  {:.6} / {:.6}   {:.3} / {:.3}", step + 1, a.0, b.0, a.1, b.1);
+        println!("{}", step_line(step + 1, *a, *b));
     }
     let drift = Drift::between(&bf16, &f32);
     assert!(drift.loss.is_finite() && drift.logp.is_finite(), "{} and {} steps", f32.len(), bf16.len());

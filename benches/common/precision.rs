@@ -28,7 +28,17 @@ pub const DRIFT_STEM: &str = "bf16-drift";
 /// round, not by its arithmetic: on the CPU 1.26 in loss against f32 over these 20 steps, where
 /// f32-stored weights drift 3.3e-2 (2026-11-29, AMD EPYC).
 pub fn inputs(work: &Path) -> (PathBuf, PathBuf) {
-    (model_dir(&work.join("medium"), &MEDIUM), long_pairs(&work.join("long-pairs.jsonl"), 64))
+    (model(work), long_pairs(&work.join("long-pairs.jsonl"), 64))
+}
+
+/// [`inputs`]' model alone.
+pub fn model(work: &Path) -> PathBuf {
+    model_dir(&work.join("medium"), &MEDIUM)
+}
+
+/// One step of two trajectories side by side: `step, loss a / b, logps/chosen a / b`.
+pub fn step_line(step: usize, a: (f64, f64), b: (f64, f64)) -> String {
+    format!("  {:>2}  {:.6} / {:.6}   {:.3} / {:.3}", step, a.0, b.0, a.1, b.1)
 }
 
 /// Per-step (loss, logps/chosen) of [`STEPS`] steps of 2 pairs at max_length 512 and learning

@@ -24,7 +24,7 @@ const STEPS: usize = 20;
 fn medium(work: &Path) -> (PathBuf, PathBuf, Lengths) {
     // The parity section's model, stored in f32: the offload's bf16 comparison drifts by the
     // arithmetic's rounding there, not by bf16-stored weights' ([`common::precision::inputs`]).
-    let (model, _) = common::precision::inputs(work);
+    let model = common::precision::model(work);
     let lengths = Lengths { prompt: 128, total: 512 };
     (model.clone(), lengths.pairs(work, "medium", &model), lengths)
 }

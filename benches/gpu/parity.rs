@@ -9,7 +9,7 @@ use std::path::Path;
 use burn::tensor::{Device, FloatDType, Tensor};
 
 use crate::common;
-use crate::common::precision::{Drift, STEPS, trajectory};
+use crate::common::precision::{Drift, STEPS, step_line, trajectory};
 
 /// One packed row of two shared-prompt pairs (the rejected completions attend to their prompt)
 /// on cuda:0, where torch's variable-length kernel attends it, against the padded span batch on
@@ -119,7 +119,7 @@ pub fn parity(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         let _ =
             writeln!(text, "{name} on cuda:0 against f32 on the CPU: step, loss cuda / cpu, logps/chosen cuda / cpu");
         for (step, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
-            let _ = writeln!(text, "  {:>2}  {:.6} / {:.6}   {:.3} / {:.3}", step + 1, g.0, c.0, g.1, c.1);
+            let _ = writeln!(text, "{}", step_line(step + 1, *g, *c));
         }
         let d = Drift::between(&gpu, &cpu);
         let ok = gpu.len() == STEPS && d.within(&bound);
