@@ -22,7 +22,10 @@
 //! 9. two ranks sharing `cuda:0` (plain DDP, ZeRO-1/2/3, the offloaded optimizer) against one rank,
 //!    Ctrl-C and a killed rank (`dist.rs`).
 //!
-//! A run without section names runs all but [`OPTIONAL`]. Without a CUDA device it says so and
+//! A run without section names runs all but [`OPTIONAL`]. What measures no time (parity, the
+//! memory grid, dist, and writing lora8b's 8B model) runs side by side after the attention
+//! section ([`pool`]: the GPU's memory shared by check-gpu's estimates); the timed rows, the
+//! offload comparison and the plan, whose command takes the whole GPU, run alone. Without a CUDA device it says so and
 //! exits 0; `GPU_CHECK_ON_CPU=1` then runs the sections that
 //! can run on CPU processes (`dist`), to try them, with the results under `target/gpu-check-on-cpu/`. The file is rewritten after each section, so a
 //! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
@@ -34,6 +37,7 @@ mod common;
 mod dist;
 mod memory;
 mod parity;
+mod pool;
 mod rows;
 mod targets;
 
@@ -99,53 +103,68 @@ fn main() {
     if runs("attention") {
         report.section("Packed rows' attention on cuda:0 against the CPU", parity::attention);
     }
+    // Both memory sections put their runs in one table, a row per setting (`tests/measured.rs`).
+    let json = dir.join(format!("memory-{slug}.json"));
+    let (work, out_dir) = (work.as_path(), out.path());
+    // What measures no time shares the GPU: the parity steps, the memory grid, the dist runs,
+    // and the 8B model written for `lora8b` (its 15 GB, on the CPU and disk, before the timed rows).
+    let mut side_by_side: Vec<(&str, Body)> = Vec::new();
     if runs("parity") {
-        report.section("Training on cuda:0 against the CPU", |f| parity::parity(&work, out.path(), f));
+        side_by_side.push(("Training on cuda:0 against the CPU", Box::new(|f| parity::parity(work, out_dir, f))));
     }
+    if runs("memory") {
+        let json = &json;
+        side_by_side.push((
+            "dpo-train's peak CUDA memory over a grid",
+            Box::new(move |f| memory::memory(work, &out_dir.join("grid"), json, f)),
+        ));
+    }
+    if runs("dist") {
+        side_by_side.push((
+            "Two ranks sharing cuda:0 against one rank",
+            Box::new(|f| dist::dist(&dist::CUDA, &out_dir.join("two-ranks"), f)),
+        ));
+    }
+    if runs("lora8b") {
+        side_by_side.push(("The 8B shape's model for lora8b, written", Box::new(|_| targets::lora8b_model(work))));
+    }
+    report.together(side_by_side);
     if runs("throughput") {
-        report.section("Throughput against TRL on this GPU", |f| throughput(&work, out.path(), f));
+        report.section("Throughput against TRL on this GPU", |f| throughput(work, out.path(), f));
     }
     if runs("scale") {
-        report.section("A 1B model against TRL on this GPU", |f| scale(&work, out.path(), f));
+        report.section("A 1B model against TRL on this GPU", |f| scale(work, out.path(), f));
     }
     if runs("targets") {
         report.section("Issue 33's rows: 0.5B and 1.1B against TRL and TRL with Liger's kernels", |f| {
-            targets::targets(&work, out.path(), f)
+            targets::targets(work, out.path(), f)
         });
     }
     if runs("shapes") {
         report.section("The 0.5B row's micro-batches as they come and padded to few shapes", |_| {
-            targets::shape_padding(&work, out.path())
+            targets::shape_padding(work, out.path())
         });
     }
     if runs("checkpointing") {
         report.section("The 0.5B row with gradient checkpointing, setting by setting", |_| {
-            targets::checkpointing(&work, out.path())
+            targets::checkpointing(work, out.path())
         });
     }
     if runs("lora8b") {
         report.section("Issue 33's 8B LoRA row against TRL + PEFT and with Liger's kernels", |f| {
-            targets::lora8b(&work, out.path(), f)
+            targets::lora8b(work, out.path(), f)
         });
     }
-    // Both sections put their runs in one table, a row per setting (`tests/measured.rs`).
-    let json = dir.join(format!("memory-{slug}.json"));
     if runs("offload") {
         report.section("The offloaded optimizer on cuda:0 against the plain step", |f| {
-            memory::offload(&work, out.path(), &json, f)
+            memory::offload(work, out.path(), &json, f)
         });
     }
-    if runs("memory") {
-        report.section("dpo-train's peak CUDA memory over a grid", |f| memory::memory(&work, out.path(), &json, f));
-    }
     if runs("plan") {
-        report.section("check-gpu's plan for the issue's run, run as printed", |f| memory::plan(&work, out.path(), f));
+        report.section("check-gpu's plan for the issue's run, run as printed", |f| memory::plan(work, out.path(), f));
     }
     if runs("profile") {
-        report.section("Where a step's time goes (torch profiler)", |_| profile(&work, out.path()));
-    }
-    if runs("dist") {
-        report.section("Two ranks sharing cuda:0 against one rank", |f| dist::dist(&dist::CUDA, out.path(), f));
+        report.section("Where a step's time goes (torch profiler)", |_| profile(work, out.path()));
     }
     report.finish();
 }
@@ -163,9 +182,10 @@ fn on_cpu_only(wanted: &[String]) {
     };
     let out = tempfile::tempdir().expect("a temporary directory");
     if wanted.is_empty() || wanted.iter().any(|w| w == "dist") {
-        report.section("Two CPU ranks against one (the dist section's dry run)", |f| {
-            dist::dist(&dist::CPU, out.path(), f)
-        });
+        // As the GPU check runs it: beside the other sections that measure no time.
+        let out = out.path();
+        let title = "Two CPU ranks against one (the dist section's dry run)";
+        report.together(vec![(title, Box::new(|f| dist::dist(&dist::CPU, out, f)))]);
     }
     report.finish();
 }
@@ -205,20 +225,41 @@ impl Report {
     fn section(&mut self, title: &str, body: impl FnOnce(&mut Vec<String>) -> String) {
         println!("gpu-check: {title} ...");
         let started = Instant::now();
-        let text = match catch_unwind(AssertUnwindSafe(|| body(&mut self.failures))) {
-            Ok(text) => text,
-            Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("a panic without a message");
-                self.failures.push(format!("{title}: stopped: {}", why.lines().next().unwrap_or_default()));
-                format!("stopped: {why}")
+        let text = caught(title, body, &mut self.failures);
+        self.record(title, &text, started.elapsed().as_secs_f64(), "");
+    }
+
+    /// Sections that measure no time (numbers and memory, not rates), run side by side on the GPU
+    /// ([`pool`]); each is recorded, with its own time, as it ends.
+    fn together<'a>(&mut self, sections: Vec<(&'a str, Body<'a>)>) {
+        let titles: Vec<&str> = sections.iter().map(|s| s.0).collect();
+        println!("gpu-check: side by side: {} ...", titles.join("; "));
+        let (sender, ended) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            for (title, body) in sections {
+                let sender = sender.clone();
+                scope.spawn(move || {
+                    let (started, mut failures) = (Instant::now(), Vec::new());
+                    let text = caught(title, body, &mut failures);
+                    let _ = sender.send((title, text, failures, started.elapsed().as_secs_f64()));
+                });
             }
-        };
-        let seconds = started.elapsed().as_secs_f64();
-        let _ = writeln!(self.text, "## {title} ({seconds:.0} s)\n\n```\n{}\n```\n", text.trim_end());
+            drop(sender);
+            for (title, text, failures, seconds) in ended {
+                self.failures.extend(failures);
+                let others: Vec<&str> = titles.iter().copied().filter(|t| *t != title).collect();
+                let beside = match others.is_empty() {
+                    true => String::new(),
+                    false => format!(", beside: {}", others.join("; ")),
+                };
+                self.record(title, &text, seconds, &beside);
+            }
+        });
+    }
+
+    /// Adds a section's text under its title and time, and rewrites the file.
+    fn record(&mut self, title: &str, text: &str, seconds: f64, beside: &str) {
+        let _ = writeln!(self.text, "## {title} ({seconds:.0} s{beside})\n\n```\n{}\n```\n", text.trim_end());
         println!("{}", text.trim_end());
         if seconds > SECTION_SECONDS {
             self.failures.push(format!("{title}: {seconds:.0} s, over the {SECTION_SECONDS:.0} s a section may take"));
@@ -233,6 +274,25 @@ impl Report {
         std::fs::write(&tmp, format!("{}## Checks\n\n{checks}\n", self.text))
             .and_then(|()| std::fs::rename(&tmp, &self.path))
             .expect("the results file is written");
+    }
+}
+
+/// A section's work: its text, the checks that failed pushed onto the vector.
+type Body<'a> = Box<dyn FnOnce(&mut Vec<String>) -> String + Send + 'a>;
+
+/// `body`'s text, or the panic that stopped it (then a failure of `title`).
+fn caught(title: &str, body: impl FnOnce(&mut Vec<String>) -> String, failures: &mut Vec<String>) -> String {
+    match catch_unwind(AssertUnwindSafe(|| body(failures))) {
+        Ok(text) => text,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic without a message");
+            failures.push(format!("{title}: stopped: {}", why.lines().next().unwrap_or_default()));
+            format!("stopped: {why}")
+        }
     }
 }
 

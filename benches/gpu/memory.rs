@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::common::{self, GQA32M, MEDIUM, QWEN05B, Shape, TrainRate, dpo_train_rate_at};
-use crate::{built, output};
+use crate::{built, output, pool};
 use dpo_train::train::log::{Split, read_metrics};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -173,6 +173,44 @@ struct Measured<'a> {
 }
 
 impl Measured<'_> {
+    /// dpo-train's flags for this cell on `cuda:0` (two ranks sharing it under a ZeRO stage).
+    fn args(&self) -> Vec<&'static str> {
+        let mut args = match self.zero {
+            Some(stage) => vec!["--gpus", "0,0", "--sharding", stage],
+            None => vec!["--device", "cuda:0"],
+        };
+        args.extend(if self.bf16 { &["--bf16"][..] } else { &[] });
+        args.extend(if self.checkpointing { &["--gradient-checkpointing", "true"][..] } else { &[] });
+        args.extend(if self.lora { &["--lora-r", "16"][..] } else { &[] });
+        args
+    }
+
+    /// What the run may take of the GPU: check-gpu's estimate of each rank (allocated, the
+    /// allocator's share, the CUDA context) and half as much again for what the caching allocator
+    /// reserves past its peak; the whole GPU's worth where the model cannot be read.
+    fn reservation(&self, model: &Path) -> u64 {
+        let Ok(shape) = check_gpu::ModelShape::from_hf_dir(model) else { return u64::MAX };
+        let sharding = check_gpu::Sharding::ALL.into_iter().find(|s| s.name() == self.zero.unwrap_or("none"));
+        let completion = (self.lengths.total - self.lengths.prompt) as u64;
+        let tokens = check_gpu::PairTokens { prompt: self.lengths.prompt as u64, completion };
+        let ranks = if self.zero.is_some() { 2 } else { 1 };
+        let estimate = check_gpu::estimate(&check_gpu::MemoryRequest {
+            model: &shape,
+            micro_batch: self.micro_batch as u64,
+            seq_len: self.lengths.total as u64,
+            dtype: if self.bf16 { check_gpu::Precision::Bf16 } else { check_gpu::Precision::Fp32 },
+            finetune: if self.lora { check_gpu::FineTune::Lora { rank: 16 } } else { check_gpu::FineTune::Full },
+            reference: check_gpu::Reference::Keep,
+            gradient_checkpointing: self.checkpointing,
+            world_size: ranks,
+            sharding: sharding.unwrap_or(check_gpu::Sharding::None),
+            offload_optimizer: self.offload,
+            engine: check_gpu::Engine::DpoTrain(tokens.batch(self.micro_batch as u64)),
+            cuda: true,
+        });
+        estimate.total / 2 * 3 * ranks
+    }
+
     fn row(&self, rate: &TrainRate) -> serde_json::Value {
         let (name, shape, model_type) = self.shape;
         serde_json::json!({
@@ -200,77 +238,56 @@ impl Measured<'_> {
 }
 
 /// dpo-train's peak CUDA memory over a grid (issue 34, item 3), 3 steps a run (the moments
-/// exist from step 2 on), each put in `results/gpu/memory-<gpu>.json` as it is measured ([`common::record`]).
+/// exist from step 2 on), each put in `results/gpu/memory-<gpu>.json` ([`common::record`]). The
+/// runs share the GPU, as many at once as 60% of its memory holds by check-gpu's estimates
+/// ([`pool`]): each peak is its own process's caching allocator's.
 pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) -> String {
-    let shapes = [("32M", &GQA32M, "llama"), ("medium", &MEDIUM, "llama"), ("0.5B", &QWEN05B, "qwen2")];
-    let short = Lengths { prompt: 128, total: 512 };
-    let long = Lengths { prompt: 256, total: 1024 };
-    let mut cells = Vec::new();
-    for shape in shapes {
-        let batches: &[(usize, Lengths)] = match shape.0 {
-            "32M" => &[(8, short)],
-            "medium" => &[(2, short), (8, short)],
-            // Micro-batch and length both vary on the 0.5B shape with two batches (a third,
-            // 8 short rows, was four more runs of the check's 15 minutes).
-            _ => &[(2, short), (8, long)],
-        };
-        for &(micro_batch, lengths) in batches {
-            for (checkpointing, lora) in [(false, false), (true, false), (false, true), (true, true)] {
-                let (bf16, offload, steps) = (true, false, 3);
-                let zero = None;
-                cells.push(Measured { shape, lengths, micro_batch, checkpointing, lora, bf16, offload, steps, zero });
+    let cells = grid();
+    // Each shape and its pairs made once, before the runs that share them start.
+    let inputs: Vec<(PathBuf, PathBuf)> = cells
+        .iter()
+        .map(|cell| {
+            let (name, shape, model_type) = cell.shape;
+            let model = common::generated(work, shape, model_type);
+            let data = cell.lengths.pairs(work, name, &model);
+            (model, data)
+        })
+        .collect();
+    let jobs = cells
+        .iter()
+        .zip(&inputs)
+        .enumerate()
+        .map(|(i, (cell, (model, data)))| {
+            let dir = out.join(format!("memory-{i}"));
+            let run = move || {
+                std::fs::create_dir_all(&dir).expect("a folder for the run");
+                let run = (cell.micro_batch, cell.steps, cell.lengths.total);
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    dpo_train_rate_at(model, data, &dir, run, &cell.args())
+                }))
+                .ok()
+            };
+            pool::Job {
+                bytes: cell.reservation(model),
+                run: Box::new(run) as Box<dyn FnOnce() -> Option<TrainRate> + Send>,
             }
-        }
-    }
-    cells.push(Measured {
-        shape: shapes[1],
-        lengths: short,
-        micro_batch: 2,
-        checkpointing: false,
-        lora: false,
-        bf16: false,
-        offload: false,
-        steps: 3,
-        zero: None,
-    });
-    // The ZeRO stages on two ranks (the medium model, bf16, micro-batch 2 a rank).
-    for (stage, checkpointing) in [("zero1", false), ("zero2", false), ("zero2", true), ("zero3", false)] {
-        cells.push(Measured {
-            shape: shapes[1],
-            lengths: short,
-            micro_batch: 2,
-            checkpointing,
-            lora: false,
-            bf16: true,
-            offload: false,
-            steps: 3,
-            zero: Some(stage),
-        });
-    }
+        })
+        .collect();
+    let budget = pool::gpu_memory_bytes().map_or(0, |b| b / 10 * 6);
+    let rates = pool::run_within(jobs, budget, 4);
     let mut text = String::from(
-        "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB\n",
+        "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB \
+         (up to 4 runs at once within 60% of the GPU's memory)\n",
     );
-    for cell in &cells {
-        let (name, shape, model_type) = cell.shape;
-        let model = common::generated(work, shape, model_type);
-        let data = cell.lengths.pairs(work, name, &model);
-        let mut args = match cell.zero {
-            Some(stage) => vec!["--gpus", "0,0", "--sharding", stage],
-            None => vec!["--device", "cuda:0"],
-        };
-        args.extend(if cell.bf16 { &["--bf16"][..] } else { &[] });
-        args.extend(if cell.checkpointing { &["--gradient-checkpointing", "true"][..] } else { &[] });
-        args.extend(if cell.lora { &["--lora-r", "16"][..] } else { &[] });
-        let packed = cell.lengths.prompt + 2 * (cell.lengths.total - cell.lengths.prompt);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            dpo_train_rate_at(&model, &data, out, (cell.micro_batch, cell.steps, cell.lengths.total), &args)
-        }));
-        let Ok(rate) = result else {
-            failures.push(format!("memory grid: {name} {} failed", args.join(" ")));
+    for (cell, rate) in cells.iter().zip(rates) {
+        let Some(rate) = rate else {
+            failures.push(format!("memory grid: {} {} failed", cell.shape.0, cell.args().join(" ")));
             continue;
         };
+        let packed = cell.lengths.prompt + 2 * (cell.lengths.total - cell.lengths.prompt);
         let line = format!(
-            "{name} {} mb {} x {packed}{}, checkpointing {}, LoRA {}: {} / {} (run {:.0} s)",
+            "{} {} mb {} x {packed}{}, checkpointing {}, LoRA {}: {} / {} (run {:.0} s)",
+            cell.shape.0,
             if cell.bf16 { "bf16" } else { "f32" },
             cell.micro_batch,
             cell.zero.map_or_else(String::new, |z| format!(", {z} over 2 ranks on cuda:0 (per rank)")),
@@ -286,6 +303,46 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
         common::record(json, cell.row(&rate)).unwrap_or_else(|e| failures.push(e));
     }
     text
+}
+
+/// The grid's cells: three shapes (one with a 152k vocabulary) x micro-batch x checkpointing x
+/// LoRA in bf16, the medium model in f32, and the ZeRO stages on two ranks.
+fn grid() -> Vec<Measured<'static>> {
+    let shapes = [("32M", &GQA32M, "llama"), ("medium", &MEDIUM, "llama"), ("0.5B", &QWEN05B, "qwen2")];
+    let short = Lengths { prompt: 128, total: 512 };
+    let long = Lengths { prompt: 256, total: 1024 };
+    let cell = |shape, lengths, micro_batch, (checkpointing, lora), bf16, zero| Measured {
+        shape,
+        lengths,
+        micro_batch,
+        checkpointing,
+        lora,
+        bf16,
+        offload: false,
+        steps: 3,
+        zero,
+    };
+    let mut cells = Vec::new();
+    for shape in shapes {
+        let batches: &[(usize, Lengths)] = match shape.0 {
+            "32M" => &[(8, short)],
+            "medium" => &[(2, short), (8, short)],
+            // Micro-batch and length both vary on the 0.5B shape with two batches (a third,
+            // 8 short rows, was four more runs of the check's 15 minutes).
+            _ => &[(2, short), (8, long)],
+        };
+        for &(micro_batch, lengths) in batches {
+            for modes in [(false, false), (true, false), (false, true), (true, true)] {
+                cells.push(cell(shape, lengths, micro_batch, modes, true, None));
+            }
+        }
+    }
+    cells.push(cell(shapes[1], short, 2, (false, false), false, None));
+    // The ZeRO stages on two ranks (the medium model, bf16, micro-batch 2 a rank).
+    for (stage, checkpointing) in [("zero1", false), ("zero2", false), ("zero2", true), ("zero3", false)] {
+        cells.push(cell(shapes[1], short, 2, (checkpointing, false), true, Some(stage)));
+    }
+    cells
 }
 
 /// check-gpu on this GPU for the issue's run (the 0.5B shape, 256 pairs of 250-1000 tokens, TRL's

@@ -12,6 +12,7 @@ mod eval_cli;
 mod export;
 mod first_run;
 mod generate;
+mod gpu_pool;
 mod hub_cache;
 mod hub_data;
 mod kto;
