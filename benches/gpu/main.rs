@@ -23,7 +23,8 @@
 //!    Ctrl-C and a killed rank (`dist.rs`).
 //!
 //! A run without section names runs all but [`OPTIONAL`]. What measures no time (parity, the
-//! memory grid, dist, and writing lora8b's 8B model) runs side by side after the attention
+//! memory grid, the plan's estimates at micro-batches 8 and 16, dist, and writing lora8b's 8B
+//! model) runs side by side after the attention
 //! section ([`pool`]: the GPU's memory shared by check-gpu's estimates); the timed rows, the
 //! offload comparison and the plan, whose command takes the whole GPU, run alone. Without a CUDA device it says so and
 //! exits 0; `GPU_CHECK_ON_CPU=1` then runs the sections that
@@ -119,6 +120,12 @@ fn main() {
             Box::new(move |f| memory::memory(work, &out_dir.join("grid"), json, f)),
         ));
     }
+    if runs("plan") {
+        side_by_side.push((
+            "check-gpu's estimate of the plan's model at micro-batches 8 and 16",
+            Box::new(|f| memory::plan_estimates(work, &out_dir.join("estimates"), f)),
+        ));
+    }
     if runs("dist") {
         side_by_side.push((
             "Two ranks sharing cuda:0 against one rank",
@@ -127,6 +134,10 @@ fn main() {
     }
     if runs("lora8b") {
         side_by_side.push(("The 8B shape's model for lora8b, written", Box::new(|_| targets::lora8b_model(work))));
+    }
+    if runs("memory") && runs("plan") {
+        // Both read the 0.5B shape: written once, before either starts.
+        let _ = catch_unwind(|| common::generated(work, &common::QWEN05B, "qwen2")); // else each section says why
     }
     report.together(side_by_side);
     if runs("throughput") {

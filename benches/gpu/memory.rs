@@ -273,8 +273,7 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
             }
         })
         .collect();
-    let budget = pool::gpu_memory_bytes().map_or(0, |b| b / 10 * 6);
-    let rates = pool::run_within(jobs, budget, 4);
+    let rates = pool::run_within(pool::gpu(), jobs);
     let mut text = String::from(
         "shape, precision, micro-batch x (prompt + 2 completions) tokens, checkpointing, LoRA: peak CUDA allocated / reserved GiB \
          (up to 4 runs at once within 60% of the GPU's memory)\n",
@@ -346,10 +345,9 @@ fn grid() -> Vec<Measured<'static>> {
 }
 
 /// check-gpu on this GPU for the issue's run (the 0.5B shape, 256 pairs of 250-1000 tokens, TRL's
-/// defaults): the plan from `--model M --data D`, its command run as printed for 3 steps, and its
-/// estimate beside the peak; then micro-batches 8 and 16 without checkpointing, each measured peak
-/// beside the estimate at the largest micro-batch the run met (the model's error, within 15% or
-/// the check fails) and the one planned from the data's lengths (issue 34, items 2 to 4).
+/// defaults): the plan from `--model M --data D`, and its command run as printed for 3 steps, alone
+/// on the GPU (it plans for the whole of it), its peak beside the estimate (issue 34, items 2 to
+/// 4); [`plan_estimates`] measures other micro-batches beside the other sections.
 pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let model = common::generated(work, &QWEN05B, "qwen2");
     let data = crate::targets::pairs(work, &model); // the targets' rows' pairs
@@ -391,35 +389,61 @@ pub fn plan(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     }
     // Its final model (2 GB) is not read.
     let _ = std::fs::remove_dir_all(&run_dir);
-    // The estimate at the data's lengths for other micro-batches, beside the measured peak.
+    text
+}
+
+/// The plan's model at micro-batches 8 and 16 without checkpointing (3 steps each, through the
+/// GPU's [`pool`]): each measured peak beside check-gpu's estimate at the largest micro-batch
+/// the run met (the model's error, a failure past 15%) and the one planned from the data's
+/// lengths (issue 34, items 1 and 2).
+pub fn plan_estimates(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let model = common::generated(work, &QWEN05B, "qwen2");
+    let data = crate::targets::pairs(work, &model);
+    let (m, d) = (model.to_str().unwrap_or_default(), data.to_str().unwrap_or_default());
     let lengths = output(&built("dpo-train"), &["data", "lengths", "--model", m, "--data", d]);
     let lengths: Option<check_gpu::DataLengths> = serde_json::from_str(&lengths).ok();
     let shape = check_gpu::ModelShape::from_hf_dir(&model).ok();
-    for mb in [8usize, 16] {
-        let rate = dpo_train_rate_at(&model, &data, out, (mb, 3, 1024), &["--device", "cuda:0", "--bf16"]);
-        let estimate = |tokens: check_gpu::BatchTokens| {
-            shape.as_ref().map(|s| {
-                check_gpu::estimate(&check_gpu::MemoryRequest {
-                    model: s,
-                    micro_batch: mb as u64,
-                    seq_len: 1024,
-                    dtype: check_gpu::Precision::Bf16,
-                    finetune: check_gpu::FineTune::Full,
-                    reference: check_gpu::Reference::Keep,
-                    gradient_checkpointing: false,
-                    world_size: 1,
-                    sharding: check_gpu::Sharding::None,
-                    offload_optimizer: false,
-                    engine: check_gpu::Engine::DpoTrain(tokens),
-                    cuda: true,
-                })
+    let estimate = |mb: usize, tokens: check_gpu::BatchTokens| {
+        shape.as_ref().map(|s| {
+            check_gpu::estimate(&check_gpu::MemoryRequest {
+                model: s,
+                micro_batch: mb as u64,
+                seq_len: 1024,
+                dtype: check_gpu::Precision::Bf16,
+                finetune: check_gpu::FineTune::Full,
+                reference: check_gpu::Reference::Keep,
+                gradient_checkpointing: false,
+                world_size: 1,
+                sharding: check_gpu::Sharding::None,
+                offload_optimizer: false,
+                engine: check_gpu::Engine::DpoTrain(tokens),
+                cuda: true,
             })
-        };
+        })
+    };
+    let batches = [8usize, 16];
+    let planned: Vec<Option<check_gpu::MemoryEstimate>> =
+        batches.iter().map(|&mb| lengths.as_ref().and_then(|l| estimate(mb, l.batch(mb as u64)))).collect();
+    let jobs = batches
+        .iter()
+        .zip(&planned)
+        .map(|(&mb, planned)| {
+            let (model, data, dir) = (&model, &data, out.join(format!("estimate-{mb}")));
+            let run = move || {
+                std::fs::create_dir_all(&dir).expect("a folder for the run");
+                dpo_train_rate_at(model, data, &dir, (mb, 3, 1024), &["--device", "cuda:0", "--bf16"])
+            };
+            let bytes = planned.map_or(u64::MAX, |e| e.total / 2 * 3);
+            pool::Job { bytes, run: Box::new(run) as Box<dyn FnOnce() -> TrainRate + Send> }
+        })
+        .collect();
+    let rates = pool::run_within(pool::gpu(), jobs);
+    let mut text = String::new();
+    for ((mb, rate), planned) in batches.into_iter().zip(rates).zip(planned) {
         // The model's error: the estimate at the largest micro-batch the run met. The plan's:
         // at the micro-batch it plans for from the data's lengths (mean + 4 sd, a margin).
         let met = rate.largest_batch.map(|(packed, scored)| check_gpu::BatchTokens { packed, scored, from_data: true });
-        let at_met = met.and_then(estimate);
-        let planned = lengths.as_ref().and_then(|l| estimate(l.batch(mb as u64)));
+        let at_met = met.and_then(|t| estimate(mb, t));
         let quotient = at_met.zip(rate.cuda_peak_bytes).map(|(e, m)| e.allocated() as f64 / m);
         let _ = writeln!(
             text,

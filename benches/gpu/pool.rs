@@ -16,16 +16,14 @@ pub struct Job<'a, T> {
     pub run: Box<dyn FnOnce() -> T + Send + 'a>,
 }
 
-/// Runs `jobs`, at most `most` at once and starting each (in order) when the running ones'
-/// reservations and its own fit `budget` bytes; returns their results in the jobs' order.
-pub fn run_within<'a, T: Send>(jobs: Vec<Job<'a, T>>, budget: u64, most: usize) -> Vec<T> {
-    let ledger = Ledger { held: Mutex::new((0, 0)), freed: Condvar::new(), budget, most: most.max(1) };
+/// Runs `jobs` against `ledger`, starting each (in order) when the reservations running, this
+/// caller's and any other's, leave room for it; returns their results in the jobs' order.
+pub fn run_within<'a, T: Send>(ledger: &Ledger, jobs: Vec<Job<'a, T>>) -> Vec<T> {
     std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(jobs.len());
         for job in jobs {
             // Admitted in order on this thread, so a large job is not passed over for ever.
             ledger.admit(job.bytes);
-            let ledger = &ledger;
             handles.push(scope.spawn(move || {
                 let _held = Held { ledger, bytes: job.bytes };
                 (job.run)()
@@ -35,8 +33,17 @@ pub fn run_within<'a, T: Send>(jobs: Vec<Job<'a, T>>, budget: u64, most: usize) 
     })
 }
 
-/// The reservations held now: (bytes, jobs).
-struct Ledger {
+/// The GPU's ledger for the whole check: 60% of its memory (the rest for the sections beside the
+/// pooled runs, and the CUDA contexts), at most 4 runs at once (the host's cores drive them);
+/// without `nvidia-smi`'s figure, one run at a time.
+pub fn gpu() -> &'static Ledger {
+    static GPU: std::sync::OnceLock<Ledger> = std::sync::OnceLock::new();
+    GPU.get_or_init(|| Ledger::new(gpu_memory_bytes().map_or(0, |b| b / 10 * 6), 4))
+}
+
+/// A budget of bytes and of runs, and the reservations held against it now.
+pub struct Ledger {
+    /// (bytes, jobs) held.
     held: Mutex<(u64, usize)>,
     freed: Condvar,
     budget: u64,
@@ -44,6 +51,11 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// `budget` bytes and at most `most` jobs at once.
+    pub fn new(budget: u64, most: usize) -> Self {
+        Self { held: Mutex::new((0, 0)), freed: Condvar::new(), budget, most: most.max(1) }
+    }
+
     /// Waits until `bytes` fit beside what runs (or nothing runs) and a slot is free, then takes them.
     fn admit(&self, bytes: u64) {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -5,7 +5,7 @@
 #[path = "../../benches/gpu/pool.rs"]
 mod pool;
 
-use pool::{Job, run_within};
+use pool::{Job, Ledger, run_within};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ fn jobs_overlap_within_the_budget() {
             }
         })
         .collect();
-    let order = run_within(jobs, 8, 3);
+    let order = run_within(&Ledger::new(8, 3), jobs);
     assert_eq!(order, (0..sizes.len()).collect::<Vec<_>>());
     // The 9-byte job ran alone; otherwise at most 8 bytes and 3 jobs at once, and some overlap.
     assert_eq!(most_bytes.load(Ordering::SeqCst), 9);
