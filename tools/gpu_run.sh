@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpu-bundle/run.sh [SECTION ...] (copied there by tools/gpu_bundle.sh): `make gpu-check` on a GPU
 # machine with torch but no Rust toolchain, from the binaries in this folder; sections as
-# benches/gpu/main.rs names them (path probe nccl attention parity targets lora8b offload memory plan dist, the
-# default; throughput scale profile shapes when named). Writes
+# benches/gpu/main.rs names them (the default: path probe nccl attention, then parity memory
+# dist and plan's estimates side by side, then targets lora8b offload and plan's printed command;
+# throughput scale profile shapes checkpointing mfu when named). Writes
 # results/gpu/<date>-<gpu>.md in the checkout and, where OUT is set, copies it, the profiler
 # traces and the whole log there.
 set -u

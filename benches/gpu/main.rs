@@ -56,8 +56,9 @@ use rows::{Row, compare, cuda_matmul_peak};
 /// Sections a run without names leaves out, each covered by another (issue 33 asks the whole check
 /// to fit 15 minutes): `throughput` and `scale` by `targets`' rows against TRL (0.5B and 1.1B),
 /// `profile` by its profile of the 0.5B row; `shapes` is a diagnosis (what padding micro-batches
-/// to few shapes buys) and `checkpointing` another (where the checkpointed 0.5B row's time goes).
-const OPTIONAL: [&str; 5] = ["throughput", "scale", "profile", "shapes", "checkpointing"];
+/// to few shapes buys) and `checkpointing` another (where the checkpointed 0.5B row's time goes);
+/// `mfu` is `targets`' rows without TRL, the quick look at a change.
+const OPTIONAL: [&str; 6] = ["throughput", "scale", "profile", "shapes", "checkpointing", "mfu"];
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 fn main() {
@@ -155,6 +156,9 @@ fn main() {
         report.section("The 0.5B row's micro-batches as they come and padded to few shapes", |_| {
             targets::shape_padding(work, out.path())
         });
+    }
+    if runs("mfu") {
+        report.section("Issue 33's rows, dpo-train alone", |f| targets::mfu(work, out.path(), f));
     }
     if runs("checkpointing") {
         report.section("The 0.5B row with gradient checkpointing, setting by setting", |_| {

@@ -5,8 +5,9 @@
 //! TRL with Liger's kernels (`use_liger_kernel=True`; the bundle brings liger-kernel 0.8.5), with
 //! MFU against the bf16 matrix peak measured here; then torch's profiler over the 0.5B row
 //! without checkpointing (operator and kernel counts a step, the matrix products' share of kernel
-//! time). The `shapes` section (not in a run without names): that row with its micro-batches as
-//! they come and padded to few shapes. The `checkpointing` section (likewise named only): the
+//! time). The `mfu` section (not in a run without names): those rows, dpo-train alone. The
+//! `shapes` section (likewise named only): that row with its micro-batches as they come and
+//! padded to few shapes. The `checkpointing` section (likewise named only): the
 //! checkpointed 0.5B row with settings changed since an earlier, faster run turned back, profiled.
 //! The `lora8b` section: Llama-3.1-8B's trunk with LoRA r 16, likewise (its own section: the
 //! model alone is 30 GB to write and read). Each row's line names its shape ("0.5B", "1.1B",
@@ -26,6 +27,22 @@ const RUN: (usize, usize, usize) = (8, 24, 1024);
 
 /// The rows, then the 0.5B profile (the profiled run takes 20 steps: steps 11-15 are traced).
 pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    let (mut text, qwen, data) = rows(work, out, true, failures);
+    let _ = write!(text, "\n{}", profiled("qwen05b-bf16", &qwen, &data, out, (RUN.0, 20, RUN.2), &["--bf16"]));
+    text
+}
+
+/// The `mfu` section (named only): the targets' three rows, dpo-train alone (no TRL, no profile):
+/// their MFU in about a minute and a half of a GPU session's 15, to see a change's effect before
+/// `targets` measures it beside TRL.
+pub fn mfu(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
+    rows(work, out, false, failures).0
+}
+
+/// Issue 33's three rows (the 0.5B shape with gradient checkpointing and without, the 1.1B
+/// shape), each beside TRL as installed and TRL with Liger's kernels where `with_trl`; the text,
+/// and the 0.5B model and the pairs.
+fn rows(work: &Path, out: &Path, with_trl: bool, failures: &mut Vec<String>) -> (String, PathBuf, PathBuf) {
     let qwen = common::generated(work, &QWEN05B, "qwen2");
     let llama = common::generated(work, &LLAMA1B, "llama");
     let (data, peak, mut text) = workload(work, &qwen, RUN);
@@ -38,8 +55,8 @@ pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
         bf16: true,
         padding_free: true,
         checkpointing,
-        with_trl: true,
-        liger: true,
+        with_trl,
+        liger: with_trl,
         lora: false,
     };
     let rows = [
@@ -50,8 +67,7 @@ pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     for row in &rows {
         text += &compare(row, peak, out, failures);
     }
-    let _ = write!(text, "\n{}", profiled("qwen05b-bf16", &qwen, &data, out, (RUN.0, 20, RUN.2), &["--bf16"]));
-    text
+    (text, qwen, data)
 }
 
 /// The `shapes` section: the 0.5B row without checkpointing twice, its micro-batches uploaded as
