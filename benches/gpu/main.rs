@@ -92,9 +92,27 @@ fn main() {
     let work = common::root().join("target/bench-assets");
     std::fs::create_dir_all(&work).expect("target/bench-assets");
     let out = scratch();
+    // Both memory sections put their runs in one table, a row per setting (`tests/measured.rs`).
+    let at = At { work: &work, out: out.path(), json: dir.join(format!("memory-{slug}.json")) };
+    let runs: &dyn Fn(&str) -> bool = &runs;
+    first(&mut report, runs, &at);
+    report.together(untimed(runs, &at));
+    timed(&mut report, runs, &at);
+    report.finish();
+}
+
+/// Where a check's sections read and write: the generated models and pairs, the runs' scratch
+/// directory, and the memory table.
+struct At<'a> {
+    work: &'a Path,
+    out: &'a Path,
+    json: PathBuf,
+}
+
+/// The quick sections: the new user's path, the live probe, NCCL, packed attention.
+fn first(report: &mut Report, runs: &dyn Fn(&str) -> bool, at: &At) {
     if runs("path") {
-        report
-            .section("A new user's path: the build's backends and `dpo-train train --gpus 1`", |f| path(out.path(), f));
+        report.section("A new user's path: the build's backends and `dpo-train train --gpus 1`", |f| path(at.out, f));
     }
     if runs("probe") {
         report.section("check-gpu (live probe)", |_| probe());
@@ -105,83 +123,72 @@ fn main() {
     if runs("attention") {
         report.section("Packed rows' attention on cuda:0 against the CPU", parity::attention);
     }
-    // Both memory sections put their runs in one table, a row per setting (`tests/measured.rs`).
-    let json = dir.join(format!("memory-{slug}.json"));
-    let (work, out_dir) = (work.as_path(), out.path());
-    // What measures no time shares the GPU: the parity steps, the memory grid, the dist runs,
-    // and the 8B model written for `lora8b` (its 15 GB, on the CPU and disk, before the timed rows).
-    let mut side_by_side: Vec<(&str, Body)> = Vec::new();
+}
+
+/// What measures no time, to share the GPU ([`Report::together`]): the parity steps, the memory
+/// grid, the plan's model at two micro-batches, the dist runs, and the 8B model written for
+/// `lora8b` (its 15 GB, on the CPU and disk, before the timed rows).
+fn untimed<'a>(runs: &dyn Fn(&str) -> bool, at: &'a At) -> Vec<(&'static str, Body<'a>)> {
+    let (work, out) = (at.work, at.out);
+    let mut sections: Vec<(&str, Body)> = Vec::new();
     if runs("parity") {
-        side_by_side.push(("Training on cuda:0 against the CPU", Box::new(|f| parity::parity(work, out_dir, f))));
+        sections.push(("Training on cuda:0 against the CPU", Box::new(|f| parity::parity(work, out, f))));
     }
     if runs("memory") {
-        let json = &json;
-        side_by_side.push((
-            "dpo-train's peak CUDA memory over a grid",
-            Box::new(move |f| memory::memory(work, &out_dir.join("grid"), json, f)),
-        ));
+        let grid = move |f: &mut Vec<String>| memory::memory(work, &out.join("grid"), &at.json, f);
+        sections.push(("dpo-train's peak CUDA memory over a grid", Box::new(grid)));
     }
     if runs("plan") {
-        side_by_side.push((
-            "check-gpu's estimate of the plan's model at micro-batches 8 and 16",
-            Box::new(|f| memory::plan_estimates(work, &out_dir.join("estimates"), f)),
-        ));
+        let estimates = |f: &mut Vec<String>| memory::plan_estimates(work, &out.join("estimates"), f);
+        sections.push(("check-gpu's estimate of the plan's model at micro-batches 8 and 16", Box::new(estimates)));
     }
     if runs("dist") {
-        side_by_side.push((
-            "Two ranks sharing cuda:0 against one rank",
-            Box::new(|f| dist::dist(&dist::CUDA, &out_dir.join("two-ranks"), f)),
-        ));
+        let two = |f: &mut Vec<String>| dist::dist(&dist::CUDA, &out.join("two-ranks"), f);
+        sections.push(("Two ranks sharing cuda:0 against one rank", Box::new(two)));
     }
     if runs("lora8b") {
-        side_by_side.push(("The 8B shape's model for lora8b, written", Box::new(|_| targets::lora8b_model(work))));
+        sections.push(("The 8B shape's model for lora8b, written", Box::new(|_| targets::lora8b_model(work))));
     }
     if runs("memory") && runs("plan") {
-        // Both read the 0.5B shape: written once, before either starts.
-        let _ = catch_unwind(|| common::generated(work, &common::QWEN05B, "qwen2")); // else each section says why
+        // Both read the 0.5B shape: written once, before either starts (else each section says why).
+        let _ = catch_unwind(|| common::generated(work, &common::QWEN05B, "qwen2"));
     }
-    report.together(side_by_side);
-    if runs("throughput") {
-        report.section("Throughput against TRL on this GPU", |f| throughput(work, out.path(), f));
+    sections
+}
+
+/// A section run alone: its name on the command line, its title, its work.
+type Timed<'a> = (&'static str, &'static str, &'a dyn Fn(&mut Vec<String>) -> String);
+
+/// The sections that time runs, or fill the GPU, one at a time.
+fn timed(report: &mut Report, runs: &dyn Fn(&str) -> bool, at: &At) {
+    let (work, out) = (at.work, at.out);
+    let sections: [Timed; 10] = [
+        ("throughput", "Throughput against TRL on this GPU", &|f| throughput(work, out, f)),
+        ("scale", "A 1B model against TRL on this GPU", &|f| scale(work, out, f)),
+        ("targets", "Issue 33's rows: 0.5B and 1.1B against TRL and TRL with Liger's kernels", &|f| {
+            targets::targets(work, out, f)
+        }),
+        ("shapes", "The 0.5B row's micro-batches as they come and padded to few shapes", &|_| {
+            targets::shape_padding(work, out)
+        }),
+        ("mfu", "Issue 33's rows, dpo-train alone", &|f| targets::mfu(work, out, f)),
+        ("checkpointing", "The 0.5B row with gradient checkpointing, setting by setting", &|_| {
+            targets::checkpointing(work, out)
+        }),
+        ("lora8b", "Issue 33's 8B LoRA row against TRL + PEFT and with Liger's kernels", &|f| {
+            targets::lora8b(work, out, f)
+        }),
+        ("offload", "The offloaded optimizer on cuda:0 against the plain step", &|f| {
+            memory::offload(work, out, &at.json, f)
+        }),
+        ("plan", "check-gpu's plan for the issue's run, run as printed", &|f| memory::plan(work, out, f)),
+        ("profile", "Where a step's time goes (torch profiler)", &|_| profile(work, out)),
+    ];
+    for (name, title, body) in sections {
+        if runs(name) {
+            report.section(title, body);
+        }
     }
-    if runs("scale") {
-        report.section("A 1B model against TRL on this GPU", |f| scale(work, out.path(), f));
-    }
-    if runs("targets") {
-        report.section("Issue 33's rows: 0.5B and 1.1B against TRL and TRL with Liger's kernels", |f| {
-            targets::targets(work, out.path(), f)
-        });
-    }
-    if runs("shapes") {
-        report.section("The 0.5B row's micro-batches as they come and padded to few shapes", |_| {
-            targets::shape_padding(work, out.path())
-        });
-    }
-    if runs("mfu") {
-        report.section("Issue 33's rows, dpo-train alone", |f| targets::mfu(work, out.path(), f));
-    }
-    if runs("checkpointing") {
-        report.section("The 0.5B row with gradient checkpointing, setting by setting", |_| {
-            targets::checkpointing(work, out.path())
-        });
-    }
-    if runs("lora8b") {
-        report.section("Issue 33's 8B LoRA row against TRL + PEFT and with Liger's kernels", |f| {
-            targets::lora8b(work, out.path(), f)
-        });
-    }
-    if runs("offload") {
-        report.section("The offloaded optimizer on cuda:0 against the plain step", |f| {
-            memory::offload(work, out.path(), &json, f)
-        });
-    }
-    if runs("plan") {
-        report.section("check-gpu's plan for the issue's run, run as printed", |f| memory::plan(work, out.path(), f));
-    }
-    if runs("profile") {
-        report.section("Where a step's time goes (torch profiler)", |_| profile(work, out.path()));
-    }
-    report.finish();
 }
 
 /// `GPU_CHECK_ON_CPU=1` without a GPU: the sections that can, on CPU processes.
