@@ -185,30 +185,38 @@ impl Measured<'_> {
         args
     }
 
-    /// What the run may take of the GPU: check-gpu's estimate of each rank (allocated, the
-    /// allocator's share, the CUDA context) and half as much again for what the caching allocator
-    /// reserves past its peak; the whole GPU's worth where the model cannot be read.
-    fn reservation(&self, model: &Path) -> u64 {
-        let Ok(shape) = check_gpu::ModelShape::from_hf_dir(model) else { return u64::MAX };
+    /// check-gpu's estimate of this run per rank on CUDA, at `tokens` a micro-batch (where
+    /// `None`, the cell's fixed lengths').
+    fn estimate(
+        &self,
+        model: &check_gpu::ModelShape,
+        tokens: Option<check_gpu::BatchTokens>,
+    ) -> check_gpu::MemoryEstimate {
         let sharding = check_gpu::Sharding::ALL.into_iter().find(|s| s.name() == self.zero.unwrap_or("none"));
         let completion = (self.lengths.total - self.lengths.prompt) as u64;
-        let tokens = check_gpu::PairTokens { prompt: self.lengths.prompt as u64, completion };
-        let ranks = if self.zero.is_some() { 2 } else { 1 };
-        let estimate = check_gpu::estimate(&check_gpu::MemoryRequest {
-            model: &shape,
+        let fixed = check_gpu::PairTokens { prompt: self.lengths.prompt as u64, completion };
+        check_gpu::estimate(&check_gpu::MemoryRequest {
+            model,
             micro_batch: self.micro_batch as u64,
             seq_len: self.lengths.total as u64,
             dtype: if self.bf16 { check_gpu::Precision::Bf16 } else { check_gpu::Precision::Fp32 },
             finetune: if self.lora { check_gpu::FineTune::Lora { rank: 16 } } else { check_gpu::FineTune::Full },
             reference: check_gpu::Reference::Keep,
             gradient_checkpointing: self.checkpointing,
-            world_size: ranks,
+            world_size: if self.zero.is_some() { 2 } else { 1 },
             sharding: sharding.unwrap_or(check_gpu::Sharding::None),
             offload_optimizer: self.offload,
-            engine: check_gpu::Engine::DpoTrain(tokens.batch(self.micro_batch as u64)),
+            engine: check_gpu::Engine::DpoTrain(tokens.unwrap_or_else(|| fixed.batch(self.micro_batch as u64))),
             cuda: true,
-        });
-        estimate.total / 2 * 3 * ranks
+        })
+    }
+
+    /// What the run may take of the GPU: its estimate for every rank and half as much again for
+    /// what the caching allocator reserves past its peak; the whole GPU's worth where there is no
+    /// estimate (the model unread).
+    fn reservation(&self, estimate: Option<&check_gpu::MemoryEstimate>) -> u64 {
+        let ranks = if self.zero.is_some() { 2 } else { 1 };
+        estimate.map_or(u64::MAX, |e| e.total / 2 * 3 * ranks)
     }
 
     fn row(&self, rate: &TrainRate) -> serde_json::Value {
@@ -267,8 +275,9 @@ pub fn memory(work: &Path, out: &Path, json: &Path, failures: &mut Vec<String>) 
                 }))
                 .ok()
             };
+            let estimate = check_gpu::ModelShape::from_hf_dir(model).ok().map(|shape| cell.estimate(&shape, None));
             pool::Job {
-                bytes: cell.reservation(model),
+                bytes: cell.reservation(estimate.as_ref()),
                 run: Box::new(run) as Box<dyn FnOnce() -> Option<TrainRate> + Send>,
             }
         })
@@ -403,24 +412,19 @@ pub fn plan_estimates(work: &Path, out: &Path, failures: &mut Vec<String>) -> St
     let lengths = output(&built("dpo-train"), &["data", "lengths", "--model", m, "--data", d]);
     let lengths: Option<check_gpu::DataLengths> = serde_json::from_str(&lengths).ok();
     let shape = check_gpu::ModelShape::from_hf_dir(&model).ok();
-    let estimate = |mb: usize, tokens: check_gpu::BatchTokens| {
-        shape.as_ref().map(|s| {
-            check_gpu::estimate(&check_gpu::MemoryRequest {
-                model: s,
-                micro_batch: mb as u64,
-                seq_len: 1024,
-                dtype: check_gpu::Precision::Bf16,
-                finetune: check_gpu::FineTune::Full,
-                reference: check_gpu::Reference::Keep,
-                gradient_checkpointing: false,
-                world_size: 1,
-                sharding: check_gpu::Sharding::None,
-                offload_optimizer: false,
-                engine: check_gpu::Engine::DpoTrain(tokens),
-                cuda: true,
-            })
-        })
+    // The plan's run at micro-batch `mb`: bf16, the reference kept, nothing recomputed or sharded.
+    let run_at = |micro_batch| Measured {
+        shape: ("0.5B", &QWEN05B, "qwen2"),
+        lengths: Lengths { prompt: 0, total: 1024 },
+        micro_batch,
+        checkpointing: false,
+        lora: false,
+        bf16: true,
+        offload: false,
+        steps: 3,
+        zero: None,
     };
+    let estimate = |mb: usize, tokens| shape.as_ref().map(|s| run_at(mb).estimate(s, Some(tokens)));
     let batches = [8usize, 16];
     let planned: Vec<Option<check_gpu::MemoryEstimate>> =
         batches.iter().map(|&mb| lengths.as_ref().and_then(|l| estimate(mb, l.batch(mb as u64)))).collect();
@@ -431,9 +435,9 @@ pub fn plan_estimates(work: &Path, out: &Path, failures: &mut Vec<String>) -> St
             let (model, data, dir) = (&model, &data, out.join(format!("estimate-{mb}")));
             let run = move || {
                 std::fs::create_dir_all(&dir).expect("a folder for the run");
-                dpo_train_rate_at(model, data, &dir, (mb, 3, 1024), &["--device", "cuda:0", "--bf16"])
+                dpo_train_rate_at(model, data, &dir, (mb, 3, 1024), &run_at(mb).args())
             };
-            let bytes = planned.map_or(u64::MAX, |e| e.total / 2 * 3);
+            let bytes = run_at(mb).reservation(planned.as_ref());
             pool::Job { bytes, run: Box::new(run) as Box<dyn FnOnce() -> TrainRate + Send> }
         })
         .collect();
