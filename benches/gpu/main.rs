@@ -19,19 +19,21 @@
 //! 8. `profile` (named only): torch's profiler over a few steps of the small workloads (traces in
 //!    results/gpu/traces); `shapes` (named only): the 0.5B row's micro-batches padded or not;
 //!    `checkpointing` (named only): the checkpointed 0.5B row setting by setting, and profiled;
+//!    `mfu` (named only): `targets`' rows, dpo-train alone;
 //! 9. two ranks sharing `cuda:0` (plain DDP, ZeRO-1/2/3, the offloaded optimizer) against one rank,
 //!    Ctrl-C and a killed rank (`dist.rs`).
 //!
 //! A run without section names runs all but [`OPTIONAL`]. What measures no time (parity, the
 //! memory grid, the plan's estimates at micro-batches 8 and 16, dist, and writing lora8b's 8B
-//! model) runs side by side after the attention
-//! section ([`pool`]: the GPU's memory shared by check-gpu's estimates); the timed rows, the
-//! offload comparison and the plan, whose command takes the whole GPU, run alone. Without a CUDA device it says so and
-//! exits 0; `GPU_CHECK_ON_CPU=1` then runs the sections that
-//! can run on CPU processes (`dist`), to try them, with the results under `target/gpu-check-on-cpu/`. The file is rewritten after each section, so a
-//! run cut short keeps what it measured; a section that fails is recorded and the next one runs.
-//! Failures of the checks make the exit status 1, after the results file is written; a section
-//! over 8 minutes, and a run of every default section over 15, are failures (issue 33, item 6).
+//! model) runs side by side after the attention section ([`pool`]: the GPU's memory shared by
+//! check-gpu's estimates); the timed rows, the offload comparison and the plan's printed command,
+//! which plans for the whole GPU, run alone. Without a CUDA device it says so and exits 0;
+//! `GPU_CHECK_ON_CPU=1` then runs the sections that can run on CPU processes (`dist`), to try
+//! them, with the results under `target/gpu-check-on-cpu/`. The file is rewritten after each
+//! section, so a run cut short keeps what it measured; a section that fails is recorded and the
+//! next one runs. Failures of the checks make the exit status 1, after the results file is
+//! written; a section over 8 minutes, and a run of every default section over 15, are failures
+//! (issue 33, item 6).
 
 #[path = "../common/mod.rs"]
 mod common;
