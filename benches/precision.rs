@@ -61,10 +61,11 @@ fn main() {
 fn print_bound() {
     let (drift, files) = cpu_bf16_drift().unwrap_or_else(|e| panic!("{e}"));
     let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let bound = drift.doubled();
     println!(
         "the GPU check's bf16 bound (twice the largest committed drift, {}): loss {:.1e}, log-prob {:.1e} relative",
         files.join(", "),
-        2.0 * drift.loss,
-        2.0 * drift.logp
+        bound.loss,
+        bound.logp
     );
 }

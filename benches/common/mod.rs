@@ -24,14 +24,18 @@ pub fn cpu_model() -> String {
     model.trim_start_matches([' ', '\t', ':']).trim().to_owned()
 }
 
+/// A device's name as a results file names it: lower case, `-` for anything not a letter or a
+/// digit ("AMD EPYC" -> `amd-epyc`).
+pub fn slug(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
+}
+
 /// `results/cpu/<stem>-<this CPU>.json`, the CPU named by [`cpu_model`] (`amd-epyc`); the folder
 /// is made if missing.
 pub fn cpu_results(stem: &str) -> PathBuf {
-    let slug: String =
-        cpu_model().chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     let dir = root().join("results/cpu");
     std::fs::create_dir_all(&dir).expect("results/cpu");
-    dir.join(format!("{stem}-{slug}.json"))
+    dir.join(format!("{stem}-{}.json", slug(&cpu_model())))
 }
 
 /// A model shape in `config.json` form.

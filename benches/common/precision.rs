@@ -73,6 +73,12 @@ impl Drift {
         Self { loss: fold(|x, y| (x.0 - y.0).abs()), logp: fold(|x, y| ((x.1 - y.1) / y.1).abs()) }
     }
 
+    /// The GPU check's bound from bf16's drift on the CPU: twice it, CUDA's kernels (flash
+    /// attention, cuBLAS) rounding in their own order and adding as much again.
+    pub fn doubled(&self) -> Drift {
+        Drift { loss: 2.0 * self.loss, logp: 2.0 * self.logp }
+    }
+
     /// Whether both are within `bound`'s (false for NaN).
     pub fn within(&self, bound: &Drift) -> bool {
         self.loss <= bound.loss && self.logp <= bound.logp

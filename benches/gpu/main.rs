@@ -81,8 +81,7 @@ fn main() {
     let gpu = gpu_name();
     let dir = common::root().join("results/gpu");
     std::fs::create_dir_all(&dir).expect("results/gpu");
-    let slug: String =
-        gpu.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    let slug = common::slug(&gpu);
     let mut report = Report {
         // A run of some sections names them, beside the full check's file.
         path: dir.join(format!("{}-{slug}{}.md", today(), wanted.iter().map(|w| format!("-{w}")).collect::<String>())),
@@ -358,13 +357,11 @@ fn versions() -> String {
     let python = common::python();
     let torch = output(&python, &["-c", "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)"]);
     let driver = output(Path::new("nvidia-smi"), &["--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]);
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model =
-        cpu.lines().find_map(|l| l.strip_prefix("model name")).map_or("", |l| l.trim_start_matches([' ', '\t', ':']));
     format!(
-        "torch {} (the libtorch dpo-train links), NVIDIA driver {}, host {model} ({} threads for libtorch)",
+        "torch {} (the libtorch dpo-train links), NVIDIA driver {}, host {} ({} threads for libtorch)",
         torch.trim(),
         driver.trim(),
+        common::cpu_model(),
         common::torch_threads()
     )
 }

@@ -105,7 +105,7 @@ pub fn parity(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
                 d.logp,
                 names.join(", ")
             );
-            Drift { loss: 2.0 * d.loss, logp: 2.0 * d.logp }
+            d.doubled()
         }
         Err(e) => {
             failures.push(format!("bf16 has no bound: {e}"));
