@@ -6,6 +6,7 @@
 
 #include "c10d.h"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include <exception>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -460,41 +462,96 @@ extern "C" int c10d_autograd_grad(const c10d_tensor* outputs, const c10d_tensor*
   });
 }
 
+namespace {
+
+// The variable-length kernels read their operands with unit stride in the head dimension only:
+// they take the rows' and heads' strides, so q, k and v may be views of one joined projection
+// (flash attention's packed qkv) and are copied only where that stride is not 1.
+at::Tensor unit_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+bool half_precision(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
+constexpr int64_t causal_from_bottom_right = 2;  // sdp::CustomMaskType of memory-efficient attention
+
+}  // namespace
+
 extern "C" int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
-                                     int64_t max_q, int64_t max_k, c10d_tensor* out) {
+                                     int64_t max_q, int64_t max_k, c10d_tensor* out, c10d_tensor* saved,
+                                     int64_t* saved_max) {
   return guarded("varlen_attention", [&] {
     for (const at::Tensor* t : {q, k, v, cu_q, cu_k}) {
       TORCH_CHECK(t != nullptr && t->defined(), "varlen_attention: a null or undefined tensor");
     }
     TORCH_CHECK(out != nullptr, "varlen_attention: null output");
+    TORCH_CHECK((saved == nullptr) == (saved_max == nullptr), "varlen_attention: saved and saved_max go together");
     TORCH_CHECK(q->is_cuda(), "varlen_attention: torch's variable-length kernels are CUDA only, got ", q->device());
     TORCH_CHECK(q->dim() == 3 && k->dim() == 3 && v->dim() == 3, "varlen_attention: q, k, v must be [T, heads, D]");
     TORCH_CHECK(cu_q->scalar_type() == at::kInt && cu_k->scalar_type() == at::kInt &&
                     cu_q->numel() == cu_k->numel(), "varlen_attention: cu_q and cu_k must be int32 of one length");
-    // Both kernels need unit stride in the head dimension only: they take the rows' and heads'
-    // strides, so q, k and v may be views of one joined projection (flash attention's packed
-    // qkv) and are copied only where that stride is not 1.
-    auto unit_last = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
     auto [qc, kc, vc] = std::make_tuple(unit_last(*q), unit_last(*k), unit_last(*v));
+    // What the backward reads besides the operands and the output, as torch's autograd saves it.
+    std::array<at::Tensor, 3> keep;
+    std::array<int64_t, 2> keep_max{max_q, max_k};
     at::Tensor y;
-    if (q->scalar_type() == at::kHalf || q->scalar_type() == at::kBFloat16) {
+    if (half_precision(*q)) {
       // Flash attention: grouped key/value heads as they are; `is_causal` aligns each sequence's
       // mask to its last query (bottom right), as torch.nn.attention.bias.causal_lower_right.
-      y = std::get<0>(at::_flash_attention_forward(qc, kc, vc, *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
-                                                   /*is_causal=*/true, /*return_debug_mask=*/false));
+      auto r = at::_flash_attention_forward(qc, kc, vc, *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, /*return_debug_mask=*/false);
+      y = std::get<0>(r);
+      keep = {std::get<1>(r), std::get<2>(r), std::get<3>(r)};  // log-sum-exp, rng state, unused
     } else {
       // Memory-efficient attention (the one that takes f32): [1, T, heads, D], as many key/value
       // heads as query heads; the log-sum-exp is what its backward reads.
       TORCH_CHECK(k->size(1) == q->size(1), "varlen_attention: ", q->scalar_type(), " needs as many key/value heads (",
                   k->size(1), ") as query heads (", q->size(1), ")");
-      bool grad = q->requires_grad() || k->requires_grad() || v->requires_grad();
-      constexpr int64_t causal_from_bottom_right = 2;  // sdp::CustomMaskType
-      y = std::get<0>(at::_efficient_attention_forward(qc.unsqueeze(0), kc.unsqueeze(0), vc.unsqueeze(0), std::nullopt,
-                                                       *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
-                                                       causal_from_bottom_right, /*compute_log_sumexp=*/grad))
-              .squeeze(0);
+      bool grad = saved != nullptr || q->requires_grad() || k->requires_grad() || v->requires_grad();
+      auto r = at::_efficient_attention_forward(qc.unsqueeze(0), kc.unsqueeze(0), vc.unsqueeze(0), std::nullopt, *cu_q,
+                                                *cu_k, max_q, max_k, /*dropout_p=*/0.0, causal_from_bottom_right,
+                                                /*compute_log_sumexp=*/grad);
+      y = std::get<0>(r).squeeze(0);
+      keep = {std::get<1>(r), std::get<2>(r), std::get<3>(r)};  // log-sum-exp, philox seed and offset
+      keep_max = {std::get<4>(r).expect_int(), std::get<5>(r).expect_int()};
+    }
+    if (saved != nullptr) {
+      for (size_t i = 0; i < keep.size(); ++i) saved[i] = new at::Tensor(keep[i]);
+      saved_max[0] = keep_max[0];
+      saved_max[1] = keep_max[1];
     }
     *out = new at::Tensor(y);
+  });
+}
+
+extern "C" int c10d_varlen_attention_backward(c10d_tensor dy, c10d_tensor q, c10d_tensor k, c10d_tensor v,
+                                              c10d_tensor y, const c10d_tensor* saved, const int64_t* saved_max,
+                                              c10d_tensor cu_q, c10d_tensor cu_k, int64_t max_q, int64_t max_k,
+                                              c10d_tensor* grads) {
+  return guarded("varlen_attention_backward", [&] {
+    for (const at::Tensor* t : {dy, q, k, v, y, cu_q, cu_k}) {
+      TORCH_CHECK(t != nullptr && t->defined(), "varlen_attention_backward: a null or undefined tensor");
+    }
+    TORCH_CHECK(saved != nullptr && saved_max != nullptr && grads != nullptr, "varlen_attention_backward: null list");
+    for (size_t i = 0; i < 3; ++i) TORCH_CHECK(saved[i] != nullptr, "varlen_attention_backward: a null saved tensor");
+    auto [qc, kc, vc] = std::make_tuple(unit_last(*q), unit_last(*k), unit_last(*v));
+    auto [dyc, yc] = std::make_tuple(unit_last(*dy), unit_last(*y));
+    const at::Tensor &lse = *saved[0], &a = *saved[1], &b = *saved[2];
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> g;
+    // The calls torch's autograd makes (FlashAttentionBackward0, EfficientAttentionBackward0).
+    if (half_precision(*q)) {
+      g = at::_flash_attention_backward(dyc, qc, kc, vc, yc, lse, *cu_q, *cu_k, max_q, max_k, /*dropout_p=*/0.0,
+                                        /*is_causal=*/true, a, b);
+    } else {
+      auto r = at::_efficient_attention_backward(dyc.unsqueeze(0), qc.unsqueeze(0), kc.unsqueeze(0), vc.unsqueeze(0),
+                                                 std::nullopt, yc.unsqueeze(0), *cu_q, *cu_k, saved_max[0],
+                                                 saved_max[1], lse, /*dropout_p=*/0.0, a, b, causal_from_bottom_right,
+                                                 /*bias_requires_grad=*/false);
+      g = {std::get<0>(r).squeeze(0), std::get<1>(r).squeeze(0), std::get<2>(r).squeeze(0)};
+    }
+    grads[0] = new at::Tensor(std::get<0>(g));
+    grads[1] = new at::Tensor(std::get<1>(g));
+    grads[2] = new at::Tensor(std::get<2>(g));
   });
 }
 

@@ -112,9 +112,21 @@ int c10d_autograd_grad(const c10d_tensor* outputs, const c10d_tensor* grad_outpu
 // device), each query seeing its sequence's keys up to its own position counted from the last
 // (the mask aligned bottom right, so keys before the first query are a visible prefix). max_q and
 // max_k are the longest of each. `*out` ([Tq, H, D], the caller's) carries torch's autograd graph
-// when the inputs require gradients. CUDA only: torch has no CPU kernel for it.
+// when the inputs require gradients. With `saved` (3 tensors) and `saved_max` (2 integers), the
+// call also hands over what c10d_varlen_attention_backward reads besides the operands and the
+// output (the log-sum-exp and the kernel's random state, as torch's autograd saves them); both
+// null for inference. CUDA only: torch has no CPU kernel for it.
 int c10d_varlen_attention(c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor cu_q, c10d_tensor cu_k,
-                          int64_t max_q, int64_t max_k, c10d_tensor* out);
+                          int64_t max_q, int64_t max_k, c10d_tensor* out, c10d_tensor* saved, int64_t* saved_max);
+
+// The gradients of c10d_varlen_attention's q, k and v (new tensors in `grads[0..3]`, shaped as
+// they are) from `dy`, the gradient at its output `y`, given the same operands, sequences and
+// the `saved` tensors and `saved_max` integers the call handed over: the kernel's own backward,
+// as torch's autograd calls it, without the autograd engine (whose worker thread each call
+// would hand over to and wait on).
+int c10d_varlen_attention_backward(c10d_tensor dy, c10d_tensor q, c10d_tensor k, c10d_tensor v, c10d_tensor y,
+                                   const c10d_tensor* saved, const int64_t* saved_max, c10d_tensor cu_q,
+                                   c10d_tensor cu_k, int64_t max_q, int64_t max_k, c10d_tensor* grads);
 
 // The name of CUDA device `device` as torch numbers it (`torch.cuda.get_device_name`), written
 // NUL-terminated into `out` (`capacity` bytes). C10D_ERR_STD without CUDA or that device.

@@ -76,6 +76,22 @@ unsafe extern "C" {
         max_q: i64,
         max_k: i64,
         out: *mut *mut C_tensor,
+        saved: *mut *mut C_tensor,
+        saved_max: *mut i64,
+    ) -> i32;
+    pub fn c10d_varlen_attention_backward(
+        dy: *mut C_tensor,
+        q: *mut C_tensor,
+        k: *mut C_tensor,
+        v: *mut C_tensor,
+        y: *mut C_tensor,
+        saved: *const *mut C_tensor,
+        saved_max: *const i64,
+        cu_q: *mut C_tensor,
+        cu_k: *mut C_tensor,
+        max_q: i64,
+        max_k: i64,
+        grads: *mut *mut C_tensor,
     ) -> i32;
     pub fn c10d_cuda_peak_allocated(device: i32, reset: i32, peak: *mut i64, reserved: *mut i64) -> i32;
     pub fn c10d_cuda_allocator_settings(settings: *const std::ffi::c_char) -> i32;

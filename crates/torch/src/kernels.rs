@@ -5,7 +5,7 @@
 //! operations makes about fourteen passes over each parameter's memory where the kernel makes one,
 //! and on a GPU each operation per parameter is a kernel launch and its host time. Also torch's
 //! variable-length attention kernels (`_flash_attention_forward`, `_efficient_attention_forward`
-//! with cumulative sequence lengths), the fused RMS norm's backward, and autograd's gradients given
+//! with cumulative sequence lengths) and their backward, the fused RMS norm's backward, and autograd's gradients given
 //! an output's gradient, none of which tch binds.
 
 use crate::{TorchError, check, ffi};
@@ -159,11 +159,53 @@ pub struct VarlenSeqs {
 /// query sees. f32 needs `Hkv == H`. Differentiable by torch's autograd where the inputs require
 /// gradients. q, k and v may be views with rows and heads strided (of one joined projection):
 /// only the head dimension must be dense. CUDA only (an error elsewhere: torch has no CPU kernel).
-pub fn varlen_attention([q, k, v]: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
+pub fn varlen_attention(qkv: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
+    varlen_call(qkv, seqs, None)
+}
+
+/// What [`varlen_attention_backward`] reads of a [`varlen_attention_saving`] call besides its
+/// operands and output: the kernel's log-sum-exp and random state (tensors torch's autograd would
+/// save), and the sequence maxima the memory-efficient kernel's backward takes.
+#[derive(Debug)]
+pub struct VarlenSaved {
+    tensors: [tch::Tensor; 3],
+    max: [i64; 2],
+}
+
+impl Clone for VarlenSaved {
+    fn clone(&self) -> Self {
+        Self { tensors: self.tensors.each_ref().map(tch::Tensor::shallow_clone), max: self.max }
+    }
+}
+
+/// [`varlen_attention`] for training: the output and what its backward reads
+/// ([`varlen_attention_backward`]), with no autograd graph (the inputs need not require
+/// gradients).
+pub fn varlen_attention_saving(
+    qkv: [&tch::Tensor; 3],
+    seqs: &VarlenSeqs,
+) -> Result<(tch::Tensor, VarlenSaved), TorchError> {
+    let mut saved = VarlenSaved { tensors: [(); 3].map(|_| tch::Tensor::new()), max: [0; 2] };
+    let y = varlen_call(qkv, seqs, Some(&mut saved))?;
+    Ok((y, saved))
+}
+
+/// The shim's call, saving for the backward into `saved` where given.
+fn varlen_call(
+    [q, k, v]: [&tch::Tensor; 3],
+    seqs: &VarlenSeqs,
+    saved: Option<&mut VarlenSaved>,
+) -> Result<tch::Tensor, TorchError> {
     let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
-    let mut out = std::ptr::null_mut();
-    // SAFETY: the tensors are live and only read; on success `out` is a new `at::Tensor` whose
-    // ownership passes to the returned handle. The shim catches every C++ exception.
+    let (mut out, mut tensors) = (std::ptr::null_mut(), [std::ptr::null_mut(); 3]);
+    let mut max = [0i64; 2];
+    let (saved_ptr, max_ptr) = match saved.is_some() {
+        true => (tensors.as_mut_ptr(), max.as_mut_ptr()),
+        false => (std::ptr::null_mut(), std::ptr::null_mut()),
+    };
+    // SAFETY: the tensors are live and only read; on success `out` (and, where asked, the three
+    // saved tensors) are new `at::Tensor`s whose ownership passes to the returned handles. The
+    // shim catches every C++ exception.
     let code = unsafe {
         ffi::c10d_varlen_attention(
             ptr(q),
@@ -174,11 +216,56 @@ pub fn varlen_attention([q, k, v]: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Resu
             seqs.max_q,
             seqs.max_k,
             &mut out,
+            saved_ptr,
+            max_ptr,
         )
     };
     check("varlen_attention", code)?;
+    if let Some(saved) = saved {
+        // SAFETY: each pointer was just allocated by the shim for the caller.
+        saved.tensors = tensors.map(|t| unsafe { tch::Tensor::from_ptr(t) });
+        saved.max = max;
+    }
     // SAFETY: `out` was just allocated by the shim for the caller.
     Ok(unsafe { tch::Tensor::from_ptr(out) })
+}
+
+/// The gradients of a [`varlen_attention_saving`] call's q, k and v (shaped as they are) from
+/// `dy`, the gradient at its output `y`: the kernel's own backward, called as torch's autograd
+/// calls it, on this thread. (Through torch's autograd, each layer's call was handed to the
+/// engine's CUDA worker thread and waited on: about 1.1 ms of a 0.5B step's host time a layer on
+/// an H200, the largest of its gaps between operators.)
+pub fn varlen_attention_backward(
+    dy: &tch::Tensor,
+    [q, k, v]: [&tch::Tensor; 3],
+    y: &tch::Tensor,
+    saved: &VarlenSaved,
+    seqs: &VarlenSeqs,
+) -> Result<[tch::Tensor; 3], TorchError> {
+    let ptr = |t: &tch::Tensor| t.as_ptr().cast_mut();
+    let kept = saved.tensors.each_ref().map(ptr);
+    let mut grads = [std::ptr::null_mut(); 3];
+    // SAFETY: the tensors are live and only read; on success the three gradients are new
+    // `at::Tensor`s whose ownership passes to the returned handles.
+    let code = unsafe {
+        ffi::c10d_varlen_attention_backward(
+            ptr(dy),
+            ptr(q),
+            ptr(k),
+            ptr(v),
+            ptr(y),
+            kept.as_ptr(),
+            saved.max.as_ptr(),
+            ptr(&seqs.cu_q),
+            ptr(&seqs.cu_k),
+            seqs.max_q,
+            seqs.max_k,
+            grads.as_mut_ptr(),
+        )
+    };
+    check("varlen_attention_backward", code)?;
+    // SAFETY: each pointer was just allocated by the shim for the caller.
+    Ok(grads.map(|g| unsafe { tch::Tensor::from_ptr(g) }))
 }
 
 /// Whether torch's attention may choose cuDNN's kernel (`torch.backends.cuda.enable_cudnn_sdp`),
@@ -314,6 +401,13 @@ mod tests {
         let seqs = VarlenSeqs { cu_q: cu(), cu_k: cu(), max_q: 3, max_k: 3 };
         let err = varlen_attention([&t(2), &t(2), &t(2)], &seqs).expect_err("no CPU kernel");
         assert!(err.to_string().contains("varlen_attention") && err.to_string().contains("CUDA only"), "{err}");
+        let err = varlen_attention_saving([&t(2), &t(2), &t(2)], &seqs).expect_err("no CPU kernel");
+        assert!(err.to_string().contains("CUDA only"), "{err}");
+        // The backward reaches torch's kernel, which has no CPU implementation: an error, not a crash.
+        let saved = VarlenSaved { tensors: [t(2), t(2), t(2)].map(|x| x.select(2, 0)), max: [3, 3] };
+        let err =
+            varlen_attention_backward(&t(2), [&t(2), &t(2), &t(2)], &t(2), &saved, &seqs).expect_err("no CPU kernel");
+        assert!(err.to_string().contains("varlen_attention_backward"), "{err}");
     }
 
     /// Without an accelerator there is nothing to pin for: an error naming the operation, where
