@@ -8,8 +8,10 @@
 //! output and the log-sum-exp for its backward.
 //!
 //! The operations extend burn's `Dispatch` through a backend extension: on LibTorch they call the
-//! kernel; on `Autodiff<LibTorch>` they record one graph node whose backward asks torch's autograd
-//! (which ran the kernel from leaves requiring gradients) for the inputs' gradients.
+//! kernel; on `Autodiff<LibTorch>` they record one graph node. A packed row on CUDA goes through
+//! torch's variable-length kernel, whose node calls the kernel's backward itself ([`varlen`]);
+//! the other nodes ask torch's autograd (which ran the kernel from leaves requiring gradients) for
+//! the inputs' gradients.
 
 // burn marks burn-tch deprecated in favour of CubeCL backends; this project runs on LibTorch on
 // purpose, so the deprecation is expected here.
@@ -28,7 +30,8 @@ use burn_tch::{LibTorch, TchTensor};
 
 use dpo_data::Span;
 use dpo_torch::TorchError;
-use dpo_torch::kernels::VarlenSeqs;
+
+mod varlen;
 
 /// Causal softmax attention, `softmax(q·kᵀ/√D + causal mask)·v`, by torch's fused kernel.
 ///
@@ -87,7 +90,7 @@ pub struct Spans {
     /// and pass: an upload per layer would wait on the device each time.
     gather: Mutex<Option<(tch::Device, Gather)>>,
     /// The same for the variable-length call (None: the spans do not tile the row).
-    varlen: Mutex<Option<(tch::Device, Option<Varlen>)>>,
+    varlen: Mutex<Option<(tch::Device, Option<varlen::Varlen>)>>,
 }
 
 /// [`Spans`] as index tensors for the padded batch.
@@ -161,20 +164,6 @@ fn dims(x: &tch::Tensor) -> [i64; 4] {
     [a, b, c, d]
 }
 
-/// [`Spans`] for the variable-length call.
-#[derive(Debug)]
-struct Varlen {
-    seqs: VarlenSeqs,
-    /// `[Tk]` the row position of each key, where some span has a prefix; None where the keys are
-    /// the row itself.
-    keys: Option<tch::Tensor>,
-    /// The row positions the spans cover: all of the row, or this path does not apply.
-    rows: i64,
-}
-
-/// The host side of [`Varlen`]: `(cu_q, cu_k, keys, (max_q, max_k))`.
-type VarlenLayout = (Vec<i32>, Vec<i32>, Option<Vec<i64>>, (i64, i64));
-
 impl Spans {
     /// The spans of a packed row; empty for rows that attend on their own.
     pub fn new(spans: Vec<Span>) -> Self {
@@ -203,33 +192,13 @@ impl Spans {
         (slots, back, (self.spans.len() as i64, width as i64))
     }
 
-    /// The variable-length call's layout on the host (see [`Varlen`]); None unless the spans
-    /// tile the row in order from position 0 (as `data::batch` lays them out) within int32.
-    fn varlen_layout(&self) -> Option<VarlenLayout> {
-        let (mut cu_q, mut cu_k, mut keys) = (vec![0i32], vec![0i32], Vec::new());
-        let (mut max_q, mut max_k, mut end) = (0, 0, 0);
-        for s in &self.spans {
-            if s.start != end {
-                return None;
-            }
-            end = s.start + s.len;
-            max_q = max_q.max(s.len);
-            max_k = max_k.max(prefix_len(s) + s.len);
-            keys.extend(span_keys(s).map(|t| t as i64));
-            cu_q.push(i32::try_from(end).ok()?);
-            cu_k.push(i32::try_from(keys.len()).ok()?);
-        }
-        let keys = self.spans.iter().any(|s| s.prefix.is_some()).then_some(keys);
-        Some((cu_q, cu_k, keys, (max_q as i64, max_k as i64)))
-    }
-
     /// Runs `f` with the padded batch's index tensors on `device`.
     fn with_gather<T>(&self, device: tch::Device, f: impl FnOnce(&Gather) -> T) -> T {
         let make = || {
             let (slots, back, shape) = self.layout();
             Gather { slots: upload(&slots, device), back: upload(&back, device), shape }
         };
-        cached(&self.gather, device, make, f)
+        f(&shared(&self.gather, device, make))
     }
 
     /// Whether these spans on `device` are attended as the padded batch (the CPU's path, and
@@ -249,24 +218,16 @@ fn prefix_len(s: &Span) -> usize {
     s.prefix.map_or(0, |(_, len)| len)
 }
 
-/// Runs `f` with `cell`'s value for `device`, made by `make` the first time and again when the
-/// device changes. `f` gets handles of its own ([`Share`]): the lock is not held while it runs,
-/// so the policy's thread and the reference's, which attend over the same spans, do not wait on
-/// each other's attention calls.
-fn cached<G: Share, T>(
-    cell: &Mutex<Option<(tch::Device, G)>>,
-    device: tch::Device,
-    make: impl FnOnce() -> G,
-    f: impl FnOnce(&G) -> T,
-) -> T {
-    let value = {
-        let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_some_and(|(d, _)| *d != device) {
-            *slot = None;
-        }
-        slot.get_or_insert_with(|| (device, make())).1.share()
-    };
-    f(&value)
+/// `cell`'s value for `device`, made by `make` the first time and again when the device changes,
+/// as handles of the caller's own ([`Share`]): the lock is not held while they are used, so the
+/// policy's thread and the reference's, which attend over the same spans, do not wait on each
+/// other's attention calls.
+fn shared<G: Share>(cell: &Mutex<Option<(tch::Device, G)>>, device: tch::Device, make: impl FnOnce() -> G) -> G {
+    let mut slot = cell.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.as_ref().is_some_and(|(d, _)| *d != device) {
+        *slot = None;
+    }
+    slot.get_or_insert_with(|| (device, make())).1.share()
 }
 
 /// A cached value's copy of shallow handles on the same tensors.
@@ -277,21 +238,6 @@ trait Share {
 impl Share for Gather {
     fn share(&self) -> Self {
         Gather { slots: self.slots.shallow_clone(), back: self.back.shallow_clone(), shape: self.shape }
-    }
-}
-
-impl Share for Option<Varlen> {
-    fn share(&self) -> Self {
-        self.as_ref().map(|v| Varlen {
-            seqs: VarlenSeqs {
-                cu_q: v.seqs.cu_q.shallow_clone(),
-                cu_k: v.seqs.cu_k.shallow_clone(),
-                max_q: v.seqs.max_q,
-                max_k: v.seqs.max_k,
-            },
-            keys: v.keys.as_ref().map(tch::Tensor::shallow_clone),
-            rows: v.rows,
-        })
     }
 }
 
@@ -317,6 +263,22 @@ static VARLEN: dpo_torch::fallback::FastPath = dpo_torch::fallback::FastPath::ne
 );
 static VARLEN_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether a variable-length call's result lets the row be attended that way: its output
+/// (marking the kernel as having run), or None where the spans do not tile the row or the kernel
+/// failed (given up on for the rest of the process, with one warning).
+fn varlen_result<T>(result: Option<Result<T, TorchError>>) -> Option<T> {
+    match result? {
+        Ok(y) => {
+            VARLEN_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
+            Some(y)
+        }
+        Err(e) => {
+            VARLEN.give_up(e);
+            None
+        }
+    }
+}
+
 /// [`causal_attention`] on torch tensors: by rows, or over the spans of one packed row.
 fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
     let device = qkv[0].device();
@@ -326,51 +288,12 @@ fn attend(qkv: &[tch::Tensor; 3], spans: &Spans) -> tch::Tensor {
     if spans.spans.is_empty() {
         return sdpa_causal(qkv);
     }
-    if !spans.padded_on(device) {
-        match attend_varlen(qkv, spans, dpo_torch::kernels::varlen_attention) {
-            Some(Ok(y)) => {
-                VARLEN_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
-                return y;
-            }
-            Some(Err(e)) => VARLEN.give_up(e),
-            None => {}
-        }
+    if !spans.padded_on(device)
+        && let Some(y) = varlen_result(varlen::attend_varlen(qkv, spans, &varlen::Torch))
+    {
+        return y;
     }
     attend_spans(qkv, spans)
-}
-
-/// The spans of one packed row by a variable-length `kernel` (see [`Spans`]); None where they do
-/// not tile the row.
-fn attend_varlen(
-    qkv: &[tch::Tensor; 3],
-    spans: &Spans,
-    kernel: impl FnOnce([&tch::Tensor; 3], &VarlenSeqs) -> Result<tch::Tensor, TorchError>,
-) -> Option<Result<tch::Tensor, TorchError>> {
-    let device = qkv[0].device();
-    let make = || {
-        spans.varlen_layout().map(|(cu_q, cu_k, keys, (max_q, max_k))| Varlen {
-            seqs: VarlenSeqs { cu_q: upload(&cu_q, device), cu_k: upload(&cu_k, device), max_q, max_k },
-            keys: keys.map(|k| upload(&k, device)),
-            rows: cu_q.last().copied().unwrap_or(0).into(),
-        })
-    };
-    cached(&spans.varlen, device, make, |varlen| {
-        let varlen = varlen.as_ref().filter(|v| v.rows == qkv[0].size()[2])?;
-        let q = to_rows(&qkv[0]);
-        let groups = q.size()[1] / qkv[1].size()[1];
-        let keys = |x: &tch::Tensor| {
-            let x = match &varlen.keys {
-                Some(at) => to_rows(x).index_select(0, at), // [Tk, Hkv, D]
-                None => to_rows(x),
-            };
-            match groups > 1 && !takes_grouped_heads(&q) {
-                true => x.repeat_interleave_self_int(groups, 1, None),
-                false => x,
-            }
-        };
-        let y = kernel([&q, &keys(&qkv[1]), &keys(&qkv[2])], &varlen.seqs); // [S, H, D]
-        Some(y.map(|y| from_rows(&y)))
-    })
 }
 
 /// The spans of one packed row gathered into a batch of sequences for one call (see [`Spans`]).
@@ -449,7 +372,19 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
         spans: Arc<Spans>,
     ) -> FloatTensor<Self> {
         let ((q, qn), (k, kn), (v, vn)) = (q.into_parts(), k.into_parts(), v.into_parts());
-        if spans.padded_on(q.tensor.device()) {
+        let device = q.tensor.device();
+        // A packed row on CUDA: the variable-length kernel, differentiated by its own backward.
+        if !spans.spans.is_empty() && !spans.padded_on(device) {
+            avoid_cudnn_attention();
+            let node = varlen::VarlenAttention(varlen::Torch);
+            if let Some((out, kept)) = varlen_result(node.forward([&q, &k, &v], &spans)) {
+                return match node.prepare::<C>([qn, kn, vn]).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => prep.finish(kept, out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                };
+            }
+        }
+        if !spans.spans.is_empty() {
             return match PaddedSpans.prepare::<C>([qn, kn, vn]).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => {
                     let (out, recorded) = PaddedSpans::forward([q, k, v], &spans);
@@ -598,7 +533,7 @@ mod tests {
     }
 
     /// The largest difference of two torch tensors.
-    fn max_diff(a: &tch::Tensor, b: &tch::Tensor) -> f32 {
+    pub(in crate::fused) fn max_diff(a: &tch::Tensor, b: &tch::Tensor) -> f32 {
         (a - b).abs().max().double_value(&[]) as f32
     }
 
@@ -606,7 +541,7 @@ mod tests {
     /// by `weights`, over at most `s` positions: a gradient entry sums at most s terms of
     /// max|w|·(1 + max|v|·max|k|) each (dv: weights times w; dq, dk: the score gradients through
     /// v and k), over twice the positions (the backward's sums).
-    fn tch_bounds([q, k, v]: [&tch::Tensor; 3], weights: &tch::Tensor, s: usize) -> (f32, f32) {
+    pub(in crate::fused) fn tch_bounds([q, k, v]: [&tch::Tensor; 3], weights: &tch::Tensor, s: usize) -> (f32, f32) {
         let m = |t: &tch::Tensor| t.abs().max().double_value(&[]) as f32;
         let qk = m(q) * m(k);
         (attention_bound(8, s, qk, m(v)), attention_bound(8, 2 * s, qk, s as f32 * m(weights) * (1.0 + m(v) * m(k))))
@@ -709,63 +644,6 @@ mod tests {
         assert_eq!(back, [0, 1, 2, 3, 4, 6, 7, 8, 9, 15, 16, 17]);
     }
 
-    /// The variable-length layout: the row's spans as its sequences, each prefix's keys before
-    /// its span's own; spans that do not tile the row from 0 have none.
-    #[test]
-    fn spans_lay_out_for_the_variable_length_kernel() {
-        let (cu_q, cu_k, keys, max) = three_spans().varlen_layout().expect("the spans tile the row");
-        assert_eq!((cu_q, cu_k, max), (vec![0, 5, 9, 12], vec![0, 5, 9, 15], (5, 6)));
-        assert_eq!(keys.expect("a prefix"), [0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 9, 10, 11]);
-        let plain =
-            super::Spans::new(vec![Span { start: 0, len: 2, prefix: None }, Span { start: 2, len: 3, prefix: None }]);
-        assert_eq!(plain.varlen_layout(), Some((vec![0, 2, 5], vec![0, 2, 5], None, (3, 3))));
-        for gap in [1, 3] {
-            let spans = super::Spans::new(vec![
-                Span { start: 0, len: 2, prefix: None },
-                Span { start: gap, len: 2, prefix: None },
-            ]);
-            assert_eq!(spans.varlen_layout(), None, "second span at {gap}");
-        }
-    }
-
-    /// The variable-length path's plumbing (the queries as rows, the prefixes' keys gathered, the
-    /// output put back) with a CPU stand-in for the CUDA kernel, which attends each sequence's
-    /// queries to its keys with the mask aligned to the last query: equal to the padded batch,
-    /// forward and gradients, with 4 query heads on 2 key/value heads.
-    #[test]
-    fn the_variable_length_path_equals_the_padded_batch() {
-        let stand_in = |[q, k, v]: [&tch::Tensor; 3], seqs: &super::VarlenSeqs| {
-            let (cu_q, cu_k) = (Vec::<i32>::try_from(&seqs.cu_q).unwrap(), Vec::<i32>::try_from(&seqs.cu_k).unwrap());
-            let part = |x: &tch::Tensor, cu: &[i32], i: usize| {
-                super::from_rows(&x.narrow(0, cu[i].into(), (cu[i + 1] - cu[i]).into())) // [1, H, n, D]
-            };
-            let ys: Vec<_> = (0..cu_q.len() - 1)
-                .map(|i| super::sdpa_causal(&[part(q, &cu_q, i), part(k, &cu_k, i), part(v, &cu_k, i)]))
-                .map(|y| super::to_rows(&y))
-                .collect();
-            Ok(tch::Tensor::cat(&ys, 0))
-        };
-        let t = |h| tch::Tensor::randn([1, h, 12, 8], (tch::Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        let (q, k, v) = (t(4), t(2), t(2));
-        let weights = tch::Tensor::randn([1, 4, 12, 8], (tch::Kind::Float, tch::Device::Cpu));
-        let spans = three_spans();
-        let qkv = [q.shallow_clone(), k.shallow_clone(), v.shallow_clone()];
-        let varlen = super::attend_varlen(&qkv, &spans, stand_in).expect("tiles").unwrap();
-        let padded = super::attend_spans(&qkv, &spans);
-        let (out, grad) = tch_bounds([&q, &k, &v], &weights, 12);
-        assert!(max_diff(&varlen, &padded) <= out, "outputs differ");
-        let grads = |y: &tch::Tensor| {
-            tch::Tensor::run_backward(&[(y * &weights).sum(tch::Kind::Float)], &[&q, &k, &v], false, false)
-        };
-        for (a, b) in grads(&varlen).iter().zip(&grads(&padded)) {
-            assert!(max_diff(a, b) <= grad, "gradients differ");
-        }
-        // Spans that leave the row's last positions out are not this path's.
-        let short =
-            super::Spans::new(vec![Span { start: 0, len: 5, prefix: None }, Span { start: 5, len: 4, prefix: None }]);
-        assert!(super::attend_varlen(&qkv, &short, stand_in).is_none());
-    }
-
     /// The padded batch's graph node (the gather and the read-back differentiated by hand, as on
     /// the CPU under burn's autodiff) gives what torch's autograd gives through them, bit for bit:
     /// the output and the gradients of q, k and v.
@@ -792,7 +670,7 @@ mod tests {
     }
 
     /// Two plain spans and a third whose prefix is the first span's first 3 positions.
-    fn three_spans() -> super::Spans {
+    pub(in crate::fused) fn three_spans() -> super::Spans {
         super::Spans::new(vec![
             Span { start: 0, len: 5, prefix: None },
             Span { start: 5, len: 4, prefix: None },
