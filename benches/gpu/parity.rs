@@ -19,7 +19,7 @@ use crate::common::precision::{Drift, STEPS, step_line, trajectory};
 pub fn attention(failures: &mut Vec<String>) -> String {
     use burn::tensor::Distribution;
     use dpo_train::data::Span;
-    use dpo_train::model::fused::{Spans, causal_attention, varlen_failure, varlen_ran};
+    use dpo_train::model::fused::{Spans, causal_attention, varlen_backward_failure, varlen_failure, varlen_ran};
     let spans = || {
         let span = |start, len, prefix| Span { start, len, prefix };
         let list = vec![
@@ -69,7 +69,11 @@ pub fn attention(failures: &mut Vec<String>) -> String {
     }
     match varlen_failure() {
         None if varlen_ran() => {
-            text.push_str("torch's variable-length kernel ran (flash attention in bf16, memory-efficient in f32)\n")
+            text.push_str("torch's variable-length kernel ran (flash attention in bf16, memory-efficient in f32)\n");
+            if let Some(e) = varlen_backward_failure() {
+                failures.push(format!("the variable-length kernel's backward failed, torch's autograd took over: {e}"));
+                let _ = writeln!(text, "its own backward FAILED and torch's autograd differentiated it instead: {e}");
+            }
         }
         None => {
             failures.push("the variable-length kernel never ran on cuda:0".to_owned());

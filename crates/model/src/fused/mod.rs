@@ -252,6 +252,12 @@ pub fn varlen_failure() -> Option<&'static str> {
     VARLEN.failure()
 }
 
+/// Why the variable-length kernel's own backward was given up on in this process (torch's
+/// autograd then differentiates the kernel's calls), or None while it works or has not run.
+pub fn varlen_backward_failure() -> Option<&'static str> {
+    VARLEN_BACKWARD.failure()
+}
+
 /// Whether the variable-length kernel has attended a packed row in this process.
 pub fn varlen_ran() -> bool {
     VARLEN_RAN.load(std::sync::atomic::Ordering::Relaxed)
@@ -262,6 +268,10 @@ static VARLEN: dpo_torch::fallback::FastPath = dpo_torch::fallback::FastPath::ne
     "packed rows are attended as padded span batches from now on",
 );
 static VARLEN_RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static VARLEN_BACKWARD: dpo_torch::fallback::FastPath = dpo_torch::fallback::FastPath::new(
+    "torch's variable-length attention backward",
+    "its gradients come through torch's autograd from now on",
+);
 
 /// Whether a variable-length call's result lets the row be attended that way: its output
 /// (marking the kernel as having run), or None where the spans do not tile the row or the kernel
@@ -373,8 +383,9 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
     ) -> FloatTensor<Self> {
         let ((q, qn), (k, kn), (v, vn)) = (q.into_parts(), k.into_parts(), v.into_parts());
         let device = q.tensor.device();
-        // A packed row on CUDA: the variable-length kernel, differentiated by its own backward.
-        if !spans.spans.is_empty() && !spans.padded_on(device) {
+        // A packed row on CUDA: the variable-length kernel, differentiated by its own backward
+        // (else under torch's autograd, below).
+        if !spans.spans.is_empty() && !spans.padded_on(device) && VARLEN_BACKWARD.usable() {
             avoid_cudnn_attention();
             let node = varlen::VarlenAttention(varlen::Torch);
             if let Some((out, kept)) = varlen_result(node.forward([&q, &k, &v], &spans)) {
@@ -384,7 +395,7 @@ impl<C: CheckpointStrategy> FusedOps for Autodiff<LibTorch, C> {
                 };
             }
         }
-        if !spans.spans.is_empty() {
+        if spans.padded_on(device) {
             return match PaddedSpans.prepare::<C>([qn, kn, vn]).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => {
                     let (out, recorded) = PaddedSpans::forward([q, k, v], &spans);

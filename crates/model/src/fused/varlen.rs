@@ -5,7 +5,9 @@
 //! before, each layer's backward was handed to the engine's CUDA worker thread and waited on:
 //! 1.1 ms of host time a layer in the H200 profile of the 0.5B row (results/gpu/), 27 ms of its
 //! 147 ms step, the largest of its gaps between operators, where the kernel and the prefixes'
-//! key gradients take a third of that.
+//! key gradients take a third of that. Should the kernel's backward fail (a build of torch
+//! without it), torch's autograd differentiates the call from the kept operands instead, and
+//! from then on, with one warning: speed lost, not the run.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
@@ -14,7 +16,9 @@ use burn_tch::{LibTorch, TchTensor};
 use dpo_torch::TorchError;
 use dpo_torch::kernels::{self, VarlenSaved, VarlenSeqs};
 
-use super::{Share, Spans, from_rows, prefix_len, shared, span_keys, takes_grouped_heads, to_rows, upload};
+use super::{
+    Share, Spans, VARLEN_BACKWARD, from_rows, prefix_len, shared, span_keys, takes_grouped_heads, to_rows, upload,
+};
 
 /// [`Spans`] for the variable-length call.
 #[derive(Debug)]
@@ -222,11 +226,27 @@ impl<K: VarlenKernel> VarlenAttention<K> {
 
 impl<K: VarlenKernel> Kept<K> {
     /// The gradients of the node's q, k and v (`[1, H or Hkv, S, D]`) from `dy`, the gradient at
-    /// its output (`[1, H, S, D]`).
+    /// its output (`[1, H, S, D]`), by the kernel's backward.
     pub(super) fn gradients(&self, dy: &tch::Tensor) -> Result<[tch::Tensor; 3], TorchError> {
         let operands = self.operands.each_ref().map(|t| &t.tensor);
-        let [dq, dk, dv] =
-            self.kernel.backward(&to_rows(dy), operands, &self.y.tensor, &self.saved, &self.varlen.seqs)?;
+        let grads = self.kernel.backward(&to_rows(dy), operands, &self.y.tensor, &self.saved, &self.varlen.seqs)?;
+        Ok(self.onto_inputs(grads))
+    }
+
+    /// [`Kept::gradients`] through torch's autograd instead (the forward run again from the
+    /// operands as leaves): where the kernel's backward failed.
+    pub(super) fn gradients_by_autograd(&self, dy: &tch::Tensor) -> Result<[tch::Tensor; 3], TorchError> {
+        let leaves = self.operands.each_ref().map(|t| t.tensor.detach().set_requires_grad(true));
+        let (y, _) = self.kernel.forward(leaves.each_ref(), &self.varlen.seqs)?;
+        let grads = dpo_torch::kernels::autograd_grad(&y, &to_rows(dy), &leaves.each_ref())?;
+        let Ok(grads) = <[tch::Tensor; 3]>::try_from(grads) else { unreachable!("one gradient an operand") };
+        Ok(self.onto_inputs(grads))
+    }
+
+    /// The gradients at the kernel's operands (`[S, H, D]`, `[Tk, H or Hkv, D]` twice) put back
+    /// onto the node's inputs: repeated heads summed onto theirs, the prefixes' keys onto their
+    /// row positions.
+    fn onto_inputs(&self, [dq, dk, dv]: [tch::Tensor; 3]) -> [tch::Tensor; 3] {
         let rows = dq.size()[0];
         let onto_rows = |g: tch::Tensor| {
             let g = match self.repeat > 1 {
@@ -246,7 +266,7 @@ impl<K: VarlenKernel> Kept<K> {
                 None => g,
             }
         };
-        Ok([from_rows(&dq), from_rows(&onto_rows(dk)), from_rows(&onto_rows(dv))])
+        [from_rows(&dq), from_rows(&onto_rows(dk)), from_rows(&onto_rows(dv))]
     }
 }
 
@@ -255,11 +275,13 @@ impl<K: VarlenKernel> Backward<LibTorch, 3> for VarlenAttention<K> {
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<LibTorch>(&ops.node);
-        // A failure here is libtorch's, as torch's autograd would have raised it.
-        let all = ops
-            .state
-            .gradients(&dy.tensor)
-            .unwrap_or_else(|e| dpo_torch::libtorch_failed("the variable-length attention's backward", &e));
+        // The kernel's backward failing costs speed, not the run: torch's autograd takes over (and
+        // does from the forward on, `VARLEN_BACKWARD`). A failure there too is libtorch's.
+        let all = ops.state.gradients(&dy.tensor).or_else(|e| {
+            VARLEN_BACKWARD.give_up(e);
+            ops.state.gradients_by_autograd(&dy.tensor)
+        });
+        let all = all.unwrap_or_else(|e| dpo_torch::libtorch_failed("the variable-length attention's backward", &e));
         for (parent, grad) in ops.parents.into_iter().zip(all) {
             if let Some(parent) = parent {
                 grads.register::<LibTorch>(parent.id, TchTensor::new(grad));
@@ -278,10 +300,12 @@ mod tests {
 
     /// The kernel's stand-in on the CPU: each sequence's queries attended to its keys with the
     /// mask aligned to the last query (torch's attention on the sequence alone), the backward by
-    /// torch's autograd through that again. `grouped`: whether it takes fewer key/value heads.
+    /// torch's autograd through that again. `grouped`: whether it takes fewer key/value heads;
+    /// `broken`: whether its backward fails (as a kernel a build of torch lacks would).
     #[derive(Debug, Clone, Copy)]
     struct StandIn {
         grouped: bool,
+        broken: bool,
     }
 
     impl StandIn {
@@ -317,6 +341,9 @@ mod tests {
             _: &(),
             seqs: &VarlenSeqs,
         ) -> Result<[tch::Tensor; 3], TorchError> {
+            if self.broken {
+                return Err(TorchError::Shim { op: "stand-in", code: 1, message: "no backward".to_owned() });
+            }
             let leaves = qkv.map(|x| x.detach().set_requires_grad(true));
             let y = Self::attend(leaves.each_ref(), seqs);
             let grads = tch::Tensor::run_backward(&[(y * dy).sum(tch::Kind::Float)], &leaves, false, false);
@@ -359,7 +386,7 @@ mod tests {
     fn the_variable_length_path_equals_the_padded_batch() {
         let (qkv, weights) = operands12();
         let spans = three_spans();
-        let varlen = attend_varlen(&qkv, &spans, &StandIn { grouped: true }).expect("tiles").unwrap();
+        let varlen = attend_varlen(&qkv, &spans, &StandIn { grouped: true, broken: false }).expect("tiles").unwrap();
         let padded = attend_spans(&qkv, &spans);
         let (out, grad) = tch_bounds(qkv.each_ref(), &weights, 12);
         assert!(max_diff(&varlen, &padded) <= out, "outputs differ");
@@ -368,29 +395,38 @@ mod tests {
         }
         // Spans that leave the row's last positions out are not this path's.
         let short = Spans::new(vec![Span { start: 0, len: 5, prefix: None }, Span { start: 5, len: 4, prefix: None }]);
-        assert!(attend_varlen(&qkv, &short, &StandIn { grouped: true }).is_none());
+        assert!(attend_varlen(&qkv, &short, &StandIn { grouped: true, broken: false }).is_none());
     }
 
     /// The node's own backward (the kernel's, the prefixes' key gradients summed onto their row
     /// positions, repeated heads summed onto theirs) equals torch's autograd through the padded
     /// batch, with the kernel taking grouped heads and with them repeated (CUDA's f32 kernel); its
-    /// output too, and it keeps burn's handle on the query's storage.
+    /// output too, and it keeps burn's handle on the query's storage. Where the kernel's backward
+    /// fails, the gradients through torch's autograd from the kept operands are the same.
     #[test]
     fn the_nodes_backward_equals_torch_autograd_through_the_padded_batch() {
-        for grouped in [true, false] {
+        for (grouped, broken) in [(true, false), (false, false), (true, true), (false, true)] {
             let (qkv, weights) = operands12();
             let spans = three_spans();
             let inputs = qkv.each_ref().map(|x| TchTensor::new(x.detach()));
-            let node = VarlenAttention(StandIn { grouped });
+            let node = VarlenAttention(StandIn { grouped, broken });
             let (out, kept) = node.forward(inputs.each_ref(), &spans).expect("tiles").unwrap();
             assert!(!inputs[0].can_mut() && !out.can_mut(), "kept handles share burn's storage references");
-            let grads = kept.gradients(&weights).unwrap();
+            let grads = match broken {
+                false => kept.gradients(&weights).unwrap(),
+                true => {
+                    let e = kept.gradients(&weights).expect_err("a broken backward");
+                    assert!(e.to_string().contains("no backward"), "{e}");
+                    kept.gradients_by_autograd(&weights).unwrap()
+                }
+            };
             let padded = attend_spans(&qkv, &spans);
             let (bound_out, bound_grad) = tch_bounds(qkv.each_ref(), &weights, 12);
-            assert!(max_diff(&out.tensor, &padded) <= bound_out, "grouped {grouped}: outputs differ");
+            let case = format!("grouped {grouped}, broken {broken}");
+            assert!(max_diff(&out.tensor, &padded) <= bound_out, "{case}: outputs differ");
             for (i, (a, b)) in grads.iter().zip(&torch_grads(&padded, &qkv, &weights)).enumerate() {
-                assert_eq!(a.size(), b.size(), "grouped {grouped}: gradient {i}'s shape");
-                assert!(max_diff(a, b) <= bound_grad, "grouped {grouped}: gradient {i} differs");
+                assert_eq!(a.size(), b.size(), "{case}: gradient {i}'s shape");
+                assert!(max_diff(a, b) <= bound_grad, "{case}: gradient {i} differs");
             }
         }
     }
