@@ -18,7 +18,6 @@ use std::ops::Range;
 use burn::module::Module;
 use burn::tensor::{FloatDType, IndexingUpdateOp, Int, Tensor};
 use dpo_torch::bridge;
-use dpo_torch::fallback::FastPath;
 use dpo_torch::graph::backward_from;
 
 use super::optim::GradAccumulator;
@@ -203,11 +202,12 @@ fn head_backward(
     let mut dh = Vec::new();
     let mut dweight: Option<Tensor<2>> = None;
     for group in blocks.chunks(per_group) {
-        let targets = (&dlogp, &labels);
-        let (rows, dz) = logit_gradients(&lm_head, &head.selected, targets, group, dtype, from_backward.as_mut()); // [g, V]
-        dh.push(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None)); // [g, h]
+        let (rows, dz) = logit_gradients(&lm_head, &head.selected, &labels, group, dtype, from_backward.as_mut()); // [g, V]
+        // ∂z = (p − onehot(y))·(−d) row by row: the factor goes on the products' narrow side.
+        let minus_d = -dlogp.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1); // [g, 1]
+        dh.push(rows_scaled(linear_rows(dz.clone(), lm_head.weight.clone().transpose(), None), &minus_d)); // [g, h]
         if lm_head.trains {
-            let x = head.selected.clone().slice([rows, 0..h]); // [g, h]
+            let x = rows_scaled(head.selected.clone().slice([rows, 0..h]), &minus_d); // [g, h]
             let dw = lm_head.weight_grad(x, dz, blocks.len() > per_group); // in the parameter's layout
             dweight = Some(match dweight {
                 Some(acc) => acc + dw,
@@ -234,25 +234,28 @@ fn head_backward(
     (scores, loss.detach(), Tensor::from_inner(dh.reshape([r, l, h])))
 }
 
-/// `∂(loss·scale) / ∂z` at the predictions of `group` (consecutive blocks), from `∂(loss·scale) /
-/// ∂ log p(y_t)` and the labels, each block's softmax recomputed; in the compute dtype, as
+/// `p − onehot(y)` at the predictions of `group` (consecutive blocks), each block's softmax
+/// recomputed: `∂ log p(y_t) / ∂z` negated, which the caller scales row by row by `−∂(loss·scale)
+/// / ∂ log p(y_t)` on the products' narrow side ([`rows_scaled`]); in the compute dtype, as
 /// autocast's products take it, written into one `[g, V]` buffer.
 ///
-/// After the projection and its f32 cast, each block is the softmax, `p − onehot(y)` in place (one
-/// element a row) and `(p − onehot(y))·(−d)` stored into the buffer in its dtype (the product in
-/// f32, rounded once on the store, as the cast rounded it): two passes over its `[c, V]` logits on
-/// CUDA, three on the CPU, where burn's operations took seven (a log-softmax and its exponential,
-/// a negation, the product, the label's addition into a copy, the cast and the copy into the
-/// buffer). On a GPU these are memory-bound passes over the step's widest tensors.
+/// After the projection (f32), each block is the softmax, `p − onehot(y)` in place (one element a
+/// row) and its copy into the buffer, rounded once: two passes over its `[c, V]` logits, where
+/// burn's operations took seven (a log-softmax and its exponential, a negation, the product, the
+/// label's addition into a copy, the cast and the copy into the buffer). On a GPU these are
+/// memory-bound passes over the step's widest tensors, and the copy is a dense cast: storing the
+/// scaled product (an f32 row factor into a bf16 buffer) took CUDA's general elementwise kernel,
+/// 4.8 ms of the 0.5B step's kernels on an H200 (`tools/trace_summary.py --by-op`), where a cast
+/// of those bytes is about a third of that.
 ///
 /// With `stats`, each block's statistics are taken from its logits and softmax on the way.
 ///
 /// # Shapes
-/// - selected: `[N, h]`, dlogp and labels: `[N]` → the group's rows and `[g, V]`
+/// - selected: `[N, h]`, labels: `[N]` → the group's rows and `[g, V]`
 fn logit_gradients(
     head: &LmHead,
     selected: &Tensor<2>,
-    (dlogp, labels): (&Tensor<1>, &Tensor<1, Int>),
+    labels: &Tensor<1, Int>,
     group: &[Range<usize>],
     dtype: FloatDType,
     mut stats: Option<&mut BackwardStats>,
@@ -261,7 +264,6 @@ fn logit_gradients(
     let v = head.weight.dims()[1];
     let tch = |t: Tensor<2>| bridge::on_libtorch(t, "the LM head's gradient").0;
     let mut dz: Option<(Tensor<2>, tch::Tensor)> = None;
-    let minus_d = tch(-dlogp.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1)); // [g, 1]
     let labels = labels.clone().slice([rows.clone()]).unsqueeze_dim::<2>(1);
     let labels = bridge::int_on_libtorch(labels, "the LM head's labels"); // [g, 1]
     let h = selected.dims()[1];
@@ -280,17 +282,20 @@ fn logit_gradients(
             let buffer = Tensor::<2>::empty([rows.len(), v], (&selected.device(), dtype.into())); // [g, V]
             (buffer.clone(), tch(buffer))
         });
-        let (mut out, minus_d) = (out.narrow(0, at, c), minus_d.narrow(0, at, c));
-        // d·(onehot(y) − p), rounded once as it is stored: one kernel on CUDA; the CPU's kernels
-        // would stage an f32 temporary for the mixed-dtype output, so there it is taken in place
-        // and copied.
-        if !(p.device().is_cuda() && stored_in_one_kernel(&p, &mut out, &minus_d)) {
-            let _ = p.g_mul_(&minus_d);
-            out.copy_(&p);
-        }
+        out.narrow(0, at, c).copy_(&p);
     }
     let Some((dz, _)) = dz else { unreachable!("a group holds a block") };
     (rows, dz)
+}
+
+/// Each row of `x` (`[g, h]`, any float dtype) times its factor in `factors` (`[g, 1]` f32), in
+/// f32 and rounded once into `x`'s dtype (one `mul.out`, as autocast would round the product).
+fn rows_scaled(x: Tensor<2>, factors: &Tensor<2>) -> Tensor<2> {
+    let what = "the LM head's row factors";
+    let ((t, origin), (f, _)) = (bridge::on_libtorch(x, what), bridge::on_libtorch(factors.clone(), what));
+    let out = t.empty_like();
+    let _ = t.mul_out(&out, &f);
+    bridge::from_tch(out, origin)
 }
 
 /// The head's statistics taken in its backward, where each block's softmax is recomputed anyway:
@@ -335,22 +340,6 @@ impl BackwardStats {
     }
 }
 
-/// `out = p·minus_d` by one `mul.out` into the compute-dtype buffer; false where torch refuses it
-/// (then for the rest of the process), the caller then taking the two-pass way.
-fn stored_in_one_kernel(p: &tch::Tensor, out: &mut tch::Tensor, minus_d: &tch::Tensor) -> bool {
-    static ONE_KERNEL: FastPath = FastPath::new("the LM head's one-kernel `mul.out` store", "two passes instead");
-    if !ONE_KERNEL.usable() {
-        return false;
-    }
-    match p.f_mul_out(out, minus_d) {
-        Ok(_) => true,
-        Err(e) => {
-            ONE_KERNEL.give_up(e);
-            false
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Device, Distribution, TensorData};
@@ -363,8 +352,8 @@ mod tests {
     }
 
     /// A group of blocks written into one buffer equals each block alone, bit for bit, and the
-    /// gradient is `d·(onehot(y) − softmax(x·W))` of the recomputed logits (f32 round-off, then
-    /// the compute dtype's one rounding).
+    /// buffer is `softmax(x·W) − onehot(y)` of the recomputed logits (f32 round-off, then the
+    /// compute dtype's one rounding).
     #[test]
     fn a_group_of_recomputed_blocks_is_the_blocks_gradient() {
         let d = device();
@@ -372,17 +361,16 @@ mod tests {
         d.seed(7);
         let selected = Tensor::<2>::random([n, h], Distribution::Normal(0.0, 1.0), &d);
         let weight = Tensor::<2>::random([h, v], Distribution::Normal(0.0, 1.0), &d);
-        let dlogp = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &d);
         let labels = Tensor::<1, Int>::from_data(TensorData::new(vec![0i64, 4, 2, 2, 1, 3, 0], [n]), &d);
         for dtype in [FloatDType::BF16, FloatDType::F32] {
             let head = LmHead::new(weight.clone(), false, dtype);
             let x = selected.clone().cast(dtype);
             let blocks = [1..3, 3..6, 6..7]; // the group starts past row 0
-            let (rows, group) = logit_gradients(&head, &x, (&dlogp, &labels), &blocks, dtype, None);
+            let (rows, group) = logit_gradients(&head, &x, &labels, &blocks, dtype, None);
             assert_eq!((rows, group.dims(), group.dtype()), (1..7, [n - 1, v], dtype.into()));
             let alone: Vec<Tensor<2>> = blocks
                 .iter()
-                .map(|b| logit_gradients(&head, &x, (&dlogp, &labels), std::slice::from_ref(b), dtype, None).1)
+                .map(|b| logit_gradients(&head, &x, &labels, std::slice::from_ref(b), dtype, None).1)
                 .collect();
             group.to_data().assert_eq(&Tensor::cat(alone, 0).to_data(), true);
 
@@ -394,12 +382,29 @@ mod tests {
                 Tensor::ones([n, 1], &d),
                 IndexingUpdateOp::Add,
             );
-            let expected = ((onehot - p) * dlogp.clone().unsqueeze_dim::<2>(1)).slice([1..n, 0..v]);
+            let expected = (p - onehot).slice([1..n, 0..v]);
             let diff: f32 = (group.cast(FloatDType::F32) - expected.clone()).abs().max().into_scalar();
             let scale: f32 = expected.abs().max().into_scalar();
             // bf16: the product's output rounded (relative 2^-8 of each logit), then the gradient's.
             let bound = if dtype == FloatDType::F32 { 1e-5 } else { 3e-2 };
             assert!(diff <= bound * scale, "{dtype:?}: {diff} of {scale}");
+        }
+    }
+
+    /// Each row times its f32 factor, computed in f32 and rounded once into the rows' dtype: the
+    /// f32 product cast, bit for bit, in bf16 and in f32.
+    #[test]
+    fn rows_are_scaled_in_f32_and_rounded_once() {
+        let d = device();
+        d.seed(11);
+        let x = Tensor::<2>::random([6, 9], Distribution::Normal(0.0, 3.0), &d);
+        let factors = Tensor::<2>::random([6, 1], Distribution::Normal(0.0, 1e-3), &d);
+        for dtype in [FloatDType::BF16, FloatDType::F32] {
+            let x = x.clone().cast(dtype);
+            let got = rows_scaled(x.clone(), &factors);
+            assert_eq!(got.dtype(), dtype.into());
+            let want = (x.cast(FloatDType::F32) * factors.clone()).cast(dtype);
+            got.to_data().assert_eq(&want.to_data(), true);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A faster kernel given up on for the rest of the process when it fails, with one warning: the
-//! variable-length attention, the fused RMS-norm backward, `mm` with an f32 output and the LM
-//! head's one-kernel store each have a slower way that always works, and a kernel a build of torch
-//! lacks should cost speed, not the run.
+//! variable-length attention and its own backward, the fused RMS-norm backward and `mm` with an
+//! f32 output each have a slower way that always works, and a kernel a build of torch lacks
+//! should cost speed, not the run.
 
 use std::sync::OnceLock;
 
