@@ -150,17 +150,40 @@ fn operands(kernel: &impl VarlenKernel, [q, k, v]: [&tch::Tensor; 3], varlen: &V
     let q = to_rows(q);
     let groups = q.size()[1] / k.size()[1];
     let repeat = if groups > 1 && !kernel.grouped_heads(&q) { groups } else { 1 };
-    let keys = |x: &tch::Tensor| {
-        let x = match &varlen.keys {
-            Some(at) => to_rows(x).index_select(0, at), // [Tk, Hkv, D]
-            None => to_rows(x),
-        };
-        match repeat > 1 {
-            true => x.repeat_interleave_self_int(repeat, 1, None),
-            false => x,
-        }
+    let [k, v] = [k, v].map(to_rows);
+    let [k, v] = match &varlen.keys {
+        Some(at) => gathered([k, v], at), // [Tk, Hkv, D] each
+        None => [k, v],
     };
-    ([q, keys(k), keys(v)], repeat)
+    let repeated = |x: tch::Tensor| match repeat > 1 {
+        true => x.repeat_interleave_self_int(repeat, 1, None),
+        false => x,
+    };
+    ([q, repeated(k), repeated(v)], repeat)
+}
+
+/// The rows `at` of k and v (`[S, Hkv, D]` each): one gather where v's heads follow k's in each
+/// row of one buffer (the joined projection's views), as two views of its output; else one each.
+/// On a GPU each gather is a kernel and about 85 us of the host's time.
+fn gathered([k, v]: [tch::Tensor; 2], at: &tch::Tensor) -> [tch::Tensor; 2] {
+    let ([s, hkv, d], stride) = (sizes3(&k), k.stride());
+    let bytes = k.kind().elt_size_in_bytes() as i64;
+    let adjacent = v.size() == k.size()
+        && v.stride() == stride
+        && stride[1..] == [d, 1]
+        && stride[0] >= 2 * hkv * d
+        && v.data_ptr() as i64 == k.data_ptr() as i64 + hkv * d * bytes;
+    // Within k's storage, or not at all (then the two gathers).
+    let both = adjacent.then(|| k.f_as_strided([s, 2 * hkv, d], stride.as_slice(), None).ok()).flatten();
+    let Some(both) = both else { return [k.index_select(0, at), v.index_select(0, at)] };
+    let rows = both.index_select(0, at); // [Tk, 2·Hkv, D]
+    [rows.narrow(1, 0, hkv), rows.narrow(1, hkv, hkv)]
+}
+
+/// A 3-D tensor's sizes.
+fn sizes3(x: &tch::Tensor) -> [i64; 3] {
+    let [a, b, c] = x.size()[..] else { unreachable!("[rows, heads, D] operands") };
+    [a, b, c]
 }
 
 /// The spans of one packed row by the variable-length `kernel`, for inference (no graph; torch's
@@ -245,28 +268,27 @@ impl<K: VarlenKernel> Kept<K> {
 
     /// The gradients at the kernel's operands (`[S, H, D]`, `[Tk, H or Hkv, D]` twice) put back
     /// onto the node's inputs: repeated heads summed onto theirs, the prefixes' keys onto their
-    /// row positions.
+    /// row positions (k's and v's side by side, one scatter).
     fn onto_inputs(&self, [dq, dk, dv]: [tch::Tensor; 3]) -> [tch::Tensor; 3] {
-        let rows = dq.size()[0];
-        let onto_rows = |g: tch::Tensor| {
-            let g = match self.repeat > 1 {
-                true => {
-                    let [t, h, d] = g.size()[..] else { unreachable!("[Tk, H, D] gradients") };
-                    g.view([t, h / self.repeat, self.repeat, d]).sum_dim_intlist([2i64].as_slice(), false, None)
-                }
-                false => g,
-            };
-            match &self.varlen.keys {
-                Some(at) => {
-                    let [_, h, d] = g.size()[..] else { unreachable!("[Tk, Hkv, D] gradients") };
-                    let mut row = tch::Tensor::zeros([rows, h, d], (g.kind(), g.device()));
-                    let _ = row.index_add_(0, at, &g);
-                    row
-                }
-                None => g,
+        let unrepeated = |g: tch::Tensor| match self.repeat > 1 {
+            true => {
+                let [t, h, d] = sizes3(&g);
+                g.view([t, h / self.repeat, self.repeat, d]).sum_dim_intlist([2i64].as_slice(), false, None)
             }
+            false => g,
         };
-        [from_rows(&dq), from_rows(&onto_rows(dk)), from_rows(&onto_rows(dv))]
+        let [dk, dv] = [dk, dv].map(unrepeated); // [Tk, Hkv, D]
+        let [dk, dv] = match &self.varlen.keys {
+            Some(at) => {
+                let [_, hkv, d] = sizes3(&dk);
+                let both = tch::Tensor::cat(&[&dk, &dv], 1); // [Tk, 2·Hkv, D]
+                let mut rows = tch::Tensor::zeros([dq.size()[0], 2 * hkv, d], (dk.kind(), dk.device()));
+                let _ = rows.index_add_(0, at, &both);
+                [rows.narrow(1, 0, hkv), rows.narrow(1, hkv, hkv)]
+            }
+            None => [dk, dv],
+        };
+        [from_rows(&dq), from_rows(&dk), from_rows(&dv)]
     }
 }
 
@@ -368,11 +390,35 @@ mod tests {
         }
     }
 
-    /// q, k, v `[1, H, 12, D]` leaves requiring gradients (4 query heads on 2 key/value heads) and
-    /// the weights of the output's weighted sum.
-    fn operands12() -> ([tch::Tensor; 3], tch::Tensor) {
-        let t = |h| tch::Tensor::randn([1, h, 12, 8], (tch::Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
-        ([t(4), t(2), t(2)], tch::Tensor::randn([1, 4, 12, 8], (tch::Kind::Float, tch::Device::Cpu)))
+    /// q, k, v `[1, H, 12, D]` requiring gradients (4 query heads on 2 key/value heads) and the
+    /// weights of the output's weighted sum; `joined`: views of one `[1, 12, 8, D]` leaf (a
+    /// layer's joined projection), else leaves of their own.
+    fn operands12(joined: bool) -> ([tch::Tensor; 3], tch::Tensor) {
+        let opts = (tch::Kind::Float, tch::Device::Cpu);
+        let weights = tch::Tensor::randn([1, 4, 12, 8], opts);
+        if joined {
+            let rows = tch::Tensor::randn([1, 12, 8, 8], opts).set_requires_grad(true);
+            let heads = rows.transpose(1, 2); // [1, 8, 12, D]
+            return ([heads.narrow(1, 0, 4), heads.narrow(1, 4, 2), heads.narrow(1, 6, 2)], weights);
+        }
+        let t = |h| tch::Tensor::randn([1, h, 12, 8], opts).set_requires_grad(true);
+        ([t(4), t(2), t(2)], weights)
+    }
+
+    /// Keys and values side by side in one buffer are gathered at once, as two views of one
+    /// gather; apart, one each: the same rows either way.
+    #[test]
+    fn keys_and_values_side_by_side_are_gathered_at_once() {
+        let at = tch::Tensor::from_slice(&[0i64, 3, 3, 11, 5]);
+        for joined in [true, false] {
+            let ([_, k, v], _) = operands12(joined);
+            let [k, v] = [&k, &v].map(|x| to_rows(&x.detach())); // [12, 2, 8]
+            let [gk, gv] = gathered([k.shallow_clone(), v.shallow_clone()], &at);
+            assert_eq!(max_diff(&gk, &k.index_select(0, &at)), 0.0, "joined {joined}: keys");
+            assert_eq!(max_diff(&gv, &v.index_select(0, &at)), 0.0, "joined {joined}: values");
+            let one_gather = gv.data_ptr() as usize - gk.data_ptr() as usize == 2 * 8 * 4;
+            assert_eq!(one_gather, joined, "joined {joined}: one gather's views");
+        }
     }
 
     /// The gradients of q, k and v of `Σ y·weights` through torch's autograd.
@@ -384,7 +430,7 @@ mod tests {
     /// output put back) with the CPU stand-in: equal to the padded batch, forward and gradients.
     #[test]
     fn the_variable_length_path_equals_the_padded_batch() {
-        let (qkv, weights) = operands12();
+        let (qkv, weights) = operands12(false);
         let spans = three_spans();
         let varlen = attend_varlen(&qkv, &spans, &StandIn { grouped: true, broken: false }).expect("tiles").unwrap();
         let padded = attend_spans(&qkv, &spans);
@@ -402,11 +448,13 @@ mod tests {
     /// positions, repeated heads summed onto theirs) equals torch's autograd through the padded
     /// batch, with the kernel taking grouped heads and with them repeated (CUDA's f32 kernel); its
     /// output too, and it keeps burn's handle on the query's storage. Where the kernel's backward
-    /// fails, the gradients through torch's autograd from the kept operands are the same.
+    /// fails, the gradients through torch's autograd from the kept operands are the same; and with
+    /// q, k and v views of one joined projection (keys and values gathered at once).
     #[test]
     fn the_nodes_backward_equals_torch_autograd_through_the_padded_batch() {
-        for (grouped, broken) in [(true, false), (false, false), (true, true), (false, true)] {
-            let (qkv, weights) = operands12();
+        let cases = [(true, false, false), (false, false, false), (true, true, false), (false, true, false)];
+        for (grouped, broken, joined) in cases.into_iter().chain([(true, false, true), (false, false, true)]) {
+            let (qkv, weights) = operands12(joined);
             let spans = three_spans();
             let inputs = qkv.each_ref().map(|x| TchTensor::new(x.detach()));
             let node = VarlenAttention(StandIn { grouped, broken });
@@ -422,7 +470,7 @@ mod tests {
             };
             let padded = attend_spans(&qkv, &spans);
             let (bound_out, bound_grad) = tch_bounds(qkv.each_ref(), &weights, 12);
-            let case = format!("grouped {grouped}, broken {broken}");
+            let case = format!("grouped {grouped}, broken {broken}, joined {joined}");
             assert!(max_diff(&out.tensor, &padded) <= bound_out, "{case}: outputs differ");
             for (i, (a, b)) in grads.iter().zip(&torch_grads(&padded, &qkv, &weights)).enumerate() {
                 assert_eq!(a.size(), b.size(), "{case}: gradient {i}'s shape");
