@@ -136,7 +136,7 @@ impl Gather {
 
     /// `[n·L, H, D]` → `[n, H, L, D]`.
     fn unflatten(&self, x: &tch::Tensor) -> tch::Tensor {
-        let [_, h, d] = x.size()[..] else { unreachable!("[n·L, H, D] slots") };
+        let [_, h, d] = rows_dims(x);
         let (n, width) = self.shape;
         x.view([n, width, h, d]).transpose(1, 2)
     }
@@ -162,6 +162,12 @@ fn from_rows(x: &tch::Tensor) -> tch::Tensor {
 fn dims(x: &tch::Tensor) -> [i64; 4] {
     let [a, b, c, d] = x.size()[..] else { unreachable!("4-D attention operands") };
     [a, b, c, d]
+}
+
+/// A tensor of rows of heads' sizes (`[rows, heads, D]`).
+fn rows_dims(x: &tch::Tensor) -> [i64; 3] {
+    let [a, b, c] = x.size()[..] else { unreachable!("[rows, heads, D] operands") };
+    [a, b, c]
 }
 
 impl Spans {

@@ -17,7 +17,8 @@ use dpo_torch::TorchError;
 use dpo_torch::kernels::{self, VarlenSaved, VarlenSeqs};
 
 use super::{
-    Share, Spans, VARLEN_BACKWARD, from_rows, prefix_len, shared, span_keys, takes_grouped_heads, to_rows, upload,
+    Share, Spans, VARLEN_BACKWARD, from_rows, prefix_len, rows_dims, shared, span_keys, takes_grouped_heads, to_rows,
+    upload,
 };
 
 /// [`Spans`] for the variable-length call.
@@ -166,7 +167,7 @@ fn operands(kernel: &impl VarlenKernel, [q, k, v]: [&tch::Tensor; 3], varlen: &V
 /// row of one buffer (the joined projection's views), as two views of its output; else one each.
 /// On a GPU each gather is a kernel and about 85 us of the host's time.
 fn gathered([k, v]: [tch::Tensor; 2], at: &tch::Tensor) -> [tch::Tensor; 2] {
-    let ([s, hkv, d], stride) = (sizes3(&k), k.stride());
+    let ([s, hkv, d], stride) = (rows_dims(&k), k.stride());
     let bytes = k.kind().elt_size_in_bytes() as i64;
     let adjacent = v.size() == k.size()
         && v.stride() == stride
@@ -178,12 +179,6 @@ fn gathered([k, v]: [tch::Tensor; 2], at: &tch::Tensor) -> [tch::Tensor; 2] {
     let Some(both) = both else { return [k.index_select(0, at), v.index_select(0, at)] };
     let rows = both.index_select(0, at); // [Tk, 2·Hkv, D]
     [rows.narrow(1, 0, hkv), rows.narrow(1, hkv, hkv)]
-}
-
-/// A 3-D tensor's sizes.
-fn sizes3(x: &tch::Tensor) -> [i64; 3] {
-    let [a, b, c] = x.size()[..] else { unreachable!("[rows, heads, D] operands") };
-    [a, b, c]
 }
 
 /// The spans of one packed row by the variable-length `kernel`, for inference (no graph; torch's
@@ -272,7 +267,7 @@ impl<K: VarlenKernel> Kept<K> {
     fn onto_inputs(&self, [dq, dk, dv]: [tch::Tensor; 3]) -> [tch::Tensor; 3] {
         let unrepeated = |g: tch::Tensor| match self.repeat > 1 {
             true => {
-                let [t, h, d] = sizes3(&g);
+                let [t, h, d] = rows_dims(&g);
                 g.view([t, h / self.repeat, self.repeat, d]).sum_dim_intlist([2i64].as_slice(), false, None)
             }
             false => g,
@@ -280,7 +275,7 @@ impl<K: VarlenKernel> Kept<K> {
         let [dk, dv] = [dk, dv].map(unrepeated); // [Tk, Hkv, D]
         let [dk, dv] = match &self.varlen.keys {
             Some(at) => {
-                let [_, hkv, d] = sizes3(&dk);
+                let [_, hkv, d] = rows_dims(&dk);
                 let both = tch::Tensor::cat(&[&dk, &dv], 1); // [Tk, 2·Hkv, D]
                 let mut rows = tch::Tensor::zeros([dq.size()[0], 2 * hkv, d], (dk.kind(), dk.device()));
                 let _ = rows.index_add_(0, at, &both);
