@@ -107,6 +107,12 @@ pub(super) trait VarlenKernel: Clone + Send + std::fmt::Debug + 'static {
     /// reads of it.
     fn forward(&self, qkv: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<(tch::Tensor, Self::Saved), TorchError>;
 
+    /// [`VarlenKernel::forward`]'s output alone (inference, or under torch's autograd where the
+    /// operands require gradients), keeping nothing for a backward.
+    fn attend(&self, qkv: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
+        self.forward(qkv, seqs).map(|(y, _)| y)
+    }
+
     /// The gradients of q, k and v from `dy`, the gradient at the output `y`.
     fn backward(
         &self,
@@ -127,6 +133,10 @@ impl VarlenKernel for Torch {
 
     fn forward(&self, qkv: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<(tch::Tensor, VarlenSaved), TorchError> {
         kernels::varlen_attention_saving(qkv, seqs)
+    }
+
+    fn attend(&self, qkv: [&tch::Tensor; 3], seqs: &VarlenSeqs) -> Result<tch::Tensor, TorchError> {
+        kernels::varlen_attention(qkv, seqs)
     }
 
     fn backward(
@@ -193,7 +203,7 @@ pub(super) fn attend_varlen(
 ) -> Option<Result<tch::Tensor, TorchError>> {
     let varlen = spans.varlen_on(qkv[0].device(), qkv[0].size()[2])?;
     let (operands, _) = operands(kernel, qkv.each_ref(), &varlen);
-    Some(kernel.forward(operands.each_ref(), &varlen.seqs).map(|(y, _)| from_rows(&y)))
+    Some(kernel.attend(operands.each_ref(), &varlen.seqs).map(|y| from_rows(&y)))
 }
 
 /// The graph node of a packed row attended by the variable-length kernel: its backward is the
@@ -255,7 +265,7 @@ impl<K: VarlenKernel> Kept<K> {
     /// operands as leaves): where the kernel's backward failed.
     pub(super) fn gradients_by_autograd(&self, dy: &tch::Tensor) -> Result<[tch::Tensor; 3], TorchError> {
         let leaves = self.operands.each_ref().map(|t| t.tensor.detach().set_requires_grad(true));
-        let (y, _) = self.kernel.forward(leaves.each_ref(), &self.varlen.seqs)?;
+        let y = self.kernel.attend(leaves.each_ref(), &self.varlen.seqs)?;
         let grads = dpo_torch::kernels::autograd_grad(&y, &to_rows(dy), &leaves.each_ref())?;
         let Ok(grads) = <[tch::Tensor; 3]>::try_from(grads) else { unreachable!("one gradient an operand") };
         Ok(self.onto_inputs(grads))
