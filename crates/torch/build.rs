@@ -1,6 +1,7 @@
-//! Compiles `csrc/c10d.cpp`, the shim behind this crate (and `dpo-dist`'s process groups), with the
-//! recipe of `notes/c10d-probe.md`: the C++11 ABI, `USE_C10D_GLOO`, libtorch's two include folders,
-//! and Gloo's headers from the system (`libgloo-dev`; torch exports Gloo's symbols itself).
+//! Compiles `csrc/` (`c10d.cpp`, `ops.cpp`, `runtime.cpp`), the shim behind this crate (and
+//! `dpo-dist`'s process groups), with the recipe of `notes/c10d-probe.md`: the C++11 ABI,
+//! `USE_C10D_GLOO`, libtorch's two include folders, and Gloo's headers from the system
+//! (`libgloo-dev`; torch exports Gloo's symbols itself).
 //!
 //! NCCL is compiled in wherever the torch it builds against can use it: a CUDA build of torch
 //! (`libtorch_cuda.so` beside `libtorch.so`, as in the PyPI wheel) with the CUDA and NCCL headers
@@ -27,10 +28,14 @@ fn main() {
     build_c10d(lib.as_deref().map(Path::new));
 }
 
+/// The shim's sources: process groups, operations, and the process's torch settings and state.
+const SOURCES: [&str; 3] = ["csrc/c10d.cpp", "csrc/ops.cpp", "csrc/runtime.cpp"];
+
 /// Compiles the c10d shim into a static library linked into this crate.
 fn build_c10d(lib: Option<&Path>) {
-    println!("cargo:rerun-if-changed=csrc/c10d.cpp");
-    println!("cargo:rerun-if-changed=csrc/c10d.h");
+    for file in SOURCES.iter().chain(&["csrc/c10d.h", "csrc/shim.h"]) {
+        println!("cargo:rerun-if-changed={file}");
+    }
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let Some(lib) = lib else {
         // torch-sys always publishes its folder on Linux; without it there is nothing to compile against.
@@ -49,7 +54,7 @@ fn build_c10d(lib: Option<&Path>) {
         .pic(true)
         .warnings(false)
         .std("c++17")
-        .file("csrc/c10d.cpp")
+        .files(SOURCES)
         .include("csrc")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))

@@ -1,5 +1,6 @@
-// The C ABI of the c10d shim (csrc/c10d.cpp): process groups over a TCPStore rendezvous, with Gloo
-// (CPU) or, when built with USE_C10D_NCCL, NCCL (CUDA). Wrapped by `src/dist/ffi.rs`.
+// The C ABI of the shim: process groups over a TCPStore rendezvous, with Gloo (CPU) or, when
+// built with USE_C10D_NCCL, NCCL (CUDA) (c10d.cpp); the torch operations tch does not bind
+// (ops.cpp); the process's torch settings and state (runtime.cpp). Wrapped by `src/ffi.rs`.
 //
 // Every function returns 0 on success and a non-zero code on failure; the failure's message is
 // then readable from `c10d_last_error()` on the same thread until the next call fails.

@@ -1,5 +1,5 @@
-//! The C ABI of `csrc/c10d.cpp` (see `csrc/c10d.h`): c10d's process groups, and the torch
-//! operations tch does not bind (fused AdamW, multi-tensor norms, variable-length attention, the
+//! The C ABI of the shim in `csrc/` (declared in `csrc/c10d.h`): c10d's process groups, and the
+//! torch operations tch does not bind (fused AdamW, multi-tensor norms, variable-length attention, the
 //! cuDNN switch, the CUDA allocator's peak, the profiler, a thread's torch state).
 
 use std::ffi::{c_char, c_void};

@@ -1,13 +1,13 @@
 //! dpo-torch: what this project calls in libtorch beyond burn and tch, through one C++ shim
-//! (`csrc/c10d.cpp`, built by `build.rs` against the venv's torch): the raw C ABI ([`ffi`]) that
-//! `dpo-dist` wraps as c10d process groups, and the safe wrappers of the rest: torch's fused AdamW
-//! and multi-tensor norm and scale, the variable-length attention kernels and the cuDNN-attention
-//! switch ([`kernels`]), half-precision matrix products fast on every CPU ([`product`]), the CUDA
-//! caching allocator's peak ([`allocator`]), torch's profiler ([`profiler`]), a fast kernel's
-//! fallback once it fails ([`fallback`]), threads that run as their caller's ([`threads`]), copies
-//! to a GPU that do not wait for it ([`transfers`]), the bridge between burn tensors and the
-//! `tch::Tensor`s they wrap ([`bridge`]), and autodiff nodes that are plumbing rather than layers
-//! ([`graph`]).
+//! (`csrc/`: `c10d.cpp`, `ops.cpp`, `runtime.cpp`, built by `build.rs` against the venv's torch):
+//! the raw C ABI ([`ffi`]) that `dpo-dist` wraps as c10d process groups, and the safe wrappers of
+//! the rest: torch's fused AdamW and multi-tensor norm and scale, the variable-length attention
+//! kernels and the cuDNN-attention switch ([`kernels`]), half-precision matrix products fast on
+//! every CPU ([`product`]), the CUDA caching allocator's peak ([`allocator`]), torch's profiler
+//! ([`profiler`]), a fast kernel's fallback once it fails ([`fallback`]), threads that run as their
+//! caller's ([`threads`]), copies to a GPU that do not wait for it ([`transfers`]), the bridge
+//! between burn tensors and the `tch::Tensor`s they wrap ([`bridge`]), and autodiff nodes that are
+//! plumbing rather than layers ([`graph`]).
 
 pub mod allocator;
 pub mod bridge;
