@@ -35,6 +35,7 @@ struct C10dGroup {
 
 namespace {
 
+using shim::check_tensor;
 using shim::fail;
 using shim::guarded;
 
@@ -80,13 +81,6 @@ void check_in(c10d::Store& store, const std::string& addr, uint16_t port, int ra
     TORCH_CHECK(false, "rank(s) ", missing, " of ", world_size, " never joined the rendezvous at ", addr, ":", port,
                 " within ", timeout.count() / 1000.0, " s");
   }
-}
-
-// Checks a tensor pointer before a collective touches it.
-void check_tensor(const at::Tensor* t, const char* name) {
-  TORCH_CHECK(t != nullptr, name, " is a null tensor pointer");
-  TORCH_CHECK(t->defined(), name, " is an undefined tensor");
-  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous for an in-place collective");
 }
 
 // Checks a flat collective's pair: same dtype and device, and `big` has world_size times the

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
+using shim::check_tensor;
 using shim::guarded;
 
 namespace {
@@ -22,14 +23,11 @@ std::vector<at::Tensor> tensor_list(const c10d_tensor* tensors, size_t n, const 
   TORCH_CHECK(n == 0 || tensors != nullptr, op, ": null tensor list");
   std::vector<at::Tensor> list;
   for (size_t i = 0; i < n; ++i) {
-    const at::Tensor* t = tensors[i];
-    TORCH_CHECK(t != nullptr && t->defined(), op, ": entry ", i, " is a null or undefined tensor");
-    TORCH_CHECK(t->is_contiguous(), op, ": entry ", i, " must be contiguous");
-    TORCH_CHECK(i == 0 || t->scalar_type() == list[0].scalar_type(), op, ": entry ", i, " is ", t->scalar_type(),
-                ", entry 0 ", list[0].scalar_type());
-    TORCH_CHECK(i == 0 || t->device() == list[0].device(), op, ": entry ", i, " is on ", t->device(), ", entry 0 on ",
-                list[0].device());
-    list.push_back(*t);
+    check_tensor(tensors[i], op);
+    TORCH_CHECK(tensors[i]->scalar_type() == tensors[0]->scalar_type() && tensors[i]->device() == tensors[0]->device(),
+                op, ": entry ", i, " is ", tensors[i]->scalar_type(), " on ", tensors[i]->device(), ", entry 0 ",
+                tensors[0]->scalar_type(), " on ", tensors[0]->device());
+    list.push_back(*tensors[i]);
   }
   return list;
 }

@@ -1,12 +1,13 @@
 // Inside the shim (not its C ABI, which is c10d.h): how every entry point of c10d.cpp, ops.cpp
 // and runtime.cpp turns an exception into a status code and a thread-local message, so nothing
-// unwinds into Rust.
+// unwinds into Rust, and the check of a tensor an entry point works on in place.
 #pragma once
 
 #include <exception>
 #include <string>
 #include <utility>
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include "c10d.h"
@@ -34,6 +35,13 @@ int guarded(const char* what, F&& body) {
   } catch (...) {
     return fail(C10D_ERR_UNKNOWN, std::string(what) + ": unknown C++ exception");
   }
+}
+
+// Checks a tensor pointer before a collective or a multi-tensor kernel works on it in place.
+inline void check_tensor(const at::Tensor* t, const char* name) {
+  TORCH_CHECK(t != nullptr, name, " is a null tensor pointer");
+  TORCH_CHECK(t->defined(), name, " is an undefined tensor");
+  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous for an in-place collective or multi-tensor kernel");
 }
 
 }  // namespace shim
