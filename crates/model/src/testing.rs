@@ -20,3 +20,12 @@ pub fn max_rel<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     let diff: f32 = (a - b).abs().max().into_scalar();
     diff / scale
 }
+
+/// A loss whose gradient with respect to `y` is a fixed random cotangent c (drawn by `name`):
+/// Σ y·c, in f32. Two ways of computing y then get the same incoming gradient, so their
+/// gradients differ only by their own round-off; a loss like Σ sin(y) turns y's round-off
+/// (|y|·u, large where y is) into a gradient error of that absolute size, whatever the layers do.
+pub fn against_cotangent<const D: usize>(y: Tensor<D>, name: &str) -> Tensor<1> {
+    let c = normal(y.dims(), (0.0, 1.0), name, &y.device());
+    (y.cast(FloatDType::F32) * c).sum()
+}
