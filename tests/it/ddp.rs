@@ -36,8 +36,15 @@ fn write_config(dir: &Path, max_steps: u64) -> PathBuf {
     path
 }
 
+/// Runs dpo-train with one torch thread in every process, a plain one and each worker alike: a
+/// product's blocking, and with it the order of its sums, follows the thread count on some of
+/// torch's CPU kernels (avx2's), and bit-for-bit comparisons need the same partial gradients.
 fn dpo_train(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).args(args).output().expect("the binary runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(args)
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("the binary runs");
     assert!(out.status.success(), "dpo-train {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     out
 }

@@ -278,7 +278,8 @@ impl Worker {
         records: &Path,
     ) -> Result<Self, LaunchError> {
         let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
-        let threads = (cores / spec.nproc_per_node).max(1).to_string();
+        let threads = worker_threads(std::env::var("OMP_NUM_THREADS").ok().as_deref(), cores, spec.nproc_per_node);
+        let threads = threads.to_string();
         let rank = spec.global_rank(local_rank);
         let mut cmd = Command::new(program);
         cmd.args(args)
@@ -320,6 +321,16 @@ impl Worker {
 
 /// Waits for every worker, forwarding each new interrupt; the first rank to fail, or one frozen
 /// past `timeout`, stops them all.
+/// Torch threads a worker gets: the launcher's own `OMP_NUM_THREADS` where it is a positive
+/// count (the user's or check-gpu's choice, which torchrun keeps too), else an equal share of the
+/// cores.
+fn worker_threads(omp_num_threads: Option<&str>, cores: usize, nproc: usize) -> usize {
+    match omp_num_threads.and_then(|t| t.trim().parse::<usize>().ok()) {
+        Some(threads) if threads > 0 => threads,
+        _ => (cores / nproc).max(1),
+    }
+}
+
 fn supervise(
     mut workers: Vec<Worker>,
     interrupts: &AtomicUsize,
@@ -489,6 +500,16 @@ mod tests {
                      message: address already in use";
         assert!(failed(0, taken).port_taken());
         assert!(!failed(1, taken).port_taken() && !failed(0, "error: cannot read `x`").port_taken());
+    }
+
+    #[test]
+    fn a_set_thread_count_is_kept_and_otherwise_the_cores_are_shared() {
+        assert_eq!(worker_threads(Some("3"), 16, 2), 3);
+        assert_eq!(worker_threads(None, 16, 2), 8);
+        assert_eq!(worker_threads(None, 2, 3), 1);
+        for unusable in ["0", "", "four", "-2"] {
+            assert_eq!(worker_threads(Some(unusable), 16, 4), 4, "{unusable:?}");
+        }
     }
 
     #[test]
