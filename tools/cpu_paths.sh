@@ -21,11 +21,15 @@ status=0
 for path in "${paths[@]}"; do
   echo "== ${path}: ${env_of[$path]}"
   start=$SECONDS
-  if env ${env_of[$path]} ${CARGO:-cargo} test --release --workspace --lib --no-fail-fast &&
-     env ${env_of[$path]} ${CARGO:-cargo} test --release --no-fail-fast --test it -- "$@"; then
+  # Both suites run whatever the first gives, so one run names every failure on this path.
+  failed=()
+  env ${env_of[$path]} ${CARGO:-cargo} test --release --workspace --lib --no-fail-fast || failed+=("unit tests")
+  env ${env_of[$path]} ${CARGO:-cargo} test --release --no-fail-fast --test it -- "$@" || failed+=("tests/it")
+  if [[ ${#failed[@]} -eq 0 ]]; then
     result[$path]="passed ($((SECONDS - start)) s)"
   else
-    result[$path]="FAILED ($((SECONDS - start)) s)"
+    list=$(printf '%s, ' "${failed[@]}")
+    result[$path]="FAILED: ${list%, } ($((SECONDS - start)) s)"
     status=1
   fi
 done
