@@ -319,8 +319,6 @@ impl Worker {
     }
 }
 
-/// Waits for every worker, forwarding each new interrupt; the first rank to fail, or one frozen
-/// past `timeout`, stops them all.
 /// Torch threads a worker gets: the launcher's own `OMP_NUM_THREADS` where it is a positive
 /// count (the user's or check-gpu's choice, which torchrun keeps too), else an equal share of the
 /// cores.
@@ -331,6 +329,8 @@ fn worker_threads(omp_num_threads: Option<&str>, cores: usize, nproc: usize) -> 
     }
 }
 
+/// Waits for every worker, forwarding each new interrupt; the first rank to fail, or one frozen
+/// past `timeout`, stops them all.
 fn supervise(
     mut workers: Vec<Worker>,
     interrupts: &AtomicUsize,
