@@ -153,7 +153,8 @@ pub struct ParallelArgs {
     /// checking a multi-GPU setting on one GPU.
     #[arg(long, value_name = "N|LIST|auto", conflicts_with = "devices")]
     pub gpus: Option<String>,
-    /// Data-parallel over CPU processes: `cpu:N` (the cores are divided between them).
+    /// Data-parallel over CPU processes: `cpu:N` (the cores divided between them, or each one
+    /// `OMP_NUM_THREADS` threads where that is set).
     #[arg(long, value_name = "cpu:N")]
     pub devices: Option<String>,
     /// Nodes of a multi-node job started by hand on every node (with --node-rank, --master-addr).
