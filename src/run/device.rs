@@ -17,7 +17,7 @@ pub fn describe(device: &Device, precision: Option<Precision>, ranks: usize) -> 
             Ok(name) => format!("cuda:{i} ({name})"),
             Err(_) => format!("cuda:{i}"),
         },
-        None => format!("cpu ({}, {} torch threads)", super::machine_cpu(), tch::get_num_threads()),
+        None => format!("cpu ({})", super::machine()),
     };
     let ranks = if ranks > 1 { format!(", one per rank on each of {ranks} ranks") } else { String::new() };
     let precision = match precision {
@@ -76,7 +76,9 @@ mod tests {
     fn the_cpu_is_named_with_its_precision() {
         let line = describe(&Device::libtorch(), Some(Precision::Bf16), 1);
         assert!(line.starts_with("device: cpu ("), "{line}");
-        assert!(line.ends_with(" torch threads), bf16 mixed precision, fp32 master weights"), "{line}");
+        let threads = tch::get_num_threads();
+        let said = if threads == 1 { " 1 torch thread)".to_owned() } else { format!(" {threads} torch threads)") };
+        assert!(line.ends_with(&format!("{said}, bf16 mixed precision, fp32 master weights")), "{line}");
         let two = describe(&Device::libtorch(), Some(Precision::Fp32), 2);
         assert!(two.ends_with(", one per rank on each of 2 ranks, fp32"), "{two}");
     }

@@ -95,7 +95,8 @@ impl RunSummary {
 /// The CPU and thread count a run's numbers came from: float results differ between instruction
 /// sets (AVX2, AVX-512, AMX take other kernels), so a result is reproducible on the same kind.
 pub fn machine() -> String {
-    format!("{}, {} torch threads", machine_cpu(), tch::get_num_threads())
+    let threads = tch::get_num_threads();
+    format!("{}, {threads} torch thread{}", machine_cpu(), if threads == 1 { "" } else { "s" })
 }
 
 /// The CPU model and the instruction sets among those that pick torch's kernels.
