@@ -20,7 +20,7 @@ export PATH := $(VENV)/bin:$(PATH)
 CARGO ?= cargo
 
 # The integration tests' numerical modules (tests/it/), which test-cpu-paths runs with every crate's unit tests.
-CPU_PATH_TESTS := ddp:: train:: padding_free:: trl_parity:: model_parity:: lora:: export:: generate:: eval_cli:: hub_data::
+CPU_PATH_TESTS := ddp:: train:: padding_free:: trl_parity:: kto_parity:: ref_free_parity:: kto:: model_parity:: lora:: export:: generate:: eval_cli:: hub_data::
 
 .PHONY: demo test test-steps test-cpu-paths config-reference lint bench bench-1m bench-trl gpu-check gpu-bundle build venv ref-venv gloo check-gpu clean-venv example check-example
 
