@@ -3,7 +3,8 @@
 # machine with torch but no Rust toolchain, from the binaries in this folder; sections as
 # benches/gpu/main.rs names them (the default: path probe nccl attention, then parity memory
 # dist and plan's estimates side by side, then targets lora8b offload and plan's printed command;
-# throughput scale profile shapes checkpointing mfu when named). Writes
+# throughput scale profile shapes checkpointing bisect mfu when named; bisect times the builds
+# tools/gpu_bisect.sh packed into gpu-bisect/, carried beside gpu-bundle/). Writes
 # results/gpu/<date>-<gpu>.md in the checkout and, where OUT is set, copies it, the profiler
 # traces and the whole log there.
 set -u

@@ -315,6 +315,20 @@ pub fn dpo_train_rate_env(
     model: &Path,
     data: &Path,
     out: &Path,
+    run: (usize, usize, usize),
+    extra: &[&str],
+    envs: &[(&str, &Path)],
+) -> TrainRate {
+    dpo_train_rate_of(Path::new(env!("CARGO_BIN_EXE_dpo-train")), model, data, out, run, extra, envs)
+}
+
+/// [`dpo_train_rate_env`] by the executable `bin`: this build's dpo-train, or an earlier one the
+/// GPU check's `bisect` section brings (its config keys and metrics.csv are read alike).
+pub fn dpo_train_rate_of(
+    bin: &Path,
+    model: &Path,
+    data: &Path,
+    out: &Path,
     (batch, steps, max_length): (usize, usize, usize),
     extra: &[&str],
     envs: &[(&str, &Path)],
@@ -339,11 +353,8 @@ pub fn dpo_train_rate_env(
     let mut args = vec!["train", "--config", config.to_str().unwrap_or_default()];
     args.extend(extra);
     let started = std::time::Instant::now();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dpo-train"))
-        .args(&args)
-        .envs(envs.iter().copied())
-        .output()
-        .expect("dpo-train runs");
+    let output =
+        std::process::Command::new(bin).args(&args).envs(envs.iter().copied()).output().expect("dpo-train runs");
     let wall_seconds = started.elapsed().as_secs_f64();
     let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "dpo-train {} failed:\n{said}", args.join(" "));

@@ -19,6 +19,7 @@
 //! 8. `profile` (named only): torch's profiler over a few steps of the small workloads (traces in
 //!    results/gpu/traces); `shapes` (named only): the 0.5B row's micro-batches padded or not;
 //!    `checkpointing` (named only): the checkpointed 0.5B row setting by setting, and profiled;
+//!    `bisect` (named only): that row by earlier builds packed by `tools/gpu_bisect.sh`;
 //!    `mfu` (named only): `targets`' rows, dpo-train alone;
 //! 9. two ranks sharing `cuda:0` (plain DDP, ZeRO-1/2/3, the offloaded optimizer) against one rank,
 //!    Ctrl-C and a killed rank (`dist.rs`).
@@ -58,9 +59,10 @@ use rows::{Row, compare, cuda_matmul_peak};
 /// Sections a run without names leaves out, each covered by another (issue 33 asks the whole check
 /// to fit 15 minutes): `throughput` and `scale` by `targets`' rows against TRL (0.5B and 1.1B),
 /// `profile` by its profile of the 0.5B row; `shapes` is a diagnosis (what padding micro-batches
-/// to few shapes buys) and `checkpointing` another (where the checkpointed 0.5B row's time goes);
+/// to few shapes buys), `checkpointing` another (where the checkpointed 0.5B row's time goes) and
+/// `bisect` a third (which earlier builds ran it faster);
 /// `mfu` is `targets`' rows without TRL, the quick look at a change.
-const OPTIONAL: [&str; 6] = ["throughput", "scale", "profile", "shapes", "checkpointing", "mfu"];
+const OPTIONAL: [&str; 7] = ["throughput", "scale", "profile", "shapes", "checkpointing", "bisect", "mfu"];
 
 #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
 fn main() {
@@ -163,7 +165,7 @@ type Timed<'a> = (&'static str, &'static str, &'a dyn Fn(&mut Vec<String>) -> St
 /// The sections that time runs, or fill the GPU, one at a time.
 fn timed(report: &mut Report, runs: &dyn Fn(&str) -> bool, at: &At) {
     let (work, out) = (at.work, at.out);
-    let sections: [Timed; 10] = [
+    let sections: [Timed; 11] = [
         ("throughput", "Throughput against TRL on this GPU", &|f| throughput(work, out, f)),
         ("scale", "A 1B model against TRL on this GPU", &|f| scale(work, out, f)),
         ("targets", "Issue 33's rows: 0.5B and 1.1B against TRL and TRL with Liger's kernels", &|f| {
@@ -176,6 +178,7 @@ fn timed(report: &mut Report, runs: &dyn Fn(&str) -> bool, at: &At) {
         ("checkpointing", "The 0.5B row with gradient checkpointing, setting by setting", &|_| {
             targets::checkpointing(work, out)
         }),
+        ("bisect", "The checkpointed 0.5B row by earlier builds (gpu-bisect/)", &|_| targets::bisect(work, out)),
         ("lora8b", "Issue 33's 8B LoRA row against TRL + PEFT and with Liger's kernels", &|f| {
             targets::lora8b(work, out, f)
         }),

@@ -8,7 +8,8 @@
 //! time). The `mfu` section (not in a run without names): those rows, dpo-train alone. The
 //! `shapes` section (likewise named only): that row with its micro-batches as they come and
 //! padded to few shapes. The `checkpointing` section (likewise named only): the
-//! checkpointed 0.5B row with settings changed since an earlier, faster run turned back, profiled.
+//! checkpointed 0.5B row with settings changed since an earlier, faster run turned back, profiled;
+//! `bisect` (named only): that row by earlier builds of dpo-train brought beside this one.
 //! The `lora8b` section: Llama-3.1-8B's trunk with LoRA r 16, likewise (its own section: the
 //! model alone is 30 GB to write and read). Each row's line names its shape ("0.5B", "1.1B",
 //! "8B LoRA") with `MFU N%`.
@@ -126,6 +127,60 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
     let run = (RUN.0, 20, RUN.2);
     let _ = write!(text, "\n{}", profiled("qwen05b-bf16-checkpointing", model, data, out, run, &flags[2..]));
     text
+}
+
+/// The `bisect` section (named only): the checkpointed 0.5B row, as [`checkpointing`] runs it, by
+/// this build and then by each earlier dpo-train `tools/gpu_bisect.sh` packed into `gpu-bisect/`
+/// (oldest first): which commits the row's rate changed between, measured on one machine in one
+/// call. 12 steps a run (the rate over steps 2-12), half the targets' 24: a regression worth finding
+/// is larger than what the shorter window costs in precision, and each build's start (CUDA, the
+/// 0.5B model) is paid once a run. Each rate is printed as it is measured, so a call cut short
+/// keeps the ones before; a build that fails is said and the next one runs.
+pub fn bisect(work: &Path, out: &Path) -> String {
+    let model = common::generated(work, &QWEN05B, "qwen2");
+    let data = pairs(work, &model);
+    let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
+    let dir = common::root().join("gpu-bisect");
+    let list = std::fs::read_to_string(dir.join("list")).unwrap_or_default();
+    let mut builds = vec![(PathBuf::from(env!("CARGO_BIN_EXE_dpo-train")), "this build".to_owned())];
+    for line in list.lines().filter(|l| !l.trim().is_empty()) {
+        let (commit, subject) = line.split_once(' ').unwrap_or((line, ""));
+        let bin = out.join(format!("dpo-train-{commit}"));
+        match unpacked(&dir.join(format!("{commit}.xz")), &bin) {
+            Ok(()) => builds.push((bin, format!("at {commit} ({})", subject.chars().take(60).collect::<String>()))),
+            Err(why) => println!("bisect: {commit}: {why}"),
+        }
+    }
+    let mut text = match list.is_empty() {
+        true => "no earlier builds in gpu-bisect/ (tools/gpu_bisect.sh packs them): this build alone\n".to_owned(),
+        false => String::new(),
+    };
+    for (bin, name) in &builds {
+        let rate = std::panic::catch_unwind(|| {
+            common::dpo_train_rate_of(bin, &model, &data, out, (RUN.0, 12, RUN.2), &flags, &[]).pairs_per_second
+        });
+        let line = match rate {
+            Ok(rate) => format!("0.5B, gradient checkpointing, {name}: {rate:.1} pairs/s\n"),
+            Err(_) => format!("0.5B, gradient checkpointing, {name}: failed (the log above says why)\n"),
+        };
+        print!("{line}");
+        text += &line;
+    }
+    text
+}
+
+/// `packed` (xz) decompressed to the executable `bin`.
+fn unpacked(packed: &Path, bin: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = std::fs::File::create(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let status = std::process::Command::new("xz").arg("-dc").arg(packed).stdout(file).status();
+    match status {
+        Ok(s) if s.success() => {
+            std::fs::set_permissions(bin, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())
+        }
+        Ok(s) => Err(format!("xz -dc {} exited {s}", packed.display())),
+        Err(e) => Err(format!("xz: {e}")),
+    }
 }
 
 /// Llama-3.1-8B's trunk with LoRA r 16 on q_proj and v_proj (PEFT's default targets) over a bf16
