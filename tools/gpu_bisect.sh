@@ -8,7 +8,7 @@
 #
 # The builds share target-cu130 (its dependencies built once), each in one worktree checked out at
 # the commit in turn; the last build left in target-cu130/release is the bisected one, so
-# `make gpu-bundle` afterwards relinks this checkout's. A binary is about 6 MiB packed: the
+# `make gpu-bundle` afterwards relinks this checkout's. A binary is about 5.3 MiB packed: the
 # device's carry takes 64 MiB, the bundle about 13 of them, so seven commits at most.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: tools/gpu_bisect.sh COMMIT..." >&2; exit 2; }
