@@ -26,6 +26,9 @@ use super::rows::{Row, compare, cuda_matmul_peak};
 /// Pairs a step, steps, max_length: TRL's defaults, with steps enough for a rate past warm-up.
 const RUN: (usize, usize, usize) = (8, 24, 1024);
 
+/// dpo-train's flags for the checkpointed 0.5B row in the `checkpointing` and `bisect` sections.
+const CHECKPOINTED: [&str; 5] = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
+
 /// The rows, then the 0.5B profile (the profiled run takes 20 steps: steps 11-15 are traced).
 pub fn targets(work: &Path, out: &Path, failures: &mut Vec<String>) -> String {
     let (mut text, qwen, data) = rows(work, out, true, failures);
@@ -103,7 +106,7 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
     let model = common::generated(work, &QWEN05B, "qwen2");
     let data = pairs(work, &model);
     let (model, data) = (model.as_path(), data.as_path());
-    let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
+    let flags = CHECKPOINTED;
     let mut text = String::new();
     // torch's own name for the allocator's settings, as dpo-train reads it.
     let allocator = dpo_torch::allocator::ALLOCATOR_VARS[0];
@@ -139,7 +142,7 @@ pub fn checkpointing(work: &Path, out: &Path) -> String {
 pub fn bisect(work: &Path, out: &Path) -> String {
     let model = common::generated(work, &QWEN05B, "qwen2");
     let data = pairs(work, &model);
-    let flags = ["--device", "cuda:0", "--bf16", "--gradient-checkpointing", "true"];
+    let flags = CHECKPOINTED;
     let dir = common::root().join("gpu-bisect");
     let list = std::fs::read_to_string(dir.join("list")).unwrap_or_default();
     let mut builds = vec![(PathBuf::from(env!("CARGO_BIN_EXE_dpo-train")), "this build".to_owned())];
