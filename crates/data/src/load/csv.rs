@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use super::{
-    COMPLETION, LABEL, LineIndex, LoadOptions, PreferenceRow, Reading, Rows, Text, build_row, build_unpaired_row,
+    COMPLETION, Columns, LABEL, LineIndex, LoadOptions, PreferenceRow, Reading, Rows, Text, build_row,
+    build_unpaired_row,
 };
 use crate::error::{DataError, RowProblem};
 
@@ -26,29 +27,7 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
         DataError::MalformedCsv { path: path.to_path_buf(), line, source }
     };
     let header = read_header(&mut reader, &mut record, path, &record_line, &malformed)?;
-    let find = |name: &str| header.iter().position(|h| h == name);
-    let missing = |column: &str| DataError::MissingColumn {
-        path: path.to_path_buf(),
-        column: column.to_string(),
-        found: if header.is_empty() {
-            "no columns".to_string()
-        } else {
-            header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
-        },
-    };
-    let shape = match opts.rows.reading(cols, |name| find(name).is_some()) {
-        Reading::Unpaired => Shape::Unpaired {
-            prompt: find(&cols.prompt).ok_or_else(|| missing(&cols.prompt))?,
-            completion: find(COMPLETION).ok_or_else(|| missing(COMPLETION))?,
-            label: find(LABEL).ok_or_else(|| missing(LABEL))?,
-        },
-        Reading::Refused(problem) => Shape::Refused(problem),
-        Reading::Pairs => Shape::Pairs {
-            chosen: find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
-            rejected: find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
-            prompt: find(&cols.prompt),
-        },
-    };
+    let shape = Shape::of(&header, opts, path)?;
     rows.implicit = Some((matches!(shape, Shape::Pairs { prompt: None, .. }), 1));
     loop {
         match reader.read_byte_record(&mut record) {
@@ -67,44 +46,7 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
             }
         }
         let line = record_line(&record);
-        let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
-            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
-            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
-            Ok(Text::Plain(s.to_string()))
-        };
-        let parsed = (|| -> Result<PreferenceRow, RowProblem> {
-            match &shape {
-                Shape::Pairs { chosen, rejected, prompt } => {
-                    let prompt = match prompt {
-                        Some(at) => Some(field(*at, &cols.prompt)?),
-                        None => None,
-                    };
-                    build_row(line, prompt, field(*chosen, &cols.chosen)?, field(*rejected, &cols.rejected)?, cols)
-                }
-                Shape::Unpaired { prompt, completion, label } => {
-                    let Text::Plain(value) = field(*label, LABEL)? else { unreachable!("CSV fields are text") };
-                    // pandas (under `datasets`) reads these spellings as booleans, and 0/1 as
-                    // integers, which TRL takes as labels too.
-                    let label = match value.trim() {
-                        "true" | "True" | "TRUE" | "1" => true,
-                        "false" | "False" | "FALSE" | "0" => false,
-                        other => {
-                            let found = format!("`{other}`");
-                            return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found });
-                        }
-                    };
-                    build_unpaired_row(
-                        line,
-                        field(*prompt, &cols.prompt)?,
-                        field(*completion, COMPLETION)?,
-                        label,
-                        cols,
-                    )
-                }
-                Shape::Refused(problem) => Err(problem.clone()),
-            }
-        })();
-        rows.push(line, parsed)?;
+        rows.push(line, shape.row(&record, line, cols))?;
     }
     Ok(())
 }
@@ -123,6 +65,69 @@ enum Shape {
     },
     /// Rows of the other kind than the loss reads: each is this problem.
     Refused(RowProblem),
+}
+
+impl Shape {
+    /// The columns `header` names for the rows `opts` reads, or the one missing.
+    fn of(header: &[String], opts: &LoadOptions, path: &Path) -> Result<Self, DataError> {
+        let cols = &opts.columns;
+        let find = |name: &str| header.iter().position(|h| h == name);
+        let missing = |column: &str| DataError::MissingColumn {
+            path: path.to_path_buf(),
+            column: column.to_string(),
+            found: if header.is_empty() {
+                "no columns".to_string()
+            } else {
+                header.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
+            },
+        };
+        Ok(match opts.rows.reading(cols, |name| find(name).is_some()) {
+            Reading::Unpaired => Shape::Unpaired {
+                prompt: find(&cols.prompt).ok_or_else(|| missing(&cols.prompt))?,
+                completion: find(COMPLETION).ok_or_else(|| missing(COMPLETION))?,
+                label: find(LABEL).ok_or_else(|| missing(LABEL))?,
+            },
+            Reading::Refused(problem) => Shape::Refused(problem),
+            Reading::Pairs => Shape::Pairs {
+                chosen: find(&cols.chosen).ok_or_else(|| missing(&cols.chosen))?,
+                rejected: find(&cols.rejected).ok_or_else(|| missing(&cols.rejected))?,
+                prompt: find(&cols.prompt),
+            },
+        })
+    }
+
+    /// The row of `record`, which starts on `line`.
+    fn row(&self, record: &::csv::ByteRecord, line: usize, cols: &Columns) -> Result<PreferenceRow, RowProblem> {
+        let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
+            let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
+            let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
+            Ok(Text::Plain(s.to_string()))
+        };
+        match self {
+            Shape::Pairs { chosen, rejected, prompt } => {
+                let prompt = match prompt {
+                    Some(at) => Some(field(*at, &cols.prompt)?),
+                    None => None,
+                };
+                build_row(line, prompt, field(*chosen, &cols.chosen)?, field(*rejected, &cols.rejected)?, cols)
+            }
+            Shape::Unpaired { prompt, completion, label } => {
+                let Text::Plain(value) = field(*label, LABEL)? else { unreachable!("CSV fields are text") };
+                // pandas (under `datasets`) reads these spellings as booleans, and 0/1 as
+                // integers, which TRL takes as labels too.
+                let label = match value.trim() {
+                    "true" | "True" | "TRUE" | "1" => true,
+                    "false" | "False" | "FALSE" | "0" => false,
+                    other => {
+                        let found = format!("`{other}`");
+                        return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found });
+                    }
+                };
+                build_unpaired_row(line, field(*prompt, &cols.prompt)?, field(*completion, COMPLETION)?, label, cols)
+            }
+            Shape::Refused(problem) => Err(problem.clone()),
+        }
+    }
 }
 
 /// The header row's column names.
