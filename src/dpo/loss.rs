@@ -19,24 +19,60 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
     if let Some(family) = cfg.family() {
         return super::ref_free::loss(s, cfg, family);
     }
-    let beta = cfg.beta;
-    let eps = cfg.label_smoothing;
-    let chosen_logratios = s.chosen_logps.clone() - s.ref_chosen_logps.clone(); // [B]
-    let rejected_logratios = s.rejected_logps.clone() - s.ref_rejected_logps.clone(); // [B]
-    let chosen_scores = f_score(chosen_logratios.clone(), cfg);
-    let rejected_scores = f_score(rejected_logratios.clone(), cfg);
-    let delta = chosen_scores.clone() - rejected_scores.clone(); // [B]
-    // Per-token averaged scores, as IPO and sigmoid_norm use them.
-    let normalised = || {
-        chosen_scores.clone() / s.chosen_lengths.clone().clamp_min(1.0)
-            - rejected_scores.clone() / s.rejected_lengths.clone().clamp_min(1.0)
-    };
-    // `-(1-ε)·log σ(βd) - ε·log σ(-βd)`, shared by aot and aot_unpaired.
-    let smoothed_sigmoid = |d: Tensor<1>| log_sigmoid(d.clone() * beta) * -(1.0 - eps) - log_sigmoid(d * -beta) * eps;
-
+    let ratios = Ratios::of(s, cfg);
     let mut total: Option<Tensor<1>> = None;
     for (loss_type, weight) in cfg.weighted_types() {
-        let per_pair = match loss_type {
+        let Some(per_pair) = ratios.per_pair(loss_type, s, cfg) else { continue };
+        let per_pair =
+            if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };
+        let term = per_pair.mean() * weight;
+        total = Some(match total {
+            Some(t) => t + term,
+            None => term,
+        });
+    }
+    // `validate` guarantees at least one loss type.
+    total.expect("LossConfig::validate ensures a loss type")
+}
+
+/// The log-ratios against the reference, computed once for every loss of a weighted sum.
+///
+/// # Shapes
+/// - every field: `[B]`
+struct Ratios {
+    chosen: Tensor<1>,
+    rejected: Tensor<1>,
+    /// Their f-divergence scores ([`f_score`]).
+    chosen_scores: Tensor<1>,
+    rejected_scores: Tensor<1>,
+    /// `chosen_scores − rejected_scores`.
+    delta: Tensor<1>,
+}
+
+impl Ratios {
+    fn of(s: &PairScores, cfg: &LossConfig) -> Self {
+        let chosen = s.chosen_logps.clone() - s.ref_chosen_logps.clone();
+        let rejected = s.rejected_logps.clone() - s.ref_rejected_logps.clone();
+        let chosen_scores = f_score(chosen.clone(), cfg);
+        let rejected_scores = f_score(rejected.clone(), cfg);
+        let delta = chosen_scores.clone() - rejected_scores.clone();
+        Ratios { chosen, rejected, chosen_scores, rejected_scores, delta }
+    }
+
+    /// `loss_type`'s loss of each pair; None for the reference-free family, which
+    /// `LossConfig::validate` keeps alone (handled before these).
+    fn per_pair(&self, loss_type: LossType, s: &PairScores, cfg: &LossConfig) -> Option<Tensor<1>> {
+        let (beta, eps) = (cfg.beta, cfg.label_smoothing);
+        let Ratios { chosen: chosen_logratios, rejected: rejected_logratios, delta, .. } = self;
+        // Per-token averaged scores, as IPO and sigmoid_norm use them.
+        let normalised = || {
+            self.chosen_scores.clone() / s.chosen_lengths.clone().clamp_min(1.0)
+                - self.rejected_scores.clone() / s.rejected_lengths.clone().clamp_min(1.0)
+        };
+        // `-(1-ε)·log σ(βd) - ε·log σ(-βd)`, shared by aot and aot_unpaired.
+        let smoothed_sigmoid =
+            |d: Tensor<1>| log_sigmoid(d.clone() * beta) * -(1.0 - eps) - log_sigmoid(d * -beta) * eps;
+        Some(match loss_type {
             LossType::Sigmoid => -log_sigmoid(delta.clone() * beta),
             LossType::Hinge => relu((delta.clone() * beta).neg() + 1.0),
             LossType::Ipo => (normalised() - 1.0 / (2.0 * beta)).square(),
@@ -93,18 +129,9 @@ pub fn dpo_loss(s: &PairScores, cfg: &LossConfig) -> Tensor<1> {
             | LossType::Alphapo
             | LossType::Orpo
             | LossType::Kto
-            | LossType::ApoZeroUnpaired => continue,
-        };
-        let per_pair =
-            if cfg.use_weighting { per_pair * (s.chosen_wpo.clone() + s.rejected_wpo.clone()).exp() } else { per_pair };
-        let term = per_pair.mean() * weight;
-        total = Some(match total {
-            Some(t) => t + term,
-            None => term,
-        });
+            | LossType::ApoZeroUnpaired => return None,
+        })
     }
-    // `validate` guarantees at least one loss type.
-    total.expect("LossConfig::validate ensures a loss type")
 }
 
 /// The f-divergence score of a log-ratio (TRL: reverse KL keeps it, the others transform it).
