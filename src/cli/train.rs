@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use burn::tensor::Device;
+
 use super::args::TrainArgs;
 use super::launch::{Placed, ProcessMemory, place};
 use super::progress::{ConsoleProgress, Silent};
@@ -102,23 +104,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let ranks = group.as_ref().map_or(1, |g| g.world_size());
-    let mut config_description = format!(
-        "effective config ({}):\n{}\n{}",
-        layered.sources(),
-        indent(&layered.describe()),
-        crate::run::device::describe(&device, Some(plan.precision), ranks)
-    );
-    if cfg.tf32 == Some(true) {
-        config_description.push_str(", TF32 for the f32 matrix products");
-    }
-    let par = &args.parallel;
-    for found in &found {
-        config_description = format!("{config_description}\n{}", found.describe());
-    }
-    if let Some(note) = super::device::auto_fell_back(par.device, par.devices.is_some() || par.gpus.is_some(), &device)
-    {
-        config_description = format!("{config_description}\n{note}");
-    }
+    let config_description = describe_run(&layered, &found, &plan, &args.parallel, &device, ranks);
     let rt = Runtime { device, interrupt, workers, overlap_reference };
     let request =
         RunRequest { cfg, plan, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
@@ -131,6 +117,34 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         print_summary(&summary)?;
     }
     Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
+}
+
+/// What a run prints first: the effective config and its sources, the device line (TF32 where
+/// it is on), the values read from the Hugging Face cache, and why `--device auto` took the CPU.
+fn describe_run(
+    layered: &Layered,
+    found: &[Found],
+    plan: &RunPlan,
+    par: &super::args::ParallelArgs,
+    device: &Device,
+    ranks: usize,
+) -> String {
+    let mut text = format!(
+        "effective config ({}):\n{}\n{}",
+        layered.sources(),
+        indent(&layered.describe()),
+        crate::run::device::describe(device, Some(plan.precision), ranks)
+    );
+    if layered.cfg.tf32 == Some(true) {
+        text.push_str(", TF32 for the f32 matrix products");
+    }
+    for found in found {
+        text = format!("{text}\n{}", found.describe());
+    }
+    if let Some(note) = super::device::auto_fell_back(par.device, par.devices.is_some() || par.gpus.is_some(), device) {
+        text = format!("{text}\n{note}");
+    }
+    text
 }
 
 /// Refuses, before anything starts, CPU processes that cannot fit in this host's memory by
