@@ -16,7 +16,7 @@ pub mod claim;
 pub mod device;
 mod inputs;
 use crate::train::{
-    DrawPlots, Objective, Progress, Run, Runtime, Stage, StageOutcome, WandbTarget, Workers, run_stage,
+    DrawPlots, Objective, Progress, Run, RunData, Runtime, Stage, StageOutcome, WandbTarget, Workers, run_stage,
 };
 
 /// What `dpo-train train` or `dpo-train sft` was asked to do.
@@ -136,49 +136,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
 
 /// [`run`] in the claimed `run_dir`.
 fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
-    let workers = req.rt.workers;
-    let cfg = &req.cfg;
-    if workers.is_main() {
-        // This process holds the directory: anything half-written there is a dead writer's.
-        for dir in [run_dir.join(SFT_DIR), run_dir.clone()] {
-            for stale in crate::train::checkpoint::remove_staging(&dir) {
-                progress.line(&format!("removed `{}`, left by a writer that died", stale.display()));
-            }
-        }
-    }
-    // W&B's python is found before anything is written: a run that cannot log where it was asked
-    // to is refused as bad input (`all` takes W&B only where it is installed).
-    let wandb_python = match cfg.reports_to_wandb().filter(|_| workers.is_main()) {
-        Some(true) => {
-            Some(crate::wandb::python().map_err(|message| ConfigError::Invalid { key: "report_to", message })?)
-        }
-        Some(false) => crate::wandb::python().ok(),
-        None => None,
-    };
-    if let Some(enable) = cfg.tf32 {
-        device::set_tf32(enable, &req.rt.device).map_err(|message| ConfigError::Invalid { key: "tf32", message })?;
-    }
-    if resume {
-        crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), &run_dir], cfg, workers.world_size())?;
-    }
-    let demo_assets = if uses_demo(cfg) { Some(prepare_demo(&run_dir, req, progress)?) } else { None };
-    // Models, tokenizer and data are checked before the run directory exists: a refused run
-    // leaves nothing behind. Their notes follow the config.
-    let inputs::Inputs { model_dir, data, reports, notes } =
-        inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
-    if workers.is_main() {
-        std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
-        let path = run_dir.join("data_report.json");
-        let json = serde_json::to_string_pretty(&reports)? + "\n";
-        crate::fsutil::write_atomic(&path, json.as_bytes())
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-    }
-    if !req.config_description.is_empty() {
-        progress.line(&req.config_description);
-    }
-    progress.line(&format!("run directory `{}`", run_dir.display()));
-    notes.iter().for_each(|line| progress.line(line));
-
+    let (workers, cfg) = (req.rt.workers, &req.cfg);
+    let Prepared { model_dir, data, demo_assets, wandb_python } = prepare(req, &run_dir, resume, progress)?;
     let run = Run { cfg, plan: &req.plan, data: &data, rt: &req.rt };
     let tensorboard = cfg.tensorboard_dir(&run_dir);
     let run_name = run_dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
@@ -231,6 +190,63 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     Ok(summary)
+}
+
+/// What a run has checked and read before its first stage, its run directory made.
+struct Prepared {
+    model_dir: PathBuf,
+    data: RunData,
+    demo_assets: Option<DemoAssets>,
+    /// The python that logs to W&B, where the run reports there.
+    wandb_python: Option<PathBuf>,
+}
+
+/// Clears what a dead writer left in `run_dir`, checks the settings that need the machine (W&B's
+/// python, TF32, a resume's batch), builds the demo's assets, reads the inputs, writes
+/// `data_report.json` and prints the config and the inputs' notes.
+fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<Prepared> {
+    let (workers, cfg) = (req.rt.workers, &req.cfg);
+    if workers.is_main() {
+        // This process holds the directory: anything half-written there is a dead writer's.
+        for dir in [run_dir.join(SFT_DIR), run_dir.to_path_buf()] {
+            for stale in crate::train::checkpoint::remove_staging(&dir) {
+                progress.line(&format!("removed `{}`, left by a writer that died", stale.display()));
+            }
+        }
+    }
+    // W&B's python is found before anything is written: a run that cannot log where it was asked
+    // to is refused as bad input (`all` takes W&B only where it is installed).
+    let wandb_python = match cfg.reports_to_wandb().filter(|_| workers.is_main()) {
+        Some(true) => {
+            Some(crate::wandb::python().map_err(|message| ConfigError::Invalid { key: "report_to", message })?)
+        }
+        Some(false) => crate::wandb::python().ok(),
+        None => None,
+    };
+    if let Some(enable) = cfg.tf32 {
+        device::set_tf32(enable, &req.rt.device).map_err(|message| ConfigError::Invalid { key: "tf32", message })?;
+    }
+    if resume {
+        crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), run_dir], cfg, workers.world_size())?;
+    }
+    let demo_assets = if uses_demo(cfg) { Some(prepare_demo(run_dir, req, progress)?) } else { None };
+    // Models, tokenizer and data are checked before the run directory exists: a refused run
+    // leaves nothing behind. Their notes follow the config.
+    let inputs::Inputs { model_dir, data, reports, notes } =
+        inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
+    if workers.is_main() {
+        std::fs::create_dir_all(run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
+        let path = run_dir.join("data_report.json");
+        let json = serde_json::to_string_pretty(&reports)? + "\n";
+        crate::fsutil::write_atomic(&path, json.as_bytes())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    if !req.config_description.is_empty() {
+        progress.line(&req.config_description);
+    }
+    progress.line(&format!("run directory `{}`", run_dir.display()));
+    notes.iter().for_each(|line| progress.line(line));
+    Ok(Prepared { model_dir, data, demo_assets, wandb_python })
 }
 
 /// Where the supervised warm-up left the run.
