@@ -15,9 +15,20 @@ fn main() {
             println!("cargo:rerun-if-changed={git_dir}/{reference}");
         }
     }
+    // And when the code it builds from changes: a build of edits to a commit names it `-dirty`
+    // (as `git describe --dirty`), so a figure measured with it does not claim the commit's code.
+    for path in BUILT_FROM {
+        println!("cargo:rerun-if-changed={path}");
+    }
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".to_owned());
-    println!("cargo:rustc-env=DPO_TRAIN_COMMIT={commit}");
+    let mut diff = Command::new("git");
+    diff.args(["diff", "--quiet", "HEAD", "--"]).args(BUILT_FROM);
+    let dirty = diff.status().is_ok_and(|s| s.code() == Some(1));
+    println!("cargo:rustc-env=DPO_TRAIN_COMMIT={commit}{}", if dirty { "-dirty" } else { "" });
 }
+
+/// The tracked paths dpo-train's binaries are built from.
+const BUILT_FROM: [&str; 6] = ["src", "crates", "benches", "build.rs", "Cargo.toml", "Cargo.lock"];
 
 /// `git ARGS`'s output, trimmed; `None` outside a checkout or without git.
 fn git(args: &[&str]) -> Option<String> {

@@ -48,6 +48,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$GPU_
   liger-kernel==0.8.5
 cp tools/gpu_run.sh "$BUNDLE.tmp/run.sh"
 echo "$ROOT" > "$BUNDLE.tmp/built-in"
-echo "torch $TORCH_GPU ($("$VENV/bin/python" -c 'import torch; print(torch.__version__)')), commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' with local changes')" > "$BUNDLE.tmp/built-with"
+echo "torch $TORCH_GPU ($("$VENV/bin/python" -c 'import torch; print(torch.__version__)')), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes')" > "$BUNDLE.tmp/built-with"
 rm -rf "$BUNDLE" && mv "$BUNDLE.tmp" "$BUNDLE"
 du -sh "$BUNDLE"; cat "$BUNDLE/built-with"

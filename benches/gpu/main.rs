@@ -355,13 +355,16 @@ fn today() -> String {
     output(Path::new("date"), &["+%F"]).trim().to_owned()
 }
 
-/// The libtorch and driver this check ran on, and the host's processor.
+/// The code this check measured (dpo-train's commit, `-dirty` for a build of edits to it), the
+/// libtorch and driver it ran on, and the host's processor.
 fn versions() -> String {
     let python = common::python();
     let torch = output(&python, &["-c", "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)"]);
     let driver = output(Path::new("nvidia-smi"), &["--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]);
     format!(
-        "torch {} (the libtorch dpo-train links), NVIDIA driver {}, host {} ({} threads for libtorch)",
+        "dpo-train at commit {}, torch {} (the libtorch dpo-train links), NVIDIA driver {}, host {} ({} threads for \
+         libtorch)",
+        env!("DPO_TRAIN_COMMIT"),
         torch.trim(),
         driver.trim(),
         common::cpu_model(),
