@@ -28,7 +28,7 @@ fn main() {
 }
 
 /// The tracked paths dpo-train's binaries are built from.
-const BUILT_FROM: [&str; 6] = ["src", "crates", "benches", "build.rs", "Cargo.toml", "Cargo.lock"];
+const BUILT_FROM: [&str; 5] = ["src", "crates", "build.rs", "Cargo.toml", "Cargo.lock"];
 
 /// `git ARGS`'s output, trimmed; `None` outside a checkout or without git.
 fn git(args: &[&str]) -> Option<String> {
