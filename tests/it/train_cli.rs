@@ -352,8 +352,12 @@ fn env_reports_the_build_and_the_machine() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
     };
+    // The commit, `-dirty` where dpo-train's code differs from it (as build.rs tells them apart).
     let commit = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
-    assert_eq!(v["dpo_train"]["commit"], String::from_utf8_lossy(&commit.stdout).trim());
+    let code = ["src", "crates", "build.rs", "Cargo.toml", "Cargo.lock"];
+    let diff = Command::new("git").args(["diff", "--quiet", "HEAD", "--"]).args(code).status().unwrap();
+    let dirty = if diff.code() == Some(1) { "-dirty" } else { "" };
+    assert_eq!(v["dpo_train"]["commit"], format!("{}{dirty}", String::from_utf8_lossy(&commit.stdout).trim()));
     assert_eq!(v["dpo_train"]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v["torch"]["version"], python("import torch; print(torch.__version__)"));
     let cuda = python("import torch; print(torch.version.cuda or '')");
