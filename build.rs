@@ -25,6 +25,8 @@ fn main() {
     diff.args(["diff", "--quiet", "HEAD", "--"]).args(BUILT_FROM);
     let dirty = diff.status().is_ok_and(|s| s.code() == Some(1));
     println!("cargo:rustc-env=DPO_TRAIN_COMMIT={commit}{}", if dirty { "-dirty" } else { "" });
+    // The same paths for the test that checks the marker.
+    println!("cargo:rustc-env=DPO_TRAIN_BUILT_FROM={}", BUILT_FROM.join(" "));
 }
 
 /// The tracked paths dpo-train's binaries are built from.

@@ -354,7 +354,7 @@ fn env_reports_the_build_and_the_machine() {
     };
     // The commit, `-dirty` where dpo-train's code differs from it (as build.rs tells them apart).
     let commit = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output().unwrap();
-    let code = ["src", "crates", "build.rs", "Cargo.toml", "Cargo.lock"];
+    let code = env!("DPO_TRAIN_BUILT_FROM").split(' ');
     let diff = Command::new("git").args(["diff", "--quiet", "HEAD", "--"]).args(code).status().unwrap();
     let dirty = if diff.code() == Some(1) { "-dirty" } else { "" };
     assert_eq!(v["dpo_train"]["commit"], format!("{}{dirty}", String::from_utf8_lossy(&commit.stdout).trim()));
