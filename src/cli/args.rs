@@ -186,6 +186,8 @@ pub struct KeyFlags<S> {
 pub type ConfigOverrides = KeyFlags<AllKeys>;
 /// The loss keys: `eval`'s flags.
 pub type LossFlags = KeyFlags<LossKeys>;
+/// The keys that decide how training reads and tokenises its data: `data lengths`' flags.
+pub type ReadFlags = KeyFlags<ReadKeys>;
 
 /// Which keys a [`KeyFlags`] declares.
 pub trait KeySelection {
@@ -199,6 +201,8 @@ pub trait KeySelection {
 pub struct AllKeys;
 #[derive(Debug, Clone)]
 pub struct LossKeys;
+#[derive(Debug, Clone)]
+pub struct ReadKeys;
 
 impl KeySelection for AllKeys {
     const HEADING: &'static str = "Config keys (override the file)";
@@ -213,6 +217,27 @@ impl KeySelection for LossKeys {
     const TRL_KEYS: bool = false;
     fn includes(key: &KeyDoc) -> bool {
         key.section == Section::Loss
+    }
+}
+
+impl KeySelection for ReadKeys {
+    const HEADING: &'static str = "How training reads the data (its config keys)";
+    const TRL_KEYS: bool = false;
+    fn includes(key: &KeyDoc) -> bool {
+        // The loss decides the rows (KTO's unpaired ones) and how they are truncated.
+        const READ: [&str; 10] = [
+            "dataset_train_split",
+            "prompt_column",
+            "chosen_column",
+            "rejected_column",
+            "skip_bad_rows",
+            "max_length",
+            "truncation_mode",
+            "per_device_train_batch_size",
+            "loss_type",
+            "unpair",
+        ];
+        READ.contains(&key.name)
     }
 }
 
@@ -404,12 +429,12 @@ pub struct LengthsArgs {
     /// its Hub name, cached).
     #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: PathBuf,
-    /// Tokens per sequence, as training's --max-length truncates them (default: TRL's 1024).
-    #[arg(long, value_name = "N")]
-    pub max_length: Option<usize>,
     /// How many of the longest pairs to list (a micro-batch of up to this many is planned exactly).
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub top: usize,
+    /// The keys training reads the data by, spelled as `train`'s flags (its defaults where unset).
+    #[command(flatten)]
+    pub read: ReadFlags,
 }
 
 /// `dpo-train data synth` flags.

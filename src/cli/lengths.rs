@@ -1,7 +1,7 @@
-//! `dpo-train data lengths`: the data tokenised as training tokenises it (the model's tokenizer,
-//! `--max-length`'s truncation), summed up as the token counts of its longest pairs, one JSON
-//! object on stdout. `check-gpu --data` runs it to plan dpo-train's packed rows at the data's
-//! lengths rather than at `--seq-len`.
+//! `dpo-train data lengths`: the data tokenised as training tokenises it (the model's tokenizer;
+//! the columns, split, loss rows and truncation of `train`'s keys), summed up as the token counts
+//! of its longest pairs, one JSON object on stdout. `check-gpu --data` runs it to plan dpo-train's
+//! packed rows at the data's lengths rather than at `--seq-len`.
 
 use std::io::Write;
 
@@ -10,15 +10,15 @@ use serde::Serialize;
 
 use super::args::LengthsArgs;
 use crate::config::TrainConfig;
-use crate::data::{self, LoadOptions, Prepared, TokenizedPair, Tokenizer};
+use crate::data::{self, Prepared, TokenizedPair, Tokenizer};
 
 /// What `check-gpu` reads.
 #[derive(Debug, Serialize)]
 struct Lengths {
-    /// Pairs read.
+    /// Pairs read (KTO's rows, each with its KL sequence as a second completion).
     pairs: usize,
     /// The truncation's length per sequence.
-    max_length: Option<usize>,
+    max_length: usize,
     /// Tokens of each of the longest pairs packed as dpo-train packs them (the prompt once, both
     /// completions), longest first.
     packed_longest: Vec<usize>,
@@ -34,10 +34,17 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     let tokenizer_dir = crate::model::tokenizer_dir(&args.model)
         .with_context(|| format!("cannot find a tokenizer for `{}`", args.model.display()))?;
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
-    let defaults = TrainConfig::default().truncation().context("the default truncation")?;
-    let truncation = data::Truncation { max_length: args.max_length.or(defaults.max_length), ..defaults };
-    let Prepared { pairs, .. } =
-        data::prepare(&args.data, &LoadOptions::default(), &tokenizer, truncation, Default::default(), &mut |_, _| {})?;
+    // The keys as training reads them: its columns, split, rows and truncation.
+    let cfg = TrainConfig::default().with_overrides(&args.read.values)?;
+    cfg.check_kto()?;
+    let opts = crate::run::read_options(&cfg, &cfg.dataset_train_split);
+    let Prepared { mut pairs, .. } =
+        data::prepare(&args.data, &opts, &tokenizer, cfg.truncation()?, Default::default(), &mut |_, _| {})?;
+    if cfg.loss.kl_rows() {
+        // A KTO row is scored beside its KL sequence (another row's completion), as training
+        // lends them within micro-batches.
+        pairs = data::kto::with_kl(&pairs, cfg.per_device_train_batch_size, Some(cfg.max_length));
+    }
     let longest = |count: fn(&TokenizedPair) -> usize| {
         let mut all: Vec<usize> = pairs.iter().map(count).collect();
         all.sort_unstable_by(|a, b| b.cmp(a));
@@ -54,7 +61,7 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     let scored: fn(&TokenizedPair) -> usize = |p| p.chosen_ids.len() + p.rejected_ids.len();
     let lengths = Lengths {
         pairs: pairs.len(),
-        max_length: truncation.max_length,
+        max_length: cfg.max_length,
         packed_longest: longest(packed),
         scored_longest: longest(scored),
         packed_mean_std: spread(packed),

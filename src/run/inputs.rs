@@ -164,6 +164,18 @@ pub(super) fn load_inputs(
     Ok(Inputs { model_dir, data, reports, notes })
 }
 
+/// How `cfg` reads `split` of its data (a dataset directory's; a file is read whole): its
+/// columns, whether bad rows are skipped, and the rows its loss trains on.
+pub fn read_options(cfg: &TrainConfig, split: &str) -> LoadOptions {
+    let columns = Columns {
+        prompt: cfg.prompt_column.clone(),
+        chosen: cfg.chosen_column.clone(),
+        rejected: cfg.rejected_column.clone(),
+    };
+    let rows = RowKind::of(&cfg.loss);
+    LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()), rows }
+}
+
 /// One split read and tokenised, or read back from the cache; the cache entry to write once the
 /// run is accepted (none for a hit); lines to show: where the pairs came from, the rows
 /// `skip_bad_rows` skipped.
@@ -175,13 +187,7 @@ fn prepare_split(
     interrupt: &AtomicBool,
     progress: &mut dyn Progress,
 ) -> anyhow::Result<(Prepared, Option<PathBuf>, Vec<String>)> {
-    let columns = Columns {
-        prompt: cfg.prompt_column.clone(),
-        chosen: cfg.chosen_column.clone(),
-        rejected: cfg.rejected_column.clone(),
-    };
-    let rows = RowKind::of(&cfg.loss);
-    let opts = LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()), rows };
+    let opts = read_options(cfg, split);
     // No entry when the data cannot be listed or read: `prepare` then says why.
     let cache_dir = cfg.output_dir.join(".data_cache");
     let mut notes: Vec<String> = dpo_base::fsutil::remove_stale_temps(&cache_dir)

@@ -138,6 +138,25 @@ fn check_gpus_commands_run_as_printed() {
     }
     let no_gpu = PlanRequest { model_dir: Some(model()), data: Some(data()), ..PlanRequest::default() };
     plans.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()));
+    // Data of other column names, which the command reads by them.
+    let renamed = dir.path().join("renamed.jsonl");
+    let rows: Vec<String> = fs::read_to_string(data())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"question": v["prompt"], "good": v["chosen"], "bad": v["rejected"]}).to_string()
+        })
+        .collect();
+    fs::write(&renamed, rows.join("\n")).unwrap();
+    let reading = dpo_vocab::DataReading {
+        prompt_column: Some("question".into()),
+        chosen_column: Some("good".into()),
+        rejected_column: Some("bad".into()),
+        ..Default::default()
+    };
+    let columns = PlanRequest { data: Some(renamed), reading, ..no_gpu };
+    plans.push(check_gpu::Plan::cpu_fallback(&columns, 2, String::new()));
     for (i, plan) in plans.iter().enumerate() {
         let command = &plan.command;
         let words: Vec<String> = command
@@ -173,6 +192,10 @@ fn check_gpus_commands_run_as_printed() {
         assert_eq!(saved.gradient_checkpointing, want.gradient_checkpointing, "{command}");
         assert_eq!((saved.sharding, saved.offload_optimizer), (want.sharding, want.offload_optimizer), "{command}");
         assert_eq!(saved.precompute_ref_log_probs, want.precompute_ref_log_probs, "{command}");
+        let (r, or) = (&want.reading, |c: &Option<String>, default: &str| c.clone().unwrap_or(default.to_owned()));
+        let columns =
+            [or(&r.prompt_column, "prompt"), or(&r.chosen_column, "chosen"), or(&r.rejected_column, "rejected")];
+        assert_eq!([saved.prompt_column, saved.chosen_column, saved.rejected_column], columns, "{command}");
     }
 }
 

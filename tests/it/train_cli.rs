@@ -396,7 +396,8 @@ fn env_reports_the_build_and_the_machine() {
 
 /// `data lengths` (what `check-gpu --data` reads): every pair tokenised as training tokenises it,
 /// the longest listed first, packed as dpo-train packs a pair (the prompt once, both completions),
-/// and a shorter `--max-length` truncating them; a row it cannot read is one line, exit 1.
+/// and a shorter `--max-length` truncating them; a row it cannot read is one line, exit 1. Other
+/// columns, KTO's rows and `--unpair` are read as train's keys read them.
 #[test]
 fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
     use dpo_train::data::{self, LoadOptions, Tokenizer};
@@ -443,6 +444,50 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
         bad.to_str().unwrap(),
     ]));
     assert!(err.contains(&bad.display().to_string()) && err.contains("line 1") && err.contains("rejected"), "{err}");
+
+    // Read by train's keys: other column names read the same pairs.
+    let renamed = dir.path().join("renamed.jsonl");
+    let rows: Vec<String> = fs::read_to_string(&prefs)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"question": v["prompt"], "good": v["chosen"], "bad": v["rejected"]}).to_string()
+        })
+        .collect();
+    fs::write(&renamed, rows.join("\n")).unwrap();
+    let columns = ["--prompt-column", "question", "--chosen-column", "good", "--rejected-column", "bad"];
+    let read = |data: &std::path::Path, extra: &[&str]| {
+        let args = [&["data", "lengths", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()], extra];
+        let out = dpo_train(&args.concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(read(&renamed, &columns), run(&[]));
+    // KTO's rows, each scored beside its KL sequence (another row's completion within a block of
+    // `per_device_train_batch_size`), as training lends them; pairs without `--unpair` refused.
+    let kto = root().join("tests/fixtures/data/kto.jsonl");
+    let v = read(&kto, &["--loss-type", "kto", "--per-device-train-batch-size", "4"]);
+    let opts = LoadOptions { rows: data::RowKind::Unpaired { unpair: false }, ..LoadOptions::default() };
+    let truncation =
+        data::Truncation { max_length: Some(1024), rows: dpo_train::config::Rows::Kto, ..Default::default() };
+    let rows = data::prepare(&kto, &opts, &tokenizer, truncation, Default::default(), &mut |_, _| {}).unwrap().pairs;
+    let rows = data::kto::with_kl(&rows, 4, Some(1024));
+    let mut packed: Vec<u64> =
+        rows.iter().map(|p| (p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len()) as u64).collect();
+    packed.sort_unstable_by(|a, b| b.cmp(a));
+    assert!(rows.iter().all(|p| !p.rejected_ids.is_empty()));
+    assert_eq!((v["pairs"].as_u64(), &v["packed_longest"]), (Some(rows.len() as u64), &serde_json::json!(packed)));
+    let err = one_line_error(&dpo_train(
+        &[
+            &["data", "lengths", "--model", model.to_str().unwrap(), "--data", prefs.to_str().unwrap()][..],
+            &["--loss-type", "kto"],
+        ]
+        .concat(),
+    ));
+    assert!(err.contains("`--unpair true`"), "{err}");
+    let unpaired = read(&prefs, &["--loss-type", "kto", "--unpair"]);
+    assert_eq!(unpaired["pairs"].as_u64(), Some(2 * run(&[])["pairs"].as_u64().unwrap()));
 }
 
 /// A run reports its largest micro-batch beside its peak memory (what check-gpu's estimate of

@@ -63,6 +63,10 @@ pub struct Args {
     /// at --seq-len) instead of sequences of --seq-len tokens.
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// How dpo-train reads --data (its columns, a dataset directory's split, KTO's --unpair):
+    /// the plan tokenises the data so, and the command trains so.
+    #[command(flatten)]
+    pub reading: dpo_vocab::DataReading,
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub global_batch: u64,
@@ -286,7 +290,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     }
     // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
     let (lengths, lengths_error) = match (&data_at, &model_at) {
-        (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args.seq_len) {
+        (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args) {
             Ok(l) => (Some(l), None),
             Err(e) => (None, Some(e)),
         },
@@ -296,6 +300,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         model,
         model_dir: model_at.map(|at| if at.cached { at.given } else { ModelShape::hf_dir(&at.given) }),
         data: data_at.map(|at| at.given),
+        reading: args.reading.clone(),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
         dtype: args.dtype,
@@ -373,17 +378,21 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     Ok(Outcome::after_save(stdout, p.status, saved))
 }
 
-/// `dpo-train data lengths` of `data` under `model`'s tokenizer at `max_length`, or why not.
-fn data_lengths(model: &Path, data: &Path, max_length: u64) -> Result<crate::memory::DataLengths, LengthsError> {
+/// `dpo-train data lengths` of `data` under `model`'s tokenizer, read as the flags' run reads it
+/// (`--seq-len`'s truncation, the data's columns and split, the loss's rows), or why not.
+fn data_lengths(model: &Path, data: &Path, args: &Args) -> Result<crate::memory::DataLengths, LengthsError> {
     let not_run = LengthsError::NotRun;
     let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())
         .map_err(|e| not_run(e.to_string()))?;
+    let mut keys = args.reading.keys();
+    keys.push((dpo_vocab::keys::MAX_LENGTH, args.seq_len.to_string()));
+    keys.extend(args.loss_type.map(|loss| (dpo_vocab::keys::LOSS_TYPE, loss.to_owned())));
     let out = std::process::Command::new(&program)
         .args(["data", "lengths", "--model"])
         .arg(model)
         .arg("--data")
         .arg(data)
-        .args(["--max-length", &max_length.to_string()])
+        .args(keys.into_iter().flat_map(|(key, value)| [dpo_vocab::flag(key), value]))
         .output()
         .map_err(|e| not_run(format!("`{}` did not start: {e}", program.display())))?;
     if !out.status.success() {

@@ -386,6 +386,46 @@ fn the_bench_dies_with_check_gpu() {
     assert!(gone, "the bench (pid {pid}) outlived check-gpu");
 }
 
+/// How dpo-train reads the data (its columns, a dataset directory's split, KTO's rows and
+/// `--unpair`) goes to `dpo-train data lengths` as train's own flags, with `--seq-len` as its
+/// `--max-length`, and into the printed command after the data; a KTO plan counts rows.
+#[test]
+fn the_data_is_read_as_the_command_trains_on_it() {
+    let dir = temp_dir("reading");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama");
+    let data = dir.join("pairs.jsonl");
+    std::fs::write(&data, "{}\n").expect("data");
+    let seen = dir.join("argv");
+    let lengths = r#"{"pairs":20,"max_length":512,"packed_longest":[90],"scored_longest":[60]}"#;
+    let body = format!("#!/bin/sh\nshift 6\necho \"$@\" > '{}'\necho '{lengths}'\n", seen.display());
+    let fake = script(&dir, "lengths.sh", &body);
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let mut argv = vec!["--topo", topo.to_str().expect("path"), "--query", query.to_str().expect("path")];
+    argv.extend(["--model", model.to_str().expect("path"), "--data", data.to_str().expect("path"), "--json"]);
+    argv.extend(["--seq-len", "512", "--prompt-column", "question", "--rejected-column", "bad"]);
+    argv.extend(["--dataset-train-split", "train_prefs", "--loss-type", "kto", "--unpair"]);
+    let v = stdout_json(&run(&argv, Some(&fake)));
+    let passed = std::fs::read_to_string(&seen).expect("dpo-train data lengths ran");
+    assert_eq!(
+        passed.trim(),
+        "--prompt-column question --rejected-column bad --dataset-train-split train_prefs --unpair true \
+         --max-length 512 --loss-type kto"
+    );
+    let command = v["command"].as_str().expect("command");
+    let expected = format!(
+        "--train-file {} --prompt-column question --rejected-column bad --dataset-train-split train_prefs --unpair true --gpus",
+        data.display()
+    );
+    assert!(command.contains(&expected) && command.ends_with("--loss-type kto"), "{command}");
+    let notes = v["notes"].as_array().expect("notes");
+    let rows = "planned for the data's longest rows: 20 row(s) tokenised at max length 512";
+    assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with(rows))), "{v}");
+    // `--unpair` is KTOTrainer's: without a loss it is refused at the flags.
+    let without_loss: Vec<&str> = argv.iter().copied().filter(|a| !["--loss-type", "kto"].contains(a)).collect();
+    let out = run(&without_loss, Some(&fake));
+    assert_eq!(out.status.code(), Some(3));
+}
+
 /// `--model M --data D`: the plan counts dpo-train's packed rows from `dpo-train data lengths`
 /// (here a fake printing the longest pairs), the micro-batch's tokens summed over the longest;
 /// a dpo-train that fails leaves the plan at `--seq-len`, saying why in a note.

@@ -16,9 +16,14 @@ pub const GRADIENT_CHECKPOINTING: &str = "gradient_checkpointing";
 pub const SHARDING: &str = "sharding";
 pub const OFFLOAD_OPTIMIZER: &str = "offload_optimizer";
 pub const LOSS_TYPE: &str = "loss_type";
+pub const PROMPT_COLUMN: &str = "prompt_column";
+pub const CHOSEN_COLUMN: &str = "chosen_column";
+pub const REJECTED_COLUMN: &str = "rejected_column";
+pub const DATASET_TRAIN_SPLIT: &str = "dataset_train_split";
+pub const UNPAIR: &str = "unpair";
 
 /// The config keys above.
-pub const CONFIG_KEYS: [&str; 15] = [
+pub const CONFIG_KEYS: [&str; 20] = [
     MODEL_NAME_OR_PATH,
     TRAIN_FILE,
     PER_DEVICE_TRAIN_BATCH_SIZE,
@@ -34,6 +39,11 @@ pub const CONFIG_KEYS: [&str; 15] = [
     SHARDING,
     OFFLOAD_OPTIMIZER,
     LOSS_TYPE,
+    PROMPT_COLUMN,
+    CHOSEN_COLUMN,
+    REJECTED_COLUMN,
+    DATASET_TRAIN_SPLIT,
+    UNPAIR,
 ];
 
 /// The `loss_type` values that train without a reference model (TRL's CPOTrainer and

@@ -8,7 +8,7 @@ pub mod keys;
 mod settings;
 pub mod shapes;
 
-pub use settings::{Lora, Ranks, RunSettings};
+pub use settings::{DataReading, Lora, Ranks, RunSettings};
 
 use serde::{Deserialize, Serialize};
 

@@ -23,6 +23,48 @@ pub struct Lora {
     pub targets: Vec<String>,
 }
 
+/// How the training data is read, where the plan was told: dpo-train's keys of the same names,
+/// each unset (`None`, `false`) at dpo-train's default. check-gpu reads the data with them and
+/// its command trains with them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct DataReading {
+    /// The data's prompt column, as dpo-train's --prompt-column [default: prompt].
+    #[arg(long, value_name = "NAME")]
+    pub prompt_column: Option<String>,
+    /// The data's preferred completion column, as dpo-train's --chosen-column [default: chosen].
+    #[arg(long, value_name = "NAME")]
+    pub chosen_column: Option<String>,
+    /// The data's dispreferred completion column, as dpo-train's --rejected-column [default:
+    /// rejected].
+    #[arg(long, value_name = "NAME")]
+    pub rejected_column: Option<String>,
+    /// The split --data reads when it is a dataset directory, as dpo-train's
+    /// --dataset-train-split [default: train].
+    #[arg(long, value_name = "NAME")]
+    pub dataset_train_split: Option<String>,
+    /// With --loss-type kto or apo_zero_unpaired, train on preference pairs, each as a desirable
+    /// and an undesirable row (dpo-train's --unpair).
+    #[arg(long, requires = "loss_type")]
+    pub unpair: bool,
+}
+
+impl DataReading {
+    /// `(key, value)` of each setting given.
+    pub fn keys(&self) -> Vec<(&'static str, String)> {
+        let named = [
+            (keys::PROMPT_COLUMN, &self.prompt_column),
+            (keys::CHOSEN_COLUMN, &self.chosen_column),
+            (keys::REJECTED_COLUMN, &self.rejected_column),
+            (keys::DATASET_TRAIN_SPLIT, &self.dataset_train_split),
+        ];
+        let mut out: Vec<_> = named.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))).collect();
+        if self.unpair {
+            out.push((keys::UNPAIR, "true".to_owned()));
+        }
+        out
+    }
+}
+
 /// Every setting a plan assumes, each a dpo-train key or launcher flag.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSettings {
@@ -30,6 +72,9 @@ pub struct RunSettings {
     pub model: Option<PathBuf>,
     /// The training data, when the plan was given it.
     pub data: Option<PathBuf>,
+    /// How that data is read.
+    #[serde(default)]
+    pub reading: DataReading,
     pub ranks: Ranks,
     pub micro_batch: u64,
     pub accumulation: u64,
@@ -57,6 +102,9 @@ impl RunSettings {
         }
         if let Some(data) = &self.data {
             set(keys::TRAIN_FILE, data.display().to_string());
+        }
+        for (key, value) in self.reading.keys() {
+            set(key, value);
         }
         match self.ranks {
             Ranks::Gpus(n) => set(keys::GPUS, n.to_string()),
@@ -92,6 +140,7 @@ mod tests {
         let settings = RunSettings {
             model: Some("/models/m".into()),
             data: Some("/data/prefs.jsonl".into()),
+            reading: DataReading::default(),
             ranks: Ranks::Gpus(2),
             micro_batch: 4,
             accumulation: 2,
@@ -115,7 +164,24 @@ mod tests {
         );
         let orpo = RunSettings { loss_type: Some("orpo".into()), ..settings.clone() };
         assert!(orpo.flags().ends_with(&["--loss-type".to_owned(), "orpo".to_owned()]));
-        let cpu = RunSettings { ranks: Ranks::Cpu(3), ..settings };
+        let cpu = RunSettings { ranks: Ranks::Cpu(3), ..settings.clone() };
         assert!(cpu.flags().windows(2).any(|w| w == ["--devices", "cpu:3"]));
+        // How the data is read follows the data, each key given; none given, none written.
+        let reading = DataReading {
+            prompt_column: Some("question".into()),
+            rejected_column: Some("bad".into()),
+            dataset_train_split: Some("train_prefs".into()),
+            unpair: true,
+            ..DataReading::default()
+        };
+        let kto = RunSettings { reading, loss_type: Some("kto".into()), ..settings };
+        assert!(
+            kto.flags().join(" ").starts_with(
+                "--model-name-or-path /models/m --train-file /data/prefs.jsonl --prompt-column question \
+                 --rejected-column bad --dataset-train-split train_prefs --unpair true --gpus 2"
+            ),
+            "{:?}",
+            kto.flags()
+        );
     }
 }

@@ -21,6 +21,7 @@ pub(super) fn settings(
     RunSettings {
         model: req.model_dir.clone(),
         data: req.data.clone(),
+        reading: req.reading.clone(),
         ranks,
         micro_batch: split.micro,
         accumulation: split.accum,

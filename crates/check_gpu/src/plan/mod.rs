@@ -79,6 +79,8 @@ pub struct PlanRequest {
     pub model_dir: Option<std::path::PathBuf>,
     /// The training data given with `--data`: the command trains on it.
     pub data: Option<std::path::PathBuf>,
+    /// How dpo-train reads it (`--prompt-column`, ...): the command passes each on.
+    pub reading: dpo_vocab::DataReading,
     /// Preference pairs per optimizer step, over all GPUs.
     pub global_batch: u64,
     /// `--max-length`.
@@ -141,6 +143,7 @@ impl Default for PlanRequest {
             model: None,
             model_dir: None,
             data: None,
+            reading: Default::default(),
             global_batch: 64,
             seq_len: 1024,
             dtype: None,
@@ -420,15 +423,18 @@ pub fn cpu_plan(
 fn lengths_note(req: &PlanRequest, log: &mut Log) {
     match (&req.lengths, &req.lengths_error) {
         (Some(l), _) => {
+            // KTOTrainer's losses train on rows (kto's each beside its KL sequence).
+            let unpaired = req.loss_type.is_some_and(|loss| dpo_vocab::keys::UNPAIRED_LOSSES.contains(&loss));
+            let what = if unpaired { "row" } else { "pair" };
             log.notes.push(format!(
-                "planned for the data's longest pairs: {} pair(s) tokenised at max length {}, the longest {} tokens packed (the prompt once)",
+                "planned for the data's longest {what}s: {} {what}(s) tokenised at max length {}, the longest {} tokens packed (the prompt once)",
                 l.pairs,
                 req.seq_len,
                 l.packed_longest.first().copied().unwrap_or(0)
             ));
             if l.pairs < req.global_batch {
                 log.notes.push(format!(
-                    "the data's {} pair(s) are fewer than the global batch of {}: each optimizer step takes all of them, one step an epoch (--global-batch sets it)",
+                    "the data's {} {what}(s) are fewer than the global batch of {}: each optimizer step takes all of them, one step an epoch (--global-batch sets it)",
                     l.pairs, req.global_batch
                 ));
             }
