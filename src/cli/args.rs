@@ -225,7 +225,8 @@ impl KeySelection for ReadKeys {
     const TRL_KEYS: bool = false;
     fn includes(key: &KeyDoc) -> bool {
         // The loss decides the rows (KTO's unpaired ones) and how they are truncated.
-        const READ: [&str; 10] = [
+        const READ: [&str; 11] = [
+            "tokenizer_name_or_path",
             "dataset_train_split",
             "prompt_column",
             "chosen_column",

@@ -31,12 +31,16 @@ struct Lengths {
 }
 
 pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
-    let tokenizer_dir = crate::model::tokenizer_dir(&args.model)
-        .with_context(|| format!("cannot find a tokenizer for `{}`", args.model.display()))?;
-    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
-    // The keys as training reads them: its columns, split, rows and truncation.
-    let cfg = TrainConfig::default().with_overrides(&args.read.values)?;
+    // The keys as training reads them: its tokenizer, columns, split, rows and truncation.
+    let mut cfg = TrainConfig::default().with_overrides(&args.read.values)?;
+    cfg.find_in_hub_cache()?;
     cfg.check_kto()?;
+    let tokenizer_dir = match cfg.tokenizer_name_or_path.clone() {
+        Some(dir) => dir,
+        None => crate::model::tokenizer_dir(&args.model)
+            .with_context(|| format!("cannot find a tokenizer for `{}`", args.model.display()))?,
+    };
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     let opts = crate::run::read_options(&cfg, &cfg.dataset_train_split);
     let Prepared { mut pairs, .. } =
         data::prepare(&args.data, &opts, &tokenizer, cfg.truncation()?, Default::default(), &mut |_, _| {})?;

@@ -464,6 +464,18 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
     assert_eq!(read(&renamed, &columns), run(&[]));
+    // A model directory without a tokenizer, read by `--tokenizer` (train's flag); without it,
+    // one line naming the missing file.
+    let bare = dir.path().join("bare");
+    fs::create_dir(&bare).unwrap();
+    for file in ["config.json", "model.safetensors"] {
+        fs::copy(model.join(file), bare.join(file)).unwrap();
+    }
+    let (bare, prefs_path, model_path) = (bare.to_str().unwrap(), prefs.to_str().unwrap(), model.to_str().unwrap());
+    let err = one_line_error(&dpo_train(&["data", "lengths", "--model", bare, "--data", prefs_path]));
+    assert!(err.contains("tokenizer.json"), "{err}");
+    let out = dpo_train(&["data", "lengths", "--model", bare, "--data", prefs_path, "--tokenizer", model_path]);
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(), run(&[]));
     // KTO's rows, each scored beside its KL sequence (another row's completion within a block of
     // `per_device_train_batch_size`), as training lends them; pairs without `--unpair` refused.
     let kto = root().join("tests/fixtures/data/kto.jsonl");

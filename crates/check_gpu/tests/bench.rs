@@ -386,8 +386,8 @@ fn the_bench_dies_with_check_gpu() {
     assert!(gone, "the bench (pid {pid}) outlived check-gpu");
 }
 
-/// How dpo-train reads the data (its columns, a dataset directory's split, KTO's rows and
-/// `--unpair`) goes to `dpo-train data lengths` as train's own flags, with `--seq-len` as its
+/// How dpo-train reads the data (its columns, a dataset directory's split, a tokenizer of its own,
+/// KTO's rows and `--unpair`) goes to `dpo-train data lengths` as train's own flags, with `--seq-len` as its
 /// `--max-length`, and into the printed command after the data; a KTO plan counts rows.
 #[test]
 fn the_data_is_read_as_the_command_trains_on_it() {
@@ -403,17 +403,18 @@ fn the_data_is_read_as_the_command_trains_on_it() {
     let mut argv = vec!["--topo", topo.to_str().expect("path"), "--query", query.to_str().expect("path")];
     argv.extend(["--model", model.to_str().expect("path"), "--data", data.to_str().expect("path"), "--json"]);
     argv.extend(["--seq-len", "512", "--prompt-column", "question", "--rejected-column", "bad"]);
-    argv.extend(["--dataset-train-split", "train_prefs", "--loss-type", "kto", "--unpair"]);
+    argv.extend(["--dataset-train-split", "train_prefs", "--tokenizer", "tok", "--loss-type", "kto", "--unpair"]);
     let v = stdout_json(&run(&argv, Some(&fake)));
     let passed = std::fs::read_to_string(&seen).expect("dpo-train data lengths ran");
     assert_eq!(
         passed.trim(),
-        "--prompt-column question --rejected-column bad --dataset-train-split train_prefs --unpair true \
-         --max-length 512 --loss-type kto"
+        "--prompt-column question --rejected-column bad --dataset-train-split train_prefs --tokenizer-name-or-path tok \
+         --unpair true --max-length 512 --loss-type kto"
     );
     let command = v["command"].as_str().expect("command");
     let expected = format!(
-        "--train-file {} --prompt-column question --rejected-column bad --dataset-train-split train_prefs --unpair true --gpus",
+        "--train-file {} --prompt-column question --rejected-column bad --dataset-train-split train_prefs \
+         --tokenizer-name-or-path tok --unpair true --gpus",
         data.display()
     );
     assert!(command.contains(&expected) && command.ends_with("--loss-type kto"), "{command}");

@@ -21,9 +21,10 @@ pub const CHOSEN_COLUMN: &str = "chosen_column";
 pub const REJECTED_COLUMN: &str = "rejected_column";
 pub const DATASET_TRAIN_SPLIT: &str = "dataset_train_split";
 pub const UNPAIR: &str = "unpair";
+pub const TOKENIZER_NAME_OR_PATH: &str = "tokenizer_name_or_path";
 
 /// The config keys above.
-pub const CONFIG_KEYS: [&str; 20] = [
+pub const CONFIG_KEYS: [&str; 21] = [
     MODEL_NAME_OR_PATH,
     TRAIN_FILE,
     PER_DEVICE_TRAIN_BATCH_SIZE,
@@ -44,6 +45,7 @@ pub const CONFIG_KEYS: [&str; 20] = [
     REJECTED_COLUMN,
     DATASET_TRAIN_SPLIT,
     UNPAIR,
+    TOKENIZER_NAME_OR_PATH,
 ];
 
 /// The `loss_type` values that train without a reference model (TRL's CPOTrainer and

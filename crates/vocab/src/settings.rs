@@ -46,6 +46,10 @@ pub struct DataReading {
     /// and an undesirable row (dpo-train's --unpair).
     #[arg(long, requires = "loss_type")]
     pub unpair: bool,
+    /// The tokenizer's directory (or Hub name, cached) where the model's has none, as dpo-train's
+    /// --tokenizer.
+    #[arg(long = "tokenizer", value_name = "DIR")]
+    pub tokenizer_name_or_path: Option<String>,
 }
 
 impl DataReading {
@@ -56,6 +60,7 @@ impl DataReading {
             (keys::CHOSEN_COLUMN, &self.chosen_column),
             (keys::REJECTED_COLUMN, &self.rejected_column),
             (keys::DATASET_TRAIN_SPLIT, &self.dataset_train_split),
+            (keys::TOKENIZER_NAME_OR_PATH, &self.tokenizer_name_or_path),
         ];
         let mut out: Vec<_> = named.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))).collect();
         if self.unpair {
@@ -171,6 +176,7 @@ mod tests {
             prompt_column: Some("question".into()),
             rejected_column: Some("bad".into()),
             dataset_train_split: Some("train_prefs".into()),
+            tokenizer_name_or_path: Some("/models/tok".into()),
             unpair: true,
             ..DataReading::default()
         };
@@ -178,7 +184,8 @@ mod tests {
         assert!(
             kto.flags().join(" ").starts_with(
                 "--model-name-or-path /models/m --train-file /data/prefs.jsonl --prompt-column question \
-                 --rejected-column bad --dataset-train-split train_prefs --unpair true --gpus 2"
+                 --rejected-column bad --dataset-train-split train_prefs --tokenizer-name-or-path /models/tok \
+                 --unpair true --gpus 2"
             ),
             "{:?}",
             kto.flags()
