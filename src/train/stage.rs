@@ -497,6 +497,17 @@ pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: u
     Ok(())
 }
 
+/// Where a run of `world` processes resumes as it is: a global batch left to the devices
+/// (`global_batch_size` unset) is resumed by as many again, or by others given that batch.
+fn resume_hint(run: &Run, world: usize, global: Option<usize>) -> String {
+    let (Some(global), None, 2..) = (global, run.cfg.global_batch_size, world) else { return String::new() };
+    let again = match dpo_torch::allocator::cuda_index(&run.rt.device) {
+        Some(_) => format!("--gpus {world}"),
+        None => format!("--devices cpu:{world}"),
+    };
+    format!(" and `{again}` (its {world} devices), or on others with `--global-batch-size {global}`")
+}
+
 /// What resumes a checkpoint of global batch `saved` on `world` devices: the global batch again,
 /// with a per-device batch that divides it over the devices (the largest up to `micro`), or, when
 /// `saved` does not split over `world` devices at all, a device count that it does.
@@ -582,7 +593,8 @@ fn finish(
     if interrupted {
         workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
-        progress.line(&format!("interrupted at step {step}: resume with `--resume {}`", dir.display()));
+        let how = resume_hint(run, workers.world_size(), t.state.global_batch);
+        progress.line(&format!("interrupted at step {step}: resume with `--resume {}`{how}", dir.display()));
         return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, already_done: false, eval, test: None });
     }
     let final_dir = dir.join("final");

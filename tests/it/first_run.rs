@@ -545,6 +545,21 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
         for worker in workers {
             assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");
         }
+        // The way to resume names this run's devices, or the batch that resumes on others (8
+        // pairs: 4 per device on 2); followed on one process, it resumes.
+        let run = dir.path().join("stop");
+        let hint = format!(
+            "resume with `--resume {}` and `--devices cpu:2` (its 2 devices), or on others with `--global-batch-size 8`",
+            run.display()
+        );
+        assert!(err.contains(&hint), "{err}");
+        if to == "launcher" && signal == libc::SIGINT {
+            let step: u64 =
+                err.split("interrupted at step ").nth(1).and_then(|t| t.split(':').next()).unwrap().parse().unwrap();
+            let next = (step + 1).to_string();
+            let out = train(&["--resume", s(&run), "--global-batch-size", "8", "--max-steps", &next]);
+            assert!(out.status.success(), "{}", stderr(&out));
+        }
     }
 }
 
