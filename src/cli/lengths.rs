@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::args::LengthsArgs;
-use crate::config::TrainConfig;
+use crate::config::{ConfigError, TrainConfig};
 use crate::data::{self, Prepared, TokenizedPair, Tokenizer};
 
 /// What `check-gpu` reads.
@@ -34,6 +34,7 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     // The keys as training reads them: its tokenizer, columns, split, rows and truncation.
     let mut cfg = TrainConfig::default().with_overrides(&args.read.values)?;
     cfg.find_in_hub_cache()?;
+    cfg.loss.validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
     cfg.check_kto()?;
     let tokenizer_dir = match cfg.tokenizer_name_or_path.clone() {
         Some(dir) => dir,

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use dpo_vocab::keys::UNPAIRED_LOSSES;
 
 use crate::bench::run::{BIN_ENV, BenchError, BenchRequest, Devices};
 use crate::bench::{self, BenchRecord};
@@ -178,6 +179,9 @@ pub enum FlagError {
     /// A Hub name that is no local path and not in the Hugging Face cache.
     #[error("`--{flag}`: {reason}")]
     NotCached { flag: &'static str, reason: String },
+    /// `--unpair` with a loss that reads pairs as they are.
+    #[error("`--unpair` applies to KTOTrainer's losses (`--loss-type kto` or `apo_zero_unpaired`), not `{loss}`")]
+    UnpairWithoutKto { loss: &'static str },
 }
 
 /// A `--model` or `--data` value: where it is read (a Hub name's snapshot in the Hugging Face
@@ -285,6 +289,9 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     {
         return Err(FlagError::ShardingOnOneGpu { stage: stage.name() }.into());
     }
+    if let Some(loss) = args.loss_type.filter(|loss| args.reading.unpair && !UNPAIRED_LOSSES.contains(loss)) {
+        return Err(FlagError::UnpairWithoutKto { loss }.into());
+    }
     if let Some(at) = data_at.as_ref().filter(|at| !at.read.exists()) {
         return Err(FlagError::NoData { path: at.given.clone() }.into());
     }
@@ -306,7 +313,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         dtype: args.dtype,
         finetune: args.lora.map_or(FineTune::Full, |rank| FineTune::Lora { rank }),
         reference: match args.loss_type {
-            Some(loss) if !dpo_vocab::keys::UNPAIRED_LOSSES.contains(&loss) => Reference::None,
+            Some(loss) if !UNPAIRED_LOSSES.contains(&loss) => Reference::None,
             _ => args.reference,
         },
         loss_type: args.loss_type,

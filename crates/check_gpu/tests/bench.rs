@@ -425,6 +425,12 @@ fn the_data_is_read_as_the_command_trains_on_it() {
     let without_loss: Vec<&str> = argv.iter().copied().filter(|a| !["--loss-type", "kto"].contains(a)).collect();
     let out = run(&without_loss, Some(&fake));
     assert_eq!(out.status.code(), Some(3));
+    // ... and with a loss that reads pairs as they are, one line naming both.
+    let cpo: Vec<&str> = argv.iter().map(|a| if *a == "kto" { "cpo" } else { a }).collect();
+    let out = run(&cpo, Some(&fake));
+    assert_eq!(out.status.code(), Some(3));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("`--unpair` applies to KTOTrainer's losses") && said.contains("not `cpo`"), "{said}");
 }
 
 /// `--model M --data D`: the plan counts dpo-train's packed rows from `dpo-train data lengths`
