@@ -24,9 +24,6 @@ pub const EXIT_BAD_INPUT: u8 = 3;
 /// that every memory product stays exact in 64 bits.
 const MAX_COUNT: u64 = 1 << 20;
 
-/// Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan a data-parallel dpo-train run.
-///
-/// Without --topo/--query/--snapshot it probes this machine through NVML.
 /// A trainer `--compare` sets beside dpo-train's estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compare {
@@ -34,6 +31,9 @@ pub enum Compare {
     Trl,
 }
 
+/// Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan a data-parallel dpo-train run.
+///
+/// Without --topo/--query/--snapshot it probes this machine through NVML.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "check-gpu", version)]
 pub struct Args {

@@ -373,6 +373,9 @@ fn flag_errors_are_one_line() {
         assert_eq!(out.status.code(), Some(0), "{flag}");
         assert!(!out.stdout.is_empty() && out.stderr.is_empty(), "{flag}");
     }
+    // The help opens with what the program does (a flattened group's text once stood there).
+    let help = String::from_utf8_lossy(&run(&["--help"]).stdout).into_owned();
+    assert!(help.starts_with("Inspect NVIDIA GPUs (NVML, NCCL, PCIe/NVLink topology) and plan"), "{help}");
 }
 
 /// A `--save` path that cannot be written: the plan is still printed, then the path, exit 3.
