@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::trl::{TRL_KEYS, Treatment};
@@ -87,14 +88,15 @@ pub struct BenchCommArgs {
 #[derive(Debug, Args)]
 pub struct SlurmArgs {
     /// Nodes to allocate.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub nodes: usize,
     /// GPUs (and so tasks) per node.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub gpus_per_node: usize,
-    /// The training config the job runs.
+    /// The training config the job runs (TOML or YAML, as `train --config`); the config keys'
+    /// flags below set or override its keys, as for `train`.
     #[arg(long, value_name = "FILE")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Wall-clock limit (SLURM syntax).
     #[arg(long, default_value = "24:00:00")]
     pub time: String,
@@ -115,6 +117,8 @@ pub struct SlurmArgs {
     /// SIGKILL); 0: none.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub save_before_limit: u32,
+    #[command(flatten)]
+    pub overrides: ConfigOverrides,
 }
 
 /// `dpo-train train` / `sft` flags: a config file, then one flag per config key.

@@ -12,6 +12,7 @@ pub mod interrupt;
 pub mod launch;
 pub mod lengths;
 pub mod progress;
+pub mod slurm;
 pub mod torch_panic;
 pub mod train;
 
@@ -41,21 +42,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Data(DataCommand::Lengths(args))) => lengths::run_lengths(args).map(|()| ExitCode::SUCCESS),
         Some(Command::BenchComm(args)) => bench_comm::run_bench_comm(args),
         Some(Command::Env(args)) => env::run_env(args.json).map(|()| ExitCode::SUCCESS),
-        Some(Command::Slurm(args)) => {
-            let script = crate::dist::sbatch_script(&crate::dist::SlurmOptions {
-                nodes: args.nodes,
-                gpus_per_node: args.gpus_per_node,
-                config: args.config,
-                time: args.time,
-                partition: args.partition,
-                job_name: args.job_name,
-                cpus_per_task: args.cpus_per_task,
-                mem_per_gpu: args.mem_per_gpu,
-                save_before_limit: args.save_before_limit,
-            });
-            print!("{script}");
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(Command::Slurm(args)) => slurm::run_slurm(args).map(|()| ExitCode::SUCCESS),
     }
 }
 

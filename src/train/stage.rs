@@ -452,8 +452,9 @@ fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Resul
     Ok(Sampler { len, global_batch, micro_batch: cfg.per_device_train_batch_size, seed: cfg.data_order_seed() })
 }
 
-/// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it.
-fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, usize)> {
+/// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it
+/// (or why the batch does not split over them).
+pub fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usize, usize)> {
     let micro = cfg.per_device_train_batch_size;
     // A batch no counter holds (a per-device batch of 2^62 on 4 ranks) is bad input, not a wrap.
     let too_large = || ConfigError::Invalid {

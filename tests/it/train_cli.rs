@@ -543,3 +543,40 @@ fn a_run_reports_its_largest_micro_batch() {
     assert_eq!(per_rank.len(), 2);
     assert_eq!(per_rank.iter().fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1)), (packed, scored));
 }
+
+/// `slurm` takes the config keys' flags as `train` does, with or without a file: they reach every
+/// task's `dpo-train train` as given (dpo-train's own parser reads back the same keys, TRL's
+/// spellings included), and a config `train` would refuse, or a batch the job's tasks cannot
+/// split, is refused before a script is printed: one line, exit 1.
+#[test]
+fn slurm_checks_the_config_and_passes_its_flags_on() {
+    let (model, prefs) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let (m, d) = (model.to_str().unwrap(), prefs.to_str().unwrap());
+    let given = ["--model", m, "--data", d, "--beta", "0.2", "--per-device-train-batch-size", "2", "--use_peft"];
+    let out = dpo_train(&[&["slurm", "--nodes", "2", "--gpus-per-node", "4"][..], &given].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = String::from_utf8(out.stdout).unwrap();
+    let srun = script.lines().find(|l| l.starts_with("srun ")).expect("an srun line");
+    let words: Vec<&str> = srun.split_whitespace().skip_while(|w| *w != "dpo-train").collect();
+    use clap::Parser;
+    let Some(dpo_train::cli::args::Command::Train(task)) =
+        dpo_train::cli::args::Cli::try_parse_from(&words).unwrap().command
+    else {
+        panic!("not a train command: {srun}")
+    };
+    let asked = dpo_train::cli::args::Cli::try_parse_from([&["dpo-train", "train"][..], &given].concat()).unwrap();
+    let Some(dpo_train::cli::args::Command::Train(asked)) = asked.command else { unreachable!() };
+    assert_eq!(task.overrides.values, asked.overrides.values, "{srun}");
+    assert!(srun.ends_with(" --device cuda"), "{srun}");
+
+    // Refused, before any script: a value train refuses, no model, a batch 8 tasks cannot split.
+    let refused =
+        |extra: &[&str]| one_line_error(&dpo_train(&[&["slurm", "--gpus-per-node", "4"][..], extra].concat()));
+    assert_eq!(
+        refused(&["--model", m, "--data", d, "--beta", "-1"]),
+        "error: `--beta`: must be finite and > 0, got -1"
+    );
+    assert!(refused(&["--data", d]).contains("`model_name_or_path`: is required"));
+    let err = refused(&["--model", m, "--data", d, "--per-device-train-batch-size", "4", "--global-batch-size", "8"]);
+    assert!(err.contains("8 does not split into per_device_train_batch_size 4 x 4 devices"), "{err}");
+}

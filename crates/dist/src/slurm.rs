@@ -4,8 +4,6 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` ([`super::env::detect`]), so no launcher runs
 //! inside the job.
 
-use std::path::PathBuf;
-
 /// The resources and the config of the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlurmOptions {
@@ -13,8 +11,8 @@ pub struct SlurmOptions {
     pub nodes: usize,
     /// GPUs per node, and so tasks per node (`--gres=gpu:N`, `--ntasks-per-node`).
     pub gpus_per_node: usize,
-    /// The training config passed to `dpo-train train --config`.
-    pub config: PathBuf,
+    /// What follows `dpo-train train` on every task: the config file and flags, each one word.
+    pub train_args: Vec<String>,
     /// Wall-clock limit in SLURM's syntax (`--time`, e.g. `24:00:00`).
     pub time: String,
     /// The partition (`--partition`), or the cluster's default.
@@ -54,7 +52,7 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
     if let Some(partition) = &opts.partition {
         lines.push(format!("#SBATCH --partition={partition}"));
     }
-    let config = shell_quote(&opts.config.to_string_lossy());
+    let train: Vec<String> = opts.train_args.iter().map(|w| shell_quote(w)).collect();
     let threads = opts.cpus_per_task;
     lines.extend([
         "#SBATCH --output=slurm-%j.out".to_string(),
@@ -77,7 +75,7 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         String::new(),
         "# One task per GPU; dpo-train reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.".to_string(),
         // `--device cuda`: each task takes the GPU of its local rank.
-        format!("srun --kill-on-bad-exit=1 dpo-train train --config {config} --device cuda"),
+        format!("srun --kill-on-bad-exit=1 dpo-train train {} --device cuda", train.join(" ")),
     ]);
     let mut script = lines.join("\n");
     script.push('\n');
@@ -99,7 +97,7 @@ mod tests {
         let opts = SlurmOptions {
             nodes: 2,
             gpus_per_node: 4,
-            config: PathBuf::from("configs/llama-1b.toml"),
+            train_args: vec!["--config".into(), "configs/llama-1b.toml".into()],
             time: "24:00:00".into(),
             partition: Some("gpu".into()),
             job_name: "dpo".into(),
@@ -120,7 +118,7 @@ mod tests {
         let opts = SlurmOptions {
             nodes: 1,
             gpus_per_node: 8,
-            config: PathBuf::from("my runs/it's.toml"),
+            train_args: ["--config", "my runs/it's.toml", "--beta", "0.2"].map(String::from).to_vec(),
             time: "1:00:00".into(),
             partition: None,
             job_name: "x".into(),
@@ -132,10 +130,8 @@ mod tests {
         assert!(!script.contains("--partition"));
         assert!(!script.contains("--signal"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
-        assert!(
-            script.ends_with(
-                "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --device cuda\n"
-            )
-        );
+        assert!(script.ends_with(
+            "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --beta 0.2 --device cuda\n"
+        ));
     }
 }

@@ -1,0 +1,42 @@
+//! `dpo-train slurm`: the sbatch script of a `dpo-train train` job of `--nodes` x
+//! `--gpus-per-node` tasks. Its config (a file, flags, or both) is checked here as `train` checks
+//! it, and its batch against the job's tasks, so a job `train` would refuse is refused before it
+//! waits in the queue; the tasks get the same file and flags.
+
+use crate::cli::args::SlurmArgs;
+use crate::config::{ConfigFile, KEYS, Layered};
+use crate::dist::{SlurmOptions, sbatch_script};
+
+pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
+    let file = args.config.as_deref().map(ConfigFile::read).transpose()?;
+    let layered = Layered::new(file, &args.overrides.values)?;
+    layered.validate()?;
+    crate::train::stage::global_batch(&layered.cfg, args.nodes * args.gpus_per_node)?;
+    let mut train_args = Vec::new();
+    if let Some(config) = &args.config {
+        train_args.extend(["--config".to_owned(), config.display().to_string()]);
+    }
+    for (key, value) in &args.overrides.values {
+        // Our keys by their flags; TRL's as its parser spells them (`--use_peft`).
+        let flag = match KEYS.iter().any(|k| k.name == key) {
+            true => dpo_vocab::flag(key),
+            false => format!("--{key}"),
+        };
+        train_args.extend([flag, value.clone()]);
+    }
+    print!(
+        "{}",
+        sbatch_script(&SlurmOptions {
+            nodes: args.nodes,
+            gpus_per_node: args.gpus_per_node,
+            train_args,
+            time: args.time,
+            partition: args.partition,
+            job_name: args.job_name,
+            cpus_per_task: args.cpus_per_task,
+            mem_per_gpu: args.mem_per_gpu,
+            save_before_limit: args.save_before_limit,
+        })
+    );
+    Ok(())
+}
