@@ -1,9 +1,11 @@
 //! `dpo-train slurm`: the sbatch script of a `dpo-train train` job of `--nodes` x
 //! `--gpus-per-node` tasks. Its config (a file, flags, or both) is checked here as `train` checks
 //! it, and its batch against the job's tasks, so a job `train` would refuse is refused before it
-//! waits in the queue; the tasks get the same file and flags.
+//! waits in the queue; the tasks get the same file and flags, and a run name fixed here, so that
+//! the script submitted again, or requeued, resumes its run.
 
-use crate::cli::args::SlurmArgs;
+use super::args::SlurmArgs;
+use super::train::config_name;
 use crate::config::{ConfigFile, KEYS, Layered};
 use crate::dist::{SlurmOptions, sbatch_script};
 
@@ -16,6 +18,14 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
     if let Some(config) = &args.config {
         train_args.extend(["--config".to_owned(), config.display().to_string()]);
     }
+    // One script, one run: named now, so that the script submitted again (or requeued) resumes it.
+    let cfg = &layered.cfg;
+    let run_name = cfg.run_name.clone().unwrap_or_else(|| {
+        let name =
+            format!("{}-{}", crate::clock::timestamp(), config_name(args.config.as_deref(), &args.overrides.values));
+        train_args.extend(["--run-name".to_owned(), name.clone()]);
+        name
+    });
     for (key, value) in &args.overrides.values {
         // Our keys by their flags; TRL's as its parser spells them (`--use_peft`).
         let flag = match KEYS.iter().any(|k| k.name == key) {
@@ -30,6 +40,7 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
             nodes: args.nodes,
             gpus_per_node: args.gpus_per_node,
             train_args,
+            run_dir: cfg.output_dir.join(run_name),
             time: args.time,
             partition: args.partition,
             job_name: args.job_name,

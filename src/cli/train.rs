@@ -244,12 +244,7 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
             let demo = ConfigFile { name: "configs/demo.toml (embedded)".into(), text: DEMO_CONFIG.into() };
             (Some(demo), DEMO.to_owned())
         }
-        None => {
-            let model = flags.iter().rev().find(|(k, _)| k == "model_name_or_path").map(|(_, v)| v.as_str());
-            // A model directory's whole name (`Qwen2.5-0.5B`, not its "stem" `Qwen2.5-0`).
-            let base = |m: &str| Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned());
-            (None, model.and_then(base).unwrap_or_else(|| "run".to_owned()))
-        }
+        None => (None, config_name(None, flags)),
     };
     let dir = match &args.resume {
         None => {
@@ -331,6 +326,18 @@ fn is_demo(flags: &[(String, String)]) -> bool {
         Some(model) => model == DEMO,
         None => last("train_file").is_none(),
     }
+}
+
+/// What a run's default name says after its date and time: the config file's stem, else the
+/// model directory's name, else `run`.
+pub(super) fn config_name(config: Option<&Path>, flags: &[(String, String)]) -> String {
+    if let Some(path) = config {
+        return stem(path);
+    }
+    let model = flags.iter().rev().find(|(k, _)| k == "model_name_or_path").map(|(_, v)| v.as_str());
+    // A model directory's whole name (`Qwen2.5-0.5B`, not its "stem" `Qwen2.5-0`).
+    let base = |m: &str| Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned());
+    model.and_then(base).unwrap_or_else(|| "run".to_owned())
 }
 
 fn stem(path: &Path) -> String {

@@ -557,7 +557,9 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let script = String::from_utf8(out.stdout).unwrap();
     let srun = script.lines().find(|l| l.starts_with("srun ")).expect("an srun line");
-    let words: Vec<&str> = srun.split_whitespace().skip_while(|w| *w != "dpo-train").collect();
+    // The resume's array (empty on a first submission) is bash's.
+    let words: Vec<&str> =
+        srun.split_whitespace().skip_while(|w| *w != "dpo-train").filter(|w| !w.starts_with("${")).collect();
     use clap::Parser;
     let Some(dpo_train::cli::args::Command::Train(task)) =
         dpo_train::cli::args::Cli::try_parse_from(&words).unwrap().command
@@ -566,8 +568,9 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     };
     let asked = dpo_train::cli::args::Cli::try_parse_from([&["dpo-train", "train"][..], &given].concat()).unwrap();
     let Some(dpo_train::cli::args::Command::Train(asked)) = asked.command else { unreachable!() };
-    assert_eq!(task.overrides.values, asked.overrides.values, "{srun}");
-    assert!(srun.ends_with(" --device cuda"), "{srun}");
+    let named: Vec<_> = task.overrides.values.iter().filter(|(k, _)| k != "run_name").cloned().collect();
+    assert_eq!(named, asked.overrides.values, "{srun}");
+    assert!(srun.contains(" --device cuda "), "{srun}");
 
     // Refused, before any script: a value train refuses, no model, a batch 8 tasks cannot split.
     let refused =
@@ -579,4 +582,70 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     assert!(refused(&["--data", d]).contains("`model_name_or_path`: is required"));
     let err = refused(&["--model", m, "--data", d, "--per-device-train-batch-size", "4", "--global-batch-size", "8"]);
     assert!(err.contains("8 does not split into per_device_train_batch_size 4 x 4 devices"), "{err}");
+}
+
+/// The script `slurm` prints is one run: submitted again (or requeued), it resumes that run rather
+/// than starting another. Run by bash with `srun` standing in (dpo-train on the CPU, the job's
+/// flags as they come, its paths relative): the first submission trains to the end, the second
+/// resumes the same run directory, finds nothing left to train and makes no other.
+#[test]
+fn a_slurm_script_submitted_again_resumes_its_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // The model and data by paths relative to the job's directory, as a user writes them there
+    // (the run saves them absolute, and its resume compares them so).
+    std::os::unix::fs::symlink(root().join("tests/fixtures/models/llama"), dir.path().join("model")).unwrap();
+    std::os::unix::fs::symlink(root().join("tests/fixtures/data/prefs.jsonl"), dir.path().join("prefs.jsonl")).unwrap();
+    let out = dpo_train(&[
+        "slurm",
+        "--gpus-per-node",
+        "1",
+        "--model",
+        "model",
+        "--data",
+        "prefs.jsonl",
+        "--max-steps",
+        "2",
+        "--num-samples",
+        "0",
+        "--output-dir",
+        "runs",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    fs::write(dir.path().join("job.sbatch"), &out.stdout).unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    // srun: its option, then `dpo-train train ...`, run here on the CPU.
+    let srun = "#!/bin/bash\nshift 2\nargs=()\nfor a in \"$@\"; do [ \"$a\" = cuda ] && a=cpu; args+=(\"$a\"); done\n\
+                echo \"${args[@]}\" >> submitted\nexec \"$DPO_TRAIN\" \"${args[@]}\"\n";
+    for (name, body) in [("srun", srun), ("scontrol", "#!/bin/sh\necho node1\n")] {
+        fs::write(bin.join(name), body).unwrap();
+        Command::new("chmod").arg("+x").arg(bin.join(name)).status().unwrap();
+    }
+    let submit = || {
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        let out = Command::new("bash")
+            .arg("job.sbatch")
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .env("DPO_TRAIN", env!("CARGO_BIN_EXE_dpo-train"))
+            .envs([("SLURM_JOB_NODELIST", "node1"), ("SLURM_JOB_ID", "7")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    submit();
+    let listed = || -> Vec<_> {
+        let all = fs::read_dir(dir.path().join("runs")).unwrap().map(|e| e.unwrap().path());
+        all.filter(|p| p.join("config.toml").is_file()).collect()
+    };
+    let runs = listed();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs[0].join("final").is_dir());
+    let said = submit();
+    let submitted = fs::read_to_string(dir.path().join("submitted")).unwrap();
+    let second = submitted.lines().nth(1).unwrap();
+    let run = format!("runs/{}", runs[0].file_name().unwrap().to_string_lossy());
+    assert!(second.ends_with(&format!("--device cpu --resume {run}")), "{second}");
+    assert_eq!(listed(), runs, "{said}");
 }

@@ -449,7 +449,7 @@ impl TrainConfig {
 
     /// Each relative path that names an existing file or directory, made absolute; other values
     /// (`demo`, a Hub dataset's name, a file not there yet) as they are.
-    fn with_absolute_paths(&self) -> Self {
+    pub(crate) fn with_absolute_paths(&self) -> Self {
         let absolute = |p: &Path| p.is_relative().then(|| std::fs::canonicalize(p).ok()).flatten();
         let fix = |s: &mut String| {
             if let Some(a) = absolute(Path::new(s.as_str())).and_then(|a| a.to_str().map(str::to_owned)) {

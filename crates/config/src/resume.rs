@@ -38,13 +38,15 @@ pub struct Change {
     pub now: String,
 }
 
-/// The keys of [`FIXED_ON_RESUME`] and of the loss that `now` sets otherwise than `saved`.
+/// The keys of [`FIXED_ON_RESUME`] and of the loss that `now` sets otherwise than `saved`. The run
+/// saved its paths absolute ([`TrainConfig::to_toml`]): `now`'s are compared made absolute the
+/// same way, so `--model ../m` names the model the run saved as `/abs/m`.
 pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
     let table = |cfg: &TrainConfig| match toml::Value::try_from(cfg) {
         Ok(toml::Value::Table(t)) => t,
         _ => toml::Table::new(),
     };
-    let (before, after) = (table(saved), table(now));
+    let (before, after) = (table(saved), table(&now.with_absolute_paths()));
     let text = |t: &toml::Table, key: &str| t.get(key).map_or_else(|| "unset".to_owned(), ToString::to_string);
     KEYS.iter()
         .filter(|k| k.section == Section::Loss || FIXED_ON_RESUME.contains(&k.name))
@@ -70,6 +72,16 @@ mod tests {
         assert_eq!(keys, ["model_name_or_path", "beta"]);
         assert_eq!((changed[0].saved.as_str(), changed[0].now.as_str()), ("\"a\"", "\"b\""));
         assert!(changes(&saved, &saved).is_empty());
+        // A relative path names what the run saved absolute (this crate's `src` from its tests'
+        // working directory), another spelling of it too; another directory is a change.
+        let relative = TrainConfig::from_toml_str("model_name_or_path = \"src\"\n", "r").unwrap();
+        let saved = TrainConfig::from_toml_str(&relative.to_toml(), "s").unwrap();
+        assert!(saved.model_name_or_path.starts_with('/'), "{}", saved.model_name_or_path);
+        assert!(changes(&saved, &relative).is_empty());
+        let respelled = TrainConfig::from_toml_str("model_name_or_path = \"../config/src\"\n", "r").unwrap();
+        assert!(changes(&saved, &respelled).is_empty());
+        let other = TrainConfig::from_toml_str("model_name_or_path = \"Cargo.toml\"\n", "o").unwrap();
+        assert_eq!(changes(&saved, &other).len(), 1);
         for key in FIXED_ON_RESUME {
             assert!(KEYS.iter().any(|k| k.name == key), "{key} is no key");
         }

@@ -4,6 +4,8 @@
 //! `SLURM_PROCID`/`SLURM_NTASKS`/`SLURM_LOCALID` ([`super::env::detect`]), so no launcher runs
 //! inside the job.
 
+use std::path::PathBuf;
+
 /// The resources and the config of the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlurmOptions {
@@ -13,6 +15,9 @@ pub struct SlurmOptions {
     pub gpus_per_node: usize,
     /// What follows `dpo-train train` on every task: the config file and flags, each one word.
     pub train_args: Vec<String>,
+    /// The run's directory: where it has a `config.toml` (the script submitted again, or
+    /// requeued), the tasks resume it from its newest checkpoint.
+    pub run_dir: PathBuf,
     /// Wall-clock limit in SLURM's syntax (`--time`, e.g. `24:00:00`).
     pub time: String,
     /// The partition (`--partition`), or the cluster's default.
@@ -73,9 +78,18 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)".to_string(),
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))".to_string(),
         String::new(),
+        "# Submitted again (or requeued), the job resumes its run from the newest checkpoint.".to_string(),
+        format!("RUN_DIR={}", shell_quote(&opts.run_dir.to_string_lossy())),
+        "RESUME=()".to_string(),
+        "if [ -f \"$RUN_DIR/config.toml\" ]; then RESUME=(--resume \"$RUN_DIR\"); fi".to_string(),
+        String::new(),
         "# One task per GPU; dpo-train reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.".to_string(),
-        // `--device cuda`: each task takes the GPU of its local rank.
-        format!("srun --kill-on-bad-exit=1 dpo-train train {} --device cuda", train.join(" ")),
+        // `--device cuda`: each task takes the GPU of its local rank. An empty array under `set -u`
+        // needs the `+` form before bash 4.4.
+        format!(
+            "srun --kill-on-bad-exit=1 dpo-train train {} --device cuda ${{RESUME[@]+\"${{RESUME[@]}}\"}}",
+            train.join(" ")
+        ),
     ]);
     let mut script = lines.join("\n");
     script.push('\n');
@@ -98,6 +112,7 @@ mod tests {
             nodes: 2,
             gpus_per_node: 4,
             train_args: vec!["--config".into(), "configs/llama-1b.toml".into()],
+            run_dir: PathBuf::from("runs/2026-12-07_00-00-00-llama-1b"),
             time: "24:00:00".into(),
             partition: Some("gpu".into()),
             job_name: "dpo".into(),
@@ -119,6 +134,7 @@ mod tests {
             nodes: 1,
             gpus_per_node: 8,
             train_args: ["--config", "my runs/it's.toml", "--beta", "0.2"].map(String::from).to_vec(),
+            run_dir: PathBuf::from("my runs/x"),
             time: "1:00:00".into(),
             partition: None,
             job_name: "x".into(),
@@ -129,9 +145,11 @@ mod tests {
         let script = sbatch_script(&opts);
         assert!(!script.contains("--partition"));
         assert!(!script.contains("--signal"));
+        assert!(script.contains("RUN_DIR='my runs/x'\n"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
         assert!(script.ends_with(
-            "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --beta 0.2 --device cuda\n"
+            "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --beta 0.2 --device cuda \
+             ${RESUME[@]+\"${RESUME[@]}\"}\n"
         ));
     }
 }
