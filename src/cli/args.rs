@@ -228,21 +228,10 @@ impl KeySelection for ReadKeys {
     const HEADING: &'static str = "How training reads the data (its config keys)";
     const TRL_KEYS: bool = false;
     fn includes(key: &KeyDoc) -> bool {
-        // The loss decides the rows (KTO's unpaired ones) and how they are truncated.
-        const READ: [&str; 11] = [
-            "tokenizer_name_or_path",
-            "dataset_train_split",
-            "prompt_column",
-            "chosen_column",
-            "rejected_column",
-            "skip_bad_rows",
-            "max_length",
-            "truncation_mode",
-            "per_device_train_batch_size",
-            "loss_type",
-            "unpair",
-        ];
-        READ.contains(&key.name)
+        // The loss decides the rows (KTO's unpaired ones, lent KL sequences within micro-batches)
+        // and how they are truncated.
+        let rows = ["loss_type", "unpair", "per_device_train_batch_size"];
+        crate::config::resume::DATA_KEYS.contains(&key.name) || rows.contains(&key.name)
     }
 }
 

@@ -140,15 +140,7 @@ fn check_gpus_commands_run_as_printed() {
     plans.push(check_gpu::Plan::cpu_fallback(&no_gpu, 2, String::new()));
     // Data of other column names, which the command reads by them.
     let renamed = dir.path().join("renamed.jsonl");
-    let rows: Vec<String> = fs::read_to_string(data())
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            serde_json::json!({"question": v["prompt"], "good": v["chosen"], "bad": v["rejected"]}).to_string()
-        })
-        .collect();
-    fs::write(&renamed, rows.join("\n")).unwrap();
+    crate::common::with_renamed_columns(&data(), &renamed);
     let reading = dpo_vocab::DataReading {
         prompt_column: Some("question".into()),
         chosen_column: Some("good".into()),

@@ -447,15 +447,7 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
 
     // Read by train's keys: other column names read the same pairs.
     let renamed = dir.path().join("renamed.jsonl");
-    let rows: Vec<String> = fs::read_to_string(&prefs)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            serde_json::json!({"question": v["prompt"], "good": v["chosen"], "bad": v["rejected"]}).to_string()
-        })
-        .collect();
-    fs::write(&renamed, rows.join("\n")).unwrap();
+    crate::common::with_renamed_columns(&prefs, &renamed);
     let columns = ["--prompt-column", "question", "--chosen-column", "good", "--rejected-column", "bad"];
     let read = |data: &std::path::Path, extra: &[&str]| {
         let args = [&["data", "lengths", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()], extra];

@@ -7,12 +7,10 @@
 
 use crate::{KEYS, Section, TrainConfig};
 
-/// The keys of the run's own section that decide what is trained; every loss key does too.
-pub const FIXED_ON_RESUME: [&str; 18] = [
-    "model_name_or_path",
-    "ref_model_name_or_path",
+/// The keys that decide how the training data is read, tokenised and cut (`dpo-train data
+/// lengths` reads it by them, as training does).
+pub const DATA_KEYS: [&str; 8] = [
     "tokenizer_name_or_path",
-    "train_file",
     "dataset_train_split",
     "prompt_column",
     "chosen_column",
@@ -20,6 +18,14 @@ pub const FIXED_ON_RESUME: [&str; 18] = [
     "skip_bad_rows",
     "max_length",
     "truncation_mode",
+];
+
+/// With [`DATA_KEYS`], the keys of the run's own section that decide what is trained; every loss
+/// key does too.
+pub const FIXED_ON_RESUME: [&str; 10] = [
+    "model_name_or_path",
+    "ref_model_name_or_path",
+    "train_file",
     "lora_r",
     "lora_alpha",
     "use_rslora",
@@ -38,7 +44,8 @@ pub struct Change {
     pub now: String,
 }
 
-/// The keys of [`FIXED_ON_RESUME`] and of the loss that `now` sets otherwise than `saved`. The run
+/// The keys of [`DATA_KEYS`], [`FIXED_ON_RESUME`] and the loss that `now` sets otherwise than
+/// `saved`. The run
 /// saved its paths absolute ([`TrainConfig::to_toml`]): `now`'s are compared made absolute the
 /// same way, so `--model ../m` names the model the run saved as `/abs/m`.
 pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
@@ -49,7 +56,7 @@ pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
     let (before, after) = (table(saved), table(&now.with_absolute_paths()));
     let text = |t: &toml::Table, key: &str| t.get(key).map_or_else(|| "unset".to_owned(), ToString::to_string);
     KEYS.iter()
-        .filter(|k| k.section == Section::Loss || FIXED_ON_RESUME.contains(&k.name))
+        .filter(|k| k.section == Section::Loss || DATA_KEYS.contains(&k.name) || FIXED_ON_RESUME.contains(&k.name))
         .filter(|k| before.get(k.name) != after.get(k.name))
         .map(|k| Change { key: k.name, saved: text(&before, k.name), now: text(&after, k.name) })
         .collect()
@@ -82,7 +89,7 @@ mod tests {
         assert!(changes(&saved, &respelled).is_empty());
         let other = TrainConfig::from_toml_str("model_name_or_path = \"Cargo.toml\"\n", "o").unwrap();
         assert_eq!(changes(&saved, &other).len(), 1);
-        for key in FIXED_ON_RESUME {
+        for key in DATA_KEYS.into_iter().chain(FIXED_ON_RESUME) {
             assert!(KEYS.iter().any(|k| k.name == key), "{key} is no key");
         }
     }

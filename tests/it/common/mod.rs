@@ -14,6 +14,19 @@ pub mod bounds;
 pub mod cli;
 pub mod trl;
 
+/// `src`'s pairs (JSON Lines) written to `dest` under other columns: `question`, `good`, `bad`.
+pub fn with_renamed_columns(src: &Path, dest: &Path) {
+    let rows: Vec<String> = std::fs::read_to_string(src)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"question": v["prompt"], "good": v["chosen"], "bad": v["rejected"]}).to_string()
+        })
+        .collect();
+    std::fs::write(dest, rows.join("\n")).unwrap();
+}
+
 /// `tests/fixtures/` of this checkout.
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
