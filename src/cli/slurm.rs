@@ -21,8 +21,7 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
     // One script, one run: named now, so that the script submitted again (or requeued) resumes it.
     let cfg = &layered.cfg;
     let run_name = cfg.run_name.clone().unwrap_or_else(|| {
-        let name =
-            format!("{}-{}", crate::clock::timestamp(), config_name(args.config.as_deref(), &args.overrides.values));
+        let name = crate::run::default_run_name(&config_name(args.config.as_deref(), &args.overrides.values));
         train_args.extend(["--run-name".to_owned(), name.clone()]);
         name
     });

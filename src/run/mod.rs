@@ -323,6 +323,11 @@ fn prepare_demo(run_dir: &Path, req: &RunRequest, progress: &mut dyn Progress) -
     demo::prepare(&dir, req.cfg.seed, &req.rt.device)
 }
 
+/// A run's name where the config gives none: the date and time, then what its config is called.
+pub fn default_run_name(config_name: &str) -> String {
+    format!("{}-{}", crate::clock::timestamp(), config_name)
+}
+
 /// The run directory, and whether to resume in it (`resume`: as [`RunRequest::resume`]).
 pub fn run_dir(
     cfg: &TrainConfig,
@@ -348,7 +353,7 @@ pub fn run_dir(
                 let message = format!("`{}` is a file, not a directory", cfg.output_dir.display());
                 anyhow::bail!(crate::config::ConfigError::Invalid { key: "output_dir", message });
             }
-            let name = cfg.run_name.clone().unwrap_or_else(|| format!("{}-{}", crate::clock::timestamp(), config_name));
+            let name = cfg.run_name.clone().unwrap_or_else(|| default_run_name(config_name));
             let dir = cfg.output_dir.join(name);
             // A name made up here that a run of the same second took gets a suffix when claimed.
             if cfg.run_name.is_some() && crate::train::checkpoint::latest(&dir).is_some() {

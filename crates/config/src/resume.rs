@@ -45,9 +45,8 @@ pub struct Change {
 }
 
 /// The keys of [`DATA_KEYS`], [`FIXED_ON_RESUME`] and the loss that `now` sets otherwise than
-/// `saved`. The run
-/// saved its paths absolute ([`TrainConfig::to_toml`]): `now`'s are compared made absolute the
-/// same way, so `--model ../m` names the model the run saved as `/abs/m`.
+/// `saved`. The run saved its paths absolute ([`TrainConfig::to_toml`]): `now`'s are compared
+/// made absolute the same way, so `--model ../m` names the model the run saved as `/abs/m`.
 pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
     let table = |cfg: &TrainConfig| match toml::Value::try_from(cfg) {
         Ok(toml::Value::Table(t)) => t,

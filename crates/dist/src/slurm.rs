@@ -112,7 +112,7 @@ mod tests {
             nodes: 2,
             gpus_per_node: 4,
             train_args: vec!["--config".into(), "configs/llama-1b.toml".into()],
-            run_dir: PathBuf::from("runs/2026-12-07_00-00-00-llama-1b"),
+            run_dir: PathBuf::from("runs/20261207-000000-llama-1b"),
             time: "24:00:00".into(),
             partition: Some("gpu".into()),
             job_name: "dpo".into(),
