@@ -34,7 +34,7 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     // The keys as training reads them: its tokenizer, columns, split, rows and truncation.
     let mut cfg = TrainConfig::default().with_overrides(&args.read.values)?;
     cfg.find_in_hub_cache()?;
-    cfg.loss.validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
+    cfg.loss.validate().map_err(ConfigError::from)?;
     cfg.check_kto()?;
     let tokenizer_dir = match cfg.tokenizer_name_or_path.clone() {
         Some(dir) => dir,

@@ -57,6 +57,14 @@ pub enum ConfigError {
     At { place: String, key: &'static str, message: String },
 }
 
+/// A loss setting out of range is an invalid value of its key (located where it was set by
+/// [`Layered::validate`]).
+impl From<LossConfigError> for ConfigError {
+    fn from(e: LossConfigError) -> Self {
+        ConfigError::Invalid { key: e.key, message: e.message }
+    }
+}
+
 /// The learning-rate schedule after warm-up (transformers' `lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -26,7 +26,7 @@ impl TrainConfig {
         if self.train_file.is_empty() {
             return invalid("train_file", "is required: the training preference data (`--data FILE`)".to_owned());
         }
-        self.loss.validate().map_err(|e| ConfigError::Invalid { key: e.key, message: e.message })?;
+        self.loss.validate()?;
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
             return invalid("learning_rate", format!("must be finite and > 0, got {}", self.learning_rate));
         }
