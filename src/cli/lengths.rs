@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::args::LengthsArgs;
-use crate::config::{ConfigError, TrainConfig};
+use crate::config::Layered;
 use crate::data::{self, Prepared, TokenizedPair, Tokenizer};
 
 /// What `check-gpu` reads.
@@ -31,11 +31,15 @@ struct Lengths {
 }
 
 pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
-    // The keys as training reads them: its tokenizer, columns, split, rows and truncation.
-    let mut cfg = TrainConfig::default().with_overrides(&args.read.values)?;
-    cfg.find_in_hub_cache()?;
-    cfg.loss.validate().map_err(ConfigError::from)?;
-    cfg.check_kto()?;
+    // The keys as training reads and checks them (its tokenizer, columns, split, rows and
+    // truncation), a bad value named by its flag; `--model` and `--data` stand for the two keys
+    // training requires.
+    let mut layered = Layered::new(None, &args.read.values)?;
+    layered.find_in_hub_cache()?;
+    layered.cfg.model_name_or_path = args.model.display().to_string();
+    layered.cfg.train_file = args.data.display().to_string();
+    layered.validate()?;
+    let cfg = layered.cfg;
     let tokenizer_dir = match cfg.tokenizer_name_or_path.clone() {
         Some(dir) => dir,
         None => crate::model::tokenizer_dir(&args.model)

@@ -492,6 +492,12 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
     assert!(err.contains("`--unpair true`"), "{err}");
     let unpaired = read(&prefs, &["--loss-type", "kto", "--unpair"]);
     assert_eq!(unpaired["pairs"].as_u64(), Some(2 * run(&[])["pairs"].as_u64().unwrap()));
+    // A bad value is refused as `train` refuses it, named by its flag.
+    for (flag, value) in [("--unpair", "true"), ("--max-length", "1")] {
+        let args = [&["data", "lengths", "--model", model_path, "--data", prefs_path][..], &[flag, value]].concat();
+        let err = one_line_error(&dpo_train(&args));
+        assert!(err.starts_with(&format!("error: `{flag}`: ")), "{err}");
+    }
 }
 
 /// A run reports its largest micro-batch beside its peak memory (what check-gpu's estimate of
