@@ -492,7 +492,7 @@ pub struct EvalArgs {
     pub keep_end: Option<bool>,
     /// Pairs per forward pass; results do not depend on it, but for kto's (its KL rows borrow
     /// completions within blocks of this many rows, TRL's per-device batch: at least 2).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub batch_size: usize,
     /// Where to run: `auto` (the first CUDA device torch sees, else the CPU), `cpu`, `cuda` or
     /// `cuda:N`.

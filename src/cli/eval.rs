@@ -5,7 +5,7 @@ use std::io::Write;
 use super::args::EvalArgs;
 use super::launch::single_device;
 use super::progress::ConsoleProgress;
-use crate::config::TrainConfig;
+use crate::config::{ConfigError, TrainConfig};
 use crate::data::{Columns, Packing, Truncation};
 use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
 use crate::train::Progress;
@@ -16,13 +16,18 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
     let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
     let args_device = args.device;
     let mut truncation = eval_truncation(args.max_length, args.keep_end);
-    // The reference-free family's rows, and what it cannot run with, refused as `train` refuses it.
+    // The loss, the reference-free family's rows and KTO's, and what they cannot run with,
+    // refused as `train` refuses them, each named by this command's flag.
     keys.ref_model_name_or_path = args.ref_model.clone();
     keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
-    keys.check_reference_free()?;
     // KTO's KL rows rotate within blocks of `--batch-size` here.
     keys.per_device_train_batch_size = args.batch_size;
-    keys.check_kto()?;
+    let checked = |keys: &TrainConfig| -> Result<(), ConfigError> {
+        keys.loss.validate()?;
+        keys.check_reference_free()?;
+        keys.check_kto()
+    };
+    checked(&keys).map_err(at_eval_flag)?;
     truncation.rows = keys.truncation()?.rows;
     let opts = EvalOptions {
         model: args.model,
@@ -134,6 +139,19 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
 
 /// `--max-length` and `--truncation-mode`, each defaulting to its config key's default (eval
 /// reads no config file).
+/// An invalid key's error located at the flag of `eval` that sets it (`--batch-size` the
+/// micro-batch KTO's rows rotate in, `--ref-model` the reference; the loss keys' flags are
+/// `train`'s).
+fn at_eval_flag(e: ConfigError) -> ConfigError {
+    let ConfigError::Invalid { key, message } = e else { return e };
+    let flag = match key {
+        "per_device_train_batch_size" => "--batch-size".to_owned(),
+        "ref_model_name_or_path" => "--ref-model".to_owned(),
+        _ => dpo_vocab::flag(key),
+    };
+    ConfigError::At { place: format!("`{flag}`"), key, message }
+}
+
 fn eval_truncation(max_length: Option<usize>, keep_end: Option<bool>) -> Truncation {
     let defaults = TrainConfig::default().truncation().expect("the key table's default truncation_mode is valid");
     Truncation {

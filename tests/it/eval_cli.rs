@@ -124,13 +124,19 @@ fn tokenizer_larger_than_the_embedding_is_refused() {
     );
 }
 
+/// A bad loss setting is named by the flag that set it, as `train` names it.
 #[test]
-fn bad_loss_settings_name_the_key() {
+fn bad_loss_settings_name_the_flag() {
     let model = fixtures().join("models/llama");
     let data = fixtures().join("data/prefs.jsonl");
     let err =
         one_line_error(&eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--beta", "0"])), 1);
-    assert_eq!(err, "error: invalid loss settings: `beta`: must be finite and > 0, got 0");
+    assert_eq!(err, "error: `--beta`: must be finite and > 0, got 0");
+    let err = one_line_error(
+        &eval(&with_defaults(model.to_str().unwrap(), data.to_str().unwrap(), &["--unpair", "true"])),
+        1,
+    );
+    assert!(err.starts_with("error: `--unpair`: only applies to KTOTrainer's losses"), "{err}");
 }
 
 /// `--truncation-mode keep_end` at a `--max-length` the data exceeds: TRL's keep_end keeps every
@@ -208,7 +214,7 @@ fn a_reference_free_loss_refuses_a_reference_and_keep_end() {
     let data = fixtures().join("data/prefs.jsonl");
     let (m, d) = (model.to_str().unwrap(), data.to_str().unwrap());
     let out = eval(&with_defaults(m, d, &["--loss-type", "cpo", "--ref-model", m]));
-    assert!(one_line_error(&out, 1).contains("is not used by `cpo`, which has no reference model"));
+    assert!(one_line_error(&out, 1).contains("`--ref-model`: is not used by `cpo`, which has no reference model"));
     let out = eval(&with_defaults(m, d, &["--loss-type", "orpo", "--truncation-mode", "keep_end"]));
-    assert!(one_line_error(&out, 1).contains("`keep_end` is not defined for `orpo`"));
+    assert!(one_line_error(&out, 1).contains("`--truncation-mode`: `keep_end` is not defined for `orpo`"));
 }

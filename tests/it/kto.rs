@@ -179,5 +179,5 @@ fn eval_scores_one_label_and_needs_two_rows_a_block() {
     assert!(json.get("rewards/rejected").is_none() && json.get("rewards/chosen").is_some(), "{json}");
     let out = eval(&["--batch-size", "1"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 2 with `kto`"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`--batch-size`: must be at least 2 with `kto`"));
 }
