@@ -370,11 +370,11 @@ pub struct GenerateArgs {
     /// list of {role, content} messages (rendered by the chat template).
     #[arg(long, value_name = "FILE")]
     pub prompts: PathBuf,
-    /// Tokens to generate per sample.
-    #[arg(long, default_value_t = 64)]
+    /// Tokens to generate per sample (at least 1, as transformers' `generate`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub max_new_tokens: usize,
     /// Sampling temperature (finite, >= 0); 0 decodes greedily.
-    #[arg(long, default_value_t = 1.0, value_parser = parse_temperature)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_temperature, allow_negative_numbers = true)]
     pub temperature: f64,
     /// Nucleus sampling: keep the smallest token set of this total probability, in (0, 1].
     #[arg(long, default_value_t = 1.0, value_parser = parse_top_p)]

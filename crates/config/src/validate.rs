@@ -211,6 +211,10 @@ impl TrainConfig {
         if self.global_batch_size == Some(0) {
             return invalid("global_batch_size", "must be at least 1".to_owned());
         }
+        if self.num_samples > 0 && self.max_new_tokens == 0 {
+            let why = "must be at least 1 where samples are written (`num_samples = 0` writes none)";
+            return invalid("max_new_tokens", why.to_owned());
+        }
         Ok(())
     }
 }
@@ -272,6 +276,7 @@ mod tests {
         check("max_grad_norm = nan", "max_grad_norm");
         check("adam_epsilon = nan", "adam_epsilon");
         check("beta = inf", "beta");
+        check("max_new_tokens = 0", "max_new_tokens");
         let required = TrainConfig::default().resolve().unwrap_err();
         assert!(required.to_string().starts_with("`model_name_or_path`: is required"), "{required}");
     }
