@@ -22,7 +22,7 @@ pub enum ReportError {
     #[error(transparent)]
     Log(#[from] LogError),
     /// plotters failed to draw an image.
-    #[error("Failed to draw `{path}`")]
+    #[error("cannot draw `{path}`")]
     Draw {
         path: PathBuf,
         #[source]

@@ -23,7 +23,7 @@ pub enum LogError {
     #[error(transparent)]
     Io(#[from] FileError),
     /// The CSV layer failed to read or write a record.
-    #[error("Malformed CSV in `{path}` at line {line}")]
+    #[error("`{path}`, line {line}: malformed CSV")]
     Csv {
         path: PathBuf,
         line: u64,
@@ -31,20 +31,30 @@ pub enum LogError {
         source: csv::Error,
     },
     /// The first line of an existing `metrics.csv` is not the header this version writes.
-    #[error("Unexpected header in `{path}`: expected `{expected}`, found `{found}`")]
+    #[error("`{path}`, line 1: not the header of a dpo-train metrics.csv: expected `{expected}`, found `{found}`")]
     Header { path: PathBuf, expected: String, found: String },
     /// A row has the wrong number of fields.
-    #[error("Row at line {line} of `{path}` has {found} fields, expected {expected}")]
+    #[error("`{path}`, line {line}: {found} fields, expected {expected}")]
     FieldCount { path: PathBuf, line: u64, found: usize, expected: usize },
     /// A cell does not parse as its column's type.
-    #[error("Invalid value `{value}` in column `{column}` at line {line} of `{path}`")]
+    #[error("`{path}`, line {line}: column `{column}`: invalid value `{value}`")]
     Value { path: PathBuf, line: u64, column: &'static str, value: String },
     /// A row handed to [`MetricsWriter::append`] does not carry exactly the TRL metrics.
-    #[error("Metrics row for step {step} has {found} metric values, expected {expected} for `{path}`")]
+    #[error("`{path}`: the metrics row of step {step} has {found} metric values, expected {expected}")]
     MetricCount { path: PathBuf, step: u64, found: usize, expected: usize },
 }
 
 impl LogError {
+    /// A fault of the file read (a missing, foreign or damaged `metrics.csv`: bad input), rather
+    /// than of writing one.
+    pub fn is_input(&self) -> bool {
+        match self {
+            Self::Io(e) => e.action == "read",
+            Self::Csv { .. } | Self::Header { .. } | Self::FieldCount { .. } | Self::Value { .. } => true,
+            Self::MetricCount { .. } => false,
+        }
+    }
+
     fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
         Self::Io(FileError::new(action, path, source))
     }
@@ -556,7 +566,7 @@ mod tests {
         let mut bad = row(7, Split::Train);
         bad.metrics.pop();
         let err = MetricsWriter::create(dir.path()).unwrap().append(&bad).unwrap_err();
-        assert!(err.to_string().starts_with("Metrics row for step 7 has 11 metric values"));
+        assert!(err.to_string().contains("`: the metrics row of step 7 has 11 metric values"), "{err}");
     }
 
     fn write_file(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
@@ -570,7 +580,7 @@ mod tests {
     fn short_row_error_names_file_and_line() {
         let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
         let err = read_metrics(&path).unwrap_err();
-        assert_eq!(err.to_string(), format!("Row at line 3 of `{}` has 4 fields, expected 20", path.display()));
+        assert_eq!(err.to_string(), format!("`{}`, line 3: 4 fields, expected 20", path.display()));
     }
 
     #[test]
@@ -578,13 +588,10 @@ mod tests {
         let (_dir, path) =
             write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,abc,,,2\n");
         let err = read_metrics(&path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!("Invalid value `abc` in column `grad_norm` at line 3 of `{}`", path.display())
-        );
+        assert_eq!(err.to_string(), format!("`{}`, line 3: column `grad_norm`: invalid value `abc`", path.display()));
         let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,,1\n");
         let err = read_metrics(&path).unwrap_err();
-        assert!(err.to_string().starts_with("Invalid value `test` in column `split` at line 2"));
+        assert!(err.to_string().ends_with("line 2: column `split`: invalid value `test`"), "{err}");
     }
 
     /// A run written before `mean_token_accuracy` was a column reads back with it empty, and
@@ -618,7 +625,7 @@ mod tests {
         let path = dir.path().join("metrics.csv");
         std::fs::write(&path, "step,loss\n1,0.5\n").unwrap();
         let err = read_metrics(&path).unwrap_err();
-        assert!(err.to_string().starts_with("Unexpected header in `"));
+        assert!(err.to_string().contains("`, line 1: not the header of a dpo-train metrics.csv"), "{err}");
         assert!(MetricsWriter::resume(dir.path(), 1).is_err());
     }
 
@@ -650,6 +657,6 @@ mod tests {
         std::fs::write(&not_a_dir, b"").unwrap();
         let path = not_a_dir.join("x.png");
         let err = write_atomic(&path, b"").unwrap_err();
-        assert_eq!(err.to_string(), format!("Failed to write `{}`", path.display()));
+        assert_eq!(err.to_string(), format!("cannot write `{}`", path.display()));
     }
 }

@@ -647,3 +647,18 @@ fn a_slurm_script_submitted_again_resumes_its_run() {
     assert!(second.ends_with(&format!("--device cpu --resume {run}")), "{second}");
     assert_eq!(listed(), runs, "{said}");
 }
+
+/// `plot` of a directory that is no run, or of a run whose `metrics.csv` is foreign or damaged,
+/// is bad input: one line naming the file (and the line), exit 1.
+#[test]
+fn plot_refuses_what_is_no_run_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let err = one_line_error(&dpo_train(&["plot", missing.to_str().unwrap()]));
+    assert!(err.starts_with(&format!("error: cannot read `{}`", missing.join("metrics.csv").display())), "{err}");
+    let metrics = dir.path().join("metrics.csv");
+    fs::write(&metrics, "step,loss\n1,0.5\n").unwrap();
+    let err = one_line_error(&dpo_train(&["plot", dir.path().to_str().unwrap()]));
+    assert!(err.starts_with(&format!("error: `{}`, line 1: not the header", metrics.display())), "{err}");
+    assert!(!dir.path().join("loss.png").exists(), "nothing drawn");
+}

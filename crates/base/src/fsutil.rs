@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 /// A filesystem operation that failed, naming the file.
 #[derive(Debug, thiserror::Error)]
-#[error("Failed to {action} `{path}`")]
+#[error("cannot {action} `{path}`")]
 pub struct FileError {
     /// What was attempted ("read", "create", "write", "rename into place", ...).
     pub action: &'static str,
