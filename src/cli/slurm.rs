@@ -6,7 +6,9 @@
 
 use super::args::SlurmArgs;
 use super::train::config_name;
-use crate::config::{ConfigFile, KEYS, Layered};
+use dpo_base::hub::{self, Kind};
+
+use crate::config::{ConfigError, ConfigFile, KEYS, Layered};
 use crate::dist::{SlurmOptions, sbatch_script};
 
 pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
@@ -14,6 +16,9 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
     let layered = Layered::new(file, &args.overrides.values)?;
     layered.validate()?;
     crate::train::stage::global_batch(&layered.cfg, args.nodes * args.gpus_per_node)?;
+    for note in absent_here(&layered) {
+        eprintln!("note: {note}");
+    }
     let mut train_args = Vec::new();
     if let Some(config) = &args.config {
         train_args.extend(["--config".to_owned(), config.display().to_string()]);
@@ -49,4 +54,30 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// The models and data the job reads that this host has neither as a path nor in its Hugging
+/// Face cache, each located where it was set: notes, not refusals, as the job's nodes may mount
+/// what the host that prints the script does not.
+fn absent_here(layered: &Layered) -> Vec<String> {
+    let cfg = &layered.cfg;
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+    let read = [
+        ("model_name_or_path", Some(cfg.model_name_or_path.clone()), Kind::Model),
+        ("ref_model_name_or_path", path(&cfg.ref_model_name_or_path), Kind::Model),
+        ("tokenizer_name_or_path", path(&cfg.tokenizer_name_or_path), Kind::Model),
+        ("train_file", Some(cfg.train_file.clone()), Kind::Dataset),
+        ("eval_file", cfg.eval_file.clone(), Kind::Dataset),
+        ("test_file", cfg.test_file.clone(), Kind::Dataset),
+    ];
+    read.into_iter()
+        .filter_map(|(key, value, kind)| {
+            let value = value.filter(|v| v != "demo")?;
+            let here = std::path::Path::new(&value).exists() || matches!(hub::locate(&value, kind), Ok(Some(_)));
+            let message = format!(
+                "`{value}` is not on this host (nor in its Hugging Face cache): the job fails unless its nodes have it"
+            );
+            (!here).then(|| layered.locate(ConfigError::Invalid { key, message }).to_string())
+        })
+        .collect()
 }

@@ -569,6 +569,17 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     let named: Vec<_> = task.overrides.values.iter().filter(|(k, _)| k != "run_name").cloned().collect();
     assert_eq!(named, asked.overrides.values, "{srun}");
     assert!(srun.contains(" --device cuda "), "{srun}");
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // What this host does not have is noted, where it was set, and the script printed all the
+    // same (the job's nodes may mount it).
+    let out = dpo_train(&["slurm", "--model", m, "--data", "nowhere.jsonl"]);
+    assert!(out.status.success() && out.stdout.starts_with(b"#!/bin/bash"));
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        notes.trim_end(),
+        "note: `--train-file`: `nowhere.jsonl` is not on this host (nor in its Hugging Face cache): the job fails unless its nodes have it"
+    );
 
     // Refused, before any script: a value train refuses, no model, a batch 8 tasks cannot split.
     let refused =
