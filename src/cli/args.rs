@@ -440,8 +440,8 @@ pub struct SynthArgs {
     /// Seed of the generator.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
-    /// Training pairs.
-    #[arg(long, default_value_t = 2000)]
+    /// Training pairs (at least 1).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
     pub train: usize,
     /// Validation pairs.
     #[arg(long, default_value_t = 200)]

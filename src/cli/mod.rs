@@ -75,6 +75,14 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
 const SYNTH_PAIR_BYTES: u64 = 400;
 
 fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
+    let named = args.out.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    if dpo_base::hub::is_data_file_name(&named) && !named.ends_with(".jsonl") {
+        let message = format!(
+            "`{}`: the splits are written as JSON Lines: name a `.jsonl` file (the train split; val and test beside it) or a directory",
+            args.out.display()
+        );
+        return Err(crate::config::ConfigError::Flag { flag: "out".to_owned(), message }.into());
+    }
     let counts = [("train", args.train), ("val", args.val), ("test", args.test)];
     let pairs = counts.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n as u64));
     let (flag, _) = counts.iter().max_by_key(|(_, n)| *n).copied().unwrap_or(counts[0]);

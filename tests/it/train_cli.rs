@@ -72,6 +72,11 @@ fn data_synth_writes_three_loadable_splits() {
         let loaded = dpo_train::data::load_preferences(&dir.path().join(file), &Default::default()).unwrap();
         assert_eq!(loaded.rows.len(), n, "{file}");
     }
+    // Another data format's name is refused, nothing written (it made a directory of that name).
+    let json = dir.path().join("prefs.json");
+    let err = one_line_error(&dpo_train(&["data", "synth", "--out", json.to_str().unwrap()]));
+    assert!(err.starts_with("error: `--out`: ") && err.contains("written as JSON Lines"), "{err}");
+    assert!(!json.exists());
 }
 
 /// Counts no host holds are refused with one line naming the flag, before anything is written
