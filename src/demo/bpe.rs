@@ -41,10 +41,10 @@ pub const MIN_VOCAB_SIZE: usize = 2 + 256;
 #[derive(Debug, thiserror::Error)]
 pub enum BpeError {
     /// The vocabulary cannot hold the special tokens and the byte alphabet.
-    #[error("Vocabulary size `{vocab_size}` is below the minimum `{MIN_VOCAB_SIZE}` (2 special tokens and 256 bytes)")]
+    #[error("vocabulary size `{vocab_size}` is below the minimum `{MIN_VOCAB_SIZE}` (2 special tokens and 256 bytes)")]
     VocabTooSmall { vocab_size: usize },
     /// The `tokenizers` crate failed to build, train or serialise the tokenizer.
-    #[error("Training the BPE tokenizer for `{dir}` failed")]
+    #[error("training the BPE tokenizer for `{dir}` failed")]
     Train {
         dir: PathBuf,
         #[source]
@@ -200,7 +200,7 @@ mod tests {
         let err = train_tokenizer(["a"].into_iter(), 100, dir.path()).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "Vocabulary size `100` is below the minimum `258` (2 special tokens and 256 bytes)"
+            "vocabulary size `100` is below the minimum `258` (2 special tokens and 256 bytes)"
         );
         // A file where the directory should be.
         let file = dir.path().join("file");

@@ -29,7 +29,7 @@ pub enum ReportError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The font embedded in the binary could not be loaded (a build defect, not a user error).
-    #[error("The embedded font `assets/fonts/DejaVuSans.ttf` is not a valid TrueType font")]
+    #[error("the embedded font `assets/fonts/DejaVuSans.ttf` is not a valid TrueType font")]
     Font,
 }
 

@@ -68,11 +68,11 @@ impl Sampler {
 /// A step's global batch that the ranks cannot share evenly.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ShardError {
-    #[error("The global batch {global_batch} is not a multiple of micro-batch {micro_batch} x world size {world_size}")]
+    #[error("the global batch {global_batch} is not a multiple of micro-batch {micro_batch} x world size {world_size}")]
     Indivisible { global_batch: usize, micro_batch: usize, world_size: usize },
-    #[error("Rank {rank} is not below the world size {world_size}")]
+    #[error("rank {rank} is not below the world size {world_size}")]
     RankOutOfRange { rank: usize, world_size: usize },
-    #[error("The micro-batch size must be positive")]
+    #[error("the micro-batch size must be positive")]
     ZeroMicroBatch,
 }
 
@@ -190,9 +190,9 @@ mod tests {
         let s = Sampler { len: 10, global_batch: 6, micro_batch: 2, seed: 0 };
         assert_eq!(
             rank_step(&s, 0, 2, 0).unwrap_err().to_string(),
-            "The global batch 6 is not a multiple of micro-batch 2 x world size 2"
+            "the global batch 6 is not a multiple of micro-batch 2 x world size 2"
         );
-        assert_eq!(rank_step(&s, 0, 3, 3).unwrap_err().to_string(), "Rank 3 is not below the world size 3");
+        assert_eq!(rank_step(&s, 0, 3, 3).unwrap_err().to_string(), "rank 3 is not below the world size 3");
         let s = Sampler { micro_batch: 0, ..s };
         assert_eq!(rank_step(&s, 0, 1, 0).unwrap_err(), ShardError::ZeroMicroBatch);
     }

@@ -133,7 +133,7 @@ fn prompt_longer_than_max_length_is_dropped_and_counted() {
 
     // When every prompt reaches max_length nothing is left: an error says so.
     let err = tokenize(&loaded.rows, &tok, Some(1)).unwrap_err();
-    assert_eq!(err.to_string(), "All 2 examples were dropped: each prompt alone has at least `max_length` = 1 tokens");
+    assert_eq!(err.to_string(), "all 2 examples were dropped: each prompt alone has at least `max_length` = 1 tokens");
 }
 
 #[test]

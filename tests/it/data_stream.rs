@@ -176,5 +176,5 @@ fn data_with_nothing_left_to_train_on_is_named() {
     let err =
         prepare(&path, &LoadOptions::default(), &tokenizer(), None, Default::default(), &mut |_, _| {}).unwrap_err();
     let text = format!("{:#}", anyhow::Error::from(err));
-    assert_eq!(text, format!("`{}`: All 1 examples were dropped: 1 have chosen identical to rejected", path.display()));
+    assert_eq!(text, format!("`{}`: all 1 examples were dropped: 1 have chosen identical to rejected", path.display()));
 }

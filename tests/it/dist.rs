@@ -156,7 +156,7 @@ fn collectives() {
     pg.broadcast(&mut last, world - 1).expect("broadcast from the last rank");
     assert_eq!(values(&last[0]), vec![(world - 1) as f32; 3]);
     let err = pg.broadcast(&mut last, world).expect_err("root out of range");
-    assert_eq!(err.to_string(), format!("The broadcast root `{world}` is not below the world size `{world}`"));
+    assert_eq!(err.to_string(), format!("the broadcast root `{world}` is not below the world size `{world}`"));
 
     // (c) all_reduce_sum_f64.
     let mut sums = [rank as f64 + 0.25, 1.0, -(rank as f64) * 1e10];
@@ -241,7 +241,7 @@ fn a_rank_that_never_joins_is_named_by_the_others_and_the_launcher() {
     let err = result.expect_err("rank 0 gives up");
     assert!(took < Duration::from_secs(20), "took {took:?}");
     assert!(
-        err.to_string().starts_with("Rank 0 failed (exit code 4); its last stderr line: `c10d `init_process_group`")
+        err.to_string().starts_with("rank 0 failed (exit code 4); its last stderr line: `c10d `init_process_group`")
     );
     assert!(err.to_string().contains("rank(s) 1 of 2 never joined the rendezvous"), "{err}");
     let report = err.report();
@@ -274,7 +274,7 @@ fn unreachable_master_fails_within_the_timeout() {
 fn launcher_reports_the_failing_rank_and_kills_the_rest() {
     let (result, took) = run(3, "exit3", &[]);
     let err = result.expect_err("rank 1 exits with 3");
-    assert_eq!(err.to_string(), "Rank 1 failed (exit code 3); its last stderr line: `rank 1 gives up on purpose`");
+    assert_eq!(err.to_string(), "rank 1 failed (exit code 3); its last stderr line: `rank 1 gives up on purpose`");
     // These workers never joined a group: the report says so for each.
     let report = err.report();
     assert_eq!(report[1], "rank 1: exited (exit code 3) before reaching the rendezvous");

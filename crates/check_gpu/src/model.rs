@@ -20,7 +20,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// `config.json` could not be read.
-    #[error("Cannot read `{path}`")]
+    #[error("cannot read `{path}`")]
     Read {
         path: PathBuf,
         #[source]
@@ -37,10 +37,10 @@ pub enum ModelError {
     #[error("{path}:{line}: unsupported `model_type` {found}: dpo-train trains {}", SUPPORTED_MODEL_TYPES.join(", "))]
     ModelType { path: PathBuf, line: usize, found: String },
     /// `--model-params` text that is not a count.
-    #[error("Invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
+    #[error("invalid parameter count `{0}`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`")]
     Count(String),
     /// `--model-params` outside the range the estimate handles.
-    #[error("Parameter count `{0}` is out of range: expected 1 to 1e15 (`1000T`)")]
+    #[error("parameter count `{0}` is out of range: expected 1 to 1e15 (`1000T`)")]
     CountRange(String),
 }
 
@@ -362,7 +362,7 @@ mod tests {
         assert!(parse_param_count("-1B").is_err());
         assert_eq!(
             parse_param_count("x").expect_err("bad").to_string(),
-            "Invalid parameter count `x`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`"
+            "invalid parameter count `x`: expected a number with an optional K, M, B or T suffix, e.g. `1.5B`"
         );
     }
 

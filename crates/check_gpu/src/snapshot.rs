@@ -21,7 +21,7 @@ pub const SNAPSHOT_SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The file could not be read.
-    #[error("Cannot read snapshot `{path}`")]
+    #[error("cannot read snapshot `{path}`")]
     Read {
         path: PathBuf,
         #[source]
@@ -34,7 +34,7 @@ pub enum SnapshotError {
     #[error("{path}:1: expected `schema_version` {expected}, found {found}")]
     Version { path: PathBuf, expected: u32, found: u32 },
     /// Writing the temporary file or renaming it failed.
-    #[error("Cannot write snapshot `{path}`")]
+    #[error("cannot write snapshot `{path}`")]
     Write {
         path: PathBuf,
         #[source]

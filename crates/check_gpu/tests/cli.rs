@@ -394,7 +394,7 @@ fn unwritable_save_path_prints_the_plan_and_exits_3() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("dpo-train train --model-name-or-path YOUR_MODEL_DIR"));
-    assert!(stderr.starts_with(&format!("check-gpu: error: Cannot write snapshot `{}`: ", save.display())), "{stderr}");
+    assert!(stderr.starts_with(&format!("check-gpu: error: cannot write snapshot `{}`: ", save.display())), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
@@ -570,10 +570,10 @@ fn bad_inputs_exit_3_with_one_line() {
             format!("{}:1: expected 13 comma-separated values", bad_csv.display()),
         ),
         (vec!["--snapshot", bad_json.to_str().expect("p")], format!("{}:4:", bad_json.display())),
-        (vec!["--topo", "/nonexistent/topo.txt"], "Cannot read `/nonexistent/topo.txt`: No such file".to_string()),
+        (vec!["--topo", "/nonexistent/topo.txt"], "cannot read `/nonexistent/topo.txt`: No such file".to_string()),
         (
             vec!["--topo", good_topo.to_str().expect("p"), "--model-params", "huge"],
-            "Invalid parameter count `huge`".to_string(),
+            "invalid parameter count `huge`".to_string(),
         ),
     ];
     for (args, expected) in cases {
@@ -609,7 +609,7 @@ fn huge_values_are_refused_with_their_range() {
     let out = run(&["--topo", topo, "--model-params", "1e30"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("Parameter count `1e30` is out of range: expected 1 to 1e15"), "{stderr}");
+    assert!(stderr.contains("parameter count `1e30` is out of range: expected 1 to 1e15"), "{stderr}");
     // The largest accepted values plan without overflow: a 1e15-parameter model fits nowhere.
     let (code, v) =
         plan_json("t4x2-phb", &["--model-params", "1e15", "--seq-len", "1048576", "--global-batch", "1048576"]);

@@ -92,19 +92,19 @@ pub enum DataError {
     #[error("line {line}: `prompt`, `chosen` and `rejected` mix plain text and message lists")]
     MixedRow { line: usize },
     /// `tokenize` was given no rows.
-    #[error("No rows to tokenise")]
+    #[error("no rows to tokenise")]
     NoRows,
     /// Every example's prompt alone reached `max_length`, so nothing is left to train on.
-    #[error("All {dropped} examples were dropped: each prompt alone has at least `max_length` = {max_length} tokens")]
+    #[error("all {dropped} examples were dropped: each prompt alone has at least `max_length` = {max_length} tokens")]
     AllDropped { dropped: usize, max_length: usize },
     /// Every example's completion tokenised to nothing after its prompt.
     #[error(
-        "All {dropped} examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
+        "all {dropped} examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
     )]
     NoCompletions { dropped: usize },
     /// Every example was dropped, for several reasons or because chosen equals rejected;
     /// `reasons` counts each ("3 have chosen identical to rejected, ...").
-    #[error("All {total} examples were dropped: {reasons}")]
+    #[error("all {total} examples were dropped: {reasons}")]
     NothingLeft { total: usize, reasons: String },
     /// KTO data whose rows all carry one label: its KL estimate and loss need both kinds.
     #[error(

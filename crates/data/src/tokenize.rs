@@ -342,7 +342,7 @@ mod tests {
         let err = tokenize(&[row(3, "hi")], &tok, None).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "All 1 examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
+            "all 1 examples were dropped: no completion token follows the prompt (does the chat template render assistant turns?)"
         );
         let rows: Vec<PreferenceRow> = vec![row(3, "hi")];
         let (_, report) = tokenize(&[rows[0].clone(), plain], &tok, None).unwrap_or_else(|e| panic!("{e}"));
@@ -375,7 +375,7 @@ mod tests {
         let err = tokenize(&rows[..1], &tok, Some(4)).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "All 1 examples were dropped: each prompt alone has at least `max_length` = 4 tokens"
+            "all 1 examples were dropped: each prompt alone has at least `max_length` = 4 tokens"
         );
     }
 

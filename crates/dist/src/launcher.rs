@@ -100,29 +100,29 @@ impl NodeSpec {
 /// Why a launch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    #[error("Invalid launch: {0}")]
+    #[error("invalid launch: {0}")]
     Invalid(String),
-    #[error("Could not find a free port on 127.0.0.1")]
+    #[error("could not find a free port on 127.0.0.1")]
     NoFreePort(#[source] std::io::Error),
-    #[error("Could not find the path of the running executable")]
+    #[error("could not find the path of the running executable")]
     CurrentExe(#[source] std::io::Error),
-    #[error("Could not start rank {rank}")]
+    #[error("could not start rank {rank}")]
     Spawn {
         rank: usize,
         #[source]
         source: std::io::Error,
     },
-    #[error("Could not wait for rank {rank}")]
+    #[error("could not wait for rank {rank}")]
     Wait {
         rank: usize,
         #[source]
         source: std::io::Error,
     },
     /// A worker failed; the others were killed. `report` has one line per rank of this node.
-    #[error("Rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
+    #[error("rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
     RankFailed { rank: usize, status: String, code: Option<i32>, last_line: String, report: Vec<String> },
     /// A worker was frozen, or stuck in one collective, past the timeout; every worker was killed.
-    #[error("The job stopped making progress: {reason}")]
+    #[error("the job stopped making progress: {reason}")]
     Hung { reason: String, report: Vec<String> },
 }
 
@@ -523,7 +523,7 @@ mod tests {
             timeout: DEFAULT_TIMEOUT,
         };
         let err = launch_node(&spec, |_| Vec::new(), &[], &AtomicUsize::new(0)).unwrap_err();
-        assert_eq!(err.to_string(), "Invalid launch: node rank 2 is not below the node count 2");
+        assert_eq!(err.to_string(), "invalid launch: node rank 2 is not below the node count 2");
         assert!(free_port().unwrap() > 0);
     }
 }

@@ -83,18 +83,18 @@ pub struct DistConfig {
 /// A failure of the process group or of a collective.
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
-    #[error("Rank `{rank}` is not below the world size `{world_size}`")]
+    #[error("rank `{rank}` is not below the world size `{world_size}`")]
     RankOutOfRange { rank: usize, world_size: usize },
-    #[error("The master address `{0}` contains a NUL byte")]
+    #[error("the master address `{0}` contains a NUL byte")]
     BadMasterAddr(String),
-    #[error("The timeout must be between 1 ms and i64::MAX ms, got {0:?}")]
+    #[error("the timeout must be between 1 ms and i64::MAX ms, got {0:?}")]
     BadTimeout(Duration),
-    #[error("The broadcast root `{root}` is not below the world size `{world_size}`")]
+    #[error("the broadcast root `{root}` is not below the world size `{world_size}`")]
     BadRoot { root: usize, world_size: usize },
-    #[error("The bucket size must be positive")]
+    #[error("the bucket size must be positive")]
     ZeroBucket,
     #[error(
-        "The NCCL backend is not compiled in ({}): `dpo-train env` says what this build has",
+        "the NCCL backend is not compiled in ({}): `dpo-train env` says what this build has",
         dpo_torch::NCCL_BUILD
     )]
     NcclNotCompiled,
@@ -102,7 +102,7 @@ pub enum DistError {
     #[error("c10d `{op}` failed (code {code}): {message}")]
     C10d { op: &'static str, code: i32, message: String },
     /// A tensor is not a LibTorch tensor (another burn backend).
-    #[error("Tensor {index} is not a LibTorch tensor: {reason}")]
+    #[error("tensor {index} is not a LibTorch tensor: {reason}")]
     NotLibTorch { index: usize, reason: String },
     /// A collective failed (timed out, lost a peer): where this rank was, and for how long.
     #[error("rank {rank} gave up after {secs:.0} s in {place}")]
@@ -591,9 +591,9 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         let err = ProcessGroup::new(&cfg).unwrap_err();
-        assert_eq!(err.to_string(), "Rank `2` is not below the world size `2`");
+        assert_eq!(err.to_string(), "rank `2` is not below the world size `2`");
         let err = ProcessGroup::new(&DistConfig { rank: 0, timeout: Duration::ZERO, ..cfg.clone() }).unwrap_err();
-        assert_eq!(err.to_string(), "The timeout must be between 1 ms and i64::MAX ms, got 0ns");
+        assert_eq!(err.to_string(), "the timeout must be between 1 ms and i64::MAX ms, got 0ns");
         let err = ProcessGroup::new(&DistConfig { rank: 0, master_addr: "a\0b".into(), ..cfg.clone() }).unwrap_err();
         assert!(matches!(err, DistError::BadMasterAddr(_)), "{err}");
         if !has_nccl() {

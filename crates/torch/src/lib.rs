@@ -37,7 +37,7 @@ pub enum TorchError {
         source: tch::TchError,
     },
     /// A tensor is not a LibTorch tensor (another burn backend).
-    #[error("Tensor {index} is not a LibTorch tensor: {reason}")]
+    #[error("tensor {index} is not a LibTorch tensor: {reason}")]
     NotLibTorch { index: usize, reason: String },
 }
 

@@ -56,7 +56,7 @@ pub struct BenchRequest {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(
-        "Cannot find the dpo-train binary for --bench: `{BIN_ENV}` is not set and `{}` does not exist (build dpo-train, or set {BIN_ENV})",
+        "cannot find the dpo-train binary for --bench: `{BIN_ENV}` is not set and `{}` does not exist (build dpo-train, or set {BIN_ENV})",
         next_to.display()
     )]
     NotFound { next_to: PathBuf },
@@ -68,7 +68,7 @@ pub enum BenchError {
         "--bench: NVML could not be loaded, so there is no GPU to measure; measure CPU processes with --devices cpu:N"
     )]
     NoGpuHere,
-    #[error("Cannot run `{command}`")]
+    #[error("cannot run `{command}`")]
     Spawn {
         command: String,
         #[source]
@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "Cannot find the dpo-train binary for --bench: `DPO_TRAIN_BIN` is not set and `{}` does not exist (build dpo-train, or set DPO_TRAIN_BIN)",
+                "cannot find the dpo-train binary for --bench: `DPO_TRAIN_BIN` is not set and `{}` does not exist (build dpo-train, or set DPO_TRAIN_BIN)",
                 dir.join("dpo-train").display()
             )
         );
@@ -303,7 +303,7 @@ mod tests {
         let err = run(&ok, &BenchRequest { devices: Devices::Cpu(4), ..req.clone() }).expect_err("world size");
         assert!(err.to_string().ends_with("reported world size 2, expected 4"), "{err}");
         let err = run(&dir.join("missing"), &req).expect_err("no such file").to_string();
-        assert!(err.starts_with("Cannot run `"), "{err}");
+        assert!(err.starts_with("cannot run `"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,7 +15,7 @@ pub use topo::{TopoMatrix, parse as parse_topo};
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
     /// The file could not be read.
-    #[error("Cannot read `{path}`")]
+    #[error("cannot read `{path}`")]
     Read {
         path: PathBuf,
         #[source]

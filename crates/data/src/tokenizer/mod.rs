@@ -75,13 +75,13 @@ pub enum TokenizerError {
     #[error("cannot apply the chat template to an empty conversation")]
     EmptyConversation,
     /// The `tokenizers` crate failed to encode a text.
-    #[error("Encoding failed")]
+    #[error("encoding failed")]
     Encode {
         #[source]
         source: tokenizers::Error,
     },
     /// The `tokenizers` crate failed to decode ids.
-    #[error("Decoding failed")]
+    #[error("decoding failed")]
     Decode {
         #[source]
         source: tokenizers::Error,
