@@ -32,7 +32,9 @@ const NOT_IMPLEMENTED: &str = "not implemented";
 /// Every such key, `DPOConfig`'s first.
 pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("model_init_kwargs", Never("models load from their directory's config.json; the precision is `bf16`/`fp16`")),
-    ("trust_remote_code", Only(FALSE, "no model code is run: llama, mistral, qwen2 and qwen3 are built in")),
+    // No model code is run at any value (llama, mistral, qwen2 and qwen3 are built in), and a model
+    // of another type is refused where it loads, naming the types there are.
+    ("trust_remote_code", Inert),
     ("router_aux_loss_coef", Never("mixture-of-experts models are not supported")),
     ("pad_to_multiple_of", Inert),
     ("precompute_ref_batch_size", Inert),
