@@ -164,7 +164,24 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("bnb_4bit_quant_type", Inert),
     ("use_bnb_nested_quant", Inert),
     ("bnb_4bit_quant_storage", Inert),
+    // Keys earlier TRLs' DPOConfig had, which recipes written for them still set (TRL 1.16's
+    // parser refuses them as unknown): refused with what 1.16 says instead.
+    ("max_prompt_length", Never(BOTH_ENDS)),
+    ("max_completion_length", Never(BOTH_ENDS)),
+    (
+        "rpo_alpha",
+        Never(
+            "removed from TRL's DPOConfig before 1.16: RPO is `loss_type = [\"sigmoid\", \"sft\"]` with `loss_weights = [1.0, ALPHA]`",
+        ),
+    ),
+    (
+        "generate_during_eval",
+        Never("removed from TRL's DPOConfig before 1.16: held-out samples go to samples_val.txt (`num_samples`)"),
+    ),
 ];
+
+/// What replaces the prompt's and the completion's own lengths.
+const BOTH_ENDS: &str = "removed from TRL's DPOConfig before 1.16: `max_length` bounds prompt and completion together, and `truncation_mode` says which end an over-long sequence keeps";
 
 /// TRL's `ModelConfig.lora_r`, which `use_peft = true` trains at when `lora_r` is not set.
 const TRL_LORA_R: i64 = 16;
@@ -287,6 +304,10 @@ mod tests {
         );
         assert!(refused("optim = \"sgd\"\n").1.starts_with("`optim = \"sgd\"` is not supported by dpo-train"));
         assert!(refused("deepspeed = \"ds.json\"\n").1.starts_with("`deepspeed` is not supported by dpo-train: use"));
+        // An earlier TRL's key (an alignment-handbook recipe's) gets what TRL 1.16 has instead.
+        let (key, message) = refused("max_prompt_length = 512\n");
+        assert_eq!(key, "max_prompt_length");
+        assert!(message.contains("removed from TRL's DPOConfig before 1.16: `max_length` bounds"), "{message}");
     }
 
     #[test]
