@@ -58,6 +58,12 @@ pub enum DataError {
     /// A `.json` file whose top level is not an array of rows.
     #[error("`{path}`: a `.json` data file must hold an array of row objects")]
     NotAnArray { path: PathBuf },
+    /// The prompt column the config names (`prompt_column`, not TRL's `prompt`) is not in the
+    /// data: read as implicit-prompt data, its prompt would be the completions' shared start.
+    #[error(
+        "`{path}`: no column `{column}` (`prompt_column`); data without a prompt column takes its prompt from the start `chosen` and `rejected` share (TRL's implicit prompt), which the default `prompt_column` reads"
+    )]
+    NoPromptColumn { path: PathBuf, column: String },
     /// The CSV header lacks a required column.
     #[error("`{path}`: column `{column}` is missing (the header has {found})")]
     MissingColumn { path: PathBuf, column: String, found: String },
@@ -143,6 +149,9 @@ pub enum RowProblem {
     /// A required field is absent.
     #[error("field `{field}` is missing")]
     MissingField { field: String },
+    /// A CSV record with more fields than the header names (pandas, under `datasets`, refuses it).
+    #[error("{found} fields where the header names {columns}")]
+    ExtraFields { found: usize, columns: usize },
     /// A field is null (a Parquet null, or JSON's `null`).
     #[error("field `{field}` is null")]
     Null { field: String },

@@ -46,7 +46,12 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
             }
         }
         let line = record_line(&record);
-        rows.push(line, shape.row(&record, line, cols))?;
+        // A field too many (an unquoted comma in a completion) would shift the row's text.
+        let row = match record.len() > header.len() {
+            true => Err(RowProblem::ExtraFields { found: record.len(), columns: header.len() }),
+            false => shape.row(&record, line, cols),
+        };
+        rows.push(line, row)?;
     }
     Ok(())
 }

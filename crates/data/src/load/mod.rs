@@ -265,7 +265,12 @@ pub fn read_rows(
     }
     progress(total, total);
     // `files` is not empty, so one summary exists.
-    all.ok_or_else(|| DataError::Empty { path: path.to_path_buf() })
+    let all = all.ok_or_else(|| DataError::Empty { path: path.to_path_buf() })?;
+    // A prompt column the user named and the data lacks is a typo, not implicit-prompt data.
+    if all.implicit_prompt && opts.columns.prompt != Columns::default().prompt {
+        return Err(DataError::NoPromptColumn { path: path.to_path_buf(), column: opts.columns.prompt.clone() });
+    }
+    Ok(all)
 }
 
 /// Reads one file: the format by its name (`.gz` stripped) and by its first bytes (Parquet's
@@ -763,6 +768,9 @@ mod tests {
         );
         let err = load("short.csv", b"prompt,chosen,rejected\np,a,b\np,a\n").unwrap_err();
         assert_eq!(err_tail(&err), "line 3: field `rejected` is missing");
+        // An unquoted comma in a completion makes a field too many: the row is bad, not shifted.
+        let err = load("long.csv", b"prompt,chosen,rejected\nName a fruit, An apple, a pear., A rock.\n").unwrap_err();
+        assert_eq!(err_tail(&err), "line 2: 4 fields where the header names 3");
     }
 
     #[test]
@@ -908,6 +916,22 @@ mod tests {
         );
         let data = b"{\"prompt\": \"Q:\", \"chosen\": \" a\", \"rejected\": \" b\"}\n{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n";
         assert_eq!(err_tail(&load("early_prompt.jsonl", data).unwrap_err()), "line 2: field `prompt` is missing");
+    }
+
+    /// A prompt column the config renames and the data lacks is refused in every format, where
+    /// the rows read as implicit-prompt data and took the completions' shared start as prompt.
+    #[test]
+    fn a_named_prompt_column_that_is_missing_is_refused() {
+        let columns = Columns { prompt: "questions".into(), ..Columns::default() };
+        let opts = LoadOptions { columns, ..LoadOptions::default() };
+        let row = "{\"question\": \"Q?\", \"chosen\": \" It is 4.\", \"rejected\": \" It is 5.\"}\n";
+        let csv = "question,chosen,rejected\nQ?, It is 4., It is 5.\n";
+        for (name, contents) in [("typo.jsonl", row), ("typo.csv", csv)] {
+            let err = load_preferences(&temp_file(name, contents.as_bytes()), &opts).unwrap_err().to_string();
+            assert!(err.contains(": no column `questions` (`prompt_column`); data without"), "{name}: {err}");
+        }
+        // TRL's default name, absent: implicit-prompt data, as before.
+        assert!(load("implicit.jsonl", b"{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n").unwrap().implicit_prompt);
     }
 
     #[test]
