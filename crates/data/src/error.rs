@@ -56,7 +56,7 @@ pub enum DataError {
         source: csv::Error,
     },
     /// A `.json` file whose top level is not an array of rows.
-    #[error("`{path}`: a `.json` data file must hold an array of row objects")]
+    #[error("`{path}`: a `.json` data file must hold an array of row objects, or one row object per line")]
     NotAnArray { path: PathBuf },
     /// The prompt column the config names (`prompt_column`, not TRL's `prompt`) is not in the
     /// data: read as implicit-prompt data, its prompt would be the completions' shared start.

@@ -41,15 +41,25 @@ pub(super) fn read_json_lines(reader: &mut dyn BufRead, rows: &mut Rows) -> Resu
 
 /// Whether a `.json` file holds JSON Lines: `datasets`' `Dataset.to_json("x.json")` writes them by
 /// default, and `datasets` reads them back. It does when its first non-blank line is a whole JSON
-/// object and the file is not one JSON value (a single object stays an error: not an array).
+/// object and either the file is not one JSON value or that line is all of it (one row, which
+/// `datasets`' JSON Lines reader takes; an object over several lines stays an error).
 pub(super) fn is_json_lines(bytes: &[u8]) -> bool {
     let start = skip_ws(bytes, 0);
     if bytes.get(start) != Some(&b'{') {
         return false;
     }
     let first = bytes[start..].split(|b| *b == b'\n').next().unwrap_or_default();
+    let alone = skip_ws(bytes, start + first.len()) == bytes.len();
     serde_json::from_slice::<serde::de::IgnoredAny>(first).is_ok()
-        && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
+        && (alone || serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err())
+}
+
+/// Whether a `.jsonl` file holds a JSON array instead (its first byte past a BOM and white space
+/// is `[`), which `datasets` reads too (pyarrow's JSON Lines reader fails, pandas reads it).
+pub(super) fn starts_an_array(reader: &mut dyn BufRead) -> std::io::Result<bool> {
+    let head = reader.fill_buf()?;
+    let head = head.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(head);
+    Ok(head.get(skip_ws(head, 0)) == Some(&b'['))
 }
 
 fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {

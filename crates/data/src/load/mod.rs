@@ -290,7 +290,7 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
         rows.records = true;
         return parquet::read_parquet(file.inner, opts, rows);
     }
-    let format = match ext {
+    let mut format = match ext {
         Some("jsonl") => Format::JsonLines,
         Some("json") => Format::JsonArray,
         Some("csv") => Format::Csv,
@@ -303,8 +303,11 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
         Box::new(plain)
     };
     if let Format::JsonLines = format {
-        read_json_lines(&mut reader, rows)?;
-        return rows.finish();
+        if !json::starts_an_array(&mut reader).map_err(|e| rows.io_error(e))? {
+            read_json_lines(&mut reader, rows)?;
+            return rows.finish();
+        }
+        format = Format::JsonArray;
     }
     let mut bytes = Vec::new();
     reader.read_to_end(&mut bytes).map_err(|e| rows.io_error(e))?;
@@ -728,9 +731,25 @@ mod tests {
         assert_eq!(err_tail(&err), "line 2: malformed JSON");
         // One object over several lines is one JSON value, not JSON Lines.
         let err = load("pretty.json", b"{\n  \"prompt\": \"p\"\n}\n").unwrap_err();
-        assert!(err.to_string().ends_with(": a `.json` data file must hold an array of row objects"), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with(": a `.json` data file must hold an array of row objects, or one row object per line"),
+            "{err}"
+        );
         let err = load("prettybad.json", b"{\n  \"prompt\": \"p\",\n  \"chosen\": }\n").unwrap_err();
         assert_eq!(err_tail(&err), "line 3: malformed JSON");
+    }
+
+    /// A JSON array saved under a `.jsonl` name, compact or pretty, reads as the array it is
+    /// (`datasets` reads it), each row from the line it starts on.
+    #[test]
+    fn a_json_array_under_a_jsonl_name() {
+        let row = |p: &str| format!("{{\"prompt\": \"{p}\", \"chosen\": \"a\", \"rejected\": \"b\"}}");
+        let compact = format!("\u{feff}[{}, {}]", row("p"), row("q"));
+        assert_eq!(load("compact.jsonl", compact.as_bytes()).unwrap().rows.len(), 2);
+        let pretty = format!("\n[\n  {},\n  {}\n]\n", row("p"), row("q"));
+        let loaded = load("pretty.jsonl", pretty.as_bytes()).unwrap();
+        assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![3, 4]);
     }
 
     #[test]
@@ -741,8 +760,13 @@ mod tests {
         let data = b"[\n {\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\n {\"x\": 1}]";
         let err = load("comma.json", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 4: malformed JSON");
-        let err = load("obj.json", b"{\"prompt\": \"p\"}").unwrap_err();
-        assert!(err.to_string().ends_with(": a `.json` data file must hold an array of row objects"));
+        // One object on one line is JSON Lines of one row, as `datasets` reads it.
+        let loaded = load("obj.json", b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}").unwrap();
+        assert_eq!(loaded.rows.len(), 1);
+        assert_eq!(
+            err_tail(&load("half.json", b"{\"prompt\": \"p\"}\n").unwrap_err()),
+            "line 1: field `chosen` is missing"
+        );
         let data = b"[\n{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"},\n{\"prompt\": \"\xc3\x28\"}]";
         let err = load("utf8.json", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 3: invalid UTF-8");
