@@ -285,7 +285,7 @@ mod tests {
     }
 
     fn m(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), ..Message::default() }
     }
 
     #[test]

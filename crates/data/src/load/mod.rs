@@ -208,6 +208,19 @@ pub struct ReadSummary {
     pub conversational: bool,
 }
 
+/// The row fields TRL's `DPOTrainer` passes to the chat template beside the messages (`tools`,
+/// and `chat_template_kwargs` such as Qwen3's `enable_thinking`), which dpo-train does not: the
+/// first a row sets, if any (a null, or empty keyword arguments, set nothing).
+pub const TEMPLATE_FIELDS: [&str; 2] = ["tools", "chat_template_kwargs"];
+
+fn unrendered(obj: &serde_json::Map<String, Value>) -> Option<&'static str> {
+    TEMPLATE_FIELDS.into_iter().find(|field| match obj.get(*field) {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(kwargs)) => !kwargs.is_empty(),
+        Some(_) => true,
+    })
+}
+
 /// Reads a preference file, or one split of a dataset directory, whole (see [`read_rows`]).
 pub fn load_preferences(path: &Path, opts: &LoadOptions) -> Result<Loaded, DataError> {
     let mut rows = Vec::new();
@@ -441,7 +454,11 @@ impl<'a> Rows<'a> {
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
             let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
-            build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)
+            let row = build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)?;
+            match unrendered(obj).filter(|_| row.chosen.is_messages()) {
+                Some(field) => Err(RowProblem::NotRendered { field: field.to_owned() }),
+                None => Ok(row),
+            }
         })();
         if deciding && parsed.is_err() {
             self.implicit = None;
@@ -606,7 +623,7 @@ mod tests {
     }
 
     fn msg(role: &str, content: &str) -> Message {
-        Message { role: role.into(), content: content.into() }
+        Message { role: role.into(), content: content.into(), ..Message::default() }
     }
 
     /// The message after "`path`, line N: " or the whole message.
@@ -956,6 +973,34 @@ mod tests {
         }
         // TRL's default name, absent: implicit-prompt data, as before.
         assert!(load("implicit.jsonl", b"{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n").unwrap().implicit_prompt);
+    }
+
+    /// A message's other keys are kept for the chat template; a conversational row's `tools` or
+    /// `chat_template_kwargs`, which TRL passes to the template and dpo-train does not, is a bad
+    /// row (null or empty keyword arguments set nothing, and plain-text rows never use them).
+    #[test]
+    fn message_keys_are_kept_and_template_fields_refused() {
+        let conv = r#"{"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "A", "reasoning_content": "r"}], "rejected": [{"role": "assistant", "content": "B"}]"#;
+        let loaded = load("keys.jsonl", format!("{conv}}}\n").as_bytes()).unwrap();
+        let Text::Messages(chosen) = &loaded.rows[0].chosen else { panic!("messages") };
+        assert_eq!(chosen[0].extra.get("reasoning_content"), Some(&serde_json::json!("r")));
+        for (extra, refused) in [
+            (r#", "tools": "[{\"type\": \"function\"}]""#, Some("tools")),
+            (r#", "chat_template_kwargs": {"enable_thinking": false}"#, Some("chat_template_kwargs")),
+            (r#", "tools": null, "chat_template_kwargs": {}"#, None),
+        ] {
+            let got = load("fields.jsonl", format!("{conv}{extra}}}\n").as_bytes());
+            match refused {
+                Some(field) => assert!(
+                    err_tail(&got.unwrap_err())
+                        .starts_with(&format!("line 1: field `{field}` is not passed to the chat template")),
+                    "{extra}"
+                ),
+                None => assert_eq!(got.unwrap().rows.len(), 1, "{extra}"),
+            }
+        }
+        let plain = load("plain.jsonl", br#"{"prompt": "p", "chosen": "a", "rejected": "b", "tools": "[]"}"#).unwrap();
+        assert_eq!(plain.rows.len(), 1);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Parquet, as the Hugging Face hub stores datasets: string columns, or conversations stored as
-//! `list<struct<role: string, content: string>>` (other struct fields ignored). Only the prompt,
+//! `list<struct<role: string, content: string, ...>>` (a message's other fields passed to the chat
+//! template as its JSON). Only the prompt,
 //! chosen and rejected columns are decoded (extra columns are never read), one record batch at a
 //! time, so memory holds one batch of raw values and one chunk of rows. Rows are numbered from 0,
 //! as `datasets` indexes them.
@@ -13,7 +14,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
-use super::{COMPLETION, LABEL, LoadOptions, ReadSummary, Reading, Rows};
+use super::{COMPLETION, LABEL, LoadOptions, ReadSummary, Reading, Rows, TEMPLATE_FIELDS};
 use crate::error::{DataError, RowProblem};
 
 /// Rows decoded at a time.
@@ -59,8 +60,11 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
         }
     }
     let label = if kto { index(LABEL) } else { None };
+    // Read to be refused where a conversational row sets them (see `TEMPLATE_FIELDS`).
+    let template = if kto { Vec::new() } else { TEMPLATE_FIELDS.iter().filter_map(|f| index(f)).collect() };
     let builder_rows = builder.metadata().file_metadata().num_rows();
-    let mask = ProjectionMask::roots(builder.parquet_schema(), wanted.iter().copied().chain(prompt).chain(label));
+    let projected = wanted.iter().copied().chain(prompt).chain(label).chain(template);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), projected);
     let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| err(e.to_string()))?;
 
     // TRL extracts the prompt when the dataset has no prompt column.
@@ -69,7 +73,7 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
     let names: Vec<&str> = if kto {
         vec![cols.prompt.as_str(), COMPLETION, LABEL, &cols.chosen, &cols.rejected]
     } else {
-        vec![cols.prompt.as_str(), &cols.chosen, &cols.rejected]
+        [cols.prompt.as_str(), &cols.chosen, &cols.rejected].into_iter().chain(TEMPLATE_FIELDS).collect()
     };
     let mut row = 0;
     for batch in reader {
@@ -79,7 +83,11 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
         for i in 0..batch.num_rows() {
             let mut object = Map::new();
             for &(name, column) in &columns {
-                object.insert(name.to_owned(), cell(column, i));
+                let value = match TEMPLATE_FIELDS.contains(&name) {
+                    true => json(column.as_ref(), i),
+                    false => cell(column, i),
+                };
+                object.insert(name.to_owned(), value);
             }
             rows.push_value(row, &Value::Object(object))?;
             row += 1;
@@ -157,15 +165,47 @@ fn messages<O: OffsetSizeTrait>(list: &arrow_array::GenericListArray<O>, i: usiz
     Value::Array((0..structs.len()).map(|j| message(structs, j)).collect())
 }
 
+/// A message struct: `role` and `content` as strings (another type is the row check's to report),
+/// and its other fields (`reasoning_content`, `tool_calls`, ...) as the JSON they hold.
 fn message(structs: &StructArray, j: usize) -> Value {
     if structs.is_null(j) {
         return Value::Null;
     }
     let mut object = Map::new();
-    for field in ["role", "content"] {
-        if let Some(column) = structs.column_by_name(field) {
-            object.insert(field.to_owned(), text(column.as_ref(), j));
-        }
+    for (field, column) in structs.fields().iter().zip(structs.columns()) {
+        let value = match field.name().as_str() {
+            "role" | "content" => text(column.as_ref(), j),
+            _ => json(column.as_ref(), j),
+        };
+        object.insert(field.name().clone(), value);
     }
     Value::Object(object)
+}
+
+/// Any cell as JSON, as `datasets` hands it to Python: strings, numbers, booleans, lists and
+/// structs (nested), null for a null cell or a type no message field holds.
+fn json(column: &dyn Array, i: usize) -> Value {
+    if column.is_null(i) {
+        return Value::Null;
+    }
+    match column.data_type() {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column, i),
+        DataType::Boolean => Value::Bool(column.as_boolean().value(i)),
+        t if t.is_integer() => integer(column, i).map_or(Value::Null, Value::from),
+        DataType::Float32 => column.as_primitive::<arrow_array::types::Float32Type>().value(i).into(),
+        DataType::Float64 => column.as_primitive::<arrow_array::types::Float64Type>().value(i).into(),
+        DataType::List(_) => list(column.as_list::<i32>(), i),
+        DataType::LargeList(_) => list(column.as_list::<i64>(), i),
+        DataType::Struct(_) => {
+            let structs = column.as_struct();
+            let fields = structs.fields().iter().zip(structs.columns());
+            Value::Object(fields.map(|(f, c)| (f.name().clone(), json(c.as_ref(), i))).collect())
+        }
+        _ => Value::Null,
+    }
+}
+
+fn list<O: OffsetSizeTrait>(list: &arrow_array::GenericListArray<O>, i: usize) -> Value {
+    let items = list.value(i);
+    Value::Array((0..items.len()).map(|j| json(items.as_ref(), j)).collect())
 }

@@ -46,7 +46,9 @@ pub fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
                     None => return Err(bad("`content` is missing")),
                     Some(_) => return Err(bad("`content` must be a string")),
                 };
-                messages.push(Message { role, content });
+                let extra = obj.iter().filter(|(k, _)| !matches!(k.as_str(), "role" | "content"));
+                let extra = extra.map(|(k, v)| (k.clone(), v.clone())).collect();
+                messages.push(Message { role, content, extra });
             }
             Ok(Text::Messages(messages))
         }

@@ -105,8 +105,9 @@ fn template_env() -> Environment<'static> {
     env
 }
 
-/// A message as the template sees it: a map whose keys iterate as `role`, `content` (Python dict
-/// order), which `tojson` and `items()` rely on.
+/// A message as the template sees it: a map whose keys iterate as `role`, `content`, then the
+/// message's other keys (Python dict order for a message written role first), which `tojson`
+/// and `items()` rely on.
 #[derive(Debug)]
 struct MessageValue(Message);
 
@@ -119,12 +120,13 @@ impl Object for MessageValue {
         match key.as_str()? {
             "role" => Some(Value::from(self.0.role.clone())),
             "content" => Some(Value::from(self.0.content.clone())),
-            _ => None,
+            other => self.0.extra.get(other).map(Value::from_serialize),
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        let keys = ["role", "content"].into_iter().map(Value::from);
+        Enumerator::Values(keys.chain(self.0.extra.keys().map(|k| Value::from(k.as_str()))).collect())
     }
 }
 

@@ -89,12 +89,18 @@ pub enum TokenizerError {
 }
 
 /// One chat message, as in a conversational dataset (`{"role": .., "content": ..}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// `system`, `user`, `assistant`, ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The message's other keys (`reasoning_content`, `tool_calls`, `name`, ...), which the chat
+    /// template reads as transformers hands it the whole dict. In key order: serde_json's map
+    /// sorts them, so a nested object a template dumps with `tojson` lists its keys sorted where
+    /// Python keeps the file's order.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A Hugging Face tokenizer with its special tokens and chat template resolved.
@@ -465,7 +471,10 @@ mod tests {
     }
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
-        pairs.iter().map(|(r, c)| Message { role: r.to_string(), content: c.to_string() }).collect()
+        pairs
+            .iter()
+            .map(|(r, c)| Message { role: r.to_string(), content: c.to_string(), ..Message::default() })
+            .collect()
     }
 
     #[test]
@@ -585,6 +594,24 @@ mod tests {
         let tok = Tokenizer::from_dir(&dir).unwrap();
         let m = msgs(&[("user", "a"), ("user", "b")]);
         assert_eq!(tok.apply_chat_template(&m, false).unwrap(), "U:a\nU:b\n");
+    }
+
+    /// A message's keys besides `role` and `content` reach the template, as transformers hands it
+    /// the whole dict: read by name, defined only where a message has them, and listed after
+    /// `role` and `content` by `items()` and `tojson`.
+    #[test]
+    fn a_messages_other_keys_reach_the_template() {
+        let dir = temp_dir("extra");
+        let template = "{% for m in messages %}{{ m.role }}:{% if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}|{{ m | tojson }}\n{% endfor %}";
+        let cfg = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template});
+        write_test_tokenizer(&dir, &cfg.to_string());
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let mut m = msgs(&[("user", "q"), ("assistant", "a")]);
+        m[1].extra.insert("reasoning_content".into(), serde_json::json!("r"));
+        assert_eq!(
+            tok.apply_chat_template(&m, false).unwrap(),
+            "user:q|{\"role\": \"user\", \"content\": \"q\"}\nassistant:<think>r</think>a|{\"role\": \"assistant\", \"content\": \"a\", \"reasoning_content\": \"r\"}\n"
+        );
     }
 
     #[test]
