@@ -254,15 +254,16 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
         }
         Some(Some(dir)) => run_of(dir)?,
         // The newest run under the output_dir the config and flags name.
-        Some(None) => newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
+        Some(None) => crate::run::newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
     };
     // A resumed run continues with the config it saved; flags still override it.
     let saved = dir.join("config.toml");
     if !saved.is_file() {
-        anyhow::bail!(ConfigError::Invalid {
-            key: "resume",
-            message: format!("`{}` is not a run directory (no config.toml in it)", dir.display()),
-        });
+        let why = match dir.exists() {
+            true => "is not a run directory (no config.toml in it)",
+            false => "does not exist",
+        };
+        anyhow::bail!(ConfigError::Invalid { key: "resume", message: format!("`{}` {why}", dir.display()) });
     }
     let mut layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
     // Before the comparison: a flag naming the cached model the run saved changes nothing.
@@ -278,7 +279,13 @@ fn run_of(path: &Path) -> anyhow::Result<PathBuf> {
     // Absolute, so that `--resume step-3` from inside `checkpoints/` still sees where it is.
     let whole = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     let Some(named) = crate::train::checkpoint::Named::of(&whole, crate::run::SFT_DIR) else {
-        return Ok(path.to_owned());
+        // The warm-up's folder stands for its run: the run resumes the warm-up, then trains on.
+        return Ok(match (whole.file_name(), whole.parent()) {
+            (Some(name), Some(run)) if name == crate::run::SFT_DIR && run.join("config.toml").is_file() => {
+                run.to_owned()
+            }
+            _ => path.to_owned(),
+        });
     };
     let newer = named.newer();
     let Some(first) = newer.first() else { return Ok(named.run_dir) };
@@ -342,20 +349,6 @@ pub(super) fn config_name(config: Option<&Path>, flags: &[(String, String)]) -> 
 
 fn stem(path: &Path) -> String {
     path.file_stem().map_or_else(|| "run".to_owned(), |s| s.to_string_lossy().into_owned())
-}
-
-/// The most recently modified run directory (one with a `config.toml`) under `output_dir`.
-fn newest_run(output_dir: &Path) -> anyhow::Result<PathBuf> {
-    let newest = std::fs::read_dir(output_dir)
-        .map_err(|e| ConfigError::Invalid {
-            key: "resume",
-            message: format!("cannot list `{}` to find a run to resume: {e}", output_dir.display()),
-        })?
-        .filter_map(Result::ok)
-        .filter(|e| e.path().join("config.toml").is_file())
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-    let message = format!("no run to resume under `{}` (no directory there holds a config.toml)", output_dir.display());
-    newest.map(|e| e.path()).ok_or_else(|| ConfigError::Invalid { key: "resume", message }.into())
 }
 
 fn indent(text: &str) -> String {

@@ -381,14 +381,20 @@ fn render_png(
     let draw_err = |source| ReportError::Draw { path: path.to_path_buf(), source };
     let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let partial = path.with_file_name(format!(".{name}.partial.png"));
-    {
+    let drawn = (|| {
         let root = BitMapBackend::new(&partial, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(e.into()))?;
         // A little air above the title.
         let inner = root.margin(8, 0, 0, 0);
         draw(&inner).map_err(draw_err)?;
-        root.present().map_err(|e| draw_err(e.into()))?;
+        root.present().map_err(|e| draw_err(e.into()))
+    })();
+    // A drawing that failed (a full disk) leaves no partial file, once the backend, which writes
+    // as it is dropped, is gone.
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&partial);
     }
+    drawn?;
     std::fs::rename(&partial, path).map_err(|e| ReportError::io("rename into place", path, e))
 }
 

@@ -146,6 +146,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     let base = Stage {
         objective: Objective::Dpo,
         dir: &run_dir,
+        run_dir: &run_dir,
         model_dir: &model_dir,
         ref_dir: cfg.ref_model_name_or_path.as_deref(),
         learning_rate: cfg.learning_rate,
@@ -158,7 +159,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     if req.sft_only {
         let outcome = run_stage(&run, &Stage { objective: Objective::Sft, ..base }, progress)?;
         if !outcome.already_done {
-            render_plots(&run_dir, cfg, workers)?;
+            render_plots(&run_dir, cfg, workers, progress);
         }
         return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None, recorded: None });
     }
@@ -173,7 +174,7 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         let recorded = std::fs::read_to_string(run_dir.join("summary.txt")).ok();
         return Ok(RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic: None, recorded });
     }
-    render_plots(&run_dir, cfg, workers)?;
+    render_plots(&run_dir, cfg, workers, progress);
 
     let demo_arithmetic = match (&demo_assets, dpo.interrupted || !workers.is_main()) {
         (Some(assets), false) => {
@@ -228,6 +229,7 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
     }
     if resume {
         crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), run_dir], cfg, workers.world_size())?;
+        crate::train::stage::check_resumable(run_dir, &run_dir.join(SFT_DIR), cfg)?;
     }
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(run_dir, req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
@@ -239,6 +241,11 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
         let path = run_dir.join("data_report.json");
         let json = serde_json::to_string_pretty(&reports)? + "\n";
         crate::fsutil::write_atomic(&path, json.as_bytes())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+        // The run's config from its start, before a warm-up: `--resume RUN` reads it there, and a
+        // warm-up stopped by Ctrl-C resumes with the run, not as a run of its own.
+        let path = run_dir.join("config.toml");
+        crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     if !req.config_description.is_empty() {
@@ -280,7 +287,7 @@ fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Resu
         ..*base
     };
     let outcome = run_stage(run, &stage, progress)?;
-    render_plots(&sft_dir, cfg, run.rt.workers)?;
+    render_plots(&sft_dir, cfg, run.rt.workers, progress);
     if outcome.interrupted {
         return Ok(WarmUp::Interrupted(outcome));
     }
@@ -288,12 +295,16 @@ fn warm_up(run: &Run, base: &Stage, progress: &mut dyn Progress) -> anyhow::Resu
     Ok(WarmUp::Ready(Some(outcome), dir))
 }
 
-/// Draws a stage's plots from its `metrics.csv` (rank 0 writes every file).
-fn render_plots(dir: &Path, cfg: &TrainConfig, workers: Workers) -> anyhow::Result<()> {
-    if workers.is_main() {
-        draw_plots(dir, cfg)?;
+/// Draws a stage's plots from its `metrics.csv` (rank 0 writes every file). The plots are a view
+/// of the metrics: one that cannot be drawn (a full disk) is a warning naming the command that
+/// draws them later, not a failure of the run whose model is saved.
+fn render_plots(dir: &Path, cfg: &TrainConfig, workers: Workers, progress: &mut dyn Progress) {
+    if workers.is_main()
+        && let Err(e) = draw_plots(dir, cfg)
+    {
+        let again = format!("`dpo-train plot {}` draws them", dir.display());
+        progress.line(&format!("warning: the plots were not drawn ({e:#}): {again}"));
     }
-    Ok(())
 }
 
 /// Draws the plots of the stage in `dir`; returns the dashboard's path.
@@ -328,6 +339,32 @@ pub fn default_run_name(config_name: &str) -> String {
     format!("{}-{}", crate::clock::timestamp(), config_name)
 }
 
+/// Whether `dir` holds a run's model that a new run there would write over: a checkpoint, or its
+/// `final/` (a finished run's, which may have kept no checkpoint). A run that failed before
+/// either may be run again under its name.
+fn holds_a_run(dir: &Path) -> bool {
+    dir.join("final").exists() || crate::train::checkpoint::latest(dir).is_some()
+}
+
+/// The run under `output_dir` that trained last (`--resume` without a directory): by when its
+/// metrics (or its warm-up's, or its config) were last written, which drawing its plots again
+/// (`dpo-train plot`) or reading it does not change, as it changes the directory's own time.
+pub fn newest_run(output_dir: &Path) -> Result<PathBuf, ConfigError> {
+    let entries = std::fs::read_dir(output_dir).map_err(|e| ConfigError::Invalid {
+        key: "resume",
+        message: format!("cannot list `{}` to find a run to resume: {e}", output_dir.display()),
+    })?;
+    let modified = |p: PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let last_trained = |dir: &Path| ["metrics.csv", "sft/metrics.csv", "config.toml"].map(|f| modified(dir.join(f)));
+    let newest = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|dir| dir.join("config.toml").is_file())
+        .max_by_key(|dir| last_trained(dir).into_iter().flatten().max());
+    let message = format!("no run to resume under `{}` (no directory there holds a config.toml)", output_dir.display());
+    newest.ok_or(ConfigError::Invalid { key: "resume", message })
+}
+
 /// The run directory, and whether to resume in it (`resume`: as [`RunRequest::resume`]).
 pub fn run_dir(
     cfg: &TrainConfig,
@@ -336,17 +373,7 @@ pub fn run_dir(
 ) -> anyhow::Result<(PathBuf, bool)> {
     match resume {
         Some(Some(dir)) => Ok((dir.clone(), true)),
-        Some(None) => {
-            let newest = std::fs::read_dir(&cfg.output_dir)
-                .with_context(|| format!("cannot list `{}` to find a run to resume", cfg.output_dir.display()))?
-                .filter_map(Result::ok)
-                .filter(|e| e.path().join("config.toml").is_file())
-                .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
-            let dir = newest
-                .map(|e| e.path())
-                .with_context(|| format!("no run to resume under `{}`", cfg.output_dir.display()))?;
-            Ok((dir, true))
-        }
+        Some(None) => Ok((newest_run(&cfg.output_dir)?, true)),
         None => {
             // Bad input, said before any work (creating the run directory under it would fail late).
             if cfg.output_dir.exists() && !cfg.output_dir.is_dir() {
@@ -356,7 +383,7 @@ pub fn run_dir(
             let name = cfg.run_name.clone().unwrap_or_else(|| default_run_name(config_name));
             let dir = cfg.output_dir.join(name);
             // A name made up here that a run of the same second took gets a suffix when claimed.
-            if cfg.run_name.is_some() && crate::train::checkpoint::latest(&dir).is_some() {
+            if cfg.run_name.is_some() && holds_a_run(&dir) {
                 let message = format!(
                     "`{}` already holds a run: pass `--resume {}` or another `--run-name`",
                     dir.display(),
@@ -366,5 +393,37 @@ pub fn run_dir(
             }
             Ok((dir, false))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    /// `--resume` alone takes the run that trained last: by its metrics' time (or its warm-up's,
+    /// or its config's), not by the directory's, which drawing a run's plots again changes.
+    #[test]
+    fn the_newest_run_is_the_one_that_trained_last() {
+        let out = tempfile::tempdir().unwrap();
+        let at = |path: PathBuf, secs: u64| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let file = std::fs::File::create(&path).unwrap();
+            file.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
+        };
+        for (run, trained) in [("a", 2_000), ("b", 1_000)] {
+            at(out.path().join(run).join("config.toml"), 500);
+            at(out.path().join(run).join("metrics.csv"), trained);
+        }
+        // The older run's plots drawn again now: its directory is the newest.
+        std::fs::write(out.path().join("b/loss.png"), b"png").unwrap();
+        assert_eq!(newest_run(out.path()).unwrap(), out.path().join("a"));
+        // A warm-up that trained after both.
+        at(out.path().join("c/config.toml"), 500);
+        at(out.path().join("c/sft/metrics.csv"), 3_000);
+        assert_eq!(newest_run(out.path()).unwrap(), out.path().join("c"));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(newest_run(empty.path()).unwrap_err().to_string().contains("no run to resume under"));
     }
 }

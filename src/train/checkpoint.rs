@@ -26,7 +26,7 @@ use crate::model::{self, Llama};
 /// Errors reading or writing a checkpoint, naming the path.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("cannot write checkpoint `{path}`")]
+    #[error("cannot write `{path}`")]
     Write {
         path: PathBuf,
         #[source]

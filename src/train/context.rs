@@ -81,6 +81,8 @@ pub struct Stage<'a> {
     pub objective: Objective,
     /// The stage's directory (metrics, checkpoints, samples, `final/`).
     pub dir: &'a Path,
+    /// The run's directory, which `--resume` names (the warm-up's stage is a folder inside it).
+    pub run_dir: &'a Path,
     /// The starting weights (an HF directory, or a PEFT adapter directory).
     pub model_dir: &'a Path,
     /// The reference; `None` takes the starting weights.

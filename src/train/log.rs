@@ -351,6 +351,7 @@ impl MetricsWriter {
         if !path.exists() {
             return Self::create(dir);
         }
+        drop_torn_row(&path)?;
         let rows = read_metrics(&path)?;
         let tmp = tmp_path(&path);
         {
@@ -431,6 +432,20 @@ fn check_header(path: &Path) -> Result<Vec<&'static str>, LogError> {
             Err(LogError::Header { path: path.to_path_buf(), expected: header().join(","), found: found.to_string() })
         }
     }
+}
+
+/// Cuts a last row that has no line end, which a process killed (or a disk filled) in the middle
+/// of an append leaves: each row is written whole with its newline, and the step whose row was cut
+/// short never reached its checkpoint, so a resume drops it anyway.
+fn drop_torn_row(path: &Path) -> Result<(), LogError> {
+    let bytes = std::fs::read(path).map_err(|e| LogError::io("read", path, e))?;
+    if bytes.last().is_none_or(|b| *b == b'\n') {
+        return Ok(());
+    }
+    // The header ends in a newline (a file that is the header alone, cut, is left to be refused).
+    let Some(end) = bytes.iter().rposition(|b| *b == b'\n') else { return Ok(()) };
+    let file = OpenOptions::new().write(true).open(path).map_err(|e| LogError::io("write", path, e))?;
+    file.set_len(end as u64 + 1).map_err(|e| LogError::io("write", path, e))
 }
 
 /// Reads every row of a `metrics.csv`; errors name the file and the 1-based line.
@@ -617,6 +632,20 @@ mod tests {
         assert_eq!(back.len(), 2);
         assert_eq!((back[0].metric("loss"), back[0].metric("mean_token_accuracy")), (Some(0.5), None));
         assert_eq!(back[1].metric("mean_token_accuracy"), Some(0.75));
+    }
+
+    /// A row cut short by a process killed mid-append (no line end) does not stop a resume: it
+    /// is dropped with the rows after the checkpoint.
+    #[test]
+    fn a_resume_drops_a_row_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let rows = "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,2\n3,0.3,tra";
+        std::fs::write(&path, format!("{}\n{rows}", header().join(","))).unwrap();
+        assert!(read_metrics(&path).is_err(), "the cut row is malformed");
+        drop(MetricsWriter::resume(dir.path(), 2).unwrap());
+        let back = read_metrics(&path).unwrap();
+        assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]

@@ -509,6 +509,29 @@ fn resume_hint(run: &Run, world: usize, global: Option<usize>) -> String {
     format!(" and `{again}` (its {world} devices), or on others with `--global-batch-size {global}`")
 }
 
+/// A resumed run's stage directories (`sft/` inside the run's, then the run's) where a stage
+/// trained (its `metrics.csv` or `final/` is there) but holds no checkpoint to continue from:
+/// refused, where it started again from step 0 over them. A stage that finished stays resumable
+/// to nothing (a warm-up's `final/`; a run of `save_strategy = "no"` whose `final/` is current).
+pub fn check_resumable(run_dir: &Path, warm_up: &Path, cfg: &TrainConfig) -> anyhow::Result<()> {
+    for dir in [warm_up, run_dir] {
+        let trained = ["metrics.csv", "final"].iter().any(|f| dir.join(f).exists());
+        let finished = match dir == warm_up {
+            true => checkpoint::model_file(&dir.join("final")).is_some(),
+            false => cfg.save_strategy == SaveStrategy::No && checkpoint::final_is_current(dir, None, cfg.merge),
+        };
+        if !trained || finished || checkpoint::latest(dir).is_some() {
+            continue;
+        }
+        let message = format!(
+            "`{}` holds a stage that trained, but no checkpoint to resume it from (none in `checkpoints/`): a resume would train it again from step 0 over its metrics.csv and final/; start another run (`--run-name`), or move them out of the way to train it again",
+            dir.display()
+        );
+        return Err(crate::config::ConfigError::Invalid { key: "resume", message }.into());
+    }
+    Ok(())
+}
+
 /// What resumes a checkpoint of global batch `saved` on `world` devices: the global batch again,
 /// with a per-device batch that divides it over the devices (the largest up to `micro`), or, when
 /// `saved` does not split over `world` devices at all, a device count that it does.
@@ -595,7 +618,7 @@ fn finish(
         workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
         let how = resume_hint(run, workers.world_size(), t.state.global_batch);
-        progress.line(&format!("interrupted at step {step}: resume with `--resume {}`{how}", dir.display()));
+        progress.line(&format!("interrupted at step {step}: resume with `--resume {}`{how}", stage.run_dir.display()));
         return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, already_done: false, eval, test: None });
     }
     let final_dir = dir.join("final");

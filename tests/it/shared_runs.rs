@@ -367,3 +367,67 @@ fn settings_that_score_nothing_and_small_bad_inputs_are_one_line() {
     assert!(one_line_error(&finish(resume, Duration::from_secs(60))).contains("no run to resume under"));
     assert!(!dir.path().join("s").exists() && !dir.path().join("t").exists());
 }
+
+/// A run's directory is never trained over: a new run given the name of a finished one (even one
+/// that kept no checkpoint) is refused, and so is a resume of a run whose checkpoints are gone
+/// (it started again from step 0 over the metrics and `final/`); nothing in either is rewritten.
+#[test]
+fn a_finished_run_is_never_trained_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(dir.path(), "done", &["--save-strategy", "no"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let done = dir.path().join("done");
+    let read = |f: &str| fs::read(done.join(f)).unwrap();
+    let (model_before, metrics_before) = (read("final/model.safetensors"), read("metrics.csv"));
+    let again = one_line_error(&run(dir.path(), "done", &["--max-steps", "2"]));
+    assert!(again.contains("already holds a run: pass `--resume"), "{again}");
+    let copy = dir.path().join("copy");
+    let second = run(dir.path(), "copy", &[]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    fs::remove_dir_all(copy.join("checkpoints")).unwrap();
+    let metrics = fs::read(copy.join("metrics.csv")).unwrap();
+    let mut cmd = dpo_train();
+    cmd.args(["train", "--resume", s(&copy), "--max-steps", "5"]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(120)));
+    assert!(err.contains("no checkpoint to resume it from"), "{err}");
+    assert_eq!(fs::read(copy.join("metrics.csv")).unwrap(), metrics);
+    assert_eq!((read("final/model.safetensors"), read("metrics.csv")), (model_before, metrics_before));
+}
+
+/// A supervised warm-up stopped by Ctrl-C resumes with its run: the run's `config.toml` is there
+/// from its start, the line printed names the run, and `--resume` of the run (or of its `sft/`
+/// folder) continues the warm-up from its checkpoint, then trains DPO in the run's directory.
+#[test]
+fn a_warm_up_stopped_by_ctrl_c_resumes_with_its_run() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--sft-steps", "100000", "--logging-steps", "1", "--save-steps", "0"];
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(short_run(dir.path(), "w", &model(), &data(), &extra));
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().unwrap();
+    let (run_dir, sft) = (dir.path().join("w"), dir.path().join("w/sft"));
+    let trained = || fs::read_to_string(sft.join("metrics.csv")).map_or(0, |t| t.lines().count()) >= 3;
+    wait_until("the warm-up never trained", Duration::from_secs(90), Duration::from_millis(100), trained);
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = crate::common::cli::wait_or_kill(child, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("resume with `--resume {}`", run_dir.display())), "{}", stderr(&out));
+    assert!(run_dir.join("config.toml").is_file());
+    let stopped = dpo_train::train::checkpoint::list(&sft).pop().unwrap().0;
+    for named in [&sft, &run_dir] {
+        // Past the stop by one warm-up step: each resume finishes the warm-up and trains DPO.
+        let steps = (stopped + 1).to_string();
+        let mut cmd = dpo_train();
+        cmd.args(["train", "--resume", s(named), "--sft-steps", &steps, "--resume-with-changes"]);
+        let out = finish(cmd, Duration::from_secs(120));
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("resuming sft from") || stderr(&out).contains("already done"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(run_dir.join("final/model.safetensors").is_file() && !sft.join("sft").exists());
+    }
+}

@@ -1,9 +1,9 @@
 //! What a resumed run may not change without saying so: the keys that decide what is trained
 //! (the model and its reference, the tokenizer, the data and how it is cut, the LoRA adapters,
-//! the loss). A resume that sets one of them to another value than the run's saved config is
-//! refused naming the key and both values, unless `--resume-with-changes` accepts it; the
-//! schedule, the batch (checked against the checkpoint by the trainer), the cadences and the
-//! number of steps may change freely.
+//! the loss, the data order's seeds). A resume that sets one of them to another value than the
+//! run's saved config is refused naming the key and both values, unless `--resume-with-changes`
+//! accepts it; the schedule, the batch (checked against the checkpoint by the trainer), the
+//! cadences and the number of steps may change freely.
 
 use crate::{KEYS, Section, TrainConfig};
 
@@ -21,8 +21,9 @@ pub const DATA_KEYS: [&str; 8] = [
 ];
 
 /// With [`DATA_KEYS`], the keys of the run's own section that decide what is trained; every loss
-/// key does too.
-pub const FIXED_ON_RESUME: [&str; 10] = [
+/// key does too. The seeds among them: the sampler draws each step's pairs from the data seed and
+/// the step, so another one in mid-epoch repeats some pairs and skips others.
+pub const FIXED_ON_RESUME: [&str; 12] = [
     "model_name_or_path",
     "ref_model_name_or_path",
     "train_file",
@@ -33,6 +34,8 @@ pub const FIXED_ON_RESUME: [&str; 10] = [
     "lora_target_modules",
     "disable_dropout",
     "precompute_ref_log_probs",
+    "seed",
+    "data_seed",
 ];
 
 /// One key a resume changes: its name, the saved value and the new one (as TOML would write
@@ -69,13 +72,13 @@ mod tests {
     fn what_is_trained_is_compared_and_the_schedule_is_not() {
         let saved = TrainConfig::from_toml_str("model_name_or_path = \"a\"\nlearning_rate = 1e-6\n", "s").unwrap();
         let now = TrainConfig::from_toml_str(
-            "model_name_or_path = \"b\"\nlearning_rate = 5e-7\nmax_steps = 900\nbeta = 0.2\n",
+            "model_name_or_path = \"b\"\nlearning_rate = 5e-7\nmax_steps = 900\nbeta = 0.2\nseed = 8\n",
             "n",
         )
         .unwrap();
         let changed = changes(&saved, &now);
         let keys: Vec<&str> = changed.iter().map(|c| c.key).collect();
-        assert_eq!(keys, ["model_name_or_path", "beta"]);
+        assert_eq!(keys, ["model_name_or_path", "beta", "seed"]);
         assert_eq!((changed[0].saved.as_str(), changed[0].now.as_str()), ("\"a\"", "\"b\""));
         assert!(changes(&saved, &saved).is_empty());
         // A relative path names what the run saved absolute (this crate's `src` from its tests'
