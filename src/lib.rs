@@ -50,7 +50,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
             || e.is::<config::ConfigError>()
             || e.is::<cli::LaunchFlagError>()
             || matches!(e.downcast_ref(), Some(run::claim::ClaimError::Busy { .. }))
-            || matches!(e.downcast_ref(), Some(train::checkpoint::CheckpointError::Corrupt { .. }))
+            || e.downcast_ref().is_some_and(train::checkpoint::CheckpointError::is_input)
             || e.downcast_ref().is_some_and(train::log::LogError::is_input)
             || matches!(e.downcast_ref(), Some(report::ReportError::Log(l)) if l.is_input())
     });

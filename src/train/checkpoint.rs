@@ -23,6 +23,16 @@ use crate::fsutil::{replace_dir, write_atomic};
 use crate::model::weights::{NamedTensor, Values, Weights, WeightsError, save_safetensors};
 use crate::model::{self, Llama};
 
+impl CheckpointError {
+    /// A fault of the checkpoint read (damaged or incomplete files: bad input), not of writing one.
+    pub fn is_input(&self) -> bool {
+        match self {
+            Self::Write { .. } | Self::Weights(WeightsError::Write { .. }) => false,
+            Self::Corrupt { .. } | Self::Weights(_) | Self::Model(_) | Self::Adapter(_) => true,
+        }
+    }
+}
+
 /// Errors reading or writing a checkpoint, naming the path.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -436,6 +446,9 @@ pub fn load_state(dir: &Path, device: &Device, shard: Option<(usize, usize)>) ->
             optimizer.moments.insert(param.to_owned(), read_moments(&read, param)?);
         }
     } else {
+        if !dir.join(SHARDS_FILE).is_file() {
+            return Err(corrupt(format!("neither {OPTIMIZER_FILE} nor a ZeRO checkpoint's {SHARDS_FILE} is there")));
+        }
         let text =
             std::fs::read_to_string(dir.join(SHARDS_FILE)).map_err(|e| corrupt(format!("{SHARDS_FILE}: {e}")))?;
         let layout_file: ShardsFile =

@@ -432,9 +432,11 @@ fn resume_takes_a_checkpoint_directory() {
     assert!(stderr(&out).contains(&format!("resuming dpo from `{}` (step 3)", ckpt(3).display())), "{}", stderr(&out));
     assert!(ckpt(4).is_dir() && !ckpt(3).join("checkpoints").exists());
     fs::write(ckpt(4).join("trainer_state.json"), "{damaged").unwrap();
-    let damaged = stderr(&train(&["--resume", s(&run), "--max-steps", "5"]));
+    // A damaged checkpoint is bad input (exit 1), with the way to resume from the one before.
+    let out = train(&["--resume", s(&run), "--max-steps", "5"]);
+    let damaged = stderr(&out);
     let advice = format!("(move `step-4` out of `{}` to resume from step-3)", run.join("checkpoints").display());
-    assert!(damaged.contains(&advice), "{damaged}");
+    assert!(damaged.contains(&advice) && out.status.code() == Some(1), "{damaged}");
     fs::rename(ckpt(4), dir.path().join("step-4-damaged")).unwrap();
     let out = train(&["--resume", s(&run), "--max-steps", "5"]);
     assert!(out.status.success() && stderr(&out).contains("(step 3)"), "{}", stderr(&out));
