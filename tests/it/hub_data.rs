@@ -217,3 +217,63 @@ fn a_split_that_is_not_there_lists_the_directory() {
     assert!(text.contains("no data files for split `validation`"), "{text}");
     assert!(text.contains("data/test-00000-of-00001.parquet"), "{text}");
 }
+
+/// A dataset directory's splits are the files `datasets.load_dataset(dir)` takes for them, in
+/// each layout a download or a user's folder has: the hub's shards, split names in directories
+/// (at any depth) or in file names (Anthropic/hh-rlhf's `harmless-base/train.jsonl.gz`), other
+/// keywords (`training`, `eval`, `dev`), one file alone (`train`). Each file holds its own power
+/// of two rows, so a split's row count names its files.
+#[test]
+fn dataset_directories_split_as_datasets_splits_them() {
+    let layouts: [&[&str]; 10] = [
+        &["prefs.jsonl"],
+        &["training.jsonl", "validation.jsonl"],
+        &["train.jsonl", "eval.jsonl"],
+        &["train_0.jsonl", "test_0.jsonl"],
+        &[
+            "harmless-base/train.jsonl.gz",
+            "harmless-base/test.jsonl.gz",
+            "helpful-base/train.jsonl.gz",
+            "red-team-attempts/red_team_attempts.jsonl.gz",
+        ],
+        &["train/a.jsonl", "test.jsonl"],
+        &["foo/train/x.jsonl", "foo/test/y.jsonl"],
+        &["my-train/a.jsonl", "my-test/b.jsonl"],
+        &["dev.jsonl", "train.jsonl"],
+        &["data/train-00000-of-00002.jsonl", "data/train-00001-of-00002.jsonl", "data/test-00000-of-00001.jsonl"],
+    ];
+    let row = "{\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\"}\n";
+    let cache = tempfile::tempdir().unwrap();
+    for files in layouts {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, f) in files.iter().enumerate() {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let text = row.repeat(1 << i);
+            let bytes = match f.ends_with(".gz") {
+                true => {
+                    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                    gz.write_all(text.as_bytes()).unwrap();
+                    gz.finish().unwrap()
+                }
+                false => text.into_bytes(),
+            };
+            std::fs::write(path, bytes).unwrap();
+        }
+        let code = "import sys, json, datasets\ndatasets.disable_progress_bars()\nd = datasets.load_dataset(sys.argv[1])\nprint(json.dumps({k: v.num_rows for k, v in d.items()}))";
+        let out = std::process::Command::new(crate::common::python())
+            .args(["-W", "ignore", "-c", code, dir.path().to_str().unwrap()])
+            .env("HF_DATASETS_CACHE", cache.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{files:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let want: BTreeMap<String, usize> = serde_json::from_slice(&out.stdout).unwrap();
+        let got: BTreeMap<String, usize> = ["train", "validation", "test"]
+            .into_iter()
+            .filter_map(|split| {
+                Some((split.to_owned(), load_preferences(dir.path(), &split_opts(split)).ok()?.rows.len()))
+            })
+            .collect();
+        assert_eq!(got, want, "{files:?}");
+    }
+}

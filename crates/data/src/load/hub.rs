@@ -1,7 +1,12 @@
-//! A dataset directory as `hf download --repo-type dataset` leaves it: one split's
-//! files found the way `datasets` resolves a repository without a loading script
-//! (`data/<split>-*.parquet`, `<split>-*.parquet`, `<split>.jsonl[.gz]`, `<split>/...`), its
-//! shards in name order.
+//! A dataset directory as `hf download --repo-type dataset` leaves it: one split's files found
+//! the way `datasets` resolves a repository without a loading script (`data_files.py`,
+//! `get_data_patterns`), its shards in name order. First the hub's sharded layout
+//! (`data/<split>-00000-of-00002.parquet`, any split name); else the splits `train`, `validation`
+//! and `test` by their keywords (`training`; `valid`, `dev`, `val`; `testing`, `eval`,
+//! `evaluation`) in a directory's name at any depth (`train/`, `my-test/`), else in a file's
+//! (`train.jsonl.gz`, `harmless-base/train.jsonl.gz`, `my_test_0.csv`), a keyword standing between
+//! `-._ 0-9` or the name's ends; else every data file is `train`'s. `tests/it/hub_data.rs` holds
+//! each layout to `datasets`' own resolution.
 
 use std::path::{Path, PathBuf};
 
@@ -9,76 +14,136 @@ use dpo_base::hub::is_data_file_name as is_data_file;
 
 use crate::error::DataError;
 
-/// The split a file belongs to by its name, the part before the first `-` or `.`:
-/// `train-00000-of-00002.parquet` and `train.jsonl.gz` are `train`'s, `train_prefs-...` is
-/// `train_prefs`'s.
-fn split_of(name: &str) -> &str {
-    let stem = name.split('.').next().unwrap_or(name);
-    stem.split('-').next().unwrap_or(stem)
+/// `datasets`' split keywords (`SPLIT_KEYWORDS`), and the characters that may stand around them.
+const SPLIT_KEYWORDS: [(&str, &[&str]); 3] = [
+    ("train", &["train", "training"]),
+    ("validation", &["validation", "valid", "dev", "val"]),
+    ("test", &["test", "testing", "eval", "evaluation"]),
+];
+
+fn is_sep(c: char) -> bool {
+    matches!(c, '-' | '.' | '_' | ' ' | '0'..='9')
 }
 
-/// Data files directly in `dir`, sorted by name.
-fn data_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| is_data_file(&n.to_string_lossy())))
-        .collect();
-    files.sort();
-    files
+/// `name` is `keyword` then a separator and anything (`{keyword}[sep]*`), or holds it between
+/// separators (`*[sep]{keyword}[sep]*`); `at_end` also takes `*[sep]{keyword}` (a directory).
+fn has_keyword(name: &str, keyword: &str, at_end: bool) -> bool {
+    let starts = name.strip_prefix(keyword).is_some_and(|rest| rest.starts_with(is_sep));
+    let ends = at_end && name.strip_suffix(keyword).is_some_and(|rest| rest.ends_with(is_sep));
+    let inside = name.match_indices(keyword).any(|(at, _)| {
+        let (before, after) = (&name[..at], &name[at + keyword.len()..]);
+        before.ends_with(is_sep) && after.starts_with(is_sep)
+    });
+    starts || ends || inside || (at_end && name == keyword)
 }
 
-/// The files of `split` under `dir`; an error lists what the directory holds when no layout, or
-/// more than one, has the split.
-pub fn split_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
-    let named = |files: Vec<PathBuf>| -> Vec<PathBuf> {
-        files.into_iter().filter(|p| p.file_name().is_some_and(|n| split_of(&n.to_string_lossy()) == split)).collect()
-    };
-    let layouts = [
-        (format!("data/{split}-*"), named(data_files(&dir.join("data")))),
-        (format!("{split}-* / {split}.*"), named(data_files(dir))),
-        (format!("{split}/*"), data_files(&dir.join(split))),
-    ];
-    let found: Vec<&(String, Vec<PathBuf>)> = layouts.iter().filter(|(_, files)| !files.is_empty()).collect();
-    let layout_error = |message: String| DataError::Layout { path: dir.to_path_buf(), message };
-    match found.as_slice() {
-        [(_, files)] => Ok(files.clone()),
-        [] => Err(layout_error(format!("no data files for split `{split}`; {}", inventory(dir)))),
-        several => {
-            let names: Vec<&str> = several.iter().map(|(pattern, _)| pattern.as_str()).collect();
-            Err(layout_error(format!(
-                "split `{split}` is ambiguous: files match {}; pass one file or a directory with one layout",
-                names.join(" and ")
-            )))
-        }
-    }
+/// The hub's sharded name `data/<split>-NNNNN-of-NNNNN.<ext>`: its split.
+fn sharded_split(relative: &str) -> Option<&str> {
+    let name = relative.strip_prefix("data/")?;
+    let (split, rest) = name.split_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    let (shard, rest) = rest.split_once("-of-")?;
+    let count = rest.get(..5)?;
+    (digits(shard) && digits(count) && !name.contains('/')).then_some(split)
 }
 
-/// What a directory offers: its data files' splits, or that it has none.
-fn inventory(dir: &Path) -> String {
-    let mut files: Vec<String> = Vec::new();
-    for sub in [dir.to_path_buf(), dir.join("data")] {
-        for f in data_files(&sub) {
-            files.push(f.strip_prefix(dir).unwrap_or(&f).display().to_string());
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.filter_map(Result::ok).filter(|e| e.path().is_dir()) {
-            let (name, inside) = (e.file_name().to_string_lossy().into_owned(), data_files(&e.path()).len());
-            if name != "data" && inside > 0 {
-                files.push(format!("{name}/ ({inside} files)"));
+/// Every data file under `dir` (hidden ones aside), as `/`-separated paths relative to it, sorted.
+fn all_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![PathBuf::new()];
+    while let Some(sub) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(dir.join(&sub)) else { continue };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let relative = sub.join(&name);
+            match entry.path().is_dir() {
+                true => pending.push(relative),
+                false if is_data_file(&name) => out.push(relative.to_string_lossy().replace('\\', "/")),
+                false => {}
             }
         }
     }
-    files.sort();
-    if files.is_empty() {
-        "the directory holds no `.parquet`, `.jsonl`, `.json` or `.csv` file (optionally `.gz`)".to_owned()
-    } else {
-        let shown: Vec<&str> = files.iter().take(8).map(String::as_str).collect();
-        let more = if files.len() > 8 { format!(" and {} more", files.len() - 8) } else { String::new() };
-        format!("found {}{more} (choose the split with `dataset_train_split` / `dataset_test_split`)", shown.join(", "))
+    out.sort();
+    out
+}
+
+/// The files of each split, as `datasets` finds them: the first of its layouts that has any
+/// (without `all`, none where no file is named for a split).
+fn splits(files: &[String], all: bool) -> Vec<(String, Vec<String>)> {
+    let mut sharded: Vec<(String, Vec<String>)> = Vec::new();
+    for f in files {
+        if let Some(split) = sharded_split(f) {
+            match sharded.iter_mut().find(|(s, _)| s == split) {
+                Some((_, list)) => list.push(f.clone()),
+                None => sharded.push((split.to_owned(), vec![f.clone()])),
+            }
+        }
     }
+    if !sharded.is_empty() {
+        return sharded;
+    }
+    // `**/{keyword}/**`, `**/{keyword}[sep]*/**`, `**/*[sep]{keyword}/**`, `**/*[sep]{keyword}[sep]*/**`.
+    let in_dir = |f: &str, keyword: &str| {
+        let dirs: Vec<&str> = f.split('/').collect();
+        dirs[..dirs.len() - 1].iter().any(|d| has_keyword(d, keyword, true))
+    };
+    let in_name = |f: &str, keyword: &str| has_keyword(f.rsplit('/').next().unwrap_or(f), keyword, false);
+    for matches in [&in_dir as &dyn Fn(&str, &str) -> bool, &in_name] {
+        let found: Vec<(String, Vec<String>)> = SPLIT_KEYWORDS
+            .iter()
+            .map(|(split, keywords)| {
+                let of = files.iter().filter(|f| keywords.iter().any(|k| matches(f, k))).cloned().collect();
+                (split.to_string(), of)
+            })
+            .filter(|(_, of): &(String, Vec<String>)| !of.is_empty())
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+    }
+    match all && !files.is_empty() {
+        true => vec![("train".to_owned(), files.to_vec())],
+        false => Vec::new(),
+    }
+}
+
+/// The files of `split` under `dir`; an error lists what the directory holds when it has no such
+/// split, or when the hub's sharded layout and files named for the split elsewhere both do
+/// (`datasets` would take the sharded files alone).
+pub fn split_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
+    let files = all_files(dir);
+    let layout_error = |message: String| DataError::Layout { path: dir.to_path_buf(), message };
+    let found = splits(&files, true);
+    let Some((_, chosen)) = found.iter().find(|(s, _)| s == split) else {
+        return Err(layout_error(format!("no data files for split `{split}`; {}", inventory(dir, &found))));
+    };
+    if chosen.iter().all(|f| sharded_split(f).is_some()) {
+        let rest: Vec<String> = files.iter().filter(|f| sharded_split(f).is_none()).cloned().collect();
+        if splits(&rest, false).iter().any(|(s, _)| s == split) {
+            return Err(layout_error(format!(
+                "split `{split}` is ambiguous: files match data/{split}-* and others outside `data/`; pass one file or a directory with one layout"
+            )));
+        }
+    }
+    Ok(chosen.iter().map(|f| dir.join(f)).collect())
+}
+
+/// What a directory offers: its splits and their files, or that it has no data file.
+fn inventory(dir: &Path, found: &[(String, Vec<String>)]) -> String {
+    if found.is_empty() {
+        return format!("`{}` holds no `.parquet`, `.jsonl`, `.json` or `.csv` file (optionally `.gz`)", dir.display());
+    }
+    let shown: Vec<String> = found
+        .iter()
+        .map(|(split, files)| match files.as_slice() {
+            [one] => format!("`{split}` ({one})"),
+            many => format!("`{split}` ({}, {} files)", many[0], many.len()),
+        })
+        .collect();
+    format!("it has {} (choose the split with `dataset_train_split` / `dataset_test_split`)", shown.join(", "))
 }
 
 #[cfg(test)]
@@ -134,6 +199,6 @@ mod tests {
         assert!(err.contains("holds no `.parquet`"), "{err}");
         let d = tree(&["train.jsonl", "data/train-00000-of-00001.parquet"]);
         let err = split_files(d.path(), "train").unwrap_err().to_string();
-        assert!(err.contains("is ambiguous: files match data/train-* and train-* / train.*"), "{err}");
+        assert!(err.contains("is ambiguous: files match data/train-* and others outside `data/`"), "{err}");
     }
 }
