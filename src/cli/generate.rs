@@ -83,7 +83,7 @@ fn encode_prompts(
     let mut encoded = Vec::with_capacity(prompts.len());
     let mut notes = Vec::new();
     for prompt in prompts {
-        let ids = encode_prompt(tokenizer, &prompt.text, usize::MAX)?;
+        let ids = encode_prompt(tokenizer, &prompt.text, None, usize::MAX)?;
         let (path, line, tokens) = (args.prompts.clone(), prompt.line, ids.len());
         if tokens >= limit {
             return Err(GenerateError::PromptTooLong { path, line, tokens, limit, key }.into());

@@ -149,12 +149,10 @@ pub enum RowProblem {
     /// A required field is absent.
     #[error("field `{field}` is missing")]
     MissingField { field: String },
-    /// A conversational row's `tools` or `chat_template_kwargs`, which TRL passes to the chat
-    /// template and dpo-train does not: its rows would render otherwise than under TRL.
-    #[error(
-        "field `{field}` is not passed to the chat template by dpo-train (TRL passes it): drop it, or render the conversations to text first"
-    )]
-    NotRendered { field: String },
+    /// A conversational row's `tools` or `chat_template_kwargs` that the chat template cannot
+    /// take.
+    #[error("field `{field}` {what}")]
+    TemplateField { field: String, what: &'static str },
     /// A CSV record with more fields than the header names (pandas, under `datasets`, refuses it).
     #[error("{found} fields where the header names {columns}")]
     ExtraFields { found: usize, columns: usize },

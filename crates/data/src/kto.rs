@@ -31,7 +31,7 @@ pub(super) fn tokenize_row(
     }
     // A prompt of up to `max - 1` ids (longer ones are dropped) and `max` completion ids.
     let keep = max_length.map_or(usize::MAX, |m| m.saturating_mul(2));
-    let prompt_ids = encode_prompt(tok, &row.prompt, keep).map_err(err)?;
+    let prompt_ids = encode_prompt(tok, &row.prompt, row.template.as_deref(), keep).map_err(err)?;
     let full = encode_full(tok, row, &row.chosen, "completion", keep)?;
     let prompt_len = common_prefix_length(&prompt_ids, &full);
     let desirable = row.label.unwrap_or(true);

@@ -245,7 +245,7 @@ fn tokenize_row(
     if row.prompt.is_messages() != row.chosen.is_messages() {
         return Err(DataError::MixedRow { line: row.line });
     }
-    let prompt_ids = encode_prompt(tok, &row.prompt, keep).map_err(err("prompt"))?;
+    let prompt_ids = encode_prompt(tok, &row.prompt, row.template.as_deref(), keep).map_err(err("prompt"))?;
     let chosen_full = encode_full(tok, row, &row.chosen, "chosen", keep)?;
     let rejected_full = encode_full(tok, row, &row.rejected, "rejected", keep)?;
     let prompt_len =
@@ -281,6 +281,7 @@ mod tests {
             chosen: Text::Plain(c.into()),
             rejected: Text::Plain(r.into()),
             label: None,
+            template: None,
         }
     }
 
@@ -312,6 +313,7 @@ mod tests {
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
             label: None,
+            template: None,
         }];
         let (pairs, _) = tokenize(&rows, &tok, None).unwrap();
         // "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" -> WhitespaceSplit words.
@@ -337,6 +339,7 @@ mod tests {
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
             label: None,
+            template: None,
         };
         let plain = plain_row(5, "hi", " blue", " green");
         let err = tokenize(&[row(3, "hi")], &tok, None).unwrap_err();
@@ -390,6 +393,7 @@ mod tests {
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Messages(vec![m("assistant", "green")]),
             label: None,
+            template: None,
         }];
         let err = tokenize(&rows, &tok, None).unwrap_err();
         assert_eq!(err.to_string(), "line 3: cannot tokenise field `prompt`");
@@ -400,6 +404,7 @@ mod tests {
             chosen: Text::Messages(vec![m("assistant", "blue")]),
             rejected: Text::Plain("green".into()),
             label: None,
+            template: None,
         }];
         let err = tokenize(&mixed, &tok, None).unwrap_err();
         assert_eq!(err.to_string(), "line 5: `prompt`, `chosen` and `rejected` mix plain text and message lists");

@@ -17,7 +17,7 @@
 use super::error::DataError;
 use super::load::{PreferenceRow, Text};
 use super::pair::{TokenizedPair, common_prefix_length};
-use crate::tokenizer::{Message, Tokenizer};
+use crate::tokenizer::{Message, TemplateArgs, Tokenizer};
 
 /// One row as `tokenize_row` makes it, and whether its two sides split the prompt differently
 /// (TRL then gives each side its own prompt; here the pair keeps their common prefix, and the
@@ -32,9 +32,12 @@ pub(super) fn tokenize_row(
         (Text::Plain(p), Text::Plain(c), Text::Plain(r)) => (p.clone(), c.clone(), r.clone()),
         (Text::Messages(p), Text::Messages(c), Text::Messages(r)) => {
             let joined = |tail: &[Message]| [p.as_slice(), tail].concat();
-            let prompt = tok.apply_chat_template(p, true).map_err(err("prompt"))?;
-            let with_chosen = tok.apply_chat_template(&joined(c), false).map_err(err("chosen"))?;
-            let with_rejected = tok.apply_chat_template(&joined(r), false).map_err(err("rejected"))?;
+            // `maybe_apply_chat_template` passes the row's keyword arguments, not its tools.
+            let args = row.template.as_ref().map(|a| TemplateArgs { tools: None, kwargs: a.kwargs.clone() });
+            let render = |m: &[Message], header: bool| tok.apply_chat_template_with(m, header, args.as_ref());
+            let prompt = render(p, true).map_err(err("prompt"))?;
+            let with_chosen = render(&joined(c), false).map_err(err("chosen"))?;
+            let with_rejected = render(&joined(r), false).map_err(err("rejected"))?;
             // The prompt's text is what all three renderings share (`maybe_apply_chat_template`).
             let shared = common_text_prefix(common_text_prefix(&prompt, &with_chosen), &with_rejected).len();
             (prompt[..shared].to_owned(), with_chosen[shared..].to_owned(), with_rejected[shared..].to_owned())
@@ -94,7 +97,7 @@ mod tests {
 
     fn row(p: &str, c: &str, r: &str) -> PreferenceRow {
         let t = |s: &str| Text::Plain(s.to_owned());
-        PreferenceRow { line: 1, prompt: t(p), chosen: t(c), rejected: t(r), label: None }
+        PreferenceRow { line: 1, prompt: t(p), chosen: t(c), rejected: t(r), label: None, template: None }
     }
 
     /// bos prepended once, eos appended unless the completion ends with it; a completion that

@@ -22,7 +22,7 @@ use serde_json::Value;
 use self::json::{is_json_lines, read_json_array, read_json_lines};
 use self::row::{build_row, build_unpaired_row, json_kind, text_field};
 use crate::error::{DataError, RowProblem};
-use crate::tokenizer::Message;
+use crate::tokenizer::{Message, TemplateArgs};
 
 mod csv;
 pub mod hub;
@@ -170,6 +170,8 @@ pub struct PreferenceRow {
     /// An unpaired (KTO) row's label, whose completion is `chosen`: true for a desirable
     /// completion; `None` for a preference pair.
     pub label: Option<bool>,
+    /// A conversational row's `tools` and `chat_template_kwargs` for the chat template.
+    pub template: Option<Box<TemplateArgs>>,
 }
 /// A row that `skip_bad_rows` skipped.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -208,17 +210,27 @@ pub struct ReadSummary {
     pub conversational: bool,
 }
 
-/// The row fields TRL's `DPOTrainer` passes to the chat template beside the messages (`tools`,
-/// and `chat_template_kwargs` such as Qwen3's `enable_thinking`), which dpo-train does not: the
-/// first a row sets, if any (a null, or empty keyword arguments, set nothing).
+/// The row fields TRL's `DPOTrainer` passes to the chat template beside the messages: `tools`
+/// and `chat_template_kwargs` (such as Qwen3's `enable_thinking`).
 pub const TEMPLATE_FIELDS: [&str; 2] = ["tools", "chat_template_kwargs"];
 
-fn unrendered(obj: &serde_json::Map<String, Value>) -> Option<&'static str> {
-    TEMPLATE_FIELDS.into_iter().find(|field| match obj.get(*field) {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(kwargs)) => !kwargs.is_empty(),
-        Some(_) => true,
-    })
+/// A conversational row's [`TEMPLATE_FIELDS`] as TRL reads them: `tools` parsed where it is JSON
+/// text (`json.loads`), the keyword arguments an object; null or absent, nothing.
+fn template_args(obj: &serde_json::Map<String, Value>) -> Result<Option<Box<TemplateArgs>>, RowProblem> {
+    let bad = |field: &str, what: &'static str| RowProblem::TemplateField { field: field.to_owned(), what };
+    let tools = match obj.get(TEMPLATE_FIELDS[0]) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => {
+            Some(serde_json::from_str(text).map_err(|_| bad(TEMPLATE_FIELDS[0], "is text that is not JSON"))?)
+        }
+        Some(other) => Some(other.clone()),
+    };
+    let kwargs = match obj.get(TEMPLATE_FIELDS[1]) {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(kwargs)) => kwargs.clone(),
+        Some(_) => return Err(bad(TEMPLATE_FIELDS[1], "must be an object of keyword arguments")),
+    };
+    Ok((tools.is_some() || !kwargs.is_empty()).then(|| Box::new(TemplateArgs { tools, kwargs })))
 }
 
 /// Reads a preference file, or one split of a dataset directory, whole (see [`read_rows`]).
@@ -454,11 +466,12 @@ impl<'a> Rows<'a> {
         };
         let parsed = (|| -> Result<PreferenceRow, RowProblem> {
             let prompt = if implicit { None } else { Some(get(&cols.prompt)?) };
-            let row = build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)?;
-            match unrendered(obj).filter(|_| row.chosen.is_messages()) {
-                Some(field) => Err(RowProblem::NotRendered { field: field.to_owned() }),
-                None => Ok(row),
+            let mut row = build_row(line, prompt, get(&cols.chosen)?, get(&cols.rejected)?, cols)?;
+            // Plain-text rows never reach a chat template (TRL's neither).
+            if row.chosen.is_messages() {
+                row.template = template_args(obj)?;
             }
+            Ok(row)
         })();
         if deciding && parsed.is_err() {
             self.implicit = None;
@@ -505,6 +518,7 @@ impl<'a> Rows<'a> {
                 chosen: completion,
                 rejected,
                 label: Some(label),
+                template: pair.template.clone(),
             };
             self.keep(row)?;
         }
@@ -568,7 +582,11 @@ fn unpaired_value(
         Value::Null => return Err(RowProblem::Null { field: LABEL.to_owned() }),
         other => return Err(RowProblem::NotBoolean { field: LABEL.to_owned(), found: json_kind(other).to_owned() }),
     };
-    build_unpaired_row(line, prompt, completion, label, cols)
+    let mut row = build_unpaired_row(line, prompt, completion, label, cols)?;
+    if row.chosen.is_messages() {
+        row.template = template_args(obj)?;
+    }
+    Ok(row)
 }
 
 /// Byte offsets of the newlines of a file, to turn byte offsets into 1-based line numbers.
@@ -975,32 +993,33 @@ mod tests {
         assert!(load("implicit.jsonl", b"{\"chosen\": \"Q: a\", \"rejected\": \"Q: b\"}\n").unwrap().implicit_prompt);
     }
 
-    /// A message's other keys are kept for the chat template; a conversational row's `tools` or
-    /// `chat_template_kwargs`, which TRL passes to the template and dpo-train does not, is a bad
-    /// row (null or empty keyword arguments set nothing, and plain-text rows never use them).
+    /// A message's other keys are kept for the chat template, and a conversational row's `tools`
+    /// (parsed where it is JSON text, as TRL's `json.loads`) and `chat_template_kwargs`; text that
+    /// is not JSON, or keyword arguments that are no object, make a bad row; null sets nothing,
+    /// and plain-text rows never use them.
     #[test]
-    fn message_keys_are_kept_and_template_fields_refused() {
+    fn message_keys_and_template_fields_are_kept() {
         let conv = r#"{"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "A", "reasoning_content": "r"}], "rejected": [{"role": "assistant", "content": "B"}]"#;
-        let loaded = load("keys.jsonl", format!("{conv}}}\n").as_bytes()).unwrap();
+        let load_with = |extra: &str| load("fields.jsonl", format!("{conv}{extra}}}\n").as_bytes());
+        let loaded = load_with("").unwrap();
         let Text::Messages(chosen) = &loaded.rows[0].chosen else { panic!("messages") };
         assert_eq!(chosen[0].extra.get("reasoning_content"), Some(&serde_json::json!("r")));
-        for (extra, refused) in [
-            (r#", "tools": "[{\"type\": \"function\"}]""#, Some("tools")),
-            (r#", "chat_template_kwargs": {"enable_thinking": false}"#, Some("chat_template_kwargs")),
-            (r#", "tools": null, "chat_template_kwargs": {}"#, None),
-        ] {
-            let got = load("fields.jsonl", format!("{conv}{extra}}}\n").as_bytes());
-            match refused {
-                Some(field) => assert!(
-                    err_tail(&got.unwrap_err())
-                        .starts_with(&format!("line 1: field `{field}` is not passed to the chat template")),
-                    "{extra}"
-                ),
-                None => assert_eq!(got.unwrap().rows.len(), 1, "{extra}"),
-            }
-        }
+        assert_eq!(loaded.rows[0].template, None);
+        let row =
+            load_with(r#", "tools": "[{\"type\": \"function\"}]", "chat_template_kwargs": {"enable_thinking": false}"#)
+                .unwrap()
+                .rows
+                .remove(0);
+        let args = row.template.unwrap();
+        assert_eq!(args.tools, Some(serde_json::json!([{"type": "function"}])));
+        assert_eq!(args.kwargs.get("enable_thinking"), Some(&serde_json::json!(false)));
+        assert_eq!(load_with(r#", "tools": null, "chat_template_kwargs": null"#).unwrap().rows[0].template, None);
+        let err = load_with(r#", "tools": "[not json""#).unwrap_err();
+        assert_eq!(err_tail(&err), "line 1: field `tools` is text that is not JSON");
+        let err = load_with(r#", "chat_template_kwargs": "x""#).unwrap_err();
+        assert_eq!(err_tail(&err), "line 1: field `chat_template_kwargs` must be an object of keyword arguments");
         let plain = load("plain.jsonl", br#"{"prompt": "p", "chosen": "a", "rejected": "b", "tools": "[]"}"#).unwrap();
-        assert_eq!(plain.rows.len(), 1);
+        assert_eq!(plain.rows[0].template, None);
     }
 
     #[test]

@@ -60,8 +60,8 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
         }
     }
     let label = if kto { index(LABEL) } else { None };
-    // Read to be refused where a conversational row sets them (see `TEMPLATE_FIELDS`).
-    let template = if kto { Vec::new() } else { TEMPLATE_FIELDS.iter().filter_map(|f| index(f)).collect() };
+    // A conversational row's arguments for the chat template (see `TEMPLATE_FIELDS`).
+    let template: Vec<usize> = TEMPLATE_FIELDS.iter().filter_map(|f| index(f)).collect();
     let builder_rows = builder.metadata().file_metadata().num_rows();
     let projected = wanted.iter().copied().chain(prompt).chain(label).chain(template);
     let mask = ProjectionMask::roots(builder.parquet_schema(), projected);
@@ -70,11 +70,11 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
     // TRL extracts the prompt when the dataset has no prompt column.
     rows.implicit = Some((prompt.is_none(), 0));
     let total = u64::try_from(builder_rows).unwrap_or(0).max(1);
-    let names: Vec<&str> = if kto {
-        vec![cols.prompt.as_str(), COMPLETION, LABEL, &cols.chosen, &cols.rejected]
-    } else {
-        [cols.prompt.as_str(), &cols.chosen, &cols.rejected].into_iter().chain(TEMPLATE_FIELDS).collect()
+    let names: Vec<&str> = match kto {
+        true => vec![cols.prompt.as_str(), COMPLETION, LABEL, &cols.chosen, &cols.rejected],
+        false => vec![cols.prompt.as_str(), &cols.chosen, &cols.rejected],
     };
+    let names: Vec<&str> = names.into_iter().chain(TEMPLATE_FIELDS).collect();
     let mut row = 0;
     for batch in reader {
         let batch = batch.map_err(|e| err(e.to_string()))?;

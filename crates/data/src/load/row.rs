@@ -92,7 +92,7 @@ pub(super) fn build_row(
         Some(p) => (p, chosen, rejected),
         None => extract_prompt(chosen, rejected, cols)?,
     };
-    Ok(PreferenceRow { line, prompt, chosen, rejected, label: None })
+    Ok(PreferenceRow { line, prompt, chosen, rejected, label: None, template: None })
 }
 
 /// Validates an unpaired (KTO) row: its prompt (required: KTO has no implicit prompt) and
@@ -119,7 +119,7 @@ pub(super) fn build_unpaired_row(
         return Err(RowProblem::Empty { field: super::COMPLETION.to_owned() });
     }
     let rejected = completion.empty_like();
-    Ok(PreferenceRow { line, prompt, chosen: completion, rejected, label: Some(label) })
+    Ok(PreferenceRow { line, prompt, chosen: completion, rejected, label: Some(label), template: None })
 }
 
 /// TRL 1.16 `trl/data_utils.py` `extract_prompt` (lines 623-632), kept exactly:

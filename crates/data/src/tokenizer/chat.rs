@@ -10,7 +10,7 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value};
 use minijinja::{Environment, ErrorKind};
 
 use super::pyjson::{JsonOpts, dumps};
-use super::{Message, TokenizerError};
+use super::{Message, TemplateArgs, TokenizerError};
 
 /// Where the chat template came from and what it is.
 #[derive(Debug, Clone)]
@@ -64,26 +64,31 @@ pub(super) fn chat_template(
 }
 
 /// Renders `source` (from `path`, named in errors) over `messages`, with the special tokens as
-/// template variables (transformers' `special_tokens_map`).
+/// template variables (transformers' `special_tokens_map`), then a row's `tools` and keyword
+/// arguments (transformers' `{**special_tokens_map, **kwargs}`: a keyword overrides the rest).
 pub(super) fn render(
     path: &Path,
     source: &str,
     messages: &[Message],
     add_generation_prompt: bool,
     specials: &[(&str, &str)],
+    args: Option<&TemplateArgs>,
 ) -> Result<String, TokenizerError> {
     let env = template_env();
     let template = env
         .template_from_str(source)
         .map_err(|source| TokenizerError::TemplateSyntax { path: path.to_owned(), source })?;
     let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
+    let tools = args.and_then(|a| a.tools.as_ref()).map_or(Value::from(()), Value::from_serialize);
     let mut ctx: Vec<(&str, Value)> = vec![
         ("messages", Value::from(messages)),
         ("add_generation_prompt", Value::from(add_generation_prompt)),
-        ("tools", Value::from(())),
+        ("tools", tools),
         ("documents", Value::from(())),
     ];
     ctx.extend(specials.iter().map(|(k, v)| (*k, Value::from(*v))));
+    // Later entries win as the context is collected into a map.
+    ctx.extend(args.into_iter().flat_map(|a| a.kwargs.iter().map(|(k, v)| (k.as_str(), Value::from_serialize(v)))));
     let ctx: Value = ctx.into_iter().collect();
     template.render(ctx).map_err(|source| TokenizerError::TemplateRender { path: path.to_owned(), source })
 }

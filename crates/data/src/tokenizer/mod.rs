@@ -96,11 +96,19 @@ pub struct Message {
     /// The message text.
     pub content: String,
     /// The message's other keys (`reasoning_content`, `tool_calls`, `name`, ...), which the chat
-    /// template reads as transformers hands it the whole dict. In key order: serde_json's map
-    /// sorts them, so a nested object a template dumps with `tojson` lists its keys sorted where
-    /// Python keeps the file's order.
+    /// template reads as transformers hands it the whole dict, in the file's order (serde_json
+    /// and minijinja keep it, so `tojson` writes a nested object's keys as Python does).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a conversational row passes to the chat template beside its messages, as TRL's
+/// `DPOTrainer` does (`tools`, parsed where the column holds JSON text, and the row's
+/// `chat_template_kwargs`, such as Qwen3's `enable_thinking`, which override the rest).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateArgs {
+    pub tools: Option<serde_json::Value>,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A Hugging Face tokenizer with its special tokens and chat template resolved.
@@ -255,9 +263,10 @@ impl Tokenizer {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
+        args: Option<&TemplateArgs>,
         keep: usize,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        let text = self.apply_chat_template_with(messages, add_generation_prompt, args)?;
         self.encode_head(&text, false, keep)
     }
 
@@ -274,6 +283,16 @@ impl Tokenizer {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with(messages, add_generation_prompt, None)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with a row's `tools` and keyword arguments.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        args: Option<&TemplateArgs>,
     ) -> Result<String, TokenizerError> {
         let (path, source) = match &self.chat_template {
             ChatTemplate::Source { path, source } => (path, source),
@@ -292,7 +311,7 @@ impl Tokenizer {
             specials.push(("bos_token", bos));
         }
         specials.extend(self.other_special.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        chat::render(path, source, messages, add_generation_prompt, &specials)
+        chat::render(path, source, messages, add_generation_prompt, &specials, args)
     }
 
     /// Token ids of the rendered chat, without special tokens, as
