@@ -47,7 +47,8 @@ fn sharded_split(relative: &str) -> Option<&str> {
     (digits(shard) && digits(count) && !name.contains('/')).then_some(split)
 }
 
-/// Every data file under `dir` (hidden ones aside), as `/`-separated paths relative to it, sorted.
+/// Every data file under `dir` (hidden ones aside; links to files, as the hub cache's snapshots
+/// hold, included), as `/`-separated paths relative to it, sorted.
 fn all_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut pending = vec![PathBuf::new()];
@@ -59,7 +60,8 @@ fn all_files(dir: &Path) -> Vec<String> {
                 continue;
             }
             let relative = sub.join(&name);
-            match entry.path().is_dir() {
+            // A directory's own entry, not a link's target: a link back up would never end.
+            match entry.file_type().is_ok_and(|t| t.is_dir()) {
                 true => pending.push(relative),
                 false if is_data_file(&name) => out.push(relative.to_string_lossy().replace('\\', "/")),
                 false => {}
