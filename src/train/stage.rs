@@ -155,7 +155,8 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let world = workers.world_size();
     let sampler = batch_plan(cfg, data.train.len(), world)?;
     let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
-    if workers.is_main() {
+    // The run's own config is written when the run starts; a warm-up's folder gets its copy here.
+    if workers.is_main() && stage.dir != stage.run_dir {
         let path = stage.dir.join("config.toml");
         crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
             .with_context(|| format!("cannot write `{}`", path.display()))?;
