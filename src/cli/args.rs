@@ -419,8 +419,8 @@ pub struct LengthsArgs {
     /// The model directory whose tokenizer training would use (or its Hub name, cached).
     #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub model: PathBuf,
-    /// The preference data: a JSON Lines, JSON, CSV or Parquet file, or a dataset directory (or
-    /// its Hub name, cached).
+    /// The preference data: a JSON Lines, JSON, CSV, Parquet or Arrow file, or a dataset directory
+    /// (or its Hub name, cached, or a directory `save_to_disk` wrote).
     #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: PathBuf,
     /// How many of the longest pairs to list (a micro-batch of up to this many is planned exactly).
@@ -463,7 +463,7 @@ pub struct EvalArgs {
     /// Directory holding tokenizer.json and tokenizer_config.json [default: the policy's].
     #[arg(long, value_name = "DIR", value_parser = model_dir)]
     pub tokenizer: Option<PathBuf>,
-    /// Preference data: .jsonl, .json (an array), .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out, or its Hub name in the local Hugging Face cache.
+    /// Preference data: .jsonl, .json (an array), .csv, .tsv (each optionally .gz), .parquet, .arrow, a dataset directory as the hub lays it out or as `save_to_disk` wrote it, or its Hub name in the local Hugging Face cache.
     #[arg(long, value_name = "FILE", value_parser = data_path)]
     pub data: PathBuf,
     /// The split read when `--data` is a dataset directory.

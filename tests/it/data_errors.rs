@@ -142,7 +142,7 @@ fn unsupported_extension() {
     assert_eq!(
         load_err(&path),
         format!(
-            "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory",
+            "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv`, `.tsv` (each optionally `.gz`), `.parquet`, `.arrow`, or a dataset directory",
             path.display()
         )
     );

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use burn::tensor::Device;
 use dpo_train::config::LossConfig;
-use dpo_train::data::{LoadOptions, Tokenizer, load_preferences, tokenize};
+use dpo_train::data::{LoadOptions, Text, Tokenizer, load_preferences, tokenize};
 use dpo_train::eval::{EvalOptions, evaluate};
 use parquet::arrow::ArrowWriter;
 use serde::Deserialize;
@@ -276,4 +276,52 @@ fn dataset_directories_split_as_datasets_splits_them() {
             .collect();
         assert_eq!(got, want, "{files:?}");
     }
+}
+
+/// A preference text as `datasets` hands it to Python: a string, or the list of message dicts.
+fn as_json(text: &Text) -> serde_json::Value {
+    match text {
+        Text::Plain(s) => s.as_str().into(),
+        Text::Messages(messages) => serde_json::to_value(messages).unwrap(),
+    }
+}
+
+/// The files `datasets` writes besides JSON, CSV and Parquet (`save_to_disk` directories of one
+/// dataset and of a dataset dict, Arrow's file format, pandas' categorical Parquet columns) and
+/// the names it reads as JSON Lines or tab-separated CSV give the rows `datasets` loads from
+/// them, written and read by `tests/gen/write_saved_formats.py`.
+#[test]
+fn files_datasets_writes_read_as_datasets_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/gen/write_saved_formats.py");
+    let out = std::process::Command::new(crate::common::python())
+        .args(["-W", "ignore"])
+        .arg(script)
+        .arg(dir.path())
+        .env("HF_DATASETS_CACHE", dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(dir.path().join("expected.json")).unwrap();
+    let expected: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(expected.len(), 7);
+    for (case, want) in expected {
+        let (name, split) = case.split_once(':').unwrap_or((&case, "train"));
+        let loaded = load_preferences(&dir.path().join(name), &split_opts(split)).unwrap();
+        let got: Vec<serde_json::Value> = loaded
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"prompt": as_json(&r.prompt), "chosen": as_json(&r.chosen), "rejected": as_json(&r.rejected)})
+            })
+            .collect();
+        assert_eq!(serde_json::Value::Array(got), want, "{case}");
+    }
+    // A saved dataset dict without the split asked for lists its splits.
+    let err = load_preferences(&dir.path().join("saved_dict"), &split_opts("validation")).unwrap_err().to_string();
+    assert!(err.ends_with("the saved `DatasetDict` has no split `validation`; it has `train`, `test` (choose the split with `dataset_train_split` / `dataset_test_split`)"), "{err}");
+    // A damaged `state.json` is named.
+    std::fs::write(dir.path().join("saved/state.json"), b"{\"_data_files\": 3}").unwrap();
+    let err = load_preferences(&dir.path().join("saved"), &split_opts("train")).unwrap_err().to_string();
+    assert!(err.contains("saved/state.json`: `_data_files` lists no"), "{err}");
 }

@@ -87,14 +87,29 @@ pub fn is_repo_id(name: &str) -> bool {
         && !name.ends_with(".git")
 }
 
-/// Data file names dpo-train reads (each of the text formats may be gzipped).
-const DATA_EXTENSIONS: [&str; 7] = [".parquet", ".jsonl", ".json", ".csv", ".jsonl.gz", ".json.gz", ".csv.gz"];
+/// Data file names dpo-train reads: the text formats (each maybe gzipped), then the binary ones.
+const TEXT_EXTENSIONS: [&str; 5] = [".jsonl", ".ndjson", ".json", ".csv", ".tsv"];
+const BINARY_EXTENSIONS: [&str; 2] = [".parquet", ".arrow"];
 
-/// Whether `name` is a data file's name dpo-train reads (`.jsonl`, `.json`, `.csv`, each maybe
-/// gzipped, `.parquet`, in any case), where a dataset directory's or Hub name is not.
+/// Whether `name` is a data file's name dpo-train reads (`.jsonl`, `.ndjson`, `.json`, `.csv`,
+/// `.tsv`, each maybe gzipped, `.parquet`, `.arrow`, in any case), where a dataset directory's or
+/// Hub name is not.
 pub fn is_data_file_name(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    DATA_EXTENSIONS.iter().any(|e| name.ends_with(e))
+    let text = name.strip_suffix(".gz").unwrap_or(&name);
+    TEXT_EXTENSIONS.iter().any(|e| text.ends_with(e)) || BINARY_EXTENSIONS.iter().any(|e| name.ends_with(e))
+}
+
+/// `datasets`' `Dataset.save_to_disk` leaves `state.json` (the Arrow files of one dataset, no
+/// splits) beside its data; `DatasetDict.save_to_disk` leaves `dataset_dict.json` and a directory
+/// per split.
+pub const SAVED_DATASET: &str = "state.json";
+pub const SAVED_DATASET_DICT: &str = "dataset_dict.json";
+
+/// Whether `value` names data without splits: a data file, or a directory one
+/// `Dataset.save_to_disk` wrote.
+pub fn is_unsplit_data(value: &str) -> bool {
+    is_data_file_name(value) || Path::new(value).join(SAVED_DATASET).is_file()
 }
 
 /// The local directory `value` stands for, where it is no local path but a repository id of the

@@ -108,14 +108,15 @@ impl Layered {
 
     /// `eval_strategy = "steps"` without `eval_file`: TRL's script evaluates on the training
     /// dataset's test split, so a dataset directory or Hub name `train_file` is read for
-    /// `eval_file` too (its `dataset_test_split`); a single file has no such split.
+    /// `eval_file` too (its `dataset_test_split`); a single file, or one saved `Dataset`, has no
+    /// such split.
     fn evaluate_as_trl_script(&mut self) -> Result<(), ConfigError> {
         let cfg = &mut self.cfg;
         if cfg.eval_file.is_some() || cfg.eval_steps == Some(0) {
             return Ok(());
         }
-        if cfg.train_file.is_empty() || dpo_base::hub::is_data_file_name(&cfg.train_file) {
-            let message = "`\"steps\"` evaluates on held-out data, and `eval_file` is not set (TRL's script reads the test split of `dataset_name`, a dataset and not a file): set `eval_file`".to_owned();
+        if cfg.train_file.is_empty() || dpo_base::hub::is_unsplit_data(&cfg.train_file) {
+            let message = "`\"steps\"` evaluates on held-out data, and `eval_file` is not set (TRL's script reads the test split of `dataset_name`, a dataset with splits, not a file or one saved `Dataset`): set `eval_file`".to_owned();
             return Err(ConfigError::Invalid { key: "eval_strategy", message });
         }
         cfg.eval_file = Some(cfg.train_file.clone());

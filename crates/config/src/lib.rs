@@ -208,7 +208,7 @@ train_config! {
     ref_model_name_or_path: Option<PathBuf> = None,
     /// Directory with tokenizer.json, or a Hub name in the local Hugging Face cache [default: the policy's directory].
     tokenizer_name_or_path: Option<PathBuf> = None,
-    /// Training preference data (required): .jsonl, .json, .csv (each optionally .gz), .parquet, a dataset directory as the hub lays it out (its `dataset_train_split`), a dataset's Hub name the local Hugging Face cache holds, or `demo` for the synthetic demo task.
+    /// Training preference data (required): .jsonl, .json, .csv, .tsv (each optionally .gz), .parquet, .arrow, a dataset directory as the hub lays it out or as `save_to_disk` wrote it (its `dataset_train_split`), a dataset's Hub name the local Hugging Face cache holds, or `demo` for the synthetic demo task.
     train_file: String = String::new(),
     /// Held-out data for evaluations and samples, a file, a dataset directory (its `dataset_test_split`) or a cached dataset's Hub name [default: none: no evaluation].
     eval_file: Option<String> = None,

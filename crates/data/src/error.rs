@@ -20,12 +20,12 @@ pub enum DataError {
     },
     /// The extension is not one of the supported formats.
     #[error(
-        "`{path}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory"
+        "`{path}`: unsupported data format; use `.jsonl`, `.json`, `.csv`, `.tsv` (each optionally `.gz`), `.parquet`, `.arrow`, or a dataset directory"
     )]
     UnsupportedFormat { path: PathBuf },
-    /// A Parquet file could not be decoded.
-    #[error("`{path}`: cannot read Parquet: {message}")]
-    Parquet { path: PathBuf, message: String },
+    /// A Parquet or Arrow file could not be decoded (`format` names which).
+    #[error("`{path}`: cannot read {format}: {message}")]
+    Records { path: PathBuf, format: &'static str, message: String },
     /// A gzip stream could not be decompressed.
     #[error("`{path}`: cannot decompress gzip data")]
     Gzip {
@@ -33,7 +33,7 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
-    /// A Parquet column holds neither strings nor message lists.
+    /// A Parquet or Arrow column holds neither strings nor message lists.
     #[error("`{path}`: column `{column}` has type {found}; expected strings or lists of `{{role, content}}` structs")]
     ColumnType { path: PathBuf, column: String, found: String },
     /// A dataset directory without exactly one layout holding the requested split.
@@ -70,7 +70,7 @@ pub enum DataError {
     /// A bad row; `problem` says what is wrong with which field.
     #[error("`{path}`, line {line}: {problem}")]
     BadRow { path: PathBuf, line: usize, problem: RowProblem },
-    /// A bad row of a Parquet file, numbered from 0 as `datasets` does.
+    /// A bad row of a Parquet or Arrow file, numbered from 0 as `datasets` does.
     #[error("`{path}`, row {row}: {problem}")]
     BadRecord { path: PathBuf, row: usize, problem: RowProblem },
     /// The file holds no rows at all.

@@ -1,4 +1,4 @@
-//! CSV with a header row (plain-text columns only).
+//! CSV with a header row (plain-text columns only), comma- or tab-separated.
 
 use std::path::Path;
 
@@ -11,7 +11,7 @@ use crate::error::{DataError, RowProblem};
 /// CSV: a header row naming the columns, then one record per row (plain text only). Line numbers
 /// are physical lines (header = line 1; a record with a quoted newline is numbered by its first
 /// line).
-pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Result<(), DataError> {
+pub(super) fn read_csv(bytes: &[u8], delimiter: u8, opts: &LoadOptions, rows: &mut Rows) -> Result<(), DataError> {
     let cols = &opts.columns;
     let path = &rows.path.clone();
     let lines = LineIndex::new(bytes);
@@ -19,7 +19,8 @@ pub(super) fn read_csv(bytes: &[u8], opts: &LoadOptions, rows: &mut Rows) -> Res
         let byte = record.position().map_or(0, |p| p.byte());
         lines.record_line(usize::try_from(byte).unwrap_or(usize::MAX))
     };
-    let mut reader = ::csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(bytes);
+    let mut reader =
+        ::csv::ReaderBuilder::new().delimiter(delimiter).has_headers(false).flexible(true).from_reader(bytes);
     let mut record = ::csv::ByteRecord::new();
     let malformed = |source: ::csv::Error| {
         let byte = source.position().map_or(0, |p| p.byte());

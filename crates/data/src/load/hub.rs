@@ -7,10 +7,16 @@
 //! (`train.jsonl.gz`, `harmless-base/train.jsonl.gz`, `my_test_0.csv`), a keyword standing between
 //! `-._ 0-9` or the name's ends; else every data file is `train`'s. `tests/it/hub_data.rs` holds
 //! each layout to `datasets`' own resolution.
+//!
+//! A directory `save_to_disk` wrote is read as `datasets.load_from_disk` reads it: one saved
+//! `Dataset` (`state.json`) whole, whichever split is asked for, as a single file is; a saved
+//! `DatasetDict` (`dataset_dict.json`) by its split's directory. Either lists its Arrow files.
 
 use std::path::{Path, PathBuf};
 
 use dpo_base::hub::is_data_file_name as is_data_file;
+use dpo_base::hub::{SAVED_DATASET, SAVED_DATASET_DICT};
+use serde_json::Value;
 
 use crate::error::DataError;
 
@@ -116,6 +122,9 @@ fn splits(files: &[String], all: bool) -> Vec<(String, Vec<String>)> {
 /// split, or when the hub's sharded layout and files named for the split elsewhere both do
 /// (`datasets` would take the sharded files alone).
 pub fn split_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
+    if let Some(saved) = saved_split(dir, split) {
+        return saved;
+    }
     let files = all_files(dir);
     let layout_error = |message: String| DataError::Layout { path: dir.to_path_buf(), message };
     let found = splits(&files, true);
@@ -133,10 +142,65 @@ pub fn split_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
     Ok(chosen.iter().map(|f| dir.join(f)).collect())
 }
 
+/// The Arrow files of `split` where `dir` is one `save_to_disk` wrote; `None` where it is not.
+fn saved_split(dir: &Path, split: &str) -> Option<Result<Vec<PathBuf>, DataError>> {
+    if dir.join(SAVED_DATASET).is_file() {
+        return Some(saved_files(dir));
+    }
+    let dict = dir.join(SAVED_DATASET_DICT);
+    if !dict.is_file() {
+        return None;
+    }
+    let splits = read_json(&dict).and_then(|value| {
+        let names = value
+            .get("splits")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_owned)).collect());
+        names.ok_or_else(|| bad_json(&dict, "`splits` is not a list of split names"))
+    });
+    Some(splits.and_then(|splits: Vec<String>| match splits.iter().any(|s| s == split) {
+        true => saved_files(&dir.join(split)),
+        false => {
+            let has = splits.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+            let message = format!(
+                "the saved `DatasetDict` has no split `{split}`; it has {has} (choose the split with `dataset_train_split` / `dataset_test_split`)"
+            );
+            Err(DataError::Layout { path: dir.to_path_buf(), message })
+        }
+    }))
+}
+
+/// The Arrow files a saved `Dataset`'s `state.json` lists (`_data_files`), in its order.
+fn saved_files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+    let state = dir.join(SAVED_DATASET);
+    let value = read_json(&state)?;
+    let names: Option<Vec<&str>> = value
+        .get("_data_files")
+        .and_then(Value::as_array)
+        .and_then(|files| files.iter().map(|f| f.get("filename").and_then(Value::as_str)).collect());
+    match names {
+        Some(names) if !names.is_empty() => Ok(names.iter().map(|n| dir.join(n)).collect()),
+        _ => Err(bad_json(&state, "`_data_files` lists no `{\"filename\": ...}` Arrow file")),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value, DataError> {
+    let text = std::fs::read(path).map_err(|source| DataError::Read { path: path.to_path_buf(), source })?;
+    serde_json::from_slice(&text).map_err(|e| bad_json(path, &format!("not `datasets`' JSON ({e})")))
+}
+
+fn bad_json(path: &Path, problem: &str) -> DataError {
+    let message = format!("{problem}; `datasets.load_from_disk` could not read it either");
+    DataError::Layout { path: path.to_path_buf(), message }
+}
+
 /// What a directory offers: its splits and their files, or that it has no data file.
 fn inventory(dir: &Path, found: &[(String, Vec<String>)]) -> String {
     if found.is_empty() {
-        return format!("`{}` holds no `.parquet`, `.jsonl`, `.json` or `.csv` file (optionally `.gz`)", dir.display());
+        return format!(
+            "`{}` holds no `.parquet`, `.arrow`, `.jsonl`, `.json`, `.csv` or `.tsv` file (optionally `.gz`)",
+            dir.display()
+        );
     }
     let shown: Vec<String> = found
         .iter()

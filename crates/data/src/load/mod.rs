@@ -1,5 +1,5 @@
-//! Preference-data readers: JSON Lines, a JSON array, CSV, Parquet (each but Parquet optionally
-//! gzipped), and dataset directories as the hub lays them out.
+//! Preference-data readers: JSON Lines, a JSON array, CSV or TSV (each optionally gzipped),
+//! Parquet and Arrow, and dataset directories as the hub lays them out or `save_to_disk` writes them.
 //!
 //! The row formats are those TRL's `DPOTrainer` accepts (TRL 1.16 `trl/trainer/dpo_trainer.py`,
 //! `_prepare_dataset`): standard (`prompt`/`chosen`/`rejected` strings), conversational (lists of
@@ -8,12 +8,12 @@
 //! `extract_prompt`). Every bad row either stops the load with an error naming file, line and field,
 //! or, with `skip_bad_rows`, is skipped and reported in [`ReadSummary::skipped`].
 //!
-//! [`read_rows`] streams: JSON Lines (plain or gzipped) is read line by line and Parquet one record
-//! batch at a time, and good rows leave in chunks of [`CHUNK_ROWS`], so a caller that tokenises
+//! [`read_rows`] streams: JSON Lines (plain or gzipped) is read line by line and Parquet and Arrow
+//! one record batch at a time, and good rows leave in chunks of [`CHUNK_ROWS`], so a caller that tokenises
 //! each chunk never holds the whole text. A `.json` array and CSV are read whole.
 
 use std::cell::Cell;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -24,10 +24,12 @@ use self::row::{build_row, build_unpaired_row, json_kind, text_field};
 use crate::error::{DataError, RowProblem};
 use crate::tokenizer::{Message, TemplateArgs};
 
+mod arrow;
 mod csv;
 pub mod hub;
 mod json;
 mod parquet;
+mod records;
 pub mod row;
 
 /// Good rows handed over at a time by [`read_rows`].
@@ -298,8 +300,9 @@ pub fn read_rows(
     Ok(all)
 }
 
-/// Reads one file: the format by its name (`.gz` stripped) and by its first bytes (Parquet's
-/// and gzip's magic numbers), so a compressed file under a plain name is still read.
+/// Reads one file: the format by its name (`.gz` stripped) and by its first bytes (Parquet's,
+/// Arrow's and gzip's magic numbers), so a compressed file under a plain name is still read.
+/// `.ndjson` is JSON Lines and `.tsv` tab-separated CSV, as `datasets` reads them.
 fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSummary, DataError> {
     let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name);
@@ -315,10 +318,15 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
         rows.records = true;
         return parquet::read_parquet(file.inner, opts, rows);
     }
+    if arrow::is_arrow(head) || ext == Some("arrow") {
+        rows.records = true;
+        return arrow::read_arrow(plain, opts, rows);
+    }
     let mut format = match ext {
-        Some("jsonl") => Format::JsonLines,
+        Some("jsonl" | "ndjson") => Format::JsonLines,
         Some("json") => Format::JsonArray,
-        Some("csv") => Format::Csv,
+        Some("csv") => Format::Csv(b','),
+        Some("tsv") => Format::Csv(b'\t'),
         _ => return Err(DataError::UnsupportedFormat { path: path.to_path_buf() }),
     };
     rows.gzip = gzip;
@@ -340,7 +348,8 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
     match format {
         Format::JsonArray if is_json_lines(bytes) => read_json_lines(&mut &bytes[..], rows)?,
         Format::JsonArray => read_json_array(bytes, rows)?,
-        _ => csv::read_csv(bytes, opts, rows)?,
+        Format::Csv(delimiter) => csv::read_csv(bytes, delimiter, opts, rows)?,
+        Format::JsonLines => read_json_lines(&mut &bytes[..], rows)?,
     }
     rows.finish()
 }
@@ -348,7 +357,8 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
 enum Format {
     JsonLines,
     JsonArray,
-    Csv,
+    /// With its field delimiter.
+    Csv(u8),
 }
 
 /// A reader that counts the bytes read through it (the progress of a streamed file).
@@ -362,6 +372,15 @@ impl<R: Read> Read for Counted<R> {
         let n = self.inner.read(buf)?;
         self.done.set(self.done.get() + n as u64);
         Ok(n)
+    }
+}
+
+/// An Arrow reader seeks (to its start again, or to an IPC file's footer): the count follows.
+impl<R: Seek> Seek for Counted<R> {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        let at = self.inner.seek(pos)?;
+        self.done.set(at);
+        Ok(at)
     }
 }
 
@@ -736,7 +755,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv` (each optionally `.gz`), `.parquet`, or a dataset directory",
+                "`{}`: unsupported data format; use `.jsonl`, `.json`, `.csv`, `.tsv` (each optionally `.gz`), `.parquet`, `.arrow`, or a dataset directory",
                 path.display()
             )
         );
