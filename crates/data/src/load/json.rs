@@ -28,7 +28,10 @@ pub(super) fn read_json_lines(reader: &mut dyn BufRead, rows: &mut Rows) -> Resu
         if text.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Value>(text) {
+        let parsed = serde_json::from_str::<Value>(text);
+        // Python's constants, tried only where the line is no JSON (the common line pays nothing).
+        let parsed = parsed.or_else(|e| python_constants(raw).map_or(Err(e), |f| serde_json::from_slice(&f)));
+        match parsed {
             Ok(value) => rows.push_value(line, &value)?,
             Err(source) => {
                 let err = DataError::MalformedJson { path: rows.path.clone(), line, source };
@@ -133,4 +136,37 @@ pub(super) fn read_json_array(bytes: &[u8], rows: &mut Rows) -> Result<(), DataE
 fn eof_error() -> serde_json::Error {
     // `[` alone is always an EOF error, so `unwrap_err` holds.
     serde_json::from_str::<Value>("[").unwrap_err()
+}
+
+/// Python's `json` writes a float that is no number as the bare words `NaN`, `Infinity` and
+/// `-Infinity`, and `datasets` reads them (a `score` column of NaN, say); JSON has no such value.
+/// `text` with each of them that stands outside a string as `null`, which a column the loss does
+/// not read ignores and a text field reports; `None` where `text` has none. Lines keep their
+/// breaks, so line numbers hold.
+pub(super) fn python_constants(text: &[u8]) -> Option<Vec<u8>> {
+    const WORDS: [&[u8]; 3] = [b"NaN", b"Infinity", b"-Infinity"];
+    let mut out: Option<Vec<u8>> = None;
+    let (mut in_string, mut escaped, mut copied, mut i) = (false, false, 0, 0);
+    while i < text.len() {
+        let b = text[i];
+        if in_string {
+            (in_string, escaped) = (escaped || b != b'"', !escaped && b == b'\\');
+        } else if b == b'"' {
+            in_string = true;
+        } else if let Some(word) = WORDS.iter().find(|w| text[i..].starts_with(w)) {
+            let alone = |at: Option<&u8>| !at.is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
+            if alone(i.checked_sub(1).and_then(|p| text.get(p))) && alone(text.get(i + word.len())) {
+                let out = out.get_or_insert_with(|| Vec::with_capacity(text.len()));
+                out.extend_from_slice(&text[copied..i]);
+                out.extend_from_slice(b"null");
+                i += word.len();
+                copied = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    let mut out = out?;
+    out.extend_from_slice(&text[copied..]);
+    Some(out)
 }

@@ -345,6 +345,11 @@ fn read_file(path: &Path, opts: &LoadOptions, rows: &mut Rows) -> Result<ReadSum
     let mut bytes = Vec::new();
     reader.read_to_end(&mut bytes).map_err(|e| rows.io_error(e))?;
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+    let fixed = match format {
+        Format::Csv(_) => None,
+        _ => json::python_constants(bytes),
+    };
+    let bytes = fixed.as_deref().unwrap_or(bytes);
     match format {
         Format::JsonArray if is_json_lines(bytes) => read_json_lines(&mut &bytes[..], rows)?,
         Format::JsonArray => read_json_array(bytes, rows)?,
@@ -759,6 +764,27 @@ mod tests {
                 path.display()
             )
         );
+    }
+
+    /// Python's `json.dumps` writes NaN and the infinities bare; `datasets` reads them.
+    #[test]
+    fn python_constants_read_as_null() {
+        let lines = b"{\"prompt\": \"NaN?\", \"chosen\": \" Infinity\", \"rejected\": \" b\", \"score\": NaN}\n\
+            {\"prompt\": \"p\", \"chosen\": \" a\\\"NaN\", \"rejected\": \" b\", \"s\": [Infinity, -Infinity]}\n";
+        for name in ["nan.jsonl", "nan.json"] {
+            let loaded = load(name, lines).unwrap();
+            assert_eq!(loaded.rows.len(), 2, "{name}");
+            assert_eq!(loaded.rows[0].prompt, plain("NaN?"));
+            assert_eq!(loaded.rows[0].chosen, plain(" Infinity"));
+            assert_eq!(loaded.rows[1].chosen, plain(" a\"NaN"));
+        }
+        let array = b"[\n {\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\", \"score\": -Infinity},\n {\"prompt\": \"p\", \"chosen\": NaN, \"rejected\": \" b\"}\n]";
+        let err = load("nan_array.json", array).unwrap_err();
+        assert!(err.to_string().ends_with("line 3: field `chosen` is null"), "{err}");
+        // A word that only starts like one stays malformed JSON.
+        let err = load("nanx.jsonl", b"{\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\", \"s\": NaNa}\n")
+            .unwrap_err();
+        assert!(err.to_string().ends_with("line 1: malformed JSON"), "{err}");
     }
 
     #[test]
