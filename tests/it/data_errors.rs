@@ -97,7 +97,7 @@ fn skipped_rows_are_reported() {
     let path = write(
         "skip",
         "prefs.jsonl",
-        b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{oops\n{\"prompt\": \"a\", \"chosen\": \"\", \"rejected\": \" c\"}\n",
+        b"{\"prompt\": \"a\", \"chosen\": \" b\", \"rejected\": \" c\"}\n{oops\n{\"prompt\": \"a\", \"chosen\": null, \"rejected\": \" c\"}\n",
     );
     let opts = LoadOptions { skip_bad_rows: true, ..LoadOptions::default() };
     let loaded = load_preferences(&path, &opts).unwrap();
@@ -107,7 +107,7 @@ fn skipped_rows_are_reported() {
         skipped,
         vec![
             (2, format!("`{}`, line 2: malformed JSON", path.display())),
-            (3, format!("`{}`, line 3: field `chosen` is empty", path.display())),
+            (3, format!("`{}`, line 3: field `chosen` is null", path.display())),
         ]
     );
 }

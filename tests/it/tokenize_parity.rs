@@ -222,3 +222,40 @@ fn template_fields_tokenise_as_trl_passes_them() {
         assert_eq!((&got.chosen_ids, &got.rejected_ids), (&want.chosen_ids, &want.rejected_ids), "line {}", got.line);
     }
 }
+
+/// An empty plain-text completion trains eos alone: DPOTrainer and KTOTrainer append it to every
+/// completion, CPOTrainer's `tokenize_row` adds its id (`tests/gen/make_empty_completion_fixture.py`).
+#[test]
+fn empty_completions_train_eos_as_trl_does() {
+    use dpo_train::config::{Rows, Truncation as Cut};
+    use dpo_train::data::{RowKind, TokenizedPair, Tokenizing};
+    #[derive(Deserialize)]
+    struct Ids {
+        prompt_ids: Vec<u32>,
+        #[serde(alias = "completion_ids")]
+        chosen_ids: Vec<u32>,
+        #[serde(default)]
+        rejected_ids: Vec<u32>,
+    }
+    let dir = fixtures().join("empty_completion");
+    let want: std::collections::BTreeMap<String, Vec<Ids>> = read_json("empty_completion/expected.json");
+    let tok = tokenizer();
+    let cases =
+        [("dpo", Rows::Dpo, "prefs.jsonl"), ("cpo", Rows::Cpo, "prefs.jsonl"), ("kto", Rows::Kto, "unpaired.jsonl")];
+    for (name, rows, file) in cases {
+        let kind = if rows == Rows::Kto { RowKind::Unpaired { unpair: false } } else { RowKind::Pairs };
+        let loaded = load_preferences(&dir.join(file), &LoadOptions { rows: kind, ..LoadOptions::default() }).unwrap();
+        let mut tokenizing = Tokenizing::new(&tok, Cut { max_length: None, keep_end: false, rows });
+        tokenizing.push(&loaded.rows).unwrap();
+        let (pairs, _): (Vec<TokenizedPair>, _) = tokenizing.finish().unwrap();
+        let want = &want[name];
+        assert_eq!(pairs.len(), want.len(), "{name}");
+        for (got, want) in pairs.iter().zip(want) {
+            assert_eq!(got.prompt_ids, want.prompt_ids, "{name} line {}", got.line);
+            assert_eq!(got.chosen_ids, want.chosen_ids, "{name} line {}: chosen", got.line);
+            if rows != Rows::Kto {
+                assert_eq!(got.rejected_ids, want.rejected_ids, "{name} line {}: rejected", got.line);
+            }
+        }
+    }
+}

@@ -729,10 +729,14 @@ mod tests {
         );
     }
 
+    /// An empty string is a completion (eos alone, as TRL trains it) beside a prompt; without
+    /// one (implicit prompt) it is refused, as is an empty conversation.
     #[test]
     fn empty_completion() {
         let data = b"{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"b\"}\n";
-        let err = load("emptyc.jsonl", data).unwrap_err();
+        assert_eq!(load("emptyc.jsonl", data).unwrap().rows[0].chosen, plain(""));
+        let data = b"{\"chosen\": \"\", \"rejected\": \"b\"}\n";
+        let err = load("emptyi.jsonl", data).unwrap_err();
         assert_eq!(err_tail(&err), "line 1: field `chosen` is empty");
         let data = b"{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"rejected\": []}\n";
         let err = load("emptym.jsonl", data).unwrap_err();
@@ -967,11 +971,15 @@ mod tests {
 
     #[test]
     fn skip_bad_rows_reports_lines() {
-        let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\nnot json\n{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"b\"}\n{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\xfe\n";
+        let data = b"{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\nnot json\n{\"prompt\": \"p\", \"chosen\": 7, \"rejected\": \"b\"}\n{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n\xfe\n";
         let loaded = load_skip("skip.jsonl", data).unwrap();
         assert_eq!(loaded.rows.iter().map(|r| r.line).collect::<Vec<_>>(), vec![1, 4]);
         assert_eq!(loaded.skipped.iter().map(|s| s.line).collect::<Vec<_>>(), vec![2, 3, 5]);
-        assert!(loaded.skipped[1].reason.ends_with("line 3: field `chosen` is empty"));
+        assert!(
+            loaded.skipped[1].reason.contains("line 3: field `chosen` must be a string"),
+            "{}",
+            loaded.skipped[1].reason
+        );
         let err = load_skip("allbad.jsonl", b"x\ny\n").unwrap_err();
         assert!(err.to_string().ends_with(": the dataset is empty after skipping 2 bad rows"));
     }

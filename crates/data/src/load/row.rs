@@ -84,7 +84,9 @@ pub(super) fn build_row(
         return Err(mixed(&cols.chosen, &chosen, &cols.rejected, &rejected));
     }
     for (field, text) in [(&cols.chosen, &chosen), (&cols.rejected, &rejected)] {
-        if text.is_empty() {
+        // An empty string trains eos alone, which TRL's trainers append; an empty conversation has
+        // nothing to render, and `extract_prompt` fails on an empty string (its `idx` unbound).
+        if text.is_empty() && (text.is_messages() || prompt.is_none()) {
             return Err(RowProblem::Empty { field: field.clone() });
         }
     }
@@ -96,7 +98,7 @@ pub(super) fn build_row(
 }
 
 /// Validates an unpaired (KTO) row: its prompt (required: KTO has no implicit prompt) and
-/// completion of one kind, neither empty.
+/// completion of one kind, neither an empty conversation.
 pub(super) fn build_unpaired_row(
     line: usize,
     prompt: Text,
@@ -115,7 +117,8 @@ pub(super) fn build_unpaired_row(
     if prompt.is_messages() && prompt.is_empty() {
         return Err(RowProblem::Empty { field: cols.prompt.clone() });
     }
-    if completion.is_empty() {
+    // An empty string trains eos alone, as `KTOTrainer` appends it.
+    if completion.is_empty() && completion.is_messages() {
         return Err(RowProblem::Empty { field: super::COMPLETION.to_owned() });
     }
     let rejected = completion.empty_like();
