@@ -237,6 +237,7 @@ fn evaluation(model: &Path, data: &Path, shape: &Shape, peak: f64, device: &Devi
         columns: Default::default(),
         skip_bad_rows: false,
         split: None,
+        config: None,
         loss: LossConfig::default(),
         truncation: Some(SEQ_LEN).into(),
         batch_size: 4,

@@ -44,6 +44,8 @@ pub struct EvalOptions {
     pub skip_bad_rows: bool,
     /// The split of a dataset directory (`None`: `train`).
     pub split: Option<String>,
+    /// The configuration of a dataset directory's card (`None`: its default).
+    pub config: Option<String>,
     pub loss: LossConfig,
     /// Tokens kept per sequence (prompt + completion), TRL's `max_length`, and which of them
     /// (`truncation_mode`): use the model's training settings.
@@ -95,6 +97,7 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         columns: opts.columns.clone(),
         skip_bad_rows: opts.skip_bad_rows,
         split: opts.split.clone(),
+        config: opts.config.clone(),
         rows: RowKind::of(&opts.loss),
     };
     let Prepared { mut pairs, summary } =

@@ -469,6 +469,10 @@ pub struct EvalArgs {
     /// The split read when `--data` is a dataset directory.
     #[arg(long, default_value = "test")]
     pub split: String,
+    /// The configuration of `--data`'s card (its README's `configs`) to read [default: the
+    /// card's default].
+    #[arg(long, value_name = "NAME")]
+    pub dataset_config: Option<String>,
     #[command(flatten)]
     pub columns: ColumnArgs,
     /// Skip malformed rows (reporting their lines) instead of stopping at the first.

@@ -41,6 +41,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         },
         skip_bad_rows: args.skip_bad_rows,
         split: Some(args.split),
+        config: args.dataset_config,
         loss: keys.loss,
         truncation,
         batch_size: args.batch_size,

@@ -173,7 +173,8 @@ pub fn read_options(cfg: &TrainConfig, split: &str) -> LoadOptions {
         rejected: cfg.rejected_column.clone(),
     };
     let rows = RowKind::of(&cfg.loss);
-    LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split: Some(split.to_owned()), rows }
+    let (split, config) = (Some(split.to_owned()), cfg.dataset_config.clone());
+    LoadOptions { columns, skip_bad_rows: cfg.skip_bad_rows, split, config, rows }
 }
 
 /// One split read and tokenised, or read back from the cache; the cache entry to write once the

@@ -116,6 +116,7 @@ fn hub_datasets_evaluate_to_trls_metrics() {
             columns: Default::default(),
             skip_bad_rows: false,
             split: Some(case.split.clone()),
+            config: None,
             loss: LossConfig::default(),
             truncation: Some(1024).into(),
             batch_size: 4,
@@ -324,4 +325,89 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
     std::fs::write(dir.path().join("saved/state.json"), b"{\"_data_files\": 3}").unwrap();
     let err = load_preferences(&dir.path().join("saved"), &split_opts("train")).unwrap_err().to_string();
     assert!(err.contains("saved/state.json`: `_data_files` lists no"), "{err}");
+}
+
+/// A dataset card's `configs` (README.md's YAML) choose the files as `datasets.load_dataset(dir,
+/// name)` takes them: `{split, path}` lists with globs, a pattern for `train`, `data_dir`, the
+/// default configuration (the only one, or `default: true`) and one named. Each file holds its own
+/// power of two rows, so a split's row count names its files; where `datasets` refuses (several
+/// configurations, none the default), so do we.
+#[test]
+fn dataset_cards_choose_files_as_datasets_does() {
+    let card = |yaml: &str| format!("---\n{yaml}---\n# A card\n");
+    let cases: [(String, &[&str], Option<&str>); 7] = [
+        (
+            card(
+                "configs:\n- config_name: default\n  data_files:\n  - split: train_prefs\n    path: prefs/tr_*.jsonl\n  - split: test_prefs\n    path: [prefs/te.jsonl, extra/**/*.jsonl]\n",
+            ),
+            &["prefs/tr_1.jsonl", "prefs/tr_0.jsonl", "prefs/te.jsonl", "extra/a/b/x.jsonl", "train.jsonl"],
+            None,
+        ),
+        (
+            card(
+                "configs:\n- config_name: small\n  data_files: s/*.jsonl\n- config_name: big\n  default: true\n  data_files:\n  - split: train\n    path: b/train.jsonl\n  - split: test\n    path: b/test.jsonl\n",
+            ),
+            &["s/a.jsonl", "b/train.jsonl", "b/test.jsonl"],
+            None,
+        ),
+        (
+            card(
+                "configs:\n- config_name: small\n  data_files: s/*.jsonl\n- config_name: big\n  default: true\n  data_files: b/*.jsonl\n",
+            ),
+            &["s/a.jsonl", "s/b.jsonl", "b/train.jsonl"],
+            Some("small"),
+        ),
+        (
+            card("configs:\n- config_name: sub\n  data_dir: sub\n"),
+            &["sub/train.jsonl", "sub/test.jsonl", "other/train.jsonl"],
+            None,
+        ),
+        (
+            card(
+                "configs:\n- config_name: default\n  data_dir: d\n  data_files:\n  - split: train\n    path: x-*.jsonl\n",
+            ),
+            &["d/x-0.jsonl", "d/x-1.jsonl", "x-2.jsonl"],
+            None,
+        ),
+        (card("license: mit\n"), &["train.jsonl", "test.jsonl"], None),
+        (
+            card("configs:\n- config_name: a\n  data_files: a.jsonl\n- config_name: b\n  data_files: b.jsonl\n"),
+            &["a.jsonl", "b.jsonl"],
+            None,
+        ),
+    ];
+    let row = "{\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\"}\n";
+    let cache = tempfile::tempdir().unwrap();
+    for (readme, files, config) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("README.md"), &readme).unwrap();
+        for (i, f) in files.iter().enumerate() {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, row.repeat(1 << i)).unwrap();
+        }
+        let code = "import sys, json, datasets\ndatasets.disable_progress_bars()\ntry:\n    d = datasets.load_dataset(sys.argv[1], name=sys.argv[2] or None)\nexcept ValueError as e:\n    print(json.dumps(None)); sys.exit()\nprint(json.dumps({k: v.num_rows for k, v in d.items()}))";
+        let out = std::process::Command::new(crate::common::python())
+            .args(["-W", "ignore", "-c", code, dir.path().to_str().unwrap(), config.unwrap_or("")])
+            .env("HF_DATASETS_CACHE", cache.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{files:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let want: Option<BTreeMap<String, usize>> = serde_json::from_slice(&out.stdout).unwrap();
+        let read = |split: &str| {
+            let opts = LoadOptions { config: config.map(str::to_owned), ..split_opts(split) };
+            load_preferences(dir.path(), &opts).map(|l| l.rows.len())
+        };
+        let Some(want) = want else {
+            let err = read("train").unwrap_err().to_string();
+            assert!(err.contains("several configurations and none is the default"), "{err}");
+            continue;
+        };
+        for (split, rows) in &want {
+            assert_eq!(read(split).unwrap_or_else(|e| panic!("{files:?} {split}: {e}")), *rows, "{files:?} {split}");
+        }
+        for split in ["train", "test", "validation"].into_iter().filter(|s| !want.contains_key(*s)) {
+            assert!(read(split).is_err(), "{files:?}: `{split}` is no split of {want:?}");
+        }
+    }
 }

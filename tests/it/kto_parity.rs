@@ -87,6 +87,7 @@ fn every_kto_case_matches_trl() {
                 columns: Columns::default(),
                 skip_bad_rows: false,
                 split: None,
+                config: None,
                 truncation: cfg.truncation().unwrap(),
                 loss: cfg.loss.clone(),
                 batch_size: case.num_rows,

@@ -48,6 +48,7 @@ fn options(case: &Case, packing: Packing) -> EvalOptions {
         columns: Columns::default(),
         skip_bad_rows: false,
         split: None,
+        config: None,
         truncation: cfg.truncation().unwrap(),
         loss: cfg.loss,
         batch_size: 4,

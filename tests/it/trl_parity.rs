@@ -84,6 +84,7 @@ fn options_in(case: &Case, batch_size: usize, packing: Packing) -> EvalOptions {
         columns: Columns::default(),
         skip_bad_rows: false,
         split: None,
+        config: None,
         loss: LossConfig {
             beta: c.beta.unwrap_or(defaults.beta),
             loss_type: c.loss_type.clone(),

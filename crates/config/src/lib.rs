@@ -218,6 +218,8 @@ train_config! {
     dataset_train_split: String = "train".to_owned(),
     /// The split `eval_file` and `test_file` read when they are dataset directories.
     dataset_test_split: String = "test".to_owned(),
+    /// The configuration a dataset directory's card (its README's `configs`) names, whose files are read (TRL's script argument) [default: the card's default configuration].
+    dataset_config: Option<String> = None,
     /// Column holding the prompt.
     prompt_column: String = "prompt".to_owned(),
     /// Column holding the preferred completion.

@@ -9,9 +9,10 @@ use crate::{KEYS, Section, TrainConfig};
 
 /// The keys that decide how the training data is read, tokenised and cut (`dpo-train data
 /// lengths` reads it by them, as training does).
-pub const DATA_KEYS: [&str; 8] = [
+pub const DATA_KEYS: [&str; 9] = [
     "tokenizer_name_or_path",
     "dataset_train_split",
+    "dataset_config",
     "prompt_column",
     "chosen_column",
     "rejected_column",

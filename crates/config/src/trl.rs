@@ -135,10 +135,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("local_rank", Inert),
     // TRL's `ScriptArguments` (the `trl dpo` script's data flags).
     ("dataset_name", Rename("train_file")),
-    (
-        "dataset_config",
-        Never("a dataset's named configurations are not read: pass the configuration's files or directory"),
-    ),
     ("dataset_streaming", Inert),
     ("ignore_bias_buffers", Inert),
     // TRL's `ModelConfig`.

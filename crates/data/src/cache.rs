@@ -45,7 +45,7 @@ pub fn entry(
     let mut hash = Sha256::new();
     let files = if data.is_dir() {
         let split = opts.split.as_deref().unwrap_or("train");
-        hub::split_files(data, split).map_err(std::io::Error::other)?
+        hub::split_files(data, split, opts.config.as_deref()).map_err(std::io::Error::other)?
     } else {
         vec![data.to_path_buf()]
     };

@@ -20,11 +20,12 @@ pub const PROMPT_COLUMN: &str = "prompt_column";
 pub const CHOSEN_COLUMN: &str = "chosen_column";
 pub const REJECTED_COLUMN: &str = "rejected_column";
 pub const DATASET_TRAIN_SPLIT: &str = "dataset_train_split";
+pub const DATASET_CONFIG: &str = "dataset_config";
 pub const UNPAIR: &str = "unpair";
 pub const TOKENIZER_NAME_OR_PATH: &str = "tokenizer_name_or_path";
 
 /// The config keys above.
-pub const CONFIG_KEYS: [&str; 21] = [
+pub const CONFIG_KEYS: [&str; 22] = [
     MODEL_NAME_OR_PATH,
     TRAIN_FILE,
     PER_DEVICE_TRAIN_BATCH_SIZE,
@@ -44,6 +45,7 @@ pub const CONFIG_KEYS: [&str; 21] = [
     CHOSEN_COLUMN,
     REJECTED_COLUMN,
     DATASET_TRAIN_SPLIT,
+    DATASET_CONFIG,
     UNPAIR,
     TOKENIZER_NAME_OR_PATH,
 ];

@@ -42,6 +42,10 @@ pub struct DataReading {
     /// --dataset-train-split [default: train].
     #[arg(long, value_name = "NAME")]
     pub dataset_train_split: Option<String>,
+    /// The configuration of --data's card (its README's `configs`) to read, as dpo-train's
+    /// --dataset-config [default: the card's default].
+    #[arg(long, value_name = "NAME")]
+    pub dataset_config: Option<String>,
     /// With --loss-type kto or apo_zero_unpaired, train on preference pairs, each as a desirable
     /// and an undesirable row (dpo-train's --unpair).
     #[arg(long, requires = "loss_type")]
@@ -60,6 +64,7 @@ impl DataReading {
             (keys::CHOSEN_COLUMN, &self.chosen_column),
             (keys::REJECTED_COLUMN, &self.rejected_column),
             (keys::DATASET_TRAIN_SPLIT, &self.dataset_train_split),
+            (keys::DATASET_CONFIG, &self.dataset_config),
             (keys::TOKENIZER_NAME_OR_PATH, &self.tokenizer_name_or_path),
         ];
         let mut out: Vec<_> = named.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))).collect();

@@ -18,6 +18,7 @@ use dpo_base::hub::is_data_file_name as is_data_file;
 use dpo_base::hub::{SAVED_DATASET, SAVED_DATASET_DICT};
 use serde_json::Value;
 
+use super::card::{self, Card};
 use crate::error::DataError;
 
 /// `datasets`' split keywords (`SPLIT_KEYWORDS`), and the characters that may stand around them.
@@ -118,13 +119,32 @@ fn splits(files: &[String], all: bool) -> Vec<(String, Vec<String>)> {
     }
 }
 
-/// The files of `split` under `dir`; an error lists what the directory holds when it has no such
+/// The files of `split` under `dir`, of its card's configuration `config` (or default one) where
+/// its `README.md` names `configs`; an error lists what the directory holds when it has no such
 /// split, or when the hub's sharded layout and files named for the split elsewhere both do
 /// (`datasets` would take the sharded files alone).
-pub fn split_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
+pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Result<Vec<PathBuf>, DataError> {
     if let Some(saved) = saved_split(dir, split) {
         return saved;
     }
+    match card::read(dir, config).transpose()? {
+        Some(Card::Patterns(splits)) => {
+            let Some((_, patterns)) = splits.iter().find(|(s, _)| s == split) else {
+                let has = splits.iter().map(|(s, _)| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+                let message = format!(
+                    "the card's configuration has no split `{split}`; it has {has} (choose the split with `dataset_train_split` / `dataset_test_split`)"
+                );
+                return Err(DataError::Layout { path: dir.to_path_buf(), message });
+            };
+            card::resolve(dir, &all_files(dir), patterns)
+        }
+        Some(Card::DataDir(sub)) if !sub.is_empty() => layout_files(&dir.join(sub), split),
+        Some(Card::DataDir(_)) | None => layout_files(dir, split),
+    }
+}
+
+/// The files of `split` in `dir` as `get_data_patterns` finds them.
+fn layout_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
     let files = all_files(dir);
     let layout_error = |message: String| DataError::Layout { path: dir.to_path_buf(), message };
     let found = splits(&files, true);
@@ -239,17 +259,20 @@ mod tests {
             "README.md",
         ]);
         assert_eq!(
-            names(d.path(), split_files(d.path(), "train").unwrap()),
+            names(d.path(), split_files(d.path(), "train", None).unwrap()),
             ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet"]
         );
-        assert_eq!(names(d.path(), split_files(d.path(), "test").unwrap()), ["data/test-00000-of-00001.parquet"]);
+        assert_eq!(names(d.path(), split_files(d.path(), "test", None).unwrap()), ["data/test-00000-of-00001.parquet"]);
         let d = tree(&["train.jsonl.gz", "test.jsonl.gz"]);
-        assert_eq!(names(d.path(), split_files(d.path(), "train").unwrap()), ["train.jsonl.gz"]);
+        assert_eq!(names(d.path(), split_files(d.path(), "train", None).unwrap()), ["train.jsonl.gz"]);
         let d = tree(&["train/a.parquet", "train/b.parquet", "test/a.parquet"]);
-        assert_eq!(names(d.path(), split_files(d.path(), "train").unwrap()), ["train/a.parquet", "train/b.parquet"]);
+        assert_eq!(
+            names(d.path(), split_files(d.path(), "train", None).unwrap()),
+            ["train/a.parquet", "train/b.parquet"]
+        );
         let d = tree(&["data/train_prefs-00000-of-00001.parquet", "data/test_prefs-00000-of-00001.parquet"]);
         assert_eq!(
-            names(d.path(), split_files(d.path(), "train_prefs").unwrap()),
+            names(d.path(), split_files(d.path(), "train_prefs", None).unwrap()),
             ["data/train_prefs-00000-of-00001.parquet"]
         );
     }
@@ -257,14 +280,14 @@ mod tests {
     #[test]
     fn a_missing_split_lists_what_is_there_and_two_layouts_are_refused() {
         let d = tree(&["data/train_prefs-00000-of-00001.parquet", "data/test_prefs-00000-of-00001.parquet"]);
-        let err = split_files(d.path(), "train").unwrap_err().to_string();
+        let err = split_files(d.path(), "train", None).unwrap_err().to_string();
         assert!(err.contains("no data files for split `train`"), "{err}");
         assert!(err.contains("data/train_prefs-00000-of-00001.parquet"), "{err}");
         let d = tree(&["README.md"]);
-        let err = split_files(d.path(), "train").unwrap_err().to_string();
+        let err = split_files(d.path(), "train", None).unwrap_err().to_string();
         assert!(err.contains("holds no `.parquet`"), "{err}");
         let d = tree(&["train.jsonl", "data/train-00000-of-00001.parquet"]);
-        let err = split_files(d.path(), "train").unwrap_err().to_string();
+        let err = split_files(d.path(), "train", None).unwrap_err().to_string();
         assert!(err.contains("is ambiguous: files match data/train-* and others outside `data/`"), "{err}");
     }
 }

@@ -25,6 +25,7 @@ use crate::error::{DataError, RowProblem};
 use crate::tokenizer::{Message, TemplateArgs};
 
 mod arrow;
+mod card;
 mod csv;
 pub mod hub;
 mod json;
@@ -67,6 +68,9 @@ pub struct LoadOptions {
     /// The split a dataset directory is read for (`dataset_train_split`, `dataset_test_split`);
     /// `None` reads `train`. A file is read whole.
     pub split: Option<String>,
+    /// The configuration of a dataset directory's card (`README.md` `configs`) it is read by
+    /// (TRL's `dataset_config`); `None`: the card's default.
+    pub config: Option<String>,
     /// Which rows the loss reads: preference pairs, or KTO's unpaired rows.
     pub rows: RowKind,
 }
@@ -262,7 +266,7 @@ pub fn read_rows(
 ) -> Result<ReadSummary, DataError> {
     let files = if path.is_dir() {
         let split = opts.split.as_deref().unwrap_or("train");
-        let files = hub::split_files(path, split)?;
+        let files = hub::split_files(path, split, opts.config.as_deref())?;
         if files.is_empty() {
             let message = format!("no data files for split `{split}`");
             return Err(DataError::Layout { path: path.to_path_buf(), message });
