@@ -59,8 +59,14 @@ fn on_signal() {
         // `_exit`, not `exit`: exit's handlers tear down torch's statics under the thread still
         // running a kernel (a crash in aten's dispatcher, seen); an abort keeps no promise that
         // exit's flushing would serve.
-        // SAFETY: `_exit` ends the process at once; it touches no memory of this program.
-        (_, false) => unsafe { libc::_exit(INTERRUPTED_EXIT) },
+        (_, false) => {
+            match TRAINING.load(Ordering::SeqCst) {
+                true => eprintln!("\ninterrupt: aborted; the steps since the last checkpoint were not saved"),
+                false => eprintln!("\ninterrupt: aborted before training began"),
+            }
+            // SAFETY: `_exit` ends the process at once; it touches no memory of this program.
+            unsafe { libc::_exit(INTERRUPTED_EXIT) }
+        }
     }
 }
 

@@ -116,8 +116,7 @@ pub(super) fn load_inputs(
         let (data, store, split_notes) =
             prepare_split(&path, split.name, (cfg, truncation), (&tokenizer, &tokenizer_dir), interrupt, progress)?;
         if cfg.loss.is_kto() && i == 0 {
-            data::kto::check_labels(&data.pairs)
-                .map_err(|e| data::DataError::InFile { path: path.clone(), source: Box::new(e) })?;
+            data::kto::check_labels(&data.pairs).map_err(|e| e.in_file(&path))?;
         }
         notes.extend(split_notes);
         // Collation cuts every sequence to `max_length` (KTO's rows keep longer completions to lend).

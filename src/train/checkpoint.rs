@@ -335,7 +335,7 @@ pub fn list(run_dir: &Path) -> Vec<(u64, PathBuf)> {
 }
 
 /// N of a checkpoint directory `.../step-N`.
-fn step_of(path: &Path) -> Option<u64> {
+pub fn step_of(path: &Path) -> Option<u64> {
     path.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok()
 }
 

@@ -168,6 +168,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
 
     // --- the plan: steps, batches, schedule ---
     let total_steps = total_steps(cfg, stage, &sampler);
+    steps_left(resume_from.as_deref(), total_steps)?;
     let schedule = schedule(run, stage, &sampler, total_steps, progress);
     let adamw = AdamWConfig {
         beta1: cfg.adam_beta1,
@@ -531,6 +532,20 @@ pub fn check_resumable(run_dir: &Path, warm_up: &Path, cfg: &TrainConfig) -> any
         return Err(crate::config::ConfigError::Invalid { key: "resume", message }.into());
     }
     Ok(())
+}
+
+/// A resume from a checkpoint past the stage's last step has nothing to train: refused.
+fn steps_left(resume_from: Option<&Path>, total_steps: u64) -> Result<(), ConfigError> {
+    match resume_from.and_then(|p| Some((p, checkpoint::step_of(p)?))) {
+        Some((path, step)) if step > total_steps => {
+            let message = format!(
+                "`{}` is at step {step}, past the {total_steps} steps this stage trains (`max_steps`, else the epochs over the data): nothing is left to train; resume with more steps",
+                path.display()
+            );
+            Err(ConfigError::Invalid { key: "max_steps", message })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// What resumes a checkpoint of global batch `saved` on `world` devices: the global batch again,

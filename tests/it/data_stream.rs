@@ -161,11 +161,52 @@ fn a_tokenisation_error_in_a_shard_names_the_shard() {
     let text = format!("{:#}", anyhow::Error::from(err));
     assert!(
         text.starts_with(&format!(
-            "`{}`: line 1: cannot tokenise field `prompt`",
+            "`{}`, line 1: cannot tokenise field `prompt`: ",
             data.join("train-00000-of-00002.jsonl").display()
         )),
         "{text}"
     );
+}
+
+/// A row the chat template refuses (`raise_exception`) stops the read naming file and line, or,
+/// with `skip_bad_rows`, is skipped and reported as a reader's bad row is; where every row is
+/// refused, the first refusal is the error.
+#[test]
+fn rows_the_chat_template_refuses_are_skipped_with_skip_bad_rows() {
+    let dir = temp_dir("refused");
+    let tok_dir = dir.join("tokenizer");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    for name in ["tokenizer.json", "special_tokens_map.json"] {
+        std::fs::copy(fixtures().join("tokenizer").join(name), tok_dir.join(name)).unwrap();
+    }
+    let config = std::fs::read_to_string(fixtures().join("tokenizer/tokenizer_config.json")).unwrap();
+    let mut config: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&config).unwrap();
+    let template = "{% for m in messages %}{% if m.role == 'robot' %}{{ raise_exception('no robots') }}{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+    config.insert("chat_template".into(), template.into());
+    std::fs::write(tok_dir.join("tokenizer_config.json"), serde_json::to_string(&config).unwrap()).unwrap();
+    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    let row = |role: &str, n: usize| {
+        let m = |role: &str, text: String| serde_json::json!([{"role": role, "content": text}]);
+        let r = serde_json::json!({"prompt": m(role, format!("q{n}")), "chosen": m("assistant", format!("a{n}")), "rejected": m("assistant", format!("b{n}"))});
+        format!("{r}\n")
+    };
+    let path = dir.join("prefs.jsonl");
+    std::fs::write(&path, [row("user", 1), row("robot", 2), row("user", 3)].concat()).unwrap();
+    let run = |skip_bad_rows: bool| {
+        let opts = LoadOptions { skip_bad_rows, ..LoadOptions::default() };
+        prepare(&path, &opts, &tok, None, Default::default(), &mut |_, _| {})
+    };
+    let err = format!("{:#}", anyhow::Error::from(run(false).unwrap_err()));
+    let refusal = format!("`{}`, line 2: cannot tokenise field `prompt`: ", path.display());
+    assert!(err.starts_with(&refusal) && err.contains("no robots"), "{err}");
+    let prepared = run(true).unwrap();
+    assert_eq!(prepared.pairs.iter().map(|p| p.line).collect::<Vec<_>>(), [1, 3]);
+    let read = &prepared.summary.read;
+    assert_eq!((read.rows, read.skipped.len(), read.skipped[0].line), (2, 1, 2));
+    assert!(read.skipped[0].reason.starts_with(&refusal) && read.skipped[0].reason.contains("no robots"));
+    std::fs::write(&path, row("robot", 1)).unwrap();
+    let err = format!("{:#}", anyhow::Error::from(run(true).unwrap_err()));
+    assert!(err.contains("line 1: cannot tokenise field `prompt`") && err.contains("no robots"), "{err}");
 }
 
 #[test]

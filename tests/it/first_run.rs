@@ -590,6 +590,12 @@ fn a_second_interrupt_aborts_at_once() {
         if devices.is_none() {
             // Training had begun: the first signal promised the step and a checkpoint.
             assert!(err.contains("interrupt: finishing the current step, then saving a checkpoint"), "{err}");
+            // Unless the first signal's checkpoint won the race, the abort says what was lost.
+            let saved = err.contains("saved `");
+            assert!(
+                saved || err.contains("interrupt: aborted; the steps since the last checkpoint were not saved"),
+                "{err}"
+            );
         }
         for worker in workers {
             assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");

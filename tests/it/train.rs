@@ -9,7 +9,7 @@ use dpo_train::run::RunSummary;
 use dpo_train::train::Progress;
 use dpo_train::train::log::{METRIC_NAMES, read_metrics};
 
-use crate::common::{bounds, fixtures, max_diff, run_alone, tensors};
+use crate::common::{bounds, fixtures, max_diff, run_alone, tensors, try_run_alone};
 
 /// Shows nothing; raises the interrupt flag once `stop_at` steps are done.
 struct StopAt<'a> {
@@ -97,6 +97,12 @@ fn resume_equals_straight(tweak: impl Fn(&mut TrainConfig), weights: &str) {
     let first = train(config("split"), None, Some(5));
     assert!(first.interrupted());
     assert_eq!(first.dpo.as_ref().unwrap().steps, 5);
+    // A resume asked for fewer steps than the checkpoint holds has nothing to train.
+    let short = TrainConfig { max_steps: 4, ..config("split") };
+    let interrupt = AtomicBool::new(false);
+    let progress = &mut StopAt { stop_at: None, interrupt: &interrupt };
+    let err = try_run_alone(short, Some(first.run_dir.clone()), false, &interrupt, progress).unwrap_err();
+    assert!(format!("{err:#}").contains("is at step 5, past the 4 steps this stage trains"), "{err:#}");
     let resumed = train(config("split"), Some(first.run_dir.clone()), None);
     assert!(!resumed.interrupted());
 

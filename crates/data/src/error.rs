@@ -4,7 +4,7 @@
 //! style asks (uv's `error.rs` is the model: capitalised, no trailing period, values in backticks,
 //! causes in `#[source]`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::tokenizer::TokenizerError;
 
@@ -87,7 +87,16 @@ pub enum DataError {
         #[source]
         source: TokenizerError,
     },
-    /// A tokenisation error in a file (a dataset directory's shard, for one).
+    /// [`DataError::Tokenize`] of a row of the file `path`.
+    #[error("`{path}`, line {line}: cannot tokenise field `{field}`")]
+    TokenizeIn {
+        path: PathBuf,
+        line: usize,
+        field: &'static str,
+        #[source]
+        source: TokenizerError,
+    },
+    /// Another error of a file's rows (a dataset directory's shard, for one).
     #[error("`{path}`")]
     InFile {
         path: PathBuf,
@@ -130,6 +139,16 @@ pub enum DataError {
 }
 
 impl DataError {
+    /// `self`, an error of the rows of the file `path`, naming it.
+    pub fn in_file(self, path: &Path) -> Self {
+        match self {
+            Self::Tokenize { line, field, source } => {
+                Self::TokenizeIn { path: path.to_path_buf(), line, field, source }
+            }
+            e => Self::InFile { path: path.to_path_buf(), source: Box::new(e) },
+        }
+    }
+
     /// Whether Ctrl-C stopped the reading ([`DataError::Interrupted`], in a file or not).
     pub fn interrupted(&self) -> bool {
         match self {

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use super::load::{LoadOptions, PreferenceRow, ReadSummary, Text, read_rows};
+use super::load::{LoadOptions, PreferenceRow, ReadSummary, SkippedRow, Text, read_rows};
 use super::tokenize::{TokenizeReport, TokenizedPair, Tokenizing, Truncation};
 use super::{DataError, Tokenizer};
 
@@ -65,7 +65,8 @@ pub fn prepare(
         ),
         None => None,
     };
-    let mut tokenizing = Tokenizing::new(tok, truncation).stop_on(ctl.stop);
+    let mut tokenizing = Tokenizing::new(tok, truncation).stop_on(ctl.stop).skip_refused(opts.skip_bad_rows);
+    let (mut refused, mut first_refusal) = (Vec::new(), None);
     let mut eos_in_content = 0;
     let eos = tok.eos_token();
     let mut each = |file: &Path, rows: Vec<PreferenceRow>| {
@@ -75,12 +76,24 @@ pub fn prepare(
             Some(pool) => pool.install(|| tokenizing.push(&rows)),
             None => tokenizing.push(&rows),
         };
-        pushed.map_err(|e| DataError::InFile { path: file.to_path_buf(), source: Box::new(e) })
+        pushed.map_err(|e| e.in_file(file))?;
+        for (line, e) in tokenizing.take_refused() {
+            let e = e.in_file(file);
+            refused.push(SkippedRow { line, reason: dpo_base::error::one_line(&e) });
+            first_refusal.get_or_insert(e);
+        }
+        Ok(())
     };
-    let read = read_rows(path, opts, &mut each, progress)?;
+    let mut read = read_rows(path, opts, &mut each, progress)?;
+    // Rows the chat template refused were read as good ones: they count as skipped instead.
+    read.rows -= refused.len();
+    // Every row refused: the template (or its tokenizer) is at fault, as its first refusal says.
+    if let (0, Some(first)) = (read.rows, first_refusal) {
+        return Err(first);
+    }
+    read.skipped.extend(refused);
     // Nothing left to train on: the error names the data, as every other one does.
-    let in_data = |e| DataError::InFile { path: path.to_path_buf(), source: Box::new(e) };
-    let (pairs, tokenized) = tokenizing.finish().map_err(in_data)?;
+    let (pairs, tokenized) = tokenizing.finish().map_err(|e| e.in_file(path))?;
     Ok(Prepared { pairs, summary: DataSummary { read, tokenized, eos_in_content } })
 }
 

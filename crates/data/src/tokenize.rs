@@ -87,12 +87,27 @@ pub struct Tokenizing<'a> {
     report: TokenizeReport,
     /// Raised (by Ctrl-C) to stop: the rows not yet started are skipped and `push` fails.
     stop: Option<&'a AtomicBool>,
+    /// `skip_bad_rows`: a row the tokenizer refuses (a chat template's error) is set aside in
+    /// `refused` instead of failing `push`.
+    skip: bool,
+    refused: Vec<(usize, DataError)>,
 }
 
 impl<'a> Tokenizing<'a> {
     pub fn new(tok: &'a Tokenizer, truncation: impl Into<Truncation>) -> Self {
         let truncation = truncation.into();
-        Self { tok, truncation, pairs: Vec::new(), report: TokenizeReport::default(), stop: None }
+        let report = TokenizeReport::default();
+        Self { tok, truncation, pairs: Vec::new(), report, stop: None, skip: false, refused: Vec::new() }
+    }
+
+    /// Sets aside the rows the tokenizer refuses (see [`Self::take_refused`]) instead of failing.
+    pub fn skip_refused(self, skip: bool) -> Self {
+        Self { skip, ..self }
+    }
+
+    /// The rows set aside since the last call, with their errors, in data order.
+    pub fn take_refused(&mut self) -> Vec<(usize, DataError)> {
+        std::mem::take(&mut self.refused)
     }
 
     /// Stops at the next row once `stop` is raised: [`Self::push`] then fails with
@@ -121,7 +136,13 @@ impl<'a> Tokenizing<'a> {
             return Err(DataError::Interrupted);
         }
         for (row, result) in rows.iter().zip(tokenized) {
-            let (mut pair, prefix_mismatch) = result?;
+            let (mut pair, prefix_mismatch) = match result {
+                Err(e @ DataError::Tokenize { .. }) if self.skip => {
+                    self.refused.push((row.line, e));
+                    continue;
+                }
+                other => other?,
+            };
             if pair.label.is_some() {
                 self.push_unpaired(pair, prefix_mismatch);
                 continue;

@@ -87,6 +87,17 @@ pub fn run_alone(
     interrupt: &AtomicBool,
     progress: &mut dyn Progress,
 ) -> RunSummary {
+    try_run_alone(cfg, resume, sft_only, interrupt, progress).unwrap()
+}
+
+/// [`run_alone`], its error returned.
+pub fn try_run_alone(
+    cfg: TrainConfig,
+    resume: Option<PathBuf>,
+    sft_only: bool,
+    interrupt: &AtomicBool,
+    progress: &mut dyn Progress,
+) -> anyhow::Result<RunSummary> {
     let req = RunRequest {
         plan: cfg.resolve().expect("a valid config"),
         cfg,
@@ -101,7 +112,7 @@ pub fn run_alone(
         },
         config_description: String::new(),
     };
-    run(req, progress).unwrap()
+    run(req, progress)
 }
 
 /// The venv's python: `DPO_TRAIN_VENV` when set (CI), else the checkout's `.venv`.
