@@ -215,19 +215,32 @@ fn prepare_split(
             (data::prepare(path, &opts, tokenizer, truncation, ctl, &mut report)?, entry)
         }
     };
-    let skipped = &prepared.summary.read.skipped;
-    if let Some(first) = skipped.first() {
-        let lines: Vec<String> = skipped.iter().take(20).map(|s| s.line.to_string()).collect();
-        let more = if skipped.len() > 20 { ", ..." } else { "" };
-        notes.push(format!(
-            "`{}`: skipped {} bad rows (lines {}{more}); the first: {}",
-            path.display(),
-            skipped.len(),
-            lines.join(", "),
-            first.reason
-        ));
-    }
+    notes.extend(skipped_note(path, &prepared.summary.read.skipped));
     Ok((prepared, store, notes))
+}
+
+/// The rows `skip_bad_rows` skipped, in one line: their lines (rows of Parquet and Arrow files),
+/// each shard's under its name where a directory's shards hold them, and the first one's reason.
+fn skipped_note(path: &Path, skipped: &[data::SkippedRow]) -> Option<String> {
+    let first = skipped.first()?;
+    let mut groups: Vec<(&Path, Vec<String>)> = Vec::new();
+    for s in skipped.iter().take(20) {
+        match groups.last_mut().filter(|(f, _)| *f == s.file) {
+            Some((_, lines)) => lines.push(s.line.to_string()),
+            None => groups.push((&s.file, vec![s.line.to_string()])),
+        }
+    }
+    let more = if skipped.len() > 20 { ", ..." } else { "" };
+    let records = |f: &Path| f.extension().is_some_and(|e| e == "parquet" || e == "arrow");
+    let at = groups.iter().map(|(file, lines)| {
+        let what = if records(file) { "rows" } else { "lines" };
+        match file.strip_prefix(path).ok().filter(|r| !r.as_os_str().is_empty()) {
+            Some(shard) => format!("`{}` {what} {}", shard.display(), lines.join(", ")),
+            None => format!("{what} {}", lines.join(", ")),
+        }
+    });
+    let at = at.collect::<Vec<_>>().join("; ");
+    Some(format!("`{}`: skipped {} bad rows ({at}{more}); the first: {}", path.display(), skipped.len(), first.reason))
 }
 
 /// The policy's (and an explicit reference's) resolved configs, checked against the tokenizer and
@@ -251,4 +264,22 @@ fn check_models(
         models.push((dir.to_owned(), reference));
     }
     Ok(models)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skipped_rows_are_named_by_shard_and_by_kind() {
+        let row =
+            |file: &str, line| data::SkippedRow { file: PathBuf::from(file), line, reason: format!("{file}: {line}") };
+        let one = [row("d.jsonl", 3), row("d.jsonl", 9)];
+        let note = skipped_note(Path::new("d.jsonl"), &one).unwrap();
+        assert_eq!(note, "`d.jsonl`: skipped 2 bad rows (lines 3, 9); the first: d.jsonl: 3");
+        let shards = [row("ds/a.arrow", 263), row("ds/a.arrow", 300), row("ds/b.arrow", 23)];
+        let note = skipped_note(Path::new("ds"), &shards).unwrap();
+        assert!(note.starts_with("`ds`: skipped 3 bad rows (`a.arrow` rows 263, 300; `b.arrow` rows 23); "), "{note}");
+        assert!(skipped_note(Path::new("ds"), &[]).is_none());
+    }
 }

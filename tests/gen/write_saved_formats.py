@@ -67,11 +67,29 @@ with pa.ipc.new_file(out / "file.arrow", table.schema) as writer:
     writer.write_table(table, max_chunksize=2)
 expected["file.arrow"] = rows(datasets.load_dataset("arrow", data_files=str(out / "file.arrow"), split="train"))
 
+# Compressed Arrow (pandas' `to_feather` writes lz4; zstd) and Parquet (brotli, lz4).
+pd.DataFrame(plain).to_feather(out / "feather_lz4.arrow")
+with pa.ipc.new_stream(out / "zstd.arrow", table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
+    w.write_table(table)
+for codec in ("brotli", "lz4"):
+    pq.write_table(table, out / f"{codec}.parquet", compression=codec)
+for name in ("feather_lz4.arrow", "zstd.arrow"):
+    expected[name] = rows(datasets.load_dataset("arrow", data_files=str(out / name), split="train"))
+for name in ("brotli.parquet", "lz4.parquet"):
+    expected[name] = rows(datasets.load_dataset("parquet", data_files=str(out / name), split="train"))
+
 # pandas' categorical columns: dictionary-encoded in Parquet's Arrow schema.
 frame = pd.DataFrame(plain).astype({"prompt": "category", "rejected": "category"})
 frame.to_parquet(out / "categorical.parquet")
 assert pa.types.is_dictionary(pq.read_schema(out / "categorical.parquet").field("prompt").type)
 expected["categorical.parquet"] = rows(datasets.load_dataset("parquet", data_files=str(out / "categorical.parquet"), split="train"))
+
+# Dictionary-encoded fields inside the messages (`role`, and `name` beside it).
+dict_str = pa.dictionary(pa.int8(), pa.string())
+message = pa.list_(pa.struct([("role", dict_str), ("content", pa.string()), ("name", dict_str)]))
+nested = pa.table({k: pa.array([r[k] for r in conversations], type=message) for k in ("prompt", "chosen", "rejected")})
+pq.write_table(nested, out / "nested_dict.parquet")
+expected["nested_dict.parquet"] = rows(datasets.load_dataset("parquet", data_files=str(out / "nested_dict.parquet"), split="train"))
 
 # Tab-separated values and `.ndjson`, by their extensions.
 pd.DataFrame(plain).to_csv(out / "prefs.tsv", sep="\t", index=False)

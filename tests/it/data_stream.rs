@@ -199,10 +199,15 @@ fn rows_the_chat_template_refuses_are_skipped_with_skip_bad_rows() {
     let err = format!("{:#}", anyhow::Error::from(run(false).unwrap_err()));
     let refusal = format!("`{}`, line 2: cannot tokenise field `prompt`: ", path.display());
     assert!(err.starts_with(&refusal) && err.contains("no robots"), "{err}");
+    // The refusal comes before a malformed line further on, and is the error: data order.
+    std::fs::write(&path, [row("user", 1), row("robot", 2), row("user", 3), "{oops\n".to_owned()].concat()).unwrap();
+    let err = format!("{:#}", anyhow::Error::from(run(false).unwrap_err()));
+    assert!(err.starts_with(&refusal), "{err}");
     let prepared = run(true).unwrap();
     assert_eq!(prepared.pairs.iter().map(|p| p.line).collect::<Vec<_>>(), [1, 3]);
     let read = &prepared.summary.read;
-    assert_eq!((read.rows, read.skipped.len(), read.skipped[0].line), (2, 1, 2));
+    let lines: Vec<usize> = read.skipped.iter().map(|s| s.line).collect();
+    assert_eq!((read.rows, lines), (2, vec![2, 4]));
     assert!(read.skipped[0].reason.starts_with(&refusal) && read.skipped[0].reason.contains("no robots"));
     std::fs::write(&path, row("robot", 1)).unwrap();
     let err = format!("{:#}", anyhow::Error::from(run(true).unwrap_err()));

@@ -288,7 +288,8 @@ fn as_json(text: &Text) -> serde_json::Value {
 }
 
 /// The files `datasets` writes besides JSON, CSV and Parquet (`save_to_disk` directories of one
-/// dataset and of a dataset dict, Arrow's file format, pandas' categorical Parquet columns) and
+/// dataset and of a dataset dict, Arrow's file format, pandas' categorical Parquet columns,
+/// dictionary-encoded message fields, compressed Arrow and Parquet) and
 /// the names it reads as JSON Lines or tab-separated CSV give the rows `datasets` loads from
 /// them, written and read by `tests/gen/write_saved_formats.py`.
 #[test]
@@ -305,7 +306,7 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(dir.path().join("expected.json")).unwrap();
     let expected: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text).unwrap();
-    assert_eq!(expected.len(), 7);
+    assert_eq!(expected.len(), 12);
     for (case, want) in expected {
         let (name, split) = case.split_once(':').unwrap_or((&case, "train"));
         let loaded = load_preferences(&dir.path().join(name), &split_opts(split)).unwrap();
@@ -335,7 +336,33 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
 #[test]
 fn dataset_cards_choose_files_as_datasets_does() {
     let card = |yaml: &str| format!("---\n{yaml}---\n# A card\n");
-    let cases: [(String, &[&str], Option<&str>); 7] = [
+    let cases: [(String, &[&str], Option<&str>); 13] = [
+        // White space before the block; a glob matching nothing beside one that matches.
+        (
+            format!("\n{}", card("configs:\n- config_name: default\n  data_files: [a-*.jsonl, b-*.jsonl]\n")),
+            &["a-0.jsonl", "c.jsonl"],
+            None,
+        ),
+        // `default: yes` is YAML 1.1's true, as PyYAML reads it.
+        (
+            card(
+                "configs:\n- config_name: a\n  data_files: a.jsonl\n- config_name: b\n  default: yes\n  data_files: b.jsonl\n",
+            ),
+            &["a.jsonl", "b.jsonl"],
+            None,
+        ),
+        // `__`-named directories and the files `datasets` ignores are no data unless named.
+        (
+            card("configs:\n- config_name: default\n  data_files: data/**\n"),
+            &["data/a.jsonl", "data/__old__/b.jsonl"],
+            None,
+        ),
+        (card("license: mit\n"), &["train.jsonl", "__old__/train.jsonl", "config.json", "dataset_info.json"], None),
+        (
+            card("configs:\n- config_name: default\n  data_files: [__old__/*.jsonl, dataset_info.json]\n"),
+            &["__old__/a.jsonl", "dataset_info.json"],
+            None,
+        ),
         (
             card(
                 "configs:\n- config_name: default\n  data_files:\n  - split: train_prefs\n    path: prefs/tr_*.jsonl\n  - split: test_prefs\n    path: [prefs/te.jsonl, extra/**/*.jsonl]\n",
@@ -375,6 +402,12 @@ fn dataset_cards_choose_files_as_datasets_does() {
             &["a.jsonl", "b.jsonl"],
             None,
         ),
+        // A standalone `.huggingface.yaml` overrides the README's configurations.
+        (
+            card("configs:\n- config_name: default\n  data_files: a.jsonl\n"),
+            &["a.jsonl", "b.jsonl", ".huggingface.yaml"],
+            None,
+        ),
     ];
     let row = "{\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\"}\n";
     let cache = tempfile::tempdir().unwrap();
@@ -384,7 +417,11 @@ fn dataset_cards_choose_files_as_datasets_does() {
         for (i, f) in files.iter().enumerate() {
             let path = dir.path().join(f);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, row.repeat(1 << i)).unwrap();
+            let text = match *f {
+                ".huggingface.yaml" => "configs:\n- config_name: default\n  data_files: b.jsonl\n".to_owned(),
+                _ => row.repeat(1 << i),
+            };
+            std::fs::write(path, text).unwrap();
         }
         let code = "import sys, json, datasets\ndatasets.disable_progress_bars()\ntry:\n    d = datasets.load_dataset(sys.argv[1], name=sys.argv[2] or None)\nexcept ValueError as e:\n    print(json.dumps(None)); sys.exit()\nprint(json.dumps({k: v.num_rows for k, v in d.items()}))";
         let out = std::process::Command::new(crate::common::python())
@@ -410,4 +447,25 @@ fn dataset_cards_choose_files_as_datasets_does() {
             assert!(read(split).is_err(), "{files:?}: `{split}` is no split of {want:?}");
         }
     }
+}
+
+/// A split's shards are one dataset: an empty shard, or one whose every row is skipped, leaves
+/// the others' rows (as `datasets` loads them); only a split with no good row at all is refused.
+#[test]
+fn an_empty_or_all_bad_shard_leaves_the_splits_other_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let good = "{\"prompt\": \"p\", \"chosen\": \" a\", \"rejected\": \" b\"}\n".repeat(5);
+    let bad = "{\"prompt\": \"p\", \"chosen\": null, \"rejected\": \" b\"}\n".repeat(3);
+    std::fs::write(data.join("train-00000-of-00002.jsonl"), &good).unwrap();
+    std::fs::write(data.join("train-00001-of-00002.jsonl"), "").unwrap();
+    assert_eq!(load_preferences(dir.path(), &split_opts("train")).unwrap().rows.len(), 5);
+    std::fs::write(data.join("train-00001-of-00002.jsonl"), &bad).unwrap();
+    let skip = LoadOptions { skip_bad_rows: true, ..split_opts("train") };
+    let loaded = load_preferences(dir.path(), &skip).unwrap();
+    assert_eq!((loaded.rows.len(), loaded.skipped.len()), (5, 3));
+    std::fs::write(data.join("train-00000-of-00002.jsonl"), "").unwrap();
+    let err = load_preferences(dir.path(), &skip).unwrap_err().to_string();
+    assert_eq!(err, format!("`{}`: the dataset is empty after skipping 3 bad rows", dir.path().display()));
 }

@@ -79,7 +79,7 @@ pub fn prepare(
         pushed.map_err(|e| e.in_file(file))?;
         for (line, e) in tokenizing.take_refused() {
             let e = e.in_file(file);
-            refused.push(SkippedRow { line, reason: dpo_base::error::one_line(&e) });
+            refused.push(SkippedRow { file: file.to_path_buf(), line, reason: dpo_base::error::one_line(&e) });
             first_refusal.get_or_insert(e);
         }
         Ok(())
@@ -92,6 +92,8 @@ pub fn prepare(
         return Err(first);
     }
     read.skipped.extend(refused);
+    // The chat template's refusals among the reader's, in data order (shards in name order).
+    read.skipped.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
     // Nothing left to train on: the error names the data, as every other one does.
     let (pairs, tokenized) = tokenizing.finish().map_err(|e| e.in_file(path))?;
     Ok(Prepared { pairs, summary: DataSummary { read, tokenized, eos_in_content } })

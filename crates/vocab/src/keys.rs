@@ -22,10 +22,11 @@ pub const REJECTED_COLUMN: &str = "rejected_column";
 pub const DATASET_TRAIN_SPLIT: &str = "dataset_train_split";
 pub const DATASET_CONFIG: &str = "dataset_config";
 pub const UNPAIR: &str = "unpair";
+pub const SKIP_BAD_ROWS: &str = "skip_bad_rows";
 pub const TOKENIZER_NAME_OR_PATH: &str = "tokenizer_name_or_path";
 
 /// The config keys above.
-pub const CONFIG_KEYS: [&str; 22] = [
+pub const CONFIG_KEYS: [&str; 23] = [
     MODEL_NAME_OR_PATH,
     TRAIN_FILE,
     PER_DEVICE_TRAIN_BATCH_SIZE,
@@ -47,6 +48,7 @@ pub const CONFIG_KEYS: [&str; 22] = [
     DATASET_TRAIN_SPLIT,
     DATASET_CONFIG,
     UNPAIR,
+    SKIP_BAD_ROWS,
     TOKENIZER_NAME_OR_PATH,
 ];
 

@@ -50,6 +50,10 @@ pub struct DataReading {
     /// and an undesirable row (dpo-train's --unpair).
     #[arg(long, requires = "loss_type")]
     pub unpair: bool,
+    /// Skip malformed rows (and rows the chat template refuses) instead of stopping, as
+    /// dpo-train's --skip-bad-rows.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
     /// The tokenizer's directory (or Hub name, cached) where the model's has none, as dpo-train's
     /// --tokenizer.
     #[arg(long = "tokenizer", value_name = "DIR")]
@@ -68,8 +72,10 @@ impl DataReading {
             (keys::TOKENIZER_NAME_OR_PATH, &self.tokenizer_name_or_path),
         ];
         let mut out: Vec<_> = named.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))).collect();
-        if self.unpair {
-            out.push((keys::UNPAIR, "true".to_owned()));
+        for (key, set) in [(keys::UNPAIR, self.unpair), (keys::SKIP_BAD_ROWS, self.skip_bad_rows)] {
+            if set {
+                out.push((key, "true".to_owned()));
+            }
         }
         out
     }
@@ -183,6 +189,7 @@ mod tests {
             dataset_train_split: Some("train_prefs".into()),
             tokenizer_name_or_path: Some("/models/tok".into()),
             unpair: true,
+            skip_bad_rows: true,
             ..DataReading::default()
         };
         let kto = RunSettings { reading, loss_type: Some("kto".into()), ..settings };
@@ -190,7 +197,7 @@ mod tests {
             kto.flags().join(" ").starts_with(
                 "--model-name-or-path /models/m --train-file /data/prefs.jsonl --prompt-column question \
                  --rejected-column bad --dataset-train-split train_prefs --tokenizer-name-or-path /models/tok \
-                 --unpair true --gpus 2"
+                 --unpair true --skip-bad-rows true --gpus 2"
             ),
             "{:?}",
             kto.flags()

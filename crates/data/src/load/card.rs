@@ -23,51 +23,64 @@ pub(super) enum Card {
 /// The configuration `config` (or the default one) of `dir`'s card; `None` where the directory
 /// has no card with `configs` (and no configuration was asked for).
 pub(super) fn read(dir: &Path, config: Option<&str>) -> Option<Result<Card, DataError>> {
-    let readme = dir.join("README.md");
-    let configs = match std::fs::read_to_string(&readme).ok().and_then(|text| front_matter(&text)) {
-        Some(yaml) => configs(&yaml).map_err(|m| layout(&readme, m)),
-        None => Ok(Vec::new()),
-    };
-    let configs = match configs {
-        Ok(c) if c.is_empty() && config.is_none() => return None,
-        Ok(c) => c,
+    let (card, configs) = match card_configs(dir) {
+        Ok(found) => found,
         Err(e) => return Some(Err(e)),
     };
+    if configs.is_empty() && config.is_none() {
+        return None;
+    }
     let names = || configs.iter().map(|(n, _)| format!("`{n}`")).collect::<Vec<_>>().join(", ");
     let chosen = match config {
-        Some(name) => configs.iter().find(|(n, _)| n == name).map(|(n, node)| (n.as_str(), node)).ok_or_else(|| {
-            match configs.is_empty() {
-                true => layout(
-                    dir,
-                    format!("no configuration `{name}` (`dataset_config`): it has no `README.md` naming `configs`"),
-                ),
-                false => {
-                    layout(dir, format!("no configuration `{name}` (`dataset_config`); its card names {}", names()))
-                }
-            }
-        }),
-        None => default_config(&configs)
-            .map_err(|m| layout(&readme, format!("{m}; choose one with `dataset_config`: {}", names()))),
+        Some(name) => {
+            let found = configs.iter().find(|(n, _)| n == name).map(|(n, node)| (n.as_str(), node));
+            found.ok_or_else(|| match configs.is_empty() {
+                true => format!("no configuration `{name}` (`dataset_config`): its card names no `configs`"),
+                false => format!("no configuration `{name}` (`dataset_config`); its card names {}", names()),
+            })
+        }
+        None => default_config(&configs).map_err(|m| format!("{m}; choose one with `dataset_config`: {}", names())),
     };
-    Some(
-        chosen.and_then(|(name, node)| {
-            card_of(node).map_err(|m| layout(&readme, format!("configuration `{name}`: {m}")))
-        }),
-    )
+    let card_of = |(name, node)| card_of(node).map_err(|m| format!("configuration `{name}`: {m}"));
+    Some(chosen.and_then(card_of).map_err(|m| layout(&card, m)))
+}
+
+/// The card's configurations and the file they come from: a standalone `.huggingface.yaml`'s,
+/// which override the README's (as `datasets` merges them), else the README's YAML block's.
+fn card_configs(dir: &Path) -> Result<(PathBuf, Vec<(String, Yaml)>), DataError> {
+    let standalone = dir.join(".huggingface.yaml");
+    let readme = dir.join("README.md");
+    let yaml = |path: &Path| std::fs::read_to_string(path).ok();
+    let blocks =
+        [(standalone.clone(), yaml(&standalone)), (readme.clone(), yaml(&readme).and_then(|t| front_matter(&t)))];
+    for (path, text) in blocks {
+        let found = text.map(|t| configs(&t)).transpose().map_err(|m| layout(&path, m))?.unwrap_or_default();
+        if !found.is_empty() {
+            return Ok((path, found));
+        }
+    }
+    Ok((readme, Vec::new()))
 }
 
 fn layout(path: &Path, message: String) -> DataError {
     DataError::Layout { path: path.to_path_buf(), message }
 }
 
-/// The YAML between a `README.md`'s opening `---` line and the next.
+/// The YAML between a `README.md`'s opening `---` line (white space may precede it) and the next
+/// (huggingface_hub's `REGEX_YAML_BLOCK`).
 fn front_matter(text: &str) -> Option<String> {
-    let mut lines = text.strip_prefix('\u{feff}').unwrap_or(text).lines();
-    if lines.next()?.trim_end() != "---" {
+    let mut lines = text.strip_prefix('\u{feff}').unwrap_or(text).trim_start().lines();
+    if lines.next()? != "---" {
         return None;
     }
-    let block: Vec<&str> = lines.take_while(|l| l.trim_end() != "---").collect();
-    Some(block.join("\n"))
+    let mut block = Vec::new();
+    for line in lines {
+        if line.trim_end_matches([' ', '\t']) == "---" {
+            return Some(block.join("\n"));
+        }
+        block.push(line);
+    }
+    None
 }
 
 /// The card's configurations by name, in its order.
@@ -91,9 +104,14 @@ fn configs(yaml: &str) -> Result<Vec<(String, Yaml)>, String> {
 /// `get_default_config_name`: the only configuration, or the one named `default` or marked
 /// `default: true`; more than one such is an error, as none is where there are several.
 fn default_config(configs: &[(String, Yaml)]) -> Result<(&str, &Yaml), String> {
-    let is_default = |(name, node): &&(String, Yaml)| {
-        configs.len() == 1 || name == "default" || node["default"].as_bool() == Some(true)
+    // PyYAML reads YAML 1.1, whose booleans include `yes` and `on`.
+    let truthy = |v: &Yaml| match v {
+        Yaml::Boolean(b) => *b,
+        Yaml::String(s) => ["yes", "Yes", "YES", "on", "On", "ON", "True", "TRUE", "true"].contains(&s.as_str()),
+        _ => false,
     };
+    let is_default =
+        |(name, node): &&(String, Yaml)| configs.len() == 1 || name == "default" || truthy(&node["default"]);
     let defaults: Vec<&(String, Yaml)> = configs.iter().filter(is_default).collect();
     match defaults.as_slice() {
         [(name, node)] => Ok((name, node)),
@@ -133,19 +151,39 @@ fn card_of(node: &Yaml) -> Result<Card, String> {
 }
 
 /// The files among `files` (relative, `/`-separated, sorted) that `patterns` match, pattern by
-/// pattern as `datasets` resolves them; a pattern that matches nothing is an error, as it is there.
+/// pattern as `datasets` resolves them (`resolve_pattern`): a file `FILES_TO_IGNORE` names, or one
+/// in a `__`-named directory, only where the pattern names it; a pattern that matches nothing is
+/// an error where it names one file, and matches nothing where it is a glob.
 pub(super) fn resolve(dir: &Path, files: &[String], patterns: &[String]) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     for pattern in patterns {
         let pattern = pattern.trim_start_matches("./");
-        let found: Vec<&String> = files.iter().filter(|f| glob(pattern, f)).collect();
-        if found.is_empty() {
-            let message = format!("the card's pattern `{pattern}` matches no data file");
-            return Err(layout(&dir.join("README.md"), message));
+        let found: Vec<&String> = files.iter().filter(|f| glob(pattern, f) && requested(f, pattern)).collect();
+        if found.is_empty() && !pattern.contains(['*', '?', '[']) {
+            let message = format!("the card names `{pattern}`, which is no data file here");
+            return Err(layout(dir, message));
         }
         out.extend(found.into_iter().map(|f| dir.join(f)));
     }
+    if out.is_empty() {
+        let message = format!("the card's patterns {} match no data file", patterns.join(", "));
+        return Err(layout(dir, message));
+    }
     Ok(out)
+}
+
+/// `datasets`' `FILES_TO_IGNORE`: never data, unless a pattern names one.
+const FILES_TO_IGNORE: [&str; 6] =
+    ["README.md", "config.json", "dataset_info.json", "dataset_infos.json", "dummy_data.zip", "dataset_dict.json"];
+
+/// Whether `pattern` asks for `path` as `datasets` reads it: an ignored file name only by name,
+/// a file in `__`-named directories (`__pycache__`) only where the pattern names as many.
+pub(super) fn requested(path: &str, pattern: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let named = pattern.rsplit('/').next() == Some(name);
+    let special =
+        |p: &str| p.rsplit_once('/').map_or(0, |(dirs, _)| dirs.split('/').filter(|d| d.starts_with("__")).count());
+    (named || !FILES_TO_IGNORE.contains(&name)) && special(path) == special(pattern)
 }
 
 /// fsspec's glob over `/`-separated paths: `**` spans any number of directories, `*` and `?`

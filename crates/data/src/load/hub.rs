@@ -125,6 +125,12 @@ fn splits(files: &[String], all: bool) -> Vec<(String, Vec<String>)> {
 /// (`datasets` would take the sharded files alone).
 pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Result<Vec<PathBuf>, DataError> {
     if let Some(saved) = saved_split(dir, split) {
+        if let Some(name) = config {
+            let message = format!(
+                "no configuration `{name}` (`dataset_config`): `save_to_disk` wrote this directory, which has none"
+            );
+            return Err(DataError::Layout { path: dir.to_path_buf(), message });
+        }
         return saved;
     }
     match card::read(dir, config).transpose()? {
@@ -145,7 +151,8 @@ pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Result<Vec<
 
 /// The files of `split` in `dir` as `get_data_patterns` finds them.
 fn layout_files(dir: &Path, split: &str) -> Result<Vec<PathBuf>, DataError> {
-    let files = all_files(dir);
+    // Its patterns name no ignored file and no `__`-named directory.
+    let files: Vec<String> = all_files(dir).into_iter().filter(|f| card::requested(f, "**")).collect();
     let layout_error = |message: String| DataError::Layout { path: dir.to_path_buf(), message };
     let found = splits(&files, true);
     let Some((_, chosen)) = found.iter().find(|(s, _)| s == split) else {

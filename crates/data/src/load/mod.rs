@@ -182,7 +182,10 @@ pub struct PreferenceRow {
 /// A row that `skip_bad_rows` skipped.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SkippedRow {
-    /// 1-based physical line (a Parquet row index from 0).
+    /// The file it is in (a dataset directory's shard).
+    #[serde(default)]
+    pub file: PathBuf,
+    /// 1-based physical line (a Parquet or Arrow row index from 0).
     pub line: usize,
     /// Why it was skipped (the error it would have raised, naming its file).
     pub reason: String,
@@ -272,6 +275,11 @@ pub fn read_rows(
             return Err(DataError::Layout { path: path.to_path_buf(), message });
         }
         files
+    } else if let Some(name) = &opts.config {
+        let message = format!(
+            "no configuration `{name}` (`dataset_config`): a file has none (a dataset directory's card names them)"
+        );
+        return Err(DataError::Layout { path: path.to_path_buf(), message });
     } else {
         vec![path.to_path_buf()]
     };
@@ -283,10 +291,16 @@ pub fn read_rows(
         let mut at = |done: u64| progress(before + done.min(size), total);
         let summary = read_file(file, opts, &mut Rows::new(file, opts, each, &mut at))?;
         before += size;
-        let Some(all) = all.as_mut() else {
-            all = Some(summary);
+        // A shard with no good row (empty, or all of it skipped) says nothing of the format.
+        let Some(all) = all.as_mut().filter(|a| a.rows > 0) else {
+            let skipped = all.map(|a| a.skipped).unwrap_or_default();
+            all = Some(ReadSummary { skipped: [skipped, summary.skipped].concat(), ..summary });
             continue;
         };
+        if summary.rows == 0 {
+            all.skipped.extend(summary.skipped);
+            continue;
+        }
         if summary.conversational != all.conversational || summary.implicit_prompt != all.implicit_prompt {
             let message = format!("`{}` and the shards before it differ in format", file.display());
             return Err(DataError::Layout { path: path.to_path_buf(), message });
@@ -295,8 +309,15 @@ pub fn read_rows(
         all.skipped.extend(summary.skipped);
     }
     progress(total, total);
-    // `files` is not empty, so one summary exists.
+    // `files` is not empty, so one summary exists; a split of no good row is refused whole.
     let all = all.ok_or_else(|| DataError::Empty { path: path.to_path_buf() })?;
+    if all.rows == 0 {
+        let path = path.to_path_buf();
+        return Err(match all.skipped.len() {
+            0 => DataError::Empty { path },
+            skipped => DataError::AllSkipped { path, skipped },
+        });
+    }
     // A prompt column the user named and the data lacks is a typo, not implicit-prompt data.
     if all.implicit_prompt && opts.columns.prompt != Columns::default().prompt {
         return Err(DataError::NoPromptColumn { path: path.to_path_buf(), column: opts.columns.prompt.clone() });
@@ -449,9 +470,11 @@ impl<'a> Rows<'a> {
     /// Records `err` (about `line`) as skipped, or returns it when rows are not skipped.
     fn bad(&mut self, line: usize, err: DataError) -> Result<(), DataError> {
         if self.skip {
-            self.skipped.push(SkippedRow { line, reason: err.to_string() });
+            self.skipped.push(SkippedRow { file: self.path.clone(), line, reason: err.to_string() });
             Ok(())
         } else {
+            // The rows before it go first: a row among them the tokenizer refuses is the error.
+            self.flush()?;
             Err(err)
         }
     }
@@ -571,20 +594,12 @@ impl<'a> Rows<'a> {
         (self.each)(&self.path, chunk)
     }
 
-    /// The file's summary: an error when no row is left.
+    /// The file's summary (a split with no good row left is refused by [`read_rows`]).
     fn finish(&mut self) -> Result<ReadSummary, DataError> {
         self.unpair_pending()?;
         self.flush()?;
         // A `.json` array's syntax error is found before its rows are checked; report in file order.
         self.skipped.sort_by_key(|s| s.line);
-        if self.kept == 0 {
-            let path = self.path.clone();
-            return Err(if self.skipped.is_empty() {
-                DataError::Empty { path }
-            } else {
-                DataError::AllSkipped { path, skipped: self.skipped.len() }
-            });
-        }
         Ok(ReadSummary {
             rows: self.kept,
             skipped: std::mem::take(&mut self.skipped),

@@ -164,10 +164,21 @@ fn integer(column: &dyn Array, i: usize) -> Option<i64> {
     None
 }
 
+/// Where `column` is dictionary-encoded (a categorical anywhere in a row, a message's field
+/// too): its values and the index of cell `i`'s value among them.
+fn entry(column: &dyn Array, i: usize) -> Option<(&dyn Array, usize)> {
+    let dict = column.as_any_dictionary_opt()?;
+    let key = integer(dict.keys(), i).and_then(|k| usize::try_from(k).ok())?;
+    (key < dict.values().len()).then(|| (dict.values().as_ref(), key))
+}
+
 /// A string cell of any of Arrow's string layouts (null where the cell is not a string).
 fn text(column: &dyn Array, i: usize) -> Value {
     if column.is_null(i) {
         return Value::Null;
+    }
+    if let Some((values, key)) = entry(column, i) {
+        return text(values, key);
     }
     let s = if let Some(a) = column.as_string_opt::<i32>() {
         a.value(i)
@@ -213,6 +224,9 @@ fn message(structs: &StructArray, j: usize) -> Value {
 fn json(column: &dyn Array, i: usize) -> Value {
     if column.is_null(i) {
         return Value::Null;
+    }
+    if let Some((values, key)) = entry(column, i) {
+        return json(values, key);
     }
     match column.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column, i),
