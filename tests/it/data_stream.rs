@@ -107,7 +107,15 @@ fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
 
     // Another max_length, other options, one changed byte of data: other entries.
     assert_ne!(entry(&path, &opts, Some(25)), key);
-    assert_ne!(entry(&path, &LoadOptions { skip_bad_rows: true, ..LoadOptions::default() }, Some(24)), key);
+    let skip = LoadOptions { skip_bad_rows: true, ..LoadOptions::default() };
+    assert_ne!(entry(&path, &skip, Some(24)), key);
+    // A copy elsewhere is the same entry, unless skipped rows would name the path they came from.
+    let copy = dir.join("copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    let copied = copy.join(path.file_name().unwrap());
+    assert_eq!(entry(&copied, &opts, Some(24)), key);
+    assert_ne!(entry(&copied, &skip, Some(24)), entry(&path, &skip, Some(24)));
     let mut bytes = std::fs::read(&path).unwrap();
     let at = bytes.iter().position(|&b| b == b'?').unwrap();
     bytes[at] = b'!';

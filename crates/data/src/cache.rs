@@ -1,8 +1,9 @@
 //! Tokenised splits kept on disk, so that the other ranks of a run and a resumed run read the ids
 //! instead of tokenising again (a big dataset then never keeps a rank at a collective while
 //! another tokenises). An entry is keyed by everything the ids depend on: the data files' bytes,
-//! the tokenizer's files, the columns, the split, `skip_bad_rows`, `max_length`, and the program
-//! that tokenised them; a changed input changes the key, so nothing stale is reused.
+//! the tokenizer's files, the columns, the split, `skip_bad_rows` (and then the data's path, which
+//! the skipped rows' reasons name), `max_length`, and the program that tokenised them; a changed
+//! input changes the key, so nothing stale is reused.
 //!
 //! An entry is one file, written atomically: a magic line, the [`DataSummary`] as JSON, then per
 //! pair its line (an unpaired row's label in the top bits) and three lengths, then the ids, all little-endian, and last the SHA-256 of all
@@ -52,6 +53,11 @@ pub fn entry(
     for file in &files {
         hash.update(file.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
         hash_file(&mut hash, file)?;
+    }
+    // Skipped rows are reported by the path they were read at: a copy elsewhere is its own entry.
+    if opts.skip_bad_rows {
+        let at = std::fs::canonicalize(data).unwrap_or_else(|_| data.to_path_buf());
+        hash.update(at.as_os_str().as_encoded_bytes());
     }
     for name in TOKENIZER_FILES {
         let path = tokenizer_dir.join(name);
