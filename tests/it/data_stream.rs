@@ -147,14 +147,9 @@ fn the_cache_returns_what_was_stored_and_its_key_follows_every_input() {
     );
 }
 
-#[test]
-fn a_tokenisation_error_in_a_shard_names_the_shard() {
-    let dir = temp_dir("shards");
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00000-of-00002.jsonl")).unwrap();
-    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00001-of-00002.jsonl")).unwrap();
-    // The fixture tokenizer without its chat template.
+/// The fixture tokenizer, copied to `dir/tokenizer` with `template` as its chat template (none:
+/// without one).
+fn tokenizer_with_template(dir: &Path, template: Option<&str>) -> Tokenizer {
     let tok_dir = dir.join("tokenizer");
     std::fs::create_dir_all(&tok_dir).unwrap();
     for name in ["tokenizer.json", "special_tokens_map.json"] {
@@ -162,9 +157,22 @@ fn a_tokenisation_error_in_a_shard_names_the_shard() {
     }
     let config = std::fs::read_to_string(fixtures().join("tokenizer/tokenizer_config.json")).unwrap();
     let mut config: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&config).unwrap();
-    config.remove("chat_template");
+    match template {
+        Some(t) => config.insert("chat_template".into(), t.into()),
+        None => config.remove("chat_template"),
+    };
     std::fs::write(tok_dir.join("tokenizer_config.json"), serde_json::to_string(&config).unwrap()).unwrap();
-    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    Tokenizer::from_dir(&tok_dir).unwrap()
+}
+
+#[test]
+fn a_tokenisation_error_in_a_shard_names_the_shard() {
+    let dir = temp_dir("shards");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00000-of-00002.jsonl")).unwrap();
+    std::fs::copy(fixtures().join("data/prefs_conv.jsonl"), data.join("train-00001-of-00002.jsonl")).unwrap();
+    let tok = tokenizer_with_template(&dir, None);
     let err = prepare(&dir, &LoadOptions::default(), &tok, None, Default::default(), &mut |_, _| {}).unwrap_err();
     let text = format!("{:#}", anyhow::Error::from(err));
     assert!(
@@ -182,17 +190,8 @@ fn a_tokenisation_error_in_a_shard_names_the_shard() {
 #[test]
 fn rows_the_chat_template_refuses_are_skipped_with_skip_bad_rows() {
     let dir = temp_dir("refused");
-    let tok_dir = dir.join("tokenizer");
-    std::fs::create_dir_all(&tok_dir).unwrap();
-    for name in ["tokenizer.json", "special_tokens_map.json"] {
-        std::fs::copy(fixtures().join("tokenizer").join(name), tok_dir.join(name)).unwrap();
-    }
-    let config = std::fs::read_to_string(fixtures().join("tokenizer/tokenizer_config.json")).unwrap();
-    let mut config: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&config).unwrap();
     let template = "{% for m in messages %}{% if m.role == 'robot' %}{{ raise_exception('no robots') }}{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
-    config.insert("chat_template".into(), template.into());
-    std::fs::write(tok_dir.join("tokenizer_config.json"), serde_json::to_string(&config).unwrap()).unwrap();
-    let tok = Tokenizer::from_dir(&tok_dir).unwrap();
+    let tok = tokenizer_with_template(&dir, Some(template));
     let row = |role: &str, n: usize| {
         let m = |role: &str, text: String| serde_json::json!([{"role": role, "content": text}]);
         let r = serde_json::json!({"prompt": m(role, format!("q{n}")), "chosen": m("assistant", format!("a{n}")), "rejected": m("assistant", format!("b{n}"))});
