@@ -85,7 +85,12 @@ fn front_matter(text: &str) -> Option<String> {
 
 /// The card's configurations by name, in its order.
 fn configs(yaml: &str) -> Result<Vec<(String, Yaml)>, String> {
-    let docs = YamlLoader::load_from_str(yaml).map_err(|e| format!("its YAML block does not parse ({e})"))?;
+    let docs = match YamlLoader::load_from_str(yaml) {
+        Ok(docs) => docs,
+        // A block this parser refuses and that names no `configs` cannot choose the files.
+        Err(_) if !yaml.lines().any(|l| l.starts_with("configs:")) => return Ok(Vec::new()),
+        Err(e) => return Err(format!("its YAML block does not parse ({e})")),
+    };
     let Some(configs) = docs.first().map(|d| &d["configs"]).filter(|c| !c.is_badvalue() && !c.is_null()) else {
         return Ok(Vec::new());
     };
@@ -264,5 +269,8 @@ mod tests {
         let Ok(Card::Patterns(splits)) = card_of(&configs[0].1) else { panic!("patterns") };
         assert_eq!(splits, [("train".to_owned(), vec!["a/*.jsonl".to_owned()])]);
         assert!(front_matter("# no card\n").is_none());
+        // A block that does not parse matters only where it names configurations.
+        assert!(super::configs("license: [mit\n").unwrap().is_empty());
+        assert!(super::configs("configs: [\n").unwrap_err().starts_with("its YAML block does not parse"));
     }
 }
