@@ -228,8 +228,8 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
         device::set_tf32(enable, &req.rt.device).map_err(|message| ConfigError::Invalid { key: "tf32", message })?;
     }
     if resume {
-        crate::train::stage::check_resume_batch(&[&run_dir.join(SFT_DIR), run_dir], cfg, workers.world_size())?;
-        crate::train::stage::check_resumable(run_dir, &run_dir.join(SFT_DIR), cfg)?;
+        crate::train::resume::check_resume_batch(&[&run_dir.join(SFT_DIR), run_dir], cfg, workers.world_size())?;
+        crate::train::resume::check_resumable(run_dir, &run_dir.join(SFT_DIR), cfg)?;
     }
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(run_dir, req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run

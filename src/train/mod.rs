@@ -22,6 +22,7 @@ pub mod partition;
 pub mod policy;
 pub mod ref_cache;
 pub mod references;
+pub mod resume;
 pub mod sampler;
 pub mod samples;
 pub mod schedule;

@@ -168,7 +168,7 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
 
     // --- the plan: steps, batches, schedule ---
     let total_steps = total_steps(cfg, stage, &sampler);
-    steps_left(resume_from.as_deref(), total_steps)?;
+    super::resume::steps_left(resume_from.as_deref(), total_steps)?;
     let schedule = schedule(run, stage, &sampler, total_steps, progress);
     let adamw = AdamWConfig {
         beta1: cfg.adam_beta1,
@@ -477,95 +477,6 @@ pub fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usi
     Ok((per_pass.checked_mul(accumulation).ok_or_else(too_large)?, accumulation))
 }
 
-/// A run resumes with the global batch its checkpoints were saved at, whatever the devices: their
-/// data position and schedule count steps of that batch, and another would replay or skip data.
-/// Checked for each stage directory (`sft/`, the run's) before anything is loaded or rewritten.
-pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: usize) -> anyhow::Result<()> {
-    let (now, accumulation) = global_batch(cfg, world_size)?;
-    for ckpt in stage_dirs.iter().filter_map(|dir| checkpoint::latest(dir)) {
-        match checkpoint::trainer_state(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?.global_batch {
-            Some(saved) if saved != now => anyhow::bail!(ConfigError::Invalid {
-                key: "global_batch_size",
-                message: format!(
-                    "`{}` was saved at a global batch of {saved} pairs and this run's is {now} ({} per device x \
-                     {world_size} devices x {accumulation} accumulation): {}",
-                    ckpt.display(),
-                    cfg.per_device_train_batch_size,
-                    resume_batch_advice(saved, cfg.per_device_train_batch_size, world_size),
-                ),
-            }),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Where a run of `world` processes resumes as it is: a global batch left to the devices
-/// (`global_batch_size` unset) is resumed by as many again, or by others given that batch.
-fn resume_hint(run: &Run, world: usize, global: Option<usize>) -> String {
-    let (Some(global), None, 2..) = (global, run.cfg.global_batch_size, world) else { return String::new() };
-    let again = match dpo_torch::allocator::cuda_index(&run.rt.device) {
-        Some(_) => format!("--gpus {world}"),
-        None => format!("--devices cpu:{world}"),
-    };
-    format!(" and `{again}` (its {world} devices), or on others with `--global-batch-size {global}`")
-}
-
-/// A resumed run's stage directories (`sft/` inside the run's, then the run's) where a stage
-/// trained (its `metrics.csv` or `final/` is there) but holds no checkpoint to continue from:
-/// refused, where it started again from step 0 over them. A stage that finished stays resumable
-/// to nothing (a warm-up's `final/`; a run of `save_strategy = "no"` whose `final/` is current).
-pub fn check_resumable(run_dir: &Path, warm_up: &Path, cfg: &TrainConfig) -> anyhow::Result<()> {
-    for dir in [warm_up, run_dir] {
-        let trained = ["metrics.csv", "final"].iter().any(|f| dir.join(f).exists());
-        let finished = match dir == warm_up {
-            true => checkpoint::model_file(&dir.join("final")).is_some(),
-            false => cfg.save_strategy == SaveStrategy::No && checkpoint::final_is_current(dir, None, cfg.merge),
-        };
-        if !trained || finished || checkpoint::latest(dir).is_some() {
-            continue;
-        }
-        let message = format!(
-            "`{}` holds a stage that trained, but no checkpoint to resume it from (none in `checkpoints/`): a resume would train it again from step 0 over its metrics.csv and final/; start another run (`--run-name`), or move them out of the way to train it again",
-            dir.display()
-        );
-        return Err(crate::config::ConfigError::Invalid { key: "resume", message }.into());
-    }
-    Ok(())
-}
-
-/// A resume from a checkpoint past the stage's last step has nothing to train: refused.
-fn steps_left(resume_from: Option<&Path>, total_steps: u64) -> Result<(), ConfigError> {
-    match resume_from.and_then(|p| Some((p, checkpoint::step_of(p)?))) {
-        Some((path, step)) if step > total_steps => {
-            let message = format!(
-                "`{}` is at step {step}, past the {total_steps} steps this stage trains (`max_steps`, else the epochs over the data): nothing is left to train; resume with more steps",
-                path.display()
-            );
-            Err(ConfigError::Invalid { key: "max_steps", message })
-        }
-        _ => Ok(()),
-    }
-}
-
-/// What resumes a checkpoint of global batch `saved` on `world` devices: the global batch again,
-/// with a per-device batch that divides it over the devices (the largest up to `micro`), or, when
-/// `saved` does not split over `world` devices at all, a device count that it does.
-fn resume_batch_advice(saved: usize, micro: usize, world: usize) -> String {
-    if !saved.is_multiple_of(world) {
-        let counts: Vec<String> =
-            (1..=saved.min(8)).filter(|d| saved.is_multiple_of(*d)).map(|d| d.to_string()).collect();
-        return format!("{saved} pairs do not split over {world} devices: resume on {} device(s)", counts.join(", "));
-    }
-    let per_device = saved / world;
-    let fits = (1..=micro.min(per_device)).rev().find(|m| per_device.is_multiple_of(*m)).unwrap_or(1);
-    if fits == micro {
-        format!("add `--global-batch-size {saved}`")
-    } else {
-        format!("add `--global-batch-size {saved} --per-device-train-batch-size {fits}`")
-    }
-}
-
 /// Writes a checkpoint of the stage (rank 0), every rank waiting until it is complete.
 fn save(
     run: &Run,
@@ -633,7 +544,7 @@ fn finish(
     if interrupted {
         workers.barrier("checkpoint")?;
         let ckpt = checkpoint::latest(dir).unwrap_or_else(|| dir.to_owned());
-        let how = resume_hint(run, workers.world_size(), t.state.global_batch);
+        let how = super::resume::resume_hint(run, workers.world_size(), t.state.global_batch);
         progress.line(&format!("interrupted at step {step}: resume with `--resume {}`{how}", stage.run_dir.display()));
         return Ok(StageOutcome { model_dir: ckpt, steps: step, interrupted, already_done: false, eval, test: None });
     }
@@ -658,7 +569,7 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use super::{global_batch, resume_batch_advice};
+    use super::global_batch;
 
     /// A batch of more pairs than a step can count is bad input naming the key; one that fits
     /// splits as configured.
@@ -673,15 +584,5 @@ mod tests {
         let wide = global_batch(&cfg(1 << 62, 1), 4).unwrap_err().to_string();
         assert!(wide.starts_with("`per_device_train_batch_size`: 4611686018427387904 x 4 devices"), "{wide}");
         assert!(global_batch(&cfg(1 << 62, 4), 1).is_err());
-    }
-
-    /// The advice is a batch that splits (followed, it is accepted), or a device count that does.
-    #[test]
-    fn resume_advice_is_a_batch_that_splits() {
-        assert_eq!(resume_batch_advice(12, 3, 2), "add `--global-batch-size 12`");
-        assert_eq!(resume_batch_advice(12, 4, 3), "add `--global-batch-size 12`");
-        assert_eq!(resume_batch_advice(12, 8, 2), "add `--global-batch-size 12 --per-device-train-batch-size 6`");
-        assert_eq!(resume_batch_advice(8, 3, 2), "add `--global-batch-size 8 --per-device-train-batch-size 2`");
-        assert_eq!(resume_batch_advice(4, 2, 3), "4 pairs do not split over 3 devices: resume on 1, 2, 4 device(s)");
     }
 }
