@@ -37,7 +37,7 @@ pub(super) fn read_arrow<R: BufRead + Seek>(
         false => StreamReader::try_new(&mut file, None).map_err(err)?.schema(),
     };
     file.rewind().map_err(io)?;
-    let selected = select((schema.fields(), "Arrow"), opts, rows)?;
+    let selected = select(schema.fields(), opts, rows)?;
     let projection = Some(selected.projection.clone());
     match file_format {
         true => each_batch(FileReader::try_new(file, projection).map_err(err)?, &selected, rows, &err)?,

@@ -19,7 +19,7 @@ pub(super) fn read_parquet(file: File, opts: &LoadOptions, rows: &mut Rows) -> R
     let err = |message: String| DataError::Records { path: path.clone(), format: "Parquet", message };
     let size = file.metadata().map_or(0, |m| m.len());
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(e.to_string()))?;
-    let selected = select((&builder.schema().fields().clone(), "Parquet"), opts, rows)?;
+    let selected = select(&builder.schema().fields().clone(), opts, rows)?;
     let total = u64::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0).max(1);
     let mask = ProjectionMask::roots(builder.parquet_schema(), selected.projection.iter().copied());
     let reader = builder.with_projection(mask).with_batch_size(BATCH_ROWS).build().map_err(|e| err(e.to_string()))?;

@@ -1,12 +1,12 @@
 //! Arrow record batches as rows: Parquet's, and the `.arrow` files `datasets` writes. String
 //! columns, or conversations stored as `list<struct<role: string, content: string, ...>>` (a
-//! message's other fields passed to the chat template as their JSON); dictionary-encoded columns
-//! (pandas' categoricals) read as their values. Only the columns a row needs are decoded, one batch
+//! message's other fields passed to the chat template as their JSON); dictionary-encoded cells
+//! (pandas' categoricals), at any depth, read as their values. Only the columns a row needs are decoded, one batch
 //! at a time. Rows are numbered from 0, as `datasets` indexes them.
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, OffsetSizeTrait, RecordBatch, StructArray};
-use arrow_schema::{ArrowError, DataType, Fields};
+use arrow_schema::{DataType, Fields};
 use serde_json::{Map, Value};
 
 use super::{COMPLETION, LABEL, LoadOptions, Reading, Rows, TEMPLATE_FIELDS};
@@ -14,8 +14,6 @@ use crate::error::{DataError, RowProblem};
 
 /// The columns of a file's schema that its rows are read from.
 pub(super) struct Selected {
-    /// The file's format, for errors (`Parquet`, `Arrow`).
-    format: &'static str,
     /// Their indices in the file's schema (a reader's projection).
     pub projection: Vec<usize>,
     /// The names a row may hold, in the order the row's object is built.
@@ -25,11 +23,7 @@ pub(super) struct Selected {
 /// The columns to read from a file whose schema has `fields`: the text columns the loss reads
 /// (an error names one that is missing or of a type no row holds), the prompt, KTO's label and
 /// the chat template's arguments when present.
-pub(super) fn select(
-    (fields, format): (&Fields, &'static str),
-    opts: &LoadOptions,
-    rows: &mut Rows,
-) -> Result<Selected, DataError> {
+pub(super) fn select(fields: &Fields, opts: &LoadOptions, rows: &mut Rows) -> Result<Selected, DataError> {
     let path = &rows.path;
     let index = |name: &str| fields.iter().position(|f| f.name() == name);
     let missing = |column: &str| DataError::MissingColumn {
@@ -75,7 +69,7 @@ pub(super) fn select(
         false => vec![cols.prompt.as_str(), &cols.chosen, &cols.rejected],
     };
     let names = names.into_iter().chain(TEMPLATE_FIELDS).map(str::to_owned).collect();
-    Ok(Selected { format, projection, names })
+    Ok(Selected { projection, names })
 }
 
 /// Hands each row of `batch` to `rows` as the JSON object a `.jsonl` row would be, numbering them
@@ -86,14 +80,8 @@ pub(super) fn push_batch(
     rows: &mut Rows,
     row: &mut usize,
 ) -> Result<(), DataError> {
-    let mut columns: Vec<(&str, ArrayRef)> = Vec::new();
-    for name in &selected.names {
-        if let Some(column) = batch.column_by_name(name) {
-            let format = selected.format;
-            let err = |e: ArrowError| DataError::Records { path: rows.path.clone(), format, message: e.to_string() };
-            columns.push((name, plain(column).map_err(err)?));
-        }
-    }
+    let columns: Vec<(&str, &ArrayRef)> =
+        selected.names.iter().filter_map(|name| Some((name.as_str(), batch.column_by_name(name)?))).collect();
     for i in 0..batch.num_rows() {
         let mut object = Map::new();
         for (name, column) in &columns {
@@ -107,14 +95,6 @@ pub(super) fn push_batch(
         *row += 1;
     }
     Ok(())
-}
-
-/// A dictionary-encoded column as the plain column of its values.
-fn plain(column: &ArrayRef) -> Result<ArrayRef, ArrowError> {
-    match column.as_any_dictionary_opt() {
-        Some(dict) => arrow_select::take::take(dict.values().as_ref(), dict.keys(), None),
-        None => Ok(column.clone()),
-    }
 }
 
 /// A string column, or a list column (of `{role, content}` structs, checked row by row), plain
@@ -134,6 +114,9 @@ fn readable(t: &DataType) -> bool {
 fn cell(column: &ArrayRef, i: usize) -> Value {
     if column.is_null(i) {
         return Value::Null;
+    }
+    if let Some((values, key)) = entry(column.as_ref(), i) {
+        return cell(values, key);
     }
     match column.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column.as_ref(), i),
@@ -166,10 +149,10 @@ fn integer(column: &dyn Array, i: usize) -> Option<i64> {
 
 /// Where `column` is dictionary-encoded (a categorical anywhere in a row, a message's field
 /// too): its values and the index of cell `i`'s value among them.
-fn entry(column: &dyn Array, i: usize) -> Option<(&dyn Array, usize)> {
+fn entry(column: &dyn Array, i: usize) -> Option<(&ArrayRef, usize)> {
     let dict = column.as_any_dictionary_opt()?;
     let key = integer(dict.keys(), i).and_then(|k| usize::try_from(k).ok())?;
-    (key < dict.values().len()).then(|| (dict.values().as_ref(), key))
+    (key < dict.values().len()).then(|| (dict.values(), key))
 }
 
 /// A string cell of any of Arrow's string layouts (null where the cell is not a string).
@@ -178,7 +161,7 @@ fn text(column: &dyn Array, i: usize) -> Value {
         return Value::Null;
     }
     if let Some((values, key)) = entry(column, i) {
-        return text(values, key);
+        return text(values.as_ref(), key);
     }
     let s = if let Some(a) = column.as_string_opt::<i32>() {
         a.value(i)
@@ -226,7 +209,7 @@ fn json(column: &dyn Array, i: usize) -> Value {
         return Value::Null;
     }
     if let Some((values, key)) = entry(column, i) {
-        return json(values, key);
+        return json(values.as_ref(), key);
     }
     match column.data_type() {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => text(column, i),
