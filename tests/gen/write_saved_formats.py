@@ -99,3 +99,21 @@ for name in ("prefs.tsv", "prefs.ndjson"):
     expected[name] = rows(datasets.load_dataset(str(out), data_files=name, split="train"))
 
 (out / "expected.json").write_text(json.dumps(expected, indent=1))
+
+# Cells pandas' read_csv (under `datasets`) reads as missing, quoted or not, and spellings it keeps
+# as text: OUT_DIR/expected_missing.json maps each file to its rows as `datasets` loads them, None
+# where a cell reads as missing.
+from pandas._libs.parsers import STR_NA_VALUES  # noqa: E402
+
+kept = ["na", "NONE", "none", "Nan", " NA", "NA ", "nil", "N/a", "NaT", "-", "0", "undefined", "#N/A N/A "]
+cells = sorted(STR_NA_VALUES) + kept
+missing = {}
+for name, sep in (("missing.csv", ","), ("missing.tsv", "\t")):
+    lines = [sep.join(["prompt", "chosen", "rejected"])]
+    for i, cell in enumerate(cells):
+        row = [f"question {i}", f"good {i}", f"bad {i}"]
+        row[i % 3] = f'"{cell}"' if i % 2 else cell
+        lines.append(sep.join(row))
+    (out / name).write_text("\n".join(lines) + "\n")
+    missing[name] = rows(datasets.load_dataset(str(out), data_files=name, split="train"))
+(out / "expected_missing.json").write_text(json.dumps(missing, indent=1))

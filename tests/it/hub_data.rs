@@ -319,6 +319,7 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
             .collect();
         assert_eq!(serde_json::Value::Array(got), want, "{case}");
     }
+    csv_cells_read_as_missing_as_datasets_reads_them(dir.path());
     // A saved dataset dict without the split asked for lists its splits.
     let err = load_preferences(&dir.path().join("saved_dict"), &split_opts("validation")).unwrap_err().to_string();
     assert!(err.ends_with("the saved `DatasetDict` has no split `validation`; it has `train`, `test` (choose the split with `dataset_train_split` / `dataset_test_split`)"), "{err}");
@@ -326,6 +327,36 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
     std::fs::write(dir.path().join("saved/state.json"), b"{\"_data_files\": 3}").unwrap();
     let err = load_preferences(&dir.path().join("saved"), &split_opts("train")).unwrap_err().to_string();
     assert!(err.contains("saved/state.json`: `_data_files` lists no"), "{err}");
+}
+
+/// The CSV and TSV rows of `expected_missing.json` (every cell pandas reads as missing, quoted or
+/// not, and spellings near them it keeps): a row `datasets` gives a `None` is a bad row naming its
+/// line and field, skipped under `skip_bad_rows`; every other row reads as `datasets` reads it.
+fn csv_cells_read_as_missing_as_datasets_reads_them(dir: &Path) {
+    let text = std::fs::read_to_string(dir.join("expected_missing.json")).unwrap();
+    let expected: BTreeMap<String, Vec<serde_json::Value>> = serde_json::from_str(&text).unwrap();
+    assert_eq!(expected.len(), 2);
+    for (name, want) in expected {
+        let opts = LoadOptions { skip_bad_rows: true, ..LoadOptions::default() };
+        let loaded = load_preferences(&dir.join(&name), &opts).unwrap();
+        let is_missing = |row: &serde_json::Value| row.as_object().unwrap().values().any(|v| v.is_null());
+        let kept: Vec<serde_json::Value> = want.iter().filter(|r| !is_missing(r)).cloned().collect();
+        let got: Vec<serde_json::Value> = loaded
+            .rows
+            .iter()
+            .map(|r| serde_json::json!({"prompt": as_json(&r.prompt), "chosen": as_json(&r.chosen), "rejected": as_json(&r.rejected)}))
+            .collect();
+        assert_eq!(got, kept, "{name}");
+        let lines = |rows: Vec<usize>| rows.into_iter().map(|i| i + 2).collect::<Vec<_>>();
+        let missing = lines((0..want.len()).filter(|&i| is_missing(&want[i])).collect());
+        assert_eq!(missing.len(), 19, "{name}");
+        assert_eq!(loaded.skipped.iter().map(|s| s.line).collect::<Vec<_>>(), missing, "{name}");
+        for s in &loaded.skipped {
+            assert!(s.reason.contains("which `datasets` reads from CSV as missing"), "{}", s.reason);
+        }
+    }
+    let err = load_preferences(&dir.join("missing.csv"), &LoadOptions::default()).unwrap_err().to_string();
+    assert!(err.ends_with("missing.csv`, line 2: field `prompt` is empty, which `datasets` reads from CSV as missing (pandas' NA values), as if null"), "{err}");
 }
 
 /// A dataset card's `configs` (README.md's YAML) choose the files as `datasets.load_dataset(dir,

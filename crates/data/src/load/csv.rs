@@ -57,6 +57,15 @@ pub(super) fn read_csv(bytes: &[u8], delimiter: u8, opts: &LoadOptions, rows: &m
     Ok(())
 }
 
+/// The cells pandas' `read_csv` reads as missing by default (`pandas._libs.parsers.STR_NA_VALUES`,
+/// pandas 3.1; quoted or not, matched exactly): `datasets` loads CSV through it, so TRL is handed
+/// `None` for them and fails. Such a cell is a bad row here, where taking its text would train on
+/// rows TRL cannot.
+const PANDAS_NA: [&str; 19] = [
+    "", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>", "N/A", "NA",
+    "NULL", "NaN", "None", "n/a", "nan", "null",
+];
+
 /// Which columns a CSV file's rows are read from.
 enum Shape {
     Pairs {
@@ -107,6 +116,10 @@ impl Shape {
         let field = |at: usize, name: &str| -> Result<Text, RowProblem> {
             let bytes = record.get(at).ok_or_else(|| RowProblem::MissingField { field: name.to_string() })?;
             let s = std::str::from_utf8(bytes).map_err(|_| RowProblem::InvalidUtf8Field { field: name.to_string() })?;
+            if PANDAS_NA.contains(&s) {
+                let found = if s.is_empty() { "empty".to_owned() } else { format!("`{s}`") };
+                return Err(RowProblem::CsvMissing { field: name.to_string(), found });
+            }
             Ok(Text::Plain(s.to_string()))
         };
         match self {

@@ -811,6 +811,22 @@ mod tests {
         assert_eq!(err_tail(&err), "line 2: 4 fields where the header names 3");
     }
 
+    /// pandas' NA cells are bad rows (TRL is handed `None` for them); their neighbours are text.
+    #[test]
+    fn csv_cells_pandas_reads_as_missing() {
+        let err = load("na.csv", b"prompt,chosen,rejected\np,a,b\np,\"NA\",b\n").unwrap_err();
+        let tail = "line 3: field `chosen` is `NA`, which `datasets` reads from CSV as missing (pandas' NA values), as if null";
+        assert_eq!(err_tail(&err), tail);
+        let err = load("empty.tsv", b"prompt\tchosen\trejected\np\ta\t\n").unwrap_err();
+        assert!(err_tail(&err).starts_with("line 2: field `rejected` is empty, which"), "{err}");
+        let loaded = load("near.csv", b"prompt,chosen,rejected\nna,None ,NONE\n").unwrap();
+        assert_eq!((&loaded.rows[0].prompt, &loaded.rows[0].rejected), (&plain("na"), &plain("NONE")));
+        let opts = LoadOptions { rows: RowKind::Unpaired { unpair: false }, ..LoadOptions::default() };
+        let path = temp_file("kto_na.csv", b"prompt,completion,label\np,c,None\n");
+        let err = load_preferences(&path, &opts).unwrap_err();
+        assert!(err_tail(&err).starts_with("line 2: field `label` is `None`, which"), "{err}");
+    }
+
     #[test]
     fn csv_invalid_utf8() {
         let err = load("u.csv", b"prompt,chosen,rejected\np,a,b\n\np,\xff,b\n").unwrap_err();
