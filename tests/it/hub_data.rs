@@ -352,11 +352,11 @@ fn csv_cells_read_as_missing_as_datasets_reads_them(dir: &Path) {
         assert_eq!(missing.len(), 19, "{name}");
         assert_eq!(loaded.skipped.iter().map(|s| s.line).collect::<Vec<_>>(), missing, "{name}");
         for s in &loaded.skipped {
-            assert!(s.reason.contains("which `datasets` reads from CSV as missing"), "{}", s.reason);
+            assert!(s.reason.contains("which `datasets` reads from CSV as null"), "{}", s.reason);
         }
     }
     let err = load_preferences(&dir.join("missing.csv"), &LoadOptions::default()).unwrap_err().to_string();
-    assert!(err.ends_with("missing.csv`, line 2: field `prompt` is empty, which `datasets` reads from CSV as missing (pandas' NA values), as if null"), "{err}");
+    assert!(err.ends_with("missing.csv`, line 2: field `prompt` is empty, which `datasets` reads from CSV as null (one of pandas' NA values)"), "{err}");
 }
 
 /// A dataset card's `configs` (README.md's YAML) choose the files as `datasets.load_dataset(dir,

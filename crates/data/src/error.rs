@@ -180,7 +180,7 @@ pub enum RowProblem {
     Null { field: String },
     /// A CSV cell that pandas reads as missing (`datasets`' CSV loader hands TRL `None`): empty,
     /// or one of its NA spellings (`found`, quoted).
-    #[error("field `{field}` is {found}, which `datasets` reads from CSV as missing (pandas' NA values), as if null")]
+    #[error("field `{field}` is {found}, which `datasets` reads from CSV as null (one of pandas' NA values)")]
     CsvMissing { field: String, found: String },
     /// A field is neither a string nor a list of messages (or, in CSV, not text).
     #[error("field `{field}` must be a string or a list of `{{role, content}}` messages, found {found}")]

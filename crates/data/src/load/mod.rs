@@ -815,7 +815,7 @@ mod tests {
     #[test]
     fn csv_cells_pandas_reads_as_missing() {
         let err = load("na.csv", b"prompt,chosen,rejected\np,a,b\np,\"NA\",b\n").unwrap_err();
-        let tail = "line 3: field `chosen` is `NA`, which `datasets` reads from CSV as missing (pandas' NA values), as if null";
+        let tail = "line 3: field `chosen` is `NA`, which `datasets` reads from CSV as null (one of pandas' NA values)";
         assert_eq!(err_tail(&err), tail);
         let err = load("empty.tsv", b"prompt\tchosen\trejected\np\ta\t\n").unwrap_err();
         assert!(err_tail(&err).starts_with("line 2: field `rejected` is empty, which"), "{err}");
