@@ -718,8 +718,9 @@ fn a_reference_free_loss_plans_no_reference() {
 }
 
 /// `--loss-type kto` keeps the reference (as DPO does), plans at least 2 rows a micro-batch
-/// (KTO's KL estimate pairs each prompt with another row's completion) and passes the loss on; a
-/// global batch that leaves one row a GPU is warned about.
+/// (KTO's KL estimate pairs each prompt with another row's completion) on as many GPUs as give
+/// each 2 rows (its command runs: dpo-train refuses KTO at one row a GPU) and passes the loss on;
+/// a global batch of one row is warned about.
 #[test]
 fn kto_keeps_its_reference_and_two_rows_a_micro_batch() {
     let args = ["--model-params", "1.5B", "--sharding", "none", "--global-batch", "64", "--loss-type", "kto"];
@@ -728,7 +729,16 @@ fn kto_keeps_its_reference_and_two_rows_a_micro_batch() {
     assert!(v["memory"]["reference"].as_u64().expect("reference bytes") > 0, "{v}");
     assert!(v["micro_batch"].as_u64().expect("micro-batch") >= 2, "{v}");
     assert!(v["command"].as_str().expect("command").ends_with(" --loss-type kto"), "{v}");
-    let (_, one) = plan_json("dgx-a100", &["--model-params", "1.5B", "--global-batch", "8", "--loss-type", "kto"]);
+    for (global, world) in [(8, 4), (6, 3), (7, 3), (2, 1)] {
+        let args = ["--model-params", "1.5B", "--global-batch", &global.to_string(), "--loss-type", "kto"];
+        let (_, v) = plan_json("dgx-a100", &args);
+        assert_eq!(v["world_size"].as_u64(), Some(world), "{v}");
+        assert!(v["micro_batch"].as_u64().expect("micro-batch") >= 2, "{v}");
+        assert!(!v["warnings"].to_string().contains("rows a micro-batch"), "{v}");
+        let exact = v["warnings"].to_string().contains("for exactly 7 use --world-size 1");
+        assert_eq!(exact, global == 7, "{v}");
+    }
+    let (_, one) = plan_json("dgx-a100", &["--model-params", "1.5B", "--global-batch", "1", "--loss-type", "kto"]);
     let warnings = one["warnings"].to_string();
     assert!(warnings.contains("at least 2 rows a micro-batch"), "{one}");
     // KTOTrainer's other loss keeps the reference without the minimum.

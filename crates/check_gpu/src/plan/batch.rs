@@ -33,7 +33,7 @@ pub(super) fn split(
     let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
     let effective = per_rank * wu;
     if effective != global {
-        let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d)).unwrap_or(1);
+        let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d) && global / d >= min_micro).unwrap_or(1);
         log.warnings.push(format!(
             "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));

@@ -36,10 +36,11 @@ pub(super) fn usable(snap: &Snapshot, log: &mut Log) -> Vec<u32> {
     candidates
 }
 
-/// The world size `n` usable GPUs give: capped by `--world-size` and by the global batch.
+/// The world size `n` usable GPUs give: capped by `--world-size` and by the global batch, each GPU
+/// given at least the loss's smallest micro-batch (KTO's 2 rows).
 pub(super) fn world_size(n: usize, req: &PlanRequest) -> usize {
-    let global = req.global_batch.max(1);
-    let w = n.min(usize::try_from(global).unwrap_or(usize::MAX));
+    let ranks = (req.global_batch.max(1) / req.min_micro_batch()).max(1);
+    let w = n.min(usize::try_from(ranks).unwrap_or(usize::MAX));
     req.max_world_size.map_or(w, |max| w.min(max.max(1)))
 }
 
@@ -55,9 +56,11 @@ pub(super) fn world(
     let global = req.global_batch.max(1);
     let n = candidates.len();
     let w = world_size(n, req).min(cap.unwrap_or(usize::MAX));
-    if w < n && w as u64 == global {
+    let min_micro = req.min_micro_batch();
+    if w < n && w as u64 == (global / min_micro).max(1) {
+        let each = if min_micro == 1 { "one pair".to_owned() } else { format!("at least {min_micro} rows") };
         log.notes.push(format!(
-            "the global batch of {global} is smaller than the {n} usable GPUs: world size {w}, one pair per GPU"
+            "the global batch of {global} is too small for the {n} usable GPUs: world size {w}, {each} per GPU"
         ));
     }
     if w == 0 { Vec::new() } else { choose_subset(snap, candidates, w, &mut log.notes) }
