@@ -77,7 +77,8 @@ pub struct Args {
     /// Train LoRA adapters of this rank on q,k,v,o instead of full fine-tuning (1 to 65536).
     #[arg(long, value_name = "RANK", value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub lora: Option<u64>,
-    /// Training precision [default: bf16, or fp16 on GPUs older than compute capability 8.0].
+    /// Training precision [default: bf16, or fp16 on GPUs older than compute capability 8.0 or
+    /// whose compute capability neither the query nor the name gives].
     #[arg(long, value_enum)]
     pub dtype: Option<Precision>,
     /// Keep a reference model on each GPU, or precompute its log-probs before training.

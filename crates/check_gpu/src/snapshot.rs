@@ -181,6 +181,40 @@ pub struct Gpu {
     pub cpu_affinity: Option<String>,
 }
 
+/// Whether a GPU of this `nvidia-smi` name has bf16, for the generations its name gives away
+/// (a `--query` file without `compute_cap`, which drivers before R510 do not know, or `--topo`
+/// alone): Ampere and newer have it, Volta, Turing and older do not.
+fn bf16_by_name(name: &str) -> Option<bool> {
+    let words: Vec<String> = name.split([' ', '-', '_']).map(str::to_ascii_uppercase).collect();
+    let has = |w: &str| words.iter().any(|x| x == w);
+    let starts = |p: &str| words.iter().any(|x| x.starts_with(p));
+    // Turing's Quadro RTX 6000 and Ada's "RTX 6000 Ada Generation" share words: the generation first.
+    if has("ADA") || has("BLACKWELL") {
+        return Some(true);
+    }
+    let older = ["V100", "T4", "P100", "P40", "P4", "P6", "K80", "K40", "M60", "M40", "M10", "T1000", "T400", "T600"];
+    // The Quadro brand ended with Turing; Ampere's workstation cards are "RTX A6000".
+    if older.iter().any(|w| has(w)) || has("GTX") || has("TITAN") || has("QUADRO") {
+        return Some(false);
+    }
+    let rtx = words.iter().position(|w| w == "RTX").and_then(|i| words.get(i + 1));
+    if let Some(model) = rtx {
+        // GeForce RTX 2080 (Turing) against 3090, 4090, 5090 (Ampere on); RTX A6000 (Ampere).
+        let series = model.trim_start_matches(|c: char| !c.is_ascii_digit()).chars().next();
+        return match (model.starts_with('A'), series) {
+            (true, _) => Some(true),
+            (false, Some('2')) => Some(false),
+            (false, Some('3'..='9')) => Some(true),
+            _ => None,
+        };
+    }
+    let newer = ["A100", "A800", "A40", "A30", "A10", "A10G", "A16", "A2", "H100", "H800", "H200", "H20", "GH200", "L4", "L40", "L40S", "L20", "B100", "B200", "GB200", "B300", "GB300"];
+    if newer.iter().any(|w| has(w)) || starts("H100") || starts("A100") || starts("H200") {
+        return Some(true);
+    }
+    None
+}
+
 /// Throttle reasons that mean the hardware itself is slowing the GPU down.
 pub const HARDWARE_THROTTLES: [&str; 3] = ["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"];
 
@@ -221,6 +255,15 @@ impl Gpu {
         let cc = self.compute_capability.as_deref()?;
         let (maj, min) = cc.split_once('.')?;
         Some((maj.trim().parse().ok()?, min.trim().parse().ok()?))
+    }
+
+    /// Whether the GPU computes in bf16 (compute capability 8.0 or newer): from its compute
+    /// capability, else from its name where that names a generation; `None`: unknown.
+    pub fn has_bf16(&self) -> Option<bool> {
+        match self.compute_capability_pair() {
+            Some((major, _)) => Some(major >= 8),
+            None => self.name.as_deref().and_then(bf16_by_name),
+        }
     }
 
     /// Active throttle reasons that come from the hardware.
@@ -443,6 +486,41 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// bf16 from the compute capability where known, else from names `nvidia-smi` prints.
+    #[test]
+    fn bf16_follows_the_compute_capability_else_the_name() {
+        let with = |name: &str, cc: Option<&str>| Gpu {
+            name: Some(name.to_owned()),
+            compute_capability: cc.map(str::to_owned),
+            ..Gpu::default()
+        };
+        assert_eq!(with("Tesla V100-SXM2-32GB", Some("8.0")).has_bf16(), Some(true));
+        let cases = [
+            ("Tesla V100-SXM2-32GB", Some(false)),
+            ("Tesla T4", Some(false)),
+            ("Tesla P100-PCIE-16GB", Some(false)),
+            ("Quadro RTX 6000", Some(false)),
+            ("NVIDIA TITAN RTX", Some(false)),
+            ("NVIDIA GeForce RTX 2080 Ti", Some(false)),
+            ("NVIDIA GeForce GTX 1080 Ti", Some(false)),
+            ("NVIDIA A100-SXM4-80GB", Some(true)),
+            ("A100-SXM4-40GB", Some(true)),
+            ("NVIDIA H100 80GB HBM3", Some(true)),
+            ("NVIDIA GH200 480GB", Some(true)),
+            ("NVIDIA A10G", Some(true)),
+            ("NVIDIA L40S", Some(true)),
+            ("NVIDIA RTX A6000", Some(true)),
+            ("NVIDIA RTX 6000 Ada Generation", Some(true)),
+            ("NVIDIA GeForce RTX 3090", Some(true)),
+            ("NVIDIA GeForce RTX 4090", Some(true)),
+            ("NVIDIA B200", Some(true)),
+            ("Some Future GPU", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(with(name, None).has_bf16(), want, "{name}");
+        }
+    }
 
     #[test]
     fn link_cells_round_trip() {

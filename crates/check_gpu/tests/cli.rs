@@ -203,6 +203,36 @@ fn t4_bf16_requested_warns() {
     assert!(warnings(&v).iter().any(|w| w.contains("bf16 needs compute capability 8.0")), "{v}");
 }
 
+/// A query without `compute_cap` (drivers before R510): bf16 follows the GPUs' names, and a GPU
+/// no name places plans in fp16 with a warning, never bf16 unchecked.
+#[test]
+fn without_compute_capability_bf16_follows_the_name() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let topo = fixture("t4x2-phb.topo.txt");
+    let query_of = |name: &str| {
+        let path = dir.path().join(format!("{}.csv", name.replace(' ', "_")));
+        let rows: String = (0..2)
+            .map(|i| format!("{i}, {name}, GPU-{i}, 00000000:00:0{}.0, 15360 MiB, 0 MiB, 14930 MiB\n", 4 + i))
+            .collect();
+        let header = "index, name, uuid, pci.bus_id, memory.total [MiB], memory.used [MiB], memory.free [MiB]\n";
+        std::fs::write(&path, format!("{header}{rows}")).expect("the query file");
+        path
+    };
+    for (name, dtype, warned) in [("Tesla T4", "fp16", false), ("NVIDIA L4", "bf16", false), ("Mystery GPU", "fp16", true)] {
+        let query = query_of(name);
+        let args = ["--topo", topo.to_str().unwrap(), "--query", query.to_str().unwrap(), "--model-params", "500M"];
+        let (code, v) = json_of(&run(&[&args[..], &["--lora", "8", "--json"]].concat()));
+        assert_eq!(v["dtype"], dtype, "{name}: {v}");
+        let unknown = warnings(&v).iter().any(|w| w.contains("compute capability of GPU 0 (Mystery GPU) is unknown"));
+        assert_eq!((unknown, code == 1), (warned, warned), "{name}: {v}");
+    }
+    let query = query_of("Tesla V100-PCIE-16GB");
+    let args = ["--topo", topo.to_str().unwrap(), "--query", query.to_str().unwrap(), "--model-params", "500M"];
+    let (_, v) = json_of(&run(&[&args[..], &["--lora", "8", "--dtype", "bf16", "--json"]].concat()));
+    let older = "bf16 needs compute capability 8.0 or newer and the chosen GPUs include GPU 0 (Tesla V100-PCIE-16GB), older than that";
+    assert!(warnings(&v).iter().any(|w| w.contains(older)), "{v}");
+}
+
 #[test]
 fn rtx4090_two_sockets_all_sys() {
     let (code, v) = plan_json("rtx4090x8-sys", &["--model-params", "1.5B", "--lora", "16"]);
@@ -681,11 +711,12 @@ fn save_into_a_directory_writes_the_snapshot_file_there() {
         .args(["--topo", topo.to_str().unwrap(), "--save", &format!("{}/", dir.display())])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Ready with a warning: `--topo` alone gives no compute capability, so the plan is in fp16.
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let saved = dir.join("check-gpu-snapshot.json");
     let again =
         Command::new(env!("CARGO_BIN_EXE_check-gpu")).args(["--snapshot", saved.to_str().unwrap()]).output().unwrap();
-    assert_eq!(again.status.code(), Some(0), "{}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(again.status.code(), Some(1), "{}", String::from_utf8_lossy(&again.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,7 +24,7 @@ use dpo_vocab::{Ranks, RunSettings};
 
 use crate::memory::{BatchTokens, DataLengths, FineTune, MemoryEstimate, PairTokens, Precision, Reference, Sharding};
 use crate::model::ModelShape;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Gpu, Snapshot};
 use crate::topology::{self, Topology};
 
 /// Version of the plan JSON layout.
@@ -540,20 +540,32 @@ fn unplaced(req: &PlanRequest, topo: Topology, dtype: Precision, fit: fit::Fit, 
 
 /// Step 3: bf16 unless a chosen GPU lacks it (compute capability below 8.0: fp16), or as asked.
 fn precision(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut Log) -> Precision {
-    let min_cc = candidates.iter().filter_map(|&i| snap.gpu(i)?.compute_capability_pair()).min();
-    match (req.dtype, min_cc) {
-        (Some(Precision::Bf16), Some((maj, min))) if maj < 8 => {
-            log.warnings.push(format!(
-                "bf16 needs compute capability 8.0 or newer and the chosen GPUs have {maj}.{min}: use --dtype fp16"
-            ));
+    let gpus: Vec<&Gpu> = candidates.iter().filter_map(|&i| snap.gpu(i)).collect();
+    let without = gpus.iter().find(|g| g.has_bf16() == Some(false));
+    let unknown = gpus.iter().find(|g| g.has_bf16().is_none());
+    let older = |g: &Gpu| match g.compute_capability_pair() {
+        Some((maj, min)) => format!("have compute capability {maj}.{min}"),
+        None => format!("include {}, older than that", g.label()),
+    };
+    match (req.dtype, without, unknown) {
+        (Some(Precision::Bf16), Some(g), _) => {
+            let have = older(g);
+            log.warnings.push(format!("bf16 needs compute capability 8.0 or newer and the chosen GPUs {have}: use --dtype fp16"));
             Precision::Bf16
         }
-        (Some(d), _) => d,
-        (None, Some((maj, _))) if maj < 8 => {
+        (Some(d), _, _) => d,
+        (None, Some(_), _) => {
             log.notes.push("fp16 chosen: these GPUs have no bf16 (compute capability below 8.0)".to_string());
             Precision::Fp16
         }
-        (None, _) => Precision::Bf16,
+        (None, None, Some(g)) => {
+            log.warnings.push(format!(
+                "the compute capability of {} is unknown (no compute_cap in the --query file, or no --query): planned in fp16, which every GPU trains in; with Ampere or newer GPUs (8.0+) pass --dtype bf16",
+                g.label()
+            ));
+            Precision::Fp16
+        }
+        (None, None, None) => Precision::Bf16,
     }
 }
 
