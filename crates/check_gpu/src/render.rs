@@ -150,7 +150,9 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
     }
     topology_matrix(&mut o, snap, st);
     let t = &plan.topology;
-    let islands = if t.nvlink_islands.is_empty() {
+    let islands = if !t.links_known {
+        "unknown (no --topo)".to_string()
+    } else if t.nvlink_islands.is_empty() {
         "none".to_string()
     } else {
         t.nvlink_islands.iter().map(|i| format!("[{}]", list(i))).collect::<Vec<_>>().join(" ")

@@ -21,6 +21,14 @@ pub struct Topology {
     /// NVLink-connected groups of two or more GPUs.
     pub nvlink_islands: Vec<Vec<u32>>,
     pub numa_groups: Vec<NumaGroup>,
+    /// Whether the links between the GPUs are known (`--topo`, or a probe that read them): where
+    /// they are not, `nvlink_islands` is empty for want of knowing, not for want of NVLink.
+    #[serde(default = "known")]
+    pub links_known: bool,
+}
+
+fn known() -> bool {
+    true
 }
 
 /// Connected components of `among` over NVLink edges, largest first, each sorted.
@@ -66,7 +74,8 @@ pub fn numa_groups(snap: &Snapshot, among: &[u32]) -> Vec<NumaGroup> {
 /// Islands and NUMA groups over every GPU of the snapshot.
 pub fn analyze(snap: &Snapshot) -> Topology {
     let all: Vec<u32> = snap.gpus.iter().map(|g| g.index).collect();
-    Topology { nvlink_islands: nvlink_islands(snap, &all), numa_groups: numa_groups(snap, &all) }
+    let links_known = all.len() < 2 || snap.pairs.iter().any(|p| p.link != Link::Unknown);
+    Topology { nvlink_islands: nvlink_islands(snap, &all), numa_groups: numa_groups(snap, &all), links_known }
 }
 
 /// The weakest link inside a set of GPUs (`X` for one GPU).

@@ -482,6 +482,11 @@ fn ecc_and_hardware_throttle_from_extra_columns() {
     let ex = excluded(&v);
     assert!(ex[0].1.contains("2 uncorrectable ECC error(s)"), "{ex:?}");
     assert!(ex[1].1.contains("throttled by hardware (hw_slowdown)"), "{ex:?}");
+    // A query alone says nothing of the links: islands unknown, not none, and said so.
+    assert_eq!((v["topology"]["links_known"].as_bool(), v["topology"]["nvlink_islands"].as_array().map(Vec::len)), (Some(false), Some(0)));
+    assert!(warnings(&v).iter().any(|w| w.starts_with("the links between the GPUs are unknown (no --topo)")), "{v}");
+    let text = run(&["--query", q.to_str().expect("path"), "--model-params", "1.5B"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("NVLink islands: unknown (no --topo)"));
 }
 
 #[test]

@@ -332,7 +332,7 @@ impl Plan {
             tokens: Some(req.batch_tokens(split.micro)),
             min_free_bytes: None,
             model: req.model.clone(),
-            topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new() },
+            topology: Topology { nvlink_islands: Vec::new(), numa_groups: Vec::new(), links_known: true },
             env: BTreeMap::new(),
             command: settings.as_ref().map(command::render).unwrap_or_default(),
             settings,
@@ -462,6 +462,11 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     lengths_note(req, &mut log);
     // 1-2. Health and one GPU model.
     let candidates = select::usable(snap, &mut log);
+    if !topo.links_known && candidates.len() > 1 {
+        log.warnings.push(
+            "the links between the GPUs are unknown (no --topo): they were chosen without knowing which share NVLink or a PCIe switch; pass `nvidia-smi topo -m` output as --topo".to_string(),
+        );
+    }
     // 3. Precision.
     let dtype = precision(snap, &candidates, req, &mut log);
     let est = fit::Estimator::new(req, dtype);
