@@ -440,7 +440,7 @@ fn start(
             lora.kind(),
             lora.r,
             lora.alpha,
-            lora.target_modules.join(","),
+            lora.describe_targets(),
             policy.num_params()
         ));
     }

@@ -15,6 +15,10 @@ It writes, deterministically (seed 0, CPU, float32):
   tests/fixtures/expected/logits_llama-lora.json
                                         fp32 logits of the adapted model (PeftModel, eval mode) and of
                                         the base with the adapter disabled, for two token sequences.
+  tests/fixtures/adapters/llama-layers/ an adapter whose target_modules name single layers' modules
+                                        and trailing parts of names, as PEFT matches them, and
+  tests/fixtures/expected/logits_llama-layers.json
+                                        its last-position logits and the modules PEFT adapted.
 """
 
 import json
@@ -74,6 +78,31 @@ def main() -> None:
     payload = {"input_ids": IDS, "logits": adapted.tolist(), "base_logits": disabled.tolist()}
     (ROOT / "expected" / "logits_llama-lora.json").write_text(json.dumps(payload) + "\n")
     print(f"wrote {OUT} and expected/logits_llama-lora.json")
+    layered()
+
+
+LAYERED = ROOT / "adapters" / "llama-layers"
+# Modules as PEFT matches them: a projection in every layer, one in some layers only (PEFT
+# saves `all-linear` as such full names), and a trailing part of a name.
+LAYERED_TARGETS = ["v_proj", "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "mlp.up_proj"]
+
+
+def layered() -> None:
+    """tests/fixtures/adapters/llama-layers/ (r=4, B random, the targets above) and
+    expected/logits_llama-layers.json: the adapted model's last-position logits for IDS."""
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
+    config = fixture_lora_config()
+    config.target_modules = set(LAYERED_TARGETS)
+    save_fixture_adapter(get_peft_model(base, config), LAYERED, "../../models/llama")
+    base = AutoModelForCausalLM.from_pretrained(str(BASE), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(LAYERED)).eval()
+    with torch.no_grad():
+        adapted = model(input_ids=torch.tensor(IDS)).logits[:, -1]
+    adapters = sorted(n for n, _ in model.named_parameters() if "lora_A" in n)
+    payload = {"input_ids": IDS, "last_logits": adapted.tolist(), "adapted": adapters}
+    (ROOT / "expected" / "logits_llama-layers.json").write_text(json.dumps(payload) + "\n")
+    print(f"wrote {LAYERED} and expected/logits_llama-layers.json")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,37 @@ fn a_peft_adapter_loads_with_peft_logits() {
     assert!(max_rel_diff(&ours, &base) > 1e-3);
 }
 
+/// An adapter whose `target_modules` name single layers' modules (as PEFT saves `all-linear`) and
+/// trailing parts of module names loads onto the modules PEFT adapted, with PEFT's logits; saved
+/// again, its config names the same modules.
+#[test]
+fn a_peft_adapter_of_named_layers_adapts_those_layers() {
+    let device = cpu();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/logits_llama-layers.json")).unwrap())
+            .unwrap();
+    let (_, adapted) = model::load(&fixtures().join("adapters/llama-layers"), &device).unwrap();
+    let mut ours: Vec<String> = adapted
+        .adapter_tensors()
+        .iter()
+        .filter(|t| t.name.ends_with("lora_A.weight"))
+        .map(|t| t.name.replace(".lora_A.weight", ".lora_A.default.weight"))
+        .collect();
+    ours.sort();
+    let peft: Vec<String> = serde_json::from_value(expected["adapted"].clone()).unwrap();
+    assert_eq!(ours, peft);
+    let all = logits(&adapted, &device);
+    let v = all.len() / 16;
+    let last: Vec<f32> = [&all[7 * v..8 * v], &all[15 * v..16 * v]].concat();
+    let want: Vec<Vec<f32>> = serde_json::from_value(expected["last_logits"].clone()).unwrap();
+    let worst = max_rel_diff(&last, &want.concat());
+    assert!(worst <= lora_bound(4), "worst relative logit difference to PEFT {worst}");
+    assert!(max_rel_diff(&last, &logits(&adapted.without_lora(), &device)[7 * v..8 * v].repeat(2)) > 1e-3);
+    let settings = model::adapter_settings(&fixtures().join("adapters/llama-layers")).unwrap().unwrap();
+    let peft_targets = settings.peft_targets();
+    assert_eq!(peft_targets, ["v_proj", "up_proj", "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]);
+}
+
 fn lora_config(out: &Path, model: &Path, extra: &str) -> TrainConfig {
     let text = format!(
         "model_name_or_path = \"{}\"\ntokenizer_name_or_path = \"{}\"\ntrain_file = \"{}\"\neval_file = \"{}\"\noutput_dir = \"{}\"\nrun_name = \"lora\"\nbf16 = false\ngradient_checkpointing = false\nlearning_rate = 1e-2\nmax_steps = 3\nper_device_train_batch_size = 4\nnum_samples = 0\nlogging_steps = 1\nsave_steps = 2\n{extra}",

@@ -286,7 +286,7 @@ train_config! {
     use_dora: bool = false,
     /// Dropout on the adapters' input during training (applied only with `disable_dropout = false`; adapter_config.json records it either way, as PEFT).
     lora_dropout: f64 = 0.05,
-    /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear [default: q_proj,v_proj].
+    /// Projections given adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear, or one layer's (model.layers.3.self_attn.q_proj) [default: q_proj,v_proj].
     lora_target_modules: Vec<String> = Vec::new(),
     /// Train without dropout, as TRL: the LoRA adapters' dropout is 0 whatever `lora_dropout` says (dpo-train's models apply no other dropout; config.json's attention_dropout is not read).
     disable_dropout: bool = true,

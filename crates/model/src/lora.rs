@@ -113,7 +113,7 @@ impl AdapterConfig {
             r: settings.r,
             lora_alpha: settings.alpha,
             lora_dropout: settings.config_dropout,
-            target_modules: TargetModules::List(settings.target_modules.clone()),
+            target_modules: TargetModules::List(settings.peft_targets()),
             bias: default_bias(),
             fan_in_fan_out: false,
             use_rslora: settings.use_rslora,
@@ -199,8 +199,7 @@ impl Llama {
     ) -> Result<(), WeightsError> {
         let r = settings.r;
         for (name, linear) in self.linears_mut() {
-            let module = name.rsplit('.').next().unwrap_or_default();
-            if !settings.targets(module) {
+            if !settings.adapts(&name) {
                 continue;
             }
             let [d_in, d_out] = linear.weight.dims();
