@@ -45,11 +45,13 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let overlap_reference = crate::train::step::overlap_setting()?;
     crate::dpo::shapes::padding_setting()?;
     crate::dist::switch(dpo_torch::product::WIDEN_VAR)?;
+    // The demo's embedded config and a resumed run's saved one hold every key: only the user's
+    // own file and flags say what they asked for.
     if sft_only {
-        // The demo's embedded config and a resumed run's saved one hold every key: only the
-        // user's own file and flags say what they asked for.
         check_sft_keys(&layered, args.config.is_some())?;
     }
+    let mut layered = layered;
+    adapter_keys(&mut layered, args.config.is_some())?;
     let mut cfg = layered.cfg.clone();
     check_memory(&cfg, &plan, &args.parallel)?;
     let interrupt = interrupt::install()?;
@@ -220,6 +222,41 @@ fn check_sft_keys(layered: &Layered, own_file: bool) -> Result<(), ConfigError> 
         if set {
             return Err(layered.locate(ConfigError::Invalid { key, message: format!("not used: {why}") }));
         }
+    }
+    Ok(())
+}
+
+/// A run from a saved adapter continues it at its own shape: a LoRA key set to another value
+/// than the adapter's would be ignored, so it is refused; `lora_dropout`, unless set, is the
+/// adapter's own (which `final/adapter_config.json` then records). `own_file`: the config file is
+/// the user's `--config`.
+fn adapter_keys(layered: &mut Layered, own_file: bool) -> anyhow::Result<()> {
+    let dir = PathBuf::from(&layered.cfg.model_name_or_path);
+    let Some(saved) = crate::model::adapter_settings(&dir)? else { return Ok(()) };
+    let set = |key| match layered.origin(key) {
+        Origin::Flag => true,
+        Origin::File => own_file,
+        Origin::Default => false,
+    };
+    let cfg = &layered.cfg;
+    let asked = crate::config::LoraSettings::new(1, 1.0, 0.0, &cfg.lora_target_modules).ok();
+    let targets = asked.is_some_and(|a| a.target_modules == saved.target_modules && a.layer_modules == saved.layer_modules);
+    let differs = [
+        ("lora_r", cfg.lora_r == Some(saved.r), format!("r = {}", saved.r)),
+        ("lora_alpha", cfg.lora_alpha == saved.alpha, format!("lora_alpha = {}", saved.alpha)),
+        ("lora_target_modules", targets, format!("target_modules {}", saved.describe_targets())),
+        ("use_rslora", cfg.use_rslora == saved.use_rslora, format!("use_rslora = {}", saved.use_rslora)),
+        ("use_dora", cfg.use_dora == saved.use_dora, format!("use_dora = {}", saved.use_dora)),
+    ];
+    if let Some((key, _, has)) = differs.into_iter().find(|(key, same, _)| set(key) && !same) {
+        let message = format!(
+            "`{}` is an adapter with {has}, which training continues at its own shape: drop this setting, or train a new adapter on its base",
+            dir.display()
+        );
+        return Err(layered.locate(ConfigError::Invalid { key, message }).into());
+    }
+    if !set("lora_dropout") {
+        layered.cfg.lora_dropout = saved.config_dropout;
     }
     Ok(())
 }

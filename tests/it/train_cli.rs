@@ -297,7 +297,7 @@ fn unsupported_adapter_is_refused_by_field() {
 
 /// TRL's `disable_dropout = true` (the default) sets PEFT's `lora_dropout` to p=0 while training,
 /// and PEFT still saves the configured value: a continued adapter is its own reference, so the
-/// first step's rewards are 0; prompts are shared; `adapter_config.json` records 0.05.
+/// first step's rewards are 0; prompts are shared; `adapter_config.json` records the 0.1 set.
 #[test]
 fn disable_dropout_trains_lora_without_dropout() {
     let dir = tempfile::tempdir().unwrap();
@@ -316,6 +316,7 @@ fn disable_dropout_trains_lora_without_dropout() {
         ["train", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()].as_slice(),
         &["--output-dir", out_dir.to_str().unwrap(), "--run-name", "r", "--max-steps", "1", "--logging-steps", "1"],
         &["--save-steps", "0", "--num-samples", "0", "--bf16", "false", "--per-device-train-batch-size", "4"],
+        &["--lora-dropout", "0.1"],
     ]
     .concat();
     let out = dpo_train(&args);
@@ -332,7 +333,44 @@ fn disable_dropout_trains_lora_without_dropout() {
     }
     let saved: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(run.join("final/adapter_config.json")).unwrap()).unwrap();
-    assert_eq!(saved["lora_dropout"], serde_json::json!(0.05), "the configured value, as PEFT saves it");
+    assert_eq!(saved["lora_dropout"], serde_json::json!(0.1), "the configured value, as PEFT saves it");
+}
+
+/// A saved adapter trains at its own shape: a LoRA key set to another value is refused (it would
+/// be ignored) before anything is written, and `lora_dropout`, unset, is the adapter's own (0.0
+/// here, where the default is 0.05).
+#[test]
+fn a_continued_adapter_keeps_its_shape_and_dropout() {
+    let dir = tempfile::tempdir().unwrap();
+    let adapter = root().join("tests/fixtures/adapters/llama-lora");
+    let copy = dir.path().join("adapter");
+    fs::create_dir(&copy).unwrap();
+    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    cfg["base_model_name_or_path"] =
+        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+    fs::write(copy.join("adapter_config.json"), cfg.to_string()).unwrap();
+    let data = root().join("tests/fixtures/data/prefs.jsonl");
+    let out_dir = dir.path().join("out");
+    let base = [
+        ["train", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()].as_slice(),
+        &["--output-dir", out_dir.to_str().unwrap(), "--run-name", "r", "--max-steps", "1", "--save-steps", "0"],
+        &["--num-samples", "0", "--bf16", "false", "--per-device-train-batch-size", "4"],
+    ]
+    .concat();
+    for (flag, value, has) in [("--lora-r", "16", "r = 4"), ("--lora-target-modules", "q_proj", "target_modules ")] {
+        let out = dpo_train(&[&base[..], &[flag, value]].concat());
+        let err = one_line_error(&out);
+        let want = format!("error: `{flag}`: `{}` is an adapter with {has}", copy.display());
+        assert!(err.starts_with(&want) && err.ends_with("drop this setting, or train a new adapter on its base"), "{err}");
+        assert!(!out_dir.exists(), "a refused run wrote {}", out_dir.display());
+    }
+    let out = dpo_train(&base);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out_dir.join("r/final/adapter_config.json")).unwrap()).unwrap();
+    assert_eq!((saved["lora_dropout"].as_f64(), saved["r"].as_u64()), (Some(0.0), Some(4)));
 }
 
 /// `dpo-train env --json` on this machine: every field it can fill here equals what the venv's
