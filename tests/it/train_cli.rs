@@ -281,18 +281,26 @@ fn unsupported_adapter_is_refused_by_field() {
     let copy = dir.path().join("lora-bias");
     fs::create_dir(&copy).unwrap();
     fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
-    cfg["lora_bias"] = serde_json::Value::Bool(true);
-    cfg["base_model_name_or_path"] =
-        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
-    let config = copy.join("adapter_config.json");
-    fs::write(&config, cfg.to_string()).unwrap();
-    let data = root().join("tests/fixtures/data/prefs.jsonl");
-    let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("`{}`: `lora_bias` = true is not supported", config.display())), "{stderr}");
+    let fields = [
+        ("lora_bias", serde_json::json!(true), "true"),
+        ("exclude_modules", serde_json::json!(["q_proj"]), "[\"q_proj\"]"),
+        ("modules_to_save", serde_json::json!(["lm_head"]), "[\"lm_head\"]"),
+    ];
+    for (field, value, shown) in fields {
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+        cfg[field] = value;
+        cfg["base_model_name_or_path"] =
+            serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+        let config = copy.join("adapter_config.json");
+        fs::write(&config, cfg.to_string()).unwrap();
+        let data = root().join("tests/fixtures/data/prefs.jsonl");
+        let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let want = format!("`{}`: `{field}` = {shown} is not supported", config.display());
+        assert!(stderr.contains(&want), "{stderr}");
+    }
 }
 
 /// TRL's `disable_dropout = true` (the default) sets PEFT's `lora_dropout` to p=0 while training,

@@ -81,7 +81,8 @@ pub struct AdapterConfig {
 }
 
 /// PEFT features that change the adapted model when set, which this implementation does not have.
-const INERT_UNLESS_SET: [&str; 7] = [
+const INERT_UNLESS_SET: [&str; 8] = [
+    "exclude_modules",
     "lora_bias",
     "layer_replication",
     "trainable_token_indices",
@@ -146,7 +147,8 @@ impl AdapterConfig {
             return unsupported("fan_in_fan_out", "true".to_owned(), "false");
         }
         if cfg.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()) {
-            return unsupported("modules_to_save", format!("{:?}", cfg.modules_to_save), "none");
+            let found = serde_json::to_string(&cfg.modules_to_save).unwrap_or_default();
+            return unsupported("modules_to_save", found, "none");
         }
         if cfg.layers_to_transform.as_ref().is_some_and(|v| !v.is_null()) {
             return unsupported("layers_to_transform", "a layer list".to_owned(), "null");
@@ -157,6 +159,7 @@ impl AdapterConfig {
         for field in INERT_UNLESS_SET {
             match cfg.other.get(field) {
                 None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
+                Some(serde_json::Value::Array(a)) if a.is_empty() => {}
                 Some(value) => return unsupported(field, value.to_string(), "unset"),
             }
         }
