@@ -666,6 +666,42 @@ mod tests {
         assert_eq!(choose_subset(&s, &[1, 2, 3], 2, &mut notes), vec![2, 3]);
     }
 
+    /// Inside a NUMA node or an NVLink island the best-connected GPUs are picked, and of several
+    /// large enough, the one whose are best connected: not the first GPUs of the first.
+    #[test]
+    fn subset_is_the_best_connected_inside_its_node_or_island() {
+        let numa = |nodes: [u32; 4]| move |mut g: Gpu| {
+            g.numa_node = Some(nodes[g.index as usize]);
+            g
+        };
+        // One node; 1-3 share a PCIe switch, every other pair crosses the host bridge.
+        let one = numa([0; 4]);
+        let s = machine((0..4).map(|i| one(gpu(i, "A", 70))).collect(), |a, b| {
+            if (a, b) == (1, 3) { Link::Pix } else { Link::Node }
+        });
+        let mut notes = Vec::new();
+        assert_eq!(choose_subset(&s, &[0, 1, 2, 3], 2, &mut notes), vec![1, 3]);
+        // Two nodes of two: node 1's pair shares a switch, node 0's does not.
+        let two = numa([0, 0, 1, 1]);
+        let s = machine((0..4).map(|i| two(gpu(i, "A", 70))).collect(), |a, b| match (a, b) {
+            (2, 3) => Link::Pix,
+            (0, 1) => Link::Node,
+            _ => Link::Sys,
+        });
+        notes.clear();
+        assert_eq!(choose_subset(&s, &[0, 1, 2, 3], 2, &mut notes), vec![2, 3]);
+        assert_eq!(notes, ["kept to NUMA node 1: GPUs 2,3"]);
+        // DGX-1V's hybrid cube mesh: one island of 8, some pairs with two links (NV2).
+        let nv2 = [(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)];
+        let nv1 = [(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)];
+        let s = machine((0..8).map(|i| gpu(i, "V", 30)).collect(), |a, b| match (a, b) {
+            p if nv2.contains(&p) => Link::NvLink(2),
+            p if nv1.contains(&p) => Link::NvLink(1),
+            _ => Link::Sys,
+        });
+        assert_eq!(choose_subset(&s, &(0..8).collect::<Vec<_>>(), 2, &mut notes), vec![0, 3]);
+    }
+
     #[test]
     fn rounding_and_micro_batch() {
         let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));

@@ -150,31 +150,45 @@ pub(super) fn split_by_model(snap: &Snapshot, candidates: &[u32]) -> (Vec<u32>, 
 }
 
 /// Picks `w` GPUs of `candidates`: inside one NVLink island if one is large enough, else inside
-/// one NUMA node, else greedily by the best weakest link.
+/// one NUMA node, else anywhere; within that, the best-connected `w` ([`best_connected`]), and
+/// of several islands or nodes large enough, the one whose `w` are best connected.
 pub(super) fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes: &mut Vec<String>) -> Vec<u32> {
     if w >= candidates.len() {
         return candidates.to_vec();
     }
-    for island in topology::nvlink_islands(snap, candidates) {
-        if island.len() >= w {
-            notes.push(format!("kept to one NVLink island: GPUs {}", list(&island)));
-            return island[..w].to_vec();
-        }
+    let best_in = |pools: Vec<Vec<u32>>| {
+        let picks = pools.into_iter().filter(|p| p.len() >= w).map(|p| (best_connected(snap, &p, w), p));
+        picks.reduce(|a, b| if b.0.0 > a.0.0 { b } else { a })
+    };
+    if let Some(((_, chosen), island)) = best_in(topology::nvlink_islands(snap, candidates)) {
+        notes.push(format!("kept to one NVLink island: GPUs {}", list(&island)));
+        return chosen;
     }
-    for group in topology::numa_groups(snap, candidates) {
-        if let Some(node) = group.node
-            && group.gpus.len() >= w
-        {
-            notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&group.gpus)));
-            return group.gpus[..w].to_vec();
-        }
+    let nodes = topology::numa_groups(snap, candidates).into_iter().filter_map(|g| g.node.map(|n| (n, g.gpus)));
+    let nodes: Vec<(u32, Vec<u32>)> = nodes.collect();
+    if let Some(((_, chosen), gpus)) = best_in(nodes.iter().map(|(_, g)| g.clone()).collect()) {
+        let node = nodes.iter().find(|(_, g)| *g == gpus).map_or(0, |(n, _)| *n);
+        notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&gpus)));
+        return chosen;
     }
-    let mut best: Option<(u32, Vec<u32>)> = None;
-    for &start in candidates {
+    best_connected(snap, candidates, w).1
+}
+
+/// The `w` GPUs of `pool` (`w <= pool.len()`) with the best weakest link between any two, then
+/// the best links in all (a sum of [`Link::rank`]s), then the lowest indices: greedily from each
+/// GPU in turn, adding the one best linked to those chosen. Returns the score and the GPUs, sorted.
+fn best_connected(snap: &Snapshot, pool: &[u32], w: usize) -> ((u32, u32), Vec<u32>) {
+    let score = |gpus: &[u32]| {
+        let pairs = gpus.iter().enumerate().flat_map(|(k, &a)| gpus[k + 1..].iter().map(move |&b| (a, b)));
+        (topology::weakest_link(snap, gpus).rank(), pairs.map(|(a, b)| snap.link(a, b).rank()).sum::<u32>())
+    };
+    let mut best: Option<((u32, u32), Vec<u32>)> = None;
+    for &start in pool {
         let mut chosen = vec![start];
         while chosen.len() < w {
-            let next = candidates.iter().filter(|c| !chosen.contains(c)).max_by_key(|&&c| {
-                (chosen.iter().map(|&x| snap.link(x, c).rank()).min().unwrap_or(0), std::cmp::Reverse(c))
+            let next = pool.iter().filter(|c| !chosen.contains(c)).max_by_key(|&&c| {
+                let links = chosen.iter().map(|&x| snap.link(x, c).rank());
+                (links.clone().min().unwrap_or(0), links.sum::<u32>(), std::cmp::Reverse(c))
             });
             match next {
                 Some(&c) => chosen.push(c),
@@ -182,10 +196,10 @@ pub(super) fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes
             }
         }
         chosen.sort_unstable();
-        let score = topology::weakest_link(snap, &chosen).rank();
-        if best.as_ref().is_none_or(|(s, _)| score > *s) {
-            best = Some((score, chosen));
+        let s = score(&chosen);
+        if best.as_ref().is_none_or(|(b, c)| s > *b || (s == *b && chosen < *c)) {
+            best = Some((s, chosen));
         }
     }
-    best.map_or_else(|| candidates[..w].to_vec(), |(_, c)| c)
+    best.unwrap_or_else(|| ((0, 0), pool[..w].to_vec()))
 }
