@@ -30,8 +30,11 @@ pub enum ModelError {
     #[error("{path}:{line}:{column}: expected a Hugging Face config.json: {message}")]
     Json { path: PathBuf, line: usize, column: usize, message: String },
     /// A shape value is zero or inconsistent.
-    #[error("{path}:1: `{key}` must be {expected}")]
-    Invalid { path: PathBuf, key: &'static str, expected: &'static str },
+    #[error("{path}:{line}: `{key}` must be {expected}")]
+    Invalid { path: PathBuf, line: usize, key: &'static str, expected: &'static str },
+    /// Sizes whose model has more parameters than the estimate handles (1e15).
+    #[error("{path}:{line}: `{key}` = {value} makes a model of more than 1e15 parameters, the most the estimate handles")]
+    TooLarge { path: PathBuf, line: usize, key: &'static str, value: u64 },
     /// `model_type` names an architecture dpo-train does not build (its parameters would be
     /// counted as a Llama's, and the printed command would fail).
     #[error("{path}:{line}: unsupported `model_type` {found}: dpo-train trains {}", SUPPORTED_MODEL_TYPES.join(", "))]
@@ -143,17 +146,17 @@ impl ModelShape {
             }
         }
         let cfg = HfConfig::parse(text).map_err(json_error)?;
-        let invalid = |key, expected| ModelError::Invalid { path: path.to_path_buf(), key, expected };
-        for (key, value) in [
+        let invalid =
+            |key, expected| ModelError::Invalid { path: path.to_path_buf(), line: key_line(text, key), key, expected };
+        let sizes = [
             ("hidden_size", cfg.hidden_size),
             ("num_hidden_layers", cfg.num_hidden_layers),
             ("num_attention_heads", cfg.num_attention_heads),
             ("intermediate_size", cfg.intermediate_size),
             ("vocab_size", cfg.vocab_size),
-        ] {
-            if value == 0 {
-                return Err(invalid(key, "greater than zero"));
-            }
+        ];
+        if let Some((key, _)) = sizes.iter().find(|(_, value)| *value == 0) {
+            return Err(invalid(key, "greater than zero"));
         }
         let kv = cfg.kv_heads();
         if kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
@@ -178,6 +181,11 @@ impl ModelShape {
             qkv_bias,
         };
         shape.params = shape.count_params();
+        if shape.params > MAX_PARAMS {
+            // The size that contributes most names the fault.
+            let (key, value) = sizes.into_iter().max_by_key(|(_, v)| *v).unwrap_or(("hidden_size", 0));
+            return Err(ModelError::TooLarge { path: path.to_path_buf(), line: key_line(text, key), key, value });
+        }
         Ok(shape)
     }
 
@@ -212,6 +220,10 @@ fn key_line(text: &str, key: &str) -> usize {
     let quoted = format!("\"{key}\"");
     text.find(&quoted).map_or(1, |at| text[..at].matches('\n').count() + 1)
 }
+
+/// The most parameters the estimate handles (`--model-params 1000T`): its byte counts stay far
+/// inside u64.
+const MAX_PARAMS: u64 = 1_000_000_000_000_000;
 
 /// Product of `x`, saturating: a config.json with absurd sizes gives a count that fits nowhere,
 /// not a wrap.
@@ -276,7 +288,7 @@ pub fn parse_param_count(text: &str) -> Result<u64, ModelError> {
     if n.is_nan() {
         return Err(bad());
     }
-    if !(1.0..=1e15).contains(&n) {
+    if !(1.0..=MAX_PARAMS as f64).contains(&n) {
         return Err(ModelError::CountRange(text.to_string()));
     }
     Ok(n.round() as u64)
@@ -329,6 +341,12 @@ mod tests {
         assert_eq!(
             ModelShape::from_hf_json(gqa, Path::new("c.json")).expect_err("gqa").to_string(),
             "c.json:1: `num_key_value_heads` must be a divisor of num_attention_heads"
+        );
+        // Sizes past what the estimate handles name the largest, on its line (not a saturated count).
+        let huge = "{\n \"model_type\": \"llama\",\n \"hidden_size\": 1000000000,\n \"num_hidden_layers\": 2,\n \"num_attention_heads\": 8,\n \"intermediate_size\": 64,\n \"vocab_size\": 1000000000000000000\n}";
+        assert_eq!(
+            ModelShape::from_hf_json(huge, Path::new("c.json")).expect_err("huge").to_string(),
+            "c.json:7: `vocab_size` = 1000000000000000000 makes a model of more than 1e15 parameters, the most the estimate handles"
         );
     }
 
