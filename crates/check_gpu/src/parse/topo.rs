@@ -130,7 +130,8 @@ pub fn parse(text: &str, path: &Path) -> Result<TopoMatrix, ParseError> {
         links.push(row_links);
         row_lines.push(*no);
     }
-    header.check_rows(&gpus).map_err(|m| err(last_line, m))?;
+    // A row out of order is named on its own line; a row missing, after the last one.
+    header.check_rows(&gpus).map_err(|(row, m)| err(row.map_or(last_line, |r| row_lines[r]), m))?;
     check_matrix(&gpus, &links, &row_lines).map_err(|(line, m)| err(line, m))?;
     if nics.is_empty() {
         nics = header.nic_cols;
@@ -243,18 +244,17 @@ impl Header {
         Ok(())
     }
 
-    /// One row per GPU column, in column order.
-    fn check_rows(&self, gpus: &[TopoGpu]) -> Result<(), String> {
+    /// One row per GPU column, in column order; an error names the row at fault (its position
+    /// among the GPU rows) where one is.
+    fn check_rows(&self, gpus: &[TopoGpu]) -> Result<(), (Option<usize>, String)> {
         if gpus.len() != self.gpu_cols.len() {
-            return Err(format!(
-                "expected {} GPU rows (one per GPU column), found {}",
-                self.gpu_cols.len(),
-                gpus.len()
-            ));
+            let (want, found) = (self.gpu_cols.len(), gpus.len());
+            return Err((None, format!("expected {want} GPU rows (one per GPU column), found {found}")));
         }
-        match gpus.iter().zip(&self.gpu_cols).find(|(g, (_, want))| g.index != *want) {
-            Some((g, (_, want))) => {
-                Err(format!("expected GPU rows in column order, found GPU{} where GPU{want} was expected", g.index))
+        match gpus.iter().zip(&self.gpu_cols).position(|(g, (_, want))| g.index != *want) {
+            Some(row) => {
+                let (found, want) = (gpus[row].index, self.gpu_cols[row].1);
+                Err((Some(row), format!("expected GPU rows in column order, found GPU{found} where GPU{want} was expected")))
             }
             None => Ok(()),
         }
@@ -286,6 +286,18 @@ Legend:\n\
         assert_eq!(m.links[0], vec![Link::SelfLink, Link::Phb]);
         assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("0-7"));
         assert_eq!(m.gpus[1].numa_node, None);
+    }
+
+    /// A GPU row out of order is named on its own line (the first row here), not the last one's.
+    #[test]
+    fn a_row_out_of_order_is_named_on_its_line() {
+        let text = "\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n\
+GPU1\t X \tPHB\tPHB\t0-7\t0\n\
+GPU0\tPHB\t X \tPHB\t0-7\t0\n\
+GPU2\tPHB\tPHB\t X \t0-7\t0\n";
+        let err = p(text).expect_err("out of order").to_string();
+        assert!(err.starts_with("topo.txt:2:"), "{err}");
+        assert!(err.ends_with("expected GPU rows in column order, found GPU1 where GPU0 was expected"), "{err}");
     }
 
     #[test]
