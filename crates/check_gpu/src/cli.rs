@@ -46,7 +46,8 @@ pub struct Args {
     /// Re-analyse a snapshot written by --save (e.g. on a cluster node).
     #[arg(long, value_name = "SNAP.json", conflicts_with_all = ["topo", "query"])]
     pub snapshot: Option<PathBuf>,
-    /// Write the probed (or parsed) machine state to this JSON file, atomically.
+    /// Write the probed (or parsed) machine state to this JSON file, atomically (into a directory
+    /// as check-gpu-snapshot.json).
     #[arg(long, value_name = "SNAP.json")]
     pub save: Option<PathBuf>,
     /// Print one JSON object instead of the table.
@@ -363,10 +364,16 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
         snap.bench = Some(measure(args, devices)?);
     }
     // A failed save still prints the plan, then reports the path (exit 3).
-    let saved = args.save.as_deref().map_or(Ok(()), |path| snap.save(path));
+    let saved = args.save.as_deref().map(|path| snap.save(path)).transpose();
     let p = plan(&snap, &req);
-    let stdout = if args.json { render::json(Some(&snap), &p) } else { render::text(Some(&snap), &p, style) };
-    Ok(Outcome::after_save(stdout, p.status, saved))
+    if args.json {
+        return Ok(Outcome::after_save(render::json(Some(&snap), &p), p.status, saved.map(drop)));
+    }
+    let mut stdout = render::text(Some(&snap), &p, style);
+    if let Ok(Some(file)) = &saved {
+        stdout.push_str(&format!("Saved `{}` (read it back with --snapshot).\n", file.display()));
+    }
+    Ok(Outcome::after_save(stdout, p.status, saved.map(drop)))
 }
 
 /// `dpo-train data lengths` of `data` under `model`'s tokenizer, read as the flags' run reads it
@@ -441,11 +448,11 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     let p = crate::plan::cpu_plan(req, &system, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
     let cpus = system.cpu_count.unwrap_or(1);
     let saved = match (&args.save, &snap) {
-        (Some(path), Some(s)) => s.save(path),
-        _ => Ok(()),
+        (Some(path), Some(s)) => s.save(path).map(Some),
+        _ => Ok(None),
     };
     if args.json {
-        return Ok(Outcome::after_save(render::json(snap.as_ref(), &p), p.status, saved));
+        return Ok(Outcome::after_save(render::json(snap.as_ref(), &p), p.status, saved.map(drop)));
     }
     let mut stdout = format!(
         "check-gpu: {reason}\nNo NVIDIA GPU can be used here. To train on the {cpus} CPU core(s) instead:\n  {}\n",
@@ -467,16 +474,16 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
             stdout.push_str(&format!("  {}\n", render::communication_line(c)));
         }
     }
-    match (&args.save, &snap) {
-        (Some(path), Some(_)) if saved.is_ok() => {
-            stdout.push_str(&format!("Saved `{}`: no GPU, the CPU bench only.\n", path.display()));
+    match (&args.save, &saved) {
+        (_, Ok(Some(file))) => {
+            stdout.push_str(&format!("Saved `{}`: no GPU, the CPU bench only.\n", file.display()));
         }
-        (Some(path), None) => {
+        (Some(path), Ok(None)) => {
             stdout.push_str(&format!("Nothing was saved to `{}`: there is no GPU state to save.\n", path.display()));
         }
         _ => {}
     }
-    Ok(Outcome::after_save(stdout, p.status, saved))
+    Ok(Outcome::after_save(stdout, p.status, saved.map(drop)))
 }
 
 /// `--loss-type`: one of dpo-vocab's reference-free or unpaired losses (DPO's need no flag).

@@ -453,8 +453,9 @@ impl Snapshot {
     }
 
     /// Writes the snapshot as pretty JSON, atomically (temporary file in the same directory,
-    /// then rename), so a reader never sees half a file.
-    pub fn save(&self, path: &Path) -> Result<(), SnapshotError> {
+    /// then rename), so a reader never sees half a file; into a directory (`path` is one, or ends
+    /// in `/`), as [`SNAPSHOT_FILE`] there. Returns the file written.
+    pub fn save(&self, path: &Path) -> Result<PathBuf, SnapshotError> {
         if path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/') {
             // A directory: the snapshot goes in it, under the name `--snapshot` is used with.
             let dir_err = |source| SnapshotError::Write { path: path.to_path_buf(), source };
@@ -479,7 +480,7 @@ impl Snapshot {
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
-        result.map_err(err)
+        result.map(|()| path.to_path_buf()).map_err(err)
     }
 }
 

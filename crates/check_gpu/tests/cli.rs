@@ -719,6 +719,8 @@ fn save_into_a_directory_writes_the_snapshot_file_there() {
     // Ready with a warning: `--topo` alone gives no compute capability, so the plan is in fp16.
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let saved = dir.join("check-gpu-snapshot.json");
+    let said = format!("Saved `{}` (read it back with --snapshot).", saved.display());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&said), "{}", String::from_utf8_lossy(&out.stdout));
     let again =
         Command::new(env!("CARGO_BIN_EXE_check-gpu")).args(["--snapshot", saved.to_str().unwrap()]).output().unwrap();
     assert_eq!(again.status.code(), Some(1), "{}", String::from_utf8_lossy(&again.stderr));
