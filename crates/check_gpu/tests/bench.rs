@@ -248,7 +248,9 @@ fn bench_runs_dpo_train_and_reports_it() {
 
     // The CPU plan's gradient all-reduce at the busbw nearest 25 MiB: 16 MiB in 1 ms over 2 ranks
     // is 16.78 GB/s algbw, x 2(2-1)/2 = 16.78 GB/s busbw.
+    // The plan runs the 2 processes benched, whose collectives' time it is.
     let v = stdout_json(&run(&["--bench", "--devices", "cpu:2", "--model-params", "0.5B", "--json"], Some(&ok)));
+    assert!(v["command"].as_str().expect("command").contains(" --devices cpu:2 "), "{v}");
     let c = &v["communication"];
     let busbw = 16.0 * MIB as f64 / 0.001 / 1e9;
     assert!((c["transfers"][0]["busbw_gbps"].as_f64().expect("busbw") - busbw).abs() < 1e-9, "{c}");

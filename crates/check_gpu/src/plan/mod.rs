@@ -389,7 +389,8 @@ pub fn cpu_processes(system: &crate::snapshot::System) -> u32 {
     system.cpu_numa_nodes.unwrap_or(1).clamp(1, system.cpu_count.unwrap_or(1).max(1))
 }
 
-/// The plan to train on CPU processes ([`cpu_processes`]) on a host with `system`'s available
+/// The plan to train on CPU processes ([`cpu_processes`], or the N a bench of `--devices cpu:N`
+/// measured) on a host with `system`'s available
 /// memory (`None`: unknown), with what a bench of them measured: its warnings (there is no link
 /// to compare with, but wrong results count) and the time its collectives take per step.
 pub fn cpu_plan(
@@ -398,17 +399,21 @@ pub fn cpu_plan(
     reason: String,
     bench: Option<&crate::bench::BenchRecord>,
 ) -> Plan {
-    let procs = cpu_processes(system);
+    // A bench of `--devices cpu:N` plans the N processes it measured, so its collectives' time is
+    // this run's.
+    let benched = bench.map(|rec| u32::try_from(rec.bench.world_size).unwrap_or(u32::MAX).max(1));
+    let procs = benched.unwrap_or_else(|| cpu_processes(system));
     let mut p = Plan::on_cpu(req, procs, reason, system.memory_available_bytes);
     let nodes = match system.cpu_numa_nodes {
         Some(n) => format!("{n} NUMA node(s) with this job's CPUs"),
         None => "the NUMA nodes unknown".to_owned(),
     };
     let cores = system.cpu_count.map_or_else(|| "its cores".to_owned(), |c| format!("{c} cores"));
-    p.notes.insert(
-        0,
-        format!("{procs} process(es) on {cores}, one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"),
-    );
+    let why = match benched {
+        Some(_) => format!("as benched (--devices cpu:{procs}); {} per NUMA node is the default ({nodes})", cpu_processes(system)),
+        None => format!("one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"),
+    };
+    p.notes.insert(0, format!("{procs} process(es) on {cores}, {why}"));
     if let Some(rec) = bench {
         p.warnings.extend(crate::peak::warnings(rec, None));
         if let Some(model) = &req.model {
