@@ -144,8 +144,9 @@ pub fn snapshot_text(snap: &Snapshot, plan: &Plan, st: Style) -> String {
         return o;
     }
     gpu_table(&mut o, snap, plan, st);
-    if snap.pairs.is_empty() {
-        // No matrix (one GPU, or CSV only): the islands and groups still need their heading.
+    if !shows_matrix(snap) {
+        // No matrix (CSV only, or one GPU without affinities): the islands and groups still need
+        // their heading.
         let _ = writeln!(o, "\n{}", st.bold("Topology"));
     }
     topology_matrix(&mut o, snap, st);
@@ -300,8 +301,15 @@ fn gpu_details(g: &crate::snapshot::Gpu) -> Vec<String> {
 }
 
 /// The link matrix as `nvidia-smi topo -m` prints it, and P2P support.
+/// Whether the topology matrix is shown: with links between GPUs, or for one GPU with its CPU
+/// or NUMA affinity.
+fn shows_matrix(snap: &Snapshot) -> bool {
+    let placed = |g: &crate::snapshot::Gpu| g.cpu_affinity.is_some() || g.numa_node.is_some();
+    !snap.pairs.is_empty() || (snap.gpus.len() == 1 && snap.gpus.iter().any(placed))
+}
+
 fn topology_matrix(o: &mut String, snap: &Snapshot, st: Style) {
-    if snap.pairs.is_empty() {
+    if !shows_matrix(snap) {
         return;
     }
     let _ = writeln!(o, "\n{}", st.bold("Topology (nvidia-smi topo -m legend)"));
@@ -309,14 +317,18 @@ fn topology_matrix(o: &mut String, snap: &Snapshot, st: Style) {
     for g in &snap.gpus {
         head.push_str(&pad(&format!("GPU{}", g.index), 6));
     }
-    head.push_str("CPU Affinity     NUMA");
+    // The affinity column as wide as its longest list (a list of every other core runs long).
+    let affinity = |g: &crate::snapshot::Gpu| g.cpu_affinity.clone().unwrap_or_else(|| "N/A".to_owned());
+    let width = snap.gpus.iter().map(|g| affinity(g).len() + 2).max().unwrap_or(0).max(17);
+    head.push_str(&pad("CPU Affinity", width));
+    head.push_str("NUMA");
     let _ = writeln!(o, "{}", head.trim_end());
     for a in &snap.gpus {
         let mut row = pad(&format!("  GPU{}", a.index), 8);
         for b in &snap.gpus {
             row.push_str(&pad(&snap.link(a.index, b.index).to_string(), 6));
         }
-        row.push_str(&pad(a.cpu_affinity.as_deref().unwrap_or("N/A"), 17));
+        row.push_str(&pad(&affinity(a), width));
         row.push_str(&opt(a.numa_node));
         let _ = writeln!(o, "{row}");
     }
@@ -502,5 +514,19 @@ mod tests {
         let plan = crate::plan::plan(&snap, &crate::plan::PlanRequest::default());
         let text = snapshot_text(&snap, &plan, Style { color: false });
         assert!(text.contains("\nTopology\n  NVLink islands: none\n  NUMA groups: "), "{text}");
+    }
+
+    /// One GPU with its affinities gets its row; an affinity list longer than the column widens
+    /// it rather than running into the NUMA node.
+    #[test]
+    fn one_gpu_row_and_a_long_affinity() {
+        let mut snap = Snapshot::new(crate::snapshot::Source::NvidiaSmi);
+        let cpus = (0..32).map(|c| (2 * c).to_string()).collect::<Vec<_>>().join(",");
+        let gpu = crate::snapshot::Gpu { index: 0, cpu_affinity: Some(cpus.clone()), numa_node: Some(0), ..Default::default() };
+        snap.gpus.push(gpu);
+        let plan = crate::plan::plan(&snap, &crate::plan::PlanRequest::default());
+        let text = snapshot_text(&snap, &plan, Style { color: false });
+        assert!(text.contains(&format!("\n  GPU0  X     {cpus}  0\n")), "{text}");
+        assert!(!text.contains("\nTopology\n"), "{text}");
     }
 }
