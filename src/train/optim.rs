@@ -24,11 +24,17 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
-/// Whether a parameter is decayed, from its name (transformers' `get_decay_parameter_names`
-/// patterns, plus embeddings).
+/// Whether a parameter is decayed, from its name: transformers' `get_decay_parameter_names`,
+/// whose patterns (`bias`, `layernorm`, `rmsnorm`, `(^|\.)norm($|\.)`, `_norm($|\.)`, searched in
+/// the lowercased name) leave out biases and norms; embeddings and the head are decayed.
 pub fn decays(name: &str) -> bool {
-    let last = name.rsplit('.').nth(1).unwrap_or("");
-    !(name.ends_with(".bias") || last.ends_with("norm") || last.contains("layernorm") || last.contains("embed"))
+    let name = name.to_ascii_lowercase();
+    let norm_at = |at: usize| at == 0 || name[..at].ends_with('.') || name[..at].ends_with('_');
+    let norm = name.match_indices("norm").any(|(at, _)| {
+        let after = &name[at + 4..];
+        norm_at(at) && (after.is_empty() || after.starts_with('.'))
+    });
+    !(norm || ["bias", "layernorm", "rmsnorm"].iter().any(|p| name.contains(p)))
 }
 
 /// The moment estimates of one parameter, flattened.
@@ -817,6 +823,9 @@ mod tests {
         assert!(!decays("model.layers.0.input_layernorm.weight"));
         assert!(!decays("model.layers.0.self_attn.q_norm.weight"));
         assert!(!decays("model.norm.weight"));
-        assert!(!decays("model.embed_tokens.weight"));
+        // transformers decays the embedding (a tied head's too), and names without a norm word.
+        assert!(decays("model.embed_tokens.weight"));
+        assert!(decays("model.layers.0.mlp.normalizer.weight") && decays("model.enorm.weight"));
+        assert!(!decays("model.layers.0.attn_norm.weight") && !decays("norm.weight") && !decays("model.RMSNorm.weight"));
     }
 }

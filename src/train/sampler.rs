@@ -59,9 +59,16 @@ impl Sampler {
         order[start..end].chunks(self.micro_batch.max(1)).map(<[usize]>::to_vec).collect()
     }
 
-    /// The epoch reached after `step` optimizer steps, fractional as transformers logs it.
-    pub fn epoch_at(&self, step: u64) -> f64 {
-        step as f64 / self.steps_per_epoch() as f64
+    /// The epoch reached after `step` optimizer steps over `world_size` ranks, fractional as
+    /// transformers logs it: whole epochs, plus the share of the epoch under way's micro-batch
+    /// rounds (`micro_batch · world_size` pairs each, the last one short: each rank's dataloader
+    /// batches) its steps have taken. 17 pairs, micro-batch 2, 2 a step: 2/9 after one step, not 1/5.
+    pub fn epoch_at(&self, step: u64, world_size: usize) -> f64 {
+        let (whole, within) = (step / self.steps_per_epoch(), step % self.steps_per_epoch());
+        let round = (self.micro_batch * world_size).max(1);
+        let rounds = self.len.div_ceil(round).max(1) as u64;
+        let per_step = (self.global_batch / round).max(1) as u64;
+        whole as f64 + (within * per_step).min(rounds) as f64 / rounds as f64
     }
 }
 
@@ -138,6 +145,11 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen, (0..10).collect::<Vec<_>>());
         assert_eq!(s.micro_batches(4), s.clone().micro_batches(4));
+        // transformers' epoch counts micro-batch rounds: 5 of 2 pairs an epoch, 2 a step.
+        let epochs: Vec<f64> = (1..=4).map(|step| s.epoch_at(step, 1)).collect();
+        assert_eq!(epochs, [0.4, 0.8, 1.0, 1.4]);
+        // Over 2 ranks a round is 4 pairs: 3 an epoch, one a step.
+        assert_eq!((s.epoch_at(1, 2), s.epoch_at(3, 2)), (1.0 / 3.0, 1.0));
         assert_ne!(s.permutation(0), s.permutation(1), "epochs reshuffle");
     }
 

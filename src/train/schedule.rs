@@ -1,6 +1,6 @@
 //! Learning-rate schedules with linear warm-up, as transformers' `get_scheduler` defines them
 //! (`optimization.py`: `_get_linear_schedule_with_warmup_lr_lambda`, the cosine variants with
-//! `num_cycles = 0.5`). Step `k` is the `k`-th optimizer update, counted from 0, so with warm-up the
+//! `num_cycles = 0.5`; `constant` is `get_constant_schedule`, without warm-up). Step `k` is the `k`-th optimizer update, counted from 0, so with warm-up the
 //! first update uses a learning rate of 0, exactly as transformers does.
 
 use std::f64::consts::PI;
@@ -21,13 +21,16 @@ pub struct Schedule {
 impl Schedule {
     /// The learning rate of update `step`.
     pub fn lr(&self, step: u64) -> f64 {
+        if self.kind == SchedulerType::Constant {
+            return self.peak;
+        }
         if step < self.warmup_steps {
             return self.peak * step as f64 / self.warmup_steps.max(1) as f64;
         }
         let decay_steps = self.total_steps.saturating_sub(self.warmup_steps).max(1) as f64;
         let progress = (step - self.warmup_steps) as f64 / decay_steps;
         let factor = match self.kind {
-            SchedulerType::Constant => 1.0,
+            SchedulerType::Constant | SchedulerType::ConstantWithWarmup => 1.0,
             SchedulerType::Linear => ((self.total_steps as f64 - step as f64) / decay_steps).max(0.0),
             SchedulerType::Cosine => (0.5 * (1.0 + (PI * progress).cos())).max(0.0),
             SchedulerType::CosineWithMinLr => {
@@ -51,14 +54,17 @@ mod tests {
     #[test]
     fn values_at_chosen_steps() {
         let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-15, "{a} != {b}");
-        for kind in
-            [SchedulerType::Constant, SchedulerType::Linear, SchedulerType::Cosine, SchedulerType::CosineWithMinLr]
-        {
+        use SchedulerType::*;
+        for kind in [ConstantWithWarmup, Linear, Cosine, CosineWithMinLr] {
             close(schedule(kind).lr(0), 0.0);
             close(schedule(kind).lr(5), 5e-4);
             close(schedule(kind).lr(10), 1e-3);
         }
-        close(schedule(SchedulerType::Constant).lr(100), 1e-3);
+        close(schedule(ConstantWithWarmup).lr(100), 1e-3);
+        // transformers' constant schedule takes no warm-up, whatever warmup_steps says.
+        for step in [0, 5, 100] {
+            close(schedule(Constant).lr(step), 1e-3);
+        }
         // linear: (110 - 60) / 100
         close(schedule(SchedulerType::Linear).lr(60), 5e-4);
         close(schedule(SchedulerType::Linear).lr(110), 0.0);

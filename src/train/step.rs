@@ -235,7 +235,7 @@ pub fn optimizer_step(
     let (mut t, grad_norm, applied) = apply(plan, run, t, grads, lr)?;
     window.steps += 1;
     t.state.step += 1;
-    t.state.epoch = plan.sampler.epoch_at(t.state.step);
+    t.state.epoch = plan.sampler.epoch_at(t.state.step, workers.world_size());
     Ok((t, StepReport { grad_norm, applied }))
 }
 

@@ -318,3 +318,52 @@ fn a_training_steps_statistics_are_evaluations() {
         }
     }
 }
+
+/// TRL's logged rows over 10 optimizer steps (`tests/gen/make_trl_train_fixture.py`): the same
+/// run here logs the same loss, grad_norm and rewards step by step, the learning rate of
+/// transformers' `constant` schedule (no warm-up, whatever `warmup_steps` says), weight decay on
+/// the parameters transformers decays (the tied embedding among them) and the epoch counted in
+/// micro-batches (9 an epoch, the last step taking one).
+#[test]
+fn a_training_run_logs_trls_rows() {
+    #[derive(Deserialize)]
+    struct Fixture {
+        rows: usize,
+        settings: BTreeMap<String, serde_json::Value>,
+        logged: Vec<BTreeMap<String, f64>>,
+    }
+    let fx: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/trl_train.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let first = std::fs::read_to_string(fixtures().join("data/prefs.jsonl")).unwrap().lines().next().unwrap().to_owned();
+    let data = dir.path().join("rows.jsonl");
+    std::fs::write(&data, format!("{first}\n").repeat(fx.rows)).unwrap();
+    let settings: String = fx.settings.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
+    let text = format!(
+        "model_name_or_path = \"{}\"\nref_model_name_or_path = \"{}\"\ntrain_file = \"{}\"\noutput_dir = \"{}\"\n\
+         run_name = \"trl\"\nbf16 = false\ngradient_checkpointing = false\nsave_strategy = \"no\"\nnum_samples = 0\n\
+         beta = 0.1\nseed = 42\n{settings}",
+        fixtures().join("models/llama").display(),
+        fixtures().join("models/llama-ref").display(),
+        data.display(),
+        dir.path().display(),
+    );
+    let cfg = dpo_train::config::TrainConfig::from_toml_str(&text, "trl.toml").unwrap();
+    let summary = crate::common::run_alone(cfg, None, false, &std::sync::atomic::AtomicBool::new(false), &mut crate::common::Quiet);
+    let rows = dpo_train::train::log::read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
+    let ours: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::train::log::Split::Train).collect();
+    assert_eq!(ours.len(), fx.logged.len());
+    for (row, want) in ours.iter().zip(&fx.logged) {
+        let step = want["step"];
+        assert_eq!(row.step as f64, step);
+        assert!((row.epoch - want["epoch"]).abs() < 1e-9, "step {step}: epoch {} against {}", row.epoch, want["epoch"]);
+        let lr = row.learning_rate.unwrap();
+        assert!((lr - want["learning_rate"]).abs() < 1e-12, "step {step}: learning rate {lr} against {}", want["learning_rate"]);
+        for name in ["loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins"] {
+            let got = if name == "grad_norm" { row.grad_norm } else { row.metric(name) };
+            let (got, trl) = (got.unwrap(), want[name]);
+            // f32 round-off, carried through the steps' updates.
+            assert!((got - trl).abs() <= 1e-4 * trl.abs().max(1e-2), "step {step}: {name} {got} against TRL's {trl}");
+        }
+    }
+}

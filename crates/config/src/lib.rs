@@ -69,7 +69,10 @@ impl From<LossConfigError> for ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SchedulerType {
+    /// The peak throughout: transformers' `get_constant_schedule`, which takes no warm-up.
     Constant,
+    /// The warm-up, then the peak.
+    ConstantWithWarmup,
     Linear,
     Cosine,
     CosineWithMinLr,
@@ -307,7 +310,7 @@ train_config! {
     // --- optimisation ---
     /// Peak learning rate of AdamW (> 0).
     learning_rate: f64 = 1e-6,
-    /// Decoupled weight decay (not applied to norms, biases and embeddings).
+    /// Decoupled weight decay, on the parameters transformers decays: every one but biases and norms (embeddings and the head included).
     weight_decay: f64 = 0.0,
     /// AdamW β1.
     adam_beta1: f64 = 0.9,
@@ -317,7 +320,7 @@ train_config! {
     adam_epsilon: f64 = 1e-8,
     /// Clip gradients to this global L2 norm (0 disables clipping).
     max_grad_norm: f64 = 1.0,
-    /// constant, linear, cosine or cosine_with_min_lr.
+    /// constant (no warm-up, as transformers' constant takes none), constant_with_warmup, linear, cosine or cosine_with_min_lr.
     lr_scheduler_type: SchedulerType = SchedulerType::Linear,
     /// Final learning rate of cosine_with_min_lr, as a fraction of the peak.
     min_lr_rate: f64 = 0.1,

@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""TRL's logged training rows for the training-trajectory parity test (needs the reference venv:
+trl, transformers, torch).
+
+Run from the repository root after make_fixtures.py:
+
+    .venv/bin/python tests/gen/make_trl_train_fixture.py
+
+TRL 1.16's DPOTrainer trains tests/fixtures/models/llama (reference: models/llama-ref) in float32
+on the CPU for 2 epochs over 17 copies of the first row of data/prefs.jsonl (identical rows, so
+the order TRL's sampler draws them in does not matter), 2 rows a micro-batch and 2 micro-batches
+a step (9 micro-batches an epoch: every epoch ends on a step of one micro-batch), with settings
+whose meaning is transformers' own: `weight_decay` on every parameter but biases and norms (the
+tied embedding too), `lr_scheduler_type = "constant"`, which takes no warm-up even with
+`warmup_steps` set, gradient clipping, and `epoch` counted in micro-batches. It writes
+tests/fixtures/expected/trl_train.json: the settings and each step's logged row (loss,
+grad_norm, learning_rate, epoch and the rewards).
+"""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import EXP_DIR, FIX, TOK_DIR, load_llama_pair, load_tokenizer, make_config, read_jsonl  # noqa: E402
+
+ROWS = 17
+SETTINGS = {
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "num_train_epochs": 2,
+    "learning_rate": 5e-3,
+    "weight_decay": 0.5,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 2,
+    "max_grad_norm": 1.0,
+    "logging_steps": 1,
+}
+LOGGED = ["loss", "grad_norm", "learning_rate", "epoch", "rewards/chosen", "rewards/rejected", "rewards/margins"]
+
+
+def main():
+    from datasets import Dataset
+    from trl import DPOTrainer
+
+    torch.manual_seed(0)
+    rows = [read_jsonl(FIX / "data/prefs.jsonl")[0]] * ROWS
+    with tempfile.TemporaryDirectory() as tmp:
+        args = make_config(tmp, ROWS, {"loss_type": ["sigmoid"], "logging_strategy": "steps", **SETTINGS})
+        policy, ref = load_llama_pair()
+        trainer = DPOTrainer(
+            model=policy,
+            ref_model=ref,
+            args=args,
+            processing_class=load_tokenizer(TOK_DIR),
+            train_dataset=Dataset.from_list(rows),
+        )
+        trainer.train()
+        logged = [
+            {"step": h["step"], **{k: h[k] for k in LOGGED}} for h in trainer.state.log_history if "loss" in h
+        ]
+    out = {"rows": ROWS, "settings": SETTINGS, "logged": logged}
+    (EXP_DIR / "trl_train.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {len(logged)} steps to {EXP_DIR / 'trl_train.json'}")
+
+
+if __name__ == "__main__":
+    main()
