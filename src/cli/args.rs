@@ -107,7 +107,7 @@ pub struct SlurmArgs {
     #[arg(long, default_value = "dpo-train")]
     pub job_name: String,
     /// CPU cores per task.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub cpus_per_task: usize,
     /// Host memory per GPU (SLURM syntax).
     #[arg(long, default_value = "64G")]

@@ -32,6 +32,10 @@ pub enum LaunchFlagError {
         "`--devices {devices}` runs CPU processes and `--device {device}` asks for a GPU: choose one (`--gpus N` runs one process per GPU)"
     )]
     Contradiction { devices: String, device: String },
+    #[error(
+        "`{flag}` launches processes, but this one is rank {rank} of {world} of a job already laid out ({vars} are set): drop the flag inside that job (one task per device, as `dpo-train slurm`'s script runs them), or run it outside"
+    )]
+    InsideJob { flag: String, vars: &'static str, rank: usize, world: usize },
     #[error("`--devices cpu:{}`: {}: {}", short.n, short.describe("processes", basis), short.advice(lone))]
     HostMemory { short: check_gpu::probe::HostShortfall, basis: &'static str, lone: &'static str },
     #[error(
@@ -66,7 +70,17 @@ pub struct LaunchPlan {
 /// Decides this process's role from its flags and worker variables; `cuda_devices` counts the
 /// CUDA devices torch sees (asked only when a CUDA device is involved).
 pub fn role(par: &ParallelArgs, worker: &WorkerEnv, cuda_devices: impl Fn() -> usize) -> Result<Role, LaunchFlagError> {
-    if worker.source != EnvSource::Single {
+    // `--devices`/`--gpus` in a job another launcher laid out: a job of one task (an sbatch
+    // script's own variables) launches them here; in one of several they would be ignored.
+    let asked =
+        par.devices.as_ref().map(|d| format!("--devices {d}")).or(par.gpus.as_ref().map(|g| format!("--gpus {g}")));
+    let elsewhere = matches!(worker.source, EnvSource::Torchrun | EnvSource::Slurm);
+    if let (Some(flag), true, true) = (&asked, elsewhere, worker.is_distributed()) {
+        let vars = if worker.source == EnvSource::Slurm { "SLURM_PROCID/SLURM_NTASKS" } else { "RANK/WORLD_SIZE" };
+        let (flag, rank, world) = (flag.clone(), worker.rank, worker.world_size);
+        return Err(LaunchFlagError::InsideJob { flag, vars, rank, world });
+    }
+    if worker.source != EnvSource::Single && !(asked.is_some() && elsewhere) {
         // Started by a launcher: the job is already laid out; never launch again.
         // `auto` is CUDA where torch sees a device, unless our launcher started CPU workers.
         let auto_cuda = par.device == DeviceArg::Auto && par.devices.is_none() && cuda_devices() > 0;
@@ -388,8 +402,9 @@ mod tests {
         }
     }
 
+    /// A worker our launcher started.
     fn worker(world_size: usize, local_rank: usize) -> WorkerEnv {
-        WorkerEnv { rank: local_rank, local_rank, world_size, source: EnvSource::Torchrun, ..WorkerEnv::single() }
+        WorkerEnv { rank: local_rank, local_rank, world_size, source: EnvSource::Launcher, ..WorkerEnv::single() }
     }
 
     #[test]
@@ -410,6 +425,9 @@ mod tests {
         assert_eq!(listed, Role::Launcher(plan));
     }
 
+    /// Our launcher's workers carry its flags and never launch again; in a job another launcher
+    /// laid out, the flags launch where the job has one task (an sbatch script's variables) and are
+    /// refused where it has several, which they would not change.
     #[test]
     fn a_started_worker_never_launches_whatever_its_world_size() {
         for world in [1, 2, 4] {
@@ -418,6 +436,17 @@ mod tests {
             assert_eq!(r, expected, "world size {world}");
             let r = role(&flags(None, Some("4"), DeviceArg::Cpu), &worker(world, world - 1), || 4).unwrap();
             assert!(!matches!(r, Role::Launcher(_)), "world size {world}: {r:?}");
+        }
+        for source in [EnvSource::Torchrun, EnvSource::Slurm] {
+            let one = WorkerEnv { source, ..worker(1, 0) };
+            let r = role(&flags(Some("cpu:4"), None, DeviceArg::Cpu), &one, || 0).unwrap();
+            assert!(matches!(r, Role::Launcher(LaunchPlan { nproc: 4, .. })), "{source:?}: {r:?}");
+            let two = WorkerEnv { source, ..worker(2, 1) };
+            let err = role(&flags(None, Some("4"), DeviceArg::Cpu), &two, || 4).unwrap_err().to_string();
+            assert!(err.starts_with("`--gpus 4` launches processes, but this one is rank 1 of 2"), "{err}");
+            // Without the flags a worker of a job laid out elsewhere runs as its rank.
+            let plain = role(&flags(None, None, DeviceArg::Cpu), &two, || 0).unwrap();
+            assert_eq!(plain, Role::Worker(DeviceArg::Cpu));
         }
     }
 

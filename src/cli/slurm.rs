@@ -9,9 +9,18 @@ use super::train::config_name;
 use dpo_base::hub::{self, Kind};
 
 use crate::config::{ConfigError, ConfigFile, KEYS, Layered};
-use crate::dist::{SlurmOptions, sbatch_script};
+use crate::dist::{SlurmOptions, sbatch_script, time_limit_seconds};
 
 pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
+    if let Some(limit) = time_limit_seconds(&args.time)
+        && u64::from(args.save_before_limit) >= limit
+    {
+        let (before, time) = (args.save_before_limit, &args.time);
+        let message = format!(
+            "{before} is not less than `--time {time}` ({limit} s): the signal to save would come as the job starts; lower it, or 0 for none"
+        );
+        return Err(ConfigError::Flag { flag: "save-before-limit".to_owned(), message }.into());
+    }
     let file = args.config.as_deref().map(ConfigFile::read).transpose()?;
     let layered = Layered::new(file, &args.overrides.values)?;
     layered.validate()?;
@@ -45,6 +54,8 @@ pub fn run_slurm(args: SlurmArgs) -> anyhow::Result<()> {
             gpus_per_node: args.gpus_per_node,
             train_args,
             run_dir: cfg.output_dir.join(run_name),
+            workdir: std::env::current_dir()?,
+            program: std::env::current_exe()?,
             time: args.time,
             partition: args.partition,
             job_name: args.job_name,

@@ -240,7 +240,8 @@ fn adapter_keys(layered: &mut Layered, own_file: bool) -> anyhow::Result<()> {
     };
     let cfg = &layered.cfg;
     let asked = crate::config::LoraSettings::new(1, 1.0, 0.0, &cfg.lora_target_modules).ok();
-    let targets = asked.is_some_and(|a| a.target_modules == saved.target_modules && a.layer_modules == saved.layer_modules);
+    let targets =
+        asked.is_some_and(|a| a.target_modules == saved.target_modules && a.layer_modules == saved.layer_modules);
     let differs = [
         ("lora_r", cfg.lora_r == Some(saved.r), format!("r = {}", saved.r)),
         ("lora_alpha", cfg.lora_alpha == saved.alpha, format!("lora_alpha = {}", saved.alpha)),

@@ -826,6 +826,8 @@ mod tests {
         // transformers decays the embedding (a tied head's too), and names without a norm word.
         assert!(decays("model.embed_tokens.weight"));
         assert!(decays("model.layers.0.mlp.normalizer.weight") && decays("model.enorm.weight"));
-        assert!(!decays("model.layers.0.attn_norm.weight") && !decays("norm.weight") && !decays("model.RMSNorm.weight"));
+        assert!(
+            !decays("model.layers.0.attn_norm.weight") && !decays("norm.weight") && !decays("model.RMSNorm.weight")
+        );
     }
 }

@@ -18,7 +18,8 @@ use crate::common::{fixtures, max_diff, tensors};
 
 /// `--devices cpu:1` runs as one process (no launcher, no worker launching workers) and trains the
 /// same parameters as a plain run; so does a process that has worker variables of a world of 1
-/// (torchrun --nproc-per-node 1) whatever launch flags it carries.
+/// (torchrun --nproc-per-node 1) asked for one device (`--devices cpu:2` there launches 2: the
+/// launch rules' unit tests).
 #[test]
 fn one_device_is_one_process_and_trains_like_a_plain_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,7 +42,7 @@ fn one_device_is_one_process_and_trains_like_a_plain_run() {
         ("MASTER_ADDR", "127.0.0.1"),
         ("MASTER_PORT", "29999"),
     ];
-    let worker = run("worker", &["--devices", "cpu:2"], &torchrun_of_one);
+    let worker = run("worker", &["--devices", "cpu:1"], &torchrun_of_one);
     assert_eq!(max_diff(&plain, &worker), 0.0);
 }
 

@@ -371,7 +371,10 @@ fn a_continued_adapter_keeps_its_shape_and_dropout() {
         let out = dpo_train(&[&base[..], &[flag, value]].concat());
         let err = one_line_error(&out);
         let want = format!("error: `{flag}`: `{}` is an adapter with {has}", copy.display());
-        assert!(err.starts_with(&want) && err.ends_with("drop this setting, or train a new adapter on its base"), "{err}");
+        assert!(
+            err.starts_with(&want) && err.ends_with("drop this setting, or train a new adapter on its base"),
+            "{err}"
+        );
         assert!(!out_dir.exists(), "a refused run wrote {}", out_dir.display());
     }
     let out = dpo_train(&base);
@@ -607,8 +610,9 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     let script = String::from_utf8(out.stdout).unwrap();
     let srun = script.lines().find(|l| l.starts_with("srun ")).expect("an srun line");
     // The resume's array (empty on a first submission) is bash's.
-    let words: Vec<&str> =
-        srun.split_whitespace().skip_while(|w| *w != "dpo-train").filter(|w| !w.starts_with("${")).collect();
+    let words: Vec<&str> = std::iter::once("dpo-train")
+        .chain(srun.split_whitespace().skip_while(|w| *w != "train").filter(|w| !w.starts_with("${")))
+        .collect();
     use clap::Parser;
     let Some(dpo_train::cli::args::Command::Train(task)) =
         dpo_train::cli::args::Cli::try_parse_from(&words).unwrap().command
@@ -642,12 +646,15 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     assert!(refused(&["--data", d]).contains("`model_name_or_path`: is required"));
     let err = refused(&["--model", m, "--data", d, "--per-device-train-batch-size", "4", "--global-batch-size", "8"]);
     assert!(err.contains("8 does not split into per_device_train_batch_size 4 x 4 devices"), "{err}");
+    let err = refused(&["--model", m, "--data", d, "--time", "00:02:00"]);
+    assert!(err.starts_with("error: `--save-before-limit`: 300 is not less than `--time 00:02:00` (120 s)"), "{err}");
 }
 
 /// The script `slurm` prints is one run: submitted again (or requeued), it resumes that run rather
 /// than starting another. Run by bash with `srun` standing in (dpo-train on the CPU, the job's
 /// flags as they come, its paths relative): the first submission trains to the end, the second
-/// resumes the same run directory, finds nothing left to train and makes no other.
+/// resumes the same run directory, finds nothing left to train and makes no other; a run that died
+/// before its first checkpoint (its config and metrics there, no checkpoint) starts again.
 #[test]
 fn a_slurm_script_submitted_again_resumes_its_run() {
     let dir = tempfile::tempdir().unwrap();
@@ -655,21 +662,26 @@ fn a_slurm_script_submitted_again_resumes_its_run() {
     // (the run saves them absolute, and its resume compares them so).
     std::os::unix::fs::symlink(root().join("tests/fixtures/models/llama"), dir.path().join("model")).unwrap();
     std::os::unix::fs::symlink(root().join("tests/fixtures/data/prefs.jsonl"), dir.path().join("prefs.jsonl")).unwrap();
-    let out = dpo_train(&[
-        "slurm",
-        "--gpus-per-node",
-        "1",
-        "--model",
-        "model",
-        "--data",
-        "prefs.jsonl",
-        "--max-steps",
-        "2",
-        "--num-samples",
-        "0",
-        "--output-dir",
-        "runs",
-    ]);
+    // Made where the job runs, as a user makes it: the script runs its tasks there.
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .current_dir(dir.path())
+        .args([
+            "slurm",
+            "--gpus-per-node",
+            "1",
+            "--model",
+            "model",
+            "--data",
+            "prefs.jsonl",
+            "--max-steps",
+            "2",
+            "--num-samples",
+            "0",
+            "--output-dir",
+            "runs",
+        ])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     fs::write(dir.path().join("job.sbatch"), &out.stdout).unwrap();
     let bin = dir.path().join("bin");
@@ -708,6 +720,13 @@ fn a_slurm_script_submitted_again_resumes_its_run() {
     let run = format!("runs/{}", runs[0].file_name().unwrap().to_string_lossy());
     assert!(second.ends_with(&format!("--device cpu --resume {run}")), "{second}");
     assert_eq!(listed(), runs, "{said}");
+    // Killed before its first checkpoint: requeued, it trains the run again, not a resume refused.
+    fs::remove_dir_all(runs[0].join("checkpoints")).unwrap();
+    fs::remove_dir_all(runs[0].join("final")).unwrap();
+    submit();
+    let third = fs::read_to_string(dir.path().join("submitted")).unwrap().lines().nth(2).unwrap().to_owned();
+    assert!(third.ends_with("--device cpu"), "{third}");
+    assert!(runs[0].join("final").is_dir() && listed() == runs);
 }
 
 /// `plot` of a directory that is no run, or of a run whose `metrics.csv` is foreign or damaged,

@@ -335,7 +335,8 @@ fn a_training_run_logs_trls_rows() {
     let fx: Fixture =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/trl_train.json")).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let first = std::fs::read_to_string(fixtures().join("data/prefs.jsonl")).unwrap().lines().next().unwrap().to_owned();
+    let first =
+        std::fs::read_to_string(fixtures().join("data/prefs.jsonl")).unwrap().lines().next().unwrap().to_owned();
     let data = dir.path().join("rows.jsonl");
     std::fs::write(&data, format!("{first}\n").repeat(fx.rows)).unwrap();
     let settings: String = fx.settings.iter().map(|(k, v)| format!("{k} = {v}\n")).collect();
@@ -349,7 +350,13 @@ fn a_training_run_logs_trls_rows() {
         dir.path().display(),
     );
     let cfg = dpo_train::config::TrainConfig::from_toml_str(&text, "trl.toml").unwrap();
-    let summary = crate::common::run_alone(cfg, None, false, &std::sync::atomic::AtomicBool::new(false), &mut crate::common::Quiet);
+    let summary = crate::common::run_alone(
+        cfg,
+        None,
+        false,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut crate::common::Quiet,
+    );
     let rows = dpo_train::train::log::read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
     let ours: Vec<_> = rows.iter().filter(|r| r.split == dpo_train::train::log::Split::Train).collect();
     assert_eq!(ours.len(), fx.logged.len());
@@ -358,7 +365,11 @@ fn a_training_run_logs_trls_rows() {
         assert_eq!(row.step as f64, step);
         assert!((row.epoch - want["epoch"]).abs() < 1e-9, "step {step}: epoch {} against {}", row.epoch, want["epoch"]);
         let lr = row.learning_rate.unwrap();
-        assert!((lr - want["learning_rate"]).abs() < 1e-12, "step {step}: learning rate {lr} against {}", want["learning_rate"]);
+        assert!(
+            (lr - want["learning_rate"]).abs() < 1e-12,
+            "step {step}: learning rate {lr} against {}",
+            want["learning_rate"]
+        );
         for name in ["loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins"] {
             let got = if name == "grad_norm" { row.grad_norm } else { row.metric(name) };
             let (got, trl) = (got.unwrap(), want[name]);

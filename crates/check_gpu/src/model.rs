@@ -33,7 +33,9 @@ pub enum ModelError {
     #[error("{path}:{line}: `{key}` must be {expected}")]
     Invalid { path: PathBuf, line: usize, key: &'static str, expected: &'static str },
     /// Sizes whose model has more parameters than the estimate handles (1e15).
-    #[error("{path}:{line}: `{key}` = {value} makes a model of more than 1e15 parameters, the most the estimate handles")]
+    #[error(
+        "{path}:{line}: `{key}` = {value} makes a model of more than 1e15 parameters, the most the estimate handles"
+    )]
     TooLarge { path: PathBuf, line: usize, key: &'static str, value: u64 },
     /// `model_type` names an architecture dpo-train does not build (its parameters would be
     /// counted as a Llama's, and the printed command would fail).

@@ -522,7 +522,12 @@ mod tests {
     fn one_gpu_row_and_a_long_affinity() {
         let mut snap = Snapshot::new(crate::snapshot::Source::NvidiaSmi);
         let cpus = (0..32).map(|c| (2 * c).to_string()).collect::<Vec<_>>().join(",");
-        let gpu = crate::snapshot::Gpu { index: 0, cpu_affinity: Some(cpus.clone()), numa_node: Some(0), ..Default::default() };
+        let gpu = crate::snapshot::Gpu {
+            index: 0,
+            cpu_affinity: Some(cpus.clone()),
+            numa_node: Some(0),
+            ..Default::default()
+        };
         snap.gpus.push(gpu);
         let plan = crate::plan::plan(&snap, &crate::plan::PlanRequest::default());
         let text = snapshot_text(&snap, &plan, Style { color: false });

@@ -208,7 +208,10 @@ fn bf16_by_name(name: &str) -> Option<bool> {
             _ => None,
         };
     }
-    let newer = ["A100", "A800", "A40", "A30", "A10", "A10G", "A16", "A2", "H100", "H800", "H200", "H20", "GH200", "L4", "L40", "L40S", "L20", "B100", "B200", "GB200", "B300", "GB300"];
+    let newer = [
+        "A100", "A800", "A40", "A30", "A10", "A10G", "A16", "A2", "H100", "H800", "H200", "H20", "GH200", "L4", "L40",
+        "L40S", "L20", "B100", "B200", "GB200", "B300", "GB300",
+    ];
     if newer.iter().any(|w| has(w)) || starts("H100") || starts("A100") || starts("H200") {
         return Some(true);
     }

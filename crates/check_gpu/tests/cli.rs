@@ -218,7 +218,9 @@ fn without_compute_capability_bf16_follows_the_name() {
         std::fs::write(&path, format!("{header}{rows}")).expect("the query file");
         path
     };
-    for (name, dtype, warned) in [("Tesla T4", "fp16", false), ("NVIDIA L4", "bf16", false), ("Mystery GPU", "fp16", true)] {
+    for (name, dtype, warned) in
+        [("Tesla T4", "fp16", false), ("NVIDIA L4", "bf16", false), ("Mystery GPU", "fp16", true)]
+    {
         let query = query_of(name);
         let args = ["--topo", topo.to_str().unwrap(), "--query", query.to_str().unwrap(), "--model-params", "500M"];
         let (code, v) = json_of(&run(&[&args[..], &["--lora", "8", "--json"]].concat()));
@@ -483,7 +485,10 @@ fn ecc_and_hardware_throttle_from_extra_columns() {
     assert!(ex[0].1.contains("2 uncorrectable ECC error(s)"), "{ex:?}");
     assert!(ex[1].1.contains("throttled by hardware (hw_slowdown)"), "{ex:?}");
     // A query alone says nothing of the links: islands unknown, not none, and said so.
-    assert_eq!((v["topology"]["links_known"].as_bool(), v["topology"]["nvlink_islands"].as_array().map(Vec::len)), (Some(false), Some(0)));
+    assert_eq!(
+        (v["topology"]["links_known"].as_bool(), v["topology"]["nvlink_islands"].as_array().map(Vec::len)),
+        (Some(false), Some(0))
+    );
     assert!(warnings(&v).iter().any(|w| w.starts_with("the links between the GPUs are unknown (no --topo)")), "{v}");
     let text = run(&["--query", q.to_str().expect("path"), "--model-params", "1.5B"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("NVLink islands: unknown (no --topo)"));

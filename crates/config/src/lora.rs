@@ -127,7 +127,8 @@ fn resolve_targets(targets: &[String]) -> Result<(Vec<String>, Vec<String>), Str
         .collect();
     layers.sort_unstable();
     layers.dedup();
-    let layer_modules = layers.iter().map(|&(m, i)| format!("model.layers.{i}.{}.{}", parent(m), TARGET_MODULES[m])).collect();
+    let layer_modules =
+        layers.iter().map(|&(m, i)| format!("model.layers.{i}.{}.{}", parent(m), TARGET_MODULES[m])).collect();
     let names = TARGET_MODULES.iter().filter(|m| entries.iter().any(|(n, _)| n == *m)).map(|m| (*m).to_owned());
     Ok((names.collect(), layer_modules))
 }
@@ -163,18 +164,24 @@ mod tests {
     #[test]
     fn module_names_as_peft_matches_them() {
         let of = |t: &[&str]| LoraSettings::new(4, 8.0, 0.0, &t.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let s = of(&["model.layers.1.self_attn.k_proj", "model.layers.0.self_attn.k_proj", "mlp.down_proj", "q_proj"]).unwrap();
+        let s = of(&["model.layers.1.self_attn.k_proj", "model.layers.0.self_attn.k_proj", "mlp.down_proj", "q_proj"])
+            .unwrap();
         assert_eq!(s.target_modules, ["q_proj", "k_proj", "down_proj"]);
         assert_eq!(s.layer_modules, ["model.layers.0.self_attn.k_proj", "model.layers.1.self_attn.k_proj"]);
         assert!(s.adapts("model.layers.7.self_attn.q_proj") && s.adapts("model.layers.7.mlp.down_proj"));
         assert!(s.adapts("model.layers.1.self_attn.k_proj") && !s.adapts("model.layers.2.self_attn.k_proj"));
         assert!(!s.adapts("model.layers.0.self_attn.v_proj"));
         assert_eq!(s.describe_targets(), "q_proj,k_proj (layers 0, 1),down_proj");
-        assert_eq!(s.peft_targets(), ["q_proj", "down_proj", "model.layers.0.self_attn.k_proj", "model.layers.1.self_attn.k_proj"]);
+        assert_eq!(
+            s.peft_targets(),
+            ["q_proj", "down_proj", "model.layers.0.self_attn.k_proj", "model.layers.1.self_attn.k_proj"]
+        );
         // A projection named in every layer too is adapted in every layer.
         let s = of(&["layers.3.mlp.up_proj", "up_proj"]).unwrap();
         assert!(s.layer_modules.is_empty() && s.adapts("model.layers.0.mlp.up_proj"));
-        for bad in ["mlp.q_proj", "model.layers.x.mlp.up_proj", "base.model.layers.0.mlp.up_proj", "lm_head", "self_attn"] {
+        for bad in
+            ["mlp.q_proj", "model.layers.x.mlp.up_proj", "base.model.layers.0.mlp.up_proj", "lm_head", "self_attn"]
+        {
             let err = of(&[bad]).unwrap_err();
             assert_eq!(err.0, "lora_target_modules");
             assert!(err.1.starts_with(&format!("unknown module `{bad}`")), "{err:?}");

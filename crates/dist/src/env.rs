@@ -11,7 +11,10 @@ pub const DEFAULT_MASTER_PORT: u16 = 29500;
 /// Where the worker environment came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnvSource {
-    /// `RANK`/`WORLD_SIZE`/… (torchrun, or [`super::launch`]).
+    /// `RANK`/`WORLD_SIZE`/… set by dpo-train's own launcher (which also names its flight
+    /// records' directory, [`super::flight::DIR_VAR`]).
+    Launcher,
+    /// `RANK`/`WORLD_SIZE`/… set by another (torchrun, or by hand).
     Torchrun,
     /// `SLURM_PROCID`/`SLURM_NTASKS`/… (one `srun` task per GPU).
     Slurm,
@@ -88,7 +91,8 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Result<WorkerEnv, En
         let master_addr = need("MASTER_ADDR")?;
         let master_port = parse_port("MASTER_PORT", &need("MASTER_PORT")?)?;
         check_rank("RANK", rank, "WORLD_SIZE", world_size)?;
-        return Ok(WorkerEnv { rank, local_rank, world_size, master_addr, master_port, source: EnvSource::Torchrun });
+        let source = if get(super::flight::DIR_VAR).is_some() { EnvSource::Launcher } else { EnvSource::Torchrun };
+        return Ok(WorkerEnv { rank, local_rank, world_size, master_addr, master_port, source });
     }
     if let Some(procid) = get("SLURM_PROCID") {
         let because = "SLURM_PROCID";

@@ -27,4 +27,4 @@ pub use launcher::{LaunchError, LaunchOutcome, NodeSpec, launch, launch_node};
 pub use process_group::{
     Backend, Compression, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth,
 };
-pub use slurm::{SlurmOptions, sbatch_script};
+pub use slurm::{SlurmOptions, sbatch_script, time_limit_seconds};

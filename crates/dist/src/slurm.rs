@@ -15,9 +15,14 @@ pub struct SlurmOptions {
     pub gpus_per_node: usize,
     /// What follows `dpo-train train` on every task: the config file and flags, each one word.
     pub train_args: Vec<String>,
-    /// The run's directory: where it has a `config.toml` (the script submitted again, or
-    /// requeued), the tasks resume it from its newest checkpoint.
+    /// The run's directory: where it holds a checkpoint (the script submitted again, or
+    /// requeued), the tasks resume it from its newest; else they start it (again).
     pub run_dir: PathBuf,
+    /// The directory the job's tasks run in: where the script was made, so the relative paths of
+    /// its config and flags mean there what they meant when they were checked.
+    pub workdir: PathBuf,
+    /// The dpo-train the tasks run, unless the job's `DPO_TRAIN` names another.
+    pub program: PathBuf,
     /// Wall-clock limit in SLURM's syntax (`--time`, e.g. `24:00:00`).
     pub time: String,
     /// The partition (`--partition`), or the cluster's default.
@@ -35,7 +40,8 @@ pub struct SlurmOptions {
     pub save_before_limit: u32,
 }
 
-/// The sbatch script for `opts`. `dpo-train` must be on the nodes' `PATH`.
+/// The sbatch script for `opts`. The nodes must see `opts.program` where it is here (a shared
+/// file system), or the job's `DPO_TRAIN` name theirs.
 ///
 /// The rendezvous port is derived from the job id (`20000 + SLURM_JOB_ID % 20000`), so two jobs
 /// sharing a node do not collide.
@@ -65,12 +71,17 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         String::new(),
         "set -euo pipefail".to_string(),
         String::new(),
+        "# The config's and flags' relative paths mean what they meant where the script was made.".to_string(),
+        format!("cd {}", shell_quote(&opts.workdir.to_string_lossy())),
+        String::new(),
         "# NCCL: a failed or stuck collective ends the job instead of hanging it.".to_string(),
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1".to_string(),
         "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}".to_string(),
         "export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-^lo,docker}".to_string(),
         String::new(),
-        "# Threads per task: its share of the node's cores.".to_string(),
+        "# Threads per task: its share of the node's cores (srun takes --cpus-per-task from".to_string(),
+        "# SRUN_CPUS_PER_TASK since SLURM 22.05, no longer from the allocation).".to_string(),
+        format!("export SRUN_CPUS_PER_TASK={threads}"),
         format!("export OMP_NUM_THREADS={threads}"),
         format!("export DPO_TRAIN_THREADS={threads}"),
         String::new(),
@@ -78,22 +89,47 @@ pub fn sbatch_script(opts: &SlurmOptions) -> String {
         "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)".to_string(),
         "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))".to_string(),
         String::new(),
-        "# Submitted again (or requeued), the job resumes its run from the newest checkpoint.".to_string(),
+        "# Submitted again (or requeued), the job resumes its run from the newest checkpoint (its".to_string(),
+        "# warm-up's, or its own); a run that died before its first starts again.".to_string(),
         format!("RUN_DIR={}", shell_quote(&opts.run_dir.to_string_lossy())),
         "RESUME=()".to_string(),
-        "if [ -f \"$RUN_DIR/config.toml\" ]; then RESUME=(--resume \"$RUN_DIR\"); fi".to_string(),
+        "if compgen -G \"$RUN_DIR/checkpoints/step-*\" >/dev/null || compgen -G \"$RUN_DIR/sft/checkpoints/step-*\" >/dev/null; then".to_string(),
+        "  RESUME=(--resume \"$RUN_DIR\")".to_string(),
+        "fi".to_string(),
         String::new(),
+        format!("DPO_TRAIN=${{DPO_TRAIN:-{}}}", shell_quote(&opts.program.to_string_lossy())),
         "# One task per GPU; dpo-train reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID.".to_string(),
         // `--device cuda`: each task takes the GPU of its local rank. An empty array under `set -u`
         // needs the `+` form before bash 4.4.
         format!(
-            "srun --kill-on-bad-exit=1 dpo-train train {} --device cuda ${{RESUME[@]+\"${{RESUME[@]}}\"}}",
+            "srun --kill-on-bad-exit=1 \"$DPO_TRAIN\" train {} --device cuda ${{RESUME[@]+\"${{RESUME[@]}}\"}}",
             train.join(" ")
         ),
     ]);
     let mut script = lines.join("\n");
     script.push('\n');
     script
+}
+
+/// Seconds of a time limit in SLURM's syntax (`minutes`, `minutes:seconds`,
+/// `hours:minutes:seconds`, `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`);
+/// `None` for `UNLIMITED`/`INFINITE` or text that is none of these.
+pub fn time_limit_seconds(time: &str) -> Option<u64> {
+    let (days, rest) = match time.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().ok()?, Some(rest)),
+        None => (0, None),
+    };
+    let num = |p: &str| p.parse::<u64>().ok();
+    let parts: Vec<&str> = rest.unwrap_or(time).split(':').collect();
+    let (h, m, sec) = match (rest.is_some(), parts.as_slice()) {
+        (false, [m]) => (0, num(m)?, 0),
+        (false, [m, s]) => (0, num(m)?, num(s)?),
+        (_, [h, m, s]) => (num(h)?, num(m)?, num(s)?),
+        (true, [h]) => (num(h)?, 0, 0),
+        (true, [h, m]) => (num(h)?, num(m)?, 0),
+        _ => return None,
+    };
+    Some(((days * 24 + h) * 60 + m) * 60 + sec)
 }
 
 /// `s` as one shell word: unchanged when it has only safe characters, else single-quoted.
@@ -107,12 +143,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn time_limits_in_slurms_syntax() {
+        let cases = [
+            ("30", 1800),
+            ("30:15", 1815),
+            ("2:00:00", 7200),
+            ("1-0", 86_400),
+            ("1-2:30", 95_400),
+            ("1-0:0:5", 86_405),
+        ];
+        for (text, seconds) in cases {
+            assert_eq!(time_limit_seconds(text), Some(seconds), "{text}");
+        }
+        for text in ["UNLIMITED", "1:2:3:4", "", "a-1"] {
+            assert_eq!(time_limit_seconds(text), None, "{text}");
+        }
+    }
+
+    #[test]
     fn matches_the_reviewed_fixture() {
         let opts = SlurmOptions {
             nodes: 2,
             gpus_per_node: 4,
             train_args: vec!["--config".into(), "configs/llama-1b.toml".into()],
             run_dir: PathBuf::from("runs/20261207-000000-llama-1b"),
+            workdir: PathBuf::from("/home/me/dpo"),
+            program: PathBuf::from("/home/me/.cargo/bin/dpo-train"),
             time: "24:00:00".into(),
             partition: Some("gpu".into()),
             job_name: "dpo".into(),
@@ -135,6 +191,8 @@ mod tests {
             gpus_per_node: 8,
             train_args: ["--config", "my runs/it's.toml", "--beta", "0.2"].map(String::from).to_vec(),
             run_dir: PathBuf::from("my runs/x"),
+            workdir: PathBuf::from("/home/me/my runs"),
+            program: PathBuf::from("/opt/dpo train/dpo-train"),
             time: "1:00:00".into(),
             partition: None,
             job_name: "x".into(),
@@ -147,8 +205,10 @@ mod tests {
         assert!(!script.contains("--signal"));
         assert!(script.contains("RUN_DIR='my runs/x'\n"));
         assert!(script.contains("#SBATCH --ntasks-per-node=8\n#SBATCH --gres=gpu:8\n"));
+        assert!(script.contains("\ncd '/home/me/my runs'\n"));
+        assert!(script.contains("DPO_TRAIN=${DPO_TRAIN:-'/opt/dpo train/dpo-train'}\n"));
         assert!(script.ends_with(
-            "srun --kill-on-bad-exit=1 dpo-train train --config 'my runs/it'\\''s.toml' --beta 0.2 --device cuda \
+            "srun --kill-on-bad-exit=1 \"$DPO_TRAIN\" train --config 'my runs/it'\\''s.toml' --beta 0.2 --device cuda \
              ${RESUME[@]+\"${RESUME[@]}\"}\n"
         ));
     }

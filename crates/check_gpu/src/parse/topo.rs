@@ -254,7 +254,10 @@ impl Header {
         match gpus.iter().zip(&self.gpu_cols).position(|(g, (_, want))| g.index != *want) {
             Some(row) => {
                 let (found, want) = (gpus[row].index, self.gpu_cols[row].1);
-                Err((Some(row), format!("expected GPU rows in column order, found GPU{found} where GPU{want} was expected")))
+                Err((
+                    Some(row),
+                    format!("expected GPU rows in column order, found GPU{found} where GPU{want} was expected"),
+                ))
             }
             None => Ok(()),
         }

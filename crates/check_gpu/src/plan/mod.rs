@@ -410,8 +410,13 @@ pub fn cpu_plan(
     };
     let cores = system.cpu_count.map_or_else(|| "its cores".to_owned(), |c| format!("{c} cores"));
     let why = match benched {
-        Some(_) => format!("as benched (--devices cpu:{procs}); {} per NUMA node is the default ({nodes})", cpu_processes(system)),
-        None => format!("one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"),
+        Some(_) => format!(
+            "as benched (--devices cpu:{procs}); {} per NUMA node is the default ({nodes})",
+            cpu_processes(system)
+        ),
+        None => format!(
+            "one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"
+        ),
     };
     p.notes.insert(0, format!("{procs} process(es) on {cores}, {why}"));
     if let Some(rec) = bench {
@@ -560,7 +565,9 @@ fn precision(snap: &Snapshot, candidates: &[u32], req: &PlanRequest, log: &mut L
     match (req.dtype, without, unknown) {
         (Some(Precision::Bf16), Some(g), _) => {
             let have = older(g);
-            log.warnings.push(format!("bf16 needs compute capability 8.0 or newer and the chosen GPUs {have}: use --dtype fp16"));
+            log.warnings.push(format!(
+                "bf16 needs compute capability 8.0 or newer and the chosen GPUs {have}: use --dtype fp16"
+            ));
             Precision::Bf16
         }
         (Some(d), _, _) => d,
@@ -675,9 +682,11 @@ mod tests {
     /// large enough, the one whose are best connected: not the first GPUs of the first.
     #[test]
     fn subset_is_the_best_connected_inside_its_node_or_island() {
-        let numa = |nodes: [u32; 4]| move |mut g: Gpu| {
-            g.numa_node = Some(nodes[g.index as usize]);
-            g
+        let numa = |nodes: [u32; 4]| {
+            move |mut g: Gpu| {
+                g.numa_node = Some(nodes[g.index as usize]);
+                g
+            }
         };
         // One node; 1-3 share a PCIe switch, every other pair crosses the host bridge.
         let one = numa([0; 4]);
