@@ -241,6 +241,7 @@ fn evaluation(model: &Path, data: &Path, shape: &Shape, peak: f64, device: &Devi
         loss: LossConfig::default(),
         truncation: Some(SEQ_LEN).into(),
         batch_size: 4,
+        metrics_batch: None,
         packing: dpo_train::data::Packing::SharedPrompt,
         device: device.clone(),
     };

@@ -1,11 +1,11 @@
 //! `dpo-train eval`: the DPO loss and metrics of a policy against a reference over a whole
-//! preference dataset, as TRL's `DPOTrainer.evaluate` reports them with every pair in one batch.
+//! preference dataset, as TRL's `DPOTrainer.evaluate` reports them.
 //!
-//! Batches only bound memory: per-pair scores are collected on the host and the loss is computed
-//! once over the full set, so no number depends on `batch_size` (padding never reaches a score),
-//! but for KTO's: its KL rows pair each prompt with another completion of its block of
-//! `batch_size` rows, as TRL forms them within each per-device batch; its KL estimate is then the
-//! whole set's.
+//! Per-pair scores are collected on the host and the loss is computed once over the full set
+//! (padding never reaches a score); each metric is the mean of its values over the batches of
+//! `metrics_batch` pairs, in order, as TRL averages what each evaluation batch logged. KTO's KL
+//! rows pair each prompt with another completion of its block of `batch_size` rows, as TRL forms
+//! them within each per-device batch.
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +52,10 @@ pub struct EvalOptions {
     pub truncation: Truncation,
     /// Pairs per forward pass.
     pub batch_size: usize,
+    /// The batches TRL's metrics are means over (`per_device_eval_batch_size`): each metric is the
+    /// mean of its value over every such batch of the dataset, in order, as TRL's `log` averages
+    /// each batch's; `None`: `batch_size`. The loss is over every pair either way.
+    pub metrics_batch: Option<usize>,
     /// How a pass lays out its sequences (the numbers do not depend on it).
     pub packing: Packing,
     pub device: Device,
@@ -142,7 +146,8 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         Some(r) => reference_logps(r, &pairs, &collation, &opts.device),
         None => RefLogps::zeros(pairs.len()),
     };
-    let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, &collation, &opts.loss, &opts.device);
+    let per_batch = opts.metrics_batch.unwrap_or(opts.batch_size);
+    let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, (&collation, per_batch), &opts.loss, &opts.device);
     Ok(EvalReport { metrics, pairs: pairs.len(), skipped: summary.read.skipped, tokenize: summary.tokenized })
 }
 

@@ -45,6 +45,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         loss: keys.loss,
         truncation,
         batch_size: args.batch_size,
+        metrics_batch: None,
         packing: Packing::SharedPrompt,
         device: single_device(args_device)?,
     };

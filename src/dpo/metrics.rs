@@ -120,6 +120,22 @@ impl ScoredPairs {
     }
 
     /// The inverse of [`ScoredPairs::columns`].
+    /// The pairs in runs of `n` (the last one short), in order; one empty run where there are none.
+    pub fn chunks(&self, n: usize) -> Vec<ScoredPairs> {
+        let columns = self.columns();
+        let len = self.len();
+        if len <= n {
+            return vec![self.clone()];
+        }
+        (0..len)
+            .step_by(n)
+            .map(|start| {
+                let end = (start + n).min(len);
+                Self::from_columns(columns.iter().map(|c| c[start..end].to_vec()).collect())
+            })
+            .collect()
+    }
+
     pub fn from_columns(columns: Vec<Vec<f32>>) -> Self {
         let mut it = columns.into_iter();
         let mut side = || SideRows {

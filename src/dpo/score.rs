@@ -1,6 +1,6 @@
 //! Scoring whole datasets: every pair's policy scores against precomputed reference log-probs,
-//! collected on the host, and the loss computed once over all of them, as TRL's
-//! `DPOTrainer.evaluate` reports it with every pair in one batch (batches only bound memory).
+//! collected on the host, the loss computed once over all of them and each metric the mean of its
+//! values over TRL's evaluation batches, as `DPOTrainer.evaluate` reports them.
 
 use burn::tensor::Device;
 
@@ -11,18 +11,18 @@ use crate::config::LossConfig;
 use crate::data::TokenizedPair;
 use crate::model::Llama;
 
-/// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs. The
-/// loss is computed once over every pair, so the batch size only bounds memory.
+/// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs, scored
+/// `collation`'s batch at a time ([`metrics_of`] for the rest).
 pub fn evaluate_pairs(
     policy: &Llama,
     pairs: &[TokenizedPair],
     ref_logps: &RefLogps,
-    collation: &Collation,
+    (collation, per_batch): (&Collation, usize),
     loss: &LossConfig,
     device: &Device,
 ) -> Metrics {
     let indices: Vec<usize> = (0..pairs.len()).collect();
-    metrics_of(&score_pairs(policy, pairs, &indices, ref_logps, collation, device), loss, device)
+    metrics_of(&score_pairs(policy, pairs, &indices, ref_logps, collation, device), loss, per_batch, device)
 }
 
 /// Scores the pairs at `indices` (in that order) under `policy`.
@@ -44,10 +44,21 @@ pub fn score_pairs(
     scored
 }
 
-/// The loss over every scored pair at once, and the metrics.
-pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, device: &Device) -> Metrics {
+/// The loss over every scored pair at once, and each metric the mean of its values over the
+/// batches of `per_batch` pairs in order (TRL's evaluation batches: 17 pairs at 8 a batch are
+/// the mean of three batches' values, the last of one pair, not a mean over the 17).
+pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, per_batch: usize, device: &Device) -> Metrics {
     let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
-    let mut sums = MetricSums::default();
-    sums.add(scored, value, loss);
-    sums.finish(loss)
+    let parts: Vec<Metrics> = scored
+        .chunks(per_batch.max(1))
+        .iter()
+        .map(|batch| {
+            let mut sums = MetricSums::default();
+            sums.add(batch, value, loss);
+            sums.finish(loss)
+        })
+        .collect();
+    let mut metrics = Metrics::mean(&parts).unwrap_or_else(|| MetricSums::default().finish(loss));
+    metrics.loss = value;
+    metrics
 }

@@ -233,7 +233,9 @@ fn sharded_metrics(
     let (workers, device) = (run.rt.workers, &run.rt.device);
     let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, device);
     let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
-    Ok(metrics_of(&scored, &run.cfg.loss, device))
+    // TRL's evaluation step: a per-device batch on every rank, gathered.
+    let per_batch = run.cfg.per_device_eval_batch_size * workers.world_size();
+    Ok(metrics_of(&scored, &run.cfg.loss, per_batch, device))
 }
 
 /// Greedy completions of the first `num_samples` prompts of `pairs`.

@@ -14,7 +14,9 @@ whose meaning is transformers' own: `weight_decay` on every parameter but biases
 tied embedding too), `lr_scheduler_type = "constant"`, which takes no warm-up even with
 `warmup_steps` set, gradient clipping, and `epoch` counted in micro-batches. It writes
 tests/fixtures/expected/trl_train.json: the settings and each step's logged row (loss,
-grad_norm, learning_rate, epoch and the rewards).
+grad_norm, learning_rate, epoch and the rewards), and TRL's evaluation of the untrained model
+against models/llama-ref over data/prefs.jsonl in batches of 8 (each metric the mean of the
+batches' values).
 """
 
 import json
@@ -39,6 +41,7 @@ SETTINGS = {
     "max_grad_norm": 1.0,
     "logging_steps": 1,
 }
+EVAL_BATCH = 8
 LOGGED = ["loss", "grad_norm", "learning_rate", "epoch", "rewards/chosen", "rewards/rejected", "rewards/margins"]
 
 
@@ -62,7 +65,23 @@ def main():
         logged = [
             {"step": h["step"], **{k: h[k] for k in LOGGED}} for h in trainer.state.log_history if "loss" in h
         ]
-    out = {"rows": ROWS, "settings": SETTINGS, "logged": logged}
+    # Evaluation in batches of 8 over data/prefs.jsonl's 17 pairs: TRL's metrics are the means of
+    # the three batches' values (the last of one pair), its loss the mean over the pairs.
+    pairs = read_jsonl(FIX / "data/prefs.jsonl")
+    with tempfile.TemporaryDirectory() as tmp:
+        args = make_config(tmp, len(pairs), {"loss_type": ["sigmoid"], "per_device_eval_batch_size": EVAL_BATCH})
+        policy, ref = load_llama_pair()
+        trainer = DPOTrainer(
+            model=policy,
+            ref_model=ref,
+            args=args,
+            processing_class=load_tokenizer(TOK_DIR),
+            train_dataset=Dataset.from_list(pairs),
+            eval_dataset=Dataset.from_list(pairs),
+        )
+        skip = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")
+        evaluated = {k[len("eval_") :]: v for k, v in trainer.evaluate().items() if k not in skip}
+    out = {"rows": ROWS, "settings": SETTINGS, "logged": logged, "eval_batch": EVAL_BATCH, "evaluated": evaluated}
     (EXP_DIR / "trl_train.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {len(logged)} steps to {EXP_DIR / 'trl_train.json'}")
 

@@ -120,6 +120,8 @@ fn hub_datasets_evaluate_to_trls_metrics() {
             loss: LossConfig::default(),
             truncation: Some(1024).into(),
             batch_size: 4,
+            // TRL's fixture evaluated every row in one batch.
+            metrics_batch: Some(usize::MAX),
             packing: dpo_train::data::Packing::SharedPrompt,
             device: cpu(),
         };

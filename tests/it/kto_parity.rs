@@ -91,6 +91,7 @@ fn every_kto_case_matches_trl() {
                 truncation: cfg.truncation().unwrap(),
                 loss: cfg.loss.clone(),
                 batch_size: case.num_rows,
+                metrics_batch: None,
                 packing,
                 device: cpu(),
             };

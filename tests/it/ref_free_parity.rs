@@ -52,6 +52,8 @@ fn options(case: &Case, packing: Packing) -> EvalOptions {
         truncation: cfg.truncation().unwrap(),
         loss: cfg.loss,
         batch_size: 4,
+        // TRL's fixture evaluated every row in one batch.
+        metrics_batch: Some(usize::MAX),
         packing,
         device: cpu(),
     }

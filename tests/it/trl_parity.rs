@@ -100,6 +100,8 @@ fn options_in(case: &Case, batch_size: usize, packing: Packing) -> EvalOptions {
         },
         truncation: c.max_length.into(),
         batch_size,
+        // TRL's fixture evaluated every row in one batch.
+        metrics_batch: Some(usize::MAX),
         packing,
         device: cpu(),
     }
@@ -375,6 +377,32 @@ fn a_training_run_logs_trls_rows() {
             let (got, trl) = (got.unwrap(), want[name]);
             // f32 round-off, carried through the steps' updates.
             assert!((got - trl).abs() <= 1e-4 * trl.abs().max(1e-2), "step {step}: {name} {got} against TRL's {trl}");
+        }
+    }
+}
+
+/// TRL's evaluation in batches of 8 (`tests/gen/make_trl_train_fixture.py`): each metric is the
+/// mean of the batches' values (17 pairs: 8, 8 and 1; rewards/accuracies 0.875 where the pairs'
+/// mean is 0.8235), the loss the mean over the pairs; scoring 3 pairs at a time changes nothing.
+#[test]
+fn evaluation_metrics_are_means_over_trls_batches() {
+    #[derive(Deserialize)]
+    struct Fixture {
+        eval_batch: usize,
+        evaluated: BTreeMap<String, f64>,
+    }
+    let fx: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected/trl_train.json")).unwrap()).unwrap();
+    let case = supported_cases().into_iter().find(|c| c.name == "loss_sigmoid").unwrap();
+    assert_eq!(case.dataset, "data/prefs.jsonl");
+    for scored in [fx.eval_batch, 3] {
+        let opts = EvalOptions { metrics_batch: Some(fx.eval_batch), ..options(&case, scored) };
+        let report = evaluate(&opts).unwrap();
+        let metrics = |n: &str| fx.evaluated.get(n).copied();
+        for (name, got) in report.metrics.named() {
+            let want = fx.evaluated[name];
+            let bound = bounds::trl_metric(name, want, &metrics, 0.1, forward_bound());
+            assert!((got - want).abs() <= bound, "{name} (scored {scored} at a time): {got}, TRL {want} ({bound:e})");
         }
     }
 }
