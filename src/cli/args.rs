@@ -253,8 +253,10 @@ impl<S: KeySelection> clap::FromArgMatches for KeyFlags<S> {
         let trl = trl_flags().filter(|_| S::TRL_KEYS).map(|(name, treatment)| (name, negatable(treatment)));
         // TRL's keys after ours: `--use_peft` sees whether `--lora_r` was given.
         for (key, negated) in ours.chain(trl) {
-            if let Some(value) = matches.get_one::<String>(key) {
-                self.values.push((key.to_owned(), value.clone()));
+            // A list given as TRL's parser takes it (`--loss_type sigmoid sft`) is one
+            // comma-separated value, as written `--loss-type sigmoid,sft`.
+            if let Some(values) = matches.get_many::<String>(key) {
+                self.values.push((key.to_owned(), values.cloned().collect::<Vec<_>>().join(",")));
             } else if negated && matches.get_flag(&format!("no_{key}")) {
                 self.values.push((key.to_owned(), "false".to_owned()));
             }
@@ -272,15 +274,20 @@ impl<S: KeySelection> clap::Args for KeyFlags<S> {
                 .aliases(trl_spellings(key.name))
                 .value_name(key.kind)
                 .help(key.doc.trim())
-                // `-1e-5` is a value here, not a flag.
-                .allow_hyphen_values(matches!(key.kind, "NUM" | "INT" | "LIST"))
+                // `-1e-5` is a value here, not a flag (a list takes negative numbers alone: its
+                // values run to the next flag).
+                .allow_hyphen_values(matches!(key.kind, "NUM" | "INT"))
+                .allow_negative_numbers(key.kind == "LIST")
+                // Given twice, the last one counts, as argparse (TRL's parser) takes it.
+                .overrides_with(key.name)
                 .action(clap::ArgAction::Set);
-            with_negation(
-                cmd,
-                key.name,
-                key.is_bool,
-                if key.is_bool { arg.num_args(0..=1).default_missing_value("true") } else { arg },
-            )
+            let arg = match (key.is_bool, key.kind) {
+                (true, _) => arg.num_args(0..=1).default_missing_value("true"),
+                // TRL's lists are space-separated values (`nargs="+"`), ours comma-separated.
+                (false, "LIST") => arg.num_args(1..),
+                _ => arg,
+            };
+            with_negation(cmd, key.name, key.is_bool, arg)
         });
         if !S::TRL_KEYS {
             return cmd;
@@ -293,6 +300,7 @@ impl<S: KeySelection> clap::Args for KeyFlags<S> {
                 .hide(true)
                 .num_args(0..=1)
                 .default_missing_value("true")
+                .overrides_with(name)
                 .action(clap::ArgAction::Set);
             with_negation(cmd, name, negatable(treatment), arg)
         })

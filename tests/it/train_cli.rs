@@ -743,3 +743,40 @@ fn plot_refuses_what_is_no_run_in_one_line() {
     assert!(err.starts_with(&format!("error: `{}`, line 1: not the header", metrics.display())), "{err}");
     assert!(!dir.path().join("loss.png").exists(), "nothing drawn");
 }
+
+/// A TRL command line's lists are space-separated values (`--loss_type sigmoid sft`, argparse's
+/// `nargs="+"`), read as the comma-separated ones here, negative numbers included; a flag given
+/// twice takes its last value, as argparse does.
+#[test]
+fn trl_lists_and_repeated_flags_read_as_argparse_reads_them() {
+    use clap::Parser;
+    let words = [
+        "dpo-train",
+        "train",
+        "--loss_type",
+        "sigmoid",
+        "sft",
+        "--loss_weights",
+        "1.0",
+        "-0.5",
+        "--beta",
+        "0.2",
+        "--beta",
+        "0.3",
+        "--lora_target_modules",
+        "q_proj",
+        "k_proj",
+        "--use_peft",
+    ];
+    let Some(dpo_train::cli::args::Command::Train(args)) =
+        dpo_train::cli::args::Cli::try_parse_from(words).unwrap().command
+    else {
+        panic!("not a train command")
+    };
+    let got: std::collections::BTreeMap<_, _> = args.overrides.values.into_iter().collect();
+    assert_eq!(got["loss_type"], "sigmoid,sft");
+    assert_eq!(got["loss_weights"], "1.0,-0.5");
+    assert_eq!(got["beta"], "0.3");
+    assert_eq!(got["lora_target_modules"], "q_proj,k_proj");
+    assert_eq!(got["use_peft"], "true");
+}
