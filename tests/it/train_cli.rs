@@ -780,3 +780,25 @@ fn trl_lists_and_repeated_flags_read_as_argparse_reads_them() {
     assert_eq!(got["lora_target_modules"], "q_proj,k_proj");
     assert_eq!(got["use_peft"], "true");
 }
+
+/// A TRL recipe with `lora_r` but no `use_peft` trains LoRA here, where `trl dpo` trains every
+/// weight: the run says so at its start.
+#[test]
+fn a_recipe_with_lora_r_and_no_use_peft_is_told_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("r.yaml");
+    let text = format!(
+        "model_name_or_path: {}\ndataset_name: {}\nlora_r: 8\nmax_steps: 1\nnum_samples: 0\noutput_dir: {}\n",
+        root().join("tests/fixtures/models/llama").display(),
+        root().join("tests/fixtures/data/prefs.jsonl").display(),
+        dir.path().join("out").display()
+    );
+    fs::write(&recipe, text).unwrap();
+    let out = dpo_train(&["train", "--config", recipe.to_str().unwrap(), "--bf16", "false"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("note: `lora_r` trains a LoRA adapter here; TRL's `trl dpo` trains one only with `use_peft`"),
+        "{said}"
+    );
+}
