@@ -1,7 +1,8 @@
 //! A YAML config (a TRL recipe, as `trl dpo --config recipe.yaml` reads one) as the table a TOML
 //! file parses to: the same keys then go through the same checks, TRL's included. Scalars read
 //! as YAML 1.2 reads them (`5e-7` is a number, `no` a string), so `eval_strategy: no` is TRL's
-//! `"no"`; a null leaves its key unset.
+//! `"no"`; a null leaves its key unset (TRL's default), but `max_length`'s, which TRL reads as no
+//! truncation, is refused.
 
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -13,14 +14,44 @@ pub fn to_table(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| error(e.marker().line(), e.info().to_owned()))?;
     match docs.as_slice() {
         [] => Ok(toml::Table::new()),
+        [Yaml::Hash(map)] if map.get(&Yaml::String(NO_TRUNCATION.to_owned())) == Some(&Yaml::Null) => {
+            let line = text.lines().position(|l| l.trim_start().starts_with(NO_TRUNCATION)).map_or(0, |i| i + 1);
+            let message = format!(
+                "`{NO_TRUNCATION}: null` is TRL's \"no truncation\", which dpo-train does not do: set the longest sequence to keep"
+            );
+            Err(error(line, message))
+        }
         [Yaml::Hash(_)] => match value(&docs[0]).map_err(|m| error(0, m))? {
-            Some(toml::Value::Table(table)) => Ok(table),
+            Some(toml::Value::Table(mut table)) => {
+                yaml11_booleans(&mut table);
+                Ok(table)
+            }
             _ => unreachable!("a mapping converts to a table"),
         },
         [_] => Err(error(1, "a config is a mapping of keys to values (`beta: 0.1`)".to_owned())),
         _ => Err(error(0, "a config is one YAML document; this file holds several".to_owned())),
     }
 }
+
+/// The YAML 1.1 booleans PyYAML (TRL's reader) takes (`gradient_checkpointing: no`), as the
+/// booleans they are where a key is one; elsewhere they stay strings (`eval_strategy: no`).
+fn yaml11_booleans(table: &mut toml::Table) {
+    for (key, value) in table.iter_mut() {
+        let boolean = crate::KEYS.iter().any(|k| k.name == key && k.is_bool);
+        let word = value.as_str().map(str::to_ascii_lowercase);
+        let truth = match word.as_deref() {
+            Some("yes" | "y" | "on") => true,
+            Some("no" | "n" | "off") => false,
+            _ => continue,
+        };
+        if boolean {
+            *value = toml::Value::Boolean(truth);
+        }
+    }
+}
+
+/// The key whose null is not its default in TRL: `max_length: null` keeps whole sequences.
+const NO_TRUNCATION: &str = "max_length";
 
 /// A YAML node as a TOML value; `None` for a null.
 fn value(node: &Yaml) -> Result<Option<toml::Value>, String> {
@@ -57,6 +88,21 @@ fn value(node: &Yaml) -> Result<Option<toml::Value>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn yaml_1_1_booleans_where_a_key_is_boolean() {
+        let t = to_table("gradient_checkpointing: no\nbf16: Yes\neval_strategy: no\n", "r.yaml").unwrap();
+        assert_eq!(t["gradient_checkpointing"], toml::Value::Boolean(false));
+        assert_eq!(t["bf16"], toml::Value::Boolean(true));
+        assert_eq!(t["eval_strategy"], toml::Value::String("no".to_owned()));
+    }
+
+    #[test]
+    fn a_null_max_length_is_refused_on_its_line() {
+        let err = to_table("beta: 0.1\nmax_length: null\n", "r.yaml").unwrap_err().to_string();
+        assert!(err.starts_with("`r.yaml`, line 2: `max_length: null` is TRL's \"no truncation\""), "{err}");
+        assert!(to_table("beta: 0.1\nhub_model_id: null\n", "r.yaml").unwrap().get("hub_model_id").is_none());
+    }
 
     #[test]
     fn a_recipe_reads_as_the_table_its_toml_would() {
