@@ -53,6 +53,13 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut layered = layered;
     adapter_keys(&mut layered, args.config.is_some())?;
     let mut cfg = layered.cfg.clone();
+    // A batch the devices asked for cannot split is refused before any worker starts.
+    if let Some(world) = planned_world(&args.parallel) {
+        crate::train::stage::global_batch(&cfg, world).map_err(|e| match e.downcast::<ConfigError>() {
+            Ok(config) => layered.locate(config).into(),
+            Err(other) => other,
+        })?;
+    }
     check_memory(&cfg, &plan, &args.parallel)?;
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
@@ -155,6 +162,19 @@ fn describe_run(
         );
     }
     text
+}
+
+/// The processes `--devices cpu:N` or `--gpus N` / `--gpus 0,3` ask for, where the flags say
+/// (`--gpus auto` counts the devices torch sees, later).
+fn planned_world(par: &super::args::ParallelArgs) -> Option<usize> {
+    if let Some(devices) = &par.devices {
+        return devices.strip_prefix("cpu:")?.parse().ok();
+    }
+    let gpus = par.gpus.as_deref()?;
+    match gpus.parse::<usize>() {
+        Ok(n) => Some(n),
+        Err(_) => gpus.contains(',').then(|| gpus.split(',').filter(|g| !g.trim().is_empty()).count()),
+    }
 }
 
 /// Refuses, before anything starts, CPU processes that cannot fit in this host's memory by

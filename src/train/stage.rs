@@ -468,7 +468,7 @@ pub fn global_batch(cfg: &TrainConfig, world_size: usize) -> anyhow::Result<(usi
         Some(global) if global % per_pass != 0 => anyhow::bail!(ConfigError::Invalid {
             key: "global_batch_size",
             message: format!(
-                "{global} does not split into per_device_train_batch_size {micro} x {world_size} devices x accumulation"
+                "{global} does not split into per_device_train_batch_size {micro} x {world_size} devices x a whole number of accumulation steps: give a multiple of {per_pass}, or another per_device_train_batch_size"
             ),
         }),
         Some(global) => global / per_pass,

@@ -802,3 +802,29 @@ fn a_recipe_with_lora_r_and_no_use_peft_is_told_the_difference() {
         "{said}"
     );
 }
+
+/// A global batch the devices asked for cannot split is refused before any worker starts: one
+/// line saying what would split, nothing written.
+#[test]
+fn a_batch_the_devices_cannot_split_is_refused_before_workers_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let (model, data) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let out = dpo_train(&[
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--global-batch-size",
+        "4",
+        "--devices",
+        "cpu:2",
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]);
+    let err = one_line_error(&out);
+    assert!(err.ends_with("4 does not split into per_device_train_batch_size 8 x 2 devices x a whole number of accumulation steps: give a multiple of 16, or another per_device_train_batch_size"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("launching"), "workers started");
+    assert!(!out_dir.exists());
+}
