@@ -43,7 +43,10 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("ref_model_mixup_alpha", Inert),
     ("ref_model_sync_steps", Inert),
     ("pad_token", Never("deprecated in TRL 1.16: padding uses the tokenizer's pad token (eos when it has none)")),
-    ("lr_scheduler_kwargs", Never("write `min_lr_rate` (of cosine_with_min_lr) as a key of its own")),
+    (
+        "lr_scheduler_kwargs",
+        Never("only cosine_with_min_lr's `min_lr_rate` or `min_lr` is read (also as the key `min_lr_rate`)"),
+    ),
     ("optim", Only(&["\"adamw_torch_fused\"", "\"adamw_torch\""], "the optimizer is AdamW (adamw_torch)")),
     ("optim_args", Never("AdamW takes `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay`")),
     ("optim_target_modules", Never("only GaLore-style optimizers use it, and they are not implemented")),
@@ -160,6 +163,19 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("bnb_4bit_quant_type", Inert),
     ("use_bnb_nested_quant", Inert),
     ("bnb_4bit_quant_storage", Inert),
+    // TRL's `DatasetMixtureConfig` (`trl dpo --config` recipes with `datasets:`).
+    (
+        "datasets",
+        Only(
+            &["[]"],
+            "TRL's dataset mixture is not read: give one dataset (`dataset_name`, `--data`), a directory of its files, or the mixture saved as one file",
+        ),
+    ),
+    ("streaming", Only(FALSE, "the data is read from files and its tokenised form cached, not streamed from the Hub")),
+    (
+        "test_split_size",
+        Never("no test split is cut from the training data: give one (`eval_file`, or `dataset_test_split`)"),
+    ),
     // Keys earlier TRLs' DPOConfig had, which recipes written for them still set (TRL 1.16's
     // parser refuses them as unknown): refused with what 1.16 says instead.
     ("max_prompt_length", Never(BOTH_ENDS)),
@@ -186,6 +202,7 @@ const TRL_LORA_R: i64 = 16;
 /// leave the table (`eval_strategy = "no"` becomes `eval_steps = 0`; `save_strategy` is a key of
 /// dpo-train's own, with TRL's meaning). An error is the key and a one-line message.
 pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> {
+    scheduler_kwargs(table).map_err(|m| ("lr_scheduler_kwargs".to_owned(), m))?;
     for (key, treatment) in TRL_KEYS {
         let Some(value) = table.get(*key) else { continue };
         match treatment {
@@ -217,6 +234,42 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
         }
         let value = table.remove(*key);
         translate(key, value, table);
+    }
+    Ok(())
+}
+
+/// transformers' `lr_scheduler_kwargs` of `cosine_with_min_lr` (a table, or the JSON text a
+/// command line gives): `min_lr_rate` as the key of that name, `min_lr` as its fraction of
+/// `learning_rate` (TRL's default 1e-6 where unset); other arguments are left for the refusal.
+fn scheduler_kwargs(table: &mut toml::Table) -> Result<(), String> {
+    let args = match table.get("lr_scheduler_kwargs") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(toml::Value::String(text)) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(map)) => {
+                map.into_iter().filter_map(|(k, v)| Some((k, toml::Value::Float(v.as_f64()?)))).collect()
+            }
+            _ => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    let number = |v: &toml::Value| v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+    let rate = match (args.len(), args.get("min_lr_rate"), args.get("min_lr")) {
+        (0, ..) => None,
+        (1, Some(rate), None) => number(rate),
+        (1, None, Some(min_lr)) => {
+            let lr = table.get("learning_rate").and_then(number).unwrap_or(1e-6);
+            number(min_lr).map(|m| m / lr)
+        }
+        _ => return Ok(()),
+    };
+    if let (Some(rate), Some(set)) = (rate, table.get("min_lr_rate").and_then(number))
+        && rate != set
+    {
+        return Err(format!("gives min_lr_rate {rate} and `min_lr_rate` is {set}: set one of them"));
+    }
+    table.remove("lr_scheduler_kwargs");
+    if let Some(rate) = rate {
+        table.insert("min_lr_rate".to_owned(), toml::Value::Float(rate));
     }
     Ok(())
 }
@@ -274,6 +327,21 @@ mod tests {
 
     fn table(text: &str) -> toml::Table {
         text.parse().unwrap()
+    }
+
+    /// transformers' way to set cosine_with_min_lr's floor, as a table or a command line's JSON.
+    #[test]
+    fn scheduler_kwargs_give_min_lr_rate() {
+        let mut t = table("lr_scheduler_kwargs = { min_lr_rate = 0.2 }\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("min_lr_rate = 0.2\n"));
+        let mut t = table("learning_rate = 2e-6\nlr_scheduler_kwargs = '{\"min_lr\": 1e-7}'\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert!((t["min_lr_rate"].as_float().unwrap() - 0.05).abs() < 1e-15, "{t:?}");
+        let mut t = table("min_lr_rate = 0.1\nlr_scheduler_kwargs = { min_lr_rate = 0.2 }\n");
+        assert!(accept_trl_keys(&mut t).unwrap_err().1.contains("set one of them"));
+        let mut t = table("lr_scheduler_kwargs = { num_cycles = 2 }\n");
+        assert!(accept_trl_keys(&mut t).unwrap_err().1.contains("only cosine_with_min_lr's"));
     }
 
     #[test]
