@@ -45,21 +45,9 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let overlap_reference = crate::train::step::overlap_setting()?;
     crate::dpo::shapes::padding_setting()?;
     crate::dist::switch(dpo_torch::product::WIDEN_VAR)?;
-    // The demo's embedded config and a resumed run's saved one hold every key: only the user's
-    // own file and flags say what they asked for.
-    if sft_only {
-        check_sft_keys(&layered, args.config.is_some())?;
-    }
     let mut layered = layered;
-    adapter_keys(&mut layered, args.config.is_some())?;
+    check_before_start(&mut layered, &args, sft_only)?;
     let mut cfg = layered.cfg.clone();
-    // A batch the devices asked for cannot split is refused before any worker starts.
-    if let Some(world) = planned_world(&args.parallel) {
-        crate::train::stage::global_batch(&cfg, world).map_err(|e| match e.downcast::<ConfigError>() {
-            Ok(config) => layered.locate(config).into(),
-            Err(other) => other,
-        })?;
-    }
     check_memory(&cfg, &plan, &args.parallel)?;
     let interrupt = interrupt::install()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
@@ -162,6 +150,24 @@ fn describe_run(
         );
     }
     text
+}
+
+/// What the command line asks for that cannot work, refused before any process starts: `sft`'s
+/// unused keys, LoRA keys against a continued adapter's shape, a batch the devices cannot split.
+fn check_before_start(layered: &mut Layered, args: &TrainArgs, sft_only: bool) -> anyhow::Result<()> {
+    // The demo's embedded config and a resumed run's saved one hold every key: only the user's
+    // own file and flags say what they asked for.
+    if sft_only {
+        check_sft_keys(layered, args.config.is_some())?;
+    }
+    adapter_keys(layered, args.config.is_some())?;
+    if let Some(world) = planned_world(&args.parallel) {
+        crate::train::stage::global_batch(&layered.cfg, world).map_err(|e| match e.downcast::<ConfigError>() {
+            Ok(config) => layered.locate(config).into(),
+            Err(other) => other,
+        })?;
+    }
+    Ok(())
 }
 
 /// The processes `--devices cpu:N` or `--gpus N` / `--gpus 0,3` ask for, where the flags say
