@@ -45,22 +45,29 @@ EVAL_BATCH = 8
 LOGGED = ["loss", "grad_norm", "learning_rate", "epoch", "rewards/chosen", "rewards/rejected", "rewards/margins"]
 
 
-def main():
+def llama_trainer(args, rows, eval_rows=None):
+    """TRL's DPOTrainer of models/llama against models/llama-ref over `rows`."""
     from datasets import Dataset
     from trl import DPOTrainer
 
+    policy, ref = load_llama_pair()
+    evaluated = Dataset.from_list(eval_rows) if eval_rows is not None else None
+    return DPOTrainer(
+        model=policy,
+        ref_model=ref,
+        args=args,
+        processing_class=load_tokenizer(TOK_DIR),
+        train_dataset=Dataset.from_list(rows),
+        eval_dataset=evaluated,
+    )
+
+
+def main():
     torch.manual_seed(0)
     rows = [read_jsonl(FIX / "data/prefs.jsonl")[0]] * ROWS
     with tempfile.TemporaryDirectory() as tmp:
         args = make_config(tmp, ROWS, {"loss_type": ["sigmoid"], "logging_strategy": "steps", **SETTINGS})
-        policy, ref = load_llama_pair()
-        trainer = DPOTrainer(
-            model=policy,
-            ref_model=ref,
-            args=args,
-            processing_class=load_tokenizer(TOK_DIR),
-            train_dataset=Dataset.from_list(rows),
-        )
+        trainer = llama_trainer(args, rows)
         trainer.train()
         logged = [
             {"step": h["step"], **{k: h[k] for k in LOGGED}} for h in trainer.state.log_history if "loss" in h
@@ -70,15 +77,7 @@ def main():
     pairs = read_jsonl(FIX / "data/prefs.jsonl")
     with tempfile.TemporaryDirectory() as tmp:
         args = make_config(tmp, len(pairs), {"loss_type": ["sigmoid"], "per_device_eval_batch_size": EVAL_BATCH})
-        policy, ref = load_llama_pair()
-        trainer = DPOTrainer(
-            model=policy,
-            ref_model=ref,
-            args=args,
-            processing_class=load_tokenizer(TOK_DIR),
-            train_dataset=Dataset.from_list(pairs),
-            eval_dataset=Dataset.from_list(pairs),
-        )
+        trainer = llama_trainer(args, pairs, eval_rows=pairs)
         skip = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "epoch")
         evaluated = {k[len("eval_") :]: v for k, v in trainer.evaluate().items() if k not in skip}
     out = {"rows": ROWS, "settings": SETTINGS, "logged": logged, "eval_batch": EVAL_BATCH, "evaluated": evaluated}

@@ -273,27 +273,34 @@ fn a_switch_variable_takes_one_or_zero() {
     }
 }
 
+/// The fixture's PEFT adapter copied into `dir/name`, its base named by absolute path and its
+/// config changed by `edit`.
+fn adapter_copy(dir: &std::path::Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let adapter = root().join("tests/fixtures/adapters/llama-lora");
+    let copy = dir.join(name);
+    let _ = fs::create_dir(&copy);
+    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    cfg["base_model_name_or_path"] =
+        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+    edit(&mut cfg);
+    fs::write(copy.join("adapter_config.json"), cfg.to_string()).unwrap();
+    copy
+}
+
 /// A PEFT adapter using a feature we do not implement is refused, naming the file and field.
 #[test]
 fn unsupported_adapter_is_refused_by_field() {
     let dir = tempfile::tempdir().unwrap();
-    let adapter = root().join("tests/fixtures/adapters/llama-lora");
-    let copy = dir.path().join("lora-bias");
-    fs::create_dir(&copy).unwrap();
-    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
     let fields = [
         ("lora_bias", serde_json::json!(true), "true"),
         ("exclude_modules", serde_json::json!(["q_proj"]), "[\"q_proj\"]"),
         ("modules_to_save", serde_json::json!(["lm_head"]), "[\"lm_head\"]"),
     ];
     for (field, value, shown) in fields {
-        let mut cfg: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
-        cfg[field] = value;
-        cfg["base_model_name_or_path"] =
-            serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
+        let copy = adapter_copy(dir.path(), "unsupported", |cfg| cfg[field] = value);
         let config = copy.join("adapter_config.json");
-        fs::write(&config, cfg.to_string()).unwrap();
         let data = root().join("tests/fixtures/data/prefs.jsonl");
         let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -309,15 +316,7 @@ fn unsupported_adapter_is_refused_by_field() {
 #[test]
 fn disable_dropout_trains_lora_without_dropout() {
     let dir = tempfile::tempdir().unwrap();
-    let adapter = root().join("tests/fixtures/adapters/llama-lora");
-    let copy = dir.path().join("adapter");
-    fs::create_dir(&copy).unwrap();
-    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
-    cfg["base_model_name_or_path"] =
-        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
-    fs::write(copy.join("adapter_config.json"), cfg.to_string()).unwrap();
+    let copy = adapter_copy(dir.path(), "adapter", |_| {});
     let data = root().join("tests/fixtures/data/prefs.jsonl");
     let out_dir = dir.path().join("out");
     let args = [
@@ -350,15 +349,7 @@ fn disable_dropout_trains_lora_without_dropout() {
 #[test]
 fn a_continued_adapter_keeps_its_shape_and_dropout() {
     let dir = tempfile::tempdir().unwrap();
-    let adapter = root().join("tests/fixtures/adapters/llama-lora");
-    let copy = dir.path().join("adapter");
-    fs::create_dir(&copy).unwrap();
-    fs::copy(adapter.join("adapter_model.safetensors"), copy.join("adapter_model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
-    cfg["base_model_name_or_path"] =
-        serde_json::Value::String(root().join("tests/fixtures/models/llama").display().to_string());
-    fs::write(copy.join("adapter_config.json"), cfg.to_string()).unwrap();
+    let copy = adapter_copy(dir.path(), "adapter", |_| {});
     let data = root().join("tests/fixtures/data/prefs.jsonl");
     let out_dir = dir.path().join("out");
     let base = [
