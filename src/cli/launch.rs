@@ -204,7 +204,7 @@ fn gpu_ids(spec: &str, found: usize) -> Result<Vec<usize>, LaunchFlagError> {
 }
 
 /// The indices of a `--gpus` list (`0,2`; `3,` is the one-element list, a bare `3` a count).
-fn listed_ids(spec: &str) -> Option<Vec<usize>> {
+pub(super) fn listed_ids(spec: &str) -> Option<Vec<usize>> {
     if !spec.contains(',') {
         return None;
     }

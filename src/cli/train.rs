@@ -177,10 +177,7 @@ fn planned_world(par: &super::args::ParallelArgs) -> Option<usize> {
         return devices.strip_prefix("cpu:")?.parse().ok();
     }
     let gpus = par.gpus.as_deref()?;
-    match gpus.parse::<usize>() {
-        Ok(n) => Some(n),
-        Err(_) => gpus.contains(',').then(|| gpus.split(',').filter(|g| !g.trim().is_empty()).count()),
-    }
+    gpus.parse::<usize>().ok().or_else(|| super::launch::listed_ids(gpus).map(|ids| ids.len()))
 }
 
 /// Refuses, before anything starts, CPU processes that cannot fit in this host's memory by
@@ -193,7 +190,7 @@ fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelAr
     let Ok(shape) = check_gpu::ModelShape::from_hf_dir(Path::new(&cfg.model_name_or_path)) else {
         return Ok(super::launch::check_host_memory(par, floor)?);
     };
-    let world = par.devices.as_deref().and_then(|s| s.strip_prefix("cpu:")).and_then(|n| n.parse().ok()).unwrap_or(1);
+    let world = par.devices.as_ref().and(planned_world(par)).unwrap_or(1) as u64;
     let finetune = match &plan.lora {
         Some(lora) => check_gpu::FineTune::Lora { rank: lora.r as u64 },
         None => check_gpu::FineTune::Full,

@@ -122,11 +122,11 @@ impl ScoredPairs {
     /// The inverse of [`ScoredPairs::columns`].
     /// The pairs in runs of `n` (the last one short), in order; one empty run where there are none.
     pub fn chunks(&self, n: usize) -> Vec<ScoredPairs> {
-        let columns = self.columns();
         let len = self.len();
         if len <= n {
             return vec![self.clone()];
         }
+        let columns = self.columns();
         (0..len)
             .step_by(n)
             .map(|start| {

@@ -77,15 +77,15 @@ impl LoraSettings {
 
     /// Whether the module `key` (`model.layers.3.self_attn.q_proj`) carries an adapter.
     pub fn adapts(&self, key: &str) -> bool {
-        let name = key.rsplit('.').next().unwrap_or(key);
-        let mut named = self.layer_modules.iter().filter(|m| m.rsplit('.').next() == Some(name)).peekable();
+        let name = projection(key);
+        let mut named = self.layer_modules.iter().filter(|m| projection(m) == name).peekable();
         self.targets(name) && (named.peek().is_none() || named.any(|m| m == key))
     }
 
     /// The projections adapted, for a run's opening line: `q_proj,k_proj (layers 0, 1)`.
     pub fn describe_targets(&self) -> String {
         let layers = |t: &str| -> Vec<&str> {
-            let named = self.layer_modules.iter().filter(|m| m.rsplit('.').next() == Some(t));
+            let named = self.layer_modules.iter().filter(|m| projection(m) == t);
             named.filter_map(|m| m.split('.').nth(2)).collect()
         };
         let each = self.target_modules.iter().map(|t| match layers(t).as_slice() {
@@ -98,7 +98,7 @@ impl LoraSettings {
     /// The targets as `target_modules` lists them for PEFT: the projections of every layer, then
     /// the single layers' modules.
     pub fn peft_targets(&self) -> Vec<String> {
-        let layered = |t: &String| self.layer_modules.iter().any(|m| m.rsplit('.').next() == Some(t.as_str()));
+        let layered = |t: &String| self.layer_modules.iter().any(|m| projection(m) == t);
         self.target_modules.iter().filter(|t| !layered(t)).chain(&self.layer_modules).cloned().collect()
     }
 }
@@ -147,6 +147,11 @@ fn target_entry(entry: &str) -> Option<(&'static str, Option<usize>)> {
     let expected = [parent(name), "", "layers", "model"];
     let fits = rest.len() <= expected.len() && rest.iter().zip(expected).all(|(p, e)| e.is_empty() || *p == e);
     fits.then_some((TARGET_MODULES[name], layer))
+}
+
+/// The projection a module's full name ends in (`model.layers.3.self_attn.q_proj` → `q_proj`).
+fn projection(module: &str) -> &str {
+    module.rsplit('.').next().unwrap_or(module)
 }
 
 /// The submodule holding the projection at `index` of [`TARGET_MODULES`].

@@ -156,20 +156,22 @@ pub(super) fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes
     if w >= candidates.len() {
         return candidates.to_vec();
     }
-    let best_in = |pools: Vec<Vec<u32>>| {
-        let picks = pools.into_iter().filter(|p| p.len() >= w).map(|p| (best_connected(snap, &p, w), p));
-        picks.reduce(|a, b| if b.0.0 > a.0.0 { b } else { a })
+    // Of pools of GPUs each with its label, the one whose `w` are best connected.
+    let best_in = |pools: Vec<(String, Vec<u32>)>| {
+        let picks = pools.into_iter().filter(|(_, p)| p.len() >= w).map(|(label, p)| {
+            let (score, chosen) = best_connected(snap, &p, w);
+            (score, chosen, format!("{label}: GPUs {}", list(&p)))
+        });
+        picks.reduce(|a, b| if b.0 > a.0 { b } else { a })
     };
-    if let Some(((_, chosen), island)) = best_in(topology::nvlink_islands(snap, candidates)) {
-        notes.push(format!("kept to one NVLink island: GPUs {}", list(&island)));
-        return chosen;
-    }
-    let nodes = topology::numa_groups(snap, candidates).into_iter().filter_map(|g| g.node.map(|n| (n, g.gpus)));
-    let nodes: Vec<(u32, Vec<u32>)> = nodes.collect();
-    if let Some(((_, chosen), gpus)) = best_in(nodes.iter().map(|(_, g)| g.clone()).collect()) {
-        let node = nodes.iter().find(|(_, g)| *g == gpus).map_or(0, |(n, _)| *n);
-        notes.push(format!("kept to NUMA node {node}: GPUs {}", list(&gpus)));
-        return chosen;
+    let islands = topology::nvlink_islands(snap, candidates).into_iter().map(|i| ("one NVLink island".to_owned(), i));
+    let nodes = topology::numa_groups(snap, candidates).into_iter();
+    let nodes = nodes.filter_map(|g| g.node.map(|n| (format!("NUMA node {n}"), g.gpus)));
+    for pools in [islands.collect(), nodes.collect()] {
+        if let Some((_, chosen, kept)) = best_in(pools) {
+            notes.push(format!("kept to {kept}"));
+            return chosen;
+        }
     }
     best_connected(snap, candidates, w).1
 }
