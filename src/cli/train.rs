@@ -113,6 +113,10 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     if workers.is_main() {
         print_summary(&summary)?;
     }
+    // No rank exits before rank 0 has written the run's plots and summary: srun's
+    // `--kill-on-bad-exit` ends the job at the first task's exit 130 (a timed stop), which
+    // killed rank 0 mid-plot while the others left straight after the checkpoint.
+    workers.barrier("run's files")?;
     Ok(if summary.interrupted() { ExitCode::from(INTERRUPTED) } else { ExitCode::SUCCESS })
 }
 

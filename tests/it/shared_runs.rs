@@ -431,3 +431,58 @@ fn a_warm_up_stopped_by_ctrl_c_resumes_with_its_run() {
         assert!(run_dir.join("final/model.safetensors").is_file() && !sft.join("sft").exists());
     }
 }
+
+/// A timed SLURM stop (`#SBATCH --signal=TERM@N` to every task, `srun --kill-on-bad-exit=1`): the
+/// two tasks save one checkpoint and exit 130, and srun kills whatever task still runs at the
+/// first such exit. Rank 0's plots are written by then: no task leaves before them (over Gloo
+/// the group's teardown already held each task until rank 0 exited, 30-85 us apart here; the
+/// run's last barrier holds them on any backend).
+#[test]
+fn a_timed_slurm_stop_keeps_rank_0_s_plots() {
+    use std::process::{Child, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let mut args = short_run(dir.path(), "timed", &model(), &data(), &["--logging-steps", "1", "--device", "cpu"]);
+    let steps = args.iter().position(|a| a == "--max-steps").unwrap() + 1;
+    args[steps] = "100000".into();
+    let mut tasks: Vec<Child> = (0..2)
+        .map(|rank: usize| {
+            let log = fs::File::create(dir.path().join(format!("task-{rank}.err"))).unwrap();
+            let mut cmd = dpo_train();
+            cmd.arg("train").args(&args).stdout(Stdio::null()).stderr(log);
+            let rank = rank.to_string();
+            let env = [("SLURM_PROCID", &*rank), ("SLURM_LOCALID", &*rank), ("SLURM_NTASKS", "2")];
+            cmd.envs(env).envs([("SLURM_JOB_ID", "4242"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", &*port)]);
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    let run = dir.path().join("timed");
+    let trained = || fs::read_to_string(run.join("metrics.csv")).map_or(0, |t| t.lines().count()) >= 3;
+    wait_until("the tasks never trained", Duration::from_secs(90), Duration::from_millis(100), trained);
+    for task in &tasks {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(task.id() as i32, libc::SIGTERM) };
+    }
+    // srun: at the first task's exit other than 0, SIGKILL to the others.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let first = loop {
+        assert!(std::time::Instant::now() < deadline, "no task exited");
+        if let Some((rank, status)) =
+            tasks.iter_mut().enumerate().find_map(|(rank, t)| t.try_wait().unwrap().map(|s| (rank, s)))
+        {
+            break (rank, status);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    assert_eq!(first.1.code(), Some(130), "task {} exited first", first.0);
+    for task in &mut tasks {
+        let _ = task.kill();
+        let _ = task.wait();
+    }
+    let said = fs::read_to_string(dir.path().join("task-0.err")).unwrap();
+    assert!(said.contains("interrupted at step"), "{said}");
+    assert_eq!(dpo_train::train::checkpoint::list(&run).len(), 1, "{said}");
+    for plot in dpo_train::report::PLOT_FILES {
+        assert!(run.join(plot).is_file(), "{plot} missing: {said}");
+    }
+}
