@@ -241,7 +241,7 @@ pub fn write_model_dir(dir: &Path, model: &Llama, files: ModelFiles) -> Result<(
     std::fs::create_dir_all(dir).map_err(io)?;
     match files {
         ModelFiles::Full { config_json } => {
-            write_atomic(&dir.join("config.json"), config_json.as_bytes()).map_err(io)?;
+            write_atomic(&dir.join("config.json"), model::hf::export_config(config_json).as_bytes()).map_err(io)?;
             save_safetensors(&dir.join("model.safetensors"), &model::hf::export_tensors(model))?;
         }
         ModelFiles::Adapter { settings, base } => {

@@ -2,8 +2,9 @@
 
 Usage: python tests/gen/check_export.py MODEL_DIR IDS_JSON
 IDS_JSON is a JSON list of token-id lists of equal length. Prints {"logits": [[[...]]]}.
-MODEL_DIR is a full model, or a PEFT adapter, loaded with `PeftModel.from_pretrained` on the base
-named by its `base_model_name_or_path`. Used by tests/export.rs and tests/lora.rs to check that
+MODEL_DIR is a full model, loaded as its config.json says (`dtype="auto"`, transformers 5's
+default), which must be float32 (the weights dpo-train writes); or a PEFT adapter, loaded with
+`PeftModel.from_pretrained` on the base named by its `base_model_name_or_path`. Used by tests/export.rs and tests/lora.rs to check that
 what a training run writes loads in transformers / PEFT with the same logits.
 """
 
@@ -18,7 +19,10 @@ from transformers import AutoModelForCausalLM
 def load(model_dir: str):
     adapter = Path(model_dir) / "adapter_config.json"
     if not adapter.is_file():
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        if model.dtype != torch.float32:
+            sys.exit(f"{model_dir}/config.json loads the float32 weights as {model.dtype}")
+        return model
     from peft import PeftModel
 
     base_dir = json.loads(adapter.read_text())["base_model_name_or_path"]

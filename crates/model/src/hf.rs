@@ -39,6 +39,26 @@ pub(super) fn load_linear(
     Ok(Linear { weight: Param::from_tensor(weight), bias, lora: None })
 }
 
+/// The `config.json` written beside [`export_tensors`]' f32 weights: the model's own (`text`) with
+/// its `dtype` (and transformers 4's `torch_dtype`) saying `float32`, as `save_pretrained` of the
+/// f32 model TRL trains writes it. Copied unchanged, a base's `bfloat16` made a loader that takes
+/// the config's dtype (transformers 5's default) round the trained weights to bf16 as it read
+/// them. Text that is not a JSON object comes back unchanged.
+pub fn export_config(text: &str) -> String {
+    let Ok(serde_json::Value::Object(mut config)) = serde_json::from_str(text) else { return text.to_owned() };
+    let mut named = false;
+    for key in ["dtype", "torch_dtype"] {
+        if let Some(value) = config.get_mut(key) {
+            *value = "float32".into();
+            named = true;
+        }
+    }
+    if !named {
+        config.insert("dtype".into(), "float32".into());
+    }
+    serde_json::to_string_pretty(&config).map_or_else(|_| text.to_owned(), |json| json + "\n")
+}
+
 /// Every base parameter under its Hugging Face name and layout (linear weights back to
 /// `[out, in]`, converted to f32 as each is written): what `model.safetensors` holds. Adapters are
 /// not included (see `Llama::adapter_tensors` and `Llama::merge_lora`).
@@ -60,4 +80,22 @@ pub fn export_tensors<M: Module>(model: &M) -> Vec<NamedTensor> {
         out.push(NamedTensor { name: p.name, shape, values: Values::Device { tensor: matrix, transpose } });
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::export_config;
+
+    /// transformers 5's `dtype`, transformers 4's `torch_dtype` or neither: the written config
+    /// says float32, its other keys in their order; text that is not an object is kept.
+    #[test]
+    fn the_exported_config_names_the_weights_dtype() {
+        let v5 = export_config(r#"{"model_type": "qwen2", "dtype": "bfloat16", "vocab_size": 8}"#);
+        assert_eq!(v5, "{\n  \"model_type\": \"qwen2\",\n  \"dtype\": \"float32\",\n  \"vocab_size\": 8\n}\n");
+        let v4 = export_config(r#"{"torch_dtype": "float16", "model_type": "llama"}"#);
+        assert_eq!(v4, "{\n  \"torch_dtype\": \"float32\",\n  \"model_type\": \"llama\"\n}\n");
+        let bare = export_config(r#"{"model_type": "llama"}"#);
+        assert_eq!(bare, "{\n  \"model_type\": \"llama\",\n  \"dtype\": \"float32\"\n}\n");
+        assert_eq!(export_config("[1]"), "[1]");
+    }
 }
