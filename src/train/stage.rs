@@ -98,8 +98,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         if cfg.evaluates_at(trained.state.step, total_steps) {
             last_eval = evaluate(&trained, log.as_mut(), progress)?.or(last_eval);
         }
-        let periodic = cfg.save_strategy == SaveStrategy::Steps && cfg.save_steps > 0;
-        if periodic && trained.state.step % cfg.save_steps == 0 && trained.state.step < total_steps {
+        if cfg.saves_at(trained.state.step, total_steps) {
             save(run, stage, &trained, files, &trained.master_policy(workers, &run.rt.device)?.valid(), progress)?;
         }
         progress.step(trained.state.step, &last_status);

@@ -1,7 +1,8 @@
 //! A TRL recipe (`trl dpo --config recipe.yaml`) read by TRL's own parser in the venv
 //! (`TrlParser` over `ScriptArguments`, `DPOConfig` and `ModelConfig`) and by dpo-train: every
 //! setting the recipe makes is the same on both sides, TRL's script names and transformers 5's
-//! (`activation_checkpointing`, `warmup_steps` as a fraction) included.
+//! (`activation_checkpointing`, `warmup_steps` as a fraction) included, and `logging_steps` and
+//! `save_steps` as shares of the training steps.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,10 +15,15 @@ use crate::common::{fixtures, python};
 fn trl_reads(recipe: &std::path::Path) -> serde_json::Value {
     let code = format!(
         "import json\n\
+         from transformers import TrainerState\n\
          from trl import TrlParser, DPOConfig, ModelConfig, ScriptArguments\n\
          s, t, m = TrlParser((ScriptArguments, DPOConfig, ModelConfig)).parse_args_and_config(['--config', '{}'])\n\
+         of_37 = TrainerState()\n\
+         of_37.compute_steps(t, 37)\n\
          print(json.dumps(dict(model_name_or_path=m.model_name_or_path, dataset_name=s.dataset_name,\n\
            dataset_test_split=s.dataset_test_split, eval_strategy=str(t.eval_strategy.value), eval_steps=t.eval_steps,\n\
+           logging_steps=t.logging_steps, save_steps=t.save_steps,\n\
+           cadences_of_37=[of_37.logging_steps, of_37.eval_steps, of_37.save_steps],\n\
            learning_rate=t.learning_rate, beta=t.beta, loss_type=t.loss_type, loss_weights=t.loss_weights,\n\
            num_train_epochs=t.num_train_epochs, per_device_train_batch_size=t.per_device_train_batch_size,\n\
            gradient_accumulation_steps=t.gradient_accumulation_steps, lr_scheduler_type=str(t.lr_scheduler_type.value),\n\
@@ -54,6 +60,8 @@ fn a_trl_recipe_reads_as_trl_reads_it() {
         "lora_alpha",
         "gradient_checkpointing",
         "eval_steps",
+        "logging_steps",
+        "save_steps",
     ] {
         let (a, b) = (&trl[key], &ours[key]);
         let same = a == b || a.as_f64().zip(b.as_f64()).is_some_and(|(x, y)| x == y);
@@ -63,6 +71,10 @@ fn a_trl_recipe_reads_as_trl_reads_it() {
     assert_eq!(trl["bf16"].as_bool(), Some(cfg.bf16()));
     assert_eq!(trl["output_dir"].as_str(), cfg.output_dir.to_str());
     assert_eq!(trl["warmup_of_100"].as_u64(), Some(plan.schedule.warmup_steps(100)));
+    // Logging, evaluation and saving in a run of 37 steps, as transformers' `TrainerState` sets
+    // them from the shares.
+    let ours_of_37 = [cfg.logging_steps.of(37), cfg.eval_every(37), cfg.save_steps.of(37)];
+    assert_eq!(trl["cadences_of_37"], serde_json::json!(ours_of_37));
     // `dataset_name` is the training data; `eval_strategy = "steps"` evaluates its test split.
     assert_eq!(
         (trl["dataset_name"].as_str(), trl["eval_strategy"].as_str()),

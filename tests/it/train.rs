@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use dpo_train::config::TrainConfig;
+use dpo_train::config::{Steps, TrainConfig};
 use dpo_train::run::RunSummary;
 use dpo_train::train::Progress;
 use dpo_train::train::log::{METRIC_NAMES, read_metrics};
@@ -271,7 +271,7 @@ fn use_weighting_weights_the_training_loss() {
     let first_loss = |weighting: bool| {
         let out = tempfile::tempdir().unwrap();
         let mut cfg = fixture_config(out.path(), if weighting { "wpo" } else { "plain" });
-        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 1, 0, 0);
+        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 1, Steps::Every(0), 0);
         cfg.loss.use_weighting = weighting;
         let summary = train(cfg, None, None);
         let rows = read_metrics(&summary.run_dir.join("metrics.csv")).unwrap();
@@ -289,8 +289,8 @@ fn a_logged_row_is_the_mean_of_its_steps() {
     let rows = |logging_steps: u64| {
         let out = tempfile::tempdir().unwrap();
         let mut cfg = fixture_config(out.path(), &format!("every-{logging_steps}"));
-        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 4, 0, 0);
-        cfg.logging_steps = logging_steps;
+        (cfg.eval_file, cfg.max_steps, cfg.save_steps, cfg.num_samples) = (None, 4, Steps::Every(0), 0);
+        cfg.logging_steps = Steps::Every(logging_steps);
         let summary = train(cfg, None, None);
         read_metrics(&summary.run_dir.join("metrics.csv")).unwrap()
     };

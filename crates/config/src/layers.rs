@@ -112,7 +112,7 @@ impl Layered {
     /// such split.
     fn evaluate_as_trl_script(&mut self) -> Result<(), ConfigError> {
         let cfg = &mut self.cfg;
-        if cfg.eval_file.is_some() || cfg.eval_steps == Some(0) {
+        if cfg.eval_file.is_some() || cfg.eval_steps == Some(crate::Steps::Every(0)) {
             return Ok(());
         }
         if cfg.train_file.is_empty() || dpo_base::hub::is_unsplit_data(&cfg.train_file) {
@@ -291,7 +291,10 @@ mod tests {
             (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.num_train_epochs),
             (8, 1, 3.0)
         );
-        assert_eq!((cfg.logging_steps, cfg.save_steps, cfg.seed), (10, 500, 42));
+        assert_eq!(
+            (cfg.logging_steps, cfg.save_steps, cfg.seed),
+            (crate::Steps::Every(10), crate::Steps::Every(500), 42)
+        );
         assert!(cfg.eval_file.is_none() && cfg.gradient_checkpointing && cfg.bf16());
         assert!(!TrainConfig { fp16: true, ..TrainConfig::default() }.bf16());
     }

@@ -18,6 +18,7 @@ mod parse;
 pub mod plan;
 pub mod reference;
 pub mod resume;
+mod steps;
 pub mod trl;
 mod validate;
 pub mod yaml;
@@ -27,6 +28,7 @@ pub use layers::{ConfigFile, Layered, Origin};
 pub use lora::LoraSettings;
 pub use loss::{FDivergence, LossConfigError, LossType};
 pub use plan::{Rows, RunPlan, ScheduleSpec, Truncation, Warmup};
+pub use steps::Steps;
 pub use validate::{MAX_LENGTH_TOO_SHORT, MIN_MAX_LENGTH, truncation_keeps_end};
 
 use std::path::{Path, PathBuf};
@@ -363,18 +365,18 @@ train_config! {
     /// Seed of the training data's order alone, as transformers' `data_seed` [default: seed].
     data_seed: Option<u64> = None,
     // --- reporting ---
-    /// Log (console, metrics.csv) every this many optimizer steps.
-    logging_steps: u64 = 10,
+    /// Log (console, metrics.csv) every this many optimizer steps; a number in (0, 1) is that share of the stage's steps, rounded up (transformers' ratio).
+    logging_steps: Steps = Steps::Every(10),
     /// Also log the first step (transformers' `logging_first_step`).
     logging_first_step: bool = false,
-    /// Evaluate every this many steps [default: logging_steps]; 0 disables periodic evaluation.
-    eval_steps: Option<u64> = None,
+    /// Evaluate every this many steps, or that share of them as `logging_steps` [default: logging_steps]; 0 disables periodic evaluation.
+    eval_steps: Option<Steps> = None,
     /// Also evaluate before the first step (the policy still equals the reference there).
     eval_on_start: bool = false,
     /// No periodic evaluation before this step (transformers' `eval_delay`, in steps as `eval_strategy = "steps"` counts it); `eval_on_start` is not delayed.
     eval_delay: f64 = 0.0,
-    /// Save a checkpoint every this many steps (0: only at the end and on Ctrl-C).
-    save_steps: u64 = 500,
+    /// Save a checkpoint every this many steps, or that share of them as `logging_steps` (0: only at the end and on Ctrl-C).
+    save_steps: Steps = Steps::Every(500),
     /// `steps`: checkpoints every `save_steps` and at the end; `no`: none (transformers' `save_strategy = "no"`), but the one a Ctrl-C writes to resume from. `final/` is written either way.
     save_strategy: SaveStrategy = SaveStrategy::Steps,
     /// Checkpoints kept (oldest deleted first) [default: all].
@@ -432,7 +434,7 @@ impl TrainConfig {
     /// Whether step `step` of a stage of `last` steps logs: every `logging_steps`, the last one,
     /// and the first under `logging_first_step`.
     pub fn logs_at(&self, step: u64, last: u64) -> bool {
-        step.is_multiple_of(self.logging_steps) || step == last || (self.logging_first_step && step == 1)
+        step.is_multiple_of(self.logging_steps.of(last)) || step == last || (self.logging_first_step && step == 1)
     }
 
     /// The seed of the training data's order: `data_seed`, else `seed`.
@@ -444,13 +446,20 @@ impl TrainConfig {
     /// step, from `eval_delay` on (transformers' `DefaultFlowCallback`, which compares it with the
     /// step).
     pub fn evaluates_at(&self, step: u64, last: u64) -> bool {
-        let every = self.eval_every();
+        let every = self.eval_every(last);
         every > 0 && (step.is_multiple_of(every) || step == last) && self.eval_delay <= step as f64
     }
 
-    /// Evaluation cadence in steps (0: never during training).
-    pub fn eval_every(&self) -> u64 {
-        self.eval_steps.unwrap_or(self.logging_steps)
+    /// Evaluation cadence in steps of a stage of `last` steps (0: never during training).
+    pub fn eval_every(&self, last: u64) -> u64 {
+        self.eval_steps.unwrap_or(self.logging_steps).of(last)
+    }
+
+    /// Whether step `step` of a stage of `last` steps writes a periodic checkpoint: every
+    /// `save_steps` under `save_strategy = "steps"`, before the last (the end writes its own).
+    pub fn saves_at(&self, step: u64, last: u64) -> bool {
+        let every = self.save_steps.of(last);
+        self.save_strategy == SaveStrategy::Steps && every > 0 && step.is_multiple_of(every) && step < last
     }
 
     /// The config as TOML, as saved in the run directory and every checkpoint: with the paths
@@ -512,6 +521,24 @@ mod tests {
         assert_eq!(evaluated("eval_steps = 10\neval_delay = 20\n"), [20, 25]);
         assert_eq!(evaluated("eval_steps = 10\neval_delay = 20.5\n"), [25]);
         assert!(evaluated("eval_strategy = \"no\"\n").is_empty());
+    }
+
+    /// A step count in (0, 1) is transformers' share of the stage's steps, rounded up (25 x 0.1:
+    /// every 3rd); `eval_steps` takes `logging_steps`' share when unset; a checkpoint every
+    /// `save_steps` before the last step.
+    #[test]
+    fn shares_of_the_stage_s_steps() {
+        let logged = |text| steps_where(text, |cfg, s| cfg.logs_at(s, 25));
+        assert_eq!(logged("logging_steps = 0.1\n"), [3, 6, 9, 12, 15, 18, 21, 24, 25]);
+        let evaluated = |text| steps_where(text, |cfg, s| cfg.evaluates_at(s, 25));
+        assert_eq!(evaluated("logging_steps = 0.2\n"), [5, 10, 15, 20, 25]);
+        assert_eq!(evaluated("logging_steps = 0.2\neval_steps = 0.5\n"), [13, 25]);
+        let saved = |text| steps_where(text, |cfg, s| cfg.saves_at(s, 25));
+        assert_eq!(saved("save_steps = 0.3\n"), [8, 16, 24]);
+        assert_eq!(saved("save_steps = 10\n"), [10, 20]);
+        assert!(saved("save_steps = 0.3\nsave_strategy = \"no\"\n").is_empty());
+        let refused = TrainConfig::from_toml_str("save_steps = 2.5\n", "t.toml").unwrap_err().to_string();
+        assert!(refused.contains("must be a whole number of steps, or a share"), "{refused}");
     }
 
     #[test]
@@ -636,10 +663,10 @@ mod tests {
              TR-DPO's reference syncing is not implemented"
         );
         let cfg = TrainConfig::from_toml_str("eval_strategy = \"no\"\n", "t.toml").unwrap();
-        assert_eq!(cfg.eval_every(), 0, "TRL's eval_strategy = \"no\" never evaluates");
+        assert_eq!(cfg.eval_every(100), 0, "TRL's eval_strategy = \"no\" never evaluates");
         // `save_strategy` keeps TRL's meaning (no checkpoint at all with "no"), not `save_steps = 0`'s.
         let cfg = TrainConfig::from_toml_str("save_strategy = \"no\"\n", "t.toml").unwrap();
-        assert_eq!((cfg.save_strategy, cfg.save_steps), (SaveStrategy::No, 500));
+        assert_eq!((cfg.save_strategy, cfg.save_steps), (SaveStrategy::No, Steps::Every(500)));
         let err = TrainConfig::from_toml_str("beta = 0.1\nsave_strategy = \"epoch\"\n", "t.toml").unwrap_err();
         assert_eq!(
             err.to_string(),

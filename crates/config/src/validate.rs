@@ -73,7 +73,7 @@ impl TrainConfig {
         if !(self.eval_delay >= 0.0 && self.eval_delay.is_finite()) {
             return invalid("eval_delay", format!("must be finite and >= 0, got {}", self.eval_delay));
         }
-        if self.logging_steps == 0 {
+        if self.logging_steps == crate::Steps::Every(0) {
             return invalid("logging_steps", "must be at least 1".to_owned());
         }
         let known = ["tensorboard", "wandb", "all", "none"];
