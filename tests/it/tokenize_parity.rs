@@ -85,6 +85,47 @@ fn tokenizer_matches_transformers() {
 }
 
 #[derive(Deserialize)]
+struct ClassCase {
+    dir: String,
+    class: String,
+    strings: Vec<ClassString>,
+    messages: Vec<Message>,
+    chat_input_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct ClassString {
+    text: String,
+    input_ids: Vec<u32>,
+    input_ids_add_special_tokens: Vec<u32>,
+    decoded: String,
+}
+
+/// Tokenizers whose class transformers 5 rebuilds from the vocabulary and merges alone
+/// (`tests/gen/make_tokenizer_classes_fixture.py`): a Llama-2-style file (its "▁" normaliser
+/// replaced by Metaspace, "▁" only before the first section unless `legacy`, none without
+/// `add_prefix_space`), a byte-level file labelled LlamaTokenizer (read as it is), and the qwen2
+/// fixture (Qwen2's digit-by-digit split whatever its file says): the ids, the decoding and the
+/// chat template's ids are transformers'.
+#[test]
+fn tokenizer_classes_tokenise_as_transformers_builds_them() {
+    let cases: Vec<ClassCase> = read_json("expected/tokenizer_classes.json");
+    assert_eq!(cases.len(), 5);
+    for case in &cases {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(&case.dir);
+        let tok = Tokenizer::from_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", case.dir));
+        let what = |text: &str| format!("{} ({}): {text:?}", case.dir, case.class);
+        for s in &case.strings {
+            assert_eq!(tok.encode(&s.text).unwrap(), s.input_ids, "{}", what(&s.text));
+            let ids = tok.encode_with_special_tokens(&s.text).unwrap();
+            assert_eq!(ids, s.input_ids_add_special_tokens, "{}", what(&s.text));
+            assert_eq!(tok.decode(&ids, false).unwrap(), s.decoded, "{}", what(&s.text));
+        }
+        assert_eq!(tok.encode_chat(&case.messages, false).unwrap(), case.chat_input_ids, "{}", what("chat"));
+    }
+}
+
+#[derive(Deserialize)]
 struct TokenizedFixture {
     max_length: Option<usize>,
     truncation_mode: String,

@@ -12,6 +12,7 @@
 //! (`trl/trainer/dpo_trainer.py`, `if self._tokenizer.pad_token is None`).
 
 mod chat;
+mod class;
 mod pyjson;
 
 use std::path::{Path, PathBuf};
@@ -144,11 +145,9 @@ impl Tokenizer {
         let tok_path = dir.join("tokenizer.json");
         let bytes =
             std::fs::read(&tok_path).map_err(|source| TokenizerError::Read { path: tok_path.clone(), source })?;
-        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|source| TokenizerError::Load { path: tok_path.clone(), source })?;
-
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg = if cfg_path.exists() { read_json_object(&cfg_path)? } else { serde_json::Map::new() };
+        let mut inner = class::load(dir, &tok_path, &bytes, &cfg)?;
 
         // Legacy checkpoints: without `added_tokens_decoder` in the config, transformers merges
         // `special_tokens_map.json` over it (`PreTrainedTokenizerBase._from_pretrained`).
