@@ -130,8 +130,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Continue a run from its latest checkpoint, with the config it saved: RUN_DIR (or that
-    /// checkpoint's own path, RUN_DIR/checkpoints/step-N), or without a value the newest run
-    /// under output_dir.
+    /// checkpoint's own path, RUN_DIR/checkpoints/step-N), or without a value the run run_name
+    /// names under output_dir, else the newest run there.
     #[arg(long, value_name = "RUN_DIR", num_args = 0..=1)]
     pub resume: Option<Option<PathBuf>>,
     /// Let --resume change what is trained (the model, reference, tokenizer, data, LoRA or loss

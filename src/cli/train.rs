@@ -326,8 +326,14 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
             return Ok(Resolved { layered, name, resume: None, found });
         }
         Some(Some(dir)) => run_of(dir)?,
-        // The newest run under the output_dir the config and flags name.
-        Some(None) => crate::run::newest_run(&Layered::new(file, flags)?.cfg.output_dir)?,
+        // The run the config and flags name under their output_dir, else the newest there.
+        Some(None) => {
+            let cfg = Layered::new(file, flags)?.cfg;
+            match &cfg.run_name {
+                Some(name) => cfg.output_dir.join(name),
+                None => crate::run::newest_run(&cfg.output_dir)?,
+            }
+        }
     };
     // A resumed run continues with the config it saved; flags still override it.
     let saved = dir.join("config.toml");
@@ -339,6 +345,7 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
         anyhow::bail!(ConfigError::Invalid { key: "resume", message: format!("`{}` {why}", dir.display()) });
     }
     let mut layered = Layered::new(Some(ConfigFile::read(&saved)?), flags)?;
+    check_resume_place(&layered, &dir)?;
     // Before the comparison: a flag naming the cached model the run saved changes nothing.
     let found = layered.find_in_hub_cache()?;
     check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
@@ -372,6 +379,27 @@ fn run_of(path: &Path) -> anyhow::Result<PathBuf> {
         named.run_dir.display()
     );
     Err(ConfigError::Invalid { key: "resume", message }.into())
+}
+
+/// `--run-name` and `--output-dir` place a new run; a resumed one stays in `dir`. A flag naming
+/// another place is refused: it was ignored, yet written into the run's saved config.
+fn check_resume_place(layered: &Layered, dir: &Path) -> anyhow::Result<()> {
+    let cfg = &layered.cfg;
+    let same = |a: &Path, b: &Path| {
+        a == b || matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+    };
+    let flagged = |key| layered.origin(key) == Origin::Flag;
+    let elsewhere = match (&cfg.run_name, dir.file_name(), dir.parent()) {
+        (Some(name), Some(own), _) if flagged("run_name") && own != name.as_str() => Some("run_name"),
+        (_, _, Some(parent)) if flagged("output_dir") && !same(&cfg.output_dir, parent) => Some("output_dir"),
+        _ => None,
+    };
+    let Some(key) = elsewhere else { return Ok(()) };
+    let message = format!(
+        "a resumed run stays in `{}`: drop the flag to resume it there, or start a run under another name without `--resume`",
+        dir.display()
+    );
+    Err(layered.locate(ConfigError::Invalid { key, message }).into())
 }
 
 /// A resume whose flags change what is trained is refused (naming the first such key and both

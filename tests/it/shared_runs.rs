@@ -214,6 +214,35 @@ fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
         "{said}"
     );
     assert!(!said.contains("`learning_rate`"), "the schedule changes freely: {said}");
+    // A resumed run stays where it is: a flag placing it elsewhere is refused (it was ignored,
+    // yet written into the run's config.toml); the place it is at is accepted.
+    let stays = format!(
+        "a resumed run stays in `{}`: drop the flag to resume it there, or start a run under another name without `--resume`",
+        run_dir.display()
+    );
+    let elsewhere = dir.path().join("elsewhere");
+    for (flag, value) in [("--run-name", "other"), ("--output-dir", elsewhere.to_str().unwrap())] {
+        assert_eq!(one_line_error(&resume(&[flag, value])), format!("error: `{flag}`: {stays}"));
+    }
+    assert!(!elsewhere.exists());
+    assert!(!fs::read_to_string(&saved).unwrap().contains("other"));
+    let here = resume(&["--run-name", "r", "--output-dir", dir.path().to_str().unwrap(), "--max-steps", "5"]);
+    assert!(here.status.success(), "{}", stderr(&here));
+    // Bare `--resume` takes the run `--run-name` names under `--output-dir`.
+    let mut cmd = dpo_train();
+    cmd.args([
+        "train",
+        "--resume",
+        "--output-dir",
+        dir.path().to_str().unwrap(),
+        "--run-name",
+        "r",
+        "--max-steps",
+        "6",
+    ]);
+    let named = finish(cmd, Duration::from_secs(120));
+    assert!(named.status.success(), "{}", stderr(&named));
+    assert!(String::from_utf8_lossy(&named.stdout).starts_with(&format!("run: {}\n", run_dir.display())));
 }
 
 /// What a dead writer left in a run (a checkpoint staged when it was killed, the ranks' slices of

@@ -171,7 +171,8 @@ pub struct LossConfigError {
 }
 
 impl LossConfig {
-    /// Rejects settings TRL rejects, and values that make a formula meaningless.
+    /// Rejects settings TRL rejects, and values that make a formula meaningless (a NaN or infinite
+    /// weight or coefficient trains a NaN model to the end, which TRL lets run).
     pub fn validate(&self) -> Result<(), LossConfigError> {
         let err = |key, message: String| Err(LossConfigError { key, message });
         if !(self.beta > 0.0 && self.beta.is_finite()) {
@@ -185,6 +186,12 @@ impl LossConfig {
                 "loss_weights",
                 format!("has {} weights for {} loss types", self.loss_weights.len(), self.loss_type.len()),
             );
+        }
+        if let Some(w) = self.loss_weights.iter().find(|w| !w.is_finite()) {
+            return err("loss_weights", format!("must be finite, got {w}"));
+        }
+        if !self.f_alpha_divergence_coef.is_finite() {
+            return err("f_alpha_divergence_coef", format!("must be finite, got {}", self.f_alpha_divergence_coef));
         }
         if !(0.0..1.0).contains(&self.label_smoothing) {
             return err("label_smoothing", format!("must be in [0, 1), got {}", self.label_smoothing));
@@ -210,8 +217,9 @@ impl LossConfig {
         {
             return err("use_weighting", format!("is not defined for `{}`", t.name()));
         }
-        if self.discopop_tau <= 0.0 {
-            return err("discopop_tau", format!("must be > 0, got {}", self.discopop_tau));
+        // Only where it is read: TRL ignores it for the other losses.
+        if self.loss_type.contains(&LossType::Discopop) && !(self.discopop_tau > 0.0 && self.discopop_tau.is_finite()) {
+            return err("discopop_tau", format!("must be finite and > 0 with `discopop`, got {}", self.discopop_tau));
         }
         self.validate_reference_free()?;
         self.validate_kto()
@@ -346,7 +354,22 @@ impl LossConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::LossType;
+    use super::{LossConfig, LossType};
+
+    /// A NaN or infinite loss weight or alpha-divergence coefficient is refused by its key (it
+    /// trained a NaN model to the end); `discopop_tau` only where `discopop` reads it.
+    #[test]
+    fn weights_and_coefficients_must_be_finite() {
+        let refused = |cfg: LossConfig| cfg.validate().map_err(|e| (e.key, e.message)).unwrap_err();
+        let weights = LossConfig { loss_weights: vec![f64::NAN], ..Default::default() };
+        assert_eq!(refused(weights), ("loss_weights", "must be finite, got NaN".to_owned()));
+        let coef = LossConfig { f_alpha_divergence_coef: f64::INFINITY, ..Default::default() };
+        assert_eq!(refused(coef), ("f_alpha_divergence_coef", "must be finite, got inf".to_owned()));
+        let unused_tau = LossConfig { discopop_tau: -1.0, ..Default::default() };
+        assert!(unused_tau.validate().is_ok());
+        let tau = LossConfig { discopop_tau: f64::NAN, loss_type: vec![LossType::Discopop], ..Default::default() };
+        assert_eq!(refused(tau).0, "discopop_tau");
+    }
 
     /// `ALL` lists each loss type once, and each TRL name reads back as its type.
     #[test]
