@@ -12,6 +12,10 @@ use crate::train::Progress;
 
 /// Runs `eval`.
 pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+    super::refuse_run_dir("model", &args.model)?;
+    if let Some(reference) = &args.ref_model {
+        super::refuse_run_dir("ref-model", reference)?;
+    }
     crate::dpo::shapes::padding_setting()?;
     let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
     let args_device = args.device;

@@ -20,6 +20,7 @@ use crate::train::Workers;
 
 /// Runs `generate`.
 pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
+    super::refuse_run_dir("model", &args.model)?;
     let prompts = read_prompts(&args.prompts)?;
     let tokenizer = Tokenizer::from_dir(&model::tokenizer_dir(&args.model)?)?;
     let context = || format!("cannot load the model in `{}`", args.model.display());

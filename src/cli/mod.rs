@@ -69,6 +69,26 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A run directory given where a model is expected (`eval --model RUN`): refused, naming the
+/// model in it to give (its `final/`, else its newest checkpoint), where loading it failed on a
+/// missing `tokenizer.json`.
+fn refuse_run_dir(flag: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let is_model = ["config.json", "adapter_config.json"].iter().any(|f| dir.join(f).is_file());
+    if is_model || !dir.join("config.toml").is_file() {
+        return Ok(());
+    }
+    let final_dir = dir.join("final");
+    let give = if crate::train::checkpoint::model_file(&final_dir).is_some() {
+        format!("`{}`", final_dir.display())
+    } else if let Some(newest) = crate::train::checkpoint::latest(dir) {
+        format!("its newest checkpoint, `{}`", newest.display())
+    } else {
+        "its `final/` or a checkpoint once it has one".to_owned()
+    };
+    let message = format!("`{}` is a dpo-train run, not a model: give {give}", dir.display());
+    Err(crate::config::ConfigError::Flag { flag: flag.to_owned(), message }.into())
+}
+
 /// Bytes of memory a synthetic pair takes while the splits are made and written: they are
 /// shuffled whole, then serialised into one buffer (1,000,000 pairs peaked 370 MB above the
 /// process's own, measured with `/usr/bin/time`).

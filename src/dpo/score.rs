@@ -2,6 +2,8 @@
 //! collected on the host, the loss computed once over all of them and each metric the mean of its
 //! values over TRL's evaluation batches, as `DPOTrainer.evaluate` reports them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use burn::tensor::Device;
 
 use super::logps::{Collation, RefLogps, Stats, score};
@@ -22,10 +24,13 @@ pub fn evaluate_pairs(
     device: &Device,
 ) -> Metrics {
     let indices: Vec<usize> = (0..pairs.len()).collect();
-    metrics_of(&score_pairs(policy, pairs, &indices, ref_logps, collation, device), loss, per_batch, device)
+    // Never stopped, so always scored.
+    let scored = score_pairs(policy, pairs, &indices, ref_logps, collation, device, None).unwrap_or_default();
+    metrics_of(&scored, loss, per_batch, device)
 }
 
-/// Scores the pairs at `indices` (in that order) under `policy`.
+/// Scores the pairs at `indices` (in that order) under `policy`; `None` when `stop` is raised
+/// between two batches (a Ctrl-C: a held-out set of thousands of pairs takes minutes).
 pub fn score_pairs(
     policy: &Llama,
     pairs: &[TokenizedPair],
@@ -33,15 +38,19 @@ pub fn score_pairs(
     ref_logps: &RefLogps,
     collation: &Collation,
     device: &Device,
-) -> ScoredPairs {
+    stop: Option<&AtomicBool>,
+) -> Option<ScoredPairs> {
     let mut scored = ScoredPairs::default();
     for chunk in indices.chunks(collation.batch_size.max(1)) {
+        if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return None;
+        }
         let chunk_pairs: Vec<TokenizedPair> = chunk.iter().map(|&i| pairs[i].clone()).collect();
         let batch = collation.batch(&chunk_pairs, device);
         let policy_scores = score(policy, &batch, Stats::ALL);
         scored.extend(ScoredPairs::from_batch(&batch, &policy_scores, &ref_logps.rows(chunk)));
     }
-    scored
+    Some(scored)
 }
 
 /// The loss over every scored pair at once, and each metric the mean of its values over the

@@ -137,7 +137,10 @@ impl References {
         if run.data.eval.is_empty() {
             return Ok(None);
         }
-        let metrics = sharded_metrics(policy, &run.data.eval, &self.eval, &self.collation, run)?;
+        let Some(metrics) = sharded_metrics(policy, &run.data.eval, &self.eval, &self.collation, run)? else {
+            progress.line(&format!("eval step {}: stopped by the interrupt", state.step));
+            return Ok(None);
+        };
         let Some(out) = out else { return Ok(Some(metrics)) };
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
         row.record(&metrics);
@@ -157,15 +160,24 @@ impl References {
         Ok(Some(metrics))
     }
 
-    /// The test set's metrics, once at the end (rank 0 also logs them and writes the samples).
-    pub fn test(&self, policy: &Llama, run: &Run, dir: &Path, progress: &mut dyn Progress) -> anyhow::Result<Metrics> {
-        let metrics = sharded_metrics(policy, &run.data.test, &self.test, &self.collation, run)?;
+    /// The test set's metrics, once at the end (rank 0 also logs them and writes the samples);
+    /// `None` when a Ctrl-C stopped the scoring.
+    pub fn test(
+        &self,
+        policy: &Llama,
+        run: &Run,
+        dir: &Path,
+        progress: &mut dyn Progress,
+    ) -> anyhow::Result<Option<Metrics>> {
+        let Some(metrics) = sharded_metrics(policy, &run.data.test, &self.test, &self.collation, run)? else {
+            return Ok(None);
+        };
         if !run.rt.workers.is_main() {
-            return Ok(metrics);
+            return Ok(Some(metrics));
         }
         progress.line(&format!("test | {}", metrics.headline(" | ")));
         self.write_samples(policy, run, &dir.join("samples_test.txt"), &run.data.test, &self.test_samples, "final")?;
-        Ok(metrics)
+        Ok(Some(metrics))
     }
 
     /// The policy's, the reference's and the dataset's answers to the first held-out prompts, in
@@ -222,20 +234,24 @@ fn sharded_reference_logps(
     Ok(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() })
 }
 
-/// The loss and metrics over every pair, each rank scoring its shard.
+/// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C
+/// stopped any rank's scoring (the ranks agree before they gather).
 fn sharded_metrics(
     policy: &Llama,
     pairs: &[TokenizedPair],
     reference: &RefLogps,
     collation: &Collation,
     run: &Run,
-) -> anyhow::Result<Metrics> {
+) -> anyhow::Result<Option<Metrics>> {
     let (workers, device) = (run.rt.workers, &run.rt.device);
-    let scored = score_pairs(policy, pairs, &workers.shard(pairs.len()), reference, collation, device);
+    let mine = workers.shard(pairs.len());
+    let scored = score_pairs(policy, pairs, &mine, reference, collation, device, Some(run.rt.interrupt));
+    let stopped = workers.any(scored.is_none())?;
+    let Some(scored) = scored.filter(|_| !stopped) else { return Ok(None) };
     let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
     // TRL's evaluation step: a per-device batch on every rank, gathered.
     let per_batch = run.cfg.per_device_eval_batch_size * workers.world_size();
-    Ok(metrics_of(&scored, &run.cfg.loss, per_batch, device))
+    Ok(Some(metrics_of(&scored, &run.cfg.loss, per_batch, device)))
 }
 
 /// Greedy completions of the first `num_samples` prompts of `pairs`.

@@ -533,11 +533,22 @@ fn finish(
 ) -> anyhow::Result<StageOutcome> {
     let (dir, step, workers) = (stage.dir, t.state.step, run.rt.workers);
     let policy = inference_copy(t.master_policy(workers, &run.rt.device)?.as_ref());
-    let (eval, interrupted) = (end.last_eval, end.interrupted);
-    let saved_now = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
+    let eval = end.last_eval;
+    let mut saved = checkpoint::latest(dir).as_deref() == Some(&dir.join("checkpoints").join(format!("step-{step}")));
     // `save_strategy = "no"` writes none at the end (transformers' rule); a Ctrl-C still does,
     // the only way to resume the run.
-    if !saved_now && (interrupted || run.cfg.save_strategy == SaveStrategy::Steps) {
+    if !saved && (end.interrupted || run.cfg.save_strategy == SaveStrategy::Steps) {
+        write_checkpoint(run, dir, &t, end.files, &policy, progress)?;
+        saved = true;
+    }
+    // The test set before the export: a Ctrl-C while it is scored, or since the last step began,
+    // stops the run as one in a step does (a resume exports and tests).
+    let test = match &end.references {
+        Some(refs) if !end.interrupted && !run.data.test.is_empty() => refs.test(&policy, run, dir, progress)?,
+        _ => None,
+    };
+    let interrupted = workers.any(end.interrupted || run.rt.interrupt.load(Ordering::SeqCst))?;
+    if interrupted && !saved {
         write_checkpoint(run, dir, &t, end.files, &policy, progress)?;
     }
     if interrupted {
@@ -557,10 +568,6 @@ fn finish(
             progress.line(&format!("merged model written to `{}`", merged.display()));
         }
     }
-    let test = match &end.references {
-        Some(refs) if !run.data.test.is_empty() => Some(refs.test(&policy, run, dir, progress)?),
-        _ => None,
-    };
     // Every rank returns once the files rank 0 writes are complete.
     workers.barrier("final model")?;
     Ok(StageOutcome { model_dir: final_dir, steps: step, interrupted, already_done: false, eval, test })

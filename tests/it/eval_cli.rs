@@ -219,3 +219,33 @@ fn a_reference_free_loss_refuses_a_reference_and_keep_end() {
     let out = eval(&with_defaults(m, d, &["--loss-type", "orpo", "--truncation-mode", "keep_end"]));
     assert!(one_line_error(&out, 1).contains("`--truncation-mode`: `keep_end` is not defined for `orpo`"));
 }
+
+/// A run directory given as the model (`eval --model RUN`, `generate --model RUN`) is refused in
+/// one line naming the model in it to give, its `final/`, which then evaluates (it failed on a
+/// missing `tokenizer.json`).
+#[test]
+fn a_run_directory_as_the_model_names_its_final_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, data) = (fixtures().join("models/llama"), fixtures().join("data/prefs.jsonl"));
+    let out = dir.path().to_str().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["train", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap()])
+        .args(["--output-dir", out, "--run-name", "r", "--max-steps", "1", "--num-samples", "0"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let run_dir = dir.path().join("r");
+    let (r, d) = (run_dir.to_str().unwrap(), data.to_str().unwrap());
+    let want =
+        format!("error: `--model`: `{r}` is a dpo-train run, not a model: give `{}`", run_dir.join("final").display());
+    assert_eq!(one_line_error(&eval(&with_defaults(r, d, &[])), 1), want);
+    let prompts = dir.path().join("prompts.txt");
+    fs::write(&prompts, "Hello\n").unwrap();
+    let generate = Command::new(env!("CARGO_BIN_EXE_dpo-train"))
+        .args(["generate", "--model", r, "--prompts", prompts.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(one_line_error(&generate, 1), want);
+    let final_dir = run_dir.join("final");
+    assert!(eval(&with_defaults(final_dir.to_str().unwrap(), d, &[])).status.success());
+}

@@ -604,6 +604,46 @@ fn a_second_interrupt_aborts_at_once() {
     }
 }
 
+/// Ctrl-C while the test set is scored after the last step (thousands of pairs: seconds here,
+/// minutes on a real set) stops the scoring: the run exits 130 with the last step's checkpoint
+/// and no `final/`, as a Ctrl-C in a step does (it went on scoring, exported and exited 0), and a
+/// resume exports and tests.
+#[test]
+fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("test.jsonl");
+    let rows = fs::read_to_string(data()).unwrap();
+    fs::write(&big, rows.repeat(600)).unwrap();
+    let args = short_run(dir.path(), "t", &model(), &data(), &["--test-file", s(&big), "--max-steps", "1"]);
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(&args).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let pipe = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || pipe.lines().map_while(Result::ok).for_each(|l| tx.send(l).unwrap()));
+    // The last step's checkpoint is written just before the test set is scored.
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.starts_with("saved `")) {
+        seen.push(lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no checkpoint: {seen:?}")));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_or_kill(child, Duration::from_secs(120)).status;
+    reader.join().unwrap();
+    seen.extend(lines.try_iter());
+    assert_eq!(status.code(), Some(130), "{seen:?}");
+    let run = dir.path().join("t");
+    assert!(seen.iter().any(|l| l.starts_with("interrupted at step 1: resume with")), "{seen:?}");
+    assert!(!seen.iter().any(|l| l.starts_with("test |")), "{seen:?}");
+    assert!(!run.join("final").exists() && !run.join("summary.txt").exists());
+    assert_eq!(dpo_train::train::checkpoint::list(&run).len(), 1);
+    let resumed = train(&["--resume", s(&run)]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(run.join("final/model.safetensors").is_file());
+    assert!(fs::read_to_string(run.join("summary.txt")).unwrap().contains("\ntest: loss "));
+}
+
 /// Ctrl-C while a large file is tokenised (on the one thread `--dataset-num-proc 1` asks for)
 /// stops at the next row: exit 130 within seconds, where tokenising the whole file takes about
 /// 20 s here, the message, and nothing written: no cache entry, no run directory.
