@@ -197,14 +197,21 @@ impl MetricsRow {
 
     /// The row's values under the names transformers' `TensorBoardCallback` and `WandbCallback`
     /// give them (`train/loss`, `eval/rewards/margins`, `train/learning_rate`, `train/grad_norm`,
-    /// `train/epoch`), the values it lacks left out.
+    /// `train/epoch`), and the speed columns under the split's (`train/pairs_per_second`,
+    /// `eval/elapsed_seconds`, ...), the values it lacks left out.
     pub fn tagged(&self) -> Vec<(String, f64)> {
         let split = self.split.as_str();
         let named = METRIC_NAMES.iter().zip(&self.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
         let named = named.chain(self.extra.iter().map(|(name, v)| (format!("{split}/{name}"), Some(*v))));
         let extra = [("learning_rate", self.learning_rate), ("grad_norm", self.grad_norm), ("epoch", Some(self.epoch))];
         let extra = extra.into_iter().filter(|_| self.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
-        named.chain(extra).filter_map(|(tag, v)| Some((tag, v?))).collect()
+        let speed = [
+            ("pairs_per_second", self.pairs_per_second),
+            ("tokens_per_second", self.tokens_per_second),
+            ("elapsed_seconds", Some(self.elapsed_seconds)),
+        ];
+        let speed = speed.into_iter().map(|(n, v)| (format!("{split}/{n}"), v));
+        named.chain(extra).chain(speed).filter_map(|(tag, v)| Some((tag, v?))).collect()
     }
 
     /// The row as CSV cells, in column order.

@@ -64,6 +64,11 @@ fn tensorboard_reads_every_logged_value_the_samples_and_the_dashboard() {
             .iter()
             .map(|name| (format!("{split}/{name}"), row.metric(name)))
             .collect();
+        values.extend([
+            (format!("{split}/pairs_per_second"), row.pairs_per_second),
+            (format!("{split}/tokens_per_second"), row.tokens_per_second),
+            (format!("{split}/elapsed_seconds"), Some(row.elapsed_seconds)),
+        ]);
         if split == "train" {
             values.extend([
                 ("train/learning_rate".to_owned(), row.learning_rate),
