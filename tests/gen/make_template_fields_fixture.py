@@ -3,7 +3,8 @@
 Writes tests/fixtures/template_fields/: a tokenizer (the fixture tokenizer with a chat template
 that dumps `tools` with `tojson`, renders a message's `reasoning_content` and `tool_calls`, and
 reads the `enable_thinking` keyword), `prefs.jsonl` (rows with `tools` as JSON text and as JSON,
-`chat_template_kwargs`, message keys beyond role and content, keys out of sorted order), and
+`chat_template_kwargs`, message keys beyond role and content, keys out of sorted order, an
+assistant turn of tool calls with `content: null`, content as a list of parts), and
 `expected.json`: DPOTrainer._prepare_dataset's prompt/chosen/rejected ids for it (no truncation).
 Run with the venv's python from the repository root.
 """
@@ -24,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests/fixtures/template_fields"
 TEMPLATE = (
     "{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% elif m['content'] %}{% for p in m['content'] %}[{{ p['type'] }}]{{ p['text'] }}{% endfor %}{% endif %}"
     "{% if m.reasoning_content is defined and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
     "{% if m.tool_calls is defined and m.tool_calls %}<call>{{ m.tool_calls | tojson }}</call>{% endif %}"
     "<|im_end|>\n{% endfor %}"
@@ -46,6 +49,17 @@ def rows():
         {"prompt": user, "chosen": [{"role": "assistant", "content": "Sunny.", "reasoning_content": "look it up"}],
          "rejected": [{"role": "assistant", "content": "Rain.", "reasoning_content": "guess"}], "tools": "[]",
          "chat_template_kwargs": {"enable_thinking": False}},
+        # An assistant turn of tool calls alone (`content: null`, as OpenAI-style data writes it),
+        # then the tool's answer and the reply.
+        {"prompt": user, "chosen": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                    {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}],
+         "rejected": [{"role": "assistant", "content": "No idea."}], "tools": json.dumps([tool]),
+         "chat_template_kwargs": {}},
+        # Content as a list of parts (the multimodal message format, text only).
+        {"prompt": [{"role": "user", "content": [{"type": "text", "text": "Weather in Rome?"}]}],
+         "chosen": [{"role": "assistant", "content": [{"type": "text", "text": "Warm."}]}],
+         "rejected": [{"role": "assistant", "content": [{"type": "text", "text": "Cold."}]}], "tools": "[]",
+         "chat_template_kwargs": {}},
     ]
 
 

@@ -242,7 +242,8 @@ fn keep_end_max_length_16_matches_trl() {
 
 /// A chat template that reads more than `role` and `content`: a row's `tools` (dumped with
 /// `tojson`, keys in the file's order), its `chat_template_kwargs` (`enable_thinking`), and its
-/// messages' `reasoning_content` and `tool_calls` give TRL's ids
+/// messages' `reasoning_content` and `tool_calls`, an assistant turn of tool calls with
+/// `content: null` and content as a list of parts (both refused before) give TRL's ids
 /// (`tests/gen/make_template_fields_fixture.py`: `DPOTrainer._prepare_dataset`).
 #[test]
 fn template_fields_tokenise_as_trl_passes_them() {
@@ -257,7 +258,7 @@ fn template_fields_tokenise_as_trl_passes_them() {
     let loaded = load_preferences(&dir.join("prefs.jsonl"), &LoadOptions::default()).unwrap();
     let (pairs, _) = tokenize(&loaded.rows, &tok, None).unwrap();
     let want: Vec<Ids> = read_json("template_fields/expected.json");
-    assert_eq!(pairs.len(), want.len());
+    assert_eq!((pairs.len(), want.len()), (4, 4));
     for (got, want) in pairs.iter().zip(&want) {
         assert_eq!(got.prompt_ids, want.prompt_ids, "line {}", got.line);
         assert_eq!((&got.chosen_ids, &got.rejected_ids), (&want.chosen_ids, &want.rejected_ids), "line {}", got.line);

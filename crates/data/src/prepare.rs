@@ -104,7 +104,7 @@ pub fn prepare(
 /// missing, so plain text never doubles it).
 fn ends_with_eos(text: &Text, eos: &str) -> bool {
     match text {
-        Text::Messages(m) => m.last().is_some_and(|m| !eos.is_empty() && m.content.trim_end().ends_with(eos)),
+        Text::Messages(m) => m.last().is_some_and(|m| !eos.is_empty() && m.text().trim_end().ends_with(eos)),
         Text::Plain(_) => false,
     }
 }

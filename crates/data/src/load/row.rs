@@ -41,10 +41,11 @@ pub fn text_field(value: &Value, field: &str) -> Result<Text, RowProblem> {
                     None => return Err(bad("`role` is missing")),
                     Some(_) => return Err(bad("`role` must be a string")),
                 };
+                // Text, null (tool calls) or content parts, as the chat template takes them.
                 let content = match obj.get("content") {
-                    Some(Value::String(s)) => s.clone(),
+                    Some(c @ (Value::String(_) | Value::Null | Value::Array(_))) => c.clone(),
                     None => return Err(bad("`content` is missing")),
-                    Some(_) => return Err(bad("`content` must be a string")),
+                    Some(_) => return Err(bad("`content` must be a string, null or a list of content parts")),
                 };
                 let extra = obj.iter().filter(|(k, _)| !matches!(k.as_str(), "role" | "content"));
                 let extra = extra.map(|(k, v)| (k.clone(), v.clone())).collect();

@@ -124,7 +124,7 @@ impl Object for MessageValue {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         match key.as_str()? {
             "role" => Some(Value::from(self.0.role.clone())),
-            "content" => Some(Value::from(self.0.content.clone())),
+            "content" => Some(Value::from_serialize(&self.0.content)),
             other => self.0.extra.get(other).map(Value::from_serialize),
         }
     }

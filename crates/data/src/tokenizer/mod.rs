@@ -94,13 +94,22 @@ pub enum TokenizerError {
 pub struct Message {
     /// `system`, `user`, `assistant`, ...
     pub role: String,
-    /// The message text.
-    pub content: String,
+    /// The message's content as the file has it: text, null (an assistant turn of `tool_calls`)
+    /// or a list of content parts (`[{"type": "text", "text": ..}]`), handed to the chat
+    /// template as transformers hands it.
+    pub content: serde_json::Value,
     /// The message's other keys (`reasoning_content`, `tool_calls`, `name`, ...), which the chat
     /// template reads as transformers hands it the whole dict, in the file's order (serde_json
     /// and minijinja keep it, so `tojson` writes a nested object's keys as Python does).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Message {
+    /// The content's text: empty where the content is null or a list of parts.
+    pub fn text(&self) -> &str {
+        self.content.as_str().unwrap_or_default()
+    }
 }
 
 /// What a conversational row passes to the chat template beside its messages, as TRL's
@@ -489,10 +498,7 @@ mod tests {
     }
 
     fn msgs(pairs: &[(&str, &str)]) -> Vec<Message> {
-        pairs
-            .iter()
-            .map(|(r, c)| Message { role: r.to_string(), content: c.to_string(), ..Message::default() })
-            .collect()
+        pairs.iter().map(|(r, c)| Message { role: r.to_string(), content: (*c).into(), ..Message::default() }).collect()
     }
 
     #[test]
