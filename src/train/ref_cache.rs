@@ -14,14 +14,14 @@ use crate::model::Llama;
 use crate::model::weights::{NamedTensor, Values, Weights, save_safetensors_with};
 
 /// The cached log-probs for this reference and data, or `compute`d (by every rank) and stored
-/// (by rank 0) when absent.
+/// (by rank 0) when absent; `None` when `compute` was stopped (by a Ctrl-C: nothing is stored).
 pub fn load_or_compute(
     reference: &Llama,
     run: &Run,
     collation: &Collation,
     progress: &mut dyn Progress,
-    compute: impl FnOnce() -> anyhow::Result<RefLogps>,
-) -> anyhow::Result<RefLogps> {
+    compute: impl FnOnce() -> anyhow::Result<Option<RefLogps>>,
+) -> anyhow::Result<Option<RefLogps>> {
     let path = cache_path(reference, run, collation)?;
     if let Some(dir) = path.parent() {
         for stale in dpo_base::fsutil::remove_stale_temps(dir) {
@@ -31,7 +31,7 @@ pub fn load_or_compute(
     match read(&path, run.data.train.len()) {
         Ok(Some(cached)) => {
             progress.line(&format!("reference log-probs from cache `{}`", path.display()));
-            return Ok(cached);
+            return Ok(Some(cached));
         }
         Ok(None) => {}
         Err(why) => {
@@ -43,9 +43,9 @@ pub fn load_or_compute(
     }
     let (n, examples) = (run.data.train.len(), run.cfg.loss.examples());
     progress.line(&format!("precomputing reference log-probs for {n} training {examples}"));
-    let logps = compute()?;
+    let Some(logps) = compute()? else { return Ok(None) };
     if !run.rt.workers.is_main() {
-        return Ok(logps);
+        return Ok(Some(logps));
     }
     let dir = path.parent().unwrap_or(&run.cfg.output_dir);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
@@ -58,7 +58,7 @@ pub fn load_or_compute(
         ],
         &[(CHECKSUM, &checksum(&logps))],
     )?;
-    Ok(logps)
+    Ok(Some(logps))
 }
 
 /// The header key of the log-probs' checksum.

@@ -6,6 +6,7 @@
 //! the columns are gathered, so every number is the one a single process computes.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use burn::tensor::Tensor;
@@ -41,16 +42,17 @@ pub struct References {
 
 impl References {
     /// Scores the held-out sets (and, with `precompute_ref_log_probs`, the training set) under
-    /// `reference`; `None` for reference-free training.
+    /// `reference` (`None` for reference-free training); `None` when a Ctrl-C stopped the
+    /// scoring (the run then stops before its first step).
     pub fn prepare(
         run: &Run,
         reference: Option<Llama>,
         collation: Collation,
         progress: &mut dyn Progress,
-    ) -> anyhow::Result<Self> {
+    ) -> anyhow::Result<Option<Self>> {
         let data = run.data;
         let Some(reference) = reference else {
-            return Ok(Self {
+            return Ok(Some(Self {
                 model: None,
                 train: Some(RefLogps::zeros(data.train.len())),
                 eval: RefLogps::zeros(data.eval.len()),
@@ -59,7 +61,7 @@ impl References {
                 test_samples: Vec::new(),
                 reference_free: true,
                 collation,
-            });
+            }));
         };
         let held_out = data.eval.len() + data.test.len();
         if held_out > 0 {
@@ -67,19 +69,21 @@ impl References {
             let examples = run.cfg.loss.examples();
             progress.line(&format!("scoring {held_out} held-out {examples}{kl} under the reference"));
         }
-        let eval = sharded_reference_logps(&reference, &data.eval, &collation, run)?;
-        let test = sharded_reference_logps(&reference, &data.test, &collation, run)?;
+        let Some(eval) = sharded_reference_logps(&reference, &data.eval, &collation, run)? else { return Ok(None) };
+        let Some(test) = sharded_reference_logps(&reference, &data.test, &collation, run)? else { return Ok(None) };
         let main = run.rt.workers.is_main();
         let eval_samples = if main { sample_texts(&reference, &data.eval, run) } else { Vec::new() };
         let test_samples = if main { sample_texts(&reference, &data.test, run) } else { Vec::new() };
         let (model, train) = if run.cfg.precompute_ref_log_probs {
             let compute = || sharded_reference_logps(&reference, &data.train, &collation, run);
-            let train = ref_cache::load_or_compute(&reference, run, &collation, progress, compute)?;
+            let Some(train) = ref_cache::load_or_compute(&reference, run, &collation, progress, compute)? else {
+                return Ok(None);
+            };
             (None, Some(train))
         } else {
             (Some(PerStep::Whole(reference)), None)
         };
-        Ok(Self { model, train, eval, test, eval_samples, test_samples, reference_free: false, collation })
+        Ok(Some(Self { model, train, eval, test, eval_samples, test_samples, reference_free: false, collation }))
     }
 
     /// ZeRO-3: the per-step reference keeps this rank's slices only; frozen parameters that
@@ -220,18 +224,32 @@ enum PerStep {
     Parted(Partitioned),
 }
 
-/// The reference log-probs of every pair, each rank scoring its shard.
+/// The reference log-probs of every pair, each rank scoring its shard a batch at a time; `None`
+/// when a Ctrl-C stopped any rank's scoring (the ranks agree before they gather).
 fn sharded_reference_logps(
     model: &Llama,
     pairs: &[TokenizedPair],
     collation: &Collation,
     run: &Run,
-) -> anyhow::Result<RefLogps> {
+) -> anyhow::Result<Option<RefLogps>> {
     let workers = run.rt.workers;
     let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
-    let local = reference_logps(model, &mine, collation, &run.rt.device);
+    let mut local = RefLogps::default();
+    let mut stopped = false;
+    for batch in mine.chunks(collation.batch_size.max(1)) {
+        stopped = run.rt.interrupt.load(Ordering::SeqCst);
+        if stopped {
+            break;
+        }
+        let part = reference_logps(model, batch, collation, &run.rt.device);
+        local.chosen.extend(part.chosen);
+        local.rejected.extend(part.rejected);
+    }
+    if workers.any(stopped)? {
+        return Ok(None);
+    }
     let mut columns = workers.gather_columns(pairs.len(), vec![local.chosen, local.rejected])?.into_iter();
-    Ok(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() })
+    Ok(Some(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() }))
 }
 
 /// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C

@@ -338,7 +338,8 @@ fn references(
         ld_alpha: cfg.loss.ld_alpha,
         packing: Packing::of(cfg.padding_free, cfg.prefix_sharing).under(run.plan.truncation),
     };
-    Ok(Some(References::prepare(run, reference, collation, progress)?))
+    // A Ctrl-C while the reference scored leaves none: the loop's first check stops the run.
+    References::prepare(run, reference, collation, progress)
 }
 
 /// `final/merged`'s model: the adapter just saved in `final_dir` folded into its base as read from

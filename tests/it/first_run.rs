@@ -644,6 +644,39 @@ fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
     assert!(fs::read_to_string(run.join("summary.txt")).unwrap().contains("\ntest: loss "));
 }
 
+/// Ctrl-C while the reference scores a large held-out set before the first step stops the
+/// scoring: the run stops at step 0 (exit 130) without going on to precompute the training set's
+/// reference log-probs, and stores no cache entry (it scored every pair first).
+#[test]
+fn an_interrupt_while_the_reference_scores_stops_before_the_first_step() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("eval.jsonl");
+    fs::write(&big, fs::read_to_string(data()).unwrap().repeat(600)).unwrap();
+    let extra = ["--eval-file", s(&big), "--precompute-ref-log-probs", "true"];
+    let args = short_run(dir.path(), "r", &model(), &data(), &extra);
+    let mut cmd = dpo_train();
+    cmd.arg("train").args(&args).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let pipe = BufReader::new(child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || pipe.lines().map_while(Result::ok).for_each(|l| tx.send(l).unwrap()));
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.starts_with("scoring 10200 held-out pairs under the reference")) {
+        seen.push(lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no scoring: {seen:?}")));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = wait_or_kill(child, Duration::from_secs(120)).status;
+    reader.join().unwrap();
+    seen.extend(lines.try_iter());
+    assert_eq!(status.code(), Some(130), "{seen:?}");
+    assert!(seen.iter().any(|l| l.starts_with("interrupted at step 0: resume with")), "{seen:?}");
+    assert!(!seen.iter().any(|l| l.starts_with("precomputing reference log-probs")), "{seen:?}");
+    let cached = fs::read_dir(dir.path().join(".ref_cache")).map_or(0, |d| d.count());
+    assert_eq!(cached, 0);
+}
+
 /// Ctrl-C while a large file is tokenised (on the one thread `--dataset-num-proc 1` asks for)
 /// stops at the next row: exit 130 within seconds, where tokenising the whole file takes about
 /// 20 s here, the message, and nothing written: no cache entry, no run directory.
