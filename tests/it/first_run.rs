@@ -604,34 +604,40 @@ fn a_second_interrupt_aborts_at_once() {
     }
 }
 
-/// Ctrl-C while the test set is scored after the last step (thousands of pairs: seconds here,
-/// minutes on a real set) stops the scoring: the run exits 130 with the last step's checkpoint
-/// and no `final/`, as a Ctrl-C in a step does (it went on scoring, exported and exited 0), and a
-/// resume exports and tests.
-#[test]
-fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
+/// Runs `dpo-train train ARGS`, sends it SIGINT once a line of its stderr starts with `after`,
+/// and returns its exit status and every stderr line.
+fn interrupted_after(args: &[String], after: &str) -> (std::process::ExitStatus, Vec<String>) {
     use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let big = dir.path().join("test.jsonl");
-    let rows = fs::read_to_string(data()).unwrap();
-    fs::write(&big, rows.repeat(600)).unwrap();
-    let args = short_run(dir.path(), "t", &model(), &data(), &["--test-file", s(&big), "--max-steps", "1"]);
     let mut cmd = dpo_train();
-    cmd.arg("train").args(&args).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.arg("train").args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let (tx, lines) = std::sync::mpsc::channel();
     let pipe = BufReader::new(child.stderr.take().unwrap());
     let reader = std::thread::spawn(move || pipe.lines().map_while(Result::ok).for_each(|l| tx.send(l).unwrap()));
-    // The last step's checkpoint is written just before the test set is scored.
     let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.starts_with("saved `")) {
-        seen.push(lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no checkpoint: {seen:?}")));
+    while !seen.iter().any(|l: &String| l.starts_with(after)) {
+        seen.push(lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no `{after}`: {seen:?}")));
     }
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = wait_or_kill(child, Duration::from_secs(120)).status;
     reader.join().unwrap();
     seen.extend(lines.try_iter());
+    (status, seen)
+}
+
+/// Ctrl-C while the test set is scored after the last step (thousands of pairs: seconds here,
+/// minutes on a real set) stops the scoring: the run exits 130 with the last step's checkpoint
+/// and no `final/`, as a Ctrl-C in a step does (it went on scoring, exported and exited 0), and a
+/// resume exports and tests.
+#[test]
+fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("test.jsonl");
+    fs::write(&big, fs::read_to_string(data()).unwrap().repeat(600)).unwrap();
+    let args = short_run(dir.path(), "t", &model(), &data(), &["--test-file", s(&big), "--max-steps", "1"]);
+    // The last step's checkpoint is written just before the test set is scored.
+    let (status, seen) = interrupted_after(&args, "saved `");
     assert_eq!(status.code(), Some(130), "{seen:?}");
     let run = dir.path().join("t");
     assert!(seen.iter().any(|l| l.starts_with("interrupted at step 1: resume with")), "{seen:?}");
@@ -649,27 +655,12 @@ fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
 /// reference log-probs, and stores no cache entry (it scored every pair first).
 #[test]
 fn an_interrupt_while_the_reference_scores_stops_before_the_first_step() {
-    use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("eval.jsonl");
     fs::write(&big, fs::read_to_string(data()).unwrap().repeat(600)).unwrap();
     let extra = ["--eval-file", s(&big), "--precompute-ref-log-probs", "true"];
     let args = short_run(dir.path(), "r", &model(), &data(), &extra);
-    let mut cmd = dpo_train();
-    cmd.arg("train").args(&args).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    let pipe = BufReader::new(child.stderr.take().unwrap());
-    let reader = std::thread::spawn(move || pipe.lines().map_while(Result::ok).for_each(|l| tx.send(l).unwrap()));
-    let mut seen = Vec::new();
-    while !seen.iter().any(|l: &String| l.starts_with("scoring 10200 held-out pairs under the reference")) {
-        seen.push(lines.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("no scoring: {seen:?}")));
-    }
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = wait_or_kill(child, Duration::from_secs(120)).status;
-    reader.join().unwrap();
-    seen.extend(lines.try_iter());
+    let (status, seen) = interrupted_after(&args, "scoring 10200 held-out pairs under the reference");
     assert_eq!(status.code(), Some(130), "{seen:?}");
     assert!(seen.iter().any(|l| l.starts_with("interrupted at step 0: resume with")), "{seen:?}");
     assert!(!seen.iter().any(|l| l.starts_with("precomputing reference log-probs")), "{seen:?}");
