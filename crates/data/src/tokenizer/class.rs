@@ -32,7 +32,8 @@ pub(super) fn load(
     let model_type = model.get("model_type").and_then(Value::as_str);
     // transformers' own test: the text `"ByteLevel"` anywhere in the file.
     let byte_level = bytes.windows(11).any(|w| w == b"\"ByteLevel\"");
-    if let Some(class) = resolve(declared, model_type, byte_level) {
+    // Only a class with a pipeline of its own needs the file parsed (tens of MB for a 150k vocabulary).
+    if let Some(class) = resolve(declared, model_type, byte_level).filter(|c| OWN_PIPELINE.contains(c)) {
         let parsed: Value = serde_json::from_slice(bytes).map_err(|e| load_error(e.into()))?;
         if let Some(own) = rebuilt(class, &parsed, config) {
             let text = serde_json::to_vec(&own).map_err(|e| load_error(e.into()))?;
@@ -41,6 +42,9 @@ pub(super) fn load(
     }
     tokenizers::Tokenizer::from_bytes(bytes).map_err(load_error)
 }
+
+/// The classes whose pipeline [`rebuilt`] builds.
+const OWN_PIPELINE: [&str; 2] = ["LlamaTokenizer", "Qwen2Tokenizer"];
 
 /// Qwen2's split of text before byte-level BPE (`models/qwen2/tokenization_qwen2.py`).
 const QWEN2_SPLIT: &str =
