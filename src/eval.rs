@@ -143,7 +143,8 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         packing: opts.packing,
     };
     let ref_logps = match reference {
-        Some(r) => reference_logps(r, &pairs, &collation, &opts.device),
+        // Never stopped, so always scored.
+        Some(r) => reference_logps(r, &pairs, &collation, &opts.device, None).unwrap_or_default(),
         None => RefLogps::zeros(pairs.len()),
     };
     let per_batch = opts.metrics_batch.unwrap_or(opts.batch_size);

@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::kind::Basic;
@@ -444,14 +445,24 @@ impl Collation {
     }
 }
 
-/// Scores every pair under `model` (no gradients), `collation.batch_size` pairs per pass.
-pub fn reference_logps(model: &Llama, pairs: &[TokenizedPair], collation: &Collation, device: &Device) -> RefLogps {
+/// Scores every pair under `model` (no gradients), `collation.batch_size` pairs per pass; `None`
+/// when `stop` is raised between two passes (a Ctrl-C, as [`super::score::score_pairs`]).
+pub fn reference_logps(
+    model: &Llama,
+    pairs: &[TokenizedPair],
+    collation: &Collation,
+    device: &Device,
+    stop: Option<&AtomicBool>,
+) -> Option<RefLogps> {
     let mut out = RefLogps::default();
     for chunk in pairs.chunks(collation.batch_size.max(1)) {
+        if stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return None;
+        }
         let logps = crate::model::host(&score(model, &collation.batch(chunk, device), Stats::Off).logps);
         let b = chunk.len();
         out.chosen.extend_from_slice(&logps[..b]);
         out.rejected.extend_from_slice(&logps[b..]);
     }
-    out
+    Some(out)
 }

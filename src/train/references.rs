@@ -6,7 +6,6 @@
 //! the columns are gathered, so every number is the one a single process computes.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use burn::tensor::Tensor;
@@ -224,8 +223,8 @@ enum PerStep {
     Parted(Partitioned),
 }
 
-/// The reference log-probs of every pair, each rank scoring its shard a batch at a time; `None`
-/// when a Ctrl-C stopped any rank's scoring (the ranks agree before they gather).
+/// The reference log-probs of every pair, each rank scoring its shard; `None` when a Ctrl-C
+/// stopped any rank's scoring (the ranks agree before they gather).
 fn sharded_reference_logps(
     model: &Llama,
     pairs: &[TokenizedPair],
@@ -234,20 +233,9 @@ fn sharded_reference_logps(
 ) -> anyhow::Result<Option<RefLogps>> {
     let workers = run.rt.workers;
     let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
-    let mut local = RefLogps::default();
-    let mut stopped = false;
-    for batch in mine.chunks(collation.batch_size.max(1)) {
-        stopped = run.rt.interrupt.load(Ordering::SeqCst);
-        if stopped {
-            break;
-        }
-        let part = reference_logps(model, batch, collation, &run.rt.device);
-        local.chosen.extend(part.chosen);
-        local.rejected.extend(part.rejected);
-    }
-    if workers.any(stopped)? {
-        return Ok(None);
-    }
+    let local = reference_logps(model, &mine, collation, &run.rt.device, Some(run.rt.interrupt));
+    let stopped = workers.any(local.is_none())?;
+    let Some(local) = local.filter(|_| !stopped) else { return Ok(None) };
     let mut columns = workers.gather_columns(pairs.len(), vec![local.chosen, local.rejected])?.into_iter();
     Ok(Some(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() }))
 }

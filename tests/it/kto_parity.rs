@@ -165,7 +165,7 @@ fn a_training_batch_has_the_trainers_gradients() {
         for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
             let collation =
                 Collation { batch_size: pairs.len(), pad_id: tok.pad_id(), truncation, ld_alpha: None, packing };
-            let refs = reference_logps(&reference, &pairs, &collation, &cpu());
+            let refs = reference_logps(&reference, &pairs, &collation, &cpu(), None).unwrap();
             let ref_rows: Vec<f32> = refs.chosen.iter().chain(&refs.rejected).copied().collect();
             let host_batch = collate(&pairs, tok.pad_id(), truncation, packing);
             let (seq, tokens) = (host_batch.lengths.iter().copied().max().unwrap(), host_batch.tokens());
