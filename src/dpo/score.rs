@@ -1,6 +1,6 @@
 //! Scoring whole datasets: every pair's policy scores against precomputed reference log-probs,
-//! collected on the host, the loss computed once over all of them and each metric the mean of its
-//! values over TRL's evaluation batches, as `DPOTrainer.evaluate` reports them.
+//! collected on the host, the loss and each metric the mean of their values over TRL's evaluation
+//! batches, as `DPOTrainer.evaluate` and `KTOTrainer.evaluate` report them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -53,21 +53,25 @@ pub fn score_pairs(
     Some(scored)
 }
 
-/// The loss over every scored pair at once, and each metric the mean of its values over the
-/// batches of `per_batch` pairs in order (TRL's evaluation batches: 17 pairs at 8 a batch are
-/// the mean of three batches' values, the last of one pair, not a mean over the 17).
+/// The loss and each metric as the mean of their values over the batches of `per_batch` pairs
+/// in order (TRL's evaluation batches: 17 pairs at 8 a batch are the mean of three batches'
+/// values, the last of one pair, not a mean over the 17). The loss weighs each batch by its pairs,
+/// as the Trainer's `eval_loss` averages each batch's loss repeated per row: the mean over every
+/// pair for a per-pair loss, and for KTO each batch's loss under its own KL estimate.
 pub fn metrics_of(scored: &ScoredPairs, loss: &LossConfig, per_batch: usize, device: &Device) -> Metrics {
-    let value = dpo_loss(&scored.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
-    let parts: Vec<Metrics> = scored
-        .chunks(per_batch.max(1))
+    let batches = scored.chunks(per_batch.max(1));
+    let mut weighted = 0.0;
+    let parts: Vec<Metrics> = batches
         .iter()
         .map(|batch| {
+            let value = dpo_loss(&batch.to_pair_scores(device), loss).into_scalar::<f32>() as f64;
+            weighted += value * batch.len() as f64;
             let mut sums = MetricSums::default();
             sums.add(batch, value, loss);
             sums.finish(loss)
         })
         .collect();
     let mut metrics = Metrics::mean(&parts).unwrap_or_else(|| MetricSums::default().finish(loss));
-    metrics.loss = value;
+    metrics.loss = weighted / scored.len().max(1) as f64;
     metrics
 }

@@ -1,5 +1,6 @@
 //! Which pairs each optimizer step sees: a fresh permutation per epoch, drawn from `seed + epoch`
-//! (PyTorch's `DistributedSampler` convention), cut into global batches and then micro-batches.
+//! (PyTorch's `DistributedSampler` convention), or the data's order (`train_sampling_strategy =
+//! "sequential"`), cut into global batches and then micro-batches.
 //!
 //! A step's batch depends only on (seed, step), so a resumed run sees exactly the batches the
 //! uninterrupted run would have, and no data position needs saving beyond the step.
@@ -33,6 +34,8 @@ pub struct Sampler {
     /// Pairs per forward/backward pass.
     pub micro_batch: usize,
     pub seed: u64,
+    /// A permutation an epoch; `false`: the data's order every epoch.
+    pub shuffle: bool,
 }
 
 impl Sampler {
@@ -44,6 +47,9 @@ impl Sampler {
     /// The permutation of epoch `epoch`.
     pub fn permutation(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
+        if !self.shuffle {
+            return order;
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed.wrapping_add(epoch));
         order.shuffle(&mut rng);
         order
@@ -138,7 +144,7 @@ mod tests {
 
     #[test]
     fn every_pair_once_per_epoch_and_reproducible() {
-        let s = Sampler { len: 10, global_batch: 4, micro_batch: 2, seed: 3 };
+        let s = Sampler { len: 10, global_batch: 4, micro_batch: 2, seed: 3, shuffle: true };
         assert_eq!(s.steps_per_epoch(), 3);
         let mut seen: Vec<usize> = (0..3).flat_map(|step| s.micro_batches(step).concat()).collect();
         assert_eq!(s.micro_batches(2).concat().len(), 2, "the short last batch");
@@ -154,6 +160,18 @@ mod tests {
     }
 
     #[test]
+    fn a_sequential_sampler_cuts_the_data_in_order_every_epoch() {
+        // KTO's KL rows rotate within consecutive blocks of the micro-batch: a step's
+        // micro-batches must be those blocks, on every rank and in every epoch.
+        let s = Sampler { len: 10, global_batch: 4, micro_batch: 2, seed: 3, shuffle: false };
+        assert_eq!(s.micro_batches(0), [vec![0, 1], vec![2, 3]]);
+        assert_eq!(s.micro_batches(2), [vec![8, 9]]);
+        assert_eq!(s.micro_batches(3), s.micro_batches(0), "the next epoch starts over");
+        let two = Sampler { global_batch: 8, ..s };
+        assert_eq!(rank_step(&two, 0, 2, 1).unwrap().micro_batches, [vec![2, 3], vec![6, 7]]);
+    }
+
+    #[test]
     fn rank_r_takes_the_rth_run_of_each_chunk() {
         // G = 12, m = 2, W = 3 → A = 2 chunks of 6.
         let pairs: Vec<usize> = (100..112).collect();
@@ -164,7 +182,7 @@ mod tests {
 
     #[test]
     fn ranks_partition_the_single_device_micro_batches() {
-        let single = Sampler { len: 53, global_batch: 12, micro_batch: 2, seed: 7 };
+        let single = Sampler { len: 53, global_batch: 12, micro_batch: 2, seed: 7, shuffle: true };
         for step in 0..single.steps_per_epoch() + 2 {
             let mut expected = single.micro_batches(step);
             let mut union: Vec<Vec<usize>> = Vec::new();
@@ -191,7 +209,7 @@ mod tests {
 
     #[test]
     fn world_one_is_the_single_device_plan() {
-        let s = Sampler { len: 10, global_batch: 4, micro_batch: 2, seed: 3 };
+        let s = Sampler { len: 10, global_batch: 4, micro_batch: 2, seed: 3, shuffle: true };
         for step in 0..4 {
             assert_eq!(rank_step(&s, step, 1, 0).unwrap().micro_batches, s.micro_batches(step));
         }
@@ -199,7 +217,7 @@ mod tests {
 
     #[test]
     fn errors() {
-        let s = Sampler { len: 10, global_batch: 6, micro_batch: 2, seed: 0 };
+        let s = Sampler { len: 10, global_batch: 6, micro_batch: 2, seed: 0, shuffle: true };
         assert_eq!(
             rank_step(&s, 0, 2, 0).unwrap_err().to_string(),
             "the global batch 6 is not a multiple of micro-batch 2 x world size 2"

@@ -152,7 +152,7 @@ struct Setup {
 fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Result<Setup> {
     let (cfg, data, workers) = (run.cfg, run.data, run.rt.workers);
     let world = workers.world_size();
-    let sampler = batch_plan(cfg, data.train.len(), world)?;
+    let sampler = batch_plan(cfg, stage, data.train.len(), world)?;
     let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
     // The run's own config is written when the run starts; a warm-up's folder gets its copy here.
     if workers.is_main() && stage.dir != stage.run_dir {
@@ -222,7 +222,7 @@ fn finished_before(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> any
     if !stage.resume {
         return Ok(None);
     }
-    let sampler = batch_plan(run.cfg, run.data.train.len(), run.rt.workers.world_size())?;
+    let sampler = batch_plan(run.cfg, stage, run.data.train.len(), run.rt.workers.world_size())?;
     let total = total_steps(run.cfg, stage, &sampler);
     let newest = checkpoint::list(stage.dir).pop();
     let final_dir = stage.dir.join("final");
@@ -448,10 +448,18 @@ fn start(
     Ok(Trained { policy, parts: None, optimizer, state })
 }
 
-/// The per-step batch arithmetic: global batch = micro-batch × world size × accumulation.
-fn batch_plan(cfg: &TrainConfig, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
+/// The per-step batch arithmetic (global batch = micro-batch × world size × accumulation) and
+/// the stage's data order.
+fn batch_plan(cfg: &TrainConfig, stage: &Stage, len: usize, world_size: usize) -> anyhow::Result<Sampler> {
     let (global_batch, _) = global_batch(cfg, world_size)?;
-    Ok(Sampler { len, global_batch, micro_batch: cfg.per_device_train_batch_size, seed: cfg.data_order_seed() })
+    let shuffle = !cfg.sequential_order(stage.objective == Objective::Sft);
+    Ok(Sampler {
+        len,
+        global_batch,
+        micro_batch: cfg.per_device_train_batch_size,
+        seed: cfg.data_order_seed(),
+        shuffle,
+    })
 }
 
 /// Pairs per optimizer step over `world_size` devices, and the accumulation steps that make it

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::loss::{FDivergence, LossType};
-use super::{CommHook, LrScaling, SaveStrategy, SchedulerType, Sharding};
+use super::{CommHook, LrScaling, SamplingStrategy, SaveStrategy, SchedulerType, Sharding};
 
 /// How a value of a key is typed on the command line.
 pub trait FlagValue {
@@ -49,6 +49,7 @@ flag_value! {
     LrScaling => "TYPE", string;
     CommHook => "TYPE", string;
     SaveStrategy => "TYPE", string;
+    SamplingStrategy => "TYPE", string;
     Sharding => "STAGE", string;
 }
 

@@ -91,6 +91,16 @@ pub enum SaveStrategy {
     No,
 }
 
+/// The order an epoch visits the training rows (transformers' `train_sampling_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplingStrategy {
+    /// A permutation an epoch, drawn from the data seed and the epoch.
+    Random,
+    /// The data's own order every epoch.
+    Sequential,
+}
+
 /// How the learning rate follows the number of data-parallel workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -364,6 +374,8 @@ train_config! {
     seed: u64 = 42,
     /// Seed of the training data's order alone, as transformers' `data_seed` [default: seed].
     data_seed: Option<u64> = None,
+    /// random: each epoch a permutation drawn from data_seed; sequential: the data's order every epoch [default: sequential for the DPO stage under kto and apo_zero_unpaired, as TRL's KTOConfig (kto's KL rows pair each row with its neighbours' completions and need it), else random].
+    train_sampling_strategy: Option<SamplingStrategy> = None,
     // --- reporting ---
     /// Log (console, metrics.csv) every this many optimizer steps; a number in (0, 1) is that share of the stage's steps, rounded up (transformers' ratio).
     logging_steps: Steps = Steps::Every(10),
@@ -435,6 +447,16 @@ impl TrainConfig {
     /// and the first under `logging_first_step`.
     pub fn logs_at(&self, step: u64, last: u64) -> bool {
         step.is_multiple_of(self.logging_steps.of(last)) || step == last || (self.logging_first_step && step == 1)
+    }
+
+    /// Whether a stage (the supervised warm-up, else the preference stage) visits the rows in the
+    /// data's order: `train_sampling_strategy`, else KTO's default (sequential, as TRL's
+    /// `KTOConfig`: its KL rows are each block's completions rotated) for the preference stage.
+    pub fn sequential_order(&self, warm_up: bool) -> bool {
+        match self.train_sampling_strategy {
+            Some(strategy) => strategy == SamplingStrategy::Sequential,
+            None => !warm_up && self.loss.is_kto(),
+        }
     }
 
     /// The seed of the training data's order: `data_seed`, else `seed`.

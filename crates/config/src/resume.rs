@@ -1,6 +1,6 @@
 //! What a resumed run may not change without saying so: the keys that decide what is trained
 //! (the model and its reference, the tokenizer, the data and how it is cut, the LoRA adapters,
-//! the loss, the data order's seeds). A resume that sets one of them to another value than the
+//! the loss, the data order and its seeds). A resume that sets one of them to another value than the
 //! run's saved config is refused naming the key and both values, unless `--resume-with-changes`
 //! accepts it; the schedule, the batch (checked against the checkpoint by the trainer), the
 //! cadences and the number of steps may change freely.
@@ -24,7 +24,7 @@ pub const DATA_KEYS: [&str; 9] = [
 /// With [`DATA_KEYS`], the keys of the run's own section that decide what is trained; every loss
 /// key does too. The seeds among them: the sampler draws each step's pairs from the data seed and
 /// the step, so another one in mid-epoch repeats some pairs and skips others.
-pub const FIXED_ON_RESUME: [&str; 12] = [
+pub const FIXED_ON_RESUME: [&str; 13] = [
     "model_name_or_path",
     "ref_model_name_or_path",
     "train_file",
@@ -37,6 +37,7 @@ pub const FIXED_ON_RESUME: [&str; 12] = [
     "precompute_ref_log_probs",
     "seed",
     "data_seed",
+    "train_sampling_strategy",
 ];
 
 /// One key a resume changes: its name, the saved value and the new one (as TOML would write

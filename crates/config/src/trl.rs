@@ -121,7 +121,6 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("dataloader_in_order", Inert),
     ("remove_unused_columns", Inert),
     ("label_names", Inert),
-    ("train_sampling_strategy", Only(&["\"random\""], "pairs are shuffled by `seed`")),
     ("length_column_name", Inert),
     ("ddp_find_unused_parameters", Inert),
     ("ddp_broadcast_buffers", Inert),

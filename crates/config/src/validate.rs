@@ -115,6 +115,12 @@ impl TrainConfig {
                 ),
             );
         }
+        if self.loss.kl_rows() && self.train_sampling_strategy == Some(crate::SamplingStrategy::Random) {
+            return invalid(
+                "train_sampling_strategy",
+                "must be `sequential` with `kto`, as TRL's KTOTrainer requires: the KL rows pair each row with its neighbours' completions in a fixed-order batch".to_owned(),
+            );
+        }
         if self.truncation_mode == "keep_end" {
             return invalid(
                 "truncation_mode",
