@@ -42,6 +42,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let Resolved { layered, name, resume, found } = resolve(&args)?;
     let plan = layered.validate()?;
+    let plan = if sft_only { plan.sft_only() } else { plan };
     let overlap_reference = crate::train::step::overlap_setting()?;
     crate::dpo::shapes::padding_setting()?;
     crate::dist::switch(dpo_torch::product::WIDEN_VAR)?;
@@ -216,6 +217,7 @@ fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelAr
             check_gpu::PairTokens::bound(cfg.max_length as u64).batch(cfg.per_device_train_batch_size as u64),
         ),
         cuda: false,
+        accumulation: cfg.gradient_accumulation_steps as u64,
     });
     let optimizer = e.optimizer.saturating_add(e.host);
     let state = e.weights.saturating_add(optimizer).saturating_add(e.reference);

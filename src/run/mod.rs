@@ -119,6 +119,8 @@ pub fn machine_cpu() -> String {
 
 /// Runs the request to its end.
 pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
+    // `sft` reads the rows as the supervised stage alone trains on them.
+    let req = if req.sft_only { RunRequest { plan: req.plan.sft_only(), ..req } } else { req };
     let workers = req.rt.workers;
     let (run_dir, resume) = run_dir(&req.cfg, req.resume.as_ref(), &req.config_name)?;
     // Every rank checked for an earlier run before rank 0 claims anything; rank 0 holds the

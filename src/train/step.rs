@@ -344,12 +344,17 @@ fn micro_batch(
             let batch = data::collate_chosen(pass.chunk, pad_id, truncation, plan.packing);
             let device_batch = DeviceBatch::new(&batch, None, &plan.train_device);
             // Each micro-batch's loss is its share of the step's token mean.
-            let (_, nll) =
-                forward_backward(policy, &device_batch, Stats::Off, pass.recompute, pass.scale, grads, |scores| {
+            let stats = Stats::Metrics { wpo: false };
+            let (scores, nll) =
+                forward_backward(policy, &device_batch, stats, pass.recompute, pass.scale, grads, |scores| {
                     -scores.token_logps.clone().sum() / pass.step_tokens.max(1.0)
                 })?;
             window.count(&batch, device_batch.computed_tokens());
             window.losses.push(nll);
+            if let Some(s) = scores.stats {
+                let sums = Tensor::cat(vec![s.entropy.sum(), s.top1.sum(), s.tokens.sum()], 0); // [3]
+                window.token_stats.push((window.steps, sums));
+            }
         }
         (Objective::Dpo, Some(refs)) => std::thread::scope(|scope| -> Result<(), DistError> {
             let loss_cfg = &run.cfg.loss;

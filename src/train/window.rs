@@ -53,8 +53,10 @@ pub struct Window {
     /// DPO: each micro-batch's step (in the window), batch, policy scores, reference rows and
     /// loss, on the device.
     pub pending: Vec<(usize, DeviceBatch, SequenceScores, Tensor<1>, Tensor<1>)>,
-    /// SFT: each micro-batch's (scaled) loss.
+    /// SFT: each micro-batch's (scaled) loss, and its step (in the window) with its chosen
+    /// tokens' entropy, argmax hits and count (`[3]`, summed on the device).
     pub losses: Vec<Tensor<1>>,
+    pub token_stats: Vec<(usize, Tensor<1>)>,
 }
 
 impl Window {
@@ -68,6 +70,7 @@ impl Window {
             positions: Positions::default(),
             pending: Vec::new(),
             losses: Vec::new(),
+            token_stats: Vec::new(),
         }
     }
 
@@ -105,7 +108,10 @@ impl Window {
                 workers.sum_f64(&mut total)?;
                 let loss = total[0] / self.steps.max(1) as f64;
                 row.set_metric("loss", loss);
-                format!("loss {loss:.4}")
+                let [entropy, accuracy] = self.sft_token_metrics(workers)?;
+                row.set_metric("entropy", entropy);
+                row.set_metric("mean_token_accuracy", accuracy);
+                format!("loss {loss:.4} | mean_token_accuracy {accuracy:.4}")
             }
             Objective::Dpo => {
                 // TRL logs the mean of what each `compute_loss` call appended: a step's, over
@@ -141,6 +147,31 @@ impl Window {
             pairs / seconds
         );
         Ok((row, status))
+    }
+}
+
+impl Window {
+    /// SFT's `entropy` and `mean_token_accuracy` as `SFTTrainer` logs them: each step's over its
+    /// chosen tokens on every rank (0 without any), the row the mean of its steps.
+    fn sft_token_metrics(&self, workers: Workers) -> anyhow::Result<[f64; 2]> {
+        let mut sums = vec![0.0; 3 * self.steps.max(1)];
+        let last = self.steps.max(1) - 1;
+        for (step, stats) in &self.token_stats {
+            let at = 3 * (*step).min(last);
+            for (sum, value) in sums[at..at + 3].iter_mut().zip(host(stats)) {
+                *sum += value as f64;
+            }
+        }
+        workers.sum_f64(&mut sums)?;
+        let per_step: Vec<[f64; 2]> = sums
+            .chunks(3)
+            .map(|s| match s[2] > 0.0 {
+                true => [s[0] / s[2], s[1] / s[2]],
+                false => [0.0, 0.0],
+            })
+            .collect();
+        let n = per_step.len() as f64;
+        Ok([0, 1].map(|i| per_step.iter().map(|m| m[i]).sum::<f64>() / n))
     }
 }
 

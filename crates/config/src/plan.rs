@@ -33,6 +33,17 @@ pub enum Rows {
     /// `KTOTrainer`'s: one prompt and completion a row, its completion kept whole up to
     /// `max_length` so that the row can lend it to another's KL sequence.
     Kto,
+    /// `dpo-train sft`'s: DPO's tokenisation, for the chosen completion alone, so a pair is kept
+    /// whatever its rejected side is (the same text, or no token), as `SFTTrainer` keeps its rows.
+    Sft,
+}
+
+impl RunPlan {
+    /// The plan of `dpo-train sft`: its rows are [`Rows::Sft`].
+    pub fn sft_only(mut self) -> Self {
+        self.truncation.rows = Rows::Sft;
+        self
+    }
 }
 
 impl From<Option<usize>> for Truncation {

@@ -127,7 +127,7 @@ impl<'a> Tokenizing<'a> {
             .par_iter()
             .map(|row| match (stopped(), rows_of) {
                 (true, _) => Err(DataError::Interrupted),
-                (false, Rows::Dpo) => tokenize_row(row, tok, max_length),
+                (false, Rows::Dpo | Rows::Sft) => tokenize_row(row, tok, max_length),
                 (false, Rows::Cpo | Rows::Orpo) => super::tokenize_cpo::tokenize_row(row, tok, max_length),
                 (false, Rows::Kto) => super::kto::tokenize_row(row, tok, max_length),
             })
@@ -148,7 +148,9 @@ impl<'a> Tokenizing<'a> {
                 continue;
             }
             let report = &mut self.report;
-            if row.chosen == row.rejected {
+            // The supervised stage alone trains on the chosen side: the rejected one drops nothing.
+            let paired = self.truncation.rows != Rows::Sft;
+            if paired && row.chosen == row.rejected {
                 // Nothing to prefer: ln 2 on the loss, no gradient, a zero margin in every mean.
                 report.identical.push(pair.line);
                 continue;
@@ -171,11 +173,11 @@ impl<'a> Tokenizing<'a> {
                     pair.rejected_ids.truncate(max - p);
                 }
             }
-            if pair.chosen_ids.is_empty() || pair.rejected_ids.is_empty() {
+            if pair.chosen_ids.is_empty() || (paired && pair.rejected_ids.is_empty()) {
                 report.empty_completion.push(pair.line);
                 continue;
             }
-            if pair.chosen_ids == pair.rejected_ids {
+            if paired && pair.chosen_ids == pair.rejected_ids {
                 report.identical_after_truncation.push(pair.line);
             }
             // Ids are held for the whole run: no spare capacity.
