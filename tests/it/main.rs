@@ -32,5 +32,6 @@ mod tensorboard;
 mod tokenize_parity;
 mod train;
 mod train_cli;
+mod trainer_runs;
 mod trl_parity;
 mod wandb;
