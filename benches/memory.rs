@@ -235,6 +235,7 @@ fn single(
             offload_optimizer: false,
             engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
             cuda: false,
+            accumulation: 1,
         });
         let estimated = e.allocated() - WORKSPACE_BYTES;
         let ratio = estimated as f64 / measured as f64;
@@ -303,6 +304,7 @@ fn sharded(model: &Path, data: &Path, shape: &ModelShape, dir: &Path, baseline: 
                 offload_optimizer: false,
                 engine: Engine::DpoTrain(TOKENS.batch(MICRO_BATCH)),
                 cuda: false,
+                accumulation: 1,
             });
             let estimated = e.allocated() - WORKSPACE_BYTES;
             let ratio = estimated as f64 / measured as f64;

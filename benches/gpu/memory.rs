@@ -208,6 +208,7 @@ impl Measured<'_> {
             offload_optimizer: self.offload,
             engine: check_gpu::Engine::DpoTrain(tokens.unwrap_or_else(|| fixed.batch(self.micro_batch as u64))),
             cuda: true,
+            accumulation: 1,
         })
     }
 

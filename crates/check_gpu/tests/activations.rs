@@ -77,6 +77,7 @@ impl Case {
             offload_optimizer: false,
             engine: Engine::Trl,
             cuda: true,
+            accumulation: 1,
         });
         (e.activations + e.logits) as f64 / (self.rows * self.seq_len) as f64
     }

@@ -262,24 +262,30 @@ fn rtx4090_world_size_four_keeps_to_one_numa_node() {
 }
 
 /// The issue's headline case: four 24 GB RTX 4090s (PCIe only) cannot hold a full replica of a
-/// 1.5B model in bf16 (weights, gradients and AdamW state alone are 27 GB); zero1 fits at
-/// micro-batch 1 (dpo-train keeps bf16 weights beside fp32 masters sharded over the GPUs), and
-/// zero2 with activation checkpointing at micro-batch 4.
+/// 1.5B model in bf16 (weights, gradients and AdamW state alone are 27 GB). zero1 fits at
+/// micro-batch 1 and one pair a GPU a step (dpo-train keeps bf16 weights beside fp32 masters
+/// sharded over the GPUs), but not accumulating a global batch of 64 at micro-batch 1: the 16
+/// passes' summed fp32 gradients (6 GB) stay through them. zero2 with activation checkpointing
+/// runs a GPU's 16 pairs in one pass.
 #[test]
 fn rtx4090x4_full_fine_tuning_shards() {
     let (code, v) = plan_json("rtx4090x4-node", &["--model-params", "1.5B"]);
     assert_eq!(code, 0, "{v}");
     assert_eq!(gpus(&v), vec![0, 1, 2, 3]);
-    assert_eq!(split(&v), (4, 1, 16, 64));
-    assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero1"), Some(false)), "{v}");
-    assert_eq!(v["gradient_checkpointing"], false);
+    assert_eq!(split(&v), (4, 16, 1, 64));
+    assert_eq!((v["sharding"].as_str(), v["offload_optimizer"].as_bool()), (Some("zero2"), Some(false)), "{v}");
+    assert_eq!(v["gradient_checkpointing"], true);
     assert_eq!(
         v["command"],
-        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 4 --per-device-train-batch-size 1 --gradient-accumulation-steps 16 \
+        "dpo-train train --model-name-or-path YOUR_MODEL_DIR --train-file YOUR_DATA.jsonl --gpus 4 --per-device-train-batch-size 16 --gradient-accumulation-steps 1 \
          --global-batch-size 64 --max-length 1024 --bf16 true --fp16 false --precompute-ref-log-probs false \
-         --gradient-checkpointing false --sharding zero1 --offload-optimizer false"
+         --gradient-checkpointing true --sharding zero2 --offload-optimizer false"
     );
     assert!(warnings(&v).is_empty() && v["alternatives"].as_array().expect("alternatives").is_empty(), "{v}");
+    let (code, v) = plan_json("rtx4090x4-node", &["--model-params", "1.5B", "--global-batch", "4"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(split(&v), (4, 1, 1, 4));
+    assert_eq!((v["sharding"].as_str(), v["gradient_checkpointing"].as_bool()), (Some("zero1"), Some(false)), "{v}");
     // Weights: bf16 copies of all but the embedding (E = 151936 * 1536), their fp32 masters over
     // 4 GPUs, the embedding whole in fp32 and its bf16 cast for the tied head.
     let (p, e) = (1_500_000_000u64, 233_373_696u64);
@@ -322,6 +328,9 @@ fn rtx4090x4_text_report_names_the_stage() {
         query.to_str().expect("path"),
         "--model-params",
         "1.5B",
+        // One pair a GPU a step: no accumulation, and zero1 fits.
+        "--global-batch",
+        "4",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");

@@ -156,6 +156,7 @@ fn trainer_memory_api() {
         offload_optimizer: false,
         engine: Engine::DpoTrain(PairTokens { prompt: 128, completion: 384 }.batch(1)),
         cuda: true,
+        accumulation: 1,
     });
     // 4 B/param fp32 weights, cast to bf16 a piece at a time as checkpointing recomputes them (the
     // largest piece the 151936 x 1536 embedding), and 8 of AdamW; the gradients' phase (4 B/param)

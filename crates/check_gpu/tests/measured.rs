@@ -97,6 +97,8 @@ impl Row {
                 PairTokens { prompt: self.prompt_tokens, completion: self.completion_tokens }.batch(self.micro_batch),
             ),
             cuda,
+            // Every row ran one micro-batch a step.
+            accumulation: 1,
         }
     }
 }

@@ -30,7 +30,7 @@ pub(super) fn split(
     log: &mut Log,
 ) -> Split {
     let wu = (world as u64).max(1);
-    let per_rank = if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) };
+    let per_rank = per_rank(global, world);
     let effective = per_rank * wu;
     if effective != global {
         let exact = (1..=wu).rev().find(|&d| global.is_multiple_of(d) && global / d >= min_micro).unwrap_or(1);
@@ -38,8 +38,9 @@ pub(super) fn split(
             "global batch {global} cannot be split exactly over {wu} GPUs: it rounds to {effective} ({per_rank} per GPU); for exactly {global} use --world-size {exact}"
         ));
     }
-    // Divisors ascending: the estimate grows with the micro-batch, so the first that does not
-    // fit ends the search. Without a model or free memory the cap stands in for the check.
+    // Divisors ascending, the largest that fits kept: the estimate grows with the micro-batch but
+    // for accumulation's sum, which the whole per-rank batch in one pass does not hold. Without a
+    // model or free memory the cap stands in for the check.
     let smallest = divisors(per_rank).into_iter().find(|&d| d >= min_micro).unwrap_or(per_rank);
     if smallest < min_micro {
         log.warnings.push(format!(
@@ -52,7 +53,7 @@ pub(super) fn split(
             (Some(e), Some(free)) => (e.total <= free).then_some(Some(e)),
             (e, _) => (m <= DEFAULT_MICRO_BATCH_CAP).then_some(e),
         };
-        let Some(e) = fits else { break };
+        let Some(e) = fits else { continue };
         (micro, estimate) = (m, e);
     }
     if !est.has_model() {
@@ -63,6 +64,12 @@ pub(super) fn split(
         log.notes.push(format!("free memory unknown: micro-batch capped at {DEFAULT_MICRO_BATCH_CAP}"));
     }
     Split { micro, accum: per_rank / micro, effective, estimate, min_free }
+}
+
+/// Pairs per rank an optimizer step: the global batch over the ranks, rounded to the nearest.
+pub(super) fn per_rank(global: u64, world: usize) -> u64 {
+    let wu = (world as u64).max(1);
+    if global.is_multiple_of(wu) { global / wu } else { (global.saturating_add(wu / 2) / wu).max(1) }
 }
 
 /// The divisors of `n`, ascending.

@@ -59,6 +59,15 @@ impl<'a> Estimator<'a> {
         self.engine(micro, s, world, Engine::DpoTrain(self.req.batch_tokens(micro)))
     }
 
+    /// The least setting `s` needs over `world` ranks: at micro-batch 1, accumulating the rest of
+    /// a rank's pairs, or all of them in one pass, which holds no accumulated gradients (the
+    /// micro-batches between cost more than one of the two).
+    fn least(&self, s: Setting, world: usize) -> Option<MemoryEstimate> {
+        let whole = super::batch::per_rank(self.req.global_batch.max(1), world);
+        let (one, all) = (self.with(1, s, world)?, self.with(whole, s, world)?);
+        Some(if all.total < one.total { all } else { one })
+    }
+
     fn engine(&self, micro: u64, s: Setting, world: usize, engine: Engine) -> Option<MemoryEstimate> {
         self.req.model.as_ref().map(|model| {
             memory::estimate(&MemoryRequest {
@@ -74,6 +83,7 @@ impl<'a> Estimator<'a> {
                 offload_optimizer: s.offload,
                 engine,
                 cuda: self.cuda,
+                accumulation: super::batch::per_rank(self.req.global_batch.max(1), world) / micro.max(1),
             })
         })
     }
@@ -157,7 +167,7 @@ pub(super) fn fit(snap: &Snapshot, candidates: Vec<u32>, est: &Estimator, log: &
     let empty =
         Fit { gpus: Vec::new(), nothing_fits: false, need: None, alternatives: Vec::new(), setting: base, world: None };
     if !est.has_model() || candidates.is_empty() {
-        return Fit { gpus: candidates, need: est.with(1, base, most), ..empty };
+        return Fit { gpus: candidates, need: est.least(base, most), ..empty };
     }
     warn_unknown_free(snap, &candidates, log);
     let ladder = ladder(est.req, base, most);
@@ -248,15 +258,15 @@ fn nothing_fits(
     log: &mut Log,
 ) -> Fit {
     let base = Setting::requested(est.req);
-    let need = est.with(1, base, most);
+    let need = est.least(base, most);
     let best_free = candidates.iter().filter_map(|&i| available(snap, i)).max().unwrap_or(0);
     let mut warning = format!(
-        "nothing fits: even micro-batch 1 with gradient accumulation needs {} per GPU and the largest free memory is {}",
+        "nothing fits: even micro-batch 1 with gradient accumulation (or a rank's pairs in one pass, which holds no summed gradients) needs {} per GPU and the largest free memory is {}",
         bytes(need.map_or(0, |e| e.total)),
         bytes(best_free)
     );
     let leanest = ladder.last().copied().filter(|&s| s != base);
-    if let Some((s, e)) = leanest.and_then(|s| Some((s, est.with(1, s, most)?))) {
+    if let Some((s, e)) = leanest.and_then(|s| Some((s, est.least(s, most)?))) {
         let over = if s.sharding == Sharding::None { String::new() } else { format!(" over {most} GPUs") };
         warning.push_str(&format!("; {}{over} needs {}", s.describe(base), bytes(e.total)));
     }
@@ -319,7 +329,7 @@ fn place(
     // An automatic stage is only worth it over two ranks; one asked for is planned as asked.
     let least = if est.req.sharding.is_none() && s.sharding != Sharding::None { 2 } else { 1 };
     (least..=most).rev().find_map(|n| {
-        let need = est.with(1, s, n)?;
+        let need = est.least(s, n)?;
         let gpus: Vec<u32> =
             candidates.iter().copied().filter(|&i| available(snap, i).is_none_or(|free| free >= need.total)).collect();
         (gpus.len() >= n).then_some((gpus, n, need))
@@ -354,6 +364,26 @@ pub(super) fn host_check(e: Option<&MemoryEstimate>, micro: u64, procs: usize, h
     }
 }
 
+/// The offloaded optimizer's host memory over `ranks` GPUs (each rank's fp32 masters and AdamW
+/// moments, `host` of the estimate) against the host's available memory (`None`: unknown).
+/// Too much is a warning with the numbers; what fits, or is unchecked, a note.
+pub(super) fn offload_host_check(e: Option<&MemoryEstimate>, ranks: usize, host: Option<u64>, log: &mut Log) {
+    let Some(each) = e.map(|e| e.host).filter(|&b| b > 0) else { return };
+    let all = each.saturating_mul(ranks as u64);
+    let need =
+        format!("the offloaded optimizer takes {} of host memory per GPU x {ranks} = {}", bytes(each), bytes(all));
+    match host {
+        Some(free) if all > free => log.warnings.push(format!(
+            "{need}, and {} is available (MemAvailable, or the cgroup's limit): a higher ZeRO stage (--sharding), fewer GPUs or LoRA need less",
+            bytes(free)
+        )),
+        Some(free) => {
+            log.notes.push(format!("{need} of {} available (MemAvailable, or the cgroup's limit)", bytes(free)))
+        }
+        None => log.notes.push(format!("{need}; the host's memory is unknown (not in this input), not checked")),
+    }
+}
+
 /// One warning per kind of guess: without `memory.free` the plan goes by total − used or the
 /// total (a GPU shared with another job has less), and without any memory figure it checks
 /// nothing, so such a plan is never plainly ready.
@@ -382,8 +412,8 @@ fn warn_unknown_free(snap: &Snapshot, candidates: &[u32], log: &mut Log) {
 /// Why the plan shards or offloads: what the requested setting would need against what the
 /// chosen one needs, on the GPU and in host memory.
 fn stage_note(est: &Estimator, base: Setting, s: Setting, world: usize) -> String {
-    let asked = est.with(1, base, world).map_or(0, |e| e.total);
-    let e = est.with(1, s, world);
+    let asked = est.least(base, world).map_or(0, |e| e.total);
+    let e = est.least(s, world);
     let over = if s.sharding == Sharding::None { String::new() } else { format!(" over {world} GPUs") };
     let mut note = format!(
         "a full replica needs {} per GPU even at micro-batch 1, more than is free: {}{over} needs {}",
@@ -411,7 +441,7 @@ fn alternatives(snap: &Snapshot, candidates: &[u32], est: &Estimator, most: usiz
                 Some(p) => (p.setting, p.need, true),
                 None => {
                     let leanest = *ladder.last()?;
-                    (leanest, est.with(1, leanest, most)?, false)
+                    (leanest, est.least(leanest, most)?, false)
                 }
             };
             if seen.contains(&rung) {

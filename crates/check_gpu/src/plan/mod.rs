@@ -494,6 +494,7 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
     let (setting, est) = (fit.setting, est.chosen(fit.setting, chosen.len()));
     let min_free = chosen.iter().filter_map(|&i| fit::available(snap, i)).min();
     let split = batch::split(chosen.len(), min_free, (global, req.min_micro_batch()), &est, &mut log);
+    fit::offload_host_check(split.estimate.as_ref(), chosen.len(), snap.system.memory_available_bytes, &mut log);
     // 7. Environment.
     let env = env::environment(snap, &chosen, req, &mut log);
     // 8. Command.
@@ -736,20 +737,21 @@ mod tests {
         assert_eq!((p.world_size, p.micro_batch, p.grad_accum, p.global_batch), (3, 7, 3, 63));
     }
 
-    /// `--sharding auto` keeps the first stage that fits: 1.5B full fine-tuning in bf16 needs
-    /// 33.0 GiB unsharded, 19.9 GiB under zero1 over 4 GPUs (the fp32 masters sharded beside the
-    /// bf16 weights), 18.2 GiB under zero2 with checkpointing at micro-batch 4 (the fp32 weights
-    /// cast a layer at a time, its step's updated slices included), 10.9 GiB under zero3, 5.8 GiB
-    /// with the offload.
+    /// `--sharding auto` keeps the first stage that fits: 1.5B full fine-tuning in bf16, 16 pairs a
+    /// GPU a step, needs at least 40.0 GiB unsharded, 26.3 GiB under zero1 over 4 GPUs (the fp32
+    /// masters sharded beside the bf16 weights), 20.8 GiB under zero2 with checkpointing (the fp32
+    /// weights cast a layer at a time, its step's updated slices included), 13.5 GiB under zero3,
+    /// 8.5 GiB with the offload: at micro-batch 1 with the 16 micro-batches' summed gradients
+    /// held, or all 16 pairs in one pass, whichever is less.
     #[test]
     fn auto_sharding_takes_the_first_stage_that_fits() {
         let req = PlanRequest { model: Some(ModelShape::from_param_count(1_500_000_000)), ..PlanRequest::default() };
         let expect = [
-            (37, Sharding::None, false, false),
-            (21, Sharding::Zero1, false, false),
-            (19, Sharding::Zero2, true, false),
-            (11, Sharding::Zero3, true, false),
-            (7, Sharding::Zero3, true, true),
+            (44, Sharding::None, false, false),
+            (33, Sharding::Zero1, false, false),
+            (24, Sharding::Zero2, true, false),
+            (16, Sharding::Zero3, true, false),
+            (10, Sharding::Zero3, true, true),
         ];
         for (free, sharding, checkpointing, offload) in expect {
             let p = plan(&machine((0..4).map(|i| gpu(i, "A", free)).collect(), |_, _| Link::Phb), &req);
@@ -765,16 +767,13 @@ mod tests {
         let p = plan(&machine((0..4).map(|i| gpu(i, "A", 5)).collect(), |_, _| Link::Phb), &req);
         assert_eq!((p.status, p.sharding), (Status::NotReady, Sharding::None));
         assert!(
-            p.warnings[0].ends_with("; zero3 with the optimizer offloaded to host memory over 4 GPUs needs 5.8 GiB"),
+            p.warnings[0].ends_with("; zero3 with the optimizer offloaded to host memory over 4 GPUs needs 8.5 GiB"),
             "{}",
             p.warnings[0]
         );
-        // The precomputed reference, under zero3 with the offload as the search would run it, fits.
-        assert!(
-            p.notes.iter().any(|n| n.starts_with("plan again with `--reference precompute` added")),
-            "{:?}",
-            p.notes
-        );
+        // LoRA, under a stage as the search would run it, fits (a precomputed reference does not:
+        // micro-batch 1 accumulates, and a rank's 16 pairs in one pass take more).
+        assert!(p.notes.iter().any(|n| n.starts_with("plan again with `--lora 16` added")), "{:?}", p.notes);
         // One GPU has nothing to shard over: only the offload is tried.
         let one = plan(&machine(vec![gpu(0, "A", 24)], |_, _| Link::Phb), &req);
         assert_eq!((one.sharding, one.offload_optimizer, one.world_size), (Sharding::None, true, 1));
@@ -955,9 +954,10 @@ mod tests {
         let huge = Plan::on_cpu(&req(70_000_000_000), 4, "no GPU".into(), Some(16 * GIB));
         assert_eq!((huge.status, huge.micro_batch, huge.grad_accum), (Status::NotReady, 1, 16));
         let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
-        // fp32 full fine-tuning: 12 B/param + a 4 B/param reference, 1043 GiB, the activations
-        // and the LM head's gradient, the allocator's share and the CUDA context.
-        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1500.1 GiB at micro-batch 1 = 6000.2 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
+        // fp32 full fine-tuning: 12 B/param + a 4 B/param reference, 1043 GiB, the 16 micro-batches'
+        // summed gradients (4 B/param), the activations and the LM head's gradient, the
+        // allocator's share and the CUDA context.
+        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1799.9 GiB at micro-batch 1 = 7199.8 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
         assert!(w.ends_with("; fewer processes (--devices cpu:N), LoRA or activation checkpointing need less"), "{w}");
         // One process cannot be fewer.
         let one = Plan::on_cpu(&req(70_000_000_000), 1, "no GPU".into(), Some(16 * GIB));
@@ -982,6 +982,44 @@ mod tests {
         assert_eq!(unknown.micro_batch, DEFAULT_MICRO_BATCH_CAP);
         assert!(
             unknown.notes.iter().any(|n| n.starts_with("host memory unknown (not in this input): 2 process(es) x "))
+        );
+    }
+
+    /// Each rank offloads its share of the masters and AdamW's moments to the host: eight ranks of
+    /// a 7B model without sharding take 8 x 78.2 GiB there, which 64 GiB cannot hold.
+    #[test]
+    fn an_offloaded_optimizer_is_checked_against_host_memory() {
+        let req = PlanRequest {
+            model: Some(ModelShape::from_param_count(7_000_000_000)),
+            sharding: Some(Sharding::None),
+            offload_optimizer: true,
+            gradient_checkpointing: true,
+            global_batch: 8,
+            ..PlanRequest::default()
+        };
+        let mut s = machine((0..8).map(|i| gpu(i, "H100", 79)).collect(), |_, _| Link::NvLink(18));
+        let offload =
+            |p: &Plan| p.warnings.iter().chain(&p.notes).find(|w| w.contains("offloaded optimizer takes")).cloned();
+        let unknown = plan(&s, &req);
+        assert!(
+            offload(&unknown)
+                .expect("a note")
+                .ends_with("the host's memory is unknown (not in this input), not checked")
+        );
+        s.system.memory_available_bytes = Some(64 * GIB);
+        let p = plan(&s, &req);
+        assert_eq!(p.status, Status::ReadyWithWarnings, "{:?}", p.warnings);
+        let w = offload(&p).expect("a warning");
+        assert!(w.starts_with("the offloaded optimizer takes 78.2 GiB of host memory per GPU x 8 = 625.8 GiB, and 64.0 GiB is available"), "{w}");
+        assert!(p.warnings.contains(&w));
+        s.system.memory_available_bytes = Some(1024 * GIB);
+        let p = plan(&s, &req);
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.ends_with(" = 625.8 GiB of 1024.0 GiB available (MemAvailable, or the cgroup's limit)")),
+            "{:?}",
+            p.notes
         );
     }
 

@@ -170,13 +170,20 @@ fn offloaded_weights_formula(p: &Plan) -> String {
 }
 
 /// dpo-train's gradients at its peak: the stage's, counted beyond what the activations freed
-/// leave (at the backward's start only the LM head's exists).
+/// leave (at the backward's start only the LM head's exists), and with accumulation the sum of
+/// the step's earlier passes besides.
 fn grads_formula(p: &Plan) -> String {
     let first = match p.finetune {
         FineTune::Full => "only the LM head's 4*V*h while the activations live; ",
         FineTune::Lora { .. } => "",
     };
-    format!("{} ({first}the rest counted beyond the activations they replace)", stage_grads_formula(p))
+    let summed = match p.grad_accum {
+        0 | 1 => String::new(),
+        k => format!(
+            "; + 4 B/trained param (this rank's shard where each layer's are reduce-scattered), the sum of the step's {k} micro-batches, held through each pass"
+        ),
+    };
+    format!("{} ({first}the rest counted beyond the activations they replace{summed})", stage_grads_formula(p))
 }
 
 /// A zero1/zero2 step's copies of the shard's slices it updates (`memory::sharded_gradients`).
@@ -369,7 +376,9 @@ mod tests {
         assert_eq!(sharding_line(&z1), "zero1 over 4 GPU(s) (AdamW state partitioned)");
         let z2 = planned(Sharding::Zero2, false);
         assert!(grads_formula(&z2).starts_with("4 B/param (fp32; without checkpointing"), "{}", grads_formula(&z2));
-        assert!(grads_formula(&z2).ends_with("(only the LM head's 4*V*h while the activations live; the rest counted beyond the activations they replace)"), "{}", grads_formula(&z2));
+        let one_pass = Plan { grad_accum: 1, ..z2.clone() };
+        assert!(grads_formula(&one_pass).ends_with("(only the LM head's 4*V*h while the activations live; the rest counted beyond the activations they replace)"), "{}", grads_formula(&one_pass));
+        assert!(grads_formula(&z2).ends_with("; + 4 B/trained param (this rank's shard where each layer's are reduce-scattered), the sum of the step's 2 micro-batches, held through each pass)"), "{}", grads_formula(&z2));
         assert_eq!(sharding_line(&planned(Sharding::None, false)), "none (every GPU holds a full replica)");
     }
 }
