@@ -341,11 +341,15 @@ pub fn default_run_name(config_name: &str) -> String {
     format!("{}-{}", crate::clock::timestamp(), config_name)
 }
 
-/// Whether `dir` holds a run's model that a new run there would write over: a checkpoint, or its
-/// `final/` (a finished run's, which may have kept no checkpoint). A run that failed before
-/// either may be run again under its name.
+/// Whether `dir` holds a run's model that a new run there would write over: a checkpoint, or a
+/// `final/` (a finished stage's, which may have kept no checkpoint), of the run or of its
+/// warm-up (a new run would overwrite the warm-up's checkpoints, or start DPO from its `final/`
+/// whatever the new run's warm-up settings). A run that failed before either may be run again
+/// under its name.
 fn holds_a_run(dir: &Path) -> bool {
-    dir.join("final").exists() || crate::train::checkpoint::latest(dir).is_some()
+    [dir.to_owned(), dir.join(SFT_DIR)]
+        .iter()
+        .any(|stage| stage.join("final").exists() || crate::train::checkpoint::latest(stage).is_some())
 }
 
 /// The run under `output_dir` that trained last (`--resume` without a directory): by when its

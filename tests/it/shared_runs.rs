@@ -423,6 +423,28 @@ fn a_finished_run_is_never_trained_over() {
     assert_eq!((read("final/model.safetensors"), read("metrics.csv")), (model_before, metrics_before));
 }
 
+/// A new run under the name of one whose warm-up has a checkpoint or a `final/` (the run itself
+/// killed before its own) is refused: it overwrote the warm-up's checkpoints and metrics, or
+/// started DPO from the old warm-up's model whatever its own warm-up settings said.
+#[test]
+fn a_new_run_never_trains_over_a_warm_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(dir.path(), "warm", &["--sft-steps", "2", "--max-steps", "1"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let warm = dir.path().join("warm");
+    // As if killed after the warm-up: only `sft/` holds what was trained.
+    for gone in ["final", "checkpoints"] {
+        fs::remove_dir_all(warm.join(gone)).unwrap();
+    }
+    let metrics = fs::read(warm.join("sft/metrics.csv")).unwrap();
+    let again = one_line_error(&run(dir.path(), "warm", &["--sft-steps", "3", "--max-steps", "1"]));
+    assert!(again.contains("already holds a run: pass `--resume"), "{again}");
+    fs::remove_dir_all(warm.join("sft/final")).unwrap();
+    let again = one_line_error(&run(dir.path(), "warm", &["--sft-steps", "3", "--max-steps", "1"]));
+    assert!(again.contains("already holds a run: pass `--resume"), "{again}");
+    assert_eq!(fs::read(warm.join("sft/metrics.csv")).unwrap(), metrics);
+}
+
 /// A supervised warm-up stopped by Ctrl-C resumes with its run: the run's `config.toml` is there
 /// from its start, the line printed names the run, and `--resume` of the run (or of its `sft/`
 /// folder) continues the warm-up from its checkpoint, then trains DPO in the run's directory.
