@@ -320,7 +320,7 @@ fn trl_flags() -> impl Iterator<Item = (&'static str, &'static Treatment)> {
 /// defaults to true): those that accept `false`, or any value.
 fn negatable(treatment: &Treatment) -> bool {
     match treatment {
-        Treatment::Inert => true,
+        Treatment::Inert | Treatment::InertWithout(..) => true,
         Treatment::Only(values, _) | Treatment::Means(values, _) => values.contains(&"false"),
         Treatment::Never(_) | Treatment::Rename(_) => false,
     }

@@ -44,6 +44,9 @@ pub fn markdown() -> String {
             Treatment::Never(why) => ("never".to_owned(), why.to_string()),
             Treatment::Rename(ours) => (format!("any value: it is `{ours}`"), String::new()),
             Treatment::Means(_, what) => (what.to_string(), "refused".to_owned()),
+            Treatment::InertWithout(other, why) => {
+                (format!("any value without `{other}` (changes nothing here)"), format!("beside `{other}`: {why}"))
+            }
         };
         out += &format!("| `{name}` | {accepted} | {} |\n", otherwise.replace('|', "\\|"));
     }

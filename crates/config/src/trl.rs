@@ -22,9 +22,12 @@ pub enum Treatment {
     Rename(&'static str),
     /// Accepted at these values (TOML literals), each meaning what [`translate`] says.
     Means(&'static [&'static str], &'static str),
+    /// Changes nothing unless the config also sets this other key, and is refused beside it with
+    /// the reason.
+    InertWithout(&'static str, &'static str),
 }
 
-use Treatment::{Inert, Means, Never, Only, Rename};
+use Treatment::{Inert, InertWithout, Means, Never, Only, Rename};
 
 const FALSE: &[&str] = &["false"];
 const NOT_IMPLEMENTED: &str = "not implemented";
@@ -104,7 +107,15 @@ pub const TRL_KEYS: &[(&str, Treatment)] = &[
     ("hub_always_push", Inert),
     ("hub_revision", Inert),
     ("load_best_model_at_end", Only(FALSE, "final/ holds the last step's model")),
-    ("metric_for_best_model", Inert),
+    // transformers' rotation then keeps the best checkpoint besides the newest (a review's run
+    // lost its best, step 6 of 20, to dpo-train's).
+    (
+        "metric_for_best_model",
+        InertWithout(
+            "save_total_limit",
+            "transformers keeps the best checkpoint besides the newest, dpo-train's rotation the newest only; unset one of them",
+        ),
+    ),
     ("greater_is_better", Inert),
     ("ignore_data_skip", Only(FALSE, "a resumed run skips the batches it has trained on")),
     ("restore_callback_states_from_checkpoint", Inert),
@@ -215,6 +226,11 @@ pub fn accept_trl_keys(table: &mut toml::Table) -> Result<(), (String, String)> 
             Never(reason) => {
                 return Err(((*key).to_owned(), format!("`{key}` is not supported by dpo-train: {reason}")));
             }
+            InertWithout(other, reason) if table.contains_key(*other) => {
+                let message = format!("`{key}` with `{other}` is not supported by dpo-train: {reason}");
+                return Err(((*key).to_owned(), message));
+            }
+            InertWithout(..) => {}
             Rename(ours) if table.contains_key(*ours) => {
                 return Err(((*key).to_owned(), format!("`{key}` and `{ours}` name one setting: set one of them")));
             }
@@ -341,6 +357,21 @@ mod tests {
         assert!(accept_trl_keys(&mut t).unwrap_err().1.contains("set one of them"));
         let mut t = table("lr_scheduler_kwargs = { num_cycles = 2 }\n");
         assert!(accept_trl_keys(&mut t).unwrap_err().1.contains("only cosine_with_min_lr's"));
+    }
+
+    /// The best checkpoint transformers' rotation would keep and dpo-train's would not.
+    #[test]
+    fn a_best_metric_with_a_rotation_is_refused() {
+        let mut t = table("metric_for_best_model = \"eval_loss\"\ngreater_is_better = false\nbeta = 0.1\n");
+        accept_trl_keys(&mut t).unwrap();
+        assert_eq!(t, table("beta = 0.1\n"));
+        let mut t = table("metric_for_best_model = \"eval_loss\"\nsave_total_limit = 1\n");
+        let (key, message) = accept_trl_keys(&mut t).unwrap_err();
+        assert_eq!(key, "metric_for_best_model");
+        assert_eq!(
+            message,
+            "`metric_for_best_model` with `save_total_limit` is not supported by dpo-train: transformers keeps the best checkpoint besides the newest, dpo-train's rotation the newest only; unset one of them"
+        );
     }
 
     #[test]
