@@ -72,8 +72,10 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LogError> {
     crate::fsutil::write_atomic(path, bytes).map_err(|e| LogError::io("write", path, e))
 }
 
-/// TRL's metric names, in column order (columns 4..=15 of `metrics.csv`).
-pub const METRIC_NAMES: [&str; 12] = [
+/// TRL's metric names, in column order (columns 4..=19 of `metrics.csv`): DPOTrainer's, then
+/// those of KTOTrainer (`kl`) and of CPOTrainer and ORPOTrainer (`nll_loss`, ORPO's log-odds),
+/// empty in the rows of other losses.
+pub const METRIC_NAMES: [&str; 16] = [
     "loss",
     "rewards/chosen",
     "rewards/rejected",
@@ -86,11 +88,16 @@ pub const METRIC_NAMES: [&str; 12] = [
     "entropy",
     "num_tokens",
     "mean_token_accuracy",
+    "kl",
+    "nll_loss",
+    "log_odds_ratio",
+    "log_odds_chosen",
 ];
 
-/// Metric columns a file written by an earlier version lacks (its rows read them as empty; a
-/// resumed run rewrites the file with them): `mean_token_accuracy` came with TRL 1.16's metrics.
-const ADDED_LATER: [&str; 1] = ["mean_token_accuracy"];
+/// Metric columns files written by earlier versions lack, by the version that added them (their
+/// rows read them as empty; a resumed run rewrites the file with them): `mean_token_accuracy`
+/// came with TRL 1.16's metrics, the loss families' own later (they were TensorBoard's only).
+const ADDED_LATER: [&[&str]; 2] = [&["mean_token_accuracy"], &["kl", "nll_loss", "log_odds_ratio", "log_odds_chosen"]];
 
 /// Columns after the metrics, in order.
 const TAIL_COLUMNS: [&str; 5] =
@@ -145,9 +152,6 @@ pub struct MetricsRow {
     pub tokens_per_second: Option<f64>,
     /// Wall-clock seconds since the run (or its first resume) started.
     pub elapsed_seconds: f64,
-    /// The reference-free family's own metrics (`nll_loss`, ORPO's log-odds): TensorBoard
-    /// scalars, not columns (so `metrics.csv` keeps one header); empty in a row read back.
-    pub extra: Vec<(&'static str, f64)>,
 }
 
 impl MetricsRow {
@@ -163,7 +167,6 @@ impl MetricsRow {
             pairs_per_second: None,
             tokens_per_second: None,
             elapsed_seconds,
-            extra: Vec::new(),
         }
     }
 
@@ -173,12 +176,11 @@ impl MetricsRow {
         self.metrics.get(index).copied().flatten()
     }
 
-    /// Records evaluated or logged metrics: TRL's, and the loss family's own as `extra`.
+    /// Records evaluated or logged metrics: DPOTrainer's, and the loss family's own.
     pub fn record(&mut self, metrics: &Metrics) {
-        for (name, value) in metrics.named() {
+        for (name, value) in metrics.named().into_iter().chain(metrics.extra()) {
             self.set_metric(name, value);
         }
-        self.extra = metrics.extra();
     }
 
     /// Sets the TRL metric `name`; returns `false` (and changes nothing) for an unknown name.
@@ -202,7 +204,6 @@ impl MetricsRow {
     pub fn tagged(&self) -> Vec<(String, f64)> {
         let split = self.split.as_str();
         let named = METRIC_NAMES.iter().zip(&self.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
-        let named = named.chain(self.extra.iter().map(|(name, v)| (format!("{split}/{name}"), Some(*v))));
         let extra = [("learning_rate", self.learning_rate), ("grad_norm", self.grad_norm), ("epoch", Some(self.epoch))];
         let extra = extra.into_iter().filter(|_| self.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
         let speed = [
@@ -276,7 +277,6 @@ impl MetricsRow {
             pairs_per_second: opt(first_tail + 2)?,
             tokens_per_second: opt(first_tail + 3)?,
             elapsed_seconds: req(first_tail + 4)?,
-            extra: Vec::new(),
         })
     }
 }
@@ -432,8 +432,11 @@ fn check_header(path: &Path) -> Result<Vec<&'static str>, LogError> {
     let mut first = String::new();
     BufReader::new(file).read_line(&mut first).map_err(|e| LogError::io("read", path, e))?;
     let found = first.trim_end_matches(['\r', '\n']);
-    let earlier: Vec<&'static str> = header().into_iter().filter(|c| !ADDED_LATER.contains(c)).collect();
-    match [header(), earlier].into_iter().find(|names| names.join(",") == found) {
+    // This version's header, then each earlier version's: without the columns added since.
+    let without_since = |version: usize| -> Vec<&'static str> {
+        header().into_iter().filter(|c| !ADDED_LATER[version..].iter().any(|added| added.contains(c))).collect()
+    };
+    match (0..=ADDED_LATER.len()).rev().map(without_since).find(|names| names.join(",") == found) {
         Some(names) => Ok(names),
         None => {
             Err(LogError::Header { path: path.to_path_buf(), expected: header().join(","), found: found.to_string() })
@@ -507,8 +510,8 @@ mod tests {
             header().join(","),
             "step,epoch,split,loss,rewards/chosen,rewards/rejected,rewards/accuracies,\
              rewards/margins,logps/chosen,logps/rejected,logits/chosen,logits/rejected,entropy,\
-             num_tokens,mean_token_accuracy,learning_rate,grad_norm,pairs_per_second,tokens_per_second,\
-             elapsed_seconds"
+             num_tokens,mean_token_accuracy,kl,nll_loss,log_odds_ratio,log_odds_chosen,learning_rate,\
+             grad_norm,pairs_per_second,tokens_per_second,elapsed_seconds"
         );
     }
 
@@ -528,8 +531,8 @@ mod tests {
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4);
-        assert_eq!(lines[1], "1,0.1,train,0.75,,,,0.5,,,,,,,,5e-7,1.25,,,1.5");
-        assert_eq!(lines[3], "2,0.2,eval,1,,,,1,,,,,,,,,,,,3");
+        assert_eq!(lines[1], "1,0.1,train,0.75,,,,0.5,,,,,,,,,,,,5e-7,1.25,,,1.5");
+        assert_eq!(lines[3], "2,0.2,eval,1,,,,1,,,,,,,,,,,,,,,,3");
 
         let back = read_metrics(&dir.path().join("metrics.csv")).unwrap();
         assert_eq!(back.len(), 3);
@@ -588,7 +591,7 @@ mod tests {
         let mut bad = row(7, Split::Train);
         bad.metrics.pop();
         let err = MetricsWriter::create(dir.path()).unwrap().append(&bad).unwrap_err();
-        assert!(err.to_string().contains("`: the metrics row of step 7 has 11 metric values"), "{err}");
+        assert!(err.to_string().contains("`: the metrics row of step 7 has 15 metric values"), "{err}");
     }
 
     fn write_file(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
@@ -600,37 +603,46 @@ mod tests {
 
     #[test]
     fn short_row_error_names_file_and_line() {
-        let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
+        let (_dir, path) = write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4\n");
         let err = read_metrics(&path).unwrap_err();
-        assert_eq!(err.to_string(), format!("`{}`, line 3: 4 fields, expected 20", path.display()));
+        assert_eq!(err.to_string(), format!("`{}`, line 3: 4 fields, expected 24", path.display()));
     }
 
     #[test]
     fn bad_value_error_names_file_line_and_column() {
         let (_dir, path) =
-            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,abc,,,2\n");
+            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,,abc,,,2\n");
         let err = read_metrics(&path).unwrap_err();
         assert_eq!(err.to_string(), format!("`{}`, line 3: column `grad_norm`: invalid value `abc`", path.display()));
-        let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,,1\n");
+        let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,,,,,,1\n");
         let err = read_metrics(&path).unwrap_err();
         assert!(err.to_string().ends_with("line 2: column `split`: invalid value `test`"), "{err}");
     }
 
-    /// A run written before `mean_token_accuracy` was a column reads back with it empty, and
-    /// resuming it rewrites the file under this version's header.
+    /// Runs written before `mean_token_accuracy`, and before the loss families' columns, read
+    /// back with them empty, and resuming one rewrites the file under this version's header.
     #[test]
     fn an_earlier_versions_file_reads_and_resumes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.csv");
-        let earlier: Vec<&str> = header().into_iter().filter(|c| *c != "mean_token_accuracy").collect();
+        let without = |gone: &[&str]| -> String {
+            header().into_iter().filter(|c| !gone.contains(c)).collect::<Vec<_>>().join(",")
+        };
+        let families = ["kl", "nll_loss", "log_odds_ratio", "log_odds_chosen"];
+        let previous = format!("{}\n1,0.1,train,0.5,,,,,,,,,,,0.125,5e-7,,,,1.5\n", without(&families));
+        std::fs::write(&path, previous).unwrap();
+        assert_eq!(read_metrics(&path).unwrap()[0].metric("mean_token_accuracy"), Some(0.125));
+        let mut first = families.to_vec();
+        first.push("mean_token_accuracy");
         let body = "1,0.1,train,0.5,,,,,,,,,,,5e-7,,,,1.5\n2,0.2,train,0.25,,,,,,,,,,,5e-7,,,,3\n";
-        std::fs::write(&path, format!("{}\n{body}", earlier.join(","))).unwrap();
+        std::fs::write(&path, format!("{}\n{body}", without(&first))).unwrap();
         let rows = read_metrics(&path).unwrap();
         assert_eq!((rows[1].metric("loss"), rows[1].metric("mean_token_accuracy")), (Some(0.25), None));
         assert_eq!((rows[1].learning_rate, rows[1].elapsed_seconds), (Some(5e-7), 3.0));
         let mut writer = MetricsWriter::resume(dir.path(), 1).unwrap();
         let mut next = row(2, Split::Train);
         next.set_metric("mean_token_accuracy", 0.75);
+        next.set_metric("kl", 0.5);
         writer.append(&next).unwrap();
         drop(writer);
         let text = std::fs::read_to_string(&path).unwrap();
@@ -638,7 +650,7 @@ mod tests {
         let back = read_metrics(&path).unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!((back[0].metric("loss"), back[0].metric("mean_token_accuracy")), (Some(0.5), None));
-        assert_eq!(back[1].metric("mean_token_accuracy"), Some(0.75));
+        assert_eq!((back[1].metric("mean_token_accuracy"), back[1].metric("kl")), (Some(0.75), Some(0.5)));
     }
 
     /// A row cut short by a process killed mid-append (no line end) does not stop a resume: it
@@ -647,7 +659,7 @@ mod tests {
     fn a_resume_drops_a_row_cut_short() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("metrics.csv");
-        let rows = "1,0.1,train,0.5,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,2\n3,0.3,tra";
+        let rows = "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,,,,,2\n3,0.3,tra";
         std::fs::write(&path, format!("{}\n{rows}", header().join(","))).unwrap();
         assert!(read_metrics(&path).is_err(), "the cut row is malformed");
         drop(MetricsWriter::resume(dir.path(), 2).unwrap());
