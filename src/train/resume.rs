@@ -57,8 +57,21 @@ pub fn check_resumable(run_dir: &Path, warm_up: &Path, cfg: &TrainConfig) -> any
         if !trained || finished || checkpoint::latest(dir).is_some() {
             continue;
         }
+        let what = match (dir.join("metrics.csv").exists(), dir.join("final").exists()) {
+            (true, true) => "its metrics.csv and final/",
+            (true, false) => "its metrics.csv",
+            (false, _) => "its final/",
+        };
+        // Killed before any checkpoint or final/: the run's own command trains it again.
+        let held = [warm_up, run_dir].iter().any(|d| d.join("final").exists() || checkpoint::latest(d).is_some());
+        let fix = match held {
+            true => "start another run (`--run-name`), or move them out of the way to train it again",
+            false => {
+                "run its command again without `--resume` to train it from step 0, or start another run (`--run-name`)"
+            }
+        };
         let message = format!(
-            "`{}` holds a stage that trained, but no checkpoint to resume it from (none in `checkpoints/`): a resume would train it again from step 0 over its metrics.csv and final/; start another run (`--run-name`), or move them out of the way to train it again",
+            "`{}` holds a stage that trained, but no checkpoint to resume it from (none in `checkpoints/`): a resume would train it again from step 0 over {what}; {fix}",
             dir.display()
         );
         return Err(crate::config::ConfigError::Invalid { key: "resume", message }.into());

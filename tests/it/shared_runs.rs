@@ -445,6 +445,28 @@ fn a_new_run_never_trains_over_a_warm_up() {
     assert_eq!(fs::read(warm.join("sft/metrics.csv")).unwrap(), metrics);
 }
 
+/// A run killed before its first checkpoint (only its metrics.csv there) cannot be resumed, and
+/// the refusal says what does train it: its own command again, which is accepted.
+#[test]
+fn a_run_killed_before_a_checkpoint_is_run_again_as_the_refusal_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = run(dir.path(), "early", &[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let early = dir.path().join("early");
+    for gone in ["final", "checkpoints"] {
+        fs::remove_dir_all(early.join(gone)).unwrap();
+    }
+    let mut cmd = dpo_train();
+    cmd.args(["train", "--resume", s(&early)]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(120)));
+    assert!(
+        err.ends_with("over its metrics.csv; run its command again without `--resume` to train it from step 0, or start another run (`--run-name`)"),
+        "{err}"
+    );
+    let again = run(dir.path(), "early", &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+}
+
 /// A supervised warm-up stopped by Ctrl-C resumes with its run: the run's `config.toml` is there
 /// from its start, the line printed names the run, and `--resume` of the run (or of its `sft/`
 /// folder) continues the warm-up from its checkpoint, then trains DPO in the run's directory.
