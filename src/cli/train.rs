@@ -147,9 +147,13 @@ fn describe_run(
         text = format!("{text}\n{note}");
     }
     // `lora_r` alone turns LoRA on here; TRL's scripts train it only under `use_peft`, which a
-    // TRL recipe (YAML) would then be missing.
+    // TRL recipe (YAML) or command line (TRL's spelling, `--lora_r`) would then be missing.
     let recipe = layered.file_name().is_some_and(|f| f.ends_with(".yaml") || f.ends_with(".yml"));
-    if recipe && layered.origin("lora_r") != Origin::Default && layered.origin("use_peft") == Origin::Default {
+    let trl_flag = std::env::args().any(|a| a == "--lora_r" || a.starts_with("--lora_r="));
+    if (recipe || trl_flag)
+        && layered.origin("lora_r") != Origin::Default
+        && layered.origin("use_peft") == Origin::Default
+    {
         text.push_str(
             "\nnote: `lora_r` trains a LoRA adapter here; TRL's `trl dpo` trains one only with `use_peft` (without it, every weight)",
         );

@@ -297,6 +297,11 @@ fn unsupported_adapter_is_refused_by_field() {
         ("lora_bias", serde_json::json!(true), "true"),
         ("exclude_modules", serde_json::json!(["q_proj"]), "[\"q_proj\"]"),
         ("modules_to_save", serde_json::json!(["lm_head"]), "[\"lm_head\"]"),
+        // Review findings: loaded as W + B·A these computed another model than PEFT's.
+        ("init_lora_weights", serde_json::json!("pissa_niter_4"), "`pissa_niter_4`"),
+        ("init_lora_weights", serde_json::json!("olora"), "`olora`"),
+        ("kasa_config", serde_json::json!({"beta": 1e-4}), "{\"beta\":0.0001}"),
+        ("alpha_pattern", serde_json::json!({"q_proj": 8}), "per-module alphas"),
     ];
     for (field, value, shown) in fields {
         let copy = adapter_copy(dir.path(), "unsupported", |cfg| cfg[field] = value);
@@ -308,6 +313,31 @@ fn unsupported_adapter_is_refused_by_field() {
         let want = format!("`{}`: `{field}` = {shown} is not supported", config.display());
         assert!(stderr.contains(&want), "{stderr}");
     }
+}
+
+/// An adapter file holding a tensor no LoRA weight reads (KaSA's `lora_diag`, another variant's
+/// own) is refused by name: it was dropped, and the model computed without it.
+#[test]
+fn an_adapter_s_unknown_tensor_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = adapter_copy(dir.path(), "extra", |_| {});
+    let file = copy.join("adapter_model.safetensors");
+    let python = crate::common::python();
+    let script = "import sys, torch\nfrom safetensors.torch import load_file, save_file\n\
+                  t = load_file(sys.argv[1])\n\
+                  t['base_model.model.model.layers.0.self_attn.q_proj.lora_diag.weight'] = torch.ones(4)\n\
+                  save_file(t, sys.argv[1])\n";
+    let done = std::process::Command::new(python).args(["-c", script, file.to_str().unwrap()]).status().unwrap();
+    assert!(done.success());
+    let data = root().join("tests/fixtures/data/prefs.jsonl");
+    let out = dpo_train(&["eval", "--model", copy.to_str().unwrap(), "--data", data.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("tensor `base_model.model.model.layers.0.self_attn.q_proj.lora_diag.weight` in `")
+            && stderr.contains("is not one of the adapter's LoRA weights"),
+        "{stderr}"
+    );
 }
 
 /// TRL's `disable_dropout = true` (the default) sets PEFT's `lora_dropout` to p=0 while training,
@@ -788,10 +818,19 @@ fn a_recipe_with_lora_r_and_no_use_peft_is_told_the_difference() {
     let out = dpo_train(&["train", "--config", recipe.to_str().unwrap(), "--bf16", "false"]);
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{said}");
-    assert!(
-        said.contains("note: `lora_r` trains a LoRA adapter here; TRL's `trl dpo` trains one only with `use_peft`"),
-        "{said}"
-    );
+    let note = "note: `lora_r` trains a LoRA adapter here; TRL's `trl dpo` trains one only with `use_peft`";
+    assert!(said.contains(note), "{said}");
+    // TRL's command line, spelled as TRL spells it, is told too; dpo-train's own flag is not.
+    let (model, data) = (root().join("tests/fixtures/models/llama"), root().join("tests/fixtures/data/prefs.jsonl"));
+    let out_dir = dir.path().join("out");
+    let common = ["--model_name_or_path", model.to_str().unwrap(), "--dataset_name", data.to_str().unwrap()];
+    let rest = ["--max_steps", "1", "--num-samples", "0", "--bf16", "false", "--output_dir", out_dir.to_str().unwrap()];
+    for (flag, told) in [("--lora_r", true), ("--lora-r", false)] {
+        let out = dpo_train(&[&["train"][..], &common, &rest, &[flag, "8"]].concat());
+        let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert_eq!(said.contains(note), told, "{flag}: {said}");
+    }
 }
 
 /// A global batch the devices asked for cannot split is refused before any worker starts: one

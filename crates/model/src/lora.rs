@@ -81,8 +81,13 @@ pub struct AdapterConfig {
 }
 
 /// PEFT features that change the adapted model when set, which this implementation does not have.
-const INERT_UNLESS_SET: [&str; 8] = [
+const INERT_UNLESS_SET: [&str; 13] = [
     "exclude_modules",
+    "kasa_config",
+    "monteclora_config",
+    "arrow_config",
+    "corda_config",
+    "loftq_config",
     "lora_bias",
     "layer_replication",
     "trainable_token_indices",
@@ -153,13 +158,25 @@ impl AdapterConfig {
         if cfg.layers_to_transform.as_ref().is_some_and(|v| !v.is_null()) {
             return unsupported("layers_to_transform", "a layer list".to_owned(), "null");
         }
-        if !cfg.rank_pattern.is_empty() || !cfg.alpha_pattern.is_empty() {
-            return unsupported("rank_pattern", "per-module ranks".to_owned(), "one r and lora_alpha");
+        if !cfg.rank_pattern.is_empty() {
+            return unsupported("rank_pattern", "per-module ranks".to_owned(), "one r");
+        }
+        if !cfg.alpha_pattern.is_empty() {
+            return unsupported("alpha_pattern", "per-module alphas".to_owned(), "one lora_alpha");
+        }
+        // PiSSA, OLoRA, CorDA and LoftQ take their adapters out of the base weights: PEFT rebuilds
+        // that residual base on load, and W + B·A over the unchanged base is another model.
+        if let Some(serde_json::Value::String(init)) = cfg.other.get("init_lora_weights")
+            && ["pissa", "olora", "corda", "loftq"].iter().any(|k| init.starts_with(k))
+        {
+            let plain = "true; PEFT's save_pretrained(path_initial_model_for_weight_conversion=...) writes such an adapter as plain LoRA";
+            return unsupported("init_lora_weights", format!("`{init}`"), plain);
         }
         for field in INERT_UNLESS_SET {
             match cfg.other.get(field) {
                 None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
                 Some(serde_json::Value::Array(a)) if a.is_empty() => {}
+                Some(serde_json::Value::Object(o)) if o.is_empty() => {}
                 Some(value) => return unsupported(field, value.to_string(), "unset"),
             }
         }
@@ -201,6 +218,14 @@ impl Llama {
         device: &Device,
     ) -> Result<(), WeightsError> {
         let r = settings.r;
+        if let AdapterInit::Saved(weights) = init {
+            // Every tensor must be one the adapters below read (A, B, DoRA's magnitude).
+            let used =
+                |n: &str| [".lora_A.weight", ".lora_B.weight", ".lora_magnitude_vector"].iter().any(|s| n.ends_with(s));
+            if let Some(name) = weights.names().into_iter().find(|n| !used(n)) {
+                return Err(WeightsError::Unused { name, dir: weights.dir().to_owned() });
+            }
+        }
         for (name, linear) in self.linears_mut() {
             if !settings.adapts(&name) {
                 continue;

@@ -45,6 +45,12 @@ pub enum WeightsError {
     Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
     #[error("tensor `{name}` is stored as {dtype:?}; supported: F32, BF16, F16")]
     Dtype { name: String, dtype: Dtype },
+    /// A tensor the loaded model has no place for (an adapter variant's own, such as KaSA's
+    /// `lora_diag`): loading on without it would compute another model.
+    #[error(
+        "tensor `{name}` in `{dir}` is not one of the adapter's LoRA weights: this adapter variant is not supported"
+    )]
+    Unused { name: String, dir: PathBuf },
 }
 
 /// The memory-mapped safetensors files of one model directory.
@@ -108,6 +114,11 @@ impl Weights {
             files.push((path, mmap));
         }
         Ok(Self { dir: dir.to_owned(), files, index })
+    }
+
+    /// The directory the files are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Every tensor name, sorted.
