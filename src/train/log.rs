@@ -610,8 +610,10 @@ mod tests {
 
     #[test]
     fn bad_value_error_names_file_line_and_column() {
-        let (_dir, path) =
-            write_file("metrics.csv", "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,,abc,,,2\n");
+        let (_dir, path) = write_file(
+            "metrics.csv",
+            "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,,abc,,,2\n",
+        );
         let err = read_metrics(&path).unwrap_err();
         assert_eq!(err.to_string(), format!("`{}`, line 3: column `grad_norm`: invalid value `abc`", path.display()));
         let (_dir, path) = write_file("m.csv", "1,0.1,test,,,,,,,,,,,,,,,,,,,,,1\n");
