@@ -292,6 +292,20 @@ impl LossConfig {
         if self.cpo_alpha < 0.0 {
             return err("cpo_alpha", format!("must be >= 0, got {}", self.cpo_alpha));
         }
+        // Read by CPOTrainer's losses alone: elsewhere a value set would be ignored (TRL's CPO
+        // recipe with `loss_type: sigmoid` is `cpo` here).
+        let cpo = matches!(self.family(), Some(LossType::Cpo | LossType::Simpo | LossType::Alphapo));
+        let cpo_only = [
+            ("cpo_alpha", self.cpo_alpha != 1.0),
+            ("simpo_gamma", self.simpo_gamma != 0.5),
+            ("alpha", self.alpha != 0.0),
+        ];
+        if let Some((key, _)) = cpo_only.iter().find(|(_, set)| *set && !cpo) {
+            return err(
+                key,
+                "only applies to CPOTrainer's losses (`cpo`, `simpo`, `alphapo`; TRL's CPOConfig `loss_type: sigmoid` is `cpo` here)".to_owned(),
+            );
+        }
         let Some(family) = self.family() else { return Ok(()) };
         self.own_trainer(
             family,
@@ -369,6 +383,22 @@ mod tests {
         assert!(unused_tau.validate().is_ok());
         let tau = LossConfig { discopop_tau: f64::NAN, loss_type: vec![LossType::Discopop], ..Default::default() };
         assert_eq!(refused(tau).0, "discopop_tau");
+    }
+
+    /// CPOTrainer's keys set under another loss were ignored (a CPO recipe's `loss_type:
+    /// sigmoid` trained DPO against a reference, `cpo_alpha` unread): refused on their key.
+    #[test]
+    fn cpo_keys_apply_to_cpo_losses_only() {
+        let with = |loss: LossType, cfg: LossConfig| LossConfig { loss_type: vec![loss], ..cfg };
+        let alpha = LossConfig { cpo_alpha: 0.5, ..Default::default() };
+        let refused = with(LossType::Sigmoid, alpha.clone()).validate().unwrap_err();
+        assert_eq!(refused.key, "cpo_alpha");
+        assert!(refused.message.starts_with("only applies to CPOTrainer's losses"), "{}", refused.message);
+        assert_eq!(with(LossType::Orpo, alpha.clone()).validate().unwrap_err().key, "cpo_alpha");
+        with(LossType::Simpo, alpha).validate().unwrap();
+        let gamma = LossConfig { simpo_gamma: 1.0, ..Default::default() };
+        assert_eq!(with(LossType::Hinge, gamma.clone()).validate().unwrap_err().key, "simpo_gamma");
+        with(LossType::Alphapo, LossConfig { alpha: 0.25, ..gamma }).validate().unwrap();
     }
 
     /// `ALL` lists each loss type once, and each TRL name reads back as its type.
