@@ -23,32 +23,15 @@ tests/fixtures/models/llama (KTO's reference: models/llama-ref) and tests/fixtur
 """
 
 import json
-import os
+import sys
 import tempfile
-import warnings
 from pathlib import Path
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TQDM_DISABLE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# make_fixtures sets the environment every reference number is made in (CPU, float32, offline).
+from make_fixtures import EXP_DIR, FIX, ROOT, TOK_DIR, load_llama_pair, load_tokenizer, read_jsonl  # noqa: E402
 
-import torch  # noqa: E402
-
-warnings.filterwarnings("ignore")
-torch.set_num_threads(2)
-torch.use_deterministic_algorithms(True)
-
-import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-transformers.logging.set_verbosity_error()
-
-ROOT = Path(__file__).resolve().parents[2]
-FIX = ROOT / "tests" / "fixtures"
-OUT = FIX / "expected" / "trl_trainer_runs.json"
+OUT = EXP_DIR / "trl_trainer_runs.json"
 
 # Settings both trainers share, and their dpo-train keys (the same names).
 COMMON = {
@@ -66,17 +49,8 @@ LOGGED = ["loss", "grad_norm", "kl", "entropy", "mean_token_accuracy", "num_toke
           "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected"]
 
 
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def model(name):
-    return AutoModelForCausalLM.from_pretrained(str(FIX / "models" / name), dtype=torch.float32)
-
-
 def tokenizer():
-    tok = AutoTokenizer.from_pretrained(str(FIX / "tokenizer"))
+    tok = load_tokenizer(TOK_DIR)
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok
 
@@ -108,9 +82,10 @@ def kto_trainer(args, train_rows, eval_rows=None):
     from datasets import Dataset
     from trl import KTOConfig, KTOTrainer
 
+    policy, ref = load_llama_pair()
     return KTOTrainer(
-        model=model("llama"),
-        ref_model=model("llama-ref"),
+        model=policy,
+        ref_model=ref,
         args=KTOConfig(**base_args(args)),
         processing_class=tokenizer(),
         train_dataset=Dataset.from_list(train_rows),
@@ -146,7 +121,7 @@ def main():
 
     rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in sft_rows()]
     trainer = SFTTrainer(
-        model=model("llama"),
+        model=load_llama_pair()[0],
         args=SFTConfig(**base_args(SFT_TRAIN)),
         processing_class=tokenizer(),
         train_dataset=Dataset.from_list(rows),
