@@ -53,9 +53,10 @@ pub struct Window {
     /// DPO: each micro-batch's step (in the window), batch, policy scores, reference rows and
     /// loss, on the device.
     pub pending: Vec<(usize, DeviceBatch, SequenceScores, Tensor<1>, Tensor<1>)>,
-    /// SFT: each micro-batch's (scaled) loss, and its step (in the window) with its chosen
-    /// tokens' entropy, argmax hits and count (`[3]`, summed on the device).
+    /// SFT: each micro-batch's (scaled) loss.
     pub losses: Vec<Tensor<1>>,
+    /// SFT: each micro-batch's step (in the window) and its chosen tokens' entropy, argmax hits
+    /// and count (`[3]`, summed on the device).
     pub token_stats: Vec<(usize, Tensor<1>)>,
 }
 
