@@ -6,10 +6,10 @@
 //! `eval --batch-size` takes here).
 
 use dpo_train::config::TrainConfig;
-use dpo_train::data::{Columns, LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
+use dpo_train::data::{LoadOptions, Packing, RowKind, Tokenizer, collate, kto, prepare};
 use dpo_train::dpo::logps::{Collation, DeviceBatch, Stats, reference_logps};
 use dpo_train::dpo::loss::{PairScores, dpo_loss};
-use dpo_train::eval::{EvalOptions, evaluate};
+use dpo_train::eval::evaluate;
 use dpo_train::model::host;
 use dpo_train::train::backprop::forward_backward;
 use dpo_train::train::optim::GradAccumulator;
@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::common::bounds;
 use crate::common::trl::{Case, Fixture, TrainStep, assert_gradients};
-use crate::common::{cpu, fixtures, on_device};
+use crate::common::{cpu, fixture_eval, fixtures, on_device};
 
 #[derive(Deserialize)]
 struct Row {
@@ -79,22 +79,9 @@ fn every_kto_case_matches_trl() {
     for case in &fixture.cases {
         let cfg = config(case);
         for packing in [Packing::Padded, Packing::Packed, Packing::SharedPrompt] {
-            let options = EvalOptions {
-                model: fixtures().join(&case.model),
-                ref_model: case.ref_model.as_ref().filter(|r| **r != case.model).map(|r| fixtures().join(r)),
-                tokenizer: Some(fixtures().join("tokenizer")),
-                data: fixtures().join(&case.dataset),
-                columns: Columns::default(),
-                skip_bad_rows: false,
-                split: None,
-                config: None,
-                truncation: cfg.truncation().unwrap(),
-                loss: cfg.loss.clone(),
-                batch_size: case.num_rows,
-                metrics_batch: None,
-                packing,
-                device: cpu(),
-            };
+            let reference = case.ref_model.as_deref().filter(|r| *r != case.model);
+            let models = (case.model.as_str(), reference);
+            let options = fixture_eval(models, &fixtures().join(&case.dataset), &cfg, (case.num_rows, packing));
             let report = evaluate(&options).unwrap_or_else(|e| panic!("{}: {e:#}", case.name));
             assert_eq!(report.pairs, case.num_rows, "{}: rows", case.name);
             let ours: Vec<(&str, f64)> = report.metrics.named().into_iter().chain(report.metrics.extra()).collect();

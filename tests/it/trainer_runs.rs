@@ -11,11 +11,11 @@ use std::sync::atomic::AtomicBool;
 use serde::Deserialize;
 
 use dpo_train::config::TrainConfig;
-use dpo_train::data::{Columns, Packing};
+use dpo_train::data::Packing;
 use dpo_train::eval::{EvalOptions, evaluate};
 use dpo_train::train::log::{MetricsRow, Split, read_metrics};
 
-use crate::common::{Quiet, cpu, fixtures, run_alone};
+use crate::common::{Quiet, fixture_eval, fixtures, run_alone};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -70,23 +70,13 @@ fn a_kto_evaluation_in_batches_has_trls_loss() {
     let setting = |k: &str| fx.kto_eval.settings[k].as_u64().unwrap() as usize;
     let cfg =
         config(&fx, &fx.kto_eval, &fixtures().join("data/kto.jsonl"), Path::new("unused"), "loss_type = \"kto\"\n");
+    let models = ("models/llama", Some("models/llama-ref"));
+    // The KL completions rotate in blocks of the training batch; the metrics are means over the
+    // evaluation batches.
+    let blocks = (setting("per_device_train_batch_size"), Packing::Packed);
     let options = EvalOptions {
-        model: fixtures().join("models/llama"),
-        ref_model: Some(fixtures().join("models/llama-ref")),
-        tokenizer: Some(fixtures().join("tokenizer")),
-        data: fixtures().join("data/kto.jsonl"),
-        columns: Columns::default(),
-        skip_bad_rows: false,
-        split: None,
-        config: None,
-        truncation: cfg.truncation().unwrap(),
-        loss: cfg.loss.clone(),
-        // The KL completions rotate in blocks of the training batch; the metrics are means
-        // over the evaluation batches.
-        batch_size: setting("per_device_train_batch_size"),
         metrics_batch: Some(setting("per_device_eval_batch_size")),
-        packing: Packing::Packed,
-        device: cpu(),
+        ..fixture_eval(models, &fixtures().join("data/kto.jsonl"), &cfg, blocks)
     };
     let report = evaluate(&options).unwrap();
     let ours: BTreeMap<&str, f64> = report.metrics.named().into_iter().chain(report.metrics.extra()).collect();

@@ -7,6 +7,8 @@ use std::sync::atomic::AtomicBool;
 
 use burn::tensor::Device;
 use dpo_train::config::TrainConfig;
+use dpo_train::data::{Columns, Packing};
+use dpo_train::eval::EvalOptions;
 use dpo_train::run::{RunRequest, RunSummary, run};
 use dpo_train::train::Progress;
 
@@ -146,4 +148,31 @@ pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// A batch's `[2B]` reference rows on its device, as the loss reads them.
 pub fn on_device(rows: &[f32], batch: &dpo_train::dpo::logps::DeviceBatch) -> burn::tensor::Tensor<1> {
     dpo_torch::transfers::upload_floats(rows, &batch.lengths.device())
+}
+
+/// `dpo-train eval`'s options over the fixtures' `model` (against `ref_model`, else itself) with
+/// the fixture tokenizer, `cfg`'s loss and truncation, `batch_size` pairs a pass laid out as
+/// `packing`, on the CPU; the metrics' batches are the passes'.
+pub fn fixture_eval(
+    (model, ref_model): (&str, Option<&str>),
+    data: &Path,
+    cfg: &TrainConfig,
+    (batch_size, packing): (usize, Packing),
+) -> EvalOptions {
+    EvalOptions {
+        model: fixtures().join(model),
+        ref_model: ref_model.map(|r| fixtures().join(r)),
+        tokenizer: Some(fixtures().join("tokenizer")),
+        data: data.to_owned(),
+        columns: Columns::default(),
+        skip_bad_rows: false,
+        split: None,
+        config: None,
+        truncation: cfg.truncation().unwrap(),
+        loss: cfg.loss.clone(),
+        batch_size,
+        metrics_batch: None,
+        packing,
+        device: cpu(),
+    }
 }
