@@ -347,9 +347,7 @@ pub fn default_run_name(config_name: &str) -> String {
 /// whatever the new run's warm-up settings). A run that failed before either may be run again
 /// under its name.
 fn holds_a_run(dir: &Path) -> bool {
-    [dir.to_owned(), dir.join(SFT_DIR)]
-        .iter()
-        .any(|stage| stage.join("final").exists() || crate::train::checkpoint::latest(stage).is_some())
+    [dir.to_owned(), dir.join(SFT_DIR)].iter().any(|stage| crate::train::checkpoint::holds_a_model(stage))
 }
 
 /// The run under `output_dir` that trained last (`--resume` without a directory): by when its

@@ -344,6 +344,12 @@ pub fn latest(run_dir: &Path) -> Option<PathBuf> {
     list(run_dir).pop().map(|(_, path)| path)
 }
 
+/// Whether a stage's directory holds a model that training there from step 0 would write over:
+/// a checkpoint, or its `final/` (a finished stage's, which may have kept no checkpoint).
+pub fn holds_a_model(stage_dir: &Path) -> bool {
+    stage_dir.join("final").exists() || latest(stage_dir).is_some()
+}
+
 /// A checkpoint's directory named where a run is expected (`--resume`, as TRL's
 /// `resume_from_checkpoint` takes one): `RUN/checkpoints/step-N`, or the warm-up stage's
 /// `RUN/<warm-up>/checkpoints/step-N`.

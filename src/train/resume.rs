@@ -63,7 +63,7 @@ pub fn check_resumable(run_dir: &Path, warm_up: &Path, cfg: &TrainConfig) -> any
             (false, _) => "its final/",
         };
         // Killed before any checkpoint or final/: the run's own command trains it again.
-        let held = [warm_up, run_dir].iter().any(|d| d.join("final").exists() || checkpoint::latest(d).is_some());
+        let held = [warm_up, run_dir].iter().any(|d| checkpoint::holds_a_model(d));
         let fix = match held {
             true => "start another run (`--run-name`), or move them out of the way to train it again",
             false => {
