@@ -468,6 +468,7 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     for n in &p.notes {
         stdout.push_str(&format!("  - {n}\n"));
     }
+    stdout.push_str(&render::memory_text(&p, style));
     if let Some(rec) = snap.as_ref().and_then(|s| s.bench.as_ref()) {
         stdout.push_str(&render::bench_text(&crate::peak::summarize(rec, None), style));
         if let Some(c) = &p.communication {

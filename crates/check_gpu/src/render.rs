@@ -343,8 +343,15 @@ fn topology_matrix(o: &mut String, snap: &Snapshot, st: Style) {
 pub fn plan_text(plan: &Plan, st: Style) -> String {
     let mut o = String::new();
     setup_lines(&mut o, plan, st);
-    terms::memory_lines(&mut o, plan, st);
+    o.push_str(&memory_text(plan, st));
     advice_lines(&mut o, plan, st);
+    o
+}
+
+/// The memory per rank, term by term, and what would fit instead (the CPU fallback's part).
+pub fn memory_text(plan: &Plan, st: Style) -> String {
+    let mut o = String::new();
+    terms::memory_lines(&mut o, plan, st);
     o
 }
 

@@ -62,7 +62,7 @@ impl<'a> Estimator<'a> {
     /// The least setting `s` needs over `world` ranks: at micro-batch 1, accumulating the rest of
     /// a rank's pairs, or all of them in one pass, which holds no accumulated gradients (the
     /// micro-batches between cost more than one of the two).
-    fn least(&self, s: Setting, world: usize) -> Option<MemoryEstimate> {
+    pub fn least(&self, s: Setting, world: usize) -> Option<MemoryEstimate> {
         let whole = super::batch::per_rank(self.req.global_batch.max(1), world);
         let (one, all) = (self.with(1, s, world)?, self.with(whole, s, world)?);
         Some(if all.total < one.total { all } else { one })
@@ -277,10 +277,7 @@ fn nothing_fits(
         Some(_) => "ZeRO sharding up to zero3 with the optimizer offloaded, ",
         None => "",
     };
-    match alternatives.iter().find(|a| a.fits) {
-        Some(a) => log.notes.push(format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description)),
-        None => log.notes.push(format!("none of {tried}LoRA, a precomputed reference or activation checkpointing fits: use GPUs with more memory or a smaller model")),
-    }
+    advise(&alternatives, tried, "GPUs with more memory or a smaller model", log);
     Fit { gpus: Vec::new(), nothing_fits: true, need, alternatives, setting: base, world: None }
 }
 
@@ -462,6 +459,40 @@ fn alternatives(snap: &Snapshot, candidates: &[u32], est: &Estimator, most: usiz
                 check_gpu_flags: s.check_gpu_flags,
                 memory_per_gpu_bytes: need.total,
                 fits,
+            })
+        })
+        .collect()
+}
+
+/// The note after "nothing fits": the first alternative that fits, or that none of what was
+/// `tried` (the search's own rungs, then the suggestions) does, and what to use `instead`.
+pub(super) fn advise(alternatives: &[Alternative], tried: &str, instead: &str, log: &mut Log) {
+    log.notes.push(match alternatives.iter().find(|a| a.fits) {
+        Some(a) => format!("plan again with `{}` added to the check-gpu flags ({})", a.check_gpu_flags, a.description),
+        None => format!("none of {tried}LoRA, a precomputed reference or activation checkpointing fits: use {instead}"),
+    });
+}
+
+/// On CPU processes whose requested run does not fit the host's `host` bytes: each suggestion's
+/// need per process (its least, at micro-batch 1 or the whole batch in one pass, with any
+/// offloaded state, all of it host memory here) and whether `procs` of them fit.
+pub(super) fn host_alternatives(est: &Estimator, procs: usize, host: u64) -> Vec<Alternative> {
+    let mut seen = vec![Setting::requested(est.req)];
+    suggestions(est.req)
+        .into_iter()
+        .filter_map(|s| {
+            if seen.contains(&s.setting) {
+                return None;
+            }
+            seen.push(s.setting);
+            let need = est.least(s.setting, procs)?;
+            let each = need.total.saturating_add(need.host);
+            Some(Alternative {
+                description: s.description,
+                flags: s.flags,
+                check_gpu_flags: s.check_gpu_flags,
+                memory_per_gpu_bytes: each,
+                fits: each.saturating_mul(procs as u64) <= host,
             })
         })
         .collect()

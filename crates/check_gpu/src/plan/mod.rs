@@ -12,6 +12,7 @@
 mod batch;
 pub mod comm;
 mod command;
+mod cpu;
 mod env;
 mod fit;
 mod select;
@@ -26,6 +27,8 @@ use crate::memory::{BatchTokens, DataLengths, FineTune, MemoryEstimate, PairToke
 use crate::model::ModelShape;
 use crate::snapshot::{Gpu, Snapshot};
 use crate::topology::{self, Topology};
+
+pub use cpu::{cpu_plan, cpu_processes};
 
 /// Version of the plan JSON layout.
 pub const PLAN_SCHEMA_VERSION: u32 = 1;
@@ -274,30 +277,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for a machine without usable NVIDIA GPUs: train on `procs` CPU processes (see
-    /// [`cpu_processes`]), with the batch split and every requested setting in the command, as on
-    /// GPUs. The host's memory is unknown here ([`Plan::on_cpu`] checks it).
-    pub fn cpu_fallback(req: &PlanRequest, procs: u32, reason: String) -> Plan {
-        Plan::on_cpu(req, procs, reason, None)
-    }
-
-    /// [`Plan::cpu_fallback`] on a host with `host_available` bytes of memory available
-    /// (`MemAvailable`; `None`: unknown): the micro-batch is the largest whose estimate fits
-    /// each process's share, and a run that does not fit even at micro-batch 1 says so.
-    pub fn on_cpu(req: &PlanRequest, procs: u32, reason: String, host_available: Option<u64>) -> Plan {
-        let procs = usize::try_from(procs.max(1)).unwrap_or(1);
-        let dtype = req.dtype.unwrap_or(Precision::Fp32);
-        let setting = fit::Setting::requested(req);
-        let est = fit::Estimator::new(req, dtype).on_cpu().chosen(setting, procs);
-        let mut log = Log { warnings: vec![reason], ..Log::default() };
-        lengths_note(req, &mut log);
-        let share = host_available.map(|b| b / procs as u64);
-        let split = batch::split(procs, share, (req.global_batch.max(1), req.min_micro_batch()), &est, &mut log);
-        fit::host_check(split.estimate.as_ref(), split.micro, procs, host_available, &mut log);
-        let settings = command::settings(req, &setting, Ranks::Cpu(procs), &split, dtype);
-        Plan::with_split(req, dtype, &split, Some(settings), log)
-    }
-
     /// What the CPU and the GPU plans share: the batch split and its learning-rate factors, the
     /// requested settings, the command and the log; no GPU, no memory estimate per GPU, no
     /// topology, environment or alternatives (the GPU plan fills those in).
@@ -378,54 +357,6 @@ impl Log {
             }
         }
     }
-}
-
-/// CPU processes for a run without GPUs: one per NUMA node with the job's CPUs (one when that is
-/// unknown), each dividing its node's cores among its threads. One process per core is slower:
-/// every process holds a replica and all-reduces the gradients while the cores it could have
-/// shared sit in another process (`make bench` on 2 cores: `cpu:1` 291.5 pairs/s, `cpu:2` 256.3),
-/// and torch's CPU guidance (`torch.backends.xeon.run_cpu`) likewise runs one instance per socket.
-pub fn cpu_processes(system: &crate::snapshot::System) -> u32 {
-    system.cpu_numa_nodes.unwrap_or(1).clamp(1, system.cpu_count.unwrap_or(1).max(1))
-}
-
-/// The plan to train on CPU processes ([`cpu_processes`], or the N a bench of `--devices cpu:N`
-/// measured) on a host with `system`'s available
-/// memory (`None`: unknown), with what a bench of them measured: its warnings (there is no link
-/// to compare with, but wrong results count) and the time its collectives take per step.
-pub fn cpu_plan(
-    req: &PlanRequest,
-    system: &crate::snapshot::System,
-    reason: String,
-    bench: Option<&crate::bench::BenchRecord>,
-) -> Plan {
-    // A bench of `--devices cpu:N` plans the N processes it measured, so its collectives' time is
-    // this run's.
-    let benched = bench.map(|rec| u32::try_from(rec.bench.world_size).unwrap_or(u32::MAX).max(1));
-    let procs = benched.unwrap_or_else(|| cpu_processes(system));
-    let mut p = Plan::on_cpu(req, procs, reason, system.memory_available_bytes);
-    let nodes = match system.cpu_numa_nodes {
-        Some(n) => format!("{n} NUMA node(s) with this job's CPUs"),
-        None => "the NUMA nodes unknown".to_owned(),
-    };
-    let cores = system.cpu_count.map_or_else(|| "its cores".to_owned(), |c| format!("{c} cores"));
-    let why = match benched {
-        Some(_) => format!(
-            "as benched (--devices cpu:{procs}); {} per NUMA node is the default ({nodes})",
-            cpu_processes(system)
-        ),
-        None => format!(
-            "one per NUMA node ({nodes}); a process per core would be slower: a replica each, and an all-reduce of the gradients every step"
-        ),
-    };
-    p.notes.insert(0, format!("{procs} process(es) on {cores}, {why}"));
-    if let Some(rec) = bench {
-        p.warnings.extend(crate::peak::warnings(rec, None));
-        if let Some(model) = &req.model {
-            p.communication = comm::estimate(model, &p.step_setting(), &rec.bench);
-        }
-    }
-    p
 }
 
 /// Where the planned tokens come from: `--data`'s pairs, or why not; and data smaller than the
@@ -544,6 +475,7 @@ fn unplaced(req: &PlanRequest, topo: Topology, dtype: Precision, fit: fit::Fit, 
         topology: topo,
         memory: fit.need,
         memory_per_gpu_bytes: fit.need.map(|m| m.total),
+        memory_trl: None,
         command: String::new(),
         settings: None,
         micro_batch: 0,
@@ -920,69 +852,6 @@ mod tests {
         // Never more processes than cores.
         (s.system.cpu_count, s.system.cpu_numa_nodes) = (Some(2), Some(4));
         assert!(plan(&s, &PlanRequest::default()).command.contains(" --devices cpu:2 "));
-    }
-
-    /// The CPU command carries what the plan reports, as the GPU command does.
-    #[test]
-    fn cpu_fallback_command_keeps_the_settings() {
-        let req = PlanRequest {
-            model: Some(ModelShape::from_param_count(1_000_000_000)),
-            model_dir: Some("m".into()),
-            finetune: FineTune::Lora { rank: 16 },
-            global_batch: 32,
-            seq_len: 2048,
-            reference: Reference::Precompute,
-            ..PlanRequest::default()
-        };
-        let p = Plan::cpu_fallback(&req, 2, "no GPU".into());
-        assert_eq!((p.micro_batch, p.grad_accum, p.global_batch, p.dtype), (8, 2, 32, Precision::Fp32));
-        assert_eq!(
-            p.command,
-            "dpo-train train --model-name-or-path m --train-file YOUR_DATA.jsonl --devices cpu:2 \
-             --per-device-train-batch-size 8 --gradient-accumulation-steps 2 --global-batch-size 32 --max-length 2048 \
-             --bf16 false --fp16 false --lora-r 16 --lora-target-modules q_proj,k_proj,v_proj,o_proj \
-             --precompute-ref-log-probs true --gradient-checkpointing false --sharding none --offload-optimizer false"
-        );
-    }
-
-    /// On CPU processes the estimate is checked against the host's available memory: a 70B model
-    /// does not fit in 16 GiB, said with the numbers; a small one fits and says how much it takes;
-    /// a snapshot without the figure says it is unknown.
-    #[test]
-    fn cpu_plan_checks_host_memory() {
-        let req = |params| PlanRequest { model: Some(ModelShape::from_param_count(params)), ..PlanRequest::default() };
-        let huge = Plan::on_cpu(&req(70_000_000_000), 4, "no GPU".into(), Some(16 * GIB));
-        assert_eq!((huge.status, huge.micro_batch, huge.grad_accum), (Status::NotReady, 1, 16));
-        let w = huge.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
-        // fp32 full fine-tuning: 12 B/param + a 4 B/param reference, 1043 GiB, the 16 micro-batches'
-        // summed gradients (4 B/param), the activations and the LM head's gradient, the
-        // allocator's share and the CUDA context.
-        assert!(w.starts_with("does not fit in host memory: 4 process(es) x 1799.9 GiB at micro-batch 1 = 7199.8 GiB, and 16.0 GiB is available (MemAvailable, or the cgroup's limit)"), "{w}");
-        assert!(w.ends_with("; fewer processes (--devices cpu:N), LoRA or activation checkpointing need less"), "{w}");
-        // One process cannot be fewer.
-        let one = Plan::on_cpu(&req(70_000_000_000), 1, "no GPU".into(), Some(16 * GIB));
-        let w1 = one.warnings.iter().find(|w| w.starts_with("does not fit in host memory: ")).expect("a warning");
-        assert!(
-            w1.ends_with("(MemAvailable, or the cgroup's limit); LoRA or activation checkpointing need less"),
-            "{w1}"
-        );
-        // A snapshot with no GPU carries the host's figure to the same check.
-        let mut snap = Snapshot::new(Source::Live);
-        (snap.system.cpu_count, snap.system.memory_available_bytes) = (Some(4), Some(16 * GIB));
-        snap.system.cpu_numa_nodes = Some(4);
-        let p = plan(&snap, &req(70_000_000_000));
-        assert!(p.warnings.iter().any(|x| x == w), "{:?}", p.warnings);
-        // 135M on 2 processes with 256 GiB: the micro-batch is the largest that fits, past the cap of 8.
-        let small = Plan::on_cpu(&req(135_000_000), 2, "no GPU".into(), Some(256 * GIB));
-        assert!(small.warnings.iter().all(|w| !w.contains("host memory")), "{:?}", small.warnings);
-        assert!(small.micro_batch > DEFAULT_MICRO_BATCH_CAP, "{}", small.micro_batch);
-        let note = small.notes.iter().find(|n| n.starts_with("host memory: 2 process(es) x ")).expect("a note");
-        assert!(note.ends_with(" of 256.0 GiB available (MemAvailable, or the cgroup's limit)"), "{note}");
-        let unknown = Plan::cpu_fallback(&req(135_000_000), 2, "no GPU".into());
-        assert_eq!(unknown.micro_batch, DEFAULT_MICRO_BATCH_CAP);
-        assert!(
-            unknown.notes.iter().any(|n| n.starts_with("host memory unknown (not in this input): 2 process(es) x "))
-        );
     }
 
     /// Each rank offloads its share of the masters and AdamW's moments to the host: eight ranks of

@@ -18,10 +18,11 @@ pub(super) fn sharding_line(p: &Plan) -> String {
         Sharding::Zero2 => "AdamW state and gradients partitioned",
         Sharding::Zero3 => "weights, gradients and AdamW state partitioned",
     };
-    let over = if p.sharding != Sharding::None && p.world_size > 0 {
-        format!(" over {} GPU(s)", p.world_size)
-    } else {
-        String::new()
+    let over = match ranks(p) {
+        Some((n, unit)) if p.sharding != Sharding::None => {
+            format!(" over {n} {}", if unit == "GPU" { "GPU(s)" } else { "process(es)" })
+        }
+        _ => String::new(),
     };
     let mut line = format!("{}{over} ({what}", p.sharding.name());
     if let Some(part) = piece(p).filter(|_| p.sharding == Sharding::Zero3) {
@@ -29,19 +30,22 @@ pub(super) fn sharding_line(p: &Plan) -> String {
     }
     line.push(')');
     if p.offload_optimizer {
-        let host = p.memory.map_or(String::new(), |m| format!(" ({} per GPU)", bytes(m.host)));
+        let host = p.memory.map_or(String::new(), |m| format!(" ({} per {})", bytes(m.host), unit(p)));
         let _ = write!(line, ", optimizer offloaded to host memory{host}");
     }
     line
 }
 
-/// Memory per GPU, term by term with its formula, and the alternatives that would fit.
+/// Memory per GPU (per process on CPU processes), term by term with its formula, and the
+/// alternatives that would fit.
 pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
+    let unit = unit(plan);
     if let Some(m) = &plan.memory {
         let free = plan.min_free_bytes.map_or(String::new(), |f| format!(" (smallest free: {})", bytes(f)));
-        let at =
-            if plan.world_size > 0 { format!("micro-batch {}", plan.micro_batch) } else { "micro-batch 1".to_string() };
-        let _ = writeln!(o, "  memory/GPU   {} at {at}{free}", bytes(m.total));
+        // A plan that placed nothing estimates micro-batch 1.
+        let micro = if ranks(plan).is_some() { plan.micro_batch } else { 1 };
+        let label = if unit == "GPU" { "memory/GPU" } else { "memory/proc" };
+        let _ = writeln!(o, "  {label:<12} {} at micro-batch {micro}{free}", bytes(m.total));
         for (name, v, how) in [
             ("weights", m.weights, weights_formula(plan)),
             ("gradients", m.gradients, grads_formula(plan)),
@@ -49,11 +53,7 @@ pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
             ("reference", m.reference, ref_formula(plan)),
             ("activations", m.activations, act_formula(plan)),
             ("logits", m.logits, logits_formula(plan)),
-            (
-                "overhead",
-                m.overhead,
-                "15% (the caching allocator's) + 128 MiB kernel scratch + 500 MiB CUDA context".to_string(),
-            ),
+            ("overhead", m.overhead, overhead_formula(plan)),
         ] {
             let _ = writeln!(o, "    {:<12} {:>10}  {how}", name, bytes(v));
         }
@@ -63,7 +63,7 @@ pub(super) fn memory_lines(o: &mut String, plan: &Plan, st: Style) {
         if let Some(t) = &plan.memory_trl {
             let _ = writeln!(
                 o,
-                "  TRL          {} per GPU for the same run under TRL's DPOTrainer ({:.1}x): 2b rows padded to s (at most), activations {}, fp32 log-softmax {}",
+                "  TRL          {} per {unit} for the same run under TRL's DPOTrainer ({:.1}x): 2b rows padded to s (at most), activations {}, fp32 log-softmax {}",
                 bytes(t.total),
                 t.total as f64 / m.total.max(1) as f64,
                 bytes(t.activations),
@@ -86,9 +86,37 @@ fn piece(p: &Plan) -> Option<u64> {
     p.model.as_ref().map(|m| m.gathered_piece_params())
 }
 
-/// ` / 4 GPUs`, or ` / N` when no GPU was chosen.
+/// The ranks the plan places: `(4, "GPU")`, `(2, "process")` on CPU processes; `None` when no
+/// GPU was chosen.
+fn ranks(p: &Plan) -> Option<(usize, &'static str)> {
+    match p.cpu_processes() {
+        Some(n) => Some((n, "process")),
+        None => (p.world_size > 0).then_some((p.world_size, "GPU")),
+    }
+}
+
+/// What one rank is: a GPU, or a CPU process.
+fn unit(p: &Plan) -> &'static str {
+    if p.cpu_processes().is_some() { "process" } else { "GPU" }
+}
+
+/// `GPUs`, `processes`.
+fn plural(unit: &str) -> &'static str {
+    if unit == "GPU" { "GPUs" } else { "processes" }
+}
+
+/// ` / 4 GPUs`, ` / 2 processes` on CPU processes, or ` / N` when no GPU was chosen.
 fn over(p: &Plan) -> String {
-    if p.world_size > 0 { format!(" / {} GPUs", p.world_size) } else { " / N".to_string() }
+    ranks(p).map_or_else(|| " / N".to_string(), |(n, unit)| format!(" / {n} {}", plural(unit)))
+}
+
+/// The allocator's share and what a process holds besides its tensors: the CUDA context on a
+/// GPU, libtorch's own resident memory (about the same) in a CPU process.
+fn overhead_formula(p: &Plan) -> String {
+    match p.cpu_processes() {
+        Some(_) => "15% (the allocator's) + 128 MiB kernel scratch + 500 MiB libtorch's own".to_string(),
+        None => "15% (the caching allocator's) + 128 MiB kernel scratch + 500 MiB CUDA context".to_string(),
+    }
 }
 
 /// ` + largest piece 4 B x 233M`: one whole piece (`Pg`) in flight at `per` bytes.
