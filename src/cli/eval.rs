@@ -73,6 +73,8 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
             .map(|(name, v)| Ok(format!("{}:{}", serde_json::to_string(name)?, serde_json::to_string(&v)?)))
             .collect::<serde_json::Result<_>>()?;
         writeln!(out, "{{{}}}", fields.join(","))?;
+        // What left the means (skipped and dropped rows) goes beside the object, not into it.
+        data_report(&mut std::io::stderr().lock(), &opts, &report)?;
     } else {
         print_table(&mut out, &opts, &report)?;
     }
@@ -114,6 +116,12 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     for (name, value) in report.metrics.named().into_iter().chain(report.metrics.extra()) {
         writeln!(out, "{name:<20} {value:>14.6}")?;
     }
+    data_report(out, opts, report)
+}
+
+/// The rows the metrics leave out or cut, each kind with its lines: skipped bad rows, dropped
+/// pairs, prompts tokenised apart, truncated sequences.
+fn data_report(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) -> anyhow::Result<()> {
     let lines = |ls: &mut dyn Iterator<Item = usize>| ls.map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
     let t = &report.tokenize;
     if !report.skipped.is_empty() {

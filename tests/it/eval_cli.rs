@@ -50,6 +50,12 @@ fn json_has_exactly_trls_metric_names() {
     let mut expected: Vec<&str> = case["metrics"].as_object().unwrap().keys().map(String::as_str).collect();
     expected.sort_unstable();
     assert_eq!(keys, expected);
+    // What the means leave out is reported beside the object, on stderr, as the table reports it.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("prompt tokenised differently inside prompt+completion") && stderr.contains(": 1 (lines 17)\n"),
+        "{stderr}"
+    );
 }
 
 #[test]
