@@ -51,6 +51,18 @@ CASES = {
                             "rope_theta": 1000000.0}},
     "yarn, factor 1": {"model_type": "mistral", "rope_theta": 10000.0,
                        "rope_scaling": {"type": "yarn", "factor": 1.0, "original_max_position_embeddings": 8192}},
+    # How the Qwen and Llama docs turn on long context: `rope_scaling` added to a transformers 5
+    # config. It replaces `rope_parameters` whole, their theta included.
+    "rope_scaling beside rope_parameters": {
+        "model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    "rope_theta at the top level and in rope_parameters": {
+        "model_type": "llama", "rope_theta": 500.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "empty rope_scaling beside rope_parameters": {
+        "model_type": "qwen2", "rope_scaling": {},
+        "rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 1000000.0}},
+    "partial_rotary_factor with plain RoPE": {"model_type": "qwen3", "head_dim": 32, "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.5},
 }
 
 ROTARY = {"llama": LlamaRotaryEmbedding, "mistral": LlamaRotaryEmbedding, "qwen2": Qwen2RotaryEmbedding,

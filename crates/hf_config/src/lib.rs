@@ -46,6 +46,12 @@ pub struct HfConfig {
     pub sliding_window: Option<u64>,
     #[serde(default)]
     pub use_sliding_window: bool,
+    /// Qwen: the layers from this index on slide (28 when absent), unless `layer_types` says.
+    pub max_window_layers: Option<u64>,
+    /// Qwen: each layer's `full_attention` or `sliding_attention`.
+    pub layer_types: Option<Vec<String>>,
+    /// The share of each head the rotary embedding turns (top level, or in `rope_parameters`).
+    pub partial_rotary_factor: Option<f64>,
 }
 
 impl HfConfig {
@@ -64,9 +70,43 @@ impl HfConfig {
         self.head_dim.unwrap_or_else(|| self.hidden_size.checked_div(self.num_attention_heads).unwrap_or(0))
     }
 
-    /// Whether q, k and v carry biases: always for qwen2, else `attention_bias`.
+    /// Whether q, k and v carry biases: always for qwen2, never for mistral (transformers' Mistral
+    /// has none whatever `attention_bias` says), else `attention_bias`.
     pub fn qkv_bias(&self) -> bool {
-        self.model_type.as_deref() == Some("qwen2") || self.attention_bias.unwrap_or(false)
+        match self.model_type.as_deref() {
+            Some("qwen2") => true,
+            Some("mistral") => false,
+            _ => self.attention_bias.unwrap_or(false),
+        }
+    }
+
+    /// Whether the output projection carries a bias: `attention_bias` for llama and qwen3 (qwen2's
+    /// and mistral's never do).
+    pub fn o_bias(&self) -> bool {
+        !matches!(self.model_type.as_deref(), Some("qwen2" | "mistral")) && self.attention_bias.unwrap_or(false)
+    }
+
+    /// Whether the MLP projections carry biases: `mlp_bias` for llama; the other families' MLPs
+    /// have none.
+    pub fn mlp_bias(&self) -> bool {
+        self.model_type.as_deref() == Some("llama") && self.mlp_bias
+    }
+
+    /// The attention window, where a layer slides (transformers' `layer_types`): mistral's
+    /// `sliding_window` on every layer; qwen's only with `use_sliding_window` and on the layers
+    /// `layer_types` marks `sliding_attention`, else those from `max_window_layers` (28) on.
+    pub fn attention_window(&self) -> Option<u64> {
+        match self.model_type.as_deref() {
+            Some("mistral") => self.sliding_window,
+            Some("qwen2" | "qwen3") if self.use_sliding_window => {
+                let slides = match &self.layer_types {
+                    Some(types) => types.iter().any(|t| t == "sliding_attention"),
+                    None => self.max_window_layers.unwrap_or(28) < self.num_hidden_layers,
+                };
+                self.sliding_window.filter(|_| slides)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -97,5 +137,47 @@ mod tests {
         assert_eq!((cfg.rms_norm_eps, cfg.hidden_act.as_str(), cfg.tie_word_embeddings), (1e-6, "silu", false));
         assert!(cfg.qkv_bias(), "qwen2 has q/k/v biases");
         assert!(HfConfig::parse(r#"{"vocab_size": 1}"#).unwrap_err().to_string().starts_with("missing field"));
+    }
+
+    fn config(model_type: &str, extra: &str) -> HfConfig {
+        HfConfig::parse(&format!(
+            r#"{{"model_type": "{model_type}", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    /// transformers' Qwen2/Qwen3 configs slide only the layers `layer_types` marks, by default
+    /// those from `max_window_layers` (28) on: a 2-layer model with the window switched on attends
+    /// in full. Mistral slides every layer.
+    #[test]
+    fn the_window_applies_where_a_layer_slides() {
+        let on = r#", "use_sliding_window": true, "sliding_window": 8"#;
+        for family in ["qwen2", "qwen3"] {
+            assert_eq!(config(family, on).attention_window(), None, "{family}: layers 0-1 are below 28");
+            assert_eq!(config(family, &format!(r#"{on}, "max_window_layers": 1"#)).attention_window(), Some(8));
+            let types = r#", "layer_types": ["full_attention", "sliding_attention"], "max_window_layers": 28"#;
+            assert_eq!(config(family, &format!("{on}{types}")).attention_window(), Some(8));
+            let off = r#", "sliding_window": 8, "max_window_layers": 0"#;
+            assert_eq!(config(family, off).attention_window(), None, "{family}: use_sliding_window is false");
+        }
+        assert_eq!(config("mistral", r#", "sliding_window": 8"#).attention_window(), Some(8));
+        assert_eq!(config("mistral", r#", "sliding_window": null"#).attention_window(), None);
+        assert_eq!(config("llama", on).attention_window(), None);
+    }
+
+    /// Which projections carry biases, as each family's modeling code builds them: Mistral's never
+    /// (its `attention_bias` is ignored), Qwen2's q/k/v always and its o never, `mlp_bias` only
+    /// in Llama.
+    #[test]
+    fn biases_as_each_family_builds_them() {
+        let both = r#", "attention_bias": true, "mlp_bias": true"#;
+        let bias = |c: HfConfig| (c.qkv_bias(), c.o_bias(), c.mlp_bias());
+        assert_eq!(bias(config("llama", both)), (true, true, true));
+        assert_eq!(bias(config("qwen3", both)), (true, true, false));
+        assert_eq!(bias(config("qwen2", both)), (true, false, false));
+        assert_eq!(bias(config("qwen2", "")), (true, false, false));
+        assert_eq!(bias(config("mistral", both)), (false, false, false));
+        assert_eq!(bias(config("llama", "")), (false, false, false));
     }
 }

@@ -135,13 +135,9 @@ impl LlamaConfig {
             });
         }
         let (rope_theta, rope_scaling) = rope_scaling::parse(hf, &path)?;
-        // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window`.
-        let sliding_window = match family {
-            Family::Mistral => hf.sliding_window.map(size),
-            Family::Qwen2 | Family::Qwen3 if hf.use_sliding_window => hf.sliding_window.map(size),
-            _ => None,
-        };
-        let attention_bias = hf.attention_bias.unwrap_or(false);
+        // Qwen configs carry a `sliding_window` that is inert unless `use_sliding_window` and a
+        // layer slides.
+        let sliding_window = hf.attention_window().map(size);
         // A sequence needs a token to predict from and one to score: fewer positions is a broken file.
         let positions =
             [("max_position_embeddings", Some(size(hf.max_position_embeddings))), ("sliding_window", sliding_window)];
@@ -163,8 +159,8 @@ impl LlamaConfig {
             max_position_embeddings: size(hf.max_position_embeddings),
             tie_word_embeddings: hf.tie_word_embeddings,
             qkv_bias: hf.qkv_bias(),
-            o_bias: family != Family::Qwen2 && attention_bias,
-            mlp_bias: hf.mlp_bias,
+            o_bias: hf.o_bias(),
+            mlp_bias: hf.mlp_bias(),
             qk_norm: family == Family::Qwen3,
             sliding_window,
         })

@@ -367,7 +367,7 @@ mod tests {
         }
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/expected/rope.json");
         let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        assert_eq!(fixture.cases.len(), 7);
+        assert_eq!(fixture.cases.len(), 11);
         let device = Device::libtorch();
         for case in fixture.cases {
             let cfg = crate::LlamaConfig::parse(&case.config.to_string(), std::path::Path::new("config.json"))

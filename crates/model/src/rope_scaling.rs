@@ -47,13 +47,29 @@ pub struct Yarn {
 const SUPPORTED: &str = "`default`, `linear`, `dynamic`, `llama3`, `yarn`";
 
 /// `rope_theta` and the scaling type, from either the old (`rope_theta` + `rope_scaling`) or the
-/// transformers 5 (`rope_parameters`) layout. `path` only names the file in errors.
+/// transformers 5 (`rope_parameters`) layout, with transformers' precedence
+/// (`convert_rope_params_to_dict`): a non-empty `rope_scaling` replaces `rope_parameters`, and a
+/// value inside them beats the top-level one. `path` only names the file in errors.
 pub fn parse(hf: &HfConfig, path: &Path) -> Result<(f64, RopeScaling), ModelError> {
-    let params = hf.rope_parameters.as_ref().or(hf.rope_scaling.as_ref()).filter(|v| !v.is_null());
+    let present = |v: &&serde_json::Value| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty());
+    let params = hf.rope_scaling.as_ref().filter(present).or(hf.rope_parameters.as_ref().filter(present));
     let value = |key: &str| params.and_then(|p| p.get(key)).filter(|v| !v.is_null());
     let get = |key: &str| value(key).and_then(|v| v.as_f64());
-    let theta = hf.rope_theta.or_else(|| get("rope_theta")).unwrap_or(10_000.0);
+    let bad = |message: String| ModelError::BadConfig { path: path.to_owned(), message };
+    if let Some(layer) = ["full_attention", "sliding_attention"].into_iter().find(|k| value(k).is_some()) {
+        return Err(bad(format!("rope parameters per layer type (`{layer}`) are not supported")));
+    }
+    let theta = get("rope_theta").or(hf.rope_theta).unwrap_or(10_000.0);
     let rope_type = value("rope_type").or_else(|| value("type")).and_then(|v| v.as_str()).unwrap_or("default");
+    // transformers' Llama-family code ignores the factor for plain RoPE; a scaled type computes
+    // frequencies for the partial width, which its attention then cannot apply.
+    let partial = get("partial_rotary_factor").or(hf.partial_rotary_factor).unwrap_or(1.0);
+    let head_dim = hf.head_dim();
+    if rope_type != "default" && (head_dim as f64 * partial) as u64 != head_dim {
+        return Err(bad(format!(
+            "`partial_rotary_factor` {partial} with `{rope_type}` rope scaling: these models turn the whole head (transformers fails on it too)"
+        )));
+    }
     let need = |key: &'static str| {
         get(key).ok_or_else(|| ModelError::BadConfig {
             path: path.to_owned(),
@@ -215,5 +231,28 @@ mod tests {
         // The longest wavelength (> 64) is divided by the factor.
         let last = plain.len() - 1;
         assert!((scaled[last] - plain[last] / 8.0).abs() < 1e-12);
+    }
+
+    /// A partial rotary width with a scaled type is refused (transformers' Llama-family attention
+    /// fails on the narrower tables); with plain RoPE it is ignored, as there (rope.json's case).
+    #[test]
+    fn partial_rotary_factor_is_refused_where_transformers_cannot_run_it() {
+        let hf = |extra: &str| {
+            HfConfig::parse(&format!(
+                r#"{{"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 128,
+                    "num_hidden_layers": 1, "num_attention_heads": 4{extra}}}"#
+            ))
+            .unwrap()
+        };
+        let path = Path::new("m/config.json");
+        let scaled = hf(r#", "partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#);
+        let err = parse(&scaled, path).unwrap_err().to_string();
+        assert!(err.contains("`partial_rotary_factor` 0.5 with `linear` rope scaling"), "{err}");
+        let nested = hf(r#", "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "partial_rotary_factor": 0.25}"#);
+        assert!(parse(&nested, path).is_err());
+        let whole = hf(r#", "partial_rotary_factor": 1.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#);
+        assert_eq!(parse(&whole, path).unwrap(), (10_000.0, RopeScaling::Linear { factor: 4.0 }));
+        let per_layer = hf(r#", "rope_parameters": {"full_attention": {"rope_type": "default"}}"#);
+        assert!(parse(&per_layer, path).unwrap_err().to_string().contains("per layer type"));
     }
 }
