@@ -49,6 +49,12 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     let opts = crate::run::read_options(&cfg, &cfg.dataset_train_split);
     let Prepared { mut pairs, .. } =
         data::prepare(&args.data, &opts, &tokenizer, cfg.truncation()?, Default::default(), &mut |_, _| {})?;
+    // Training refuses a sequence the model's positions cannot hold before any work; so does
+    // this, so that check-gpu does not plan a run that stops there.
+    let model_cfg = crate::model::load_config(&args.model)
+        .with_context(|| format!("cannot load the model in `{}`", args.model.display()))?;
+    let longest = pairs.iter().map(TokenizedPair::longest).max().unwrap_or(0).min(cfg.max_length);
+    crate::model::compat::check_length(&model_cfg, &args.model, longest, &args.data)?;
     if cfg.loss.kl_rows() {
         // A KTO row is scored beside its KL sequence (another row's completion), as training
         // lends them within micro-batches.

@@ -195,6 +195,18 @@ struct Located {
     cached: bool,
 }
 
+impl Located {
+    /// What the printed command names: a Hub name as given, a local path made absolute (by
+    /// `local`'s choice of it), so the command runs from any directory.
+    fn for_command(self, local: impl Fn(&Path) -> PathBuf) -> PathBuf {
+        if self.cached {
+            return self.given;
+        }
+        let path = local(&self.given);
+        std::path::absolute(&path).unwrap_or(path)
+    }
+}
+
 fn locate(value: Option<&Path>, kind: dpo_base::hub::Kind, flag: &'static str) -> Result<Option<Located>, FlagError> {
     let Some(given) = value else { return Ok(None) };
     let found = given.to_str().map(|s| dpo_base::hub::locate(s, kind)).transpose();
@@ -299,7 +311,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     }
     // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
     let (lengths, lengths_error) = match (&data_at, &model_at) {
-        (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args) {
+        (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args, None) {
             Ok(l) => (Some(l), None),
             Err(e) => (None, Some(e)),
         },
@@ -307,8 +319,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
     };
     Ok(PlanRequest {
         model,
-        model_dir: model_at.map(|at| if at.cached { at.given } else { ModelShape::hf_dir(&at.given) }),
-        data: data_at.map(|at| at.given),
+        model_dir: model_at.map(|at| at.for_command(ModelShape::hf_dir)),
+        data: data_at.map(|at| at.for_command(Path::to_path_buf)),
         reading: args.reading.clone(),
         global_batch: args.global_batch,
         seq_len: args.seq_len,
@@ -349,12 +361,43 @@ fn load_snapshot(args: &Args) -> Result<Result<Snapshot, ProbeError>, CliError> 
 
 pub use dpo_base::error::one_line;
 
+/// `make_plan` of `req`, where `kto`'s lengths depend on the micro-batch: its KL completions
+/// rotate within each micro-batch, so the lengths are read again at the planned micro-batch
+/// (dpo-train's default of 8 the first time) until the plan keeps the one they were read at.
+fn settled(
+    args: &Args,
+    req: &mut PlanRequest,
+    make_plan: impl Fn(&PlanRequest) -> crate::Plan,
+) -> Result<crate::Plan, CliError> {
+    let mut p = make_plan(req);
+    let mut read_at = crate::plan::DEFAULT_MICRO_BATCH_CAP;
+    // A few rounds: the micro-batch moves only where the new lengths change what fits.
+    for _ in 0..3 {
+        if req.loss_type != Some(dpo_vocab::keys::KTO) || req.lengths.is_none() || p.micro_batch == read_at {
+            break;
+        }
+        read_at = p.micro_batch.max(1);
+        let (Some(model), Some(data)) = (
+            locate(args.model.as_deref(), dpo_base::hub::Kind::Model, "model")?,
+            locate(args.data.as_deref(), dpo_base::hub::Kind::Dataset, "data")?,
+        ) else {
+            break;
+        };
+        match data_lengths(&model.read, &data.read, args, Some(read_at)) {
+            Ok(l) => req.lengths = Some(l),
+            Err(e) => (req.lengths, req.lengths_error) = (None, Some(e)),
+        }
+        p = make_plan(req);
+    }
+    Ok(p)
+}
+
 /// Runs the whole command with the given output style.
 pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
-    let req = plan_request(args)?;
+    let mut req = plan_request(args)?;
     let mut snap = match load_snapshot(args)? {
         Ok(s) => s,
-        Err(e @ ProbeError::NvmlLoad { .. }) => return cpu_fallback(args, &req, &e, style),
+        Err(e @ ProbeError::NvmlLoad { .. }) => return cpu_fallback(args, &mut req, &e, style),
         Err(e) => return Err(e.into()),
     };
     if args.bench {
@@ -365,7 +408,7 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     }
     // A failed save still prints the plan, then reports the path (exit 3).
     let saved = args.save.as_deref().map(|path| snap.save(path)).transpose();
-    let p = plan(&snap, &req);
+    let p = settled(args, &mut req, |req| plan(&snap, req))?;
     if args.json {
         return Ok(Outcome::after_save(render::json(Some(&snap), &p), p.status, saved.map(drop)));
     }
@@ -378,13 +421,19 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
 
 /// `dpo-train data lengths` of `data` under `model`'s tokenizer, read as the flags' run reads it
 /// (`--seq-len`'s truncation, the data's columns and split, the loss's rows), or why not.
-fn data_lengths(model: &Path, data: &Path, args: &Args) -> Result<crate::memory::DataLengths, LengthsError> {
+fn data_lengths(
+    model: &Path,
+    data: &Path,
+    args: &Args,
+    micro_batch: Option<u64>,
+) -> Result<crate::memory::DataLengths, LengthsError> {
     let not_run = LengthsError::NotRun;
     let program = bench::run::locate(std::env::var_os(BIN_ENV), std::env::current_exe().ok())
         .map_err(|e| not_run(e.to_string()))?;
     let mut keys = args.reading.keys();
     keys.push((dpo_vocab::keys::MAX_LENGTH, args.seq_len.to_string()));
     keys.extend(args.loss_type.map(|loss| (dpo_vocab::keys::LOSS_TYPE, loss.to_owned())));
+    keys.extend(micro_batch.map(|b| (dpo_vocab::keys::PER_DEVICE_TRAIN_BATCH_SIZE, b.to_string())));
     let out = std::process::Command::new(&program)
         .args(["data", "lengths", "--model"])
         .arg(model)
@@ -430,7 +479,7 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 
 /// No NVML: the plan is to train on CPU cores. `--bench --devices cpu:N` still measures (Gloo),
 /// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
-fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
+fn cpu_fallback(args: &Args, req: &mut PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
     let reason = one_line(err);
     let mut system = crate::snapshot::System::default();
     probe::host_facts(&mut system);
@@ -445,7 +494,8 @@ fn cpu_fallback(args: &Args, req: &PlanRequest, err: &ProbeError, style: Style) 
     } else {
         None
     };
-    let p = crate::plan::cpu_plan(req, &system, reason.clone(), snap.as_ref().and_then(|s| s.bench.as_ref()));
+    let bench = snap.as_ref().and_then(|s| s.bench.as_ref());
+    let p = settled(args, req, |req| crate::plan::cpu_plan(req, &system, reason.clone(), bench))?;
     let cpus = system.cpu_count.unwrap_or(1);
     let saved = match (&args.save, &snap) {
         (Some(path), Some(s)) => s.save(path).map(Some),

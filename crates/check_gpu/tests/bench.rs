@@ -471,10 +471,11 @@ fn data_lengths_plan_the_packed_rows() {
     // 20 pairs under a global batch of 32: every step is the whole data, which the plan says.
     let whole = "the data's 20 pair(s) are fewer than the global batch of 32: each optimizer step takes all of them";
     assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with(whole))), "{v}");
-    // Data dpo-train refuses: a warning (training would stop there), exit 1.
+    // Data dpo-train refuses: a warning, and not ready (training would stop there), exit 2.
     let out = run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&fail));
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let v = stdout_json(&out);
+    assert_eq!(v["status"], "not_ready", "{v}");
     assert_eq!(v["tokens"], serde_json::json!({"packed": 8192, "scored": 8192, "from_data": false}), "{v}");
     let warnings = v["warnings"].as_array().expect("warnings");
     assert!(
@@ -482,9 +483,67 @@ fn data_lengths_plan_the_packed_rows() {
             == Some("dpo-train cannot read --data (error: `pairs.jsonl` line 1: no `prompt` field): training would stop there; planned for sequences of 1024 tokens (--seq-len)")),
         "{v}"
     );
+    // 20 pairs under a micro-batch of 32 (one GPU): the whole data, not 12 more pairs as long
+    // as the last listed.
+    let one = args(&["--global-batch", "32", "--world-size", "1"]);
+    let v = stdout_json(&run(&one.iter().map(String::as_str).collect::<Vec<_>>(), Some(&good)));
+    assert_eq!(v["micro_batch"], 32, "{v}");
+    assert_eq!(
+        v["tokens"],
+        serde_json::json!({"packed": 2400 + 17 * 700, "scored": 1500 + 17 * 400, "from_data": true}),
+        "{v}"
+    );
     // No dpo-train to ask: a note, and the plan at --seq-len.
     let v =
         stdout_json(&run(&argv.iter().map(String::as_str).collect::<Vec<_>>(), Some(&dir.join("no-such-dpo-train"))));
     let notes = v["notes"].as_array().expect("notes");
     assert!(notes.iter().any(|n| n.as_str().is_some_and(|n| n.starts_with("--data's lengths were not read ("))), "{v}");
+}
+
+/// Relative `--model` and `--data` are printed absolute: the command runs from any directory
+/// (run elsewhere, `models/llama` named no model there).
+#[test]
+fn the_command_names_local_paths_absolutely() {
+    let dir = temp_dir("relative");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").canonicalize().expect("fixtures");
+    let lengths = r#"{"pairs":20,"max_length":1024,"packed_longest":[900],"scored_longest":[600]}"#;
+    let good = script(&dir, "lengths.sh", &format!("#!/bin/sh\necho '{lengths}'\n"));
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let out = Command::new(env!("CARGO_BIN_EXE_check-gpu"))
+        .current_dir(&fixtures)
+        .args(["--topo", topo.to_str().expect("path"), "--query", query.to_str().expect("path")])
+        .args(["--model", "models/llama", "--data", "data/prefs.jsonl", "--json"])
+        .env("NO_COLOR", "1")
+        .env("DPO_TRAIN_BIN", &good)
+        .output()
+        .expect("the check-gpu binary runs");
+    let v = stdout_json(&out);
+    let command = v["command"].as_str().expect("a command");
+    let abs = |p: &str| fixtures.join(p).display().to_string();
+    let expected = format!("--model-name-or-path {} --train-file {} ", abs("models/llama"), abs("data/prefs.jsonl"));
+    assert!(command.contains(&expected), "{command}");
+}
+
+/// KTO's KL completions rotate within each micro-batch, so its lengths depend on it: the plan
+/// reads them again at the micro-batch it planned (here a fake whose longest rows grow at 2).
+#[test]
+fn kto_lengths_are_read_at_the_planned_micro_batch() {
+    let dir = temp_dir("kto-lengths");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama");
+    let data = dir.join("rows.jsonl");
+    std::fs::write(&data, "{}\n").expect("data");
+    let at8 = r#"{"pairs":8,"max_length":256,"packed_longest":[392,204],"scored_longest":[386,198]}"#;
+    let at2 = r#"{"pairs":8,"max_length":256,"packed_longest":[392,392],"scored_longest":[386,386]}"#;
+    let body = format!(
+        "#!/bin/sh\ncase \"$*\" in *'--per-device-train-batch-size 2'*) echo '{at2}' ;; *) echo '{at8}' ;; esac\n"
+    );
+    let fake = script(&dir, "lengths.sh", &body);
+    let (topo, query) = (fixture("dgx-a100.topo.txt"), fixture("dgx-a100.query.csv"));
+    let args = ["--topo", topo.to_str().expect("path"), "--query", query.to_str().expect("path")];
+    let more = ["--model", model.to_str().expect("path"), "--data", data.to_str().expect("path"), "--json"];
+    let kto = ["--loss-type", "kto", "--global-batch", "2", "--seq-len", "256"];
+    let argv: Vec<&str> = args.iter().chain(&more).chain(&kto).copied().collect();
+    let v = stdout_json(&run(&argv, Some(&fake)));
+    assert_eq!(v["micro_batch"], 2, "{v}");
+    assert_eq!(v["tokens"], serde_json::json!({"packed": 784, "scored": 772, "from_data": true}), "{v}");
 }

@@ -110,8 +110,10 @@ impl DataLengths {
     /// The tokens of the largest micro-batch of `b` shuffled pairs a run meets: the mean plus
     /// [`BATCH_SIGMAS`] standard deviations of a sum of `b` pairs (a batch past it about once in
     /// 30,000), at most the `b` longest pairs together (each count over its own longest pairs;
-    /// past those listed, each further pair counts as the last).
+    /// past those listed, each further pair counts as the last), and at most every pair.
     pub fn batch(&self, b: u64) -> BatchTokens {
+        // A micro-batch larger than the data takes all of it (each step takes the whole data).
+        let b = b.min(self.pairs.max(1));
         let sum = |list: &[u64], spread: Option<(f64, f64)>| {
             let n = usize::try_from(b).unwrap_or(usize::MAX).min(list.len());
             let rest = mul(&[b.saturating_sub(n as u64), list.last().copied().unwrap_or(0)]);

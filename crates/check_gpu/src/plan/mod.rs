@@ -441,7 +441,12 @@ pub fn plan(snap: &Snapshot, req: &PlanRequest) -> Plan {
         micro_batches: split.accum,
     };
     let communication = comm::communication(snap, &chosen, req.model.as_ref(), &step, &mut log);
-    let status = if log.warnings.is_empty() { Status::Ready } else { Status::ReadyWithWarnings };
+    // Data dpo-train refuses stops the printed command at once: not ready, whatever fits.
+    let status = match (&req.lengths_error, log.warnings.is_empty()) {
+        (Some(LengthsError::Data(_)), _) => Status::NotReady,
+        (_, true) => Status::Ready,
+        (_, false) => Status::ReadyWithWarnings,
+    };
     Plan {
         status,
         world_size: chosen.len(),

@@ -298,10 +298,7 @@ fn act_formula(p: &Plan) -> String {
 fn tokens_formula(p: &Plan) -> String {
     match p.tokens {
         Some(t) if t.from_data => {
-            format!(
-                "T = {} packed tokens, N = {} scored (the data's {} longest pairs)",
-                t.packed, t.scored, p.micro_batch
-            )
+            format!("T = {} packed tokens, N = {} scored (the data's largest micro-batch)", t.packed, t.scored)
         }
         Some(t) => format!("T = N = 2b*s = {} tokens (no data: every sequence s tokens)", t.packed),
         None => "T = 2b*s".to_string(),
