@@ -172,6 +172,9 @@ pub enum RowProblem {
     /// take.
     #[error("field `{field}` {what}")]
     TemplateField { field: String, what: &'static str },
+    /// A CSV record whose quoted field is never closed: the rest of the file became its text.
+    #[error("a quoted field opened here is never closed (the rest of the file became its text)")]
+    UnterminatedQuote,
     /// A CSV record with more fields than the header names (pandas, under `datasets`, refuses it).
     #[error("{found} fields where the header names {columns}")]
     ExtraFields { found: usize, columns: usize },

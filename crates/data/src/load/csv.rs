@@ -52,6 +52,12 @@ pub(super) fn read_csv(bytes: &[u8], delimiter: u8, opts: &LoadOptions, rows: &m
             true => Err(RowProblem::ExtraFields { found: record.len(), columns: header.len() }),
             false => shape.row(&record, line, cols),
         };
+        // A quote never closed runs to the end of the file, which the reader takes as one field:
+        // that, not the fields it swallowed, is what a bad row's error names.
+        let span = |p: Option<&::csv::Position>| usize::try_from(p.map_or(0, |p| p.byte())).unwrap_or(usize::MAX);
+        let text = bytes.get(span(record.position())..span(Some(reader.position()))).unwrap_or_default();
+        let open_quote = text.iter().filter(|&&b| b == b'"').count() % 2 == 1;
+        let row = row.map_err(|problem| if open_quote { RowProblem::UnterminatedQuote } else { problem });
         rows.push(line, row)?;
     }
     Ok(())

@@ -809,6 +809,12 @@ mod tests {
         // An unquoted comma in a completion makes a field too many: the row is bad, not shifted.
         let err = load("long.csv", b"prompt,chosen,rejected\nName a fruit, An apple, a pear., A rock.\n").unwrap_err();
         assert_eq!(err_tail(&err), "line 2: 4 fields where the header names 3");
+        // A quote never closed swallows the rest of the file: the error names the quote.
+        let err = load("open.csv", b"prompt,chosen,rejected\np,a,b\np,\"a, b\nq,c,d\n").unwrap_err();
+        assert_eq!(
+            err_tail(&err),
+            "line 3: a quoted field opened here is never closed (the rest of the file became its text)"
+        );
     }
 
     /// pandas' NA cells are bad rows (TRL is handed `None` for them); their neighbours are text.
