@@ -108,8 +108,12 @@ pub fn bench_text(b: &Summary, st: Style) -> String {
     if !b.devices.is_empty() {
         let _ = writeln!(o, "  {:<16} {:>12} {:>16}", "device", "copy(GB/s)", "matmul(TFLOP/s)");
         for d in &b.devices {
-            let _ =
-                writeln!(o, "  {:<16} {:>12.1} {:>11.2} {}", d.device, d.copy_gbps, d.matmul_tflops, d.matmul_dtype);
+            // Below 0.01 (a CPU's bf16 without matrix units) two decimals would print 0.00.
+            let rate = match d.matmul_tflops {
+                t if t > 0.0 && t < 0.01 => format!("{t:.1e}"),
+                t => format!("{t:.2}"),
+            };
+            let _ = writeln!(o, "  {:<16} {:>12.1} {:>11} {}", d.device, d.copy_gbps, rate, d.matmul_dtype);
         }
     }
     match (&b.nominal_peak, &b.no_peak_reason) {

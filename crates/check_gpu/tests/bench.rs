@@ -68,11 +68,12 @@ fn measurement(op: &str, bytes: u64, seconds: f64) -> Value {
 
 /// A bench as dpo-train prints it, over `world_size` ranks.
 fn canned(backend: &str, world_size: usize, all_reduce_1g_seconds: f64) -> Value {
-    let device = if backend == "gloo" { "cpu".to_string() } else { "cuda:0".to_string() };
+    // A CPU without bf16 matrix units multiplies in bf16 at well under 0.01 TFLOP/s.
+    let (device, tflops) = if backend == "gloo" { ("cpu", 0.0004) } else { ("cuda:0", 250.0) };
     json!({
         "backend": backend,
         "world_size": world_size,
-        "devices": [{"device": device, "copy_gbps": 1500.0, "matmul_tflops": 250.0, "matmul_dtype": "bf16"}],
+        "devices": [{"device": device, "copy_gbps": 1500.0, "matmul_tflops": tflops, "matmul_dtype": "bf16"}],
         "collectives": [
             measurement("all_reduce", 16 * MIB, 0.001),
             measurement("all_reduce", 1024 * MIB, all_reduce_1g_seconds),
@@ -237,6 +238,8 @@ fn bench_runs_dpo_train_and_reports_it() {
     let text = String::from_utf8_lossy(&run(&["--snapshot", saved.to_str().expect("path")], None).stdout).into_owned();
     assert!(text.contains("Bench (gloo over 2 CPU process(es), dpo-train bench-comm)"), "{text}");
     assert!(text.contains("nominal peak     none: no nominal peak for CPU processes"), "{text}");
+    // Printed with its exponent, not as 0.00.
+    assert!(text.contains(&format!("  {:<16} {:>12} {:>11} bf16\n", "cpu", "1500.0", "4.0e-4")), "{text}");
 
     let out = run(&["--bench", "--devices", "cpu:2", "--bench-max-bytes", "4M"], Some(&ok));
     assert_eq!(
