@@ -288,8 +288,9 @@ pub fn flag_error_line(rendered: &str) -> String {
     format!("{} (see --help)", line.strip_prefix("error: ").unwrap_or(&line))
 }
 
-/// The run settings from the flags.
-pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
+/// The run settings from the flags, and where `--model` and `--data` were found to read them
+/// (`dpo-train data lengths` reads them again at another micro-batch: [`settled`]).
+pub fn plan_request(args: &Args) -> Result<(PlanRequest, Option<(PathBuf, PathBuf)>), CliError> {
     let model_at = locate(args.model.as_deref(), dpo_base::hub::Kind::Model, "model")?;
     let data_at = locate(args.data.as_deref(), dpo_base::hub::Kind::Dataset, "data")?;
     let model = match (&model_at, &args.model_params) {
@@ -310,6 +311,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         return Err(FlagError::NoData { path: at.given.clone() }.into());
     }
     // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
+    let reads = model_at.as_ref().zip(data_at.as_ref()).map(|(m, d)| (m.read.clone(), d.read.clone()));
     let (lengths, lengths_error) = match (&data_at, &model_at) {
         (Some(data), Some(model)) => match data_lengths(&model.read, &data.read, args, None) {
             Ok(l) => (Some(l), None),
@@ -317,7 +319,7 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         },
         _ => (None, None),
     };
-    Ok(PlanRequest {
+    let req = PlanRequest {
         model,
         model_dir: model_at.map(|at| at.for_command(ModelShape::hf_dir)),
         data: data_at.map(|at| at.for_command(Path::to_path_buf)),
@@ -340,7 +342,8 @@ pub fn plan_request(args: &Args) -> Result<PlanRequest, CliError> {
         compare_trl: args.compare == Some(Compare::Trl),
         lengths,
         lengths_error,
-    })
+    };
+    Ok((req, reads))
 }
 
 /// Loads the snapshot the flags ask for; `Ok(None)` with the NVML error when the live probe
@@ -366,6 +369,7 @@ pub use dpo_base::error::one_line;
 /// (dpo-train's default of 8 the first time) until the plan keeps the one they were read at.
 fn settled(
     args: &Args,
+    reads: Option<&(PathBuf, PathBuf)>,
     req: &mut PlanRequest,
     make_plan: impl Fn(&PlanRequest) -> crate::Plan,
 ) -> Result<crate::Plan, CliError> {
@@ -377,13 +381,8 @@ fn settled(
             break;
         }
         read_at = p.micro_batch.max(1);
-        let (Some(model), Some(data)) = (
-            locate(args.model.as_deref(), dpo_base::hub::Kind::Model, "model")?,
-            locate(args.data.as_deref(), dpo_base::hub::Kind::Dataset, "data")?,
-        ) else {
-            break;
-        };
-        match data_lengths(&model.read, &data.read, args, Some(read_at)) {
+        let Some((model, data)) = reads else { break };
+        match data_lengths(model, data, args, Some(read_at)) {
             Ok(l) => req.lengths = Some(l),
             Err(e) => (req.lengths, req.lengths_error) = (None, Some(e)),
         }
@@ -394,10 +393,10 @@ fn settled(
 
 /// Runs the whole command with the given output style.
 pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
-    let mut req = plan_request(args)?;
+    let (mut req, reads) = plan_request(args)?;
     let mut snap = match load_snapshot(args)? {
         Ok(s) => s,
-        Err(e @ ProbeError::NvmlLoad { .. }) => return cpu_fallback(args, &mut req, &e, style),
+        Err(e @ ProbeError::NvmlLoad { .. }) => return cpu_fallback(args, (&mut req, reads.as_ref()), &e, style),
         Err(e) => return Err(e.into()),
     };
     if args.bench {
@@ -408,7 +407,7 @@ pub fn run(args: &Args, style: Style) -> Result<Outcome, CliError> {
     }
     // A failed save still prints the plan, then reports the path (exit 3).
     let saved = args.save.as_deref().map(|path| snap.save(path)).transpose();
-    let p = settled(args, &mut req, |req| plan(&snap, req))?;
+    let p = settled(args, reads.as_ref(), &mut req, |req| plan(&snap, req))?;
     if args.json {
         return Ok(Outcome::after_save(render::json(Some(&snap), &p), p.status, saved.map(drop)));
     }
@@ -479,7 +478,12 @@ fn measure(args: &Args, devices: Devices) -> Result<BenchRecord, CliError> {
 
 /// No NVML: the plan is to train on CPU cores. `--bench --devices cpu:N` still measures (Gloo),
 /// shows the bench and, with `--save`, writes a snapshot of no GPU with that bench.
-fn cpu_fallback(args: &Args, req: &mut PlanRequest, err: &ProbeError, style: Style) -> Result<Outcome, CliError> {
+fn cpu_fallback(
+    args: &Args,
+    (req, reads): (&mut PlanRequest, Option<&(PathBuf, PathBuf)>),
+    err: &ProbeError,
+    style: Style,
+) -> Result<Outcome, CliError> {
     let reason = one_line(err);
     let mut system = crate::snapshot::System::default();
     probe::host_facts(&mut system);
@@ -495,7 +499,7 @@ fn cpu_fallback(args: &Args, req: &mut PlanRequest, err: &ProbeError, style: Sty
         None
     };
     let bench = snap.as_ref().and_then(|s| s.bench.as_ref());
-    let p = settled(args, req, |req| crate::plan::cpu_plan(req, &system, reason.clone(), bench))?;
+    let p = settled(args, reads, req, |req| crate::plan::cpu_plan(req, &system, reason.clone(), bench))?;
     let cpus = system.cpu_count.unwrap_or(1);
     let saved = match (&args.save, &snap) {
         (Some(path), Some(s)) => s.save(path).map(Some),
