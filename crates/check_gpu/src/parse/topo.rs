@@ -56,11 +56,23 @@ pub fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Splits a row into trimmed, non-empty cells: on tabs, or on runs of two or more spaces when
-/// the text was copied without its tabs.
+/// Splits a row into its non-empty cells. No cell holds a space but the header's affinity
+/// columns, which are joined again: a copy whose tabs became spaces puts a single space after a
+/// 7-character cell (`112-127 7`), so runs of spaces cannot delimit the cells.
 fn cells(line: &str) -> Vec<String> {
-    let raw: Vec<&str> = if line.contains('\t') { line.split('\t').collect() } else { line.split("  ").collect() };
-    raw.into_iter().map(str::trim).filter(|c| !c.is_empty()).map(str::to_string).collect()
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut out = Vec::with_capacity(words.len());
+    let mut rest = &words[..];
+    while let Some(first) = rest.first() {
+        let column = AFFINITY_COLUMNS.iter().find(|name| {
+            let parts = name.split(' ');
+            parts.clone().count() <= rest.len() && parts.zip(rest).all(|(part, word)| part == *word)
+        });
+        let taken = column.map_or(1, |name| name.split(' ').count());
+        out.push(column.map_or_else(|| first.to_string(), |name| name.to_string()));
+        rest = &rest[taken..];
+    }
+    out
 }
 
 fn gpu_label(cell: &str) -> Option<u32> {
@@ -208,8 +220,17 @@ impl Header {
                 format!("column GPU{gpu} of `{label}`: expected X, NV#, PIX, PXB, PHB, NODE or SYS, found `{cell}`")
             })?);
         }
+        // A row cut short (a truncated file) would leave its last affinities unset or misread.
+        let values = &row[1 + self.device_cols..];
+        if let Some(missing) = self.affinity_cols.get(values.len()) {
+            return Err(format!(
+                "`{label}` ends before its `{missing}` cell: expected {} cells after the links, one per column, found {}",
+                self.affinity_cols.len(),
+                values.len()
+            ));
+        }
         let mut g = TopoGpu { index, cpu_affinity: None, numa_node: None, gpu_numa_id: None };
-        for (name, value) in self.affinity_cols.iter().zip(&row[1 + self.device_cols..]) {
+        for (name, value) in self.affinity_cols.iter().zip(values) {
             if na(value) {
                 continue;
             }
@@ -329,6 +350,33 @@ mlx5_0  PXB     SYS      X\n";
         assert_eq!(m.links[1][0], Link::Sys);
         assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("20-39"));
         assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
+    }
+
+    /// As an HGX A100's output was copied into a cluster's docs (driver 495.29.05): its tabs
+    /// became spaces, one after a 7-character CPU list.
+    #[test]
+    fn tabs_turned_into_single_spaces() {
+        let text = "        GPU0    GPU1    mlx5_0  CPU Affinity    NUMA Affinity\n\
+GPU0     X      NV12    SYS     112-127 7\n\
+GPU1    NV12     X      SYS     80-95   5\n\
+mlx5_0  SYS     SYS      X\n";
+        let m = p(text).expect("parses");
+        assert_eq!(m.gpus[0].cpu_affinity.as_deref(), Some("112-127"));
+        assert_eq!((m.gpus[0].numa_node, m.gpus[1].numa_node), (Some(7), Some(5)));
+        assert_eq!(m.links[0][1], Link::NvLink(12));
+    }
+
+    /// A file cut inside its last row: the affinities it lacks are refused, not left unset (or a
+    /// cut CPU list taken as the whole).
+    #[test]
+    fn a_row_cut_before_its_affinities_is_refused() {
+        let text = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPHB\t0-7\t0\nGPU1\tPHB\t X \t0-7,16\n";
+        assert_eq!(
+            p(text).expect_err("cut").to_string(),
+            "topo.txt:3: `GPU1` ends before its `NUMA Affinity` cell: expected 2 cells after the links, one per column, found 1"
+        );
+        let none = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPHB\t0-7\t0\nGPU1\tPHB\t X\n";
+        assert!(p(none).expect_err("cut").to_string().contains("`GPU1` ends before its `CPU Affinity` cell"));
     }
 
     #[test]

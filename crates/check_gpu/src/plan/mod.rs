@@ -654,6 +654,25 @@ mod tests {
         assert_eq!(choose_subset(&s, &(0..8).collect::<Vec<_>>(), 2, &mut notes), vec![0, 3]);
     }
 
+    /// A driver without the `NUMA Affinity` column: GPUs are kept to one socket by their CPU
+    /// affinity (8 GPUs all `SYS` apart, 0-3 on CPUs 0-55, 4-7 on 56-111, GPUs 1-3 busy).
+    #[test]
+    fn subset_keeps_to_one_socket_by_cpu_affinity_without_numa() {
+        let s = machine(
+            (0..8)
+                .map(|i| {
+                    let mut g = gpu(i, "A", 70);
+                    g.cpu_affinity = Some(if i < 4 { "0-55" } else { "56-111" }.to_owned());
+                    g
+                })
+                .collect(),
+            |_, _| Link::Sys,
+        );
+        let mut notes = Vec::new();
+        assert_eq!(choose_subset(&s, &[0, 4, 5, 6, 7], 2, &mut notes), vec![4, 5]);
+        assert_eq!(notes, ["kept to the GPUs local to CPUs 56-111: GPUs 4,5,6,7"]);
+    }
+
     #[test]
     fn rounding_and_micro_batch() {
         let s = machine((0..6).map(|i| gpu(i, "A", 70)).collect(), |_, _| Link::NvLink(12));

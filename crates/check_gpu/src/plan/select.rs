@@ -1,7 +1,7 @@
 //! Which GPUs train: the healthy ones (no MIG, not busy, no ECC faults, full PCIe width, no
 //! hardware throttling), of the most common model, as many as the batch allows, chosen to keep
-//! the all-reduce on the best links (one NVLink island, else one NUMA node, else the best weakest
-//! link).
+//! the all-reduce on the best links (one NVLink island, else one NUMA node or one socket's CPU
+//! affinity, else the best weakest link).
 
 use std::collections::BTreeMap;
 
@@ -167,13 +167,25 @@ pub(super) fn choose_subset(snap: &Snapshot, candidates: &[u32], w: usize, notes
     let islands = topology::nvlink_islands(snap, candidates).into_iter().map(|i| ("one NVLink island".to_owned(), i));
     let nodes = topology::numa_groups(snap, candidates).into_iter();
     let nodes = nodes.filter_map(|g| g.node.map(|n| (format!("NUMA node {n}"), g.gpus)));
-    for pools in [islands.collect(), nodes.collect()] {
+    for pools in [islands.collect(), nodes.collect(), same_cpus(snap, candidates)] {
         if let Some((_, chosen, kept)) = best_in(pools) {
             notes.push(format!("kept to {kept}"));
             return chosen;
         }
     }
     best_connected(snap, candidates, w).1
+}
+
+/// The GPUs of `candidates` whose NUMA node is unknown, grouped by their CPU affinity: a driver
+/// without the `NUMA Affinity` column still places each GPU by its socket's CPUs.
+fn same_cpus(snap: &Snapshot, candidates: &[u32]) -> Vec<(String, Vec<u32>)> {
+    let mut by_cpus: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for g in candidates.iter().filter_map(|&i| snap.gpu(i)).filter(|g| g.numa_node.is_none()) {
+        if let Some(cpus) = g.cpu_affinity.as_deref() {
+            by_cpus.entry(cpus).or_default().push(g.index);
+        }
+    }
+    by_cpus.into_iter().map(|(cpus, gpus)| (format!("the GPUs local to CPUs {cpus}"), gpus)).collect()
 }
 
 /// The `w` GPUs of `pool` (`w <= pool.len()`) with the best weakest link between any two, then
