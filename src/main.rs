@@ -35,7 +35,12 @@ fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err:#}");
+            // A worker's one-line refusal, already shown, is not said twice.
+            let said =
+                err.chain().any(|e| e.downcast_ref::<dpo_train::dist::LaunchError>().is_some_and(|e| e.already_said()));
+            if !said {
+                eprintln!("error: {err:#}");
+            }
             ExitCode::from(dpo_train::exit_code(&err))
         }
     }

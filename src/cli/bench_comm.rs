@@ -25,7 +25,9 @@ pub fn run_bench_comm(args: BenchCommArgs) -> anyhow::Result<ExitCode> {
     super::launch::check_host_memory(&args.parallel, ProcessMemory { each, basis, lone: "lower `--max-bytes`" })?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), timeout, &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
-        Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
+        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
+            return Ok(ExitCode::from(INTERRUPTED));
+        }
         Placed::Here { device, group, .. } => (device, group),
     };
     let group = match group {

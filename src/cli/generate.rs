@@ -35,7 +35,9 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     super::launch::check_host_memory(&args.parallel, floor)?;
     let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
-        Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
+        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
+            return Ok(ExitCode::from(INTERRUPTED));
+        }
         Placed::Here { device, group, .. } => (device, group),
     };
     let workers = Workers { group: group.as_ref() };

@@ -374,8 +374,9 @@ fn launch(
             }
             done => {
                 return done.map_err(|e| {
-                    // Where each rank was when the job ended, above the one-line error.
-                    for line in e.report() {
+                    // Where each rank was when the job ended, above the one-line error; a
+                    // refusal of the input, already said, needs neither.
+                    for line in e.report().iter().filter(|_| !e.already_said()) {
                         eprintln!("{line}");
                     }
                     e.into()

@@ -74,7 +74,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
         crate::run::warm_data_cache(&cfg, &plan, (resumed.as_ref(), &name), interrupt, progress)
     };
     let placed = place(&args.parallel, &name_workers, timeout, &mut tokenize_first);
-    if let (Err(_) | Ok(Placed::Launched(LaunchOutcome::Interrupted)), Some(dir)) =
+    if let (Err(_) | Ok(Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted)), Some(dir)) =
         (&placed, reserved.borrow().as_ref())
     {
         // The workers wrote nothing there: a refused run leaves nothing behind.
@@ -86,6 +86,11 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let (device, mut group, worker) = match placed? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
+        Placed::Launched(LaunchOutcome::Aborted) => {
+            let named = cfg.run_name.as_ref().map(|n| cfg.output_dir.join(n));
+            aborted(reserved.borrow().clone().or(resume).or(named).as_deref());
+            return Ok(ExitCode::from(INTERRUPTED));
+        }
         Placed::Here { device, group, worker } => (device, group, worker),
     };
     if new_run && worker.is_distributed() {
@@ -304,6 +309,20 @@ fn adapter_keys(layered: &mut Layered, own_file: bool) -> anyhow::Result<()> {
 }
 
 /// What the command line asks for, read once.
+/// A second Ctrl-C killed the workers: what was lost, and where to resume from.
+fn aborted(run_dir: Option<&Path>) {
+    eprintln!("interrupt: aborted; the steps since the last checkpoint were not saved");
+    // The DPO stage's checkpoints, else the warm-up's.
+    let latest = run_dir.and_then(|dir| {
+        let stages = [dir.to_owned(), dir.join(crate::run::SFT_DIR)];
+        Some((dir, stages.iter().find_map(|d| crate::train::checkpoint::latest(d))?))
+    });
+    match latest {
+        Some((dir, ckpt)) => eprintln!("resume from `{}` with `--resume {}`", ckpt.display(), dir.display()),
+        None => eprintln!("no checkpoint was saved yet: the run starts again from step 0"),
+    }
+}
+
 struct Resolved {
     layered: Layered,
     /// The run's default name.

@@ -597,6 +597,10 @@ fn a_second_interrupt_aborts_at_once() {
                 saved || err.contains("interrupt: aborted; the steps since the last checkpoint were not saved"),
                 "{err}"
             );
+        } else {
+            // The launcher killed the workers: it says so, and where a resume would start.
+            assert!(err.contains("interrupt: aborted; the steps since the last checkpoint were not saved"), "{err}");
+            assert!(err.contains("no checkpoint was saved yet") || err.contains("with `--resume "), "{err}");
         }
         for worker in workers {
             assert!(!Path::new(&format!("/proc/{worker}")).exists(), "worker {worker} outlived the job");

@@ -307,7 +307,8 @@ fn ctrl_c_while_workers_start_stops_the_job_cleanly() {
 
 /// A resume at another global batch is refused with advice that works when followed: on 3 devices
 /// a batch of 4 cannot split (it names the device counts that can), on 2 it names the batch flag,
-/// and following it resumes; a launcher exits 1 for this bad input, as one process does.
+/// and following it resumes; a launcher exits 1 for this bad input, as one process does, and says
+/// it once.
 #[test]
 fn the_resume_batch_advice_works_when_followed() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,6 +331,8 @@ fn the_resume_batch_advice_works_when_followed() {
         "{}",
         stderr(&three)
     );
+    // Said once: every rank refuses, and the launcher does not repeat the one shown.
+    assert_eq!(stderr(&three).lines().filter(|l| l.starts_with("error:")).count(), 1, "{}", stderr(&three));
     let two = resume(&["--devices", "cpu:2"]);
     assert_eq!(two.status.code(), Some(1), "{}", stderr(&two));
     let said = stderr(&two);

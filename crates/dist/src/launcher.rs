@@ -38,6 +38,8 @@ const KEPT_LINES: usize = 20;
 const POLL: Duration = Duration::from_millis(50);
 /// How long to wait for a finished worker's last stderr lines.
 const READER_GRACE: Duration = Duration::from_secs(2);
+/// How long a rank's refusal waits for the shown rank's (every rank checks the same input).
+const REFUSAL_GRACE: Duration = Duration::from_secs(2);
 
 /// The variable that carries the per-rank thread count to dpo-train (besides `OMP_NUM_THREADS`).
 pub const THREADS_VAR: &str = "DPO_TRAIN_THREADS";
@@ -53,6 +55,8 @@ pub enum LaunchOutcome {
     Finished,
     /// The workers stopped on an interrupt (exit 130), after saving.
     Interrupted,
+    /// A second interrupt killed the workers: nothing since their last checkpoint was saved.
+    Aborted,
 }
 
 /// This node's part of a multi-node job (`torchrun --nnodes --node-rank --master-addr
@@ -118,9 +122,10 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
-    /// A worker failed; the others were killed. `report` has one line per rank of this node.
+    /// A worker failed; the others were killed. `report` has one line per rank of this node;
+    /// `echoed`: the worker's stderr was shown as it ran (this node's first rank).
     #[error("rank {rank} failed ({status}); its last stderr line: `{last_line}`")]
-    RankFailed { rank: usize, status: String, code: Option<i32>, last_line: String, report: Vec<String> },
+    RankFailed { rank: usize, status: String, code: Option<i32>, last_line: String, report: Vec<String>, echoed: bool },
     /// A worker was frozen, or stuck in one collective, past the timeout; every worker was killed.
     #[error("the job stopped making progress: {reason}")]
     Hung { reason: String, report: Vec<String> },
@@ -131,6 +136,12 @@ impl LaunchError {
     /// ([`free_port`]'s race): nothing ran yet, and another port may be tried.
     pub fn port_taken(&self) -> bool {
         matches!(self, Self::RankFailed { rank: 0, last_line, .. } if says_port_taken(last_line))
+    }
+
+    /// Whether the error is already on the terminal: a rank whose stderr was shown refused its
+    /// input (exit 1) and said why in one line, which repeating would make two.
+    pub fn already_said(&self) -> bool {
+        matches!(self, Self::RankFailed { echoed: true, code: Some(1), .. })
     }
 
     /// Where each rank of this node was when the job ended (empty for other errors).
@@ -187,6 +198,8 @@ struct Worker {
     rank: usize,
     child: Child,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Its stderr is shown as it runs (this node's first rank).
+    echoed: bool,
     reader: Option<JoinHandle<()>>,
 }
 
@@ -315,7 +328,7 @@ impl Worker {
             let echo = local_rank == 0;
             std::thread::spawn(move || keep_tail(pipe, &tail, echo))
         });
-        Ok(Self { rank, child, stderr_tail, reader })
+        Ok(Self { rank, child, stderr_tail, reader, echoed: local_rank == 0 })
     }
 }
 
@@ -346,7 +359,7 @@ fn supervise(
             // A second Ctrl-C aborts, however close behind the first: forwarded one by one, two
             // quick signals could reach a worker as one and it would save and exit as asked once.
             kill_all(&mut workers);
-            return Ok(LaunchOutcome::Interrupted);
+            return Ok(LaunchOutcome::Aborted);
         }
         if asked > forwarded {
             forwarded = asked;
@@ -371,11 +384,14 @@ fn supervise(
         }
         let failed = exits.iter().position(|e| e.is_some_and(|s| !s.success() && s.code() != Some(INTERRUPTED_EXIT)));
         if let Some(i) = failed {
+            let i = prefer_shown(&mut workers, &mut exits, i);
             let report = report(&workers, &exits, records);
             let (rank, status, last_line) = (workers[i].rank, exits[i].map(describe), workers[i].last_line());
             let code = exits[i].and_then(|s| s.code());
+            let echoed = workers[i].echoed;
             kill_all(&mut workers);
-            return Err(LaunchError::RankFailed { rank, status: status.unwrap_or_default(), code, last_line, report });
+            let status = status.unwrap_or_default();
+            return Err(LaunchError::RankFailed { rank, status, code, last_line, report, echoed });
         }
         let running: Vec<(usize, usize, u32)> = workers
             .iter()
@@ -395,6 +411,22 @@ fn supervise(
     }
     let interrupted = exits.iter().flatten().any(|s| s.code() == Some(INTERRUPTED_EXIT));
     Ok(if interrupted { LaunchOutcome::Interrupted } else { LaunchOutcome::Finished })
+}
+
+/// Of ranks refusing their input (exit 1), the one whose stderr is shown, which has said why:
+/// `failed` unless the shown rank also refuses within [`REFUSAL_GRACE`].
+fn prefer_shown(workers: &mut [Worker], exits: &mut [Option<ExitStatus>], failed: usize) -> usize {
+    let refused = |e: &Option<ExitStatus>| e.is_some_and(|s| s.code() == Some(1));
+    let Some(shown) = workers.iter().position(|w| w.echoed) else { return failed };
+    if shown == failed || !refused(&exits[failed]) {
+        return failed;
+    }
+    let deadline = Instant::now() + REFUSAL_GRACE;
+    while exits[shown].is_none() && Instant::now() < deadline {
+        std::thread::sleep(POLL);
+        exits[shown] = workers[shown].child.try_wait().ok().flatten();
+    }
+    if refused(&exits[shown]) { shown } else { failed }
 }
 
 /// One line per worker: running, stopped or exited, and where its flight record last saw it.
@@ -494,6 +526,7 @@ mod tests {
             code: Some(2),
             last_line: last_line.into(),
             report: Vec::new(),
+            echoed: rank == 0,
         };
         let taken = "error: c10d `init_process_group` failed (code 2): rendezvous: The server socket has failed to \
                      listen on any local network address. port: 41715, useIpv6: false, code: -98, name: EADDRINUSE, \
