@@ -217,6 +217,11 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
             }
         }
     }
+    // A TensorBoard directory that cannot be made is refused before anything is written.
+    if let Some(dir) = cfg.logging_dir.as_ref().filter(|_| cfg.tensorboard_dir(run_dir).is_some()) {
+        crate::fsutil::check_dir_creatable(dir)
+            .map_err(|message| ConfigError::Invalid { key: "logging_dir", message })?;
+    }
     // W&B's python is found before anything is written: a run that cannot log where it was asked
     // to is refused as bad input (`all` takes W&B only where it is installed).
     let wandb_python = match cfg.reports_to_wandb().filter(|_| workers.is_main()) {

@@ -113,6 +113,25 @@ fn an_integration_we_do_not_have_is_refused_by_name() {
     assert_eq!(err.trim(), "error: `--report-to`: `comet_ml` is not supported: use `tensorboard`, `wandb` (or `none`)");
 }
 
+/// A `--logging-dir` under a file is refused before the run writes anything: no run directory
+/// is left (it held `config.toml`, `data_report.json` and a `metrics.csv` header).
+#[test]
+fn a_logging_dir_that_cannot_be_made_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("afile");
+    std::fs::write(&file, b"x").unwrap();
+    let (model, data) = (fixtures().join("models/llama"), fixtures().join("data/prefs.jsonl"));
+    let mut args = crate::common::cli::short_run(&dir.path().join("out"), "z", &model, &data, &[]);
+    args.extend(["--report-to", "tensorboard", "--logging-dir"].map(String::from));
+    args.push(file.join("tb").display().to_string());
+    let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).arg("train").args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let want = format!("error: `--logging-dir`: `{}` is a file, not a directory", file.display());
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).collect::<Vec<_>>(), [want.as_str()], "{err}");
+    assert!(!dir.path().join("out/z").exists(), "{err}");
+}
+
 /// A resumed stage logs the steps after its checkpoint again, in a new file that starts with a
 /// restart: TensorBoard shows each step once, with the values logged last.
 #[test]

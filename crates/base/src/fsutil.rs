@@ -79,6 +79,22 @@ pub fn remove_stale_temps(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
+/// Checks that directory `dir` exists or can be made: its nearest existing ancestor is a
+/// directory, not a file. Said before a run writes anything, where `create_dir_all` later would
+/// fail with its files half made.
+pub fn check_dir_creatable(dir: &Path) -> Result<(), String> {
+    for at in dir.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::metadata(at) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => return Err(format!("`{}` is a file, not a directory", at.display())),
+            // A path through a file reads as not a directory; the file itself is named above.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => continue,
+            Err(e) => return Err(format!("cannot read `{}`: {e}", at.display())),
+        }
+    }
+    Ok(())
+}
+
 /// Whether process `pid` runs on this machine (Linux: it has a `/proc` entry).
 pub fn process_alive(pid: u32) -> bool {
     pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists()
@@ -87,6 +103,17 @@ pub fn process_alive(pid: u32) -> bool {
 #[cfg(test)]
 mod temp_tests {
     use super::*;
+
+    #[test]
+    fn a_directory_under_a_file_cannot_be_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("afile");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(check_dir_creatable(&dir.path().join("new/deeper")), Ok(()));
+        assert_eq!(check_dir_creatable(Path::new("relative/dir")), Ok(()));
+        let err = check_dir_creatable(&file.join("tb/dpo")).unwrap_err();
+        assert_eq!(err, format!("`{}` is a file, not a directory", file.display()));
+    }
 
     #[test]
     fn a_dead_writer_s_temporary_files_are_removed_and_a_live_one_s_kept() {
