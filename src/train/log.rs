@@ -199,13 +199,15 @@ impl MetricsRow {
 
     /// The row's values under the names transformers' `TensorBoardCallback` and `WandbCallback`
     /// give them (`train/loss`, `eval/rewards/margins`, `train/learning_rate`, `train/grad_norm`,
-    /// `train/epoch`), and the speed columns under the split's (`train/pairs_per_second`,
+    /// `train/epoch`, on eval rows too), and the speed columns under the split's (`train/pairs_per_second`,
     /// `eval/elapsed_seconds`, ...), the values it lacks left out.
     pub fn tagged(&self) -> Vec<(String, f64)> {
         let split = self.split.as_str();
         let named = METRIC_NAMES.iter().zip(&self.metrics).map(|(name, v)| (format!("{split}/{name}"), *v));
-        let extra = [("learning_rate", self.learning_rate), ("grad_norm", self.grad_norm), ("epoch", Some(self.epoch))];
-        let extra = extra.into_iter().filter(|_| self.split == Split::Train).map(|(n, v)| (format!("train/{n}"), v));
+        let train_only = [("learning_rate", self.learning_rate), ("grad_norm", self.grad_norm)];
+        let train_only = train_only.into_iter().filter(|_| self.split == Split::Train);
+        // transformers' `Trainer.log` adds the epoch to every log, eval's too, under `train/`.
+        let extra = train_only.chain([("epoch", Some(self.epoch))]).map(|(n, v)| (format!("train/{n}"), v));
         let speed = [
             ("pairs_per_second", self.pairs_per_second),
             ("tokens_per_second", self.tokens_per_second),
@@ -342,6 +344,18 @@ impl MetricsWriter {
         }
     }
 
+    /// Logs values to TensorBoard and W&B (one W&B row).
+    fn log_tagged(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
+        if let Some(run) = self.wandb.as_mut() {
+            run.log(values, step);
+        }
+        let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
+        for (tag, v) in values {
+            events.scalar(tag, step, *v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
+        }
+        Ok(())
+    }
+
     /// The TensorBoard event file, when there is one.
     pub fn tensorboard(&mut self) -> Option<&mut EventWriter> {
         self.tensorboard.as_mut()
@@ -390,6 +404,12 @@ impl MetricsWriter {
 
     /// Appends one row and flushes it to the file.
     pub fn append(&mut self, row: &MetricsRow) -> Result<(), LogError> {
+        self.append_with(row, &[])
+    }
+
+    /// [`Self::append`], with values `beside` the row logged with it to TensorBoard and W&B but
+    /// not to `metrics.csv` (an evaluation's runtime under transformers' names).
+    pub fn append_with(&mut self, row: &MetricsRow, beside: &[(String, f64)]) -> Result<(), LogError> {
         if row.metrics.len() != METRIC_NAMES.len() {
             return Err(LogError::MetricCount {
                 path: self.path.clone(),
@@ -402,15 +422,9 @@ impl MetricsWriter {
         if self.tensorboard.is_none() && self.wandb.is_none() {
             return Ok(());
         }
-        let tagged = row.tagged();
-        if let Some(run) = self.wandb.as_mut() {
-            run.log(&tagged, row.step);
-        }
-        let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
-        for (tag, v) in &tagged {
-            events.scalar(tag, row.step, *v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
-        }
-        Ok(())
+        let mut tagged = row.tagged();
+        tagged.extend_from_slice(beside);
+        self.log_tagged(&tagged, row.step)
     }
 
     /// Writes and flushes one record.

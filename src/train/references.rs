@@ -140,15 +140,17 @@ impl References {
         if run.data.eval.is_empty() {
             return Ok(None);
         }
+        let started = std::time::Instant::now();
         let Some(metrics) = sharded_metrics(policy, &run.data.eval, &self.eval, &self.collation, run)? else {
             progress.line(&format!("eval step {}: stopped by the interrupt", state.step));
             return Ok(None);
         };
+        let runtime = started.elapsed().as_secs_f64();
         let Some(out) = out else { return Ok(Some(metrics)) };
         let mut row = MetricsRow::empty(state.step, state.epoch, Split::Eval, state.elapsed_seconds);
         row.record(&metrics);
         row.set_metric("num_tokens", state.num_tokens);
-        out.append(&row)?;
+        out.append_with(&row, &eval_speed(runtime, run.data.eval.len(), run))?;
         progress.line(&format!("eval step {} | {}", state.step, metrics.headline(" | ")));
         let title = format!("step {}", state.step);
         let path = dir.join("samples_val.txt");
@@ -242,6 +244,20 @@ fn sharded_reference_logps(
 
 /// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C
 /// stopped any rank's scoring (the ranks agree before they gather).
+/// transformers' `speed_metrics` of an evaluation: `eval/runtime` in seconds, and its pairs and
+/// batches (`per_device_eval_batch_size` on each device) a second.
+fn eval_speed(runtime: f64, pairs: usize, run: &Run) -> Vec<(String, f64)> {
+    let batch = run.cfg.per_device_eval_batch_size.max(1) * run.rt.workers.world_size();
+    let per_second = |n: usize| n as f64 / runtime.max(f64::MIN_POSITIVE);
+    [
+        ("runtime", runtime),
+        ("samples_per_second", per_second(pairs)),
+        ("steps_per_second", per_second(pairs.div_ceil(batch))),
+    ]
+    .map(|(name, v)| (format!("eval/{name}"), v))
+    .to_vec()
+}
+
 fn sharded_metrics(
     policy: &Llama,
     pairs: &[TokenizedPair],

@@ -69,12 +69,21 @@ fn tensorboard_reads_every_logged_value_the_samples_and_the_dashboard() {
             (format!("{split}/tokens_per_second"), row.tokens_per_second),
             (format!("{split}/elapsed_seconds"), Some(row.elapsed_seconds)),
         ]);
+        // transformers logs the epoch with every row, eval's too.
+        values.push(("train/epoch".to_owned(), Some(row.epoch)));
         if split == "train" {
             values.extend([
                 ("train/learning_rate".to_owned(), row.learning_rate),
                 ("train/grad_norm".to_owned(), row.grad_norm),
-                ("train/epoch".to_owned(), Some(row.epoch)),
             ]);
+        } else {
+            // Each evaluation's speed under transformers' names (not in metrics.csv): the held-out
+            // pairs in batches of 8 (`per_device_eval_batch_size`) a second.
+            let runtime = scalar("eval/runtime", row.step).expect("eval/runtime");
+            let pairs = scalar("eval/samples_per_second", row.step).expect("eval/samples_per_second") * runtime;
+            let batches = scalar("eval/steps_per_second", row.step).expect("eval/steps_per_second") * runtime;
+            assert!(runtime > 0.0 && (pairs - pairs.round()).abs() < 1e-3 && pairs >= 8.0, "{pairs} pairs");
+            assert!((batches - (pairs.round() / 8.0).ceil()).abs() < 1e-3, "{batches} batches of {pairs}");
         }
         for (tag, value) in values {
             let Some(expected) = value else { continue };

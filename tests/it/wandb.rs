@@ -65,6 +65,8 @@ fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
             assert!((got - value).abs() <= 1e-12 * value.abs().max(1.0), "step {} `{tag}`: {got} vs {value}", row.step);
         }
     }
+    // An evaluation's speed is in its row, as transformers logs it.
+    assert!(history.iter().filter(|h| h.get("eval/loss").is_some()).all(|h| h["eval/runtime"].as_f64() > Some(0.0)));
     let splits: Vec<bool> = history.iter().map(|h| h.get("eval/loss").is_some()).collect();
     assert_eq!(splits, [false, false, true, false, false, true], "train rows at steps 1-4, evaluations at 2 and 4");
 }
