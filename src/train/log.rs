@@ -344,8 +344,9 @@ impl MetricsWriter {
         }
     }
 
-    /// Logs values to TensorBoard and W&B (one W&B row).
-    fn log_tagged(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
+    /// Logs values to TensorBoard and W&B (one W&B row), not to `metrics.csv` (the end of
+    /// training's summary under transformers' names).
+    pub fn log_beside(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
         if let Some(run) = self.wandb.as_mut() {
             run.log(values, step);
         }
@@ -424,7 +425,7 @@ impl MetricsWriter {
         }
         let mut tagged = row.tagged();
         tagged.extend_from_slice(beside);
-        self.log_tagged(&tagged, row.step)
+        self.log_beside(&tagged, row.step)
     }
 
     /// Writes and flushes one record.
@@ -437,6 +438,22 @@ impl MetricsWriter {
         })?;
         self.writer.flush().map_err(|e| LogError::io("write", &self.path, e))
     }
+}
+
+/// transformers' `speed_metrics` of a `split` (`train`, `eval`) that ran `runtime` seconds over
+/// `samples` and `steps`, rounded as there, under the tags its `TensorBoardCallback` and
+/// `WandbCallback` give them (`rewrite_logs`): `eval/runtime`, `train/train_runtime`, ...
+pub fn speed_metrics(split: &str, runtime: f64, samples: f64, steps: f64) -> Vec<(String, f64)> {
+    let round = |v: f64, digits: i32| (v * 10f64.powi(digits)).round() / 10f64.powi(digits);
+    let mut out = vec![("runtime", round(runtime, 4))];
+    if runtime > 0.0 {
+        out.extend([
+            ("samples_per_second", round(samples / runtime, 3)),
+            ("steps_per_second", round(steps / runtime, 3)),
+        ]);
+    }
+    let tag = |name| if split == "eval" { format!("eval/{name}") } else { format!("train/{split}_{name}") };
+    out.into_iter().map(|(name, v)| (tag(name), v)).collect()
 }
 
 /// Checks that the first line of `path` is the header this version writes, or an earlier

@@ -244,18 +244,11 @@ fn sharded_reference_logps(
 
 /// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C
 /// stopped any rank's scoring (the ranks agree before they gather).
-/// transformers' `speed_metrics` of an evaluation: `eval/runtime` in seconds, and its pairs and
-/// batches (`per_device_eval_batch_size` on each device) a second.
+/// transformers' speed metrics of an evaluation of `pairs` in batches of
+/// `per_device_eval_batch_size` on each device: `eval/runtime`, `eval/samples_per_second`, ...
 fn eval_speed(runtime: f64, pairs: usize, run: &Run) -> Vec<(String, f64)> {
     let batch = run.cfg.per_device_eval_batch_size.max(1) * run.rt.workers.world_size();
-    let per_second = |n: usize| n as f64 / runtime.max(f64::MIN_POSITIVE);
-    [
-        ("runtime", runtime),
-        ("samples_per_second", per_second(pairs)),
-        ("steps_per_second", per_second(pairs.div_ceil(batch))),
-    ]
-    .map(|(name, v)| (format!("eval/{name}"), v))
-    .to_vec()
+    crate::train::log::speed_metrics("eval", runtime, pairs as f64, pairs.div_ceil(batch) as f64)
 }
 
 fn sharded_metrics(

@@ -22,7 +22,7 @@ use super::references::References;
 use super::sampler::Sampler;
 use super::schedule::Schedule;
 use super::step::{StepPlan, Trained, optimizer_step, overlaps_reference};
-use super::window::{Positions, Window};
+use super::window::{Positions, Session, Window};
 use super::workers::Workers;
 use crate::config::{ConfigError, SaveStrategy, Sharding, TrainConfig};
 use crate::data::Packing;
@@ -56,7 +56,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     progress.start(name, trained.state.step, total_steps);
     let mut marks = Marks::start(run)?;
     let (started, elapsed_before, first_step) = (Instant::now(), trained.state.elapsed_seconds, trained.state.step);
-    let mut window = Window::new();
+    let (mut window, mut session) = (Window::new(), Session::start(first_step));
     let mut positions = Positions::default();
     let (mut last_eval, mut last_status, mut interrupted) = (None, String::new(), false);
     if cfg.eval_on_start && trained.state.step == 0 {
@@ -88,6 +88,7 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
             positions.add(done.positions);
             let (row, status) = done.finish(state, lr, norm, plan.objective, &cfg.loss, workers)?;
             window = Window::new();
+            session.logged(&row);
             if let Some(out) = log.as_mut() {
                 out.append(&row)?;
             }
@@ -111,6 +112,10 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     }
     report_positions(run, name, positions, plan.packing, progress)?;
     report_copies(&trained, name, trained.state.step - first_step, progress);
+    if let Some(out) = log.as_mut().filter(|_| !interrupted && first_step < total_steps) {
+        let samples = schedule_samples(cfg, &trained.state, run.data.train.len());
+        out.log_beside(&session.summary(&trained.state, total_steps, samples), trained.state.step)?;
+    }
     let ending = Ending { files, config_json: &config_json, interrupted, last_eval, references };
     let outcome = finish(run, stage, trained, ending, progress)?;
     // The W&B run ended as it should have; an error's return leaves it to be marked failed.
@@ -118,6 +123,15 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         log.finish();
     }
     Ok(outcome)
+}
+
+/// The pairs transformers counts its whole schedule to train (`num_train_samples`): `max_steps`
+/// global batches, else the training pairs `num_train_epochs` times.
+fn schedule_samples(cfg: &TrainConfig, state: &TrainerState, pairs: usize) -> f64 {
+    match u64::try_from(cfg.max_steps) {
+        Ok(steps) if steps > 0 => (steps * state.global_batch.unwrap_or(0) as u64) as f64,
+        _ => pairs as f64 * cfg.num_train_epochs,
+    }
 }
 
 /// Redraws the stage's plots and logs the dashboard to TensorBoard at `step`.

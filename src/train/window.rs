@@ -181,3 +181,41 @@ impl Default for Window {
         Self::new()
     }
 }
+
+/// A stage's run in this process (from its start or its resume), for the metrics transformers
+/// logs when training ends (`Trainer._finalize_training`): the loss summed over the logged
+/// windows, each window's mean times its steps (every step of a finished stage is in one).
+pub struct Session {
+    started: Instant,
+    first_step: u64,
+    last_logged: u64,
+    loss_sum: f64,
+}
+
+impl Session {
+    pub fn start(step: u64) -> Self {
+        Self { started: Instant::now(), first_step: step, last_logged: step, loss_sum: 0.0 }
+    }
+
+    /// Counts a logged training row's window.
+    pub fn logged(&mut self, row: &MetricsRow) {
+        if let Some(loss) = row.metric("loss") {
+            self.loss_sum += loss * row.step.saturating_sub(self.last_logged) as f64;
+        }
+        self.last_logged = row.step;
+    }
+
+    /// `train/train_runtime`, `train/train_samples_per_second`, `train/train_steps_per_second`,
+    /// `train/train_loss` and `train/epoch` at step `state.step` of `max_steps`, rounded as
+    /// transformers' `speed_metrics` rounds them; `samples` are the whole schedule's
+    /// (`max_steps` x the global batch, else the pairs x `num_train_epochs`), of which this
+    /// session ran its share. `total_flos` is not counted.
+    pub fn summary(&self, state: &TrainerState, max_steps: u64, samples: f64) -> Vec<(String, f64)> {
+        let trained = state.step.saturating_sub(self.first_step) as f64;
+        let share = samples * trained / max_steps.max(1) as f64;
+        let mut out = super::log::speed_metrics("train", self.started.elapsed().as_secs_f64(), share, trained);
+        let loss = self.loss_sum / trained.max(0.001);
+        out.extend([("train/train_loss".to_owned(), loss), ("train/epoch".to_owned(), state.epoch)]);
+        out
+    }
+}

@@ -56,7 +56,11 @@ fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
 
     let history = recorded["history"].as_array().unwrap();
     let metrics = dpo_train::train::log::read_metrics(&dir.path().join("out/r/metrics.csv")).unwrap();
-    assert_eq!(history.len(), metrics.len(), "one W&B row a metrics.csv row");
+    // One W&B row a metrics.csv row, then transformers' summary of the training.
+    assert_eq!(history.len(), metrics.len() + 1, "one W&B row a metrics.csv row, and the summary");
+    let summary = &history[metrics.len()];
+    assert_eq!(summary["train/global_step"].as_u64(), Some(4));
+    assert!(summary["train/train_runtime"].as_f64() > Some(0.0) && summary["train/train_loss"].is_f64(), "{summary}");
     for (logged, row) in history.iter().zip(&metrics) {
         assert_eq!(logged["train/global_step"].as_u64(), Some(row.step));
         for (tag, value) in row.tagged() {
@@ -68,7 +72,11 @@ fn a_run_logs_its_rows_to_wandb_under_transformers_names() {
     // An evaluation's speed is in its row, as transformers logs it.
     assert!(history.iter().filter(|h| h.get("eval/loss").is_some()).all(|h| h["eval/runtime"].as_f64() > Some(0.0)));
     let splits: Vec<bool> = history.iter().map(|h| h.get("eval/loss").is_some()).collect();
-    assert_eq!(splits, [false, false, true, false, false, true], "train rows at steps 1-4, evaluations at 2 and 4");
+    assert_eq!(
+        splits,
+        [false, false, true, false, false, true, false],
+        "train rows at steps 1-4, evaluations at 2 and 4"
+    );
 }
 
 #[test]
@@ -89,7 +97,8 @@ fn all_takes_wandb_where_it_is_installed() {
     let with = tempfile::tempdir().unwrap();
     let out = dpo_train(with.path(), "all", &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(read_run(with.path())["history"].as_array().map(Vec::len), Some(6));
+    // 4 train rows, 2 evaluations and the summary.
+    assert_eq!(read_run(with.path())["history"].as_array().map(Vec::len), Some(7));
     assert!(with.path().join("out/r/runs/dpo").is_dir(), "TensorBoard too");
     let without = tempfile::tempdir().unwrap();
     let out = dpo_train(without.path(), "all", NO_WANDB);
