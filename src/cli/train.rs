@@ -86,11 +86,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let (device, mut group, worker) = match placed? {
         Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
         Placed::Launched(LaunchOutcome::Interrupted) => return Ok(ExitCode::from(INTERRUPTED)),
-        Placed::Launched(LaunchOutcome::Aborted) => {
-            let named = cfg.run_name.as_ref().map(|n| cfg.output_dir.join(n));
-            aborted(reserved.borrow().clone().or(resume).or(named).as_deref());
-            return Ok(ExitCode::from(INTERRUPTED));
-        }
+        Placed::Launched(LaunchOutcome::Aborted) => return Ok(aborted(&cfg, reserved.take().or(resume))),
         Placed::Here { device, group, worker } => (device, group, worker),
     };
     if new_run && worker.is_distributed() {
@@ -309,11 +305,13 @@ fn adapter_keys(layered: &mut Layered, own_file: bool) -> anyhow::Result<()> {
 }
 
 /// What the command line asks for, read once.
-/// A second Ctrl-C killed the workers: what was lost, and where to resume from.
-fn aborted(run_dir: Option<&Path>) {
+/// A second Ctrl-C killed the workers: what was lost, and where to resume from (`run_dir`: the
+/// one named for them or resumed, else the config's).
+fn aborted(cfg: &TrainConfig, run_dir: Option<PathBuf>) -> ExitCode {
     eprintln!("interrupt: aborted; the steps since the last checkpoint were not saved");
+    let run_dir = run_dir.or_else(|| cfg.run_name.as_ref().map(|n| cfg.output_dir.join(n)));
     // The DPO stage's checkpoints, else the warm-up's.
-    let latest = run_dir.and_then(|dir| {
+    let latest = run_dir.as_deref().and_then(|dir| {
         let stages = [dir.to_owned(), dir.join(crate::run::SFT_DIR)];
         Some((dir, stages.iter().find_map(|d| crate::train::checkpoint::latest(d))?))
     });
@@ -321,6 +319,7 @@ fn aborted(run_dir: Option<&Path>) {
         Some((dir, ckpt)) => eprintln!("resume from `{}` with `--resume {}`", ckpt.display(), dir.display()),
         None => eprintln!("no checkpoint was saved yet: the run starts again from step 0"),
     }
+    ExitCode::from(INTERRUPTED)
 }
 
 struct Resolved {

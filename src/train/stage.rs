@@ -105,13 +105,8 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         progress.step(trained.state.step, &last_status);
     }
     marks.after_step(trained.state.step, true, progress); // a window Ctrl-C cut short
-    // Every rank must take part in the report's sum: it runs only where all of them track.
     positions.add(window.positions);
-    if !workers.any(!marks.tracks_peak)? {
-        report_peak(run, name, marks.cuda, positions.largest, progress)?;
-    }
-    report_positions(run, name, positions, plan.packing, progress)?;
-    report_copies(&trained, name, trained.state.step - first_step, progress);
+    report_stage(run, (name, plan.packing), &marks, positions, (&trained, first_step), progress)?;
     if let Some(out) = log.as_mut().filter(|_| !interrupted && first_step < total_steps) {
         let samples = schedule_samples(cfg, &trained.state, run.data.train.len());
         out.log_beside(&session.summary(&trained.state, total_steps, samples), trained.state.step)?;
@@ -123,6 +118,24 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
         log.finish();
     }
     Ok(outcome)
+}
+
+/// What the stage's steps held and cost: their peak memory, positions computed and copies.
+fn report_stage(
+    run: &Run,
+    (name, packing): (&str, Packing),
+    marks: &Marks,
+    positions: Positions,
+    (trained, first_step): (&Trained, u64),
+    progress: &mut dyn Progress,
+) -> anyhow::Result<()> {
+    // Every rank must take part in the report's sum: it runs only where all of them track.
+    if !run.rt.workers.any(!marks.tracks_peak)? {
+        report_peak(run, name, marks.cuda, positions.largest, progress)?;
+    }
+    report_positions(run, name, positions, packing, progress)?;
+    report_copies(trained, name, trained.state.step - first_step, progress);
+    Ok(())
 }
 
 /// The pairs transformers counts its whole schedule to train (`num_train_samples`): `max_steps`
