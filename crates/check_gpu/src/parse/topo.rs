@@ -340,30 +340,19 @@ GPU2\tPHB\tPHB\t X \t0-7\t0\n";
         assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
     }
 
+    /// Tabs turned into spaces, as an HGX A100's output was copied into a cluster's docs (driver
+    /// 495.29.05): one space after a 7-character CPU list.
     #[test]
     fn old_mlx_columns_and_space_separated() {
         let text = "        GPU0    GPU1    mlx5_0  CPU Affinity    NUMA Affinity\n\
-GPU0     X      SYS     PXB     0-19    0\n\
+GPU0     X      SYS     PXB     112-127 7\n\
 GPU1    SYS      X      SYS     20-39   1\n\
 mlx5_0  PXB     SYS      X\n";
         let m = p(text).expect("parses");
         assert_eq!(m.links[1][0], Link::Sys);
         assert_eq!(m.gpus[1].cpu_affinity.as_deref(), Some("20-39"));
+        assert_eq!((m.gpus[0].cpu_affinity.as_deref(), m.gpus[0].numa_node), (Some("112-127"), Some(7)));
         assert_eq!(m.nics, vec!["mlx5_0".to_string()]);
-    }
-
-    /// As an HGX A100's output was copied into a cluster's docs (driver 495.29.05): its tabs
-    /// became spaces, one after a 7-character CPU list.
-    #[test]
-    fn tabs_turned_into_single_spaces() {
-        let text = "        GPU0    GPU1    mlx5_0  CPU Affinity    NUMA Affinity\n\
-GPU0     X      NV12    SYS     112-127 7\n\
-GPU1    NV12     X      SYS     80-95   5\n\
-mlx5_0  SYS     SYS      X\n";
-        let m = p(text).expect("parses");
-        assert_eq!(m.gpus[0].cpu_affinity.as_deref(), Some("112-127"));
-        assert_eq!((m.gpus[0].numa_node, m.gpus[1].numa_node), (Some(7), Some(5)));
-        assert_eq!(m.links[0][1], Link::NvLink(12));
     }
 
     /// A file cut inside its last row: the affinities it lacks are refused, not left unset (or a
