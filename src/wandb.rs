@@ -39,6 +39,8 @@ for line in sys.stdin:
     message = json.loads(line)
     if "log" in message:
         run.log(message["log"])
+    elif "summary" in message:
+        run.summary.update(message["summary"])
     elif message.get("finish"):
         finished = True
         break
@@ -121,6 +123,19 @@ impl WandbRun {
         if let Err(e) = writeln!(stdin, "{}", serde_json::json!({ "log": row })) {
             eprintln!(
                 "warning: W&B logging stopped at step {step} (the wandb script is gone: {e}); metrics.csv has every value"
+            );
+            self.stdin = None;
+        }
+    }
+
+    /// Sets values of the run's summary (transformers' end-of-training `train_runtime`, ...).
+    pub fn summary(&mut self, values: &[(String, f64)]) {
+        let Some(stdin) = self.stdin.as_mut() else { return };
+        let values: serde_json::Map<String, serde_json::Value> =
+            values.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect();
+        if let Err(e) = writeln!(stdin, "{}", serde_json::json!({ "summary": values })) {
+            eprintln!(
+                "warning: W&B logging stopped at the summary (the wandb script is gone: {e}); metrics.csv has every value"
             );
             self.stdin = None;
         }

@@ -344,12 +344,29 @@ impl MetricsWriter {
         }
     }
 
-    /// Logs values to TensorBoard and W&B (one W&B row), not to `metrics.csv` (the end of
-    /// training's summary under transformers' names).
-    pub fn log_beside(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
+    /// Logs the end of training's summary (`train_runtime`, `train_loss`, ...) as transformers
+    /// does: each value under its tag to TensorBoard, into the run's summary on W&B (its
+    /// `single_value_scalars`), where the history gets the epoch alone; not to `metrics.csv`.
+    pub fn log_summary(&mut self, values: &[(String, f64)], epoch: f64, step: u64) -> Result<(), LogError> {
+        let epoch = [("train/epoch".to_owned(), epoch)];
+        if let Some(run) = self.wandb.as_mut() {
+            run.summary(values);
+            run.log(&epoch, step);
+        }
+        let tagged: Vec<(String, f64)> = values.iter().map(|(key, v)| (tag(key), *v)).chain(epoch).collect();
+        self.scalars(&tagged, step)
+    }
+
+    /// Logs values to TensorBoard and W&B (one W&B row).
+    fn log_beside(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
         if let Some(run) = self.wandb.as_mut() {
             run.log(values, step);
         }
+        self.scalars(values, step)
+    }
+
+    /// Writes values to the TensorBoard event file, where there is one.
+    fn scalars(&mut self, values: &[(String, f64)], step: u64) -> Result<(), LogError> {
         let Some(events) = self.tensorboard.as_mut() else { return Ok(()) };
         for (tag, v) in values {
             events.scalar(tag, step, *v as f32).map_err(|e| LogError::io("write", events.path(), e))?;
@@ -441,8 +458,7 @@ impl MetricsWriter {
 }
 
 /// transformers' `speed_metrics` of a `split` (`train`, `eval`) that ran `runtime` seconds over
-/// `samples` and `steps`, rounded as there, under the tags its `TensorBoardCallback` and
-/// `WandbCallback` give them (`rewrite_logs`): `eval/runtime`, `train/train_runtime`, ...
+/// `samples` and `steps`, named and rounded as there: `eval_runtime`, `train_samples_per_second`, ...
 pub fn speed_metrics(split: &str, runtime: f64, samples: f64, steps: f64) -> Vec<(String, f64)> {
     let round = |v: f64, digits: i32| (v * 10f64.powi(digits)).round() / 10f64.powi(digits);
     let mut out = vec![("runtime", round(runtime, 4))];
@@ -452,8 +468,16 @@ pub fn speed_metrics(split: &str, runtime: f64, samples: f64, steps: f64) -> Vec
             ("steps_per_second", round(steps / runtime, 3)),
         ]);
     }
-    let tag = |name| if split == "eval" { format!("eval/{name}") } else { format!("train/{split}_{name}") };
-    out.into_iter().map(|(name, v)| (tag(name), v)).collect()
+    out.into_iter().map(|(name, v)| (format!("{split}_{name}"), v)).collect()
+}
+
+/// The tag transformers' `TensorBoardCallback` and `WandbCallback` give a logged key
+/// (`rewrite_logs`): `eval_runtime` is `eval/runtime`, anything else goes under `train/`.
+pub fn tag(key: &str) -> String {
+    match key.strip_prefix("eval_") {
+        Some(name) => format!("eval/{name}"),
+        None => format!("train/{key}"),
+    }
 }
 
 /// Checks that the first line of `path` is the header this version writes, or an earlier

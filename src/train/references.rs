@@ -248,7 +248,8 @@ fn sharded_reference_logps(
 /// `per_device_eval_batch_size` on each device: `eval/runtime`, `eval/samples_per_second`, ...
 fn eval_speed(runtime: f64, pairs: usize, run: &Run) -> Vec<(String, f64)> {
     let batch = run.cfg.per_device_eval_batch_size.max(1) * run.rt.workers.world_size();
-    crate::train::log::speed_metrics("eval", runtime, pairs as f64, pairs.div_ceil(batch) as f64)
+    let speed = crate::train::log::speed_metrics("eval", runtime, pairs as f64, pairs.div_ceil(batch) as f64);
+    speed.into_iter().map(|(key, v)| (crate::train::log::tag(&key), v)).collect()
 }
 
 fn sharded_metrics(

@@ -109,7 +109,8 @@ pub fn run_stage(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyho
     report_stage(run, (name, plan.packing), &marks, positions, (&trained, first_step), progress)?;
     if let Some(out) = log.as_mut().filter(|_| !interrupted && first_step < total_steps) {
         let samples = schedule_samples(cfg, &trained.state, run.data.train.len());
-        out.log_beside(&session.summary(&trained.state, total_steps, samples), trained.state.step)?;
+        let (summary, state) = (session.summary(&trained.state, total_steps, samples), &trained.state);
+        out.log_summary(&summary, state.epoch, state.step)?;
     }
     let ending = Ending { files, config_json: &config_json, interrupted, last_eval, references };
     let outcome = finish(run, stage, trained, ending, progress)?;

@@ -205,17 +205,15 @@ impl Session {
         self.last_logged = row.step;
     }
 
-    /// `train/train_runtime`, `train/train_samples_per_second`, `train/train_steps_per_second`,
-    /// `train/train_loss` and `train/epoch` at step `state.step` of `max_steps`, rounded as
-    /// transformers' `speed_metrics` rounds them; `samples` are the whole schedule's
+    /// `train_runtime`, `train_samples_per_second`, `train_steps_per_second` and `train_loss` at
+    /// step `state.step` of `max_steps`, rounded as transformers' `speed_metrics` rounds them; `samples` are the whole schedule's
     /// (`max_steps` x the global batch, else the pairs x `num_train_epochs`), of which this
     /// session ran its share. `total_flos` is not counted.
     pub fn summary(&self, state: &TrainerState, max_steps: u64, samples: f64) -> Vec<(String, f64)> {
         let trained = state.step.saturating_sub(self.first_step) as f64;
         let share = samples * trained / max_steps.max(1) as f64;
         let mut out = super::log::speed_metrics("train", self.started.elapsed().as_secs_f64(), share, trained);
-        let loss = self.loss_sum / trained.max(0.001);
-        out.extend([("train/train_loss".to_owned(), loss), ("train/epoch".to_owned(), state.epoch)]);
+        out.push(("train_loss".to_owned(), self.loss_sum / trained.max(0.001)));
         out
     }
 }
