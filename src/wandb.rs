@@ -53,6 +53,10 @@ pub struct WandbRun {
     stdin: Option<ChildStdin>,
 }
 
+fn json_map(values: &[(String, f64)]) -> serde_json::Map<String, serde_json::Value> {
+    values.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect()
+}
+
 /// `python3` on `PATH`, then the python of the venv whose torch this build links: the first of
 /// them that imports wandb.
 pub fn python() -> Result<PathBuf, String> {
@@ -116,26 +120,23 @@ impl WandbRun {
 
     /// Logs `values` at optimizer step `step`. A failure warns once and stops the logging.
     pub fn log(&mut self, values: &[(String, f64)], step: u64) {
-        let Some(stdin) = self.stdin.as_mut() else { return };
-        let mut row: serde_json::Map<String, serde_json::Value> =
-            values.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect();
+        let mut row = json_map(values);
         row.insert("train/global_step".to_owned(), serde_json::json!(step));
-        if let Err(e) = writeln!(stdin, "{}", serde_json::json!({ "log": row })) {
-            eprintln!(
-                "warning: W&B logging stopped at step {step} (the wandb script is gone: {e}); metrics.csv has every value"
-            );
-            self.stdin = None;
-        }
+        self.send(&serde_json::json!({ "log": row }), &format!("step {step}"));
     }
 
     /// Sets values of the run's summary (transformers' end-of-training `train_runtime`, ...).
     pub fn summary(&mut self, values: &[(String, f64)]) {
+        self.send(&serde_json::json!({ "summary": json_map(values) }), "the summary");
+    }
+
+    /// Writes one message to the script; a failure (`at` names what was being logged) warns
+    /// once and stops the logging.
+    fn send(&mut self, message: &serde_json::Value, at: &str) {
         let Some(stdin) = self.stdin.as_mut() else { return };
-        let values: serde_json::Map<String, serde_json::Value> =
-            values.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect();
-        if let Err(e) = writeln!(stdin, "{}", serde_json::json!({ "summary": values })) {
+        if let Err(e) = writeln!(stdin, "{message}") {
             eprintln!(
-                "warning: W&B logging stopped at the summary (the wandb script is gone: {e}); metrics.csv has every value"
+                "warning: W&B logging stopped at {at} (the wandb script is gone: {e}); metrics.csv has every value"
             );
             self.stdin = None;
         }

@@ -206,9 +206,9 @@ impl Session {
     }
 
     /// `train_runtime`, `train_samples_per_second`, `train_steps_per_second` and `train_loss` at
-    /// step `state.step` of `max_steps`, rounded as transformers' `speed_metrics` rounds them; `samples` are the whole schedule's
-    /// (`max_steps` x the global batch, else the pairs x `num_train_epochs`), of which this
-    /// session ran its share. `total_flos` is not counted.
+    /// step `state.step` of `max_steps`, rounded as transformers' `speed_metrics` rounds them;
+    /// `samples` are the whole schedule's (`max_steps` x the global batch, else the pairs x
+    /// `num_train_epochs`), of which this session ran its share. `total_flos` is not counted.
     pub fn summary(&self, state: &TrainerState, max_steps: u64, samples: f64) -> Vec<(String, f64)> {
         let trained = state.step.saturating_sub(self.first_step) as f64;
         let share = samples * trained / max_steps.max(1) as f64;
