@@ -64,12 +64,12 @@ fn cells(line: &str) -> Vec<String> {
     let mut out = Vec::with_capacity(words.len());
     let mut rest = &words[..];
     while let Some(first) = rest.first() {
-        let column = AFFINITY_COLUMNS.iter().find(|name| {
-            let parts = name.split(' ');
-            parts.clone().count() <= rest.len() && parts.zip(rest).all(|(part, word)| part == *word)
-        });
-        let taken = column.map_or(1, |name| name.split(' ').count());
-        out.push(column.map_or_else(|| first.to_string(), |name| name.to_string()));
+        let column = AFFINITY_COLUMNS
+            .iter()
+            .map(|name| (name, name.split(' ').collect::<Vec<_>>()))
+            .find(|(_, parts)| rest.starts_with(parts));
+        let (cell, taken) = column.map_or((first.to_string(), 1), |(name, parts)| (name.to_string(), parts.len()));
+        out.push(cell);
         rest = &rest[taken..];
     }
     out
