@@ -9,6 +9,10 @@
 //! (`optimizer.shard-R-of-W.safetensors`, see [`save_slices`]) and the checkpoint records each
 //! parameter's length (`optimizer.shards.json`); loading reassembles one parameter at a time into
 //! whatever layout the resumed run uses, any world size and sharding stage.
+//!
+//! `checksums.json` holds the CRC-32C of the tensor files and the trainer state, written last;
+//! reading them back checks them ([`dpo_base::checksums`]), so a file damaged on disk stops a
+//! resume by name rather than training on from it.
 
 use std::path::{Path, PathBuf};
 
@@ -153,6 +157,7 @@ pub fn save(
     }
     let written = write_checkpoint(&staged, model, files, optimizer, state, beside)
         .and_then(|()| move_slices(&slices_dir(run_dir, state.step), &staged, optimizer))
+        .and_then(|()| dpo_base::checksums::write(&staged, checksummed).map_err(io(&staged)))
         .and_then(|()| replace_dir(&staged, &dest).map_err(io(&dest)));
     if let Err(err) = written {
         // A failed save (a full disk) leaves nothing half-written behind, the ranks' slices
@@ -168,6 +173,12 @@ pub fn save(
         }
     }
     Ok(dest)
+}
+
+/// The files of a checkpoint its checksums cover: the tensors and the trainer state, which a
+/// resume reads as they are (the config and tokenizer files stay the user's to edit).
+fn checksummed(name: &str) -> bool {
+    name.ends_with(".safetensors") || name == STATE_FILE
 }
 
 /// What a checkpoint keeps beside the model and the optimizer state.
@@ -416,6 +427,7 @@ struct StateFile {
 fn read_state_file(dir: &Path) -> Result<StateFile, CheckpointError> {
     let corrupt = |message: String| CheckpointError::Corrupt { path: dir.to_owned(), message };
     let text = std::fs::read_to_string(dir.join(STATE_FILE)).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))?;
+    dpo_base::checksums::check(&dir.join(STATE_FILE), text.as_bytes()).map_err(WeightsError::from)?;
     serde_json::from_str(&text).map_err(|e| corrupt(format!("{STATE_FILE}: {e}")))
 }
 

@@ -411,7 +411,8 @@ fn save_strategy_no_writes_the_model_and_no_checkpoint() {
 /// `--resume RUN/checkpoints/step-N`, as TRL's `resume_from_checkpoint` takes one, continues
 /// that run when the checkpoint is its newest (it trained a new run inside the checkpoint's
 /// directory, from step 0); an older one is refused, naming what came after it. A newest
-/// checkpoint that cannot be loaded says how to resume from the one before, and that works.
+/// checkpoint that cannot be loaded (a flipped bit found by its checksums, a damaged trainer
+/// state) says how to resume from the one before, and that works.
 #[test]
 fn resume_takes_a_checkpoint_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -432,11 +433,27 @@ fn resume_takes_a_checkpoint_directory() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains(&format!("resuming dpo from `{}` (step 3)", ckpt(3).display())), "{}", stderr(&out));
     assert!(ckpt(4).is_dir() && !ckpt(3).join("checkpoints").exists());
-    fs::write(ckpt(4).join("trainer_state.json"), "{damaged").unwrap();
+    // One flipped bit in the weights' data still parses as safetensors: the checksums written
+    // with the checkpoint find it, in a resume and in an eval of the checkpoint.
+    let weights = ckpt(4).join("model.safetensors");
+    let mut bytes = fs::read(&weights).unwrap();
+    let at = bytes.len() - 9;
+    bytes[at] ^= 0x10;
+    fs::write(&weights, &bytes).unwrap();
+    let mut eval = dpo_train();
+    eval.args(["eval", "--model", s(&ckpt(4)), "--data", s(&data())]);
+    let damaged = one_line_error(&finish(eval, Duration::from_secs(120)));
+    let named = format!("`{}` is damaged: its CRC-32C is ", weights.display());
+    assert!(damaged.contains(&named) && damaged.contains("that checksums.json recorded when"), "{damaged}");
     // A damaged checkpoint is bad input (exit 1), with the way to resume from the one before.
     let out = train(&["--resume", s(&run), "--max-steps", "5"]);
     let damaged = stderr(&out);
     let advice = format!("(move `step-4` out of `{}` to resume from step-3)", run.join("checkpoints").display());
+    assert!(damaged.contains(&advice) && damaged.contains(&named) && out.status.code() == Some(1), "{damaged}");
+    fs::write(ckpt(4).join("trainer_state.json"), "{damaged").unwrap();
+    let out = train(&["--resume", s(&run), "--max-steps", "5"]);
+    let damaged = stderr(&out);
+    assert!(damaged.contains("trainer_state.json` is damaged: its length is 8 bytes"), "{damaged}");
     assert!(damaged.contains(&advice) && out.status.code() == Some(1), "{damaged}");
     fs::rename(ckpt(4), dir.path().join("step-4-damaged")).unwrap();
     let out = train(&["--resume", s(&run), "--max-steps", "5"]);

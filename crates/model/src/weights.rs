@@ -39,6 +39,8 @@ pub enum WeightsError {
         #[source]
         source: safetensors::SafeTensorError,
     },
+    #[error(transparent)]
+    Checksum(#[from] dpo_base::checksums::ChecksumError),
     #[error("tensor `{name}` is missing from the checkpoint in `{dir}`")]
     Missing { name: String, dir: PathBuf },
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
@@ -106,6 +108,8 @@ impl Weights {
             // SAFETY: the map is read-only and lives as long as `Weights`; a checkpoint modified
             // by another process while we read it is outside what any loader can guard against.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|source| WeightsError::Io { path: path.clone(), source })?;
+            // A checkpoint's files are checked against the checksums written with them.
+            dpo_base::checksums::check(&path, &mmap)?;
             let tensors = SafeTensors::deserialize(&mmap)
                 .map_err(|source| WeightsError::BadFile { path: path.clone(), source })?;
             for tensor_name in tensors.names() {
