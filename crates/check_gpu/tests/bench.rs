@@ -206,6 +206,33 @@ fn snapshots_round_trip_with_and_without_a_bench() {
     assert_eq!(v["communication"], Value::Null);
 }
 
+/// A saved bench whose time is not positive or whose world size is 0 is refused where the value
+/// is, as other malformed fields are (it showed as negative microseconds, or planned for 1
+/// process, and dropped the communication estimate without a word).
+#[test]
+fn impossible_bench_values_are_refused_at_their_line() {
+    let dir = temp_dir("impossible");
+    for (field, value, message) in [
+        ("seconds", json!(-0.5), "`seconds` must be a time above 0, found -0.5"),
+        ("seconds", json!(0.0), "`seconds` must be a time above 0, found 0"),
+        ("world_size", json!(0), "a count of bytes or ranks must be at least 1, found 0"),
+        ("bytes", json!(0), "a count of bytes or ranks must be at least 1, found 0"),
+    ] {
+        let mut bench = canned("nccl", 4, 0.1);
+        match field {
+            "world_size" => bench[field] = value,
+            _ => bench["collectives"][1][field] = value,
+        }
+        let snap = snapshot_with_bench(&dir, &[0, 1, 2, 3], bench);
+        let out = run(&["--snapshot", snap.to_str().expect("path"), "--model-params", "1.5B"], None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{field}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        let at = format!("{}:", snap.display());
+        assert!(err.contains(&at) && err.contains(message), "{field}: {err}");
+    }
+}
+
 /// `--bench --devices cpu:2` runs the fake dpo-train with its arguments on this machine, with or
 /// without NVML.
 #[test]

@@ -71,11 +71,34 @@ impl Collective {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
     pub op: Collective,
+    #[serde(deserialize_with = "at_least_one")]
     pub bytes: u64,
     /// Mean time per call, in seconds.
+    #[serde(deserialize_with = "a_time")]
     pub seconds: f64,
     /// Every rank's result equalled the expected values.
     pub correct: bool,
+}
+
+/// A count read back (a snapshot's): 0 bytes or ranks measured nothing, and the plan must not
+/// divide by it. serde_json places the error at the value.
+fn at_least_one<'de, D: serde::Deserializer<'de>, T: Deserialize<'de> + PartialOrd + From<u8> + std::fmt::Display>(
+    d: D,
+) -> Result<T, D::Error> {
+    let n = T::deserialize(d)?;
+    match n >= T::from(1) {
+        true => Ok(n),
+        false => Err(serde::de::Error::custom(format!("a count of bytes or ranks must be at least 1, found {n}"))),
+    }
+}
+
+/// A measured time read back: a positive, finite number of seconds.
+fn a_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let s = f64::deserialize(d)?;
+    match s > 0.0 && s.is_finite() {
+        true => Ok(s),
+        false => Err(serde::de::Error::custom(format!("`seconds` must be a time above 0, found {s}"))),
+    }
 }
 
 impl Measurement {
@@ -111,6 +134,7 @@ pub struct DeviceSpeed {
 pub struct Bench {
     /// `nccl` or `gloo`.
     pub backend: String,
+    #[serde(deserialize_with = "at_least_one")]
     pub world_size: usize,
     /// One entry per rank, in rank order.
     pub devices: Vec<DeviceSpeed>,
