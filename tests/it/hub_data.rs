@@ -324,7 +324,7 @@ fn files_datasets_writes_read_as_datasets_reads_them() {
     csv_cells_read_as_missing_as_datasets_reads_them(dir.path());
     // A saved dataset dict without the split asked for lists its splits.
     let err = load_preferences(&dir.path().join("saved_dict"), &split_opts("validation")).unwrap_err().to_string();
-    assert!(err.ends_with("the saved `DatasetDict` has no split `validation`; it has `train`, `test` (choose the split with `dataset_train_split` / `dataset_test_split`)"), "{err}");
+    assert!(err.ends_with("the saved `DatasetDict` has no split `validation`; it has `train`, `test` (choose the split with `dataset_train_split` / `dataset_test_split`, or `eval --split`)"), "{err}");
     // A damaged `state.json` is named.
     std::fs::write(dir.path().join("saved/state.json"), b"{\"_data_files\": 3}").unwrap();
     let err = load_preferences(&dir.path().join("saved"), &split_opts("train")).unwrap_err().to_string();

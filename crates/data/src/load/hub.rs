@@ -137,9 +137,7 @@ pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Result<Vec<
         Some(Card::Patterns(splits)) => {
             let Some((_, patterns)) = splits.iter().find(|(s, _)| s == split) else {
                 let has = splits.iter().map(|(s, _)| format!("`{s}`")).collect::<Vec<_>>().join(", ");
-                let message = format!(
-                    "the card's configuration has no split `{split}`; it has {has} (choose the split with `dataset_train_split` / `dataset_test_split`)"
-                );
+                let message = format!("the card's configuration has no split `{split}`; it has {has} {CHOOSE_SPLIT}");
                 return Err(DataError::Layout { path: dir.to_path_buf(), message });
             };
             card::resolve(dir, &all_files(dir), patterns)
@@ -189,9 +187,7 @@ fn saved_split(dir: &Path, split: &str) -> Option<Result<Vec<PathBuf>, DataError
         true => saved_files(&dir.join(split)),
         false => {
             let has = splits.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
-            let message = format!(
-                "the saved `DatasetDict` has no split `{split}`; it has {has} (choose the split with `dataset_train_split` / `dataset_test_split`)"
-            );
+            let message = format!("the saved `DatasetDict` has no split `{split}`; it has {has} {CHOOSE_SPLIT}");
             Err(DataError::Layout { path: dir.to_path_buf(), message })
         }
     }))
@@ -222,6 +218,9 @@ fn bad_json(path: &Path, problem: &str) -> DataError {
 }
 
 /// What a directory offers: its splits and their files, or that it has no data file.
+/// The settings that choose the split read: training's and `eval`'s.
+const CHOOSE_SPLIT: &str = "(choose the split with `dataset_train_split` / `dataset_test_split`, or `eval --split`)";
+
 fn inventory(dir: &Path, found: &[(String, Vec<String>)]) -> String {
     if found.is_empty() {
         return format!(
@@ -236,7 +235,7 @@ fn inventory(dir: &Path, found: &[(String, Vec<String>)]) -> String {
             many => format!("`{split}` ({}, {} files)", many[0], many.len()),
         })
         .collect();
-    format!("it has {} (choose the split with `dataset_train_split` / `dataset_test_split`)", shown.join(", "))
+    format!("it has {} {CHOOSE_SPLIT}", shown.join(", "))
 }
 
 #[cfg(test)]
