@@ -22,6 +22,7 @@ static REQUESTED: AtomicBool = AtomicBool::new(false);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FORWARDING: AtomicBool = AtomicBool::new(false);
 static TRAINING: AtomicBool = AtomicBool::new(false);
+static SAVES: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
 static WORKER: AtomicBool = AtomicBool::new(false);
 static FIRST: OnceLock<Instant> = OnceLock::new();
@@ -29,6 +30,13 @@ static FIRST: OnceLock<Instant> = OnceLock::new();
 /// How long after a worker's first signal another counts as the same request delivered twice (a
 /// launcher forwards within its 50 ms poll; a scheduler signals every process at once).
 pub const SAME_REQUEST: Duration = Duration::from_secs(2);
+
+/// Installs the handler for a training run (its workers save a checkpoint on a stop request),
+/// returning the flag it polls between steps.
+pub fn install_for_training() -> anyhow::Result<&'static AtomicBool> {
+    SAVES.store(true, Ordering::SeqCst);
+    install()
+}
 
 /// Installs the handler (once per process) and returns the flag a run polls between steps.
 pub fn install() -> anyhow::Result<&'static AtomicBool> {
@@ -49,7 +57,11 @@ fn on_signal() {
     REQUESTED.store(true, Ordering::SeqCst);
     let forwarding = FORWARDING.load(Ordering::SeqCst);
     match (n, forwarding) {
-        (1, true) => eprintln!("\ninterrupt: asking the workers to save a checkpoint and stop (Ctrl-C again to abort)"),
+        (1, true) if SAVES.load(Ordering::SeqCst) => {
+            eprintln!("\ninterrupt: asking the workers to save a checkpoint and stop (Ctrl-C again to abort)")
+        }
+        // `generate`'s workers keep what they wrote and stop.
+        (1, true) => eprintln!("\ninterrupt: asking the workers to stop (Ctrl-C again to abort)"),
         (1, false) if TRAINING.load(Ordering::SeqCst) => {
             eprintln!("\ninterrupt: finishing the current step, then saving a checkpoint (Ctrl-C again to abort)")
         }

@@ -50,7 +50,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     check_before_start(&mut layered, &args, sft_only)?;
     let mut cfg = layered.cfg.clone();
     check_memory(&cfg, &plan, &args.parallel)?;
-    let interrupt = interrupt::install()?;
+    let interrupt = interrupt::install_for_training()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
     // directory it creates (another run's of the same second makes it take a suffix).
     let new_run = cfg.run_name.is_none() && resume.is_none();

@@ -552,6 +552,9 @@ fn an_interrupted_multi_process_run_saves_and_exits_130() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(130), "signal {signal} to {to}: {err}");
         assert!(err.contains("interrupted at step"), "signal {signal} to {to}: {err}");
+        if to == "launcher" {
+            assert!(err.contains("interrupt: asking the workers to save a checkpoint and stop"), "{err}");
+        }
         let saved = dpo_train::train::checkpoint::list(&dir.path().join("stop"));
         assert_eq!(saved.len(), 1, "signal {signal} to {to}: {saved:?}");
         for worker in workers {
@@ -865,7 +868,7 @@ fn generate_prints_as_it_goes_and_a_ctrl_c_keeps_it() {
             .args(["--num-samples", "4", "--max-new-tokens", "200"])
             .args(workers)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(Stdio::piped());
         // A Ctrl-C's default action in the child, whatever this process's is at the moment of the
         // spawn: `generate` alone installs no handler, so an ignored SIGINT is inherited through
         // exec, and under `make test` another thread of this process sometimes had it ignored
@@ -887,8 +890,14 @@ fn generate_prints_as_it_goes_and_a_ctrl_c_keeps_it() {
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         let mut rest = String::new();
         stdout.read_to_string(&mut rest).unwrap();
-        let status = wait_or_kill(child, Duration::from_secs(60)).status;
-        assert!(!status.success(), "{workers:?}: a Ctrl-C before the last prompt");
+        let out = wait_or_kill(child, Duration::from_secs(60));
+        assert!(!out.status.success(), "{workers:?}: a Ctrl-C before the last prompt");
+        // A launcher says what its workers do: `generate` has no checkpoint to save.
+        let err = stderr(&out);
+        assert!(!err.contains("checkpoint"), "{workers:?}: {err}");
+        if !workers.is_empty() {
+            assert!(err.contains("interrupt: asking the workers to stop (Ctrl-C again to abort)"), "{err}");
+        }
         let lines: Vec<&str> = first.lines().chain(rest.lines()).collect();
         assert!(rest.is_empty() || rest.ends_with('\n'), "{workers:?}: a prompt cut in the middle");
         assert!(lines.len() < PROMPTS, "{workers:?}: finished before the Ctrl-C");
