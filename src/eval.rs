@@ -17,10 +17,12 @@ use crate::data::{
     self, Columns, LoadOptions, Packing, Prepared, RowKind, SkippedRow, TokenizeReport, TokenizedPair, Tokenizer,
     Truncation,
 };
-use crate::dpo::logps::{Collation, RefLogps, reference_logps};
+use crate::dpo::logps::{Collation, RefLogps};
 use crate::dpo::metrics::Metrics;
-use crate::dpo::score::evaluate_pairs;
+use crate::dpo::score::metrics_of;
 use crate::model::{self, Llama, compat};
+use crate::train::Workers;
+use crate::train::references::{reference_logps_over, scores_over};
 
 /// Inputs that cannot be evaluated together.
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +52,12 @@ pub struct EvalOptions {
     /// Tokens kept per sequence (prompt + completion), TRL's `max_length`, and which of them
     /// (`truncation_mode`): use the model's training settings.
     pub truncation: Truncation,
-    /// Pairs per forward pass.
+    /// Pairs per forward pass (on each worker).
     pub batch_size: usize,
-    /// The batches TRL's metrics are means over (`per_device_eval_batch_size`): each metric is the
-    /// mean of its value over every such batch of the dataset, in order, as TRL's `log` averages
-    /// each batch's; `None`: `batch_size`. The loss is over every pair either way.
+    /// The batches TRL's metrics are means over (`per_device_eval_batch_size` on every worker):
+    /// each metric is the mean of its value over every such batch of the dataset, in order, as
+    /// TRL's `log` averages each batch's; `None`: `batch_size` times the workers. The loss is over
+    /// every pair either way.
     pub metrics_batch: Option<usize>,
     /// How a pass lays out its sequences (the numbers do not depend on it).
     pub packing: Packing,
@@ -71,32 +74,25 @@ pub struct EvalReport {
     pub tokenize: TokenizeReport,
 }
 
-/// Loads the models, tokenizer and data, then scores every pair.
+/// Loads the models, tokenizer and data, then scores every pair, in this process alone.
 pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
-    evaluate_showing(opts, &mut |_, _| {})
+    evaluate_showing(opts, Workers::single(), &mut |_, _| {})
 }
 
-/// [`evaluate`], telling `reading` the bytes of the data read so far and in all.
-pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -> anyhow::Result<EvalReport> {
+/// [`evaluate`] over `workers`, each scoring its shard of the pairs (every one reads the data and
+/// loads the models), telling `reading` the bytes of the data read so far and in all. Every
+/// worker returns the whole set's report.
+pub fn evaluate_showing(
+    opts: &EvalOptions,
+    workers: Workers,
+    reading: &mut dyn FnMut(u64, u64),
+) -> anyhow::Result<EvalReport> {
     opts.loss.validate().context("invalid loss settings")?;
     if opts.batch_size == 0 {
         return Err(EvalError::BatchSize.into());
     }
-    let tokenizer_dir = match &opts.tokenizer {
-        Some(dir) => dir.clone(),
-        None => model::tokenizer_dir(&opts.model)?,
-    };
-    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     // Every check that reads only config.json and the data runs before a weight is loaded.
-    let policy_cfg = checked_config(&opts.model, &tokenizer)?;
-    let ref_cfg = match (&opts.ref_model, !opts.loss.needs_reference()) {
-        (Some(dir), false) => {
-            let ref_cfg = checked_config(dir, &tokenizer)?;
-            compat::check_reference((&opts.model, &policy_cfg), (dir, &ref_cfg))?;
-            Some((dir, ref_cfg))
-        }
-        _ => None,
-    };
+    let Checked { tokenizer, policy_cfg, ref_cfg } = check_models(opts)?;
     let read = LoadOptions {
         columns: opts.columns.clone(),
         skip_bad_rows: opts.skip_bad_rows,
@@ -142,14 +138,45 @@ pub fn evaluate_showing(opts: &EvalOptions, reading: &mut dyn FnMut(u64, u64)) -
         ld_alpha: opts.loss.ld_alpha,
         packing: opts.packing,
     };
+    // Never stopped, so always scored.
+    let on = (workers, &opts.device);
     let ref_logps = match reference {
-        // Never stopped, so always scored.
-        Some(r) => reference_logps(r, &pairs, &collation, &opts.device, None).unwrap_or_default(),
+        Some(r) => reference_logps_over(r, &pairs, &collation, on, None)?.unwrap_or_default(),
         None => RefLogps::zeros(pairs.len()),
     };
-    let per_batch = opts.metrics_batch.unwrap_or(opts.batch_size);
-    let metrics = evaluate_pairs(&policy, &pairs, &ref_logps, (&collation, per_batch), &opts.loss, &opts.device);
+    let scored = scores_over(&policy, &pairs, &ref_logps, &collation, on, None)?.unwrap_or_default();
+    // TRL's evaluation step: a per-device batch on every worker, gathered.
+    let per_batch = opts.metrics_batch.unwrap_or(opts.batch_size * workers.world_size());
+    let metrics = metrics_of(&scored, &opts.loss, per_batch, &opts.device);
     Ok(EvalReport { metrics, pairs: pairs.len(), skipped: summary.read.skipped, tokenize: summary.tokenized })
+}
+
+/// The tokenizer and the models' configs, checked together.
+pub struct Checked<'a> {
+    tokenizer: Tokenizer,
+    policy_cfg: model::LlamaConfig,
+    /// The reference's directory and config, where the loss takes one and it is not the policy.
+    ref_cfg: Option<(&'a Path, model::LlamaConfig)>,
+}
+
+/// Reads the tokenizer and the models' `config.json` and checks them together, no weight and no
+/// data read: what a launcher checks before it starts the workers.
+pub fn check_models(opts: &EvalOptions) -> anyhow::Result<Checked<'_>> {
+    let tokenizer_dir = match &opts.tokenizer {
+        Some(dir) => dir.clone(),
+        None => model::tokenizer_dir(&opts.model)?,
+    };
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
+    let policy_cfg = checked_config(&opts.model, &tokenizer)?;
+    let ref_cfg = match (&opts.ref_model, !opts.loss.needs_reference()) {
+        (Some(dir), false) => {
+            let ref_cfg = checked_config(dir, &tokenizer)?;
+            compat::check_reference((&opts.model, &policy_cfg), (dir, &ref_cfg))?;
+            Some((dir.as_path(), ref_cfg))
+        }
+        _ => None,
+    };
+    Ok(Checked { tokenizer, policy_cfg, ref_cfg })
 }
 
 /// The resolved config of the model in `dir`, checked to embed every id of the tokenizer.

@@ -502,15 +502,13 @@ pub struct EvalArgs {
         action = clap::ArgAction::Set
     )]
     pub keep_end: Option<bool>,
-    /// Pairs per batch, TRL's `per_device_eval_batch_size`: the loss is over every pair, and
-    /// each metric the mean of the batches' values, as TRL's (kto's KL rows borrow completions
-    /// within a batch: at least 2).
+    /// Pairs per batch on each device, TRL's `per_device_eval_batch_size`: the loss is over every
+    /// pair, and each metric the mean of the values of batches of this many pairs times the
+    /// devices, as TRL's (kto's KL rows borrow completions within a batch: at least 2).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub batch_size: usize,
-    /// Where to run: `auto` (the first CUDA device torch sees, else the CPU), `cpu`, `cuda` or
-    /// `cuda:N`.
-    #[arg(long, default_value = "auto", value_parser = parse_device)]
-    pub device: DeviceArg,
+    #[command(flatten)]
+    pub parallel: ParallelArgs,
     /// Print one JSON object whose keys are TRL's metric names.
     #[arg(long)]
     pub json: bool,

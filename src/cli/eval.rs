@@ -1,64 +1,57 @@
 //! `dpo-train eval`: TRL's loss and metrics of a policy against a reference, as a table or JSON.
 
 use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
 
+use super::INTERRUPTED;
 use super::args::EvalArgs;
-use super::launch::single_device;
+use super::launch::{Placed, ProcessMemory, place};
 use super::progress::ConsoleProgress;
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::{Columns, Packing, Truncation};
+use crate::dist::LaunchOutcome;
 use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
-use crate::train::Progress;
+use crate::train::{Progress, Workers};
 
-/// Runs `eval`.
-pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
+/// Runs `eval`: in this process, or over workers it starts (`--devices cpu:N`, `--gpus N`), each
+/// scoring its shard of the pairs, rank 0 printing the whole set's metrics.
+pub fn run_eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     super::refuse_run_dir("model", &args.model)?;
     if let Some(reference) = &args.ref_model {
         super::refuse_run_dir("ref-model", reference)?;
     }
     crate::dpo::shapes::padding_setting()?;
-    let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
-    let args_device = args.device;
-    let mut truncation = eval_truncation(args.max_length, args.keep_end);
-    // The loss, the reference-free family's rows and KTO's, and what they cannot run with,
-    // refused as `train` refuses them, each named by this command's flag.
-    keys.ref_model_name_or_path = args.ref_model.clone();
-    keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
-    // KTO's KL rows rotate within blocks of `--batch-size` here.
-    keys.per_device_train_batch_size = args.batch_size;
-    let checked = |keys: &TrainConfig| -> Result<(), ConfigError> {
-        keys.loss.validate()?;
-        keys.check_reference_free()?;
-        keys.check_kto()
+    let mut opts = options(&args)?;
+    // Before any worker starts: a refusal is one line from this process.
+    crate::eval::check_models(&opts)?;
+    let floor = ProcessMemory {
+        each: check_gpu::memory::CUDA_CONTEXT_BYTES,
+        basis: "a libtorch process's own",
+        lone: "free memory on this machine",
     };
-    checked(&keys).map_err(at_eval_flag)?;
-    truncation.rows = keys.truncation()?.rows;
-    let opts = EvalOptions {
-        model: args.model,
-        ref_model: args.ref_model,
-        tokenizer: args.tokenizer,
-        data: args.data,
-        columns: Columns {
-            prompt: args.columns.prompt_column,
-            chosen: args.columns.chosen_column,
-            rejected: args.columns.rejected_column,
-        },
-        skip_bad_rows: args.skip_bad_rows,
-        split: Some(args.split),
-        config: args.dataset_config,
-        loss: keys.loss,
-        truncation,
-        batch_size: args.batch_size,
-        metrics_batch: None,
-        packing: Packing::SharedPrompt,
-        device: single_device(args_device)?,
+    super::launch::check_host_memory(&args.parallel, floor)?;
+    let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
+        Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
+        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
+            return Ok(ExitCode::from(INTERRUPTED));
+        }
+        Placed::Here { device, group, .. } => (device, group),
     };
-    let mut console = ConsoleProgress::default();
+    opts.device = device;
+    let workers = Workers { group: group.as_ref() };
+    let mut console = workers.is_main().then(ConsoleProgress::default);
     let label = format!("reading `{}`", opts.data.display());
-    let report = evaluate_showing(&opts, &mut |done, total| console.reading(&label, done, total))?;
+    let mut reading = |done, total| console.iter_mut().for_each(|c| c.reading(&label, done, total));
+    let report = evaluate_showing(&opts, workers, &mut reading)?;
     drop(console);
+    if !workers.is_main() {
+        return Ok(ExitCode::SUCCESS);
+    }
     // After the inputs are checked: a refused evaluation is one line.
-    super::device::auto_fell_back(args_device, false, &opts.device).into_iter().for_each(|n| eprintln!("{n}"));
+    let par = &args.parallel;
+    let chosen = par.devices.is_some() || par.gpus.is_some();
+    super::device::auto_fell_back(par.device, chosen, &opts.device).into_iter().for_each(|n| eprintln!("{n}"));
     if let Some(note) = reference_note(&opts) {
         eprintln!("note: {note}");
     }
@@ -76,9 +69,50 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<()> {
         // What left the means (skipped and dropped rows) goes beside the object, not into it.
         data_report(&mut std::io::stderr().lock(), &opts, &report)?;
     } else {
-        print_table(&mut out, &opts, &report)?;
+        print_table(&mut out, &opts, &report, workers.world_size())?;
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The evaluation `args` ask for, its loss and truncation checked as `train` checks them, each
+/// refusal named by this command's flag; on the CPU until the workers are placed.
+fn options(args: &EvalArgs) -> anyhow::Result<EvalOptions> {
+    let mut keys = TrainConfig::default().with_overrides(&args.loss.values)?;
+    let mut truncation = eval_truncation(args.max_length, args.keep_end);
+    // The loss, the reference-free family's rows and KTO's, and what they cannot run with,
+    // refused as `train` refuses them, each named by this command's flag.
+    keys.ref_model_name_or_path = args.ref_model.clone();
+    keys.truncation_mode = if truncation.keep_end { "keep_end" } else { "keep_start" }.to_owned();
+    // KTO's KL rows rotate within blocks of `--batch-size` here.
+    keys.per_device_train_batch_size = args.batch_size;
+    let checked = |keys: &TrainConfig| -> Result<(), ConfigError> {
+        keys.loss.validate()?;
+        keys.check_reference_free()?;
+        keys.check_kto()
+    };
+    checked(&keys).map_err(at_eval_flag)?;
+    truncation.rows = keys.truncation()?.rows;
+    Ok(EvalOptions {
+        model: args.model.clone(),
+        ref_model: args.ref_model.clone(),
+        tokenizer: args.tokenizer.clone(),
+        data: args.data.clone(),
+        columns: Columns {
+            prompt: args.columns.prompt_column.clone(),
+            chosen: args.columns.chosen_column.clone(),
+            rejected: args.columns.rejected_column.clone(),
+        },
+        skip_bad_rows: args.skip_bad_rows,
+        split: Some(args.split.clone()),
+        config: args.dataset_config.clone(),
+        loss: keys.loss,
+        truncation,
+        batch_size: args.batch_size,
+        metrics_batch: None,
+        packing: Packing::SharedPrompt,
+        #[allow(deprecated)] // burn's libtorch device is deprecated upstream; it is this project's backend.
+        device: burn::tensor::Device::libtorch(),
+    })
 }
 
 /// Without `--ref-model` a full model is its own reference (as TRL copies it), so every reward is
@@ -93,7 +127,7 @@ fn reference_note(opts: &EvalOptions) -> Option<String> {
     })
 }
 
-fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) -> anyhow::Result<()> {
+fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport, ranks: usize) -> anyhow::Result<()> {
     let types: Vec<String> = opts
         .loss
         .weighted_types()
@@ -110,7 +144,7 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) ->
     }
     writeln!(out, "data       {} ({} {})", opts.data.display(), report.pairs, opts.loss.examples())?;
     writeln!(out, "loss       {} (beta {})", types.join(" + "), opts.loss.beta)?;
-    let device = crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), 1);
+    let device = crate::run::device::describe(&opts.device, Some(crate::config::Precision::Fp32), ranks);
     writeln!(out, "device     {}", device.trim_start_matches("device: "))?;
     writeln!(out)?;
     for (name, value) in report.metrics.named().into_iter().chain(report.metrics.extra()) {

@@ -35,7 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => train::run_train(cli.train, false),
         Some(Command::Train(args)) => train::run_train(args, false),
         Some(Command::Sft(args)) => train::run_train(args, true),
-        Some(Command::Eval(args)) => eval::run_eval(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Eval(args)) => eval::run_eval(args),
         Some(Command::Generate(args)) => generate::run_generate(args),
         Some(Command::Plot(args)) => run_plot(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Data(DataCommand::Synth(args))) => run_synth(args).map(|()| ExitCode::SUCCESS),

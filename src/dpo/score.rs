@@ -13,22 +13,6 @@ use crate::config::LossConfig;
 use crate::data::TokenizedPair;
 use crate::model::Llama;
 
-/// The loss and metrics of `policy` on `pairs` against precomputed reference log-probs, scored
-/// `collation`'s batch at a time ([`metrics_of`] for the rest).
-pub fn evaluate_pairs(
-    policy: &Llama,
-    pairs: &[TokenizedPair],
-    ref_logps: &RefLogps,
-    (collation, per_batch): (&Collation, usize),
-    loss: &LossConfig,
-    device: &Device,
-) -> Metrics {
-    let indices: Vec<usize> = (0..pairs.len()).collect();
-    // Never stopped, so always scored.
-    let scored = score_pairs(policy, pairs, &indices, ref_logps, collation, device, None).unwrap_or_default();
-    metrics_of(&scored, loss, per_batch, device)
-}
-
 /// Scores the pairs at `indices` (in that order) under `policy`; `None` when `stop` is raised
 /// between two batches (a Ctrl-C: a held-out set of thousands of pairs takes minutes).
 pub fn score_pairs(

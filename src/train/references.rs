@@ -6,9 +6,10 @@
 //! the columns are gathered, so every number is the one a single process computes.
 
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 use dpo_torch::transfers;
 
 use super::checkpoint::TrainerState;
@@ -17,6 +18,7 @@ use super::log::{MetricsRow, MetricsWriter, Split};
 use super::partition::Partitioned;
 use super::ref_cache;
 use super::samples::{Sample, write_samples};
+use super::workers::Workers;
 use crate::data::{TokenizedPair, TokenizerError};
 use crate::dist::DistError;
 use crate::dpo::logps::{Collation, DeviceBatch, RefLogps, Stats, reference_logps, score};
@@ -233,17 +235,46 @@ fn sharded_reference_logps(
     collation: &Collation,
     run: &Run,
 ) -> anyhow::Result<Option<RefLogps>> {
-    let workers = run.rt.workers;
+    let stop = Some(run.rt.interrupt);
+    Ok(reference_logps_over(model, pairs, collation, (run.rt.workers, &run.rt.device), stop)?)
+}
+
+/// The reference log-probs of every pair in dataset order, on every worker: each scores its
+/// shard ([`Workers::shard`]) and the columns are gathered, so they are one process's whatever
+/// the world size. `None` when `stop` (a Ctrl-C) stopped any worker (they agree before they
+/// gather).
+pub fn reference_logps_over(
+    model: &Llama,
+    pairs: &[TokenizedPair],
+    collation: &Collation,
+    (workers, device): (Workers, &Device),
+    stop: Option<&AtomicBool>,
+) -> Result<Option<RefLogps>, DistError> {
     let mine: Vec<TokenizedPair> = workers.shard(pairs.len()).into_iter().map(|i| pairs[i].clone()).collect();
-    let local = reference_logps(model, &mine, collation, &run.rt.device, Some(run.rt.interrupt));
+    let local = reference_logps(model, &mine, collation, device, stop);
     let stopped = workers.any(local.is_none())?;
     let Some(local) = local.filter(|_| !stopped) else { return Ok(None) };
     let mut columns = workers.gather_columns(pairs.len(), vec![local.chosen, local.rejected])?.into_iter();
     Ok(Some(RefLogps { chosen: columns.next().unwrap_or_default(), rejected: columns.next().unwrap_or_default() }))
 }
 
-/// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C
-/// stopped any rank's scoring (the ranks agree before they gather).
+/// The policy's scores of every pair against `reference`, in dataset order on every worker, each
+/// scoring its shard, as [`reference_logps_over`].
+pub fn scores_over(
+    policy: &Llama,
+    pairs: &[TokenizedPair],
+    reference: &RefLogps,
+    collation: &Collation,
+    (workers, device): (Workers, &Device),
+    stop: Option<&AtomicBool>,
+) -> Result<Option<ScoredPairs>, DistError> {
+    let mine = workers.shard(pairs.len());
+    let scored = score_pairs(policy, pairs, &mine, reference, collation, device, stop);
+    let stopped = workers.any(scored.is_none())?;
+    let Some(scored) = scored.filter(|_| !stopped) else { return Ok(None) };
+    Ok(Some(ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?)))
+}
+
 /// transformers' speed metrics of an evaluation of `pairs` in batches of
 /// `per_device_eval_batch_size` on each device: `eval/runtime`, `eval/samples_per_second`, ...
 fn eval_speed(runtime: f64, pairs: usize, run: &Run) -> Vec<(String, f64)> {
@@ -252,6 +283,8 @@ fn eval_speed(runtime: f64, pairs: usize, run: &Run) -> Vec<(String, f64)> {
     speed.into_iter().map(|(key, v)| (crate::train::log::tag(&key), v)).collect()
 }
 
+/// The loss and metrics over every pair, each rank scoring its shard; `None` when a Ctrl-C
+/// stopped any rank's scoring (the ranks agree before they gather).
 fn sharded_metrics(
     policy: &Llama,
     pairs: &[TokenizedPair],
@@ -260,11 +293,10 @@ fn sharded_metrics(
     run: &Run,
 ) -> anyhow::Result<Option<Metrics>> {
     let (workers, device) = (run.rt.workers, &run.rt.device);
-    let mine = workers.shard(pairs.len());
-    let scored = score_pairs(policy, pairs, &mine, reference, collation, device, Some(run.rt.interrupt));
-    let stopped = workers.any(scored.is_none())?;
-    let Some(scored) = scored.filter(|_| !stopped) else { return Ok(None) };
-    let scored = ScoredPairs::from_columns(workers.gather_columns(pairs.len(), scored.columns())?);
+    let stop = Some(run.rt.interrupt);
+    let Some(scored) = scores_over(policy, pairs, reference, collation, (workers, device), stop)? else {
+        return Ok(None);
+    };
     // TRL's evaluation step: a per-device batch on every rank, gathered.
     let per_batch = run.cfg.per_device_eval_batch_size * workers.world_size();
     Ok(Some(metrics_of(&scored, &run.cfg.loss, per_batch, device)))

@@ -745,6 +745,35 @@ fn generate_over_two_workers_keeps_order_and_samples() {
     assert_eq!(run(&["--devices", "cpu:2"]), single);
 }
 
+/// `eval` over workers: each scores its shard and rank 0 prints the whole set's metrics, as one
+/// process at the same global batch (TRL's per-device batch times the devices) up to the f32
+/// rounding of another batch layout: 17 pairs, 6 a batch, on 1, 2 (3 each) and 3 (2 each).
+#[test]
+fn eval_over_workers_equals_one_process() {
+    let model = fixtures().join("models/llama");
+    let data = fixtures().join("data/prefs.jsonl");
+    let run = |extra: &[&str]| -> serde_json::Map<String, serde_json::Value> {
+        let mut args = vec!["eval", "--model", model.to_str().unwrap(), "--data", data.to_str().unwrap(), "--json"];
+        args.extend(["--loss-type", "sigmoid,sft", "--beta", "0.3"]);
+        args.extend_from_slice(extra);
+        let out = dpo_train(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(stdout.lines().count(), 1, "{extra:?}: one object, from rank 0 alone: {stdout}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let one = run(&["--batch-size", "6"]);
+    assert!(one["logps/chosen"].as_f64().unwrap() < -1.0, "{one:?}");
+    for extra in [["--devices", "cpu:2", "--batch-size", "3"], ["--devices", "cpu:3", "--batch-size", "2"]] {
+        let many = run(&extra);
+        assert_eq!(many.keys().collect::<Vec<_>>(), one.keys().collect::<Vec<_>>());
+        for (name, want) in &one {
+            let (want, got) = (want.as_f64().unwrap(), many[name].as_f64().unwrap());
+            assert!((want - got).abs() <= 1e-5 * want.abs().max(1.0), "{extra:?} {name}: {got} against {want}");
+        }
+    }
+}
+
 /// The reference-free family over ranks: ORPO (whose rows also score the chosen prompts for its
 /// NLL) on 2 workers equals one process bit for bit, as DPO does; SimPO under ZeRO-3 on 2
 /// workers trains its parameters within the reordered sums' bound.
