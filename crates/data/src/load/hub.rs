@@ -217,10 +217,10 @@ fn bad_json(path: &Path, problem: &str) -> DataError {
     DataError::Layout { path: path.to_path_buf(), message }
 }
 
-/// What a directory offers: its splits and their files, or that it has no data file.
 /// The settings that choose the split read: training's and `eval`'s.
 const CHOOSE_SPLIT: &str = "(choose the split with `dataset_train_split` / `dataset_test_split`, or `eval --split`)";
 
+/// What a directory offers: its splits and their files, or that it has no data file.
 fn inventory(dir: &Path, found: &[(String, Vec<String>)]) -> String {
     if found.is_empty() {
         return format!(
