@@ -1,16 +1,14 @@
 //! `dpo-train eval`: TRL's loss and metrics of a policy against a reference, as a table or JSON.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use super::INTERRUPTED;
 use super::args::EvalArgs;
-use super::launch::{Placed, ProcessMemory, place};
+use super::launch::place_plain;
 use super::progress::ConsoleProgress;
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::{Columns, Packing, Truncation};
-use crate::dist::LaunchOutcome;
 use crate::eval::{EvalOptions, EvalReport, evaluate_showing};
 use crate::train::{Progress, Workers};
 
@@ -25,18 +23,9 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut opts = options(&args)?;
     // Before any worker starts: a refusal is one line from this process.
     crate::eval::check_models(&opts)?;
-    let floor = ProcessMemory {
-        each: check_gpu::memory::CUDA_CONTEXT_BYTES,
-        basis: "a libtorch process's own",
-        lone: "free memory on this machine",
-    };
-    super::launch::check_host_memory(&args.parallel, floor)?;
-    let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
-        Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
-        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
-            return Ok(ExitCode::from(INTERRUPTED));
-        }
-        Placed::Here { device, group, .. } => (device, group),
+    let (device, group) = match place_plain(&args.parallel)? {
+        ControlFlow::Break(exit) => return Ok(exit),
+        ControlFlow::Continue(placed) => placed,
     };
     opts.device = device;
     let workers = Workers { group: group.as_ref() };

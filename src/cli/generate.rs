@@ -2,18 +2,16 @@
 //! The prompts, the tokenizer and the model's limits are checked before any process starts.
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 
-use super::INTERRUPTED;
 use super::args::GenerateArgs;
-use super::launch::{Placed, ProcessMemory, place};
+use super::launch::place_plain;
 use crate::data::Text;
 use crate::data::tokenize::encode_prompt;
 use crate::data::tokenizer::Tokenizer;
-use crate::dist::LaunchOutcome;
 use crate::model::generate::{GenerateError, Prompt, SamplingConfig, generate, read_prompts, rng};
 use crate::model::{self, compat};
 use crate::train::Workers;
@@ -27,18 +25,9 @@ pub fn run_generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let model_cfg = model::load_config(&args.model).with_context(context)?;
     compat::check_vocab(&model_cfg, &args.model, tokenizer.vocab_size())?;
     let (encoded, notes) = encode_prompts(&args, &prompts, &tokenizer, model_cfg.position_limit())?;
-    let floor = ProcessMemory {
-        each: check_gpu::memory::CUDA_CONTEXT_BYTES,
-        basis: "a libtorch process's own",
-        lone: "free memory on this machine",
-    };
-    super::launch::check_host_memory(&args.parallel, floor)?;
-    let (device, group) = match place(&args.parallel, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
-        Placed::Launched(LaunchOutcome::Finished) => return Ok(ExitCode::SUCCESS),
-        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
-            return Ok(ExitCode::from(INTERRUPTED));
-        }
-        Placed::Here { device, group, .. } => (device, group),
+    let (device, group) = match place_plain(&args.parallel)? {
+        ControlFlow::Break(exit) => return Ok(exit),
+        ControlFlow::Continue(placed) => placed,
     };
     let workers = Workers { group: group.as_ref() };
     let (_, model) = model::load(&args.model, &device).with_context(context)?;

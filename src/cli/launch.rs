@@ -6,6 +6,8 @@
 //! as one process with no launcher at all (`--devices cpu:1`, `--gpus 1`, `--gpus 3`).
 
 use std::ffi::OsString;
+use std::ops::ControlFlow;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use burn::tensor::Device;
@@ -325,6 +327,25 @@ pub fn place(
         timeout,
     })?;
     Ok(Placed::Here { device: device(device_arg), group: Some(group), worker })
+}
+
+/// Places a command that trains nothing (`eval`, `generate`): its processes checked against the
+/// host's memory at a libtorch process's own each, then [`place`]d. `Break` carries a launcher's
+/// exit once its workers are done; `Continue` the device and group this process runs on.
+pub fn place_plain(par: &ParallelArgs) -> anyhow::Result<ControlFlow<ExitCode, (Device, Option<ProcessGroup>)>> {
+    let floor = ProcessMemory {
+        each: check_gpu::memory::CUDA_CONTEXT_BYTES,
+        basis: "a libtorch process's own",
+        lone: "free memory on this machine",
+    };
+    check_host_memory(par, floor)?;
+    Ok(match place(par, &|| Ok(Vec::new()), Duration::from_secs(1800), &mut |_| Ok(()))? {
+        Placed::Launched(LaunchOutcome::Finished) => ControlFlow::Break(ExitCode::SUCCESS),
+        Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
+            ControlFlow::Break(ExitCode::from(super::INTERRUPTED))
+        }
+        Placed::Here { device, group, .. } => ControlFlow::Continue((device, group)),
+    })
 }
 
 /// Starts this node's workers and waits for them.
