@@ -76,14 +76,15 @@ pub struct EvalReport {
 
 /// Loads the models, tokenizer and data, then scores every pair, in this process alone.
 pub fn evaluate(opts: &EvalOptions) -> anyhow::Result<EvalReport> {
-    evaluate_showing(opts, Workers::single(), &mut |_, _| {})
+    evaluate_showing(opts, check_models(opts)?, Workers::single(), &mut |_, _| {})
 }
 
-/// [`evaluate`] over `workers`, each scoring its shard of the pairs (every one reads the data and
-/// loads the models), telling `reading` the bytes of the data read so far and in all. Every
-/// worker returns the whole set's report.
+/// [`evaluate`] of the models `checked` read, over `workers`, each scoring its shard of the pairs
+/// (every one reads the data and loads the models), telling `reading` the bytes of the data read
+/// so far and in all. Every worker returns the whole set's report.
 pub fn evaluate_showing(
     opts: &EvalOptions,
+    checked: Checked,
     workers: Workers,
     reading: &mut dyn FnMut(u64, u64),
 ) -> anyhow::Result<EvalReport> {
@@ -92,7 +93,7 @@ pub fn evaluate_showing(
         return Err(EvalError::BatchSize.into());
     }
     // Every check that reads only config.json and the data runs before a weight is loaded.
-    let Checked { tokenizer, policy_cfg, ref_cfg } = check_models(opts)?;
+    let Checked { tokenizer, policy_cfg, ref_cfg } = checked;
     let read = LoadOptions {
         columns: opts.columns.clone(),
         skip_bad_rows: opts.skip_bad_rows,
@@ -152,16 +153,16 @@ pub fn evaluate_showing(
 }
 
 /// The tokenizer and the models' configs, checked together.
-pub struct Checked<'a> {
+pub struct Checked {
     tokenizer: Tokenizer,
     policy_cfg: model::LlamaConfig,
     /// The reference's directory and config, where the loss takes one and it is not the policy.
-    ref_cfg: Option<(&'a Path, model::LlamaConfig)>,
+    ref_cfg: Option<(PathBuf, model::LlamaConfig)>,
 }
 
 /// Reads the tokenizer and the models' `config.json` and checks them together, no weight and no
 /// data read: what a launcher checks before it starts the workers.
-pub fn check_models(opts: &EvalOptions) -> anyhow::Result<Checked<'_>> {
+pub fn check_models(opts: &EvalOptions) -> anyhow::Result<Checked> {
     let tokenizer_dir = match &opts.tokenizer {
         Some(dir) => dir.clone(),
         None => model::tokenizer_dir(&opts.model)?,
@@ -172,7 +173,7 @@ pub fn check_models(opts: &EvalOptions) -> anyhow::Result<Checked<'_>> {
         (Some(dir), false) => {
             let ref_cfg = checked_config(dir, &tokenizer)?;
             compat::check_reference((&opts.model, &policy_cfg), (dir, &ref_cfg))?;
-            Some((dir.as_path(), ref_cfg))
+            Some((dir.clone(), ref_cfg))
         }
         _ => None,
     };

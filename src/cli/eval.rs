@@ -22,7 +22,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     crate::dpo::shapes::padding_setting()?;
     let mut opts = options(&args)?;
     // Before any worker starts: a refusal is one line from this process.
-    crate::eval::check_models(&opts)?;
+    let checked = crate::eval::check_models(&opts)?;
     let (device, group) = match place_plain(&args.parallel)? {
         ControlFlow::Break(exit) => return Ok(exit),
         ControlFlow::Continue(placed) => placed,
@@ -32,7 +32,7 @@ pub fn run_eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let mut console = workers.is_main().then(ConsoleProgress::default);
     let label = format!("reading `{}`", opts.data.display());
     let mut reading = |done, total| console.iter_mut().for_each(|c| c.reading(&label, done, total));
-    let report = evaluate_showing(&opts, workers, &mut reading)?;
+    let report = evaluate_showing(&opts, checked, workers, &mut reading)?;
     drop(console);
     if !workers.is_main() {
         return Ok(ExitCode::SUCCESS);
