@@ -75,8 +75,9 @@ fn entry_of_file(path: &Path) -> std::io::Result<Entry> {
 }
 
 /// Checks `contents`, read from `path`, against the checksums file beside it. Passes where there
-/// is none (a directory this project did not write, or a checkpoint from before it wrote one) or
-/// where it does not cover the file.
+/// is none (a directory this project did not write, or a checkpoint from before it wrote one); a
+/// checksums file that does not list the file is refused, as its callers read only files of the
+/// kinds the writer covers.
 pub fn check(path: &Path, contents: &[u8]) -> Result<(), ChecksumError> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let manifest_path = dir.join(FILE);
@@ -93,14 +94,25 @@ pub fn check(path: &Path, contents: &[u8]) -> Result<(), ChecksumError> {
         return Err(fail(&manifest_path, message));
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let Some(expected) = manifest.files.get(&name) else { return Ok(()) };
-    let found = Entry::of(contents.len() as u64, crc32c::crc32c(contents));
-    if found == *expected {
+    // The writer covers every file of the kinds its readers check: one it does not list is a
+    // damaged checksums file (a name changed, an entry lost), not a file to pass unchecked.
+    let unlisted =
+        format!("lists no `{name}`, which it was written to cover (delete it to load the directory unchecked)");
+    let expected = manifest.files.get(&name).ok_or_else(|| fail(&manifest_path, unlisted))?;
+    let digits = expected.crc32c.len() == 8 && expected.crc32c.bytes().all(|b| b.is_ascii_hexdigit());
+    let crc = digits.then(|| u32::from_str_radix(&expected.crc32c, 16).ok()).flatten();
+    let not_hex = format!(
+        "is not a checksums file of this project: `{name}`'s CRC-32C `{}` is not 8 hexadecimal digits",
+        expected.crc32c
+    );
+    let crc = crc.ok_or_else(|| fail(&manifest_path, not_hex))?;
+    let (bytes, found) = (contents.len() as u64, crc32c::crc32c(contents));
+    if bytes == expected.bytes && found == crc {
         return Ok(());
     }
-    let what = match found.bytes == expected.bytes {
-        true => format!("CRC-32C is {}, not the {}", found.crc32c, expected.crc32c),
-        false => format!("length is {} bytes, not the {}", found.bytes, expected.bytes),
+    let what = match bytes == expected.bytes {
+        true => format!("CRC-32C is {found:08x}, not the {crc:08x}"),
+        false => format!("length is {bytes} bytes, not the {}", expected.bytes),
     };
     let message = format!(
         "is damaged: its {what} that {FILE} recorded when it was written (to load it as it is, delete `{}`)",
@@ -128,13 +140,38 @@ mod tests {
         write(dir.path(), |name| name.ends_with(".bin")).unwrap();
         let a = dir.path().join("a.bin");
         check(&a, b"weights").unwrap();
-        // Not covered, so not checked.
-        check(&dir.path().join("b.txt"), b"anything").unwrap();
+        // Not covered, so not listed: a reader of such a file finds the list damaged.
+        let unlisted = check(&dir.path().join("b.txt"), b"anything").unwrap_err().to_string();
+        assert!(unlisted.contains("checksums.json` lists no `b.txt`, which it was written to cover"), "{unlisted}");
         let flipped = check(&a, b"weighTs").unwrap_err().to_string();
         assert!(flipped.contains("a.bin` is damaged: its CRC-32C is "), "{flipped}");
         assert!(flipped.contains("to load it as it is, delete"), "{flipped}");
         let cut = check(&a, b"weigh").unwrap_err().to_string();
         assert!(cut.contains("its length is 5 bytes, not the 7 that checksums.json recorded"), "{cut}");
+    }
+
+    /// A CRC that is not 8 hex digits is the checksums file's damage, not the tensor file's; the
+    /// digits' case does not matter.
+    #[test]
+    fn a_damaged_crc_names_the_checksums_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.bin");
+        std::fs::write(&a, b"weights").unwrap();
+        write(dir.path(), |_| true).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
+        let crc = format!("{:08x}", crc32c::crc32c(b"weights"));
+        for (written, ok) in
+            [(crc.to_uppercase(), true), (format!("z{}", &crc[1..]), false), (crc[1..].to_owned(), false)]
+        {
+            std::fs::write(dir.path().join(FILE), text.replace(&crc, &written)).unwrap();
+            match ok {
+                true => check(&a, b"weights").unwrap(),
+                false => {
+                    let err = check(&a, b"weights").unwrap_err().to_string();
+                    assert!(err.contains(&format!("checksums.json` is not a checksums file of this project: `a.bin`'s CRC-32C `{written}` is not 8 hexadecimal digits")), "{err}");
+                }
+            }
+        }
     }
 
     #[test]
