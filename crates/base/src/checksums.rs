@@ -24,7 +24,7 @@ struct Manifest {
     files: BTreeMap<String, Entry>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct Entry {
     bytes: u64,
     crc32c: String,
@@ -160,9 +160,14 @@ mod tests {
         write(dir.path(), |_| true).unwrap();
         let text = std::fs::read_to_string(dir.path().join(FILE)).unwrap();
         let crc = format!("{:08x}", crc32c::crc32c(b"weights"));
-        for (written, ok) in
-            [(crc.to_uppercase(), true), (format!("z{}", &crc[1..]), false), (crc[1..].to_owned(), false)]
-        {
+        // `+` is one of the 8 characters `from_str_radix` alone would take.
+        let signed = format!("+{}", &crc[1..]);
+        for (written, ok) in [
+            (crc.to_uppercase(), true),
+            (format!("z{}", &crc[1..]), false),
+            (crc[1..].to_owned(), false),
+            (signed, false),
+        ] {
             std::fs::write(dir.path().join(FILE), text.replace(&crc, &written)).unwrap();
             match ok {
                 true => check(&a, b"weights").unwrap(),
