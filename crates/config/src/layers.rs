@@ -56,9 +56,13 @@ impl ConfigFile {
         }
     }
 
-    /// The 1-based line that sets `key`, when one does.
+    /// The 1-based line that sets `key`, when one does: the key's own, else that of a TRL key
+    /// that sets it (`dataset_name` for `train_file`).
     fn line_of(&self, key: &str) -> Option<usize> {
-        super::line_of(&self.text, key)
+        super::line_of(&self.text, key).or_else(|| {
+            let setters = crate::trl::TRL_KEYS.iter().filter(|(k, _)| crate::trl::own_key(k) == Some(key));
+            setters.filter_map(|(k, _)| super::line_of(&self.text, k)).min()
+        })
     }
 }
 
@@ -69,6 +73,14 @@ fn show(value: &toml::Value) -> String {
         toml::Value::Array(items) => format!("[{}]", items.iter().map(show).collect::<Vec<_>>().join(", ")),
         other => other.to_string(),
     }
+}
+
+/// Keys as a file or the flags gave them, with the keys of dpo-train's own that TRL's among them
+/// set ([`crate::trl::own_key`]).
+fn with_own_keys(keys: impl IntoIterator<Item = String>) -> BTreeSet<String> {
+    let keys: BTreeSet<String> = keys.into_iter().collect();
+    let own = keys.iter().filter_map(|k| crate::trl::own_key(k)).map(str::to_owned).collect::<Vec<_>>();
+    keys.into_iter().chain(own).collect()
 }
 
 /// The effective config, and where each of its values came from.
@@ -94,7 +106,8 @@ impl Layered {
             None => (TrainConfig::default(), BTreeSet::new(), None),
         };
         let cfg = base.with_overrides(overrides)?;
-        let flag_keys = overrides.iter().map(|(k, _)| k.clone()).collect();
+        let flag_keys = with_own_keys(overrides.iter().map(|(k, _)| k.clone()));
+        let file_keys = with_own_keys(file_keys);
         let mut layered = Self { cfg, file, file_keys, flag_keys };
         let strategy = match overrides.iter().rev().find(|(k, _)| k == "eval_strategy") {
             Some((_, text)) => Some(crate::trl::flag_value(text)),
@@ -217,6 +230,14 @@ mod tests {
         assert_eq!((l.cfg.loss.beta, l.cfg.lora_r, l.cfg.train_file.as_str()), (0.2, Some(16), "trl-lib/ufb"));
         assert_eq!(l.cfg.eval_file.as_deref(), Some("trl-lib/ufb"));
         assert_eq!((l.origin("beta"), l.origin("eval_file")), (Origin::File, Origin::File));
+        // What TRL's names set is the file's, and located at their lines.
+        let l = Layered::new(yaml("beta: 0.1\ndataset_name: d\nactivation_checkpointing: false\n"), &[]).unwrap();
+        let text = l.describe();
+        for line in ["train_file = \"d\"", "gradient_checkpointing = false"] {
+            assert!(text.lines().any(|x| x.starts_with(line) && x.ends_with("# file")), "{line}: {text}");
+        }
+        let err = l.locate(ConfigError::Invalid { key: "train_file", message: "m".into() }).to_string();
+        assert_eq!(err, "`recipes/dpo.yaml`, line 2: `train_file`: m");
         let err = Layered::new(yaml("beta: 0.1\nlearning_rate: fast\n"), &[]).unwrap_err().to_string();
         assert!(err.starts_with("`recipes/dpo.yaml`, line 2: `learning_rate`: "), "{err}");
         let err = Layered::new(yaml("beta: 0.1\npush_to_hub: true\n"), &[]).unwrap_err().to_string();

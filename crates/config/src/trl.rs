@@ -308,6 +308,21 @@ fn translate(key: &str, value: Option<toml::Value>, table: &mut toml::Table) {
     }
 }
 
+/// The key of dpo-train's own that a TRL key sets where a config gives it: its other name, or
+/// what [`translate`] and [`scheduler_kwargs`] make of it (a config setting `dataset_name` set
+/// `train_file`, and the effective config says so). Not `use_peft`: the rank it gives is TRL's
+/// default, which an adapter continued at its own rank is not refused for.
+pub fn own_key(key: &str) -> Option<&'static str> {
+    match key {
+        "eval_strategy" => Some("eval_steps"),
+        "lr_scheduler_kwargs" => Some("min_lr_rate"),
+        _ => TRL_KEYS.iter().find_map(|(k, t)| match t {
+            Rename(ours) if *k == key => Some(*ours),
+            _ => None,
+        }),
+    }
+}
+
 /// Whether `key` is one of the TRL keys above.
 pub fn is_trl_key(key: &str) -> bool {
     TRL_KEYS.iter().any(|(k, _)| *k == key)
