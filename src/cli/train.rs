@@ -427,10 +427,21 @@ fn check_resume_place(layered: &Layered, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// A resume whose flags change what is trained is refused (naming the first such key and both
-/// values), or with `--resume-with-changes` says each change.
+/// values), or with `--resume-with-changes` says each change; a change of the weights' shape
+/// (LoRA or not, the rank, the adapted projections, DoRA) is refused either way.
 fn check_resume_changes(saved: &TrainConfig, now: &TrainConfig, file: &Path, accepted: bool) -> anyhow::Result<()> {
     let changes = crate::config::resume::changes(saved, now);
     let Some(first) = changes.first() else { return Ok(()) };
+    if let Some(c) = changes.iter().find(|c| crate::config::resume::SHAPE_KEYS.contains(&c.key)) {
+        let message = format!(
+            "`{}` is {} in `{}` and {} now: the run's checkpoints hold weights of the saved shape, so a resume cannot change it, even with `--resume-with-changes`; to train another shape, start a new run from the run's `final/` or a checkpoint (`--model DIR`)",
+            c.key,
+            c.saved,
+            file.display(),
+            c.now
+        );
+        anyhow::bail!(ConfigError::Invalid { key: "resume", message });
+    }
     if accepted {
         for c in &changes {
             eprintln!("resuming with a change: `{}` = {} (was {} in `{}`)", c.key, c.now, c.saved, file.display());

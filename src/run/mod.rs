@@ -139,8 +139,8 @@ pub fn run(req: RunRequest, progress: &mut dyn Progress) -> anyhow::Result<RunSu
 /// [`run`] in the claimed `run_dir`.
 fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<RunSummary> {
     let (workers, cfg) = (req.rt.workers, &req.cfg);
-    let Prepared { model_dir, data, demo_assets, wandb_python } = prepare(req, &run_dir, resume, progress)?;
-    let run = Run { cfg, plan: &req.plan, data: &data, rt: &req.rt };
+    let Prepared { model_dir, data, demo_assets, wandb_python, rewrites } = prepare(req, &run_dir, resume, progress)?;
+    let run = Run { cfg, plan: &req.plan, data: &data, rt: &req.rt, rewrites: &rewrites };
     let tensorboard = cfg.tensorboard_dir(&run_dir);
     let run_name = run_dir.file_name().unwrap_or_default().to_string_lossy().into_owned();
     // With TensorBoard the plots are redrawn at each evaluation and the dashboard logged there.
@@ -202,11 +202,14 @@ struct Prepared {
     demo_assets: Option<DemoAssets>,
     /// The python that logs to W&B, where the run reports there.
     wandb_python: Option<PathBuf>,
+    /// A resume's `config.toml` and `data_report.json`, written when a stage starts.
+    rewrites: Vec<(PathBuf, String)>,
 }
 
 /// Clears what a dead writer left in `run_dir`, checks the settings that need the machine (W&B's
 /// python, TF32, a resume's batch), builds the demo's assets, reads the inputs, writes
-/// `data_report.json` and prints the config and the inputs' notes.
+/// `data_report.json` and `config.toml` (a resume's later) and prints the config and the inputs'
+/// notes.
 fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Progress) -> anyhow::Result<Prepared> {
     let (workers, cfg) = (req.rt.workers, &req.cfg);
     if workers.is_main() {
@@ -237,30 +240,37 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
     if resume {
         crate::train::resume::check_resume_batch(&[&run_dir.join(SFT_DIR), run_dir], cfg, workers.world_size())?;
         crate::train::resume::check_resumable(run_dir, &run_dir.join(SFT_DIR), cfg)?;
+        let objective = if req.sft_only { Objective::Sft } else { Objective::Dpo };
+        crate::train::resume::check_resume_objective(run_dir, objective)?;
     }
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(run_dir, req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
     let inputs::Inputs { model_dir, data, reports, notes } =
         inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
-    if workers.is_main() {
+    // The run's config from its start, before a warm-up: `--resume RUN` reads it there, and a
+    // warm-up stopped by Ctrl-C resumes with the run, not as a run of its own. A resume rewrites
+    // them once a stage has loaded its checkpoint ([`Run::rewrites`]).
+    let files = vec![
+        (run_dir.join("data_report.json"), serde_json::to_string_pretty(&reports)? + "\n"),
+        (run_dir.join("config.toml"), cfg.to_toml()),
+    ];
+    let mut rewrites = Vec::new();
+    if workers.is_main() && resume {
+        rewrites = files;
+    } else if workers.is_main() {
         std::fs::create_dir_all(run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
-        let path = run_dir.join("data_report.json");
-        let json = serde_json::to_string_pretty(&reports)? + "\n";
-        crate::fsutil::write_atomic(&path, json.as_bytes())
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-        // The run's config from its start, before a warm-up: `--resume RUN` reads it there, and a
-        // warm-up stopped by Ctrl-C resumes with the run, not as a run of its own.
-        let path = run_dir.join("config.toml");
-        crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
+        for (path, text) in files {
+            crate::fsutil::write_atomic(&path, text.as_bytes())
+                .with_context(|| format!("cannot write `{}`", path.display()))?;
+        }
     }
     if !req.config_description.is_empty() {
         progress.line(&req.config_description);
     }
     progress.line(&format!("run directory `{}`", run_dir.display()));
     notes.iter().for_each(|line| progress.line(line));
-    Ok(Prepared { model_dir, data, demo_assets, wandb_python })
+    Ok(Prepared { model_dir, data, demo_assets, wandb_python, rewrites })
 }
 
 /// Where the supervised warm-up left the run.

@@ -82,6 +82,10 @@ pub struct TrainerState {
     /// schedule count steps of this batch. `None` in checkpoints written before it was kept.
     #[serde(default)]
     pub global_batch: Option<usize>,
+    /// What the stage trains: a resume under the other command is refused. `None` in
+    /// checkpoints written before it was kept.
+    #[serde(default)]
+    pub objective: Option<super::Objective>,
 }
 
 const STATE_FILE: &str = "trainer_state.json";

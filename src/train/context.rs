@@ -12,7 +12,8 @@ use crate::data::{TokenizedPair, Tokenizer};
 use crate::dpo::metrics::Metrics;
 
 /// What a stage optimises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Objective {
     /// Negative log-likelihood of the chosen completions (a token mean).
     Sft,
@@ -73,6 +74,11 @@ pub struct Run<'a> {
     pub plan: &'a RunPlan,
     pub data: &'a RunData,
     pub rt: &'a Runtime<'a>,
+    /// The run's files a resume rewrites (its `config.toml` and `data_report.json`, as path and
+    /// text), written once a stage has loaded what it trains on: a resume that cannot load its
+    /// checkpoint, or finds nothing to train, leaves the run as it was. Empty for a new run, which
+    /// wrote them before its first stage.
+    pub rewrites: &'a [(PathBuf, String)],
 }
 
 /// What one stage of a run does: the supervised warm-up, or DPO.

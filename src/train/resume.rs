@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::checkpoint;
-use super::context::Run;
+use super::context::{Objective, Run};
 use super::stage::global_batch;
 use crate::config::{ConfigError, SaveStrategy, TrainConfig};
 
@@ -30,6 +30,30 @@ pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: u
         }
     }
     Ok(())
+}
+
+/// A run resumes under the command that trained it: its own directory's newest checkpoint is of
+/// `dpo-train sft`'s objective or of `dpo-train train`'s DPO, and a resume by the other command
+/// would train the other loss on those weights and append it to the run's metrics. Checkpoints
+/// written before the objective was kept are not checked.
+pub fn check_resume_objective(run_dir: &Path, objective: Objective) -> anyhow::Result<()> {
+    let Some(ckpt) = checkpoint::latest(run_dir) else { return Ok(()) };
+    let state = checkpoint::trainer_state(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?;
+    let Some(saved) = state.objective.filter(|saved| *saved != objective) else { return Ok(()) };
+    let command = |o: Objective| match o {
+        Objective::Sft => "dpo-train sft",
+        Objective::Dpo => "dpo-train train",
+    };
+    let message = format!(
+        "`{}` is a run of `{}` (its checkpoints train {}), not of `{}`: resume it with `{} --resume {}`, or start a new run from its `final/` or a checkpoint (`--model DIR`)",
+        run_dir.display(),
+        command(saved),
+        saved.name().to_uppercase(),
+        command(objective),
+        command(saved),
+        run_dir.display()
+    );
+    Err(ConfigError::Invalid { key: "resume", message }.into())
 }
 
 /// Where a run of `world` processes resumes as it is: a global batch left to the devices

@@ -182,12 +182,6 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     let world = workers.world_size();
     let sampler = batch_plan(cfg, stage, data.train.len(), world)?;
     let resume_from = if stage.resume { checkpoint::latest(stage.dir) } else { None };
-    // The run's own config is written when the run starts; a warm-up's folder gets its copy here.
-    if workers.is_main() && stage.dir != stage.run_dir {
-        let path = stage.dir.join("config.toml");
-        crate::fsutil::write_atomic(&path, cfg.to_toml().as_bytes())
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-    }
     let spec = PolicySpec::new(cfg, run.plan, stage.model_dir)?;
     let config_path = spec.base_dir.join("config.json");
     let config_json =
@@ -207,7 +201,17 @@ fn setup(run: &Run, stage: &Stage, progress: &mut dyn Progress) -> anyhow::Resul
     // --- the models: policy (autodiff), reference (plain, frozen) ---
     let train_device = run.rt.device.clone().autodiff();
     let mut trained = start(run, stage, &spec, resume_from.as_deref(), &train_device, progress)?;
+    if workers.is_main() {
+        // A warm-up's folder gets its copy of the config; a resume's files are rewritten now
+        // that it has what it trains on.
+        let copy = (stage.dir != stage.run_dir).then(|| (stage.dir.join("config.toml"), cfg.to_toml()));
+        for (path, text) in run.rewrites.iter().chain(copy.as_ref()) {
+            crate::fsutil::write_atomic(path, text.as_bytes())
+                .with_context(|| format!("cannot write `{}`", path.display()))?;
+        }
+    }
     trained.state.global_batch = Some(sampler.global_batch);
+    trained.state.objective = Some(stage.objective);
     let log = open_log(run, stage, resume_from.is_some(), trained.state.step, &config_json)?;
     let mut references = references(run, stage, &spec, &trained, progress)?;
     let dropout = spec.lora.as_ref().is_some_and(|l| l.dropout > 0.0);
@@ -435,6 +439,7 @@ fn start(
                 num_tokens: 0.0,
                 loss_scaler: (run.plan.precision == crate::config::Precision::Fp16).then(LossScaler::default),
                 global_batch: None,
+                objective: None,
             },
         ),
     };

@@ -474,6 +474,12 @@ fn a_finished_run_resumed_trains_and_writes_nothing() {
     assert!(summary.contains("\neval: loss "), "{summary}");
     let written = || fs::metadata(&model_file).unwrap().modified().unwrap();
     let exported = written();
+    // Nor are the run's config and data report rewritten, even with a change accepted: nothing
+    // trains with it (the run's config said `beta = 0.3` of a model trained at 0.1).
+    let kept = ["config.toml", "data_report.json"].map(|f| fs::read_to_string(run.join(f)).unwrap());
+    let out = train(&["--resume", s(&run), "--beta", "0.3", "--resume-with-changes"]);
+    assert!(out.status.success() && stderr(&out).contains("nothing to train"), "{}", stderr(&out));
+    assert_eq!(["config.toml", "data_report.json"].map(|f| fs::read_to_string(run.join(f)).unwrap()), kept);
     let out = train(&["--resume", s(&run)]);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");

@@ -206,6 +206,17 @@ fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
             .contains("`ref_model_name_or_path` is unset in")
     );
     assert!(one_line_error(&resume(&["--max-length", "64"])).contains("`max_length` is 1024 in"));
+    // The checkpoints hold the whole model: adapters cannot resume from them, accepted or not
+    // (they were accepted, and the run's config.toml said `lora_r = 4` from then on: no resume
+    // loaded its checkpoint again).
+    let before = fs::read_to_string(&saved).unwrap();
+    let err = one_line_error(&resume(&["--lora-r", "4", "--resume-with-changes"]));
+    assert!(
+        err.starts_with("error: `resume`: `lora_r` is unset in")
+            && err.contains("a resume cannot change it, even with `--resume-with-changes`"),
+        "{err}"
+    );
+    assert_eq!(fs::read_to_string(&saved).unwrap(), before);
     let changed = resume(&["--max-length", "64", "--resume-with-changes", "--learning-rate", "5e-4"]);
     let said = stderr(&changed);
     assert!(changed.status.success(), "{said}");
@@ -243,6 +254,34 @@ fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
     let named = finish(cmd, Duration::from_secs(120));
     assert!(named.status.success(), "{}", stderr(&named));
     assert!(String::from_utf8_lossy(&named.stdout).starts_with(&format!("run: {}\n", run_dir.display())));
+}
+
+/// A run resumes under the command that trained it: `dpo-train sft --resume` of a DPO run (and
+/// `train --resume` of an `sft` run) is refused, where it trained the other loss on the run's
+/// weights and appended it to its metrics.
+#[test]
+fn a_run_resumes_under_its_own_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let dpo = run(dir.path(), "dpo", &["--save-steps", "3"]);
+    assert!(dpo.status.success(), "{}", stderr(&dpo));
+    let mut sft = dpo_train();
+    sft.arg("sft").args(short_run(dir.path(), "sft", &model(), &data(), &["--save-steps", "3"]));
+    let sft = finish(sft, Duration::from_secs(120));
+    assert!(sft.status.success(), "{}", stderr(&sft));
+    for (command, name, other) in [("sft", "dpo", "train"), ("train", "sft", "sft")] {
+        let run_dir = dir.path().join(name);
+        let metrics = fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+        let mut cmd = dpo_train();
+        cmd.args([command, "--resume", s(&run_dir), "--max-steps", "5"]);
+        let err = one_line_error(&finish(cmd, Duration::from_secs(120)));
+        let want = format!(
+            "is a run of `dpo-train {other}` (its checkpoints train {}), not of `dpo-train {command}`: resume it with `dpo-train {other} --resume {}`",
+            name.to_uppercase(),
+            run_dir.display()
+        );
+        assert!(err.starts_with("error: `resume`: ") && err.contains(&want), "{err}");
+        assert_eq!(fs::read_to_string(run_dir.join("metrics.csv")).unwrap(), metrics);
+    }
 }
 
 /// What a dead writer left in a run (a checkpoint staged when it was killed, the ranks' slices of

@@ -40,6 +40,11 @@ pub const FIXED_ON_RESUME: [&str; 13] = [
     "train_sampling_strategy",
 ];
 
+/// Among [`FIXED_ON_RESUME`], the keys that shape the weights a checkpoint holds (whole, or
+/// adapters of a rank on some projections): a resume loads that checkpoint, so none of them can
+/// change, even with `--resume-with-changes`.
+pub const SHAPE_KEYS: [&str; 3] = ["lora_r", "lora_target_modules", "use_dora"];
+
 /// One key a resume changes: its name, the saved value and the new one (as TOML would write
 /// them; `unset` for none).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +98,8 @@ mod tests {
         assert!(changes(&saved, &respelled).is_empty());
         let other = TrainConfig::from_toml_str("model_name_or_path = \"Cargo.toml\"\n", "o").unwrap();
         assert_eq!(changes(&saved, &other).len(), 1);
+        // A shape key is compared to be refused.
+        assert!(SHAPE_KEYS.iter().all(|k| FIXED_ON_RESUME.contains(k)));
         for key in DATA_KEYS.into_iter().chain(FIXED_ON_RESUME) {
             assert!(KEYS.iter().any(|k| k.name == key), "{key} is no key");
         }
