@@ -53,6 +53,10 @@ fn flag_error(err: &clap::Error) -> ExitCode {
         let _ = err.print();
         return ExitCode::SUCCESS;
     }
+    if let Some(line) = escaped_value_error(err) {
+        eprintln!("{line}");
+        return ExitCode::from(1);
+    }
     let text = err.render().to_string();
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = lines.next().unwrap_or("error: invalid arguments");
@@ -61,4 +65,18 @@ fn flag_error(err: &clap::Error) -> ExitCode {
         None => eprintln!("{first}"),
     }
     ExitCode::from(1)
+}
+
+/// A refused value holding a newline or another control character, escaped: clap's own message
+/// quotes it as it is, and its first line would cut it short (`invalid value 'x`).
+fn escaped_value_error(err: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let text = |kind| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    let value = text(ContextKind::InvalidValue).filter(|v| v.chars().any(char::is_control))?;
+    let arg = text(ContextKind::InvalidArg)?;
+    let why = std::error::Error::source(err).map(|e| format!(": {e}")).unwrap_or_default();
+    Some(format!("error: invalid value '{}' for '{arg}'{why}", value.escape_debug()))
 }

@@ -98,19 +98,19 @@ pub struct SlurmArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Wall-clock limit (SLURM syntax).
-    #[arg(long, default_value = "24:00:00")]
+    #[arg(long, default_value = "24:00:00", value_parser = crate::dist::parse_time)]
     pub time: String,
     /// Partition [default: the cluster's].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::dist::parse_word)]
     pub partition: Option<String>,
     /// Job name.
-    #[arg(long, default_value = "dpo-train")]
+    #[arg(long, default_value = "dpo-train", value_parser = crate::dist::parse_word)]
     pub job_name: String,
     /// CPU cores per task.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     pub cpus_per_task: usize,
     /// Host memory per GPU (SLURM syntax).
-    #[arg(long, default_value = "64G")]
+    #[arg(long, default_value = "64G", value_parser = crate::dist::parse_memory)]
     pub mem_per_gpu: String,
     /// Seconds before the time limit at which every task gets SIGTERM, to finish its step and save
     /// a checkpoint (SLURM's own SIGTERM at the limit leaves 30 s, KillWait's default, before

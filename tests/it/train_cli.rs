@@ -669,6 +669,13 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     assert!(err.contains("8 does not split into per_device_train_batch_size 4 x 4 devices"), "{err}");
     let err = refused(&["--model", m, "--data", d, "--time", "00:02:00"]);
     assert!(err.starts_with("error: `--save-before-limit`: 300 is not less than `--time 00:02:00` (120 s)"), "{err}");
+    // What sbatch would refuse once queued, or read as lines of their own (a newline in the job's
+    // name ended its `#SBATCH` options there), is refused here, the value escaped.
+    let err = refused(&["--model", m, "--data", d, "--job-name", "x\necho INJECTED"]);
+    assert!(err.starts_with("error: invalid value 'x\\necho INJECTED' for '--job-name"), "{err}");
+    assert!(refused(&["--model", m, "--data", d, "--time", "abc"]).starts_with("error: invalid value 'abc' for '--time"));
+    let err = refused(&["--model", m, "--data", d, "--mem-per-gpu", "lots"]);
+    assert!(err.starts_with("error: invalid value 'lots' for '--mem-per-gpu"), "{err}");
 }
 
 /// The script `slurm` prints is one run: submitted again (or requeued), it resumes that run rather

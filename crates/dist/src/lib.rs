@@ -28,3 +28,4 @@ pub use process_group::{
     Backend, Compression, DEFAULT_BUCKET_BYTES, DistConfig, DistError, ProcessGroup, allreduce_bandwidth,
 };
 pub use slurm::{SlurmOptions, sbatch_script, time_limit_seconds};
+pub use slurm::{parse_memory, parse_time, parse_word};

@@ -132,6 +132,41 @@ pub fn time_limit_seconds(time: &str) -> Option<u64> {
     Some(((days * 24 + h) * 60 + m) * 60 + sec)
 }
 
+/// `--time` as the job gets it: a limit [`time_limit_seconds`] reads, or `UNLIMITED` /
+/// `INFINITE`; anything else would reach sbatch, which refuses the job only once submitted.
+pub fn parse_time(text: &str) -> Result<String, String> {
+    let unlimited = ["UNLIMITED", "INFINITE"].iter().any(|u| text.eq_ignore_ascii_case(u));
+    match unlimited || time_limit_seconds(text).is_some() {
+        true => Ok(text.to_owned()),
+        false => Err(
+            "expected SLURM's syntax: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED"
+                .to_owned(),
+        ),
+    }
+}
+
+/// `--mem-per-gpu` in SLURM's syntax: a whole number, then optionally one of its units K, M, G, T
+/// (megabytes without one).
+pub fn parse_memory(text: &str) -> Result<String, String> {
+    let digits = text.strip_suffix(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']).unwrap_or(text);
+    match !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        true => Ok(text.to_owned()),
+        false => Err("expected a whole number with an optional unit K, M, G or T (SLURM's syntax, e.g. 64G)".to_owned()),
+    }
+}
+
+/// A name an `#SBATCH` line takes (`--job-name`, `--partition`): one word without quotes or
+/// control characters, which would end the line or split it (sbatch stops reading its options at
+/// the first line that is not one, so a newline would drop the ones after it).
+pub fn parse_word(text: &str) -> Result<String, String> {
+    let bad = text.chars().find(|c| c.is_whitespace() || c.is_control() || "'\"\\#$`".contains(*c));
+    match (text.is_empty(), bad) {
+        (true, _) => Err("must not be empty".to_owned()),
+        (false, Some(c)) => Err(format!("must be one word without quotes or `#`, `$`, `\\`: it holds {c:?}")),
+        (false, None) => Ok(text.to_owned()),
+    }
+}
+
 /// `s` as one shell word: unchanged when it has only safe characters, else single-quoted.
 fn shell_quote(s: &str) -> String {
     let safe = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
@@ -141,6 +176,28 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_for_sbatch_lines_are_checked() {
+        for ok in ["24:00:00", "90", "2-12", "UNLIMITED", "infinite"] {
+            assert_eq!(parse_time(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["abc", "5:xx", "-3", "", "1:2:3:4"] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+        for ok in ["64G", "512", "1t", "0"] {
+            assert_eq!(parse_memory(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["lots", "G", "64GB", "-1G", "1.5G"] {
+            assert!(parse_memory(bad).is_err(), "{bad}");
+        }
+        for ok in ["dpo-train", "gpu,gpu2", "sweep_3.a"] {
+            assert_eq!(parse_word(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["x\necho INJECTED", "my job", "a'b", "", "a#b", "$(id)"] {
+            assert!(parse_word(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn time_limits_in_slurms_syntax() {
