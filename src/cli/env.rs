@@ -94,10 +94,22 @@ pub struct Host {
 }
 
 /// Whether the variable `name` changes a run: CUDA's, NCCL's, the rendezvous (torchrun's and
-/// SLURM's), dpo-train's own, and those that pick torch's CPU kernels and threads.
+/// SLURM's), dpo-train's own, those that pick torch's CPU kernels and threads, the Hugging Face
+/// cache a Hub name is read from, and W&B's run settings. Never a credential (`WANDB_API_KEY`,
+/// `HF_TOKEN`, anything named as a key, token, secret or password): a report is pasted publicly.
 pub fn changes_a_run(name: &str) -> bool {
     const PREFIXES: [&str; 6] = ["CUDA_", "NCCL_", "SLURM_", "DPO_TRAIN_", "TORCHELASTIC_", "LIBTORCH"];
-    const NAMES: [&str; 14] = [
+    const SECRET: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD"];
+    const NAMES: [&str; 23] = [
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "XDG_CACHE_HOME",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_MODE",
+        "WANDB_DIR",
+        "WANDB_RUN_GROUP",
         "PYTORCH_ALLOC_CONF",
         "PYTORCH_CUDA_ALLOC_CONF",
         "MASTER_ADDR",
@@ -113,7 +125,8 @@ pub fn changes_a_run(name: &str) -> bool {
         "MKL_ENABLE_INSTRUCTIONS",
         "LD_LIBRARY_PATH",
     ];
-    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
+    let secret = SECRET.iter().any(|s| name.to_ascii_uppercase().contains(s));
+    !secret && (PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name))
 }
 
 /// How a run's CUDA caching allocator is set up.

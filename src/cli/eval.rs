@@ -145,7 +145,14 @@ fn print_table(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport, ra
 /// The rows the metrics leave out or cut, each kind with its lines: skipped bad rows, dropped
 /// pairs, prompts tokenised apart, truncated sequences.
 fn data_report(out: &mut impl Write, opts: &EvalOptions, report: &EvalReport) -> anyhow::Result<()> {
-    let lines = |ls: &mut dyn Iterator<Item = usize>| ls.map(|l| l.to_string()).collect::<Vec<_>>().join(", ");
+    // The first 20 lines, as training's note of skipped rows gives them.
+    let lines = |ls: &mut dyn Iterator<Item = usize>| {
+        let all: Vec<String> = ls.map(|l| l.to_string()).collect();
+        match all.len() {
+            0..=20 => all.join(", "),
+            n => format!("{}, ... and {} more", all[..20].join(", "), n - 20),
+        }
+    };
     let t = &report.tokenize;
     if !report.skipped.is_empty() {
         writeln!(

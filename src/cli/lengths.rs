@@ -47,8 +47,12 @@ pub fn run_lengths(args: LengthsArgs) -> anyhow::Result<()> {
     };
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)?;
     let opts = crate::run::read_options(&cfg, &cfg.dataset_train_split);
-    let Prepared { mut pairs, .. } =
+    let Prepared { mut pairs, summary } =
         data::prepare(&args.data, &opts, &tokenizer, cfg.truncation()?, Default::default(), &mut |_, _| {})?;
+    // The rows `--skip-bad-rows` skipped, said as training says them.
+    if let Some(note) = crate::run::skipped_note(&args.data, &summary.read.skipped) {
+        eprintln!("{note}");
+    }
     // Training refuses a sequence the model's positions cannot hold before any work; so does
     // this, so that check-gpu does not plan a run that stops there.
     let model_cfg = crate::model::load_config(&args.model)

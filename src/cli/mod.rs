@@ -50,7 +50,7 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
     let written = if let [run] = args.runs.as_slice() {
         crate::report::render_run(run, &crate::report::plot_meta_from_run(run))?
     } else {
-        let runs = args
+        let mut runs = args
             .runs
             .iter()
             .map(|dir| {
@@ -58,7 +58,11 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
                 Ok((crate::report::plot_meta_from_run(dir).run_name, rows))
             })
             .collect::<Result<Vec<_>, crate::report::ReportError>>()?;
+        let names = distinct_labels(runs.iter().map(|(name, _)| name.clone()).collect(), &args.runs);
+        runs.iter_mut().zip(names).for_each(|((name, _), label)| *name = label);
         let out = args.out.unwrap_or_else(|| args.runs[0].join("compare"));
+        dpo_base::fsutil::check_dir_creatable(&out)
+            .map_err(|message| crate::config::ConfigError::Flag { flag: "out".to_owned(), message })?;
         std::fs::create_dir_all(&out).with_context(|| format!("cannot create `{}`", out.display()))?;
         crate::report::render_comparison(&runs, &out, "comparison")?
     };
@@ -67,6 +71,17 @@ fn run_plot(args: PlotArgs) -> anyhow::Result<()> {
         writeln!(out, "{}", path.display())?;
     }
     Ok(())
+}
+
+/// The legend's name of each run: its run name, or the path as given where runs share one
+/// (`sweep-1/a`, `sweep-2/a`), which the legend could not tell apart.
+fn distinct_labels(names: Vec<String>, dirs: &[std::path::PathBuf]) -> Vec<String> {
+    let shared = |name: &String| names.iter().filter(|n| *n == name).count() > 1;
+    names
+        .iter()
+        .zip(dirs)
+        .map(|(name, dir)| if shared(name) { dir.display().to_string() } else { name.clone() })
+        .collect()
 }
 
 /// A run directory given where a model is expected (`eval --model RUN`): refused, naming the
@@ -108,6 +123,12 @@ fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
     let (flag, _) = counts.iter().max_by_key(|(_, n)| *n).copied().unwrap_or(counts[0]);
     let what = format!("{pairs} pairs made and written in memory");
     launch::check_flag_memory(flag, pairs.saturating_mul(SYNTH_PAIR_BYTES), &what, "ask for fewer")?;
+    let dir = match args.out.extension().is_some_and(|e| e == "jsonl") {
+        true => args.out.parent().unwrap_or(std::path::Path::new("")),
+        false => args.out.as_path(),
+    };
+    dpo_base::fsutil::check_dir_creatable(dir)
+        .map_err(|message| crate::config::ConfigError::Flag { flag: "out".to_owned(), message })?;
     let cfg =
         SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
     let data = synth::generate(&cfg);
@@ -126,4 +147,14 @@ fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
         writeln!(out, "{} ({n} pairs)", path.display())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn runs_of_one_name_are_labelled_by_their_paths() {
+        let dirs = ["x/a", "y/a", "z/b"].map(std::path::PathBuf::from);
+        let names = ["a", "a", "b"].map(str::to_owned).to_vec();
+        assert_eq!(super::distinct_labels(names, &dirs), ["x/a", "y/a", "b"]);
+    }
 }

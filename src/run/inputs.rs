@@ -221,7 +221,7 @@ fn prepare_split(
 
 /// The rows `skip_bad_rows` skipped, in one line: their lines (rows of Parquet and Arrow files),
 /// each shard's under its name where a directory's shards hold them, and the first one's reason.
-fn skipped_note(path: &Path, skipped: &[data::SkippedRow]) -> Option<String> {
+pub fn skipped_note(path: &Path, skipped: &[data::SkippedRow]) -> Option<String> {
     let first = skipped.first()?;
     let mut groups: Vec<(&Path, Vec<String>)> = Vec::new();
     for s in skipped.iter().take(20) {

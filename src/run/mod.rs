@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-pub use self::inputs::{read_options, warm_data_cache};
+pub use self::inputs::{read_options, skipped_note, warm_data_cache};
 
 use crate::config::{ConfigError, RunPlan, TrainConfig};
 use crate::demo::{self, DEMO, DemoAssets};

@@ -513,11 +513,15 @@ fn drop_torn_row(path: &Path) -> Result<(), LogError> {
     file.set_len(end as u64 + 1).map_err(|e| LogError::io("write", path, e))
 }
 
-/// Reads every row of a `metrics.csv`; errors name the file and the 1-based line.
+/// Reads every row of a `metrics.csv`; errors name the file and the 1-based line. A last row cut
+/// short (no line end, and it does not parse: a run killed in the middle of an append, or still
+/// writing it) is left out, as a resume drops it, so a killed or live run still plots.
 pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
     let names = check_header(path)?;
-    let file = File::open(path).map_err(|e| LogError::io("read", path, e))?;
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(file);
+    let bytes = std::fs::read(path).map_err(|e| LogError::io("read", path, e))?;
+    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(bytes.as_slice());
+    let torn =
+        |reader: &csv::Reader<&[u8]>| bytes.last() != Some(&b'\n') && reader.position().byte() as usize == bytes.len();
     let mut rows = Vec::new();
     let mut record = csv::StringRecord::new();
     loop {
@@ -525,6 +529,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
         match reader.read_record(&mut record) {
             Ok(true) => {}
             Ok(false) => break,
+            Err(_) if torn(&reader) => break,
             Err(source) => {
                 let line = source.position().map_or(line, |p| p.line());
                 return Err(match source.kind() {
@@ -539,7 +544,11 @@ pub fn read_metrics(path: &Path) -> Result<Vec<MetricsRow>, LogError> {
             }
         }
         let line = record.position().map_or(line, |p| p.line());
-        rows.push(MetricsRow::from_record(&record, &names, path, line)?);
+        match MetricsRow::from_record(&record, &names, path, line) {
+            Ok(row) => rows.push(row),
+            Err(_) if torn(&reader) => break,
+            Err(e) => return Err(e),
+        }
     }
     Ok(rows)
 }
@@ -718,10 +727,18 @@ mod tests {
         let path = dir.path().join("metrics.csv");
         let rows = "1,0.1,train,0.5,,,,,,,,,,,,,,,,,,,,1\n2,0.2,train,0.4,,,,,,,,,,,,,,,,,,,,2\n3,0.3,tra";
         std::fs::write(&path, format!("{}\n{rows}", header().join(","))).unwrap();
-        assert!(read_metrics(&path).is_err(), "the cut row is malformed");
+        let steps = |path: &Path| read_metrics(path).unwrap().iter().map(|r| r.step).collect::<Vec<_>>();
+        // Read without it (a killed or live run plots), and cut from the file by a resume.
+        assert_eq!(steps(&path), [1, 2]);
         drop(MetricsWriter::resume(dir.path(), 2).unwrap());
-        let back = read_metrics(&path).unwrap();
-        assert_eq!(back.iter().map(|r| r.step).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(steps(&path), [1, 2]);
+        assert!(std::fs::read_to_string(&path).unwrap().ends_with(",2\n"));
+        // A whole last row without its line end is read; a bad row with one is refused.
+        let whole = dir.path().join("whole.csv");
+        std::fs::write(&whole, format!("{}\n{}", header().join(","), &rows[..rows.len() - 10])).unwrap();
+        assert_eq!(steps(&whole), [1, 2]);
+        std::fs::write(&whole, format!("{}\n{rows}\n", header().join(","))).unwrap();
+        assert!(read_metrics(&whole).unwrap_err().to_string().contains("line 4"));
     }
 
     #[test]

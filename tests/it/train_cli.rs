@@ -417,6 +417,10 @@ fn env_reports_the_build_and_the_machine() {
         .env("SLURM_JOB_ID", "77")
         .env("DPO_TRAIN_PROFILE_STEPS", "2-3")
         .env("NOT_A_RUN_VARIABLE", "1")
+        .env("HF_HOME", "/hf")
+        .env("WANDB_PROJECT", "p")
+        .env("WANDB_API_KEY", "secret")
+        .env("DPO_TRAIN_TOKEN", "secret")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -450,10 +454,15 @@ fn env_reports_the_build_and_the_machine() {
     assert_eq!(v["host"]["cores"], cores);
     assert!(v["host"]["memory_total_bytes"].as_u64().unwrap() > 0);
     let env: Vec<&str> = v["env"].as_object().unwrap().keys().map(String::as_str).collect();
-    for kept in ["CUDA_VISIBLE_DEVICES", "DPO_TRAIN_PROFILE_STEPS", "MASTER_PORT", "SLURM_JOB_ID"] {
+    for kept in
+        ["CUDA_VISIBLE_DEVICES", "DPO_TRAIN_PROFILE_STEPS", "MASTER_PORT", "SLURM_JOB_ID", "HF_HOME", "WANDB_PROJECT"]
+    {
         assert!(env.contains(&kept), "{kept} missing from {env:?}");
     }
-    assert!(!env.contains(&"NOT_A_RUN_VARIABLE"), "{env:?}");
+    // Neither an unrelated variable nor a credential.
+    for left in ["NOT_A_RUN_VARIABLE", "WANDB_API_KEY", "DPO_TRAIN_TOKEN"] {
+        assert!(!env.contains(&left), "{left}: {env:?}");
+    }
 
     let out = Command::new(env!("CARGO_BIN_EXE_dpo-train")).arg("--version").output().unwrap();
     let line = String::from_utf8(out.stdout).unwrap();
@@ -519,6 +528,14 @@ fn data_lengths_lists_the_longest_pairs_as_training_tokenises_them() {
         bad.to_str().unwrap(),
     ]));
     assert!(err.contains(&bad.display().to_string()) && err.contains("line 1") && err.contains("rejected"), "{err}");
+    // `--skip-bad-rows` skips it and says so, as training does.
+    let mixed = dir.path().join("mixed.jsonl");
+    fs::write(&mixed, [fs::read_to_string(&prefs).unwrap(), fs::read_to_string(&bad).unwrap()].concat()).unwrap();
+    let lines = fs::read_to_string(&mixed).unwrap().lines().count();
+    let args = ["data", "lengths", "--model", model.to_str().unwrap(), "--data", mixed.to_str().unwrap()];
+    let out = dpo_train(&[&args[..], &["--skip-bad-rows"]].concat());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.contains(&format!("(lines {lines})")), "{said}");
 
     // Read by train's keys: other column names read the same pairs.
     let renamed = dir.path().join("renamed.jsonl");
@@ -673,7 +690,9 @@ fn slurm_checks_the_config_and_passes_its_flags_on() {
     // name ended its `#SBATCH` options there), is refused here, the value escaped.
     let err = refused(&["--model", m, "--data", d, "--job-name", "x\necho INJECTED"]);
     assert!(err.starts_with("error: invalid value 'x\\necho INJECTED' for '--job-name"), "{err}");
-    assert!(refused(&["--model", m, "--data", d, "--time", "abc"]).starts_with("error: invalid value 'abc' for '--time"));
+    assert!(
+        refused(&["--model", m, "--data", d, "--time", "abc"]).starts_with("error: invalid value 'abc' for '--time")
+    );
     let err = refused(&["--model", m, "--data", d, "--mem-per-gpu", "lots"]);
     assert!(err.starts_with("error: invalid value 'lots' for '--mem-per-gpu"), "{err}");
 }
@@ -770,6 +789,14 @@ fn plot_refuses_what_is_no_run_in_one_line() {
     let err = one_line_error(&dpo_train(&["plot", dir.path().to_str().unwrap()]));
     assert!(err.starts_with(&format!("error: `{}`, line 1: not the header", metrics.display())), "{err}");
     assert!(!dir.path().join("loss.png").exists(), "nothing drawn");
+    // An overlay's `--out` that is a file is named as the bad flag (it was an I/O failure, exit 2).
+    let file = dir.path().join("afile");
+    fs::write(&file, "").unwrap();
+    let (a, f) = (missing.to_str().unwrap(), file.to_str().unwrap());
+    fs::create_dir(&missing).unwrap();
+    fs::copy(root().join("results/example/metrics.csv"), missing.join("metrics.csv")).unwrap();
+    let err = one_line_error(&dpo_train(&["plot", a, a, "--out", f]));
+    assert_eq!(err, format!("error: `--out`: `{f}` is a file, not a directory"));
 }
 
 /// A TRL command line's lists are space-separated values (`--loss_type sigmoid sft`, argparse's

@@ -151,7 +151,9 @@ pub fn parse_memory(text: &str) -> Result<String, String> {
     let digits = text.strip_suffix(['K', 'M', 'G', 'T', 'k', 'm', 'g', 't']).unwrap_or(text);
     match !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         true => Ok(text.to_owned()),
-        false => Err("expected a whole number with an optional unit K, M, G or T (SLURM's syntax, e.g. 64G)".to_owned()),
+        false => {
+            Err("expected a whole number with an optional unit K, M, G or T (SLURM's syntax, e.g. 64G)".to_owned())
+        }
     }
 }
 
