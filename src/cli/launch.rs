@@ -28,8 +28,8 @@ pub enum LaunchFlagError {
     TooFewGpus { spec: String, found: usize, wanted: usize },
     #[error("`--gpus auto`: {0}")]
     Auto(String),
-    #[error("`--device {device}`: {found} CUDA device(s) found; run with `--device cpu`")]
-    NoCuda { device: String, found: usize },
+    #[error("`--device`: asks for CUDA device {index} and {found} CUDA device(s) are found; run with {}", no_cuda_advice(*.found))]
+    NoCuda { index: usize, found: usize },
     #[error(
         "`--devices {devices}` runs CPU processes and `--device {device}` asks for a GPU: choose one (`--gpus N` runs one process per GPU)"
     )]
@@ -44,6 +44,15 @@ pub enum LaunchFlagError {
         "one process needs about {need} before the data adds any ({terms}; check-gpu's estimate), and the host has {room} available, swap included: {advice}"
     )]
     OneProcess { need: String, terms: String, room: String, advice: &'static str },
+}
+
+/// The devices there are: `cuda:0` up to the last, else the CPU.
+fn no_cuda_advice(found: usize) -> String {
+    match found {
+        0 => "`--device cpu`".to_owned(),
+        1 => "`--device cuda:0` or `--device cpu`".to_owned(),
+        n => format!("`--device cuda:0` to `cuda:{}`, or `--device cpu`", n - 1),
+    }
 }
 
 /// What this process does.
@@ -244,7 +253,7 @@ fn check_cuda(device: DeviceArg, cuda_devices: &impl Fn() -> usize) -> Result<De
         DeviceArg::Auto => Ok(if cuda_devices() > 0 { DeviceArg::Cuda(0) } else { DeviceArg::Cpu }),
         DeviceArg::Cuda(i) => {
             let found = cuda_devices();
-            if i < found { Ok(device) } else { Err(LaunchFlagError::NoCuda { device: format!("cuda:{i}"), found }) }
+            if i < found { Ok(device) } else { Err(LaunchFlagError::NoCuda { index: i, found }) }
         }
         DeviceArg::Cpu => Ok(device),
     }
@@ -475,7 +484,12 @@ mod tests {
     #[test]
     fn a_missing_cuda_device_is_refused_before_torch_sees_it() {
         let err = role(&flags(None, None, DeviceArg::Cuda(0)), &WorkerEnv::single(), || 0).unwrap_err();
-        assert_eq!(err.to_string(), "`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`");
+        assert_eq!(
+            err.to_string(),
+            "`--device`: asks for CUDA device 0 and 0 CUDA device(s) are found; run with `--device cpu`"
+        );
+        let err = role(&flags(None, None, DeviceArg::Cuda(2)), &WorkerEnv::single(), || 2).unwrap_err();
+        assert!(err.to_string().ends_with("are found; run with `--device cuda:0` to `cuda:1`, or `--device cpu`"));
         let err = role(&flags(None, Some("2"), DeviceArg::Cpu), &WorkerEnv::single(), || 1).unwrap_err();
         assert_eq!(err.to_string(), "`--gpus 2`: 1 CUDA device(s) found; run on CPU processes with `--devices cpu:2`");
     }

@@ -272,9 +272,15 @@ fn inputs_the_model_cannot_take_are_refused_before_any_work() {
     assert!(err.contains("model.safetensors"), "{err}");
 
     let err = one_line_error(&train(&[&["--model", s(&m), "--data", s(&d), "--device", "cuda"][..], &base].concat()));
-    assert!(err.ends_with("`--device cuda:0`: 0 CUDA device(s) found; run with `--device cpu`"), "{err}");
+    assert!(
+        err.ends_with("`--device`: asks for CUDA device 0 and 0 CUDA device(s) are found; run with `--device cpu`"),
+        "{err}"
+    );
     let err = one_line_error(&eval(&["--model", s(&m), "--data", s(&d), "--device", "cuda:1"]));
-    assert!(err.ends_with("`--device cuda:1`: 0 CUDA device(s) found; run with `--device cpu`"), "{err}");
+    assert!(
+        err.ends_with("`--device`: asks for CUDA device 1 and 0 CUDA device(s) are found; run with `--device cpu`"),
+        "{err}"
+    );
     assert!(!o.exists(), "a refused run wrote `{}`", o.display());
 }
 

@@ -652,7 +652,9 @@ mod tests {
         let err = TrainConfig::from_toml_str("temperature = 1\n", "c.toml").unwrap_err();
         assert_eq!(err.to_string(), "`c.toml`, line 1: unknown key `temperature` (`dpo-train --help` lists every key)");
         let err = TrainConfig::from_toml_str("beta = \"high\"\n", "c.toml").unwrap_err();
-        assert!(err.to_string().starts_with("`c.toml`, line 1: "), "{err}");
+        assert_eq!(err.to_string(), "`c.toml`, line 1: `beta`: invalid type: string \"high\", expected a number");
+        let err = TrainConfig::from_toml_str("max_steps = 1.5\n", "c.toml").unwrap_err();
+        assert!(err.to_string().ends_with("expected a whole number"), "{err}");
         let err = TrainConfig::default().with_overrides(&[("beta".into(), "x".into())]).unwrap_err();
         assert_eq!(err.to_string(), "`--beta`: expected a number, got `x`");
         let err = TrainConfig::default().with_overrides(&[("loss_type".into(), "sigmoidd".into())]).unwrap_err();

@@ -115,13 +115,23 @@ pub(crate) fn toml_error(e: toml::de::Error, text: &str, origin: &str) -> Config
 /// serde's "unknown variant `x`, expected one of `a`, `b`, ..." becomes "unknown value `x`; did
 /// you mean `a`?" when one is close.
 fn with_suggestion(message: &str) -> String {
-    let Some(rest) = message.strip_prefix("unknown variant ") else { return message.to_owned() };
+    let Some(rest) = message.strip_prefix("unknown variant ") else { return plain_types(message) };
     let names: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
     let Some((given, candidates)) = names.split_first() else { return message.to_owned() };
     match closest(given, candidates) {
         Some(best) => format!("unknown value `{given}`; did you mean `{best}`?"),
         None => message.to_owned(),
     }
+}
+
+/// serde's Rust type names in a user's words: "expected f64" is "expected a number".
+fn plain_types(message: &str) -> String {
+    let whole = ["u8", "u16", "u32", "u64", "usize", "i8", "i16", "i32", "i64", "isize"];
+    let mut out = message.replace("expected f64", "expected a number").replace("expected f32", "expected a number");
+    for t in whole {
+        out = out.replace(&format!("expected {t}"), "expected a whole number");
+    }
+    out
 }
 
 /// The candidate a misspelling most likely meant: within a third of its length in edits.

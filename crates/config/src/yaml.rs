@@ -11,7 +11,9 @@ use crate::ConfigError;
 /// `text`'s mapping of keys as a TOML table; `origin` names the file in errors.
 pub fn to_table(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
     let error = |line: usize, message: String| ConfigError::Toml { path: origin.to_owned(), line, message };
-    let docs = YamlLoader::load_from_str(text).map_err(|e| error(e.marker().line(), e.info().to_owned()))?;
+    // An error at the end of the text is on its last line (the parser counts one past it).
+    let last = text.lines().count().max(1);
+    let docs = YamlLoader::load_from_str(text).map_err(|e| error(e.marker().line().min(last), plain(e.info())))?;
     match docs.as_slice() {
         [] => Ok(toml::Table::new()),
         [Yaml::Hash(map)] if map.get(&Yaml::String(NO_TRUNCATION.to_owned())) == Some(&Yaml::Null) => {
@@ -30,6 +32,16 @@ pub fn to_table(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
         },
         [_] => Err(error(1, "a config is a mapping of keys to values (`beta: 0.1`)".to_owned())),
         _ => Err(error(0, "a config is one YAML document; this file holds several".to_owned())),
+    }
+}
+
+/// The parser's message in the words of the rest: `String("beta"): duplicated key in mapping` is
+/// "`beta` is set twice".
+fn plain(info: &str) -> String {
+    let duplicated = info.strip_suffix(": duplicated key in mapping");
+    match duplicated.map(|k| k.strip_prefix("String(\"").and_then(|k| k.strip_suffix("\")")).unwrap_or(k)) {
+        Some(key) => format!("`{key}` is set twice"),
+        None => info.to_owned(),
     }
 }
 
@@ -118,7 +130,8 @@ mod tests {
     #[test]
     fn what_is_no_mapping_is_one_line_with_its_place() {
         let err = |text: &str| to_table(text, "r.yaml").unwrap_err().to_string();
-        assert!(err("beta: [0.1\n").starts_with("`r.yaml`, line "), "{}", err("beta: [0.1\n"));
+        assert!(err("beta: [0.1\n").starts_with("`r.yaml`, line 1: "), "{}", err("beta: [0.1\n"));
+        assert_eq!(err("beta: 0.1\nbeta: 0.2\n"), "`r.yaml`, line 2: `beta` is set twice");
         assert_eq!(err("- beta\n"), "`r.yaml`, line 1: a config is a mapping of keys to values (`beta: 0.1`)");
         assert_eq!(to_table("", "r.yaml").unwrap(), toml::Table::new());
     }
