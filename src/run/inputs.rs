@@ -34,6 +34,29 @@ pub(super) struct DataReports {
     test: Option<DataReport>,
 }
 
+/// A resume's note where the training data read now is not what the run's `data_report.json`
+/// says it started on (a file edited or replaced under the same name): its counts or lengths
+/// differ. The steps draw their pairs from the data as it is, so some are seen twice or never.
+pub(super) fn data_changed_note(saved: &str, now: &str) -> Option<String> {
+    let (saved, now): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(saved).ok()?, serde_json::from_str(now).ok()?);
+    let (saved, now) = (&saved["train"], &now["train"]);
+    let changed: Vec<String> = ["rows_read", "pairs_kept", "tokens"]
+        .into_iter()
+        .filter(|key| saved.get(key).is_some() && saved[key] != now[key])
+        .map(|key| match key {
+            "tokens" => "its token lengths".to_owned(),
+            _ => format!("{key} {} -> {}", saved[key], now[key]),
+        })
+        .collect();
+    (!changed.is_empty()).then(|| {
+        format!(
+            "warning: the training data is not what this run started on ({}): the resumed steps draw their pairs from it as it is now, so some pairs are seen twice or never",
+            changed.join(", ")
+        )
+    })
+}
+
 /// One split of a run's data: its file (`None` when the run has none), the split of a dataset
 /// directory, the micro-batch its padding is measured at, and the demo's file for it.
 struct Split<'a> {
@@ -281,5 +304,25 @@ mod tests {
         let note = skipped_note(Path::new("ds"), &shards).unwrap();
         assert!(note.starts_with("`ds`: skipped 3 bad rows (`a.arrow` rows 263, 300; `b.arrow` rows 23); "), "{note}");
         assert!(skipped_note(Path::new("ds"), &[]).is_none());
+    }
+
+    #[test]
+    fn a_resume_notes_training_data_that_changed() {
+        let report = |rows: u64, p50: u64| {
+            let tokens = serde_json::json!({ "prompt": { "p50": p50 } });
+            serde_json::json!({ "train": { "rows_read": rows, "pairs_kept": rows, "tokens": tokens, "micro_batch": rows } })
+                .to_string()
+        };
+        assert_eq!(data_changed_note(&report(17, 9), &report(17, 9)), None);
+        let note = data_changed_note(&report(17, 9), &report(18, 9)).unwrap();
+        assert!(
+            note.starts_with(
+                "warning: the training data is not what this run started on (rows_read 17 -> 18, pairs_kept 17 -> 18)"
+            ),
+            "{note}"
+        );
+        assert!(data_changed_note(&report(17, 9), &report(17, 10)).unwrap().contains("(its token lengths)"));
+        // Nothing to compare with: no note.
+        assert_eq!(data_changed_note("{}", &report(17, 9)), None);
     }
 }

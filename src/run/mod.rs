@@ -246,7 +246,7 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
     let demo_assets = if uses_demo(cfg) { Some(prepare_demo(run_dir, req, progress)?) } else { None };
     // Models, tokenizer and data are checked before the run directory exists: a refused run
     // leaves nothing behind. Their notes follow the config.
-    let inputs::Inputs { model_dir, data, reports, notes } =
+    let inputs::Inputs { model_dir, data, reports, mut notes } =
         inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
     // The run's config from its start, before a warm-up: `--resume RUN` reads it there, and a
     // warm-up stopped by Ctrl-C resumes with the run, not as a run of its own. A resume rewrites
@@ -257,6 +257,8 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
     ];
     let mut rewrites = Vec::new();
     if workers.is_main() && resume {
+        let saved = std::fs::read_to_string(&files[0].0).unwrap_or_default();
+        notes.extend(inputs::data_changed_note(&saved, &files[0].1));
         rewrites = files;
     } else if workers.is_main() {
         std::fs::create_dir_all(run_dir).with_context(|| format!("cannot create `{}`", run_dir.display()))?;
