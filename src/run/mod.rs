@@ -160,10 +160,15 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
     };
     if req.sft_only {
         let outcome = run_stage(&run, &Stage { objective: Objective::Sft, ..base }, progress)?;
-        if !outcome.already_done {
+        let done = outcome.already_done;
+        if !done {
             render_plots(&run_dir, cfg, workers, progress);
         }
-        return Ok(RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None, recorded: None });
+        let summary = RunSummary { run_dir, sft: Some(outcome), dpo: None, demo_arithmetic: None, recorded: None };
+        if !done {
+            write_summary(&summary, req)?;
+        }
+        return Ok(summary);
     }
     let (sft, start_dir) = match warm_up(&run, &base, progress)? {
         WarmUp::Interrupted(outcome) => {
@@ -185,14 +190,20 @@ fn run_in(req: &RunRequest, run_dir: PathBuf, resume: bool, progress: &mut dyn P
         _ => None,
     };
     let summary = RunSummary { run_dir, sft, dpo: Some(dpo), demo_arithmetic, recorded: None };
-    if workers.is_main() && !summary.interrupted() {
-        let path = summary.run_dir.join("summary.txt");
-        let device = device::describe(&req.rt.device, Some(req.plan.precision), workers.world_size());
-        let text = format!("{}machine: {}\n{device}\n", summary.text(), machine());
-        crate::fsutil::write_atomic(&path, text.as_bytes())
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-    }
+    write_summary(&summary, req)?;
     Ok(summary)
+}
+
+/// `summary.txt` of a run that finished (rank 0): what it did, the machine and the devices.
+fn write_summary(summary: &RunSummary, req: &RunRequest) -> anyhow::Result<()> {
+    let workers = req.rt.workers;
+    if !workers.is_main() || summary.interrupted() {
+        return Ok(());
+    }
+    let path = summary.run_dir.join("summary.txt");
+    let device = device::describe(&req.rt.device, Some(req.plan.precision), workers.world_size());
+    let text = format!("{}machine: {}\n{device}\n", summary.text(), machine());
+    crate::fsutil::write_atomic(&path, text.as_bytes()).with_context(|| format!("cannot write `{}`", path.display()))
 }
 
 /// What a run has checked and read before its first stage, its run directory made.

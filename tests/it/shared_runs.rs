@@ -268,6 +268,9 @@ fn a_run_resumes_under_its_own_command() {
     sft.arg("sft").args(short_run(dir.path(), "sft", &model(), &data(), &["--save-steps", "3"]));
     let sft = finish(sft, Duration::from_secs(120));
     assert!(sft.status.success(), "{}", stderr(&sft));
+    // Its summary is kept, as a DPO run's is.
+    let summary = fs::read_to_string(dir.path().join("sft/summary.txt")).unwrap();
+    assert!(summary.contains("sft: 3 steps -> ") && summary.contains("\nmachine: "), "{summary}");
     for (command, name, other) in [("sft", "dpo", "train"), ("train", "sft", "sft")] {
         let run_dir = dir.path().join(name);
         let metrics = fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
