@@ -26,6 +26,7 @@ static SAVES: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
 static WORKER: AtomicBool = AtomicBool::new(false);
 static FIRST: OnceLock<Instant> = OnceLock::new();
+static AT_ONCE: AtomicBool = AtomicBool::new(false);
 
 /// How long after a worker's first signal another counts as the same request delivered twice (a
 /// launcher forwards within its 50 ms poll; a scheduler signals every process at once).
@@ -47,7 +48,20 @@ pub fn install() -> anyhow::Result<&'static AtomicBool> {
     Ok(&REQUESTED)
 }
 
+/// Installs the handler for a command with nothing to save or finish (`eval`, `generate` in one
+/// process): an interrupt says so and exits 130 at once, where the default signal death said
+/// nothing.
+pub fn install_to_stop() -> anyhow::Result<()> {
+    AT_ONCE.store(true, Ordering::SeqCst);
+    install().map(|_| ())
+}
+
 fn on_signal() {
+    if AT_ONCE.load(Ordering::SeqCst) && !FORWARDING.load(Ordering::SeqCst) {
+        eprintln!("\ninterrupt: stopped");
+        // SAFETY: as below: `_exit` ends the process at once and touches no memory of this program.
+        unsafe { libc::_exit(INTERRUPTED_EXIT) }
+    }
     let first = *FIRST.get_or_init(Instant::now);
     if COUNT.load(Ordering::SeqCst) > 0 && WORKER.load(Ordering::SeqCst) && first.elapsed() < SAME_REQUEST {
         eprintln!("\ninterrupt: already stopping (the request reached this worker twice)");

@@ -353,7 +353,12 @@ pub fn place_plain(par: &ParallelArgs) -> anyhow::Result<ControlFlow<ExitCode, (
         Placed::Launched(LaunchOutcome::Interrupted | LaunchOutcome::Aborted) => {
             ControlFlow::Break(ExitCode::from(super::INTERRUPTED))
         }
-        Placed::Here { device, group, .. } => ControlFlow::Continue((device, group)),
+        Placed::Here { device, group, .. } => {
+            if group.is_none() {
+                interrupt::install_to_stop()?;
+            }
+            ControlFlow::Continue((device, group))
+        }
     })
 }
 

@@ -687,6 +687,30 @@ fn an_interrupt_while_the_test_set_is_scored_stops_the_run() {
     assert!(fs::read_to_string(run.join("summary.txt")).unwrap().contains("\ntest: loss "));
 }
 
+/// Ctrl-C in `eval` (one process; nothing to save) says it stopped and exits 130 at once, where
+/// the signal ended it without a word. Sent once the handler is in place (the process catches
+/// SIGINT), while 10,200 pairs are read and scored.
+#[test]
+fn an_interrupted_eval_says_so_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("eval.jsonl");
+    fs::write(&big, fs::read_to_string(data()).unwrap().repeat(600)).unwrap();
+    let mut cmd = dpo_train();
+    cmd.args(["eval", "--model", s(&model()), "--data", s(&big)]).stdout(Stdio::null()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let catches_sigint = || {
+        let status = fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+        u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (libc::SIGINT - 1)) != 0)
+    };
+    wait_until("no handler installed", Duration::from_secs(60), Duration::from_millis(20), catches_sigint);
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = wait_or_kill(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim(), "interrupt: stopped");
+}
+
 /// Ctrl-C while the reference scores a large held-out set before the first step stops the
 /// scoring: the run stops at step 0 (exit 130) without going on to precompute the training set's
 /// reference log-probs, and stores no cache entry (it scored every pair first).
