@@ -10,14 +10,24 @@
 //! well takes its bf16 training step from 3.6 s to 3.2 s. The price is a resident set that stays
 //! at its high-water mark instead of following the live tensors.
 
-/// Serves every allocation from the heap (no per-buffer mappings) and stops trimming, unless the
-/// user already chose allocator settings through the environment (`MALLOC_*_` or `GLIBC_TUNABLES`).
-pub fn keep_freed_memory() {
-    let chosen = std::env::vars_os().any(|(k, _)| {
+/// How far above its live tensors a CPU run's resident set can reach while freed memory is kept
+/// (measured up to 3x: docs/performance.md); a run that could not fit at that returns it instead
+/// ([`follow_live_tensors`]).
+pub const KEPT_FACTOR: u64 = 3;
+
+/// Whether the user chose allocator settings through the environment (`MALLOC_*_` or
+/// `GLIBC_TUNABLES`): then dpo-train changes none.
+fn user_chose() -> bool {
+    std::env::vars_os().any(|(k, _)| {
         let k = k.to_string_lossy();
         (k.starts_with("MALLOC_") && k.ends_with('_')) || k == "GLIBC_TUNABLES"
-    });
-    if chosen {
+    })
+}
+
+/// Serves every allocation from the heap (no per-buffer mappings) and stops trimming, unless the
+/// user already chose allocator settings through the environment.
+pub fn keep_freed_memory() {
+    if user_chose() {
         return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -27,6 +37,29 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_TOP_PAD, 256 << 20);
         libc::mallopt(libc::M_MMAP_MAX, 0);
     }
+}
+
+/// Returns freed memory to the system again, for a run whose resident set could not stay at its
+/// high-water mark in this host's memory: each buffer above 64 KiB gets its own mapping, unmapped
+/// when freed, and the heap's free top is trimmed, so the resident set follows the live tensors
+/// (as `MALLOC_MMAP_THRESHOLD_=65536` makes it, which `make bench` measures check-gpu's estimate
+/// against), at the cost of faulting pages in again each step. `false` where the user chose the
+/// allocator's settings (nothing changes).
+pub fn follow_live_tensors() -> bool {
+    if user_chose() {
+        return false;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt and malloc_trim change allocator parameters and return free memory; glibc
+    // takes its arena locks for both.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 65536);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
+        libc::mallopt(libc::M_TOP_PAD, 128 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 10);
+        libc::malloc_trim(0);
+    }
+    true
 }
 
 /// Starts a new high-water mark of this process's resident set (Linux's `/proc/self/clear_refs`);

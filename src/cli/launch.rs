@@ -152,6 +152,14 @@ pub fn check_host_memory(par: &ParallelArgs, mem: ProcessMemory) -> Result<(), L
     }
 }
 
+/// Whether the flags run this command on CPU processes.
+pub fn runs_on_cpu(par: &ParallelArgs) -> bool {
+    par.gpus.is_none()
+        && (par.devices.is_some()
+            || par.device == DeviceArg::Cpu
+            || (par.device == DeviceArg::Auto && cuda_device_count() == 0))
+}
+
 /// Refuses a run on the CPU whose one process needs `state` bytes (`terms`: what they are) before
 /// its data adds any, beyond the host's available memory and free swap together: held whatever
 /// the data, they cannot fit, and the kernel's OOM killer would end the run without a word (a
@@ -163,11 +171,9 @@ pub fn check_one_process(
     terms: String,
     advice: &'static str,
 ) -> Result<(), LaunchFlagError> {
-    let on_cpu = par.gpus.is_none()
-        && (par.devices.is_some()
-            || par.device == DeviceArg::Cpu
-            || (par.device == DeviceArg::Auto && cuda_device_count() == 0));
-    let Some(available) = check_gpu::probe::host_memory_available().filter(|_| on_cpu) else { return Ok(()) };
+    let Some(available) = check_gpu::probe::host_memory_available().filter(|_| runs_on_cpu(par)) else {
+        return Ok(());
+    };
     let room = available.saturating_add(check_gpu::probe::host::host_swap_free().unwrap_or(0));
     if state <= room {
         return Ok(());

@@ -49,7 +49,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut layered = layered;
     check_before_start(&mut layered, &args, sft_only)?;
     let mut cfg = layered.cfg.clone();
-    check_memory(&cfg, &plan, &args.parallel)?;
+    let memory_note = check_memory(&cfg, &plan, &args.parallel)?;
     let interrupt = interrupt::install_for_training()?;
     // Every worker must write into one run directory: the launcher names it for its workers, in a
     // directory it creates (another run's of the same second makes it take a suffix).
@@ -103,7 +103,10 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let mut silent = Silent;
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let ranks = group.as_ref().map_or(1, |g| g.world_size());
-    let config_description = describe_run(&layered, &found, &plan, &args.parallel, &device, ranks);
+    let mut config_description = describe_run(&layered, &found, &plan, &args.parallel, &device, ranks);
+    if let Some(note) = memory_note {
+        config_description = format!("{config_description}\n{note}");
+    }
     let rt = Runtime { device, interrupt, workers, overlap_reference };
     let request =
         RunRequest { cfg, plan, config_name: name, resume: resume.map(Some), sft_only, rt, config_description };
@@ -194,11 +197,15 @@ fn planned_world(par: &super::args::ParallelArgs) -> Option<usize> {
 /// check-gpu's estimate for this model and batch: `--devices cpu:N` whose N processes would not
 /// (the data at `max_length`), and one process whose weights, optimizer state and reference alone
 /// would not. A model directory check-gpu cannot read is checked at a libtorch process's own.
-fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelArgs) -> anyhow::Result<()> {
+/// Where they fit, but not at the high-water mark dpo-train keeps freed memory at
+/// ([`crate::malloc::KEPT_FACTOR`] times), freed memory is returned to the system instead: the
+/// note says so.
+fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelArgs) -> anyhow::Result<Option<String>> {
     let lone = "lower `--per-device-train-batch-size` or `--max-length`";
     let floor = ProcessMemory { each: check_gpu::memory::CUDA_CONTEXT_BYTES, basis: "a libtorch process's own", lone };
     let Ok(shape) = check_gpu::ModelShape::from_hf_dir(Path::new(&cfg.model_name_or_path)) else {
-        return Ok(super::launch::check_host_memory(par, floor)?);
+        super::launch::check_host_memory(par, floor)?;
+        return Ok(None);
     };
     let world = par.devices.as_ref().and(planned_world(par)).unwrap_or(1) as u64;
     let finetune = match &plan.lora {
@@ -242,7 +249,25 @@ fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelAr
     // One process first: when its state alone does not fit, fewer processes is no advice.
     super::launch::check_one_process(par, state, terms, advice)?;
     let basis = "check-gpu's estimate for this model and batch";
-    Ok(super::launch::check_host_memory(par, ProcessMemory { each: e.total.saturating_add(e.host), basis, lone })?)
+    let each = e.total.saturating_add(e.host);
+    super::launch::check_host_memory(par, ProcessMemory { each, basis, lone })?;
+    let available = check_gpu::probe::host_memory_available().filter(|_| super::launch::runs_on_cpu(par));
+    Ok(available.and_then(|a| kept_too_much(each, world, a)).filter(|_| crate::malloc::follow_live_tensors()))
+}
+
+/// Where `world` processes of `each` bytes by check-gpu's estimate would not fit in `available`
+/// at the high-water mark kept freed memory reaches: the note of the run that returns it instead.
+fn kept_too_much(each: u64, world: u64, available: u64) -> Option<String> {
+    let factor = crate::malloc::KEPT_FACTOR;
+    let bytes = check_gpu::units::bytes;
+    let n = if world == 1 { "1 process".to_owned() } else { format!("{world} processes") };
+    (each.saturating_mul(world).saturating_mul(factor) > available).then(|| {
+        format!(
+            "host memory: {n} of {} by check-gpu's estimate could reach {factor}x that with freed memory kept, beyond the {} available: freed memory goes back to the system (slower on the CPU)",
+            bytes(each),
+            bytes(available)
+        )
+    })
 }
 
 /// `sft` trains at `learning_rate` for `max_steps` (or `num_train_epochs`) and evaluates nothing:
@@ -495,4 +520,20 @@ fn print_summary(summary: &RunSummary) -> anyhow::Result<()> {
     // Only what was measured: a run without eval_file / test_file has no such line.
     std::io::stdout().lock().write_all(summary.text().as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Kept freed memory is given up only where its high-water mark would not fit.
+    #[test]
+    fn freed_memory_goes_back_only_where_keeping_it_would_not_fit() {
+        let gib = 1u64 << 30;
+        assert_eq!(super::kept_too_much(2 * gib, 3, 18 * gib), None);
+        let note = super::kept_too_much(2 * gib, 3, 17 * gib).unwrap();
+        assert_eq!(
+            note,
+            "host memory: 3 processes of 2.0 GiB by check-gpu's estimate could reach 3x that with freed memory kept, beyond the 17.0 GiB available: freed memory goes back to the system (slower on the CPU)"
+        );
+        assert!(super::kept_too_much(u64::MAX, 1, gib).unwrap().starts_with("host memory: 1 process of "));
+    }
 }
