@@ -137,7 +137,8 @@ fn write_model(dir: &Path, shape: &Shape, model_type: &str, bf16: bool) -> PathB
     }
     match bf16 {
         true => write_bf16(dir, &model, &config),
-        false => write_model_dir(dir, &model, ModelFiles::Full { config_json: &config }).expect("the model is written"),
+        false => write_model_dir(dir, &model, ModelFiles::Full { config_json: &config, base: None })
+            .expect("the model is written"),
     }
     dir.to_owned()
 }

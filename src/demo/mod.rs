@@ -81,7 +81,7 @@ pub fn prepare(dir: &Path, seed: u64, device: &Device) -> anyhow::Result<DemoAss
         let resolved = model::LlamaConfig::parse(&config_json, &model_dir.join("config.json"))?;
         let init = RandomInit { seed, std: 0.02 };
         let model = Llama::load(&init, &resolved, device)?;
-        write_model_dir(&model_dir, &model, ModelFiles::Full { config_json: &config_json })?;
+        write_model_dir(&model_dir, &model, ModelFiles::Full { config_json: &config_json, base: None })?;
     }
     Ok(DemoAssets { model_dir, train, val, test })
 }

@@ -59,8 +59,10 @@ pub enum CheckpointError {
 /// What a checkpoint or `final/` holds of the model.
 #[derive(Debug, Clone, Copy)]
 pub enum ModelFiles<'a> {
-    /// `config.json` and `model.safetensors`: every weight.
-    Full { config_json: &'a str },
+    /// `config.json` and `model.safetensors`: every weight; `generation_config.json` kept from the
+    /// starting model's directory `base` where it has one (as transformers' `save_pretrained`
+    /// writes the one it loaded: its end-of-sequence ids and sampling settings).
+    Full { config_json: &'a str, base: Option<&'a Path> },
     /// A PEFT adapter directory: only what trained, over the base in `base`.
     Adapter { settings: &'a LoraSettings, base: &'a Path },
 }
@@ -89,6 +91,7 @@ pub struct TrainerState {
 }
 
 const STATE_FILE: &str = "trainer_state.json";
+const GENERATION_CONFIG: &str = "generation_config.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const SHARDS_FILE: &str = "optimizer.shards.json";
 
@@ -255,8 +258,13 @@ pub fn write_model_dir(dir: &Path, model: &Llama, files: ModelFiles) -> Result<(
     let io = |source| CheckpointError::Write { path: dir.to_owned(), source };
     std::fs::create_dir_all(dir).map_err(io)?;
     match files {
-        ModelFiles::Full { config_json } => {
+        ModelFiles::Full { config_json, base } => {
             write_atomic(&dir.join("config.json"), model::hf::export_config(config_json).as_bytes()).map_err(io)?;
+            let kept = base.map(|b| b.join(GENERATION_CONFIG)).filter(|p| p.is_file());
+            if let Some(src) = kept.filter(|src| *src != dir.join(GENERATION_CONFIG)) {
+                let dest = dir.join(GENERATION_CONFIG);
+                std::fs::copy(&src, &dest).map_err(|source| CheckpointError::Write { path: dest, source })?;
+            }
             save_safetensors(&dir.join("model.safetensors"), &model::hf::export_tensors(model))?;
         }
         ModelFiles::Adapter { settings, base } => {

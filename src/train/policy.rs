@@ -101,7 +101,7 @@ impl PolicySpec {
     /// What checkpoints and `final/` hold: every weight with `config.json`, or the adapter.
     pub fn files<'a>(&'a self, model_config_json: &'a str) -> ModelFiles<'a> {
         match &self.lora {
-            None => ModelFiles::Full { config_json: model_config_json },
+            None => ModelFiles::Full { config_json: model_config_json, base: Some(&self.base_dir) },
             Some(settings) => ModelFiles::Adapter { settings, base: &self.base_dir },
         }
     }

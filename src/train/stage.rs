@@ -605,7 +605,11 @@ fn finish(
         checkpoint::export_final(&final_dir, &policy, end.files, &run.data.tokenizer_dir)?;
         if run.cfg.merge {
             let merged = final_dir.join("merged");
-            let full = ModelFiles::Full { config_json: end.config_json };
+            let base = match end.files {
+                ModelFiles::Adapter { base, .. } => Some(base),
+                ModelFiles::Full { base, .. } => base,
+            };
+            let full = ModelFiles::Full { config_json: end.config_json, base };
             checkpoint::export_final(&merged, &merged_model(&final_dir)?, full, &run.data.tokenizer_dir)?;
             progress.line(&format!("merged model written to `{}`", merged.display()));
         }

@@ -24,6 +24,12 @@ fn final_model_loads_in_transformers_with_equal_logits() {
     for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(final_dir.join(file).is_file(), "final/ lacks {file}");
     }
+    // The starting model's generation settings are kept, as transformers' `save_pretrained` keeps
+    // them (end-of-sequence ids, sampling defaults), and so are its checkpoints'.
+    let generation = std::fs::read(fixtures.join("models/qwen2/generation_config.json")).unwrap();
+    assert_eq!(std::fs::read(final_dir.join("generation_config.json")).unwrap(), generation);
+    let ckpt = dpo_train::train::checkpoint::latest(&summary.run_dir).unwrap();
+    assert_eq!(std::fs::read(ckpt.join("generation_config.json")).unwrap(), generation);
 
     let ids: Vec<Vec<i64>> = vec![vec![11, 45, 201, 7, 99, 3, 150, 42], vec![300, 2, 17, 17, 88, 120, 5, 64]];
     let device = cpu();

@@ -162,6 +162,9 @@ fn a_trained_adapter_loads_in_peft_and_merges() {
     assert!(max_rel_diff(&ours, &logits(&base, &device)) > 1e-3, "training moved the adapted logits");
 
     // The merged model: transformers computes the adapted logits from it; only q and v changed.
+    // It keeps the base's generation settings, as a full model's `final/` does.
+    let generation = std::fs::read(base_dir.join("generation_config.json")).unwrap();
+    assert_eq!(std::fs::read(final_dir.join("merged/generation_config.json")).unwrap(), generation);
     let merged = reference_logits(&final_dir.join("merged"), &ids());
     assert!(max_rel_diff(&merged, &ours) <= lora_bound(4));
     let before = tensors(&base_dir.join("model.safetensors"));
