@@ -72,8 +72,9 @@ pub struct Args {
     /// Preference pairs per optimizer step over all GPUs (1 to 1048576).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
     pub global_batch: u64,
-    /// Tokens per sequence (prompt + completion), dpo-train's --max-length (1 to 1048576).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=MAX_COUNT))]
+    /// Tokens per sequence (prompt + completion), dpo-train's --max-length (2 to 1048576: a
+    /// prompt token and a completion token at least).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(2..=MAX_COUNT))]
     pub seq_len: u64,
     /// Train LoRA adapters of this rank on q,k,v,o instead of full fine-tuning (1 to 65536).
     #[arg(long, value_name = "RANK", value_parser = clap::value_parser!(u64).range(1..=65_536))]

@@ -400,6 +400,8 @@ fn flag_errors_are_one_line() {
         &["--no-such-flag"],
         &["--devices", "cpu:2"],
         &["--global-batch", "0"],
+        // dpo-train's --max-length takes 2 at least: a plan at 1 printed a command it refused.
+        &["--seq-len", "1"],
     ] {
         let out = run(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -645,7 +647,7 @@ fn huge_values_are_refused_with_their_range() {
     let topo = fixture("t4x2-phb.topo.txt");
     let topo = topo.to_str().expect("utf-8 path");
     for (flag, value, range) in [
-        ("--seq-len", "18446744073709551615", "1..=1048576"),
+        ("--seq-len", "18446744073709551615", "2..=1048576"),
         ("--global-batch", "18446744073709551615", "1..=1048576"),
         ("--lr-base-batch", "1048577", "1..=1048576"),
         ("--lora", "100000", "1..=65536"),
