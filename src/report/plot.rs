@@ -431,22 +431,58 @@ fn step_range(steps: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     }
 }
 
-/// Tick text for a value on an axis spanning `span`: enough decimals to tell ticks apart, and
-/// scientific notation for learning-rate-sized or huge numbers.
-fn tick_label(v: f64, span: f64, magnitude: f64) -> String {
+/// Tick text for a value on an axis over `range` with at most `ticks` ticks: as many decimals as
+/// the ticks' step has (so neighbours never print alike), and scientific notation for
+/// learning-rate-sized or huge numbers, its mantissa as precise as the step.
+fn tick_label(v: f64, range: (f64, f64), ticks: usize, magnitude: f64) -> String {
+    let (span, step) = (range.1 - range.0, tick_step(range, ticks));
+    let digits = |x: f64| x.abs().log10().floor();
     if magnitude != 0.0 && !(1e-3..1e5).contains(&magnitude) {
         // A tick at zero can land a rounding error away from it: 1e-6 of the span is zero.
-        return if v.abs() <= span * 1e-6 { "0".to_string() } else { format!("{v:.1e}") };
+        if v.abs() <= span * 1e-6 {
+            return "0".to_string();
+        }
+        let decimals = (digits(magnitude) - digits(step)).clamp(1.0, 6.0) as usize;
+        return format!("{v:.decimals$e}");
     }
-    // About twice as many decimals steps as ticks, so 0.25 on a 0..1 axis keeps its 5.
-    let step = span / 12.0;
-    let decimals = if step > 0.0 { (-step.log10().floor()).clamp(0.0, 6.0) as usize } else { 2 };
+    let decimals = (-digits(step)).clamp(0.0, 6.0) as usize;
     let text = format!("{v:.decimals$}");
     // `-0.00` reads as a bug.
     if text.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') {
         text.trim_start_matches('-').to_string()
     } else {
         text
+    }
+}
+
+/// The step between the ticks plotters draws over `range` when asked for at most `ticks`
+/// (`compute_f64_key_points` in plotters 0.3.7): the finest of 10^k, 10^k/2 and 10^k/5 whose
+/// ticks, on its multiples inside the range, number no more than asked.
+fn tick_step((lo, hi): (f64, f64), ticks: usize) -> f64 {
+    let span = hi - lo;
+    if span.is_nan() || span <= f64::EPSILON || ticks == 0 {
+        return 1.0;
+    }
+    let rem = |a: f64, b: f64| {
+        let r = a - (a / b).floor() * b;
+        if (r - b).abs() < f64::EPSILON { 0.0 } else { r }
+    };
+    let mut scale = 10f64.powf(span.log10().floor());
+    if 1 + (span / scale).floor() as usize > ticks {
+        scale *= 10.0;
+    }
+    loop {
+        let old = scale;
+        for div in [2.0, 5.0, 10.0] {
+            let step = old / div;
+            let left = lo - rem(lo, step);
+            let left = if left < lo { left + step } else { left };
+            let right = hi - rem(hi, step);
+            if (1.0 + (right - left) / step).round() as usize > ticks {
+                return scale;
+            }
+            scale = step;
+        }
     }
 }
 
@@ -490,16 +526,17 @@ fn draw_chart(area: &Area, chart: &Chart, scale: &Scale) -> DrawResult {
         .build_cartesian_2d(x0..x1, y0..y1)?;
 
     let y_magnitude = y0.abs().max(y1.abs());
-    let x_fmt = |v: &f64| tick_label(*v, x1 - x0, 1.0);
-    let y_fmt = |v: &f64| tick_label(*v, y1 - y0, y_magnitude);
+    let (x_ticks, y_ticks) = if empty { (0, 0) } else { (8, 6) };
+    let x_fmt = |v: &f64| tick_label(*v, (x0, x1), x_ticks, 1.0);
+    let y_fmt = |v: &f64| tick_label(*v, (y0, y1), y_ticks, y_magnitude);
     ctx.configure_mesh()
         .x_desc("step")
         .y_desc(chart.y_label)
         .axis_desc_style(font(scale.axis_desc, &TEXT_COLOR))
         .label_style(font(scale.tick, &TEXT_COLOR))
         // An empty chart gets a bare frame: ticks for made-up ranges would only mislead.
-        .x_labels(if empty { 0 } else { 8 })
-        .y_labels(if empty { 0 } else { 6 })
+        .x_labels(x_ticks)
+        .y_labels(y_ticks)
         .x_label_formatter(&x_fmt)
         .y_label_formatter(&y_fmt)
         .bold_line_style(GRID_COLOR)
@@ -668,11 +705,19 @@ mod tests {
         assert_eq!(fit_range([1.0, 3.0].into_iter()), Some((0.9, 3.1)));
         assert_eq!(fit_range([0.0].into_iter()), Some((-1.0, 1.0)));
         assert_eq!(fit_range(std::iter::empty()), None);
-        assert_eq!(tick_label(5e-7, 1e-7, 6e-7), "5.0e-7");
-        assert_eq!(tick_label(0.25, 1.0, 1.0), "0.25");
-        assert_eq!(tick_label(120.0, 500.0, 500.0), "120");
-        assert_eq!(tick_label(-0.0001, 1.0, 1.0), "0.00");
-        assert_eq!(tick_label(1e-22, 5e-7, 5e-7), "0");
+        assert_eq!(tick_label(5.2e-7, (5e-7, 6e-7), 6, 6e-7), "5.2e-7");
+        assert_eq!(tick_label(0.4, (0.0, 1.0), 6, 1.0), "0.4");
+        assert_eq!(tick_label(120.0, (0.0, 500.0), 6, 500.0), "120");
+        assert_eq!(tick_label(-0.0001, (-0.5, 0.5), 6, 0.5), "0.0");
+        assert_eq!(tick_label(1e-22, (0.0, 5e-7), 6, 5e-7), "0");
+        assert_eq!((tick_step((0.0, 1.0), 6), tick_step((0.0, 1.0), 11), tick_step((1.0, 52.0), 8)), (0.2, 0.1, 10.0));
+        // A learning rate over 1.30e-5..1.52e-5 ticks every 5e-7: each tick prints apart (they
+        // read 1.5e-5, 1.5e-5, 1.4e-5, ... at one decimal).
+        let (lo, hi) = (1.30e-5, 1.52e-5);
+        let step = tick_step((lo, hi), 6);
+        assert!((step - 5e-7).abs() < 1e-12, "{step}");
+        let labels: Vec<String> = (0..5).map(|i| tick_label(1.30e-5 + i as f64 * step, (lo, hi), 6, hi)).collect();
+        assert_eq!(labels, ["1.30e-5", "1.35e-5", "1.40e-5", "1.45e-5", "1.50e-5"]);
         assert_eq!(step_range([5.0, 1.0, 51.0].into_iter()), Some((1.0, 52.0)));
         assert_eq!(step_range([7.0].into_iter()), Some((6.0, 8.0)));
     }

@@ -315,7 +315,9 @@ fn logits_formula(p: &Plan) -> String {
     };
     // CUDA takes at least 512 rows a block (`memory::packed`); the CPU 2^24/V alone.
     let n = if p.cpu_processes().is_some() { "2^24/V" } else { "max(2^24/V, 512)" };
-    format!("{c}*G*V (logit gradients, softmax recomputed; N <= T scored, {group}) + 8*min(N, n)*V in flight, n = {n} rows a block")
+    format!(
+        "{c}*G*V (logit gradients, softmax recomputed; N <= T scored, {group}) + 8*min(N, n)*V in flight, n = {n} rows a block"
+    )
 }
 
 /// Host memory per GPU's process: AdamW's moments and the fp32 masters.
