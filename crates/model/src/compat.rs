@@ -11,8 +11,8 @@ use super::llama::{Family, LlamaConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum CompatError {
     #[error(
-        "`{}` has a sequence of {longest} tokens but the model in `{}` handles at most {limit} (`{key}`): pass `--max-length {limit}` or less",
-        data.display(), dir.display()
+        "`{}` has a sequence of {longest} tokens but the model in `{}` {}: pass `--max-length {limit}` or less",
+        data.display(), dir.display(), limit_phrase(*.limit, .key)
     )]
     TooLong { data: PathBuf, longest: usize, dir: PathBuf, limit: usize, key: &'static str },
     #[error("the tokenizer has {tokens} tokens but the model in `{}` embeds only {vocab_size} (`vocab_size`)", dir.display())]
@@ -28,6 +28,18 @@ impl LlamaConfig {
             Some(window) if window < self.max_position_embeddings => (window, "sliding_window"),
             _ => (self.max_position_embeddings, "max_position_embeddings"),
         }
+    }
+}
+
+/// What bounds a model's sequences, in words: its positions, or the sliding window of its
+/// attention, which dpo-train does not implement (it computes full attention, which equals the
+/// windowed one up to the window's length).
+pub fn limit_phrase(limit: usize, key: &str) -> String {
+    match key {
+        "sliding_window" => format!(
+            "attends within a sliding window of {limit} tokens (`sliding_window`), which dpo-train does not implement: it takes sequences of at most {limit}"
+        ),
+        _ => format!("handles at most {limit} (`{key}`)"),
     }
 }
 
@@ -82,4 +94,23 @@ pub fn spare_rows_note(cfg: &LlamaConfig, dir: &Path, tokens: usize) -> Option<S
             cfg.vocab_size
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// A sliding window is named as what it is, not as the model's context length.
+    #[test]
+    fn the_limit_is_named_as_what_it_is() {
+        assert_eq!(
+            super::limit_phrase(256, "max_position_embeddings"),
+            "handles at most 256 (`max_position_embeddings`)"
+        );
+        let window = super::limit_phrase(4096, "sliding_window");
+        assert!(
+            window.starts_with(
+                "attends within a sliding window of 4096 tokens (`sliding_window`), which dpo-train does not implement"
+            ),
+            "{window}"
+        );
+    }
 }

@@ -30,8 +30,8 @@ pub enum GenerateError {
     #[error("`{}` holds no prompt", path.display())]
     NoPrompts { path: PathBuf },
     #[error(
-        "`{}`, line {line}: the prompt has {tokens} tokens but the model handles at most {limit} (`{key}`): no room to generate",
-        path.display()
+        "`{}`, line {line}: the prompt has {tokens} tokens but the model {}: no room to generate",
+        path.display(), crate::compat::limit_phrase(*.limit, .key)
     )]
     PromptTooLong { path: PathBuf, line: usize, tokens: usize, limit: usize, key: &'static str },
 }
