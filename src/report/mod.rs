@@ -2,6 +2,7 @@
 //! ([`crate::train::log`]): [`render_run`] for one run, [`render_comparison`] to overlay several.
 //! Every image is written to `<name>.tmp` first and renamed, so a reader never sees half a file.
 
+mod axes;
 mod meta;
 pub mod plot;
 
