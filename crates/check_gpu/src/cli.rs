@@ -176,9 +176,9 @@ pub enum FlagError {
         short.advice("lower `--bench-max-bytes`")
     )]
     HostMemory { short: crate::probe::HostShortfall },
-    /// The data the command would train on is not there.
-    #[error("`--data {}`: no such file or directory", path.display())]
-    NoData { path: PathBuf },
+    /// The model or the data the command would train on is not there.
+    #[error("`--{flag} {}`: no such file or directory", path.display())]
+    Missing { flag: &'static str, path: PathBuf },
     /// A Hub name that is no local path and not in the Hugging Face cache.
     #[error("`--{flag}`: {reason}")]
     NotCached { flag: &'static str, reason: String },
@@ -294,6 +294,9 @@ pub fn flag_error_line(rendered: &str) -> String {
 pub fn plan_request(args: &Args) -> Result<(PlanRequest, Option<(PathBuf, PathBuf)>), CliError> {
     let model_at = locate(args.model.as_deref(), dpo_base::hub::Kind::Model, "model")?;
     let data_at = locate(args.data.as_deref(), dpo_base::hub::Kind::Dataset, "data")?;
+    if let Some(at) = model_at.as_ref().filter(|at| !at.read.exists()) {
+        return Err(FlagError::Missing { flag: "model", path: at.given.clone() }.into());
+    }
     let model = match (&model_at, &args.model_params) {
         (Some(at), _) => Some(ModelShape::from_hf_dir(&at.read)?),
         (None, Some(n)) => Some(ModelShape::from_param_count(parse_param_count(n)?)),
@@ -309,7 +312,7 @@ pub fn plan_request(args: &Args) -> Result<(PlanRequest, Option<(PathBuf, PathBu
         return Err(FlagError::UnpairWithoutKto { loss }.into());
     }
     if let Some(at) = data_at.as_ref().filter(|at| !at.read.exists()) {
-        return Err(FlagError::NoData { path: at.given.clone() }.into());
+        return Err(FlagError::Missing { flag: "data", path: at.given.clone() }.into());
     }
     // dpo-train tokenises the data as its training will; without it the plan bounds by --seq-len.
     let reads = model_at.as_ref().zip(data_at.as_ref()).map(|(m, d)| (m.read.clone(), d.read.clone()));

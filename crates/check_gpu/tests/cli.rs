@@ -816,4 +816,8 @@ fn data_given_to_the_plan_is_in_the_command() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{err}");
     assert!(err.contains("`--data /no/such.jsonl`: no such file or directory"), "{err}");
+    let out = run_on("dgx-a100", &["--model", "/no/such/model"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("`--model /no/such/model`: no such file or directory"), "{err}");
 }
