@@ -40,7 +40,7 @@ pub fn run_train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
-    let Resolved { layered, name, resume, found } = resolve(&args)?;
+    let Resolved { layered, name, resume, found, changes } = resolve(&args)?;
     let plan = layered.validate()?;
     let plan = if sft_only { plan.sft_only() } else { plan };
     let overlap_reference = crate::train::step::overlap_setting()?;
@@ -104,7 +104,7 @@ fn train(args: TrainArgs, sft_only: bool) -> anyhow::Result<ExitCode> {
     let progress: &mut dyn Progress = if workers.is_main() { &mut console } else { &mut silent };
     let ranks = group.as_ref().map_or(1, |g| g.world_size());
     let mut config_description = describe_run(&layered, &found, &plan, &args.parallel, &device, ranks);
-    if let Some(note) = memory_note {
+    for note in memory_note.into_iter().chain(changes) {
         config_description = format!("{config_description}\n{note}");
     }
     let rt = Runtime { device, interrupt, workers, overlap_reference };
@@ -355,6 +355,9 @@ struct Resolved {
     resume: Option<PathBuf>,
     /// The values read from the Hugging Face cache.
     found: Vec<Found>,
+    /// The changes `--resume-with-changes` accepted, a line each, shown with the config (by rank
+    /// 0 alone: every process resolves the config).
+    changes: Vec<String>,
 }
 
 /// The config layers, with Hub names read from the local cache.
@@ -372,7 +375,7 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
         None => {
             let mut layered = Layered::new(file, flags)?;
             let found = layered.find_in_hub_cache()?;
-            return Ok(Resolved { layered, name, resume: None, found });
+            return Ok(Resolved { layered, name, resume: None, found, changes: Vec::new() });
         }
         Some(Some(dir)) => run_of(dir)?,
         // The run the config and flags name under their output_dir, else the newest there.
@@ -397,8 +400,9 @@ fn resolve(args: &TrainArgs) -> anyhow::Result<Resolved> {
     check_resume_place(&layered, &dir)?;
     // Before the comparison: a flag naming the cached model the run saved changes nothing.
     let found = layered.find_in_hub_cache()?;
-    check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
-    Ok(Resolved { layered, name: String::new(), resume: Some(dir), found })
+    let changes =
+        check_resume_changes(&TrainConfig::from_toml_file(&saved)?, &layered.cfg, &saved, args.resume_with_changes)?;
+    Ok(Resolved { layered, name: String::new(), resume: Some(dir), found, changes })
 }
 
 /// The run `--resume PATH` continues: PATH itself, or the run of the checkpoint PATH names (as
@@ -452,11 +456,16 @@ fn check_resume_place(layered: &Layered, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// A resume whose flags change what is trained is refused (naming the first such key and both
-/// values), or with `--resume-with-changes` says each change; a change of the weights' shape
-/// (LoRA or not, the rank, the adapted projections, DoRA) is refused either way.
-fn check_resume_changes(saved: &TrainConfig, now: &TrainConfig, file: &Path, accepted: bool) -> anyhow::Result<()> {
+/// values), or with `--resume-with-changes` returns a line saying each change; a change of the
+/// weights' shape (LoRA or not, the rank, the adapted projections, DoRA) is refused either way.
+fn check_resume_changes(
+    saved: &TrainConfig,
+    now: &TrainConfig,
+    file: &Path,
+    accepted: bool,
+) -> anyhow::Result<Vec<String>> {
     let changes = crate::config::resume::changes(saved, now);
-    let Some(first) = changes.first() else { return Ok(()) };
+    let Some(first) = changes.first() else { return Ok(Vec::new()) };
     if let Some(c) = changes.iter().find(|c| crate::config::resume::SHAPE_KEYS.contains(&c.key)) {
         let message = format!(
             "`{}` is {} in `{}` and {} now: the run's checkpoints hold weights of the saved shape, so a resume cannot change it, even with `--resume-with-changes`; to train another shape, start a new run from the run's `final/` or a checkpoint (`--model DIR`)",
@@ -468,10 +477,10 @@ fn check_resume_changes(saved: &TrainConfig, now: &TrainConfig, file: &Path, acc
         anyhow::bail!(ConfigError::Invalid { key: "resume", message });
     }
     if accepted {
-        for c in &changes {
-            eprintln!("resuming with a change: `{}` = {} (was {} in `{}`)", c.key, c.now, c.saved, file.display());
-        }
-        return Ok(());
+        let said = |c: &crate::config::resume::Change| {
+            format!("resuming with a change: `{}` = {} (was {} in `{}`)", c.key, c.now, c.saved, file.display())
+        };
+        return Ok(changes.iter().map(said).collect());
     }
     let more = match changes.len() {
         1 => String::new(),

@@ -35,17 +35,18 @@ pub(super) struct DataReports {
 }
 
 /// A resume's note where the training data read now is not what the run's `data_report.json`
-/// says it started on (a file edited or replaced under the same name): its counts or lengths
-/// differ. The steps draw their pairs from the data as it is, so some are seen twice or never.
+/// says it started on (a file edited or replaced under the same name): its counts, lengths or
+/// token ids differ. The steps draw their pairs from the data as it is, so some are seen twice or never.
 pub(super) fn data_changed_note(saved: &str, now: &str) -> Option<String> {
     let (saved, now): (serde_json::Value, serde_json::Value) =
         (serde_json::from_str(saved).ok()?, serde_json::from_str(now).ok()?);
     let (saved, now) = (&saved["train"], &now["train"]);
-    let changed: Vec<String> = ["rows_read", "pairs_kept", "tokens"]
+    let changed: Vec<String> = ["rows_read", "pairs_kept", "tokens", "ids_crc32c"]
         .into_iter()
         .filter(|key| saved.get(key).is_some() && saved[key] != now[key])
         .map(|key| match key {
             "tokens" => "its token lengths".to_owned(),
+            "ids_crc32c" => "its token ids".to_owned(),
             _ => format!("{key} {} -> {}", saved[key], now[key]),
         })
         .collect();
@@ -322,6 +323,10 @@ mod tests {
             "{note}"
         );
         assert!(data_changed_note(&report(17, 9), &report(17, 10)).unwrap().contains("(its token lengths)"));
+        // An edit that keeps every count and length (a row's words swapped) changes its ids.
+        let ids = |crc: &str| serde_json::json!({ "train": { "rows_read": 17, "ids_crc32c": crc } }).to_string();
+        assert!(data_changed_note(&ids("0a"), &ids("0b")).unwrap().contains("(its token ids)"));
+        assert_eq!(data_changed_note(&ids("0a"), &ids("0a")), None);
         // Nothing to compare with: no note.
         assert_eq!(data_changed_note("{}", &report(17, 9)), None);
     }

@@ -259,6 +259,9 @@ fn prepare(req: &RunRequest, run_dir: &Path, resume: bool, progress: &mut dyn Pr
     // leaves nothing behind. Their notes follow the config.
     let inputs::Inputs { model_dir, data, reports, mut notes } =
         inputs::load_inputs(cfg, req.plan.truncation, demo_assets.as_ref(), req.rt.interrupt, progress)?;
+    if resume {
+        crate::train::resume::check_resume_model(&[&run_dir.join(SFT_DIR), run_dir], &model_dir)?;
+    }
     // The run's config from its start, before a warm-up: `--resume RUN` reads it there, and a
     // warm-up stopped by Ctrl-C resumes with the run, not as a run of its own. A resume rewrites
     // them once a stage has loaded its checkpoint ([`Run::rewrites`]).

@@ -37,9 +37,16 @@ pub fn check_resume_batch(stage_dirs: &[&Path], cfg: &TrainConfig, world_size: u
 /// would train the other loss on those weights and append it to the run's metrics. Checkpoints
 /// written before the objective was kept are not checked.
 pub fn check_resume_objective(run_dir: &Path, objective: Objective) -> anyhow::Result<()> {
-    let Some(ckpt) = checkpoint::latest(run_dir) else { return Ok(()) };
-    let state = checkpoint::trainer_state(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?;
-    let Some(saved) = state.objective.filter(|saved| *saved != objective) else { return Ok(()) };
+    // A `train` run's warm-up is in `sft/`: that run is `train`'s even before its DPO checkpoints.
+    let warmed_up = run_dir.join(crate::run::SFT_DIR).is_dir();
+    let saved = match checkpoint::latest(run_dir) {
+        Some(ckpt) => {
+            checkpoint::trainer_state(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?.objective
+        }
+        None => None,
+    };
+    let saved = saved.or(warmed_up.then_some(Objective::Dpo));
+    let Some(saved) = saved.filter(|saved| *saved != objective) else { return Ok(()) };
     let command = |o: Objective| match o {
         Objective::Sft => "dpo-train sft",
         Objective::Dpo => "dpo-train train",
@@ -54,6 +61,40 @@ pub fn check_resume_objective(run_dir: &Path, objective: Objective) -> anyhow::R
         run_dir.display()
     );
     Err(ConfigError::Invalid { key: "resume", message }.into())
+}
+
+/// A resume trains its newest checkpoints' weights: a model directory (`--model`, changed with
+/// `--resume-with-changes`) of another shape than theirs would be their config and reference,
+/// and is refused. Checked against each stage's newest full-model checkpoint (an adapter's
+/// shape is its own key, [`crate::config::resume::SHAPE_KEYS`]).
+pub fn check_resume_model(stage_dirs: &[&Path], model_dir: &Path) -> anyhow::Result<()> {
+    let now = crate::model::load_config(model_dir)?;
+    for ckpt in stage_dirs.iter().filter_map(|dir| checkpoint::latest(dir)) {
+        if !ckpt.join("config.json").is_file() {
+            continue;
+        }
+        let saved = crate::model::load_config(&ckpt).map_err(|e| checkpoint::resume_failed(e.into(), &ckpt))?;
+        let shape = |c: &crate::model::LlamaConfig| {
+            [c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim]
+        };
+        if shape(&saved) != shape(&now) || saved.family != now.family {
+            let message = format!(
+                "`{}` holds a {} model of hidden_size {}, {} layers and vocab_size {}, and `{}` is a {} model of {}, {} and {}: a resume trains the checkpoint's weights, so the model must have their shape; start a new run from the model instead (without `--resume`)",
+                ckpt.display(),
+                saved.family.model_type(),
+                saved.hidden_size,
+                saved.num_layers,
+                saved.vocab_size,
+                model_dir.display(),
+                now.family.model_type(),
+                now.hidden_size,
+                now.num_layers,
+                now.vocab_size
+            );
+            return Err(ConfigError::Invalid { key: "model_name_or_path", message }.into());
+        }
+    }
+    Ok(())
 }
 
 /// Where a run of `world` processes resumes as it is: a global batch left to the devices

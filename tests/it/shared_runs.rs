@@ -217,6 +217,11 @@ fn a_resume_refuses_changes_to_what_is_trained_unless_accepted() {
         "{err}"
     );
     assert_eq!(fs::read_to_string(&saved).unwrap(), before);
+    // So is a model of another shape: it became the checkpoints' config and reference, and
+    // `final/` did not load.
+    let err = one_line_error(&resume(&["--model", other.to_str().unwrap(), "--resume-with-changes"]));
+    assert!(err.contains("a resume trains the checkpoint's weights, so the model must have their shape"), "{err}");
+    assert_eq!(fs::read_to_string(&saved).unwrap(), before);
     let changed = resume(&["--max-length", "64", "--resume-with-changes", "--learning-rate", "5e-4"]);
     let said = stderr(&changed);
     assert!(changed.status.success(), "{said}");
@@ -285,6 +290,19 @@ fn a_run_resumes_under_its_own_command() {
         assert!(err.starts_with("error: `resume`: ") && err.contains(&want), "{err}");
         assert_eq!(fs::read_to_string(run_dir.join("metrics.csv")).unwrap(), metrics);
     }
+    // A `train` run with a warm-up is `train`'s before its first DPO checkpoint too.
+    let warm = run(dir.path(), "warm", &["--sft-steps", "2"]);
+    assert!(warm.status.success(), "{}", stderr(&warm));
+    let warm = dir.path().join("warm");
+    for done in ["checkpoints", "final", "metrics.csv"] {
+        let path = warm.join(done);
+        if path.is_dir() { fs::remove_dir_all(&path).unwrap() } else { fs::remove_file(&path).unwrap() }
+    }
+    let mut cmd = dpo_train();
+    cmd.args(["sft", "--resume", s(&warm), "--max-steps", "5"]);
+    let err = one_line_error(&finish(cmd, Duration::from_secs(120)));
+    assert!(err.contains("is a run of `dpo-train train`"), "{err}");
+    assert!(!warm.join("checkpoints").exists());
 }
 
 /// What a dead writer left in a run (a checkpoint staged when it was killed, the ranks' slices of

@@ -45,6 +45,11 @@ pub struct ChecksumError {
     pub message: String,
 }
 
+/// `crc` (CRC-32C, 0 to start) continued over `bytes`.
+pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// Writes `dir/checksums.json` over the files of `dir` that `covered` takes (by name), atomically.
 pub fn write(dir: &Path, covered: impl Fn(&str) -> bool) -> std::io::Result<()> {
     let mut files = BTreeMap::new();

@@ -64,9 +64,18 @@ pub fn changes(saved: &TrainConfig, now: &TrainConfig) -> Vec<Change> {
     };
     let (before, after) = (table(saved), table(&now.with_absolute_paths()));
     let text = |t: &toml::Table, key: &str| t.get(key).map_or_else(|| "unset".to_owned(), ToString::to_string);
+    // Target lists that name the same projections (`q_proj,v_proj` and the default, `all-linear`
+    // and the seven listed) are one shape.
+    let targets = |cfg: &TrainConfig| {
+        crate::LoraSettings::new(1, 1.0, 0.0, &cfg.lora_target_modules)
+            .ok()
+            .map(|l| (l.target_modules, l.layer_modules))
+    };
+    let same_targets = targets(saved).is_some() && targets(saved) == targets(now);
     KEYS.iter()
         .filter(|k| k.section == Section::Loss || DATA_KEYS.contains(&k.name) || FIXED_ON_RESUME.contains(&k.name))
         .filter(|k| before.get(k.name) != after.get(k.name))
+        .filter(|k| !(k.name == "lora_target_modules" && same_targets))
         .map(|k| Change { key: k.name, saved: text(&before, k.name), now: text(&after, k.name) })
         .collect()
 }
@@ -98,6 +107,11 @@ mod tests {
         assert!(changes(&saved, &respelled).is_empty());
         let other = TrainConfig::from_toml_str("model_name_or_path = \"Cargo.toml\"\n", "o").unwrap();
         assert_eq!(changes(&saved, &other).len(), 1);
+        // Another spelling of the same projections is no change; other projections are.
+        let targets = |t: &str| TrainConfig::from_toml_str(&format!("lora_target_modules = {t}\n"), "t").unwrap();
+        assert!(changes(&targets("[\"q_proj\", \"v_proj\"]"), &targets("[\"v_proj\", \"q_proj\"]")).is_empty());
+        assert!(changes(&TrainConfig::default(), &targets("[\"q_proj\", \"v_proj\"]")).is_empty());
+        assert_eq!(changes(&targets("[\"q_proj\"]"), &targets("[\"q_proj\", \"v_proj\"]")).len(), 1);
         // A shape key is compared to be refused.
         assert!(SHAPE_KEYS.iter().all(|k| FIXED_ON_RESUME.contains(k)));
         for key in DATA_KEYS.into_iter().chain(FIXED_ON_RESUME) {

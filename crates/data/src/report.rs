@@ -31,6 +31,9 @@ pub struct DataReport {
     /// `micro_batch` consecutive pairs (chosen and rejected rows padded to the longest).
     pub padding_fraction: f64,
     pub micro_batch: usize,
+    /// CRC-32C of every pair's token ids in order: the data as it trains, which a resume compares
+    /// with what its run started on.
+    pub ids_crc32c: String,
     /// One sentence per trap found, saying how to fix it.
     pub warnings: Vec<String>,
 }
@@ -96,6 +99,22 @@ pub struct ReportInput<'a> {
     pub kl_rows: bool,
 }
 
+/// [`DataReport::ids_crc32c`]: each sequence's length, then its ids, little-endian, and a row's
+/// label, pair after pair.
+fn ids_checksum(pairs: &[TokenizedPair]) -> String {
+    let (mut crc, mut bytes) = (0u32, Vec::new());
+    for p in pairs {
+        for ids in [&p.prompt_ids, &p.chosen_ids, &p.rejected_ids] {
+            bytes.clear();
+            bytes.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+            bytes.extend(ids.iter().flat_map(|id| id.to_le_bytes()));
+            crc = dpo_base::checksums::crc32c_append(crc, &bytes);
+        }
+        crc = dpo_base::checksums::crc32c_append(crc, &[p.label.map_or(2, u8::from)]);
+    }
+    format!("{crc:08x}")
+}
+
 impl DataReport {
     pub fn new(input: &ReportInput) -> Self {
         let (pairs, read, t) = (input.pairs, &input.summary.read, &input.summary.tokenized);
@@ -123,6 +142,7 @@ impl DataReport {
             },
             padding_fraction: padding_fraction(pairs, input.micro_batch.max(1), input.max_length, input.kl_rows),
             micro_batch: input.micro_batch,
+            ids_crc32c: ids_checksum(pairs),
             warnings: warnings(input),
         }
     }
