@@ -252,7 +252,11 @@ fn check_memory(cfg: &TrainConfig, plan: &RunPlan, par: &super::args::ParallelAr
     let each = e.total.saturating_add(e.host);
     super::launch::check_host_memory(par, ProcessMemory { each, basis, lone })?;
     let available = check_gpu::probe::host_memory_available().filter(|_| super::launch::runs_on_cpu(par));
-    Ok(available.and_then(|a| kept_too_much(each, world, a)).filter(|_| crate::malloc::follow_live_tensors()))
+    Ok(match available.and_then(|a| kept_too_much(each, world, a)) {
+        // The user's own allocator settings, if any, stay: then no note.
+        Some(note) if crate::malloc::follow_live_tensors() => Some(note),
+        _ => None,
+    })
 }
 
 /// Where `world` processes of `each` bytes by check-gpu's estimate would not fit in `available`
