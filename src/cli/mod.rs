@@ -123,7 +123,9 @@ fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
     let (flag, _) = counts.iter().max_by_key(|(_, n)| *n).copied().unwrap_or(counts[0]);
     let what = format!("{pairs} pairs made and written in memory");
     launch::check_flag_memory(flag, pairs.saturating_mul(SYNTH_PAIR_BYTES), &what, "ask for fewer")?;
-    let dir = match args.out.extension().is_some_and(|e| e == "jsonl") {
+    // A `.jsonl` names the train split's file (val and test beside it), else a directory.
+    let one_file = args.out.extension().is_some_and(|e| e == "jsonl");
+    let dir = match one_file {
         true => args.out.parent().unwrap_or(std::path::Path::new("")),
         false => args.out.as_path(),
     };
@@ -132,7 +134,7 @@ fn run_synth(args: SynthArgs) -> anyhow::Result<()> {
     let cfg =
         SynthConfig { seed: args.seed, train: args.train, val: args.val, test: args.test, ..SynthConfig::default() };
     let data = synth::generate(&cfg);
-    let written = if args.out.extension().is_some_and(|e| e == "jsonl") {
+    let written = if one_file {
         let stem = args.out.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
         let sibling = |split: &str| args.out.with_file_name(format!("{stem}_{split}.jsonl"));
         synth::write_jsonl(&args.out, &data.train)?;
